@@ -1,0 +1,148 @@
+// The publication engine: the daemon's core behind the gRPC server. It owns the publication
+// state machine (OPEN -> STAGED -> COMMITTED | ABORTED), applies the precision policy, plans
+// and packs buckets, quantizes through a backend (CPU reference here, the GPU backend later),
+// moves buckets through a transport and commits only when every receiver acknowledged every
+// bucket. Metrics are registered on the caller's prometheus::Registry.
+//
+// Error contract: bad input ends the publication with INVALID_ARGUMENT / FAILED_PRECONDITION /
+// NOT_FOUND / UNIMPLEMENTED / OUT_OF_RANGE and a message naming the tensor, part or header
+// field; the engine keeps serving and the previous committed version stays current.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/engine/pull_transport.h"
+#include "core/engine/types.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace wpub::engine {
+
+struct EngineOptions {
+  // Default bucket size (PublicationHeader::bucket_bytes overrides it per publication). A
+  // tensor larger than a bucket gets a bucket of its own.
+  uint64_t bucket_bytes = uint64_t{256} << 20;
+  // Smallest and largest bucket size a header may ask for.
+  uint64_t min_bucket_bytes = uint64_t{1} << 10;
+  uint64_t max_bucket_bytes = uint64_t{4} << 30;
+  // After the last bucket was sent, how long receivers have to acknowledge everything before
+  // the publication aborts (reason "timeout").
+  absl::Duration ack_deadline = absl::Seconds(60);
+  // Fewer connected receivers than this at Commit: the publication aborts (FAILED_PRECONDITION
+  // in the report). 0 lets a publication commit with nobody listening.
+  size_t min_receivers = 0;
+  // Upper bound of the bytes one publication may stage in inline buffers (OUT_OF_RANGE beyond).
+  uint64_t max_inline_bytes = uint64_t{64} << 30;
+  // Reports kept for RecentReports / EngineStatus::last_reports.
+  size_t report_history = 64;
+  size_t status_reports = 8;
+  // Worker threads of the CPU backend's quantizer (>= 1).
+  int cpu_threads = 1;
+  PullTransportOptions pull;
+};
+
+class PublicationSession;
+
+// Thread-safe: every method may be called from any thread. The Engine must outlive its
+// sessions (destroy sessions first; the gRPC server shuts down before the core).
+class Engine {
+ public:
+  // `registry` may be null (no metrics); when given it must outlive the Engine.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                        prometheus::Registry* registry);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Opens publication `header.version`. Errors (the engine state is unchanged by them):
+  // - FAILED_PRECONDITION naming the active version when one is open (header.queue == false);
+  //   with header.queue, blocks until it ends (DEADLINE_EXCEEDED after header.queue_timeout);
+  // - FAILED_PRECONDITION for a version <= the committed version (naming both);
+  // - INVALID_ARGUMENT naming the field for version 0, an unknown recipe, a bucket size out of
+  //   range, invalid quantization_config_json / policy_json (e.g. an invalid regex rule);
+  // - UNAVAILABLE after BeginShutdown.
+  absl::StatusOr<std::unique_ptr<PublicationSession>> Open(const PublicationHeader& header);
+
+  // Snapshot; never blocks on a publication in progress.
+  EngineStatus GetStatus() const;
+  // The last `n` reports (all outcomes), newest first.
+  std::vector<PublicationReport> RecentReports(size_t n) const;
+
+  // The receiver side of the gRPC-pull transport (owned by the Engine).
+  PullTransport* pull_transport();
+
+  // Open fails with UNAVAILABLE from now on; a publication in progress continues.
+  void BeginShutdown();
+  // Waits until no publication is active. If one is still active at `deadline` it is aborted
+  // (its Commit returns an ABORTED report) and DEADLINE_EXCEEDED is returned; otherwise OK.
+  // Then closes every subscription. Implies BeginShutdown.
+  absl::Status Drain(absl::Time deadline);
+
+ private:
+  friend class PublicationSession;
+  class Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One publication, driven by a single producer thread (the Publish RPC handler): AddBatch and
+// AppendInline in any interleaving, then Commit. Abort may also be called from another thread
+// (e.g. on client cancellation or shutdown). Any non-OK return from AddBatch, AppendInline or
+// Commit ends the publication (FAILED report, previous version current); later calls return
+// FAILED_PRECONDITION. Destroying a session that was not committed aborts it ("cancelled").
+class PublicationSession {
+ public:
+  ~PublicationSession();
+  PublicationSession(const PublicationSession&) = delete;
+  PublicationSession& operator=(const PublicationSession&) = delete;
+
+  uint64_t version() const { return version_; }
+
+  // Adds conversion batch number num_batches() (0-based, in call order). Validates every tensor
+  // (known dtype, shape vs parts, concat_dim, part byte counts, shm segment names/bounds,
+  // duplicate names within the publication, CUDA IPC -> UNIMPLEMENTED) and applies the policy
+  // (K % 16, gate/up pairs). Shared-memory parts are mapped here; inline parts get buffers.
+  // Non-blocking apart from shm_open/mmap.
+  absl::Status AddBatch(BatchInput batch);
+  uint64_t num_batches() const;
+
+  // Copies `bytes` to [offset, offset + bytes.size()) of the inline part `part_index` of tensor
+  // `tensor_index` of batch `batch_index`. INVALID_ARGUMENT naming the tensor for an unknown
+  // index, a non-inline part, or a range beyond the part ("chunk overflow"). Overlapping
+  // chunks are allowed (the last write wins); completeness is checked by Commit.
+  absl::Status AppendInline(uint64_t batch_index, uint32_t tensor_index, uint32_t part_index,
+                            uint64_t offset, absl::Span<const uint8_t> bytes);
+
+  // Blocks: checks completeness (a missing inline chunk is INVALID_ARGUMENT naming the
+  // tensor), quantizes, packs, transfers, waits for every receiver's acknowledgement, commits.
+  // - Bad input (incomplete data, empty publication, non-finite weights when rejected):
+  //   returns that Status (the report, status FAILED, is in RecentReports).
+  // - Receiver/transport failure, Abort or Drain deadline: returns a report with status
+  //   ABORTED naming the failed receivers; every receiver was told to discard the version.
+  // - Success: a COMMITTED report; the version is current.
+  // Callable once; FAILED_PRECONDITION afterwards or after the publication ended.
+  absl::StatusOr<PublicationReport> Commit();
+
+  // Ends the publication (ABORTED, code of `why`), from any thread. A Commit in progress
+  // returns an ABORTED report promptly. No-op after it ended.
+  void Abort(absl::Status why);
+
+ private:
+  friend class Engine;
+  class State;
+  PublicationSession(uint64_t version, std::shared_ptr<State> state);
+  uint64_t version_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace wpub::engine

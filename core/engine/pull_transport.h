@@ -1,0 +1,109 @@
+// The gRPC-pull transport's core half: buckets are staged in host memory and receivers (the
+// gRPC server's subscribe/pull handlers, or in-process receivers in tests) fetch them at their
+// own pace. The gRPC server maps one Subscribe RPC onto one Subscription: it forwards Next()
+// events on the server stream, serves ReadBucket bytes in chunks, forwards Acks, and destroys
+// the Subscription when the RPC ends (which counts as the receiver leaving).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/engine/transport.h"
+#include "core/engine/types.h"
+
+namespace wpub::engine {
+
+struct PullTransportOptions {
+  // A receiver whose undelivered events exceed this many is dropped (it fails the publication
+  // in flight with reason "protocol"). A publication produces buckets + 2 events per receiver.
+  size_t max_queued_events = 65536;
+};
+
+class PullTransport;
+
+// One receiver's connection. Thread-safety: Next is called by one thread at a time; ReadBucket,
+// Ack, Close and Cancel may be called from any thread, concurrently with Next. Destruction
+// closes it (must not race with a call in progress on another thread).
+class Subscription {
+ public:
+  ~Subscription();
+  Subscription(const Subscription&) = delete;
+  Subscription& operator=(const Subscription&) = delete;
+
+  const std::string& name() const { return name_; }
+
+  // The next event, oldest first; the first is always a GroupInfoEvent. Blocks up to `timeout`:
+  // DEADLINE_EXCEEDED when none arrived (poll again), CANCELLED after Close/Cancel or when the
+  // transport went away, RESOURCE_EXHAUSTED if the receiver was dropped for falling behind.
+  absl::StatusOr<ReceiverEvent> Next(absl::Duration timeout);
+
+  // The bytes of bucket `index` of the publication in flight `version`. NOT_FOUND when that
+  // bucket is not staged (yet, or the version ended: ABORTED when it was aborted). Non-blocking;
+  // the returned bucket stays valid as long as it is held.
+  absl::StatusOr<std::shared_ptr<const Bucket>> ReadBucket(uint64_t version, uint32_t index);
+
+  // Acknowledges bucket `index` of `version` with the checksum the receiver computed over the
+  // bytes it received. A checksum other than the manifest's fails this receiver (the
+  // publication aborts; this call still returns OK, the verdict arrives as an AbortEvent).
+  // INVALID_ARGUMENT for a version/bucket not in flight or not a participant. Non-blocking.
+  absl::Status Ack(uint64_t version, uint32_t index, uint64_t checksum);
+
+  // Leaves: a publication in flight in which this receiver participates aborts. Wakes Next.
+  // Idempotent.
+  void Close();
+
+  // Wakes a blocked Next (returns CANCELLED) without leaving; for server shutdown paths.
+  void Cancel();
+
+ private:
+  friend class PullTransport;
+  struct Hub;
+  Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id);
+
+  std::shared_ptr<Hub> hub_;
+  std::string name_;
+  uint64_t id_;
+};
+
+// Thread-safe. The engine drives the Transport half; any number of threads may Subscribe.
+// Subscriptions may outlive the transport (their calls then fail with CANCELLED).
+class PullTransport final : public Transport {
+ public:
+  static absl::StatusOr<std::unique_ptr<PullTransport>> Create(const PullTransportOptions& options);
+  ~PullTransport() override;
+
+  // Registers receiver `name` (non-empty, unique among connected receivers: ALREADY_EXISTS
+  // otherwise). It takes part in the next publication that begins after this call.
+  absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(absl::string_view name);
+
+  // Transport.
+  TransportCapabilities capabilities() const override;
+  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
+  absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
+  absl::Status WaitAcknowledged(absl::Time deadline) override;
+  absl::Status Commit() override;
+  void Abort(absl::string_view reason) override;
+  std::vector<ReceiverOutcome> Outcomes() const override;
+  std::vector<ReceiverInfo> Receivers() const override;
+
+  // The version the transport last committed (announced in GroupInfoEvent). Seeded by the
+  // engine at start; advanced by Commit.
+  uint64_t committed_version() const;
+  void set_committed_version(uint64_t version);
+
+  // Closes every subscription (their Next returns CANCELLED) and aborts anything in flight.
+  void Shutdown();
+
+ private:
+  explicit PullTransport(std::shared_ptr<Subscription::Hub> hub);
+  std::shared_ptr<Subscription::Hub> hub_;
+};
+
+}  // namespace wpub::engine

@@ -1,0 +1,93 @@
+// The transport interface: how packed buckets of one publication reach the receivers, and how
+// their acknowledgements come back. Implemented by the gRPC-pull transport (pull_transport.h)
+// and, in the GPU path, by the NCCL weight-update group.
+//
+// Contract (every implementation):
+// - One publication at a time: Begin -> Send (bucket 0, 1, ... in index order) ->
+//   WaitAcknowledged -> Commit, or Abort at any point. Begin while one is in flight is
+//   FAILED_PRECONDITION.
+// - The participant set is fixed at Begin: receivers that join later take part in the next
+//   publication. A participant that leaves, fails a checksum or misses the deadline fails the
+//   publication; the engine then calls Abort, which tells EVERY participant to discard it.
+// - Commit is called only after WaitAcknowledged returned OK, i.e. after every participant
+//   acknowledged every bucket with the manifest's checksum. Nothing is applied before Commit.
+// - Cancellation: Abort may be called from any thread at any time (also concurrently with a
+//   blocked Send or WaitAcknowledged, which then return CANCELLED promptly); it is idempotent
+//   and a no-op when nothing is in flight. After Abort the transport is ready for Begin.
+// - Methods other than Abort are called by one thread (the engine's publication thread).
+//   Capabilities, Receivers and Outcomes are thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/engine/types.h"
+
+namespace wpub::engine {
+
+// A packed bucket in host memory: the bytes of `manifest` for publication `version`.
+// Immutable once created; shared between the engine and readers (the pull transport hands the
+// same object to every receiver), so it lives as long as its last shared_ptr.
+struct Bucket {
+  uint64_t version = 0;
+  BucketManifest manifest;
+  std::vector<uint8_t> bytes;  // manifest.nbytes bytes
+  absl::Span<const uint8_t> span() const { return absl::MakeConstSpan(bytes); }
+};
+
+struct TransportCapabilities {
+  std::string name;  // "pull", "nccl"
+  // Accepts Bucket objects in host memory through Send.
+  bool host_buckets = true;
+  // Accepts device-resident buckets (GPU backend; a later addition to this interface).
+  bool device_buckets = false;
+  // Receivers read at their own pace: a bucket stays staged (memory held) until the
+  // publication ends, so the engine may not reuse its storage before then.
+  bool receiver_paced = false;
+  // Receivers acknowledge each bucket with its checksum (the engine verifies end to end).
+  bool acknowledges_checksums = true;
+  // Largest bucket accepted; 0 = no limit.
+  uint64_t max_bucket_bytes = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual TransportCapabilities capabilities() const = 0;
+
+  // Starts publication `manifest.version`, fixes its participants (the receivers connected
+  // now) and announces the manifest to them. Returns the participants' names. Non-blocking.
+  virtual absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) = 0;
+
+  // Hands over bucket `bucket->manifest.index` (in index order). Returns once the transport
+  // accepted it: the pull transport stages it and notifies participants (non-blocking); a
+  // push transport may block while the previous bucket is on the wire.
+  virtual absl::Status Send(std::shared_ptr<const Bucket> bucket) = 0;
+
+  // Blocks until every participant acknowledged every bucket with a matching checksum (OK), a
+  // participant failed (ABORTED naming the receivers and why), `deadline` passed
+  // (DEADLINE_EXCEEDED naming the receivers still missing buckets) or Abort was called
+  // (CANCELLED). Outcomes() says which receiver failed how.
+  virtual absl::Status WaitAcknowledged(absl::Time deadline) = 0;
+
+  // Tells every participant to apply the version; ends the publication. Non-blocking.
+  virtual absl::Status Commit() = 0;
+
+  // Tells every participant to discard the publication in flight; ends it. See the contract.
+  virtual void Abort(absl::string_view reason) = 0;
+
+  // Per-participant outcome of the publication in flight, or of the last one if none is.
+  virtual std::vector<ReceiverOutcome> Outcomes() const = 0;
+
+  // Every connected receiver (participant or not) with its state.
+  virtual std::vector<ReceiverInfo> Receivers() const = 0;
+};
+
+}  // namespace wpub::engine

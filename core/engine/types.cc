@@ -1,0 +1,74 @@
+// Label strings of the engine's enums and the phase lookup.
+#include "core/engine/types.h"
+
+namespace wpub::engine {
+
+const char* ReceiverStateName(ReceiverState state) {
+  switch (state) {
+    case ReceiverState::kIdle:
+      return "idle";
+    case ReceiverState::kReceiving:
+      return "receiving";
+    case ReceiverState::kStaged:
+      return "staged";
+    case ReceiverState::kFailed:
+      return "failed";
+    case ReceiverState::kLeft:
+      return "left";
+  }
+  return "unknown";
+}
+
+const char* ReceiverFailureName(ReceiverFailure failure) {
+  switch (failure) {
+    case ReceiverFailure::kNone:
+      return "none";
+    case ReceiverFailure::kChecksum:
+      return "checksum";
+    case ReceiverFailure::kTimeout:
+      return "timeout";
+    case ReceiverFailure::kDisconnected:
+      return "disconnected";
+    case ReceiverFailure::kProtocol:
+      return "protocol";
+  }
+  return "unknown";
+}
+
+const char* PublicationStatusName(PublicationStatus status) {
+  switch (status) {
+    case PublicationStatus::kCommitted:
+      return "committed";
+    case PublicationStatus::kAborted:
+      return "aborted";
+    case PublicationStatus::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+const char* PublicationStateName(PublicationState state) {
+  switch (state) {
+    case PublicationState::kOpen:
+      return "open";
+    case PublicationState::kStaged:
+      return "staged";
+    case PublicationState::kCommitted:
+      return "committed";
+    case PublicationState::kAborted:
+      return "aborted";
+  }
+  return "unknown";
+}
+
+double PhaseValue(const PhaseSeconds& s, std::string_view phase) {
+  if (phase == "ingest") return s.ingest;
+  if (phase == "policy") return s.policy;
+  if (phase == "quantize") return s.quantize;
+  if (phase == "pack") return s.pack;
+  if (phase == "transfer") return s.transfer;
+  if (phase == "commit") return s.commit;
+  return 0;
+}
+
+}  // namespace wpub::engine

@@ -1,0 +1,282 @@
+// Value types that cross the boundary between the engine core and its callers (the gRPC server,
+// tests, benchmarks): publication inputs, manifests, receiver events and reports. No protobuf
+// here; the server maps these one to one onto proto/wpub/v1 messages. All types are plain values
+// (copyable, no hidden sharing) and therefore thread-compatible.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/common/tensor.h"
+
+namespace wpub::engine {
+
+// ---------------------------------------------------------------------------------------------
+// Inputs of a publication.
+// ---------------------------------------------------------------------------------------------
+
+// The part's bytes follow in AppendInline calls (streamed in bounded chunks). The engine
+// allocates a buffer of exactly the part's byte size when the batch is added.
+struct InlineSource {};
+
+// A region of a POSIX shared-memory segment, opened with shm_open(O_RDONLY) and mapped
+// read-only for the duration of the publication. `name` is the segment name with or without
+// one leading '/'; it may not contain any other '/' nor "..". [offset, offset + length) must lie
+// inside the segment and `length` must equal the part's byte size.
+struct ShmSource {
+  std::string name;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// A region of a trainer-owned CUDA allocation (cudaIpcMemHandle_t bytes). Served by the GPU
+// backend only; the CPU path rejects it with UNIMPLEMENTED naming the tensor.
+struct CudaIpcSource {
+  std::array<uint8_t, 64> handle{};
+  std::string device_uuid;  // "GPU-xxxxxxxx-..." as nvidia-smi prints it, or 16 raw bytes hex.
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+using PartSource = std::variant<InlineSource, ShmSource, CudaIpcSource>;
+
+// One contiguous, row-major piece of a tensor. Its dtype is the tensor's; its shape equals the
+// tensor's full shape except along the tensor's concat_dim.
+struct TensorPart {
+  PartSource source;
+  Shape shape;
+};
+
+// A tensor to publish (an HF tensor the trainer's converter produced). The parts, concatenated
+// along concat_dim (0 or 1) in order, form `desc.shape`. A single part may use any concat_dim.
+struct TensorInput {
+  TensorDesc desc;
+  std::vector<TensorPart> parts;
+  int concat_dim = 0;
+};
+
+// One conversion batch: a Megatron parameter and the HF tensors it became, in order. The policy
+// decides per batch (gate/up pairs must be complete within one batch).
+struct BatchInput {
+  std::string megatron_name;
+  std::vector<TensorInput> tensors;
+};
+
+// Opens a publication.
+struct PublicationHeader {
+  // Strictly greater than the last committed version (0 = none yet). An aborted or failed
+  // version may be retried.
+  uint64_t version = 0;
+  std::string model_id;
+  // "bf16" (publish every tensor in its source precision), "nvfp4" (standard, E = 448), or
+  // "nvfp4_4over6[:<mode>]" with mode "<mae|mse>_<256|448>[_fp16err]"; bare "nvfp4_4over6" is
+  // TE's default (mae_256, exact error). Anything else: INVALID_ARGUMENT naming `recipe`.
+  std::string recipe = "nvfp4";
+  // HF `quantization_config` JSON (quant_algo/quant_method, ignore, exclude_modules). May be
+  // empty (no ignore rules).
+  std::string quantization_config_json;
+  // Precision exceptions (policy spec): extra_high_precision_layers_megatron,
+  // first_last_layers_bf16, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, num_layers.
+  // May be empty.
+  std::string policy_json;
+  // When false (default), a non-finite element in any floating-point tensor rejects the
+  // publication before commit (INVALID_ARGUMENT naming the tensor).
+  bool allow_non_finite = false;
+  // 0 = EngineOptions::bucket_bytes.
+  uint64_t bucket_bytes = 0;
+  // When another publication is active: false -> FAILED_PRECONDITION at once; true -> Open
+  // blocks until it ends or `queue_timeout` passes (then DEADLINE_EXCEEDED).
+  bool queue = false;
+  absl::Duration queue_timeout = absl::Minutes(5);
+};
+
+// ---------------------------------------------------------------------------------------------
+// Manifests (what receivers learn before the bytes).
+// ---------------------------------------------------------------------------------------------
+
+// One tensor inside a bucket: buf[offset, offset + nbytes) viewed as dtype, reshaped to shape.
+struct ManifestTensor {
+  std::string name;
+  DType dtype = DType::kUInt8;
+  Shape shape;
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+  friend bool operator==(const ManifestTensor&, const ManifestTensor&) = default;
+};
+
+// One bucket in SGLang's flattened-bucket layout; see core/engine/checksum.h for `checksum`.
+struct BucketManifest {
+  uint32_t index = 0;
+  uint64_t nbytes = 0;
+  uint64_t checksum = 0;
+  std::vector<ManifestTensor> tensors;
+  friend bool operator==(const BucketManifest&, const BucketManifest&) = default;
+};
+
+struct PublicationManifest {
+  uint64_t version = 0;
+  std::string model_id;
+  std::string recipe;
+  std::vector<BucketManifest> buckets;
+  uint64_t total_bytes() const {
+    uint64_t n = 0;
+    for (const auto& b : buckets) n += b.nbytes;
+    return n;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Receiver events (the subscription stream of the gRPC-pull transport).
+// ---------------------------------------------------------------------------------------------
+
+// First event of every subscription.
+struct GroupInfoEvent {
+  std::string receiver_name;
+  std::string transport;           // "pull"
+  uint64_t committed_version = 0;  // the engine's current version at subscribe time
+};
+// A publication starts; the receiver will take part in it.
+struct ManifestEvent {
+  PublicationManifest manifest;
+};
+// Bucket `index` of `version` can be read (ReadBucket) and must then be acknowledged (Ack).
+struct BucketReadyEvent {
+  uint64_t version = 0;
+  uint32_t index = 0;
+};
+// Every receiver acknowledged every bucket: apply `version`.
+struct CommitEvent {
+  uint64_t version = 0;
+};
+// Discard everything received for `version`; keep serving the previous version.
+struct AbortEvent {
+  uint64_t version = 0;
+  std::string reason;
+};
+
+using ReceiverEvent =
+    std::variant<GroupInfoEvent, ManifestEvent, BucketReadyEvent, CommitEvent, AbortEvent>;
+
+// ---------------------------------------------------------------------------------------------
+// Receivers and reports.
+// ---------------------------------------------------------------------------------------------
+
+enum class ReceiverState : uint8_t {
+  kIdle,       // connected, no publication in flight for it
+  kReceiving,  // taking part in the active publication, not every bucket acknowledged yet
+  kStaged,     // acknowledged every bucket of the active publication
+  kFailed,     // failed the active or last publication (bad checksum, timeout); still connected
+  kLeft,       // disconnected (kept in reports only)
+};
+// "idle", "receiving", "staged", "failed", "left" (the wpub_engines{state} label values).
+const char* ReceiverStateName(ReceiverState state);
+
+struct ReceiverInfo {
+  std::string name;
+  ReceiverState state = ReceiverState::kIdle;
+  uint64_t last_committed_version = 0;  // last version this receiver was told to commit
+  absl::Time connected_at = absl::InfinitePast();
+};
+
+// Why a receiver failed a publication (the wpub_engine_failures_total{reason} label values).
+enum class ReceiverFailure : uint8_t {
+  kNone,
+  kChecksum,      // acknowledged a bucket with a checksum other than the manifest's
+  kTimeout,       // did not acknowledge every bucket before the commit deadline
+  kDisconnected,  // left (closed its subscription) while the publication was in flight
+  kProtocol,      // acknowledged an unknown version/bucket, or its event queue overflowed
+};
+// "none", "checksum", "timeout", "disconnected", "protocol".
+const char* ReceiverFailureName(ReceiverFailure failure);
+
+// Outcome of one receiver in one publication.
+struct ReceiverOutcome {
+  std::string name;
+  ReceiverState state = ReceiverState::kIdle;  // kStaged when it acknowledged everything
+  bool committed = false;                      // it was told to apply the version
+  ReceiverFailure failure = ReceiverFailure::kNone;
+  std::string error;  // empty on success
+};
+
+enum class PublicationStatus : uint8_t {
+  kCommitted,  // every receiver has every bucket and was told to apply it
+  kAborted,    // a receiver/transport failure, a cancellation, or shutdown; inputs were valid
+  kFailed,     // bad input (the Status returned to the caller says which tensor/field)
+};
+// "committed", "aborted", "failed" (the wpub_publications_total{status} label values).
+const char* PublicationStatusName(PublicationStatus status);
+
+// Seconds per executor phase. On the CPU path the phases run one after another; the GPU
+// backend overlaps quantize/pack with transfer, so the sum may exceed the wall clock there.
+struct PhaseSeconds {
+  double ingest = 0;    // Open .. Commit called: receiving batches and inline bytes, mapping shm
+  double policy = 0;    // policy decisions and planning
+  double quantize = 0;  // amax, global scales, block quantization into buckets
+  double pack = 0;      // passthrough copies into buckets, checksums
+  double transfer = 0;  // handing buckets to the transport and receivers pulling them
+  double commit = 0;    // waiting for the last acknowledgements, then commit/abort broadcast
+};
+// The phase label values, in pipeline order: ingest, policy, quantize, pack, transfer, commit.
+inline constexpr std::array<const char*, 6> kPhaseNames = {"ingest", "policy",   "quantize",
+                                                           "pack",   "transfer", "commit"};
+// The value of `phase` (one of kPhaseNames), 0 for an unknown name.
+double PhaseValue(const PhaseSeconds& seconds, std::string_view phase);
+
+struct PublicationReport {
+  PublicationStatus status = PublicationStatus::kFailed;
+  uint64_t version = 0;
+  std::string model_id;
+  std::string recipe;
+  absl::StatusCode code = absl::StatusCode::kOk;  // why it did not commit (kOk when committed)
+  std::string error;                              // the message of `code`
+  absl::Time started_at = absl::InfinitePast();
+  double wall_seconds = 0;
+  PhaseSeconds phases;
+  uint64_t host_syncs = 0;  // synchronizing device calls (0 on the CPU path)
+  uint64_t bytes_in = 0;    // sum of input tensor bytes
+  uint64_t bytes_out = 0;   // sum of bucket bytes
+  // bytes_out by format: "nvfp4" for the three outputs of quantized tensors, the torch dtype
+  // name ("bfloat16", "float32", ...) for passed-through tensors.
+  std::map<std::string, uint64_t> bytes_out_by_format;
+  uint64_t tensors_quantized = 0;    // input tensors quantized to NVFP4
+  uint64_t tensors_passthrough = 0;  // input tensors published in source precision
+  uint64_t tensors_ignored = 0;      // passed through because an ignore rule matched
+  uint64_t non_finite = 0;           // non-finite input elements seen
+  uint32_t buckets = 0;
+  std::vector<ReceiverOutcome> receivers;
+};
+
+// The active publication, as GetStatus shows it.
+enum class PublicationState : uint8_t { kOpen, kStaged, kCommitted, kAborted };
+const char* PublicationStateName(PublicationState state);  // "open", "staged", ...
+
+struct ActivePublication {
+  uint64_t version = 0;
+  std::string model_id;
+  PublicationState state = PublicationState::kOpen;
+  absl::Time opened_at = absl::InfinitePast();
+  uint64_t batches = 0;
+  uint64_t tensors = 0;
+};
+
+struct EngineStatus {
+  uint64_t committed_version = 0;  // 0 = nothing committed yet
+  std::string committed_model_id;
+  absl::Time committed_at = absl::InfinitePast();
+  std::optional<ActivePublication> active;
+  std::vector<ReceiverInfo> receivers;
+  std::vector<PublicationReport>
+      last_reports;  // newest first, at most EngineOptions::status_reports
+  bool shutting_down = false;
+  std::string backend;  // "cpu"
+};
+
+}  // namespace wpub::engine
