@@ -1,0 +1,158 @@
+// Ignore-rule evaluators (literal snapshot, ordered scan with RE2) and their LRU cache.
+#include "core/policy/ignore_rules.h"
+
+#include <utility>
+
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/status.h"
+#include "re2/re2.h"
+
+namespace wpub::policy {
+namespace {
+
+bool LiteralRuleMatches(absl::string_view rule, absl::string_view name) {
+  return name == rule ||
+         (name.size() > rule.size() && absl::StartsWith(name, rule) && name[rule.size()] == '.');
+}
+
+}  // namespace
+
+bool IsRegexRule(absl::string_view rule) { return absl::StartsWith(rule, kRegexRulePrefix); }
+
+absl::StatusOr<LiteralRuleList> LiteralRuleList::Create(std::vector<std::string> rules) {
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (IsRegexRule(rules[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ignore rule [", i, "] \"", rules[i],
+                       "\" is a regex rule; a literal snapshot cannot serve it (use the ordered "
+                       "scan)"));
+    }
+  }
+  return LiteralRuleList(std::move(rules));
+}
+
+LiteralIgnoreSnapshot::LiteralIgnoreSnapshot(const LiteralRuleList& rules)
+    : rules_(rules.rules().begin(), rules.rules().end()) {}
+
+bool LiteralIgnoreSnapshot::Matches(absl::string_view name) const {
+  // n matches r iff n == r or n starts with r + "."; the candidates r are therefore n itself
+  // and n cut before each of its dots, which is exactly this walk from the right.
+  while (true) {
+    if (rules_.contains(name)) return true;
+    const size_t dot = name.rfind('.');
+    if (dot == absl::string_view::npos) return false;
+    name = name.substr(0, dot);
+  }
+}
+
+RegexIgnoreRules::RegexIgnoreRules(std::vector<std::string> rules) : rules_(std::move(rules)) {}
+RegexIgnoreRules::RegexIgnoreRules(RegexIgnoreRules&&) noexcept = default;
+RegexIgnoreRules& RegexIgnoreRules::operator=(RegexIgnoreRules&&) noexcept = default;
+RegexIgnoreRules::~RegexIgnoreRules() = default;
+
+absl::StatusOr<RegexIgnoreRules> RegexIgnoreRules::Create(std::vector<std::string> rules) {
+  RegexIgnoreRules out(std::move(rules));
+  out.compiled_.resize(out.rules_.size());
+  RE2::Options options;
+  options.set_log_errors(false);
+  for (size_t i = 0; i < out.rules_.size(); ++i) {
+    const std::string& rule = out.rules_[i];
+    if (!IsRegexRule(rule)) continue;
+    const absl::string_view pattern = absl::string_view(rule).substr(kRegexRulePrefix.size());
+    auto re = std::make_unique<RE2>(re2::StringPiece(pattern.data(), pattern.size()), options);
+    if (!re->ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ignore rule [", i, "] \"", rule, "\" does not compile: ", re->error()));
+    }
+    out.compiled_[i] = std::move(re);
+  }
+  return out;
+}
+
+std::optional<size_t> RegexIgnoreRules::FirstMatch(absl::string_view name) const {
+  const re2::StringPiece text(name.data(), name.size());
+  for (size_t i = 0; i < rules_.size(); ++i) {
+    if (const RE2* re = compiled_[i].get()) {
+      // Python re.match: anchored at the start only, any suffix may follow.
+      if (re->Match(text, 0, text.size(), RE2::ANCHOR_START, nullptr, 0)) return i;
+    } else if (LiteralRuleMatches(rules_[i], name)) {
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
+IgnoreMatcher::IgnoreMatcher(std::vector<std::string> rules,
+                             std::variant<LiteralIgnoreSnapshot, RegexIgnoreRules> impl)
+    : rules_(std::move(rules)), impl_(std::move(impl)) {}
+
+absl::StatusOr<IgnoreMatcher> IgnoreMatcher::Create(std::vector<std::string> rules) {
+  absl::StatusOr<LiteralRuleList> literal = LiteralRuleList::Create(rules);
+  if (literal.ok()) {
+    return IgnoreMatcher(std::move(rules), LiteralIgnoreSnapshot(*literal));
+  }
+  WPUB_ASSIGN_OR_RETURN(RegexIgnoreRules scan, RegexIgnoreRules::Create(rules));
+  return IgnoreMatcher(std::move(rules), std::move(scan));
+}
+
+bool IgnoreMatcher::IsIgnored(absl::string_view name) const {
+  return std::visit([name](const auto& impl) { return impl.Matches(name); }, impl_);
+}
+
+bool IgnoreMatcher::uses_snapshot() const {
+  return std::holds_alternative<LiteralIgnoreSnapshot>(impl_);
+}
+
+size_t IgnoreSnapshotCache::KeyHash::operator()(const std::vector<std::string>& key) const {
+  return absl::Hash<std::vector<std::string>>{}(key);
+}
+
+absl::StatusOr<std::unique_ptr<IgnoreSnapshotCache>> IgnoreSnapshotCache::Create(
+    const Options& options) {
+  if (options.capacity < 1) {
+    return absl::InvalidArgumentError("IgnoreSnapshotCache capacity must be >= 1");
+  }
+  return std::unique_ptr<IgnoreSnapshotCache>(new IgnoreSnapshotCache(options.capacity));
+}
+
+size_t IgnoreSnapshotCache::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
+}
+
+absl::StatusOr<std::shared_ptr<const IgnoreMatcher>> IgnoreSnapshotCache::Get(
+    absl::Span<const std::string> rules) {
+  std::vector<std::string> key(rules.begin(), rules.end());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = index_.find(key); it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      hits_.fetch_add(1, std::memory_order_relaxed);
+      return it->second->second;
+    }
+  }
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  // Built without the lock: compiling regexes or hashing thousands of rules must not stall
+  // other publications' lookups.
+  WPUB_ASSIGN_OR_RETURN(IgnoreMatcher built, IgnoreMatcher::Create(key));
+  auto matcher = std::make_shared<const IgnoreMatcher>(std::move(built));
+
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = index_.find(key); it != index_.end()) {
+    // Another thread built the same list meanwhile; keep one copy.
+    lru_.splice(lru_.begin(), lru_, it->second);
+    return it->second->second;
+  }
+  lru_.emplace_front(key, matcher);
+  index_.emplace(std::move(key), lru_.begin());
+  if (lru_.size() > capacity_) {
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+  return matcher;
+}
+
+}  // namespace wpub::policy

@@ -1,0 +1,234 @@
+// Parsing and validation of the publication's precision settings and quantization config.
+#include "core/policy/settings.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/status.h"
+#include "nlohmann/json.hpp"
+
+namespace wpub::policy {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
+  // nlohmann reports malformed input by exception; keep it inside this function.
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", e.what()));
+  }
+}
+
+absl::StatusOr<std::string> OptionalString(const Json& obj, absl::string_view key,
+                                           absl::string_view path) {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return std::string();
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, key, " must be a string, got ", it->type_name()));
+  }
+  return it->get<std::string>();
+}
+
+// A string (one-element list) or a list of strings; null/absent is empty.
+absl::StatusOr<std::vector<std::string>> StringOrList(const Json& obj, absl::string_view key,
+                                                      absl::string_view path) {
+  std::vector<std::string> out;
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return out;
+  if (it->is_string()) {
+    out.push_back(it->get<std::string>());
+    return out;
+  }
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, key, " must be a string or a list of strings, got ", it->type_name()));
+  }
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& v = (*it)[i];
+    if (!v.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, key, "[", i, "] must be a string, got ",
+                                                     v.type_name(), ": ", v.dump()));
+    }
+    out.push_back(v.get<std::string>());
+  }
+  return out;
+}
+
+absl::StatusOr<QuantizationConfig> QuantizationConfigFromJson(const Json& doc,
+                                                              const std::string& path) {
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.empty() ? "quantization config" : path,
+                                                   " must be a JSON object, got ",
+                                                   doc.type_name()));
+  }
+  // A whole config.json: descend into its quantization_config.
+  if (auto it = doc.find("quantization_config"); it != doc.end()) {
+    return QuantizationConfigFromJson(*it, absl::StrCat(path, "quantization_config."));
+  }
+  const Json* body = &doc;
+  std::string body_path = path;
+  // hf_quant_config.json: {"producer": ..., "quantization": {...}}.
+  if (auto it = doc.find("quantization"); it != doc.end()) {
+    if (!it->is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, "quantization must be a JSON object, got ", it->type_name()));
+    }
+    body = &*it;
+    body_path = absl::StrCat(path, "quantization.");
+  }
+  QuantizationConfig config;
+  WPUB_ASSIGN_OR_RETURN(config.quant_algo, OptionalString(*body, "quant_algo", body_path));
+  WPUB_ASSIGN_OR_RETURN(config.quant_method, OptionalString(*body, "quant_method", body_path));
+  WPUB_ASSIGN_OR_RETURN(std::vector<std::string> ignore, StringOrList(*body, "ignore", body_path));
+  WPUB_ASSIGN_OR_RETURN(std::vector<std::string> exclude,
+                        StringOrList(*body, "exclude_modules", body_path));
+  // `ignore` first, then the `exclude_modules` entries not already present, order kept.
+  absl::flat_hash_set<std::string> seen(ignore.begin(), ignore.end());
+  config.ignore_rules = std::move(ignore);
+  for (std::string& rule : exclude) {
+    if (seen.insert(rule).second) config.ignore_rules.push_back(std::move(rule));
+  }
+  return config;
+}
+
+absl::StatusOr<std::vector<std::string>> StringList(const Json& obj, absl::string_view key) {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return std::vector<std::string>();
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " must be a list of strings, got ", it->type_name()));
+  }
+  return StringOrList(obj, key, "");
+}
+
+absl::StatusOr<int64_t> OptionalInt(const Json& obj, absl::string_view key, int64_t fallback) {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_number_integer()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " must be an integer, got ", it->type_name(), ": ", it->dump()));
+  }
+  return it->get<int64_t>();
+}
+
+absl::StatusOr<bool> OptionalBool(const Json& obj, absl::string_view key) {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end() || it->is_null()) return false;
+  if (!it->is_boolean()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, " must be a boolean, got ", it->type_name(), ": ", it->dump()));
+  }
+  return it->get<bool>();
+}
+
+}  // namespace
+
+absl::string_view RecipeName(Recipe recipe) {
+  switch (recipe) {
+    case Recipe::kBf16:
+      return "bf16";
+    case Recipe::kNvfp4:
+      return "nvfp4";
+    case Recipe::kNvfp4FourOverSix:
+      return "nvfp4_4over6";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Recipe> ParseRecipe(absl::string_view name) {
+  const std::string lower = absl::AsciiStrToLower(name);
+  if (lower == "bf16") return Recipe::kBf16;
+  if (lower == "nvfp4") return Recipe::kNvfp4;
+  if (lower == "nvfp4_4over6" || lower == "4over6") return Recipe::kNvfp4FourOverSix;
+  return absl::InvalidArgumentError(
+      absl::StrCat("recipe \"", name, "\" is not one of bf16, nvfp4, nvfp4_4over6"));
+}
+
+bool IsNvfp4(Recipe recipe) { return recipe != Recipe::kBf16; }
+
+bool QuantizationConfig::IsNvfp4() const {
+  if (!quant_algo.empty()) return absl::StrContains(absl::AsciiStrToLower(quant_algo), "nvfp4");
+  return absl::EqualsIgnoreCase(quant_method, "modelopt_fp4") ||
+         absl::StrContains(absl::AsciiStrToLower(quant_method), "nvfp4");
+}
+
+absl::StatusOr<QuantizationConfig> ParseQuantizationConfig(absl::string_view json_text) {
+  WPUB_ASSIGN_OR_RETURN(Json doc, ParseJson(json_text, "quantization config"));
+  return QuantizationConfigFromJson(doc, "");
+}
+
+absl::Status ValidatePolicySettings(const PolicySettings& settings) {
+  if (IsNvfp4(settings.recipe) && !settings.quantization.IsNvfp4()) {
+    const QuantizationConfig& q = settings.quantization;
+    return absl::InvalidArgumentError(
+        absl::StrCat("recipe ", RecipeName(settings.recipe),
+                     " needs an NVFP4 quantization_config, but quant_algo is \"", q.quant_algo,
+                     "\" and quant_method is \"", q.quant_method, "\""));
+  }
+  const PrecisionExceptions& e = settings.exceptions;
+  if (e.first_last_layers_bf16) {
+    if (e.num_layers < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("first_last_layers_bf16 needs num_layers >= 1, got ", e.num_layers));
+    }
+    if (e.num_layers_at_start_in_bf16 < 0 || e.num_layers_at_end_in_bf16 < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_layers_at_start_in_bf16 and num_layers_at_end_in_bf16 must be >= 0, got ",
+          e.num_layers_at_start_in_bf16, " and ", e.num_layers_at_end_in_bf16));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PolicySettings> ParsePolicySettings(absl::string_view json_text) {
+  WPUB_ASSIGN_OR_RETURN(Json doc, ParseJson(json_text, "policy settings"));
+  if (!doc.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("policy settings must be a JSON object, got ", doc.type_name()));
+  }
+  static constexpr absl::string_view kKeys[] = {"recipe",
+                                                "quantization_config",
+                                                "extra_high_precision_layers_megatron",
+                                                "extra_high_precision_layers_hf",
+                                                "first_last_layers_bf16",
+                                                "num_layers",
+                                                "num_layers_at_start_in_bf16",
+                                                "num_layers_at_end_in_bf16"};
+  for (const auto& [key, value] : doc.items()) {
+    if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+      return absl::InvalidArgumentError(absl::StrCat("policy settings: unknown key \"", key, "\""));
+    }
+  }
+  PolicySettings settings;
+  WPUB_ASSIGN_OR_RETURN(std::string recipe, OptionalString(doc, "recipe", ""));
+  if (!recipe.empty()) {
+    WPUB_ASSIGN_OR_RETURN(settings.recipe, ParseRecipe(recipe));
+  }
+  if (auto it = doc.find("quantization_config"); it != doc.end() && !it->is_null()) {
+    WPUB_ASSIGN_OR_RETURN(settings.quantization,
+                          QuantizationConfigFromJson(*it, "quantization_config."));
+  }
+  PrecisionExceptions& e = settings.exceptions;
+  WPUB_ASSIGN_OR_RETURN(e.extra_high_precision_layers_megatron,
+                        StringList(doc, "extra_high_precision_layers_megatron"));
+  WPUB_ASSIGN_OR_RETURN(e.extra_high_precision_layers_hf,
+                        StringList(doc, "extra_high_precision_layers_hf"));
+  WPUB_ASSIGN_OR_RETURN(e.first_last_layers_bf16, OptionalBool(doc, "first_last_layers_bf16"));
+  WPUB_ASSIGN_OR_RETURN(e.num_layers, OptionalInt(doc, "num_layers", 0));
+  WPUB_ASSIGN_OR_RETURN(e.num_layers_at_start_in_bf16,
+                        OptionalInt(doc, "num_layers_at_start_in_bf16", 0));
+  WPUB_ASSIGN_OR_RETURN(e.num_layers_at_end_in_bf16,
+                        OptionalInt(doc, "num_layers_at_end_in_bf16", 0));
+  WPUB_RETURN_IF_ERROR(ValidatePolicySettings(settings));
+  return settings;
+}
+
+}  // namespace wpub::policy
