@@ -1,0 +1,66 @@
+// The gRPC server of wpubd: Publisher + Receivers services over one engine, with health
+// checking (grpc.health.v1, so Kubernetes gRPC probes and grpc_health_probe work), server
+// reflection (so grpcurl / grpc_cli work), bounded message sizes and an ordered shutdown.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/engine/engine.h"
+#include "server/service/publisher_service.h"
+#include "server/service/receivers_service.h"
+#include "server/service/service_options.h"
+
+namespace wpub::server {
+
+struct DaemonServerOptions {
+  // "host:port" (port 0 picks a free one; see DaemonServer::port) or "unix:/path".
+  std::string listen = "127.0.0.1:50151";
+  // Non-loopback addresses are refused unless this is set: there is no TLS on this listener
+  // and the API moves model weights.
+  bool insecure_listen = false;
+  // Largest message accepted from or sent to a peer. Payload chunks are bounded by
+  // service.max_chunk_bytes; this adds room for framing and batch descriptors.
+  int max_message_bytes = 8 << 20;
+  ServiceOptions service;
+};
+
+// True for "localhost", 127.0.0.0/8, "[::1]" and unix: sockets.
+bool IsLoopbackAddress(const std::string& listen);
+
+// Owns the grpc::Server and its services. Thread-safe: SetServing and Shutdown may be called
+// from any thread (Shutdown once).
+class DaemonServer {
+ public:
+  // Builds and starts the server on `options.listen`. `engine` must outlive the DaemonServer.
+  // Errors: PERMISSION_DENIED for a non-loopback address without insecure_listen,
+  // UNAVAILABLE when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<DaemonServer>> Create(const DaemonServerOptions& options,
+                                                              engine::Engine* engine);
+  ~DaemonServer();
+
+  // The bound TCP port (0 for a unix socket).
+  int port() const { return port_; }
+
+  // Sets the overall health status ("" service) and the Publisher's to SERVING / NOT_SERVING.
+  void SetServing(bool serving);
+
+  // Stops accepting RPCs; RPCs still running at `deadline` are cancelled. Blocks until every
+  // RPC finished.
+  void Shutdown(absl::Time deadline);
+
+ private:
+  DaemonServer() = default;
+  std::unique_ptr<PublisherService> publisher_;
+  std::unique_ptr<ReceiversService> receivers_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace wpub::server

@@ -1,0 +1,196 @@
+// Publish: header -> Engine::Open, batches -> AddBatch, chunks -> AppendInline, commit ->
+// Commit. Every way a stream can be malformed ends with a status naming the field.
+#include "server/service/publisher_service.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/wire/convert.h"
+#include "server/wire/status_map.h"
+
+namespace wpub::server {
+namespace {
+
+namespace pb = ::wpub::v1;
+
+const char* KindName(pb::PublishRequest::KindCase kind) {
+  switch (kind) {
+    case pb::PublishRequest::kHeader: return "header";
+    case pb::PublishRequest::kBatch: return "batch";
+    case pb::PublishRequest::kChunk: return "chunk";
+    case pb::PublishRequest::kCommit: return "commit";
+    case pb::PublishRequest::KIND_NOT_SET: break;
+  }
+  return "empty message";
+}
+
+// While Commit blocks, the sync API offers no cancellation callback: this watcher polls the
+// RPC's cancellation flag and aborts the session, so a trainer that goes away mid-commit does
+// not leave receivers waiting for the acknowledgement deadline.
+class CancelWatcher {
+ public:
+  CancelWatcher(grpc::ServerContext* context, engine::PublicationSession* session)
+      : thread_([this, context, session] {
+          std::unique_lock lock(mu_);
+          while (!done_) {
+            if (context->IsCancelled()) {
+              session->Abort(absl::CancelledError("the trainer cancelled the Publish RPC"));
+              return;
+            }
+            cv_.wait_for(lock, std::chrono::milliseconds(20));
+          }
+        }) {}
+  ~CancelWatcher() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+PublisherService::PublisherService(engine::Engine* engine, ServiceOptions options)
+    : engine_(engine), options_(std::move(options)) {}
+
+grpc::Status PublisherService::Publish(grpc::ServerContext* context,
+                                       grpc::ServerReader<pb::PublishRequest>* reader,
+                                       pb::PublicationReport* reply) {
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  pb::PublishRequest request;
+  if (!reader->Read(&request)) {
+    if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "Publish cancelled"};
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "empty Publish stream: the first message must be 'header'"};
+  }
+  if (request.kind_case() != pb::PublishRequest::kHeader) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("the first Publish message must be 'header', got '",
+                         KindName(request.kind_case()), "' (", KindName(request.kind_case()),
+                         " before header)")};
+  }
+  absl::StatusOr<engine::PublicationHeader> header = FromProto(request.header());
+  if (!header.ok()) return ToGrpcStatus(header.status());
+  header->allow_non_finite = header->allow_non_finite || options_.allow_non_finite;
+  absl::StatusOr<std::unique_ptr<engine::PublicationSession>> opened = engine_->Open(*header);
+  if (!opened.ok()) {
+    spdlog::warn("publish v{} refused: {}", header->version, opened.status().ToString());
+    return ToGrpcStatus(opened.status());
+  }
+  std::unique_ptr<engine::PublicationSession> session = std::move(*opened);
+  spdlog::info("publish v{} opened (model '{}', recipe '{}')", header->version,
+               header->model_id, header->recipe);
+
+  // Any early return below destroys the session, which aborts it (engine contract); an error
+  // from the session itself has already ended the publication as FAILED.
+  auto fail = [&](absl::Status status) {
+    spdlog::warn("publish v{} failed: {}", header->version, status.ToString());
+    session->Abort(status);
+    return ToGrpcStatus(status);
+  };
+  uint64_t messages = 1;
+  bool committed = false;
+  while (!committed) {
+    if (!reader->Read(&request)) {
+      if (context->IsCancelled()) {
+        return fail(absl::CancelledError(
+            absl::StrCat("the trainer cancelled publication v", header->version)));
+      }
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "the Publish stream of v", header->version, " ended without 'commit'")));
+    }
+    ++messages;
+    switch (request.kind_case()) {
+      case pb::PublishRequest::kHeader:
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("duplicate 'header' (message ", messages, ") in publication v",
+                         header->version)));
+      case pb::PublishRequest::kBatch: {
+        absl::StatusOr<engine::BatchInput> batch = FromProto(request.batch());
+        if (!batch.ok()) return fail(batch.status());
+        if (absl::Status s = session->AddBatch(std::move(*batch)); !s.ok()) return fail(s);
+        break;
+      }
+      case pb::PublishRequest::kChunk: {
+        const pb::Chunk& c = request.chunk();
+        if (c.data().size() > options_.max_chunk_bytes) {
+          return fail(absl::ResourceExhaustedError(absl::StrCat(
+              "chunk.data of ", c.data().size(), " bytes exceeds the limit of ",
+              options_.max_chunk_bytes, " bytes (batch ", c.batch_index(), ", tensor ",
+              c.tensor_index(), ", part ", c.part_index(), "); split it into smaller chunks")));
+        }
+        absl::Status s = session->AppendInline(
+            c.batch_index(), c.tensor_index(), c.part_index(), c.offset(),
+            absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(c.data().data()),
+                                c.data().size()));
+        if (!s.ok()) return fail(s);
+        break;
+      }
+      case pb::PublishRequest::kCommit:
+        committed = true;
+        break;
+      case pb::PublishRequest::KIND_NOT_SET:
+        return fail(absl::InvalidArgumentError(
+            absl::StrCat("Publish message ", messages, " has no kind set")));
+    }
+  }
+
+  absl::StatusOr<engine::PublicationReport> report;
+  {
+    CancelWatcher watcher(context, session.get());
+    report = session->Commit();
+  }
+  if (!report.ok()) {
+    spdlog::warn("publish v{} failed at commit: {}", header->version, report.status().ToString());
+    return ToGrpcStatus(report.status());
+  }
+  ToProto(*report, reply);
+  spdlog::info("publish v{} {}: {:.3f} s, {} bytes out, {} quantized, {} passed{}{}",
+               report->version, engine::PublicationStatusName(report->status),
+               report->wall_seconds, report->bytes_out, report->tensors_quantized,
+               report->tensors_passthrough, report->error.empty() ? "" : ": ", report->error);
+  // An aborted publication (receiver failure, cancellation, shutdown) is still answered with
+  // its report: the trainer needs the per-receiver outcome, and the status field says ABORTED.
+  return grpc::Status::OK;
+}
+
+grpc::Status PublisherService::GetStatus(grpc::ServerContext* context,
+                                         const pb::GetStatusRequest* request,
+                                         pb::GetStatusResponse* reply) {
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  engine::EngineStatus status = engine_->GetStatus();
+  ToProto(status, reply);
+  // last_reports is bounded by the engine; trim to what was asked for.
+  while (static_cast<uint32_t>(reply->recent_reports_size()) > request->max_reports()) {
+    reply->mutable_recent_reports()->RemoveLast();
+  }
+  reply->set_daemon_version(options_.daemon_version);
+  return grpc::Status::OK;
+}
+
+grpc::Status PublisherService::ListReports(grpc::ServerContext* context,
+                                           const pb::ListReportsRequest* request,
+                                           pb::ListReportsResponse* reply) {
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  size_t limit = request->limit() == 0 ? options_.default_report_limit : request->limit();
+  for (const engine::PublicationReport& r : engine_->RecentReports(limit)) {
+    ToProto(r, reply->add_reports());
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace wpub::server

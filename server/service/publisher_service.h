@@ -1,0 +1,38 @@
+// The trainer-facing Publisher service (proto/wpub/v1/publisher.proto) over the core Engine.
+//
+// Threading: this is a SYNC service on purpose. A Publish RPC is one publication, driven by one
+// producer thread (the contract of engine::PublicationSession), and its Commit blocks for the
+// whole quantize -> transfer -> acknowledge sequence. The sync server runs each RPC on its own
+// thread, so that thread is the session's producer and may block in Commit without stalling
+// anything else; the core allows one publication at a time, so at most one thread is held for
+// long (a second Publish fails fast with FAILED_PRECONDITION, or waits when it asked to queue).
+// Flow control of the client stream gives the trainer back-pressure for free. The short unary
+// calls (GetStatus, ListReports) never block on a publication in progress.
+#pragma once
+
+#include "core/engine/engine.h"
+#include "server/service/service_options.h"
+#include "wpub/v1/publisher.grpc.pb.h"
+
+namespace wpub::server {
+
+class PublisherService final : public wpub::v1::Publisher::Service {
+ public:
+  // `engine` must outlive the service (the server is shut down before the engine).
+  PublisherService(engine::Engine* engine, ServiceOptions options);
+
+  grpc::Status Publish(grpc::ServerContext* context,
+                       grpc::ServerReader<wpub::v1::PublishRequest>* reader,
+                       wpub::v1::PublicationReport* reply) override;
+  grpc::Status GetStatus(grpc::ServerContext* context, const wpub::v1::GetStatusRequest* request,
+                         wpub::v1::GetStatusResponse* reply) override;
+  grpc::Status ListReports(grpc::ServerContext* context,
+                           const wpub::v1::ListReportsRequest* request,
+                           wpub::v1::ListReportsResponse* reply) override;
+
+ private:
+  engine::Engine* const engine_;
+  const ServiceOptions options_;
+};
+
+}  // namespace wpub::server

@@ -1,0 +1,51 @@
+// The engine-facing Receivers service (proto/wpub/v1/receivers.proto) over the core's
+// gRPC-pull transport (engine::PullTransport).
+//
+// Threading: a CALLBACK service. Subscribe maps one RPC onto one engine::Subscription; since
+// Subscription::Next blocks, each subscriber gets a pump thread that waits on the core and hands
+// events to the reactor, which writes them one at a time (a reactor callback never blocks on the
+// core). PullBucket writes the chunks of an immutable, already-staged bucket from reactor
+// callbacks; Ack is a non-blocking unary call. PullBucket and Ack find the subscription by the
+// receiver's name: a receiver must be subscribed to pull or acknowledge.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "core/engine/pull_transport.h"
+#include "server/service/service_options.h"
+#include "wpub/v1/receivers.grpc.pb.h"
+
+namespace wpub::server {
+
+class ReceiversService final : public wpub::v1::Receivers::CallbackService {
+ public:
+  // `transport` must outlive the service.
+  ReceiversService(engine::PullTransport* transport, ServiceOptions options);
+  ~ReceiversService() override;
+
+  grpc::ServerWriteReactor<wpub::v1::ReceiverEvent>* Subscribe(
+      grpc::CallbackServerContext* context, const wpub::v1::SubscribeRequest* request) override;
+  grpc::ServerWriteReactor<wpub::v1::BucketChunk>* PullBucket(
+      grpc::CallbackServerContext* context, const wpub::v1::PullBucketRequest* request) override;
+  grpc::ServerUnaryReactor* Ack(grpc::CallbackServerContext* context,
+                                const wpub::v1::AckRequest* request,
+                                wpub::v1::AckResponse* response) override;
+
+  // Thread-safe registry of live subscriptions by receiver name (used by the reactors).
+  void Register(const std::string& name, std::shared_ptr<engine::Subscription> subscription);
+  void Unregister(const std::string& name, const engine::Subscription* subscription);
+  std::shared_ptr<engine::Subscription> Find(const std::string& name) const;
+
+  const ServiceOptions& options() const { return options_; }
+
+ private:
+  engine::PullTransport* const transport_;
+  const ServiceOptions options_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_ptr<engine::Subscription>> subscriptions_;
+};
+
+}  // namespace wpub::server

@@ -1,0 +1,37 @@
+// Options shared by the gRPC services of wpubd, and the bearer-token check every RPC runs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/time/time.h"
+
+namespace wpub::server {
+
+struct ServiceOptions {
+  // Largest `Chunk.data` a trainer may send, and the chunk size PullBucket streams (a receiver
+  // may ask for less). The gRPC message limit is set above this plus framing.
+  uint64_t max_chunk_bytes = uint64_t{4} << 20;
+  // When non-empty, every RPC must carry `authorization: Bearer <auth_token>` metadata
+  // (UNAUTHENTICATED otherwise). Compared in constant time.
+  std::string auth_token;
+  // How long a subscription pump waits for a core event before re-checking for cancellation.
+  absl::Duration subscribe_poll = absl::Milliseconds(200);
+  // Events buffered per subscriber between the core and the gRPC stream before the pump stops
+  // pulling from the core (the core's own queue then bounds a slow receiver).
+  size_t max_buffered_events = 256;
+  // Reports listed by ListReports when the request gives no limit.
+  size_t default_report_limit = 16;
+  // Publish NaN/Inf weights for every publication (a header may also ask for it).
+  bool allow_non_finite = false;
+  // Daemon build version, echoed by GetStatus.
+  std::string daemon_version;
+};
+
+// OK when no token is configured or `context` carries the right bearer token.
+grpc::Status CheckAuth(const ServiceOptions& options, const grpc::ServerContextBase& context);
+
+}  // namespace wpub::server

@@ -1,0 +1,288 @@
+// Wire <-> engine conversions.
+#include "server/wire/convert.h"
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/common/status.h"
+
+namespace wpub::server {
+namespace {
+
+namespace pb = ::wpub::v1;
+
+absl::StatusOr<Shape> ShapeFromProto(const google::protobuf::RepeatedField<int64_t>& dims,
+                                     absl::string_view what) {
+  Shape shape(dims.begin(), dims.end());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dim ", i, " is negative (", shape[i], ")"));
+    }
+  }
+  return shape;
+}
+
+absl::StatusOr<engine::TensorPart> PartFromProto(const pb::TensorPart& part,
+                                                 absl::string_view tensor, int index) {
+  engine::TensorPart out;
+  const std::string what = absl::StrCat("tensor '", tensor, "' part ", index);
+  WPUB_ASSIGN_OR_RETURN(out.shape, ShapeFromProto(part.shape(), absl::StrCat(what, " shape")));
+  switch (part.source_case()) {
+    case pb::TensorPart::kInline:
+      out.source = engine::InlineSource{};
+      break;
+    case pb::TensorPart::kShm:
+      out.source = engine::ShmSource{part.shm().name(), part.shm().offset(), part.shm().length()};
+      break;
+    case pb::TensorPart::kCudaIpc: {
+      const auto& ipc = part.cuda_ipc();
+      engine::CudaIpcSource src;
+      if (ipc.handle().size() != src.handle.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(what, ": cuda_ipc.handle has ",
+                                                       ipc.handle().size(), " bytes, expected ",
+                                                       src.handle.size()));
+      }
+      std::copy(ipc.handle().begin(), ipc.handle().end(), src.handle.begin());
+      src.device_uuid = ipc.device_uuid();
+      src.offset = ipc.offset();
+      src.length = ipc.length();
+      out.source = std::move(src);
+      break;
+    }
+    case pb::TensorPart::SOURCE_NOT_SET:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": no source (set one of inline, shm, cuda_ipc)"));
+  }
+  return out;
+}
+
+pb::PublicationStatus StatusToProto(engine::PublicationStatus status) {
+  switch (status) {
+    case engine::PublicationStatus::kCommitted: return pb::PUBLICATION_STATUS_COMMITTED;
+    case engine::PublicationStatus::kAborted: return pb::PUBLICATION_STATUS_ABORTED;
+    case engine::PublicationStatus::kFailed: return pb::PUBLICATION_STATUS_FAILED;
+  }
+  return pb::PUBLICATION_STATUS_UNSPECIFIED;
+}
+
+int64_t UnixNanos(absl::Time t) {
+  return t == absl::InfinitePast() ? 0 : absl::ToUnixNanos(t);
+}
+
+void ManifestTensorToProto(const engine::ManifestTensor& t, pb::ManifestTensor* out) {
+  out->set_name(t.name);
+  out->set_dtype(std::string(DTypeName(t.dtype)));
+  for (int64_t d : t.shape) out->add_shape(d);
+  out->set_offset(t.offset);
+  out->set_nbytes(t.nbytes);
+}
+
+}  // namespace
+
+std::string PrecisionExceptionsJson(const pb::PrecisionExceptions& e) {
+  nlohmann::json j = nlohmann::json::object();
+  if (e.extra_high_precision_layers_megatron_size() > 0) {
+    j["extra_high_precision_layers_megatron"] =
+        std::vector<std::string>(e.extra_high_precision_layers_megatron().begin(),
+                                 e.extra_high_precision_layers_megatron().end());
+  }
+  if (e.extra_high_precision_layers_hf_size() > 0) {
+    j["extra_high_precision_layers_hf"] = std::vector<std::string>(
+        e.extra_high_precision_layers_hf().begin(), e.extra_high_precision_layers_hf().end());
+  }
+  if (e.first_last_layers_bf16()) j["first_last_layers_bf16"] = true;
+  if (e.num_layers() != 0) j["num_layers"] = e.num_layers();
+  if (e.num_layers_at_start_in_bf16() != 0) {
+    j["num_layers_at_start_in_bf16"] = e.num_layers_at_start_in_bf16();
+  }
+  if (e.num_layers_at_end_in_bf16() != 0) {
+    j["num_layers_at_end_in_bf16"] = e.num_layers_at_end_in_bf16();
+  }
+  return j.empty() ? std::string() : j.dump();
+}
+
+absl::StatusOr<engine::PublicationHeader> FromProto(const pb::PublicationHeader& header) {
+  engine::PublicationHeader out;
+  if (header.version() == 0) {
+    return absl::InvalidArgumentError("header.version must be >= 1 (0 means 'none committed')");
+  }
+  out.version = header.version();
+  out.model_id = header.model_id();
+  if (!header.recipe().empty()) out.recipe = header.recipe();
+  out.quantization_config_json = header.quantization_config_json();
+  out.policy_json = PrecisionExceptionsJson(header.precision_exceptions());
+  out.allow_non_finite = header.allow_non_finite();
+  out.queue = header.queue();
+  out.bucket_bytes = header.bucket_bytes();
+  return out;
+}
+
+absl::StatusOr<engine::BatchInput> FromProto(const pb::Batch& batch) {
+  engine::BatchInput out;
+  out.megatron_name = batch.megatron_name();
+  out.tensors.reserve(batch.tensors_size());
+  for (const pb::TensorDescriptor& t : batch.tensors()) {
+    engine::TensorInput in;
+    in.desc.name = t.name();
+    if (t.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch '", batch.megatron_name(),
+                                                     "': a tensor has an empty name"));
+    }
+    absl::StatusOr<DType> dtype = ParseDType(t.dtype());
+    if (!dtype.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name(), "': unknown dtype '", t.dtype(), "'"));
+    }
+    in.desc.dtype = *dtype;
+    WPUB_ASSIGN_OR_RETURN(in.desc.shape,
+                          ShapeFromProto(t.shape(), absl::StrCat("tensor '", t.name(), "'")));
+    if (t.concat_dim() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name(), "': concat_dim must be 0 or 1, got ", t.concat_dim()));
+    }
+    in.concat_dim = static_cast<int>(t.concat_dim());
+    if (t.parts_size() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name(), "': no parts"));
+    }
+    for (int i = 0; i < t.parts_size(); ++i) {
+      WPUB_ASSIGN_OR_RETURN(engine::TensorPart part, PartFromProto(t.parts(i), t.name(), i));
+      in.parts.push_back(std::move(part));
+    }
+    out.tensors.push_back(std::move(in));
+  }
+  return out;
+}
+
+void ToProto(const engine::PublicationReport& r, pb::PublicationReport* out) {
+  out->set_status(StatusToProto(r.status));
+  out->set_version(r.version);
+  out->set_error_code(static_cast<int32_t>(r.code));
+  out->set_error_message(r.error);
+  out->set_model_id(r.model_id);
+  out->set_recipe(r.recipe);
+  out->set_wall_seconds(r.wall_seconds);
+  pb::PhaseSeconds* p = out->mutable_phases();
+  p->set_ingest(r.phases.ingest);
+  p->set_policy(r.phases.policy);
+  p->set_quantize(r.phases.quantize);
+  p->set_pack(r.phases.pack);
+  p->set_transfer(r.phases.transfer);
+  p->set_commit(r.phases.commit);
+  out->set_host_syncs(r.host_syncs);
+  out->set_bytes_in(r.bytes_in);
+  out->set_bytes_out(r.bytes_out);
+  for (const auto& [format, bytes] : r.bytes_out_by_format) {
+    (*out->mutable_bytes_out_by_format())[format] = bytes;
+  }
+  out->set_non_finite(r.non_finite);
+  out->mutable_tensors()->set_quantized(r.tensors_quantized);
+  out->mutable_tensors()->set_passthrough(r.tensors_passthrough);
+  out->mutable_tensors()->set_ignored(r.tensors_ignored);
+  for (const engine::ReceiverOutcome& o : r.receivers) {
+    pb::ReceiverOutcome* ro = out->add_receivers();
+    ro->set_name(o.name);
+    ro->set_state(engine::ReceiverStateName(o.state));
+    ro->set_error(o.error);
+    ro->set_committed(o.committed);
+    ro->set_failure(engine::ReceiverFailureName(o.failure));
+  }
+  out->set_start_unix_nanos(UnixNanos(r.started_at));
+  out->set_num_buckets(r.buckets);
+}
+
+void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
+  out->set_committed_version(s.committed_version);
+  if (s.active) {
+    pb::ActivePublication* a = out->mutable_active();
+    a->set_version(s.active->version);
+    a->set_state(engine::PublicationStateName(s.active->state));
+    a->set_model_id(s.active->model_id);
+    a->set_age_seconds(absl::ToDoubleSeconds(absl::Now() - s.active->opened_at));
+  }
+  for (const engine::ReceiverInfo& r : s.receivers) {
+    pb::ReceiverInfo* ri = out->add_receivers();
+    ri->set_name(r.name);
+    ri->set_state(engine::ReceiverStateName(r.state));
+    ri->set_transport("pull");
+    ri->set_last_committed_version(r.last_committed_version);
+  }
+  for (const engine::PublicationReport& r : s.last_reports) ToProto(r, out->add_recent_reports());
+  out->set_serving(!s.shutting_down);
+  out->set_backend(s.backend);
+}
+
+void ToProto(const engine::PublicationManifest& m, pb::Manifest* out) {
+  out->set_version(m.version);
+  out->set_model_id(m.model_id);
+  out->set_recipe(m.recipe);
+  out->set_total_bytes(m.total_bytes());
+  for (const engine::BucketManifest& b : m.buckets) {
+    pb::BucketManifest* bm = out->add_buckets();
+    bm->set_index(b.index);
+    bm->set_nbytes(b.nbytes);
+    bm->set_checksum(b.checksum);
+    for (const engine::ManifestTensor& t : b.tensors) ManifestTensorToProto(t, bm->add_tensors());
+  }
+}
+
+void ToProto(const engine::ReceiverEvent& event, pb::ReceiverEvent* out) {
+  std::visit(
+      [out](const auto& e) {
+        using T = std::decay_t<decltype(e)>;
+        if constexpr (std::is_same_v<T, engine::GroupInfoEvent>) {
+          pb::GroupInfo* g = out->mutable_group_info();
+          g->set_receiver_name(e.receiver_name);
+          g->set_transport(e.transport);
+          g->set_committed_version(e.committed_version);
+        } else if constexpr (std::is_same_v<T, engine::ManifestEvent>) {
+          ToProto(e.manifest, out->mutable_manifest());
+        } else if constexpr (std::is_same_v<T, engine::BucketReadyEvent>) {
+          out->mutable_bucket_ready()->set_version(e.version);
+          out->mutable_bucket_ready()->set_index(e.index);
+        } else if constexpr (std::is_same_v<T, engine::CommitEvent>) {
+          out->mutable_commit()->set_version(e.version);
+        } else {
+          static_assert(std::is_same_v<T, engine::AbortEvent>);
+          out->mutable_abort()->set_version(e.version);
+          out->mutable_abort()->set_reason(e.reason);
+        }
+      },
+      event);
+}
+
+absl::StatusOr<engine::PublicationManifest> FromProto(const pb::Manifest& m) {
+  engine::PublicationManifest out;
+  out.version = m.version();
+  out.model_id = m.model_id();
+  out.recipe = m.recipe();
+  for (const pb::BucketManifest& b : m.buckets()) {
+    engine::BucketManifest bm;
+    bm.index = b.index();
+    bm.nbytes = b.nbytes();
+    bm.checksum = b.checksum();
+    for (const pb::ManifestTensor& t : b.tensors()) {
+      engine::ManifestTensor mt;
+      mt.name = t.name();
+      absl::StatusOr<DType> dtype = ParseDType(t.dtype());
+      if (!dtype.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest tensor '", t.name(), "': unknown dtype '", t.dtype(), "'"));
+      }
+      mt.dtype = *dtype;
+      mt.shape.assign(t.shape().begin(), t.shape().end());
+      mt.offset = t.offset();
+      mt.nbytes = t.nbytes();
+      bm.tensors.push_back(std::move(mt));
+    }
+    out.buckets.push_back(std::move(bm));
+  }
+  return out;
+}
+
+}  // namespace wpub::server

@@ -1,0 +1,125 @@
+// wpubd: the weight-publication daemon. Parses flags into validated option structs, serves
+// metrics on their own port, hosts the gRPC services over one engine, and shuts down in order
+// on SIGTERM/SIGINT: health NOT_SERVING, drain (finish or abort the active publication within
+// --drain_deadline), stop the gRPC server, then the engine. Exits 0 after a clean shutdown.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/engine/engine.h"
+#include "server/service/daemon_server.h"
+#include "server/wpubd/options.h"
+
+namespace {
+
+// Blocks SIGTERM/SIGINT in this thread before any other thread exists, so every thread the
+// process creates inherits the mask and only the main thread's sigwait receives them.
+sigset_t BlockShutdownSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+bool WriteReadyFile(const std::string& path, int grpc_port, int metrics_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << "{\"grpc_port\": " << grpc_port << ", \"metrics_port\": " << metrics_port
+        << ", \"pid\": " << getpid() << "}\n";
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<prometheus::Exposer> exposer;
+  int metrics_port = 0;
+  if (!options.metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
+    } catch (const std::exception& e) {
+      spdlog::critical("cannot serve metrics on '{}': {}", options.metrics_listen, e.what());
+      return 1;
+    }
+    exposer->RegisterCollectable(registry);
+    std::vector<int> ports = exposer->GetListeningPorts();
+    metrics_port = ports.empty() ? 0 : ports.front();
+  }
+
+  absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> engine =
+      wpub::engine::Engine::Create(options.engine, registry.get());
+  if (!engine.ok()) {
+    spdlog::critical("cannot create the engine: {}", engine.status().ToString());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<wpub::server::DaemonServer>> server =
+      wpub::server::DaemonServer::Create(options.server, engine->get());
+  if (!server.ok()) {
+    spdlog::critical("cannot start the gRPC server: {}", server.status().ToString());
+    return 1;
+  }
+  spdlog::info("wpubd serving gRPC on {} (port {}), metrics on {} (port {})",
+               options.server.listen, (*server)->port(), options.metrics_listen, metrics_port);
+  if (!options.ready_file.empty() &&
+      !WriteReadyFile(options.ready_file, (*server)->port(), metrics_port)) {
+    spdlog::critical("cannot write --ready_file '{}'", options.ready_file);
+    return 1;
+  }
+
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  spdlog::info("received {}: shutting down (drain deadline {})", strsignal(signal_number),
+               absl::FormatDuration(options.drain_deadline));
+
+  // Ordered shutdown: stop advertising, refuse new publications, let the active one finish or
+  // abort it at the deadline (this also ends every receiver stream), then stop the gRPC server
+  // and finally the engine.
+  (*server)->SetServing(false);
+  (*engine)->BeginShutdown();
+  absl::Status drained = (*engine)->Drain(absl::Now() + options.drain_deadline);
+  if (!drained.ok()) spdlog::warn("drain: {}", drained.ToString());
+  (*server)->Shutdown(absl::Now() + options.shutdown_grace);
+  server->reset();
+  engine->reset();
+  spdlog::info("wpubd stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const sigset_t signals = BlockShutdownSignals();
+  absl::SetProgramUsageMessage(
+      "wpubd: publishes model weights from an RL trainer to its rollout engines.\n"
+      "Usage: wpubd [--listen=127.0.0.1:50151] [--metrics_listen=127.0.0.1:9464] "
+      "[--config=FILE] ...");
+  std::vector<std::string> args = wpub::wpubd::RewriteConfigFlag(argc, argv);
+  std::vector<char*> arg_ptrs;
+  for (std::string& a : args) arg_ptrs.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  absl::StatusOr<wpub::wpubd::DaemonOptions> options = wpub::wpubd::OptionsFromFlags();
+  if (!options.ok()) {
+    std::fprintf(stderr, "wpubd: %s\n", std::string(options.status().message()).c_str());
+    return 2;
+  }
+  wpub::wpubd::ConfigureLogging(*options);
+  return Run(*options, signals);
+}

@@ -1,0 +1,135 @@
+// wpubd flag definitions and their validation.
+#include "server/wpubd/options.h"
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+ABSL_FLAG(std::string, config, "",
+          "File of flags, one `--name=value` per line (absl flagfile syntax); flags given after "
+          "it on the command line override it.");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50151",
+          "gRPC listen address: host:port (port 0 picks a free one) or unix:/path.");
+ABSL_FLAG(bool, insecure_listen, false,
+          "Acknowledge binding the gRPC and metrics listeners to a non-loopback address "
+          "without TLS.");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "Prometheus metrics address host:port (port 0 picks one); empty disables metrics.");
+ABSL_FLAG(uint64_t, bucket_bytes, uint64_t{256} << 20,
+          "Default bucket size in bytes (a publication header may override it).");
+ABSL_FLAG(absl::Duration, commit_deadline, absl::Seconds(60),
+          "How long receivers have, after the last bucket was sent, to acknowledge every "
+          "bucket before the publication aborts.");
+ABSL_FLAG(bool, allow_non_finite, false,
+          "Publish NaN/Inf weights instead of rejecting the publication (for every "
+          "publication; a header may also ask for it).");
+ABSL_FLAG(uint64_t, min_receivers, 0,
+          "A publication aborts at commit when fewer receivers are connected.");
+ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20,
+          "Largest inline payload chunk accepted, and the PullBucket chunk size.");
+ABSL_FLAG(int32_t, max_message_bytes, 8 << 20,
+          "Largest gRPC message accepted or sent (must exceed max_chunk_bytes plus framing).");
+ABSL_FLAG(uint64_t, max_inline_bytes, uint64_t{64} << 30,
+          "Most bytes one publication may stage from inline chunks.");
+ABSL_FLAG(int32_t, cpu_threads, 1, "Worker threads of the CPU quantizer.");
+ABSL_FLAG(absl::Duration, drain_deadline, absl::Seconds(30),
+          "On SIGTERM/SIGINT: how long an active publication may still run before it is "
+          "aborted.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
+          "On shutdown: how long RPCs may still run after the drain before being cancelled.");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "File holding a bearer token every RPC must present ('authorization: Bearer <t>').");
+ABSL_FLAG(std::string, ready_file, "",
+          "Written once serving: JSON with the bound grpc_port, metrics_port and pid.");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
+
+namespace wpub::wpubd {
+
+absl::StatusOr<DaemonOptions> OptionsFromFlags() {
+  DaemonOptions o;
+  o.server.listen = absl::GetFlag(FLAGS_listen);
+  o.server.insecure_listen = absl::GetFlag(FLAGS_insecure_listen);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!o.metrics_listen.empty() && !o.server.insecure_listen &&
+      !server::IsLoopbackAddress(o.metrics_listen)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--metrics_listen '", o.metrics_listen,
+                     "' is not loopback: pass --insecure_listen to acknowledge"));
+  }
+  o.engine.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+  if (o.engine.bucket_bytes < o.engine.min_bucket_bytes ||
+      o.engine.bucket_bytes > o.engine.max_bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bucket_bytes=", o.engine.bucket_bytes, " is outside [", o.engine.min_bucket_bytes,
+        ", ", o.engine.max_bucket_bytes, "]"));
+  }
+  o.engine.ack_deadline = absl::GetFlag(FLAGS_commit_deadline);
+  if (o.engine.ack_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--commit_deadline must be positive");
+  }
+  o.engine.min_receivers = absl::GetFlag(FLAGS_min_receivers);
+  o.engine.max_inline_bytes = absl::GetFlag(FLAGS_max_inline_bytes);
+  o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  if (o.engine.cpu_threads < 1) {
+    return absl::InvalidArgumentError("--cpu_threads must be >= 1");
+  }
+  o.server.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  if (o.server.service.max_chunk_bytes < 1024) {
+    return absl::InvalidArgumentError("--max_chunk_bytes must be >= 1024");
+  }
+  o.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  o.server.service.allow_non_finite = absl::GetFlag(FLAGS_allow_non_finite);
+  o.server.service.daemon_version = "wpubd 0.1.0";
+  if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
+    std::ifstream in(path);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--auth_token_file '", path, "' cannot be read"));
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string token(absl::StripAsciiWhitespace(ss.str()));
+    if (token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--auth_token_file '", path, "' is empty"));
+    }
+    o.server.service.auth_token = std::move(token);
+  }
+  o.drain_deadline = absl::GetFlag(FLAGS_drain_deadline);
+  o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
+  o.ready_file = absl::GetFlag(FLAGS_ready_file);
+  o.log_level = absl::GetFlag(FLAGS_log_level);
+  if (spdlog::level::from_str(o.log_level) == spdlog::level::off && o.log_level != "off") {
+    return absl::InvalidArgumentError(absl::StrCat("--log_level '", o.log_level, "' is unknown"));
+  }
+  return o;
+}
+
+std::vector<std::string> RewriteConfigFlag(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (i > 0 && arg.rfind("--config=", 0) == 0) {
+      args.push_back(absl::StrCat("--flagfile=", std::string(arg.substr(std::strlen("--config=")))));
+    } else if (i > 0 && arg == "--config" && i + 1 < argc) {
+      args.push_back(absl::StrCat("--flagfile=", argv[++i]));
+    } else {
+      args.emplace_back(arg);
+    }
+  }
+  return args;
+}
+
+void ConfigureLogging(const DaemonOptions& options) {
+  spdlog::set_level(spdlog::level::from_str(options.log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [wpubd] %v");
+}
+
+}  // namespace wpub::wpubd

@@ -1,0 +1,41 @@
+// wpubd's command-line flags, parsed once into validated option structs (flags live in
+// server/ only; the core sees option structs).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/engine/engine.h"
+#include "server/service/daemon_server.h"
+
+namespace wpub::wpubd {
+
+struct DaemonOptions {
+  engine::EngineOptions engine;
+  server::DaemonServerOptions server;
+  // "host:port" of the Prometheus endpoint (port 0 picks one); empty disables it. Loopback
+  // unless --insecure_listen.
+  std::string metrics_listen = "127.0.0.1:9464";
+  // How long shutdown waits for an active publication before aborting it.
+  absl::Duration drain_deadline = absl::Seconds(30);
+  // How long the gRPC server then waits for RPCs to finish before cancelling them.
+  absl::Duration shutdown_grace = absl::Seconds(5);
+  // Written (atomically) once serving: {"grpc_port": N, "metrics_port": M, "pid": P}.
+  std::string ready_file;
+  std::string log_level = "info";
+};
+
+// Reads the parsed absl flags. INVALID_ARGUMENT naming the flag for a bad value;
+// PERMISSION_DENIED for a non-loopback metrics address without --insecure_listen.
+absl::StatusOr<DaemonOptions> OptionsFromFlags();
+
+// Rewrites `--config=FILE` / `--config FILE` into absl's `--flagfile=FILE` (one flag per line,
+// `--name=value`), keeping its position so later command-line flags override the file.
+std::vector<std::string> RewriteConfigFlag(int argc, char** argv);
+
+// Sets spdlog's level and pattern.
+void ConfigureLogging(const DaemonOptions& options);
+
+}  // namespace wpub::wpubd
