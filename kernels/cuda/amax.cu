@@ -1,0 +1,241 @@
+// Multi-tensor global amax with a non-finite count, and the global encode/decode scales, all
+// on the device (spec "Global (per-tensor) scale").
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/nvfp4_cuda.h"
+
+namespace wpub::kernels::cuda {
+namespace detail {
+namespace {
+
+// 16-byte vectors each thread loads before reducing: 8 x 16 B = 128 B in flight per thread.
+constexpr int kAmaxVecsPerThread = 8;
+constexpr uint32_t kAmaxVecsPerCta = kAmaxVecsPerThread * kThreads;
+static_assert(kAmaxVecsPerCta * 16 == 32768, "one amax CTA reads 32 KiB");
+
+struct AmaxItem {
+  const uint4* data;
+  uint32_t num_vecs;  // whole 16-byte vectors (a weight slice part is a multiple of 32 bytes)
+  int32_t slot;
+};
+
+struct AmaxParams {
+  AmaxItem items[kMaxItemsPerLaunch];
+  uint32_t cta_begin[kMaxItemsPerLaunch + 1];
+  int num_items;
+  float* amax;
+  unsigned long long* nonfinite;
+};
+static_assert(sizeof(AmaxParams) < 32764, "kernel parameters are limited to 32764 bytes");
+
+template <ElemType kType>
+__device__ __forceinline__ void Accumulate(const uint4& v, float& m, uint32_t& bad) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (kType == ElemType::kF32) {
+      const float x = __uint_as_float(w[j]);
+      m = MaxSkipNan(m, FAbs(x));
+      bad += (w[j] & 0x7F800000u) == 0x7F800000u;
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t bits = h == 0 ? (w[j] & 0xFFFFu) : (w[j] >> 16);
+        m = MaxSkipNan(m, FAbs(Widen<kType>(bits)));
+        constexpr uint32_t kExpMask = kType == ElemType::kBF16 ? 0x7F80u : 0x7C00u;
+        bad += (bits & kExpMask) == kExpMask;
+      }
+    }
+  }
+}
+
+template <ElemType kType>
+__global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ AmaxParams p) {
+  const int idx = FindItem(p.cta_begin, p.num_items);
+  const AmaxItem& item = p.items[idx];
+  const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kAmaxVecsPerCta + threadIdx.x;
+
+  uint4 v[kAmaxVecsPerThread];
+#pragma unroll
+  for (int u = 0; u < kAmaxVecsPerThread; ++u) {
+    const uint32_t i = first + u * kThreads;
+    v[u] = i < item.num_vecs ? __ldcs(item.data + i) : make_uint4(0, 0, 0, 0);
+  }
+  float m = 0.0f;
+  uint32_t bad = 0;
+#pragma unroll
+  for (int u = 0; u < kAmaxVecsPerThread; ++u) Accumulate<kType>(v[u], m, bad);
+
+    // Warp, then CTA reduction; one atomic per CTA. |x| >= +0 and NaN never enters m, so the max
+    // of the bit patterns as unsigned integers is the float max: order-independent, deterministic.
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  bad = __reduce_add_sync(0xFFFFFFFFu, bad);
+  __shared__ float warp_max[kThreads / 32];
+  __shared__ uint32_t warp_bad[kThreads / 32];
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
+    warp_max[warp] = m;
+    warp_bad[warp] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float cta_max = 0.0f;
+    unsigned long long cta_bad = 0;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) {
+      cta_max = MaxSkipNan(cta_max, warp_max[w]);
+      cta_bad += warp_bad[w];
+    }
+    atomicMax(reinterpret_cast<unsigned int*>(p.amax + item.slot), __float_as_uint(cta_max));
+    if (cta_bad != 0 && p.nonfinite != nullptr) atomicAdd(p.nonfinite + item.slot, cta_bad);
+  }
+}
+
+__global__ void GlobalScalesKernel(const float* amax, int64_t n, float e4m3_max, float* s_enc,
+                                   float* s_dec) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float enc = GlobalEncodeScale(amax[i], e4m3_max);
+    if (s_enc != nullptr) s_enc[i] = enc;
+    if (s_dec != nullptr) s_dec[i] = GlobalDecodeScale(enc);
+  }
+}
+
+KernelStatus LaunchAmaxParams(ElemType type, const AmaxParams& params, cudaStream_t stream,
+                              std::string* message) {
+  const dim3 grid(params.cta_begin[params.num_items]);
+  switch (type) {
+    case ElemType::kBF16:
+      AmaxKernel<ElemType::kBF16><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case ElemType::kF16:
+      AmaxKernel<ElemType::kF16><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case ElemType::kF32:
+      AmaxKernel<ElemType::kF32><<<grid, kThreads, 0, stream>>>(params);
+      break;
+  }
+  return CheckLaunch("amax kernel launch", message);
+}
+
+}  // namespace
+}  // namespace detail
+
+KernelStatus LaunchAmax(const WeightDesc* weights, int num_weights, const int64_t* slot_offsets,
+                        int64_t num_slots, float* amax, int64_t* nonfinite, cudaStream_t stream,
+                        std::string* message) {
+  using namespace detail;
+  if (num_weights < 0 || (num_weights > 0 && weights == nullptr)) {
+    return Invalid(message, "amax: null or negative weight list");
+  }
+  if (amax == nullptr || num_slots < 1) return Invalid(message, "amax: no output slots");
+  int64_t next_slot = 0;
+  for (int i = 0; i < num_weights; ++i) {
+    const KernelStatus st = ValidateDeviceWeight(weights[i], i, kAllInputTypes, message);
+    if (st != KernelStatus::kOk) return st;
+    const int64_t off = slot_offsets != nullptr ? slot_offsets[i] : next_slot;
+    if (off < 0 || off + weights[i].num_slices > num_slots) {
+      return Invalid(message, "weight " + std::to_string(i) + ": amax slots [" +
+                                  std::to_string(off) + ", " +
+                                  std::to_string(off + weights[i].num_slices) +
+                                  ") exceed num_slots " + std::to_string(num_slots));
+    }
+    next_slot = off + weights[i].num_slices;
+  }
+  if (num_slots >= (int64_t{1} << 31)) return Invalid(message, "amax: too many slots");
+
+  KernelStatus st = CheckCuda(cudaMemsetAsync(amax, 0, num_slots * sizeof(float), stream),
+                              "amax: zeroing the amax slots", message);
+  if (st != KernelStatus::kOk) return st;
+  if (nonfinite != nullptr) {
+    st = CheckCuda(cudaMemsetAsync(nonfinite, 0, num_slots * sizeof(int64_t), stream),
+                   "amax: zeroing the non-finite counts", message);
+    if (st != KernelStatus::kOk) return st;
+  }
+
+  // One launch per element type (and per kMaxItemsPerLaunch items); a mixed-type list costs at
+  // most three launches.
+  for (ElemType type : {ElemType::kBF16, ElemType::kF16, ElemType::kF32}) {
+    AmaxParams params{};
+    params.amax = amax;
+    params.nonfinite = reinterpret_cast<unsigned long long*>(nonfinite);
+    uint32_t ctas = 0;
+    auto flush = [&]() -> KernelStatus {
+      if (params.num_items == 0) return KernelStatus::kOk;
+      params.cta_begin[params.num_items] = ctas;
+      const KernelStatus s = LaunchAmaxParams(type, params, stream, message);
+      params.num_items = 0;
+      ctas = 0;
+      return s;
+    };
+    next_slot = 0;
+    for (int i = 0; i < num_weights; ++i) {
+      const WeightDesc& w = weights[i];
+      const int64_t off = slot_offsets != nullptr ? slot_offsets[i] : next_slot;
+      next_slot = off + w.num_slices;
+      if (w.type != type) continue;
+      for (int64_t s = 0; s < w.num_slices; ++s) {
+        for (int p = 0; p < w.num_parts; ++p) {
+          const int64_t bytes =
+              w.parts[p].rows * w.parts[p].cols * static_cast<int64_t>(ElemSize(type));
+          const int64_t vecs = bytes / 16;  // cols % 16 == 0: always whole vectors
+          if (vecs >= (int64_t{1} << 32) - kAmaxVecsPerCta) {
+            return Unsupported(message, "weight " + std::to_string(i) + ": a part over 64 GiB");
+          }
+          const uint32_t need = static_cast<uint32_t>(CeilDiv(vecs, kAmaxVecsPerCta));
+          if (params.num_items == kMaxItemsPerLaunch || ctas + uint64_t{need} >= (1u << 31)) {
+            st = flush();
+            if (st != KernelStatus::kOk) return st;
+          }
+          AmaxItem& item = params.items[params.num_items];
+          item.data = static_cast<const uint4*>(PartSlice(w, p, s));
+          item.num_vecs = static_cast<uint32_t>(vecs);
+          item.slot = static_cast<int32_t>(off + s);
+          params.cta_begin[params.num_items] = ctas;
+          ++params.num_items;
+          ctas += need;
+        }
+      }
+    }
+    st = flush();
+    if (st != KernelStatus::kOk) return st;
+  }
+  return KernelStatus::kOk;
+}
+
+KernelStatus LaunchAmax(const WeightDesc& weight, float* amax, int64_t* nonfinite,
+                        cudaStream_t stream, std::string* message) {
+  return LaunchAmax(&weight, 1, nullptr, weight.num_slices, amax, nonfinite, stream, message);
+}
+
+KernelStatus LaunchAmaxPair(const WeightDesc& gate, const WeightDesc& up, float* amax,
+                            int64_t* nonfinite, cudaStream_t stream, std::string* message) {
+  if (gate.num_slices != up.num_slices) {
+    return detail::Invalid(message, "amax pair: gate has " + std::to_string(gate.num_slices) +
+                                        " slices, up has " + std::to_string(up.num_slices));
+  }
+  const WeightDesc pair[2] = {gate, up};
+  const int64_t offsets[2] = {0, 0};
+  return LaunchAmax(pair, 2, offsets, gate.num_slices, amax, nonfinite, stream, message);
+}
+
+KernelStatus LaunchGlobalScales(const float* amax, int64_t n, int e4m3_max, float* s_enc,
+                                float* s_dec, cudaStream_t stream) {
+  if (n < 0 || (n > 0 && amax == nullptr) || (e4m3_max != 448 && e4m3_max != 256)) {
+    return KernelStatus::kInvalidArgument;
+  }
+  if (n == 0 || (s_enc == nullptr && s_dec == nullptr)) return KernelStatus::kOk;
+  constexpr int kScaleThreads = 128;
+  const int64_t blocks = detail::CeilDiv(n, kScaleThreads);
+  const unsigned grid = static_cast<unsigned>(blocks < 4096 ? blocks : 4096);
+  detail::GlobalScalesKernel<<<grid, kScaleThreads, 0, stream>>>(
+      amax, n, static_cast<float>(e4m3_max), s_enc, s_dec);
+  return detail::CheckLaunch("global scales kernel launch", nullptr);
+}
+
+}  // namespace wpub::kernels::cuda

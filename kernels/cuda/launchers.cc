@@ -1,0 +1,346 @@
+// Host launchers of quantize, dequantize and fused QDQ: validate every job before enqueueing
+// anything, split the jobs into work items (weight x slice x part), pack the items into kernel
+// parameter blocks of up to kMaxItemsPerLaunch, and dispatch the mode's specialization.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "kernels/cuda/kernel_params.h"
+#include "kernels/cuda/launch_util.h"
+#include "kernels/cuda/nvfp4_cuda.h"
+
+namespace wpub::kernels::cuda {
+namespace {
+
+using detail::CeilDiv;
+using detail::CheckCuda;
+using detail::Invalid;
+using detail::Unsupported;
+
+constexpr uint32_t kMaxGridCtas = 1u << 31;
+
+// Appends items to a parameter block and launches it whenever it fills up. Params is one of the
+// *Params structs; Launch(params) enqueues it.
+template <class Params, class Launch>
+class ItemBatcher {
+ public:
+  explicit ItemBatcher(Launch launch) : launch_(launch) { params_.num_items = 0; }
+
+  template <class Item>
+  KernelStatus Add(const Item& item, uint32_t ctas) {
+    if (params_.num_items == kMaxItemsPerLaunch || uint64_t{ctas_} + ctas >= kMaxGridCtas) {
+      const KernelStatus st = Flush();
+      if (st != KernelStatus::kOk) return st;
+    }
+    params_.items[params_.num_items] = item;
+    params_.cta_begin[params_.num_items] = ctas_;
+    ++params_.num_items;
+    ctas_ += ctas;
+    return KernelStatus::kOk;
+  }
+
+  KernelStatus Flush() {
+    if (params_.num_items == 0) return KernelStatus::kOk;
+    params_.cta_begin[params_.num_items] = ctas_;
+    const KernelStatus st = launch_(params_);
+    params_.num_items = 0;
+    ctas_ = 0;
+    return st;
+  }
+
+ private:
+  Launch launch_;
+  Params params_{};
+  uint32_t ctas_ = 0;
+};
+
+KernelStatus CheckModeForType(QuantMode mode, std::string* message) {
+  if (!mode.IsValid()) return Invalid(message, "invalid quantization mode");
+  return KernelStatus::kOk;
+}
+
+// Quantize jobs of one input type, one mode.
+template <class Traits>
+KernelStatus EnqueueQuantize(const QuantizeJob* jobs, int num_jobs, ElemType type,
+                             cudaStream_t stream, std::string* message) {
+  auto launch = [&](const detail::QuantParams& p) {
+    return detail::LaunchQuantizeKernel<Traits>(type, p, stream, message);
+  };
+  ItemBatcher<detail::QuantParams, decltype(launch)> batch(launch);
+  for (int i = 0; i < num_jobs; ++i) {
+    const QuantizeJob& job = jobs[i];
+    const WeightDesc& w = job.weight;
+    if (w.type != type) continue;
+    const int64_t rows = w.rows();
+    const int64_t kv = w.cols() / kBlockSize;
+    for (int64_t s = 0; s < w.num_slices; ++s) {
+      for (int p = 0; p < w.num_parts; ++p) {
+        const detail::PartGeometry g = detail::PartOrigin(w, p);
+        detail::QuantItem item{};
+        item.in = detail::PartSlice(w, p, s);
+        item.packed = job.out.packed + s * rows * kv * (kBlockSize / 2);
+        item.scales = job.out.scales + s * rows * kv;
+        item.swizzled = job.out.swizzled == nullptr
+                            ? nullptr
+                            : job.out.swizzled + s * SwizzledScaleSize(rows, kv);
+        item.amax = job.amax + s;
+        item.decode_scale =
+            (p == 0 && job.out.decode_scale != nullptr) ? job.out.decode_scale + s : nullptr;
+        item.part_rows = static_cast<uint32_t>(w.parts[p].rows);
+        item.part_colblks = static_cast<uint32_t>(w.parts[p].cols / kBlockSize);
+        item.row0 = static_cast<uint32_t>(g.row0);
+        item.colblk0 = static_cast<uint32_t>(g.col0 / kBlockSize);
+        item.rows = static_cast<uint32_t>(rows);
+        item.kv = static_cast<uint32_t>(kv);
+        const int64_t blocks = int64_t{item.part_rows} * item.part_colblks;
+        const KernelStatus st = batch.Add(
+            item, static_cast<uint32_t>(CeilDiv(blocks, detail::kQuantBlocksPerCta<Traits>)));
+        if (st != KernelStatus::kOk) return st;
+      }
+    }
+  }
+  return batch.Flush();
+}
+
+template <class Traits>
+KernelStatus EnqueueQdq(const QdqJob* jobs, int num_jobs, const float* const* amax_per_job,
+                        ElemType type, cudaStream_t stream, std::string* message) {
+  auto launch = [&](const detail::QdqParams& p) {
+    return detail::LaunchQdqKernel<Traits>(type, p, stream, message);
+  };
+  ItemBatcher<detail::QdqParams, decltype(launch)> batch(launch);
+  for (int i = 0; i < num_jobs; ++i) {
+    const WeightDesc& w = jobs[i].weight;
+    if (w.type != type) continue;
+    const int64_t slice_elems = w.rows() * w.cols();
+    const int64_t blocks = slice_elems / kBlockSize;
+    for (int64_t s = 0; s < w.num_slices; ++s) {
+      detail::QdqItem item{};
+      item.in = detail::PartSlice(w, 0, s);
+      item.out = static_cast<uint8_t*>(jobs[i].out) + s * slice_elems * 2;
+      item.amax = amax_per_job[i] + s;
+      item.num_blocks = static_cast<uint32_t>(blocks);
+      const KernelStatus st = batch.Add(
+          item, static_cast<uint32_t>(CeilDiv(blocks, detail::kQuantBlocksPerCta<Traits>)));
+      if (st != KernelStatus::kOk) return st;
+    }
+  }
+  return batch.Flush();
+}
+
+KernelStatus ValidateQdqJobs(const QdqJob* jobs, int num_jobs, bool need_amax,
+                             std::string* message) {
+  if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) {
+    return Invalid(message, "QDQ: null or negative job list");
+  }
+  for (int i = 0; i < num_jobs; ++i) {
+    const QdqJob& job = jobs[i];
+    const KernelStatus st =
+        detail::ValidateDeviceWeight(job.weight, i, detail::k16BitTypes, message);
+    if (st != KernelStatus::kOk) return st;
+    const std::string who = "weight " + std::to_string(i);
+    if (job.weight.num_parts != 1) {
+      return Unsupported(message, who + ": fused QDQ takes single-part weights");
+    }
+    if (job.out == nullptr || !detail::Aligned(job.out, detail::kVectorAlign)) {
+      return Invalid(message, who + ": QDQ output is null or not 16-byte aligned");
+    }
+    if (need_amax && job.amax == nullptr) return Invalid(message, who + ": amax is null");
+  }
+  return KernelStatus::kOk;
+}
+
+KernelStatus RunQdq(const QdqJob* jobs, int num_jobs, const float* const* amax_per_job,
+                    QuantMode mode, cudaStream_t stream, std::string* message) {
+  for (ElemType type : {ElemType::kBF16, ElemType::kF16}) {
+    const KernelStatus st = DispatchQuantMode(mode, [&]<class Traits>() {
+      return EnqueueQdq<Traits>(jobs, num_jobs, amax_per_job, type, stream, message);
+    });
+    if (st != KernelStatus::kOk) return st;
+  }
+  return KernelStatus::kOk;
+}
+
+size_t AlignUp256(size_t n) { return (n + 255) / 256 * 256; }
+
+int64_t TotalSlices(const QdqJob* jobs, int num_jobs) {
+  int64_t n = 0;
+  for (int i = 0; i < num_jobs; ++i) n += jobs[i].weight.num_slices;
+  return n;
+}
+
+}  // namespace
+
+KernelStatus LaunchQuantize(const QuantizeJob* jobs, int num_jobs, QuantMode mode,
+                            cudaStream_t stream, std::string* message) {
+  KernelStatus st = CheckModeForType(mode, message);
+  if (st != KernelStatus::kOk) return st;
+  if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) {
+    return Invalid(message, "quantize: null or negative job list");
+  }
+  for (int i = 0; i < num_jobs; ++i) {
+    const QuantizeJob& job = jobs[i];
+    st = detail::ValidateDeviceWeight(job.weight, i, detail::kAllInputTypes, message);
+    if (st != KernelStatus::kOk) return st;
+    const std::string who = "weight " + std::to_string(i);
+    if (job.amax == nullptr) return Invalid(message, who + ": amax is null");
+    if (job.out.packed == nullptr || job.out.scales == nullptr) {
+      return Invalid(message, who + ": packed or scales output is null");
+    }
+    if (!detail::Aligned(job.out.packed, detail::kVectorAlign)) {
+      return Unsupported(message, who + ": packed output is not 16-byte aligned");
+    }
+  }
+  // Zero the swizzled padding first (only layouts that have padding).
+  for (int i = 0; i < num_jobs; ++i) {
+    const QuantizeJob& job = jobs[i];
+    if (job.out.swizzled == nullptr) continue;
+    const int64_t rows = job.weight.rows();
+    const int64_t kv = job.weight.cols() / kBlockSize;
+    if (rows % 128 == 0 && kv % 4 == 0) continue;
+    st = CheckCuda(cudaMemsetAsync(job.out.swizzled, 0,
+                                   job.weight.num_slices * SwizzledScaleSize(rows, kv), stream),
+                   "quantize: zeroing swizzled scale padding", message);
+    if (st != KernelStatus::kOk) return st;
+  }
+  for (ElemType type : {ElemType::kBF16, ElemType::kF16, ElemType::kF32}) {
+    st = DispatchQuantMode(mode, [&]<class Traits>() {
+      return EnqueueQuantize<Traits>(jobs, num_jobs, type, stream, message);
+    });
+    if (st != KernelStatus::kOk) return st;
+  }
+  return KernelStatus::kOk;
+}
+
+KernelStatus LaunchDequantize(const DequantizeJob* jobs, int num_jobs, QuantMode mode,
+                              cudaStream_t stream, std::string* message) {
+  KernelStatus st = CheckModeForType(mode, message);
+  if (st != KernelStatus::kOk) return st;
+  if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) {
+    return Invalid(message, "dequantize: null or negative job list");
+  }
+  for (int i = 0; i < num_jobs; ++i) {
+    const DequantizeJob& job = jobs[i];
+    const std::string who = "weight " + std::to_string(i);
+    const QuantizedView& v = job.in;
+    if (v.packed == nullptr || v.scales == nullptr || v.amax == nullptr || job.out == nullptr) {
+      return Invalid(message, who + ": null packed, scales, amax or output pointer");
+    }
+    if (v.rows < 1 || v.cols < 1 || v.num_slices < 1) {
+      return Invalid(message, who + ": non-positive extents");
+    }
+    if (v.cols % kBlockSize != 0) {
+      return Invalid(message, who + ": last dimension " + std::to_string(v.cols) +
+                                  " is not a multiple of 16 (the NVFP4 block size)");
+    }
+    if (job.out_type != ElemType::kBF16 && job.out_type != ElemType::kF16) {
+      return Unsupported(message, who + ": dequantize writes bf16 or fp16");
+    }
+    if (!detail::Aligned(v.packed, 8) || !detail::Aligned(job.out, detail::kVectorAlign)) {
+      return Unsupported(message, who + ": packed (8-byte) or output (16-byte) misaligned");
+    }
+    if (v.rows * (v.cols / kBlockSize) >= (int64_t{1} << 31)) {
+      return Unsupported(message, who + ": more than 2^31 blocks per slice");
+    }
+  }
+  for (ElemType type : {ElemType::kBF16, ElemType::kF16}) {
+    auto launch = [&](const detail::DequantParams& p) {
+      return detail::LaunchDequantizeKernel(type, mode.e4m3_max, p, stream, message);
+    };
+    ItemBatcher<detail::DequantParams, decltype(launch)> batch(launch);
+    for (int i = 0; i < num_jobs; ++i) {
+      const DequantizeJob& job = jobs[i];
+      if (job.out_type != type) continue;
+      const QuantizedView& v = job.in;
+      const int64_t blocks = v.rows * (v.cols / kBlockSize);
+      for (int64_t s = 0; s < v.num_slices; ++s) {
+        detail::DequantItem item{};
+        item.packed = v.packed + s * blocks * (kBlockSize / 2);
+        item.scales = v.scales + s * blocks;
+        item.amax = v.amax + s;
+        item.out = static_cast<uint8_t*>(job.out) + s * blocks * kBlockSize * 2;
+        item.num_blocks = static_cast<uint32_t>(blocks);
+        st = batch.Add(item, static_cast<uint32_t>(CeilDiv(blocks, detail::kDequantBlocksPerCta)));
+        if (st != KernelStatus::kOk) return st;
+      }
+    }
+    st = batch.Flush();
+    if (st != KernelStatus::kOk) return st;
+  }
+  return KernelStatus::kOk;
+}
+
+KernelStatus LaunchQdq(const QdqJob* jobs, int num_jobs, QuantMode mode, cudaStream_t stream,
+                       std::string* message) {
+  KernelStatus st = CheckModeForType(mode, message);
+  if (st != KernelStatus::kOk) return st;
+  st = ValidateQdqJobs(jobs, num_jobs, /*need_amax=*/true, message);
+  if (st != KernelStatus::kOk) return st;
+  // The per-job amax pointers, gathered so RunQdq serves both entry points.
+  constexpr int kChunk = 256;
+  const float* amax[kChunk];
+  for (int begin = 0; begin < num_jobs; begin += kChunk) {
+    const int n = num_jobs - begin < kChunk ? num_jobs - begin : kChunk;
+    for (int i = 0; i < n; ++i) amax[i] = jobs[begin + i].amax;
+    st = RunQdq(jobs + begin, n, amax, mode, stream, message);
+    if (st != KernelStatus::kOk) return st;
+  }
+  return KernelStatus::kOk;
+}
+
+size_t QdqWorkspaceCountOffset(const QdqJob* jobs, int num_jobs) {
+  return AlignUp256(static_cast<size_t>(TotalSlices(jobs, num_jobs)) * sizeof(float));
+}
+
+size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs) {
+  return QdqWorkspaceCountOffset(jobs, num_jobs) +
+         AlignUp256(static_cast<size_t>(TotalSlices(jobs, num_jobs)) * sizeof(int64_t));
+}
+
+KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mode, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream,
+                                  std::string* message) {
+  KernelStatus st = CheckModeForType(mode, message);
+  if (st != KernelStatus::kOk) return st;
+  st = ValidateQdqJobs(jobs, num_jobs, /*need_amax=*/false, message);
+  if (st != KernelStatus::kOk) return st;
+  if (num_jobs == 0) return KernelStatus::kOk;
+  const size_t need = QdqComputeAmaxWorkspaceBytes(jobs, num_jobs);
+  if (workspace == nullptr || workspace_bytes < need) {
+    if (message != nullptr) {
+      *message = "QDQ: workspace of " + std::to_string(workspace_bytes) + " bytes, need " +
+                 std::to_string(need);
+    }
+    return KernelStatus::kWorkspaceTooSmall;
+  }
+  if (!detail::Aligned(workspace, 256)) return Invalid(message, "QDQ: workspace not 256-aligned");
+  float* amax = static_cast<float*>(workspace);
+  auto* counts = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(workspace) +
+                                            QdqWorkspaceCountOffset(jobs, num_jobs));
+
+  // One amax launch per element type over the whole list (WeightDesc copies: a few hundred
+  // bytes each, host only).
+  constexpr int kChunk = 64;
+  WeightDesc weights[kChunk];
+  int64_t offsets[kChunk];
+  const float* amax_ptrs[kChunk];
+  int64_t slot = 0;
+  for (int begin = 0; begin < num_jobs; begin += kChunk) {
+    const int n = num_jobs - begin < kChunk ? num_jobs - begin : kChunk;
+    const int64_t first_slot = slot;
+    for (int i = 0; i < n; ++i) {
+      weights[i] = jobs[begin + i].weight;
+      offsets[i] = slot - first_slot;
+      amax_ptrs[i] = amax + slot;
+      slot += weights[i].num_slices;
+    }
+    st = LaunchAmax(weights, n, offsets, slot - first_slot, amax + first_slot, counts + first_slot,
+                    stream, message);
+    if (st != KernelStatus::kOk) return st;
+    st = RunQdq(jobs + begin, n, amax_ptrs, mode, stream, message);
+    if (st != KernelStatus::kOk) return st;
+  }
+  return KernelStatus::kOk;
+}
+
+}  // namespace wpub::kernels::cuda

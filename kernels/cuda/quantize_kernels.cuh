@@ -1,0 +1,142 @@
+// Kernel templates of quantize and fused QDQ, specialized at compile time on the input type
+// and the quantization mode (Traits from nvfp4_math.h). Every block's arithmetic is the
+// shared QuantizeBlock / DecodeFactor / DecodeElement of nvfp4_math.h, so the kernels are the
+// CPU reference byte for byte. Included by the quantize_modes_*.cu instantiation files only.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/kernel_params.h"
+#include "kernels/cuda/launch_util.h"
+
+namespace wpub::kernels::cuda::detail {
+
+static_assert(kThreads == 256, "kQuantBlocksPerCta assumes 256 threads per CTA");
+
+// One thread = kQuantBlocksPerThread blocks of 16 elements, strided by kThreads blocks so that
+// each warp-wide load covers 32 consecutive blocks (1 KiB of bf16).
+template <ElemType kIn, class Traits>
+__global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant__ QuantParams p) {
+  constexpr int kBpt = kQuantBlocksPerThread<Traits>;
+  constexpr uint32_t kInBlockBytes = kBlockSize * ElemSize(kIn);
+  const int idx = FindItem(p.cta_begin, p.num_items);
+  const QuantItem& it = p.items[idx];
+  const uint32_t num_blocks = it.part_rows * it.part_colblks;
+  const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
+  const TensorScales ts = MakeTensorScales(*it.amax, Traits::kE4M3Max);
+  if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ts.s_dec;
+
+  const char* in = static_cast<const char*>(it.in);
+  RawBlock<kIn> raw[kBpt];
+#pragma unroll
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b < num_blocks) LoadRaw<kIn>(in + uint64_t{b} * kInBlockBytes, raw[u]);
+  }
+  const bool dense = it.part_colblks == it.kv;
+#pragma unroll
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b >= num_blocks) break;
+    float x[kBlockSize];
+    Unpack<kIn>(raw[u], x);
+    uint8_t codes[kBlockSize];
+    const uint8_t sf = QuantizeBlock<Traits>(x, ts, codes);
+
+    uint64_t ob;  // block index in the slice's [rows, kv] grid
+    uint32_t m = 0;
+    uint32_t k = 0;
+    if (dense && it.swizzled == nullptr) {
+      ob = uint64_t{it.row0} * it.kv + b;
+    } else {
+      const uint32_t r = b / it.part_colblks;
+      m = it.row0 + r;
+      k = it.colblk0 + (b - r * it.part_colblks);
+      ob = uint64_t{m} * it.kv + k;
+    }
+    *reinterpret_cast<uint2*>(it.packed + ob * (kBlockSize / 2)) = PackCodes(codes);
+    it.scales[ob] = sf;
+    if (it.swizzled != nullptr) it.swizzled[SwizzledScaleIndex(m, k, it.kv)] = sf;
+  }
+}
+
+// Fused QDQ: quantize one block into registers and decode it straight back; codes and scales
+// never reach global memory.
+template <ElemType kType, class Traits>
+__global__ void __launch_bounds__(kThreads) QdqKernel(const __grid_constant__ QdqParams p) {
+  constexpr int kBpt = kQuantBlocksPerThread<Traits>;
+  constexpr uint32_t kBlockBytes = kBlockSize * ElemSize(kType);
+  const int idx = FindItem(p.cta_begin, p.num_items);
+  const QdqItem& it = p.items[idx];
+  const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
+  const float amax = *it.amax;
+  const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
+
+  const char* in = static_cast<const char*>(it.in);
+  char* out = static_cast<char*>(it.out);
+  RawBlock<kType> raw[kBpt];
+#pragma unroll
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b < it.num_blocks) LoadRaw<kType>(in + uint64_t{b} * kBlockBytes, raw[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b >= it.num_blocks) break;
+    float x[kBlockSize];
+    Unpack<kType>(raw[u], x);
+    uint8_t codes[kBlockSize];
+    const uint8_t sf = QuantizeBlock<Traits>(x, ts, codes);
+    const float factor = DecodeFactor<Traits>(sf, amax);
+    float y[kBlockSize];
+#pragma unroll
+    for (int i = 0; i < kBlockSize; ++i) y[i] = DecodeElement(codes[i], factor);
+    StoreBlock16<kType>(out + uint64_t{b} * kBlockBytes, y);
+  }
+}
+
+template <class Traits>
+KernelStatus LaunchQuantizeKernel(ElemType in_type, const QuantParams& params, cudaStream_t stream,
+                                  std::string* message) {
+  const dim3 grid(params.cta_begin[params.num_items]);
+  switch (in_type) {
+    case ElemType::kBF16:
+      QuantizeKernel<ElemType::kBF16, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case ElemType::kF16:
+      QuantizeKernel<ElemType::kF16, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case ElemType::kF32:
+      QuantizeKernel<ElemType::kF32, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
+  }
+  return CheckLaunch("quantize kernel launch", message);
+}
+
+template <class Traits>
+KernelStatus LaunchQdqKernel(ElemType type, const QdqParams& params, cudaStream_t stream,
+                             std::string* message) {
+  const dim3 grid(params.cta_begin[params.num_items]);
+  switch (type) {
+    case ElemType::kBF16:
+      QdqKernel<ElemType::kBF16, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case ElemType::kF16:
+      QdqKernel<ElemType::kF16, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case ElemType::kF32:
+      return Unsupported(message, "fused QDQ takes bf16 or fp16 weights");
+  }
+  return CheckLaunch("fused QDQ kernel launch", message);
+}
+
+// Explicit instantiation of both launchers for one mode.
+#define WPUB_INSTANTIATE_QUANT_MODE(TRAITS)                                                      \
+  template KernelStatus LaunchQuantizeKernel<TRAITS>(ElemType, const QuantParams&, cudaStream_t, \
+                                                     std::string*);                              \
+  template KernelStatus LaunchQdqKernel<TRAITS>(ElemType, const QdqParams&, cudaStream_t,        \
+                                                std::string*)
+
+}  // namespace wpub::kernels::cuda::detail
