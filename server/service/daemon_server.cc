@@ -36,8 +36,8 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Create(
   if (options.max_message_bytes < 0 ||
       static_cast<uint64_t>(options.max_message_bytes) < options.service.max_chunk_bytes + 4096) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_message_bytes (", options.max_message_bytes,
-        ") must exceed max_chunk_bytes (", options.service.max_chunk_bytes, ") plus framing"));
+        "max_message_bytes (", options.max_message_bytes, ") must exceed max_chunk_bytes (",
+        options.service.max_chunk_bytes, ") plus framing"));
   }
   std::unique_ptr<DaemonServer> server(new DaemonServer());
   server->publisher_ = std::make_unique<PublisherService>(engine, options.service);

@@ -21,11 +21,16 @@ namespace pb = ::wpub::v1;
 
 const char* KindName(pb::PublishRequest::KindCase kind) {
   switch (kind) {
-    case pb::PublishRequest::kHeader: return "header";
-    case pb::PublishRequest::kBatch: return "batch";
-    case pb::PublishRequest::kChunk: return "chunk";
-    case pb::PublishRequest::kCommit: return "commit";
-    case pb::PublishRequest::KIND_NOT_SET: break;
+    case pb::PublishRequest::kHeader:
+      return "header";
+    case pb::PublishRequest::kBatch:
+      return "batch";
+    case pb::PublishRequest::kChunk:
+      return "chunk";
+    case pb::PublishRequest::kCommit:
+      return "commit";
+    case pb::PublishRequest::KIND_NOT_SET:
+      break;
   }
   return "empty message";
 }
@@ -92,8 +97,8 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
     return ToGrpcStatus(opened.status());
   }
   std::unique_ptr<engine::PublicationSession> session = std::move(*opened);
-  spdlog::info("publish v{} opened (model '{}', recipe '{}')", header->version,
-               header->model_id, header->recipe);
+  spdlog::info("publish v{} opened (model '{}', recipe '{}')", header->version, header->model_id,
+               header->recipe);
 
   // Any early return below destroys the session, which aborts it (engine contract); an error
   // from the session itself has already ended the publication as FAILED.
@@ -110,15 +115,14 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
         return fail(absl::CancelledError(
             absl::StrCat("the trainer cancelled publication v", header->version)));
       }
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "the Publish stream of v", header->version, " ended without 'commit'")));
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("the Publish stream of v", header->version, " ended without 'commit'")));
     }
     ++messages;
     switch (request.kind_case()) {
       case pb::PublishRequest::kHeader:
-        return fail(absl::InvalidArgumentError(
-            absl::StrCat("duplicate 'header' (message ", messages, ") in publication v",
-                         header->version)));
+        return fail(absl::InvalidArgumentError(absl::StrCat(
+            "duplicate 'header' (message ", messages, ") in publication v", header->version)));
       case pb::PublishRequest::kBatch: {
         absl::StatusOr<engine::BatchInput> batch = FromProto(request.batch());
         if (!batch.ok()) return fail(batch.status());
@@ -160,9 +164,9 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   }
   ToProto(*report, reply);
   spdlog::info("publish v{} {}: {:.3f} s, {} bytes out, {} quantized, {} passed{}{}",
-               report->version, engine::PublicationStatusName(report->status),
-               report->wall_seconds, report->bytes_out, report->tensors_quantized,
-               report->tensors_passthrough, report->error.empty() ? "" : ": ", report->error);
+               report->version, engine::PublicationStatusName(report->status), report->wall_seconds,
+               report->bytes_out, report->tensors_quantized, report->tensors_passthrough,
+               report->error.empty() ? "" : ": ", report->error);
   // An aborted publication (receiver failure, cancellation, shutdown) is still answered with
   // its report: the trainer needs the per-receiver outcome, and the status field says ABORTED.
   return grpc::Status::OK;

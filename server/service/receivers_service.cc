@@ -211,9 +211,9 @@ grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(
   }
   std::shared_ptr<engine::Subscription> sub = Find(request->receiver_name());
   if (sub == nullptr) {
-    return new RejectReactor<pb::BucketChunk>(grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("receiver '", request->receiver_name(), "' is not subscribed")));
+    return new RejectReactor<pb::BucketChunk>(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     absl::StrCat("receiver '", request->receiver_name(), "' is not subscribed")));
   }
   absl::StatusOr<std::shared_ptr<const engine::Bucket>> bucket =
       sub->ReadBucket(request->version(), request->index());
@@ -233,9 +233,9 @@ grpc::ServerUnaryReactor* ReceiversService::Ack(grpc::CallbackServerContext* con
   }
   std::shared_ptr<engine::Subscription> sub = Find(request->receiver_name());
   if (sub == nullptr) {
-    reactor->Finish(grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("receiver '", request->receiver_name(), "' is not subscribed")));
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     absl::StrCat("receiver '", request->receiver_name(), "' is not subscribed")));
     return reactor;
   }
   reactor->Finish(

@@ -64,16 +64,17 @@ absl::StatusOr<engine::TensorPart> PartFromProto(const pb::TensorPart& part,
 
 pb::PublicationStatus StatusToProto(engine::PublicationStatus status) {
   switch (status) {
-    case engine::PublicationStatus::kCommitted: return pb::PUBLICATION_STATUS_COMMITTED;
-    case engine::PublicationStatus::kAborted: return pb::PUBLICATION_STATUS_ABORTED;
-    case engine::PublicationStatus::kFailed: return pb::PUBLICATION_STATUS_FAILED;
+    case engine::PublicationStatus::kCommitted:
+      return pb::PUBLICATION_STATUS_COMMITTED;
+    case engine::PublicationStatus::kAborted:
+      return pb::PUBLICATION_STATUS_ABORTED;
+    case engine::PublicationStatus::kFailed:
+      return pb::PUBLICATION_STATUS_FAILED;
   }
   return pb::PUBLICATION_STATUS_UNSPECIFIED;
 }
 
-int64_t UnixNanos(absl::Time t) {
-  return t == absl::InfinitePast() ? 0 : absl::ToUnixNanos(t);
-}
+int64_t UnixNanos(absl::Time t) { return t == absl::InfinitePast() ? 0 : absl::ToUnixNanos(t); }
 
 void ManifestTensorToProto(const engine::ManifestTensor& t, pb::ManifestTensor* out) {
   out->set_name(t.name);
@@ -131,8 +132,8 @@ absl::StatusOr<engine::BatchInput> FromProto(const pb::Batch& batch) {
     engine::TensorInput in;
     in.desc.name = t.name();
     if (t.name().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("batch '", batch.megatron_name(),
-                                                     "': a tensor has an empty name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch '", batch.megatron_name(), "': a tensor has an empty name"));
     }
     absl::StatusOr<DType> dtype = ParseDType(t.dtype());
     if (!dtype.ok()) {
@@ -143,8 +144,8 @@ absl::StatusOr<engine::BatchInput> FromProto(const pb::Batch& batch) {
     WPUB_ASSIGN_OR_RETURN(in.desc.shape,
                           ShapeFromProto(t.shape(), absl::StrCat("tensor '", t.name(), "'")));
     if (t.concat_dim() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name(), "': concat_dim must be 0 or 1, got ", t.concat_dim()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name(), "': concat_dim must be 0 or 1, got ", t.concat_dim()));
     }
     in.concat_dim = static_cast<int>(t.concat_dim());
     if (t.parts_size() == 0) {

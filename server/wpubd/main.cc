@@ -76,8 +76,8 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
     spdlog::critical("cannot start the gRPC server: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("wpubd serving gRPC on {} (port {}), metrics on {} (port {})",
-               options.server.listen, (*server)->port(), options.metrics_listen, metrics_port);
+  spdlog::info("wpubd serving gRPC on {} (port {}), metrics on {} (port {})", options.server.listen,
+               (*server)->port(), options.metrics_listen, metrics_port);
   if (!options.ready_file.empty() &&
       !WriteReadyFile(options.ready_file, (*server)->port(), metrics_port)) {
     spdlog::critical("cannot write --ready_file '{}'", options.ready_file);

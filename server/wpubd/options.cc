@@ -67,9 +67,9 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.engine.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
   if (o.engine.bucket_bytes < o.engine.min_bucket_bytes ||
       o.engine.bucket_bytes > o.engine.max_bucket_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--bucket_bytes=", o.engine.bucket_bytes, " is outside [", o.engine.min_bucket_bytes,
-        ", ", o.engine.max_bucket_bytes, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("--bucket_bytes=", o.engine.bucket_bytes,
+                                                   " is outside [", o.engine.min_bucket_bytes, ", ",
+                                                   o.engine.max_bucket_bytes, "]"));
   }
   o.engine.ack_deadline = absl::GetFlag(FLAGS_commit_deadline);
   if (o.engine.ack_deadline <= absl::ZeroDuration()) {
@@ -117,7 +117,8 @@ std::vector<std::string> RewriteConfigFlag(int argc, char** argv) {
   for (int i = 0; i < argc; ++i) {
     std::string_view arg = argv[i];
     if (i > 0 && arg.rfind("--config=", 0) == 0) {
-      args.push_back(absl::StrCat("--flagfile=", std::string(arg.substr(std::strlen("--config=")))));
+      args.push_back(
+          absl::StrCat("--flagfile=", std::string(arg.substr(std::strlen("--config=")))));
     } else if (i > 0 && arg == "--config" && i + 1 < argc) {
       args.push_back(absl::StrCat("--flagfile=", argv[++i]));
     } else {

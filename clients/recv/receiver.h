@@ -1,0 +1,96 @@
+// The native receiver of the gRPC-pull transport (the library behind wpub-recv): subscribes to
+// a wpubd, pulls every bucket of a publication in chunks, verifies each bucket's checksum
+// (core/engine/checksum.h), acknowledges it, keeps the last committed version in memory,
+// discards a publication on abort, and optionally writes each committed version as a
+// safetensors file. Runs in its own process (wpub-recv) or in-process in tests.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/engine/types.h"
+
+namespace grpc {
+class ClientContext;
+}
+
+namespace wpub::recv {
+
+struct ReceiverOptions {
+  std::string target = "127.0.0.1:50151";  // the daemon's gRPC address
+  std::string name = "recv-0";             // unique among the daemon's receivers
+  std::string auth_token;                  // sent as a bearer token when non-empty
+  uint64_t chunk_bytes = 0;                // PullBucket chunk size; 0 = the daemon's limit
+  // When non-empty, every committed version is written here (atomically) as safetensors, with
+  // __metadata__ {version, model_id, recipe}.
+  std::string output_path;
+  // Run returns OK after this many commits; 0 = until Stop or the stream ends.
+  uint64_t exit_after_versions = 0;
+  // How long Run waits for the daemon to accept the subscription.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Fault injection for tests: after pulling this many buckets of a publication, leave
+  // (end the subscription) before acknowledging more. -1 = never.
+  int64_t leave_after_buckets = -1;
+  // Fault injection for tests: flip one byte of bucket `corrupt_bucket` of every publication
+  // after pulling it (its checksum then mismatches). -1 = never.
+  int64_t corrupt_bucket = -1;
+};
+
+// The last committed version: the buckets as received and their manifest.
+struct CommittedModel {
+  engine::PublicationManifest manifest;
+  std::vector<std::vector<uint8_t>> buckets;  // indexed by bucket index
+
+  // The bytes of tensor `name`, or an empty span when absent.
+  absl::Span<const uint8_t> TensorBytes(const std::string& name) const;
+  // Every tensor of the manifest, in bucket then offset order.
+  std::vector<const engine::ManifestTensor*> Tensors() const;
+};
+
+struct ReceiverStats {
+  uint64_t commits = 0;
+  uint64_t aborts = 0;
+  uint64_t buckets = 0;
+  uint64_t bytes = 0;
+  uint64_t checksum_mismatches = 0;
+  uint64_t last_committed_version = 0;
+};
+
+// Thread-safety: Run on one thread; Stop, committed and stats from any thread.
+class Receiver {
+ public:
+  static absl::StatusOr<std::unique_ptr<Receiver>> Create(const ReceiverOptions& options);
+  ~Receiver();
+  Receiver(const Receiver&) = delete;
+  Receiver& operator=(const Receiver&) = delete;
+
+  // Blocks: subscribes and processes events. Returns OK after exit_after_versions commits or
+  // after Stop; ABORTED when leave_after_buckets made it leave; otherwise the error that ended
+  // the subscription (UNAVAILABLE when the daemon went away, ALREADY_EXISTS for a taken name).
+  absl::Status Run();
+
+  // Ends Run promptly (cancels the subscription). Idempotent.
+  void Stop();
+
+  // The last committed version (null before the first commit). The snapshot stays valid while
+  // held, independent of later publications.
+  std::shared_ptr<const CommittedModel> committed() const;
+  ReceiverStats stats() const;
+
+ private:
+  class Impl;
+  explicit Receiver(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// The committed model as safetensors entries (borrowing its bytes), in manifest order.
+absl::Status WriteCommittedSafetensors(const CommittedModel& model, const std::string& path);
+
+}  // namespace wpub::recv

@@ -1,0 +1,27 @@
+// wpubctl's subcommand table entry and the subcommands this binary links. Each subcommand lives
+// in its own file and is listed once in main.cc's table.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+
+namespace wpub::wpubctl {
+
+// Runs a subcommand after absl flags were parsed. `args` are the positional arguments that
+// followed the subcommand name. Returns the process exit code.
+using SubcommandFn = int (*)(const std::vector<std::string>& args);
+
+struct Subcommand {
+  absl::string_view name;     // as typed: `wpubctl <name> [flags]`
+  absl::string_view summary;  // one line for `wpubctl help`
+  SubcommandFn run;
+};
+
+// policy_report.cc: what the publication policy does to a (synthetic) model.
+int RunPolicyReport(const std::vector<std::string>& args);
+// demo.cc: the project's main job (for now the policy report on a GLM-like model).
+int RunDemo(const std::vector<std::string>& args);
+
+}  // namespace wpub::wpubctl
