@@ -73,7 +73,8 @@ int main(int argc, char** argv) {
   // argv without the subcommand name, so absl sees only flags and positional arguments.
   std::vector<char*> rest = {argv[0]};
   for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
-  std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
+  std::vector<char*> positional =
+      absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
   std::vector<std::string> args(positional.begin() + 1, positional.end());
   return chosen->run(args);
 }
