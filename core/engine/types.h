@@ -77,8 +77,10 @@ struct PublicationHeader {
   uint64_t version = 0;
   std::string model_id;
   // "bf16" (publish every tensor in its source precision), "nvfp4" (standard, E = 448), or
-  // "nvfp4_4over6[:<mode>]" with mode "<mae|mse>_<256|448>[_fp16err]"; bare "nvfp4_4over6" is
-  // TE's default (mae_256, exact error). Anything else: INVALID_ARGUMENT naming `recipe`.
+  // "nvfp4_4over6[:<mode>]" where mode lists, separated by '-' or '_', any of: the error metric
+  // "mae" | "mse", the scale max "e448" | "e256" (or "448" | "256"), the error kind "exact" |
+  // "fp16" (also "fp16err"); omitted parts take TE's defaults (mae, e256, exact), e.g.
+  // "nvfp4_4over6:mse-e448-fp16". Anything else: INVALID_ARGUMENT naming `recipe`.
   std::string recipe = "nvfp4";
   // HF `quantization_config` JSON (quant_algo/quant_method, ignore, exclude_modules). May be
   // empty (no ignore rules).
@@ -144,13 +146,19 @@ struct GroupInfoEvent {
   uint64_t committed_version = 0;  // the engine's current version at subscribe time
 };
 // A publication starts; the receiver will take part in it.
+// Buckets are announced before they are packed (the GPU path pipelines packing with the
+// transfer), so every BucketManifest::checksum here is 0; the checksum of a bucket arrives with
+// its BucketReadyEvent. Names, dtypes, shapes, offsets and sizes are final.
 struct ManifestEvent {
   PublicationManifest manifest;
 };
-// Bucket `index` of `version` can be read (ReadBucket) and must then be acknowledged (Ack).
+// Bucket `index` of `version` can be read (ReadBucket) and must then be acknowledged (Ack)
+// with the checksum the receiver computes over the bytes it read.
 struct BucketReadyEvent {
   uint64_t version = 0;
   uint32_t index = 0;
+  uint64_t nbytes = 0;
+  uint64_t checksum = 0;  // the bucket's checksum (also in the Bucket's manifest)
 };
 // Every receiver acknowledged every bucket: apply `version`.
 struct CommitEvent {

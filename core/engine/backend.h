@@ -1,0 +1,96 @@
+// The executor's backend interface: given a publication's resolved inputs, the policy's
+// quantization groups and the bucket layout, a backend computes global amax/scales, quantizes
+// and packs every bucket and hands each finished bucket to the transport (in index order).
+// The CPU backend (cpu_backend.h) runs the kernels' CPU reference; the GPU backend pipelines
+// buckets on streams (quantize bucket k+1 while bucket k is on the wire) behind the same call.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/common/tensor.h"
+#include "core/engine/inputs.h"
+#include "core/engine/planner.h"
+#include "core/engine/transport.h"
+#include "core/engine/types.h"
+#include "kernels/nvfp4.h"
+
+namespace wpub::engine {
+
+// Counts synchronizing device calls (cudaStreamSynchronize, cudaMemcpy to the host, ...). The
+// GPU backend routes every such call through Add(); the CPU backend never calls it. Thread-safe.
+class SyncCounter {
+ public:
+  void Add(uint64_t n = 1) { count_.fetch_add(n, std::memory_order_relaxed); }
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> count_{0};
+};
+
+// Inputs sharing one global amax (a gate/up pair, or a single tensor), per slice for stacks.
+struct AmaxGroupPlan {
+  std::vector<size_t> members;  // indices into ExecutionPlan::inputs
+  int64_t slices = 1;
+};
+
+// Where an output's bytes come from.
+enum class OutputKind : uint8_t {
+  kPassthrough,  // the input's bytes, parts gathered
+  kPacked,       // NVFP4 codes of the input        uint8 [.., M, K/2]
+  kScales,       // its block scales                float8_e4m3fn [.., M, K/16]
+  kDecodeScale,  // its weight_scale_2              float32 [] or [E]
+};
+
+struct OutputSource {
+  OutputKind kind = OutputKind::kPassthrough;
+  size_t input = 0;     // index into ExecutionPlan::inputs
+  int amax_group = -1;  // quantized outputs only
+};
+
+// Everything a backend needs for one publication. Borrowed by Execute; immutable during it.
+struct ExecutionPlan {
+  uint64_t version = 0;
+  kernels::QuantMode mode = kernels::QuantMode::Standard();
+  bool allow_non_finite = false;
+  const std::vector<InputTensor>* inputs = nullptr;
+  std::vector<AmaxGroupPlan> amax_groups;
+  std::vector<TensorDesc> outputs;    // publication order
+  std::vector<OutputSource> sources;  // parallel to outputs
+  std::vector<BucketLayout> buckets;  // from PlanBuckets
+};
+
+struct ExecutionHooks {
+  // Hands a packed bucket (checksum filled in) to the transport. The engine measures its time
+  // as the transfer phase. A non-OK status stops Execute, which returns it.
+  std::function<absl::Status(std::shared_ptr<const Bucket>)> emit;
+  // Polled between units of work; when it returns true Execute stops with CANCELLED.
+  std::function<bool()> cancelled;
+  SyncCounter* syncs = nullptr;  // never null
+};
+
+struct ExecutionResult {
+  uint64_t non_finite = 0;  // non-finite input elements seen (quantized and passed tensors)
+  double quantize_seconds = 0;
+  double pack_seconds = 0;
+};
+
+// Implementations are thread-compatible: the engine runs one publication at a time.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // Runs the whole plan. Before the first bucket is emitted it computes every global amax and
+  // counts non-finite elements; unless plan.allow_non_finite, a non-finite element rejects the
+  // publication with INVALID_ARGUMENT naming the tensor (nothing emitted). Blocking.
+  virtual absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
+                                                  const ExecutionHooks& hooks) = 0;
+};
+
+}  // namespace wpub::engine

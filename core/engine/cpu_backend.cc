@@ -1,0 +1,313 @@
+// CPU backend: global amax over every quantization group first (so non-finite weights reject
+// the publication before anything is sent), then bucket by bucket: quantize in place into the
+// bucket, gather passthrough parts, checksum, emit.
+#include "core/engine/cpu_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <span>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status.h"
+#include "core/engine/checksum.h"
+#include "kernels/reference.h"
+
+namespace wpub::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+kernels::ElemType ToElemType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return kernels::ElemType::kF16;
+    case DType::kFloat32:
+      return kernels::ElemType::kF32;
+    default:
+      return kernels::ElemType::kBF16;
+  }
+}
+
+// A kernel-sized view of (part of) a quantized input: `slices` slices starting at slice
+// `slice_offset` of the input.
+struct Piece {
+  kernels::WeightDesc weight;
+  int64_t slice_offset = 0;
+  int64_t slices = 1;
+};
+
+absl::StatusOr<std::vector<Piece>> MakePieces(const InputTensor& in) {
+  const Shape& s = in.desc.shape;
+  const kernels::ElemType type = ToElemType(in.desc.dtype);
+  std::vector<Piece> pieces;
+  const bool stacked = s.size() == 3;
+  if (s.size() != 2 && !stacked) {
+    return absl::InternalError(
+        absl::StrCat("tensor ", in.desc.name, ": rank ", s.size(), " cannot be quantized"));
+  }
+  if (stacked && in.concat_dim == 0) {
+    // Parts split the expert dimension: each part is a stack of its own slices.
+    int64_t offset = 0;
+    for (const PartView& p : in.parts) {
+      Piece piece;
+      piece.weight = kernels::WeightDesc::Stack(p.data, p.shape[0], s[1], s[2], type);
+      piece.slice_offset = offset;
+      piece.slices = p.shape[0];
+      offset += p.shape[0];
+      if (piece.slices > 0) pieces.push_back(piece);
+    }
+    return pieces;
+  }
+  Piece piece;
+  piece.slices = stacked ? s[0] : 1;
+  piece.weight.type = type;
+  piece.weight.num_slices = piece.slices;
+  // Rank 2: dim 0 = rows, dim 1 = cols. Rank 3 split along dim 1: rows of every slice.
+  const bool along_cols = !stacked && in.concat_dim == 1;
+  piece.weight.concat = along_cols ? kernels::ConcatDim::kCols : kernels::ConcatDim::kRows;
+  for (const PartView& p : in.parts) {
+    const int64_t rows = stacked ? p.shape[1] : p.shape[0];
+    const int64_t cols = stacked ? p.shape[2] : p.shape[1];
+    if (!piece.weight.AddPart(p.data, rows, cols)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor ", in.desc.name, ": ", in.parts.size(),
+                                                     " parts exceed the ", kernels::kMaxWeightParts,
+                                                     " a quantized tensor may have"));
+    }
+  }
+  pieces.push_back(piece);
+  return pieces;
+}
+
+absl::Status KernelError(kernels::KernelStatus st, const std::string& what,
+                         const std::string& msg) {
+  return absl::InternalError(
+      absl::StrCat(what, ": ", kernels::KernelStatusString(st), msg.empty() ? "" : ": ", msg));
+}
+
+// Non-finite elements of a floating-point tensor's bytes (exponent all ones).
+uint64_t CountNonFinite(const uint8_t* p, uint64_t nbytes, DType dtype) {
+  uint64_t n = 0;
+  switch (dtype) {
+    case DType::kBFloat16:
+    case DType::kFloat16: {
+      const uint16_t mask = dtype == DType::kBFloat16 ? 0x7F80 : 0x7C00;
+      for (uint64_t i = 0; i + 2 <= nbytes; i += 2) {
+        uint16_t v;
+        std::memcpy(&v, p + i, 2);
+        n += (v & mask) == mask;
+      }
+      break;
+    }
+    case DType::kFloat32:
+      for (uint64_t i = 0; i + 4 <= nbytes; i += 4) {
+        uint32_t v;
+        std::memcpy(&v, p + i, 4);
+        n += (v & 0x7F800000u) == 0x7F800000u;
+      }
+      break;
+    case DType::kFloat64:
+      for (uint64_t i = 0; i + 8 <= nbytes; i += 8) {
+        uint64_t v;
+        std::memcpy(&v, p + i, 8);
+        n += (v & 0x7FF0000000000000ull) == 0x7FF0000000000000ull;
+      }
+      break;
+    default:
+      break;
+  }
+  return n;
+}
+
+// Copies an input's parts, concatenated along its concat_dim, to `out`.
+void GatherParts(const InputTensor& in, uint8_t* out) {
+  if (in.parts.size() == 1 || in.concat_dim == 0) {
+    for (const PartView& p : in.parts) {
+      if (p.nbytes) std::memcpy(out, p.data, p.nbytes);
+      out += p.nbytes;
+    }
+    return;
+  }
+  const int64_t outer = in.desc.shape[0];
+  if (outer == 0) return;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const PartView& p : in.parts) {
+      const uint64_t row = p.nbytes / static_cast<uint64_t>(outer);
+      std::memcpy(out, p.data + static_cast<uint64_t>(o) * row, row);
+      out += row;
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
+  if (options.num_threads < 0) {
+    return absl::InvalidArgumentError("cpu backend: num_threads must be >= 0");
+  }
+  return std::unique_ptr<CpuBackend>(new CpuBackend(options));
+}
+
+absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
+                                                    const ExecutionHooks& hooks) {
+  const std::vector<InputTensor>& inputs = *plan.inputs;
+  const kernels::CpuOptions cpu{options_.num_threads};
+  ExecutionResult result;
+
+  // Pieces of every quantized input (index = input; empty for passed inputs).
+  std::vector<std::vector<Piece>> pieces(inputs.size());
+  for (const AmaxGroupPlan& g : plan.amax_groups) {
+    for (size_t m : g.members) {
+      WPUB_ASSIGN_OR_RETURN(pieces[m], MakePieces(inputs[m]));
+    }
+  }
+
+  // 1. Global amax per group (and slice), non-finite counts per input.
+  auto t0 = Clock::now();
+  std::vector<std::vector<float>> group_amax(plan.amax_groups.size());
+  {
+    struct PieceResult {
+      size_t input;
+      size_t group;
+      int64_t slice_offset;
+      std::vector<float> amax;
+      std::vector<int64_t> nonfinite;
+    };
+    std::vector<PieceResult> results;
+    for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
+      group_amax[g].assign(static_cast<size_t>(plan.amax_groups[g].slices), 0.0f);
+      for (size_t m : plan.amax_groups[g].members) {
+        for (const Piece& p : pieces[m]) {
+          results.push_back(PieceResult{m, g, p.slice_offset,
+                                        std::vector<float>(static_cast<size_t>(p.slices)),
+                                        std::vector<int64_t>(static_cast<size_t>(p.slices))});
+        }
+      }
+    }
+    std::vector<kernels::AmaxTask> tasks;
+    tasks.reserve(results.size());
+    {
+      size_t r = 0;
+      for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
+        for (size_t m : plan.amax_groups[g].members) {
+          for (const Piece& p : pieces[m]) {
+            tasks.push_back(kernels::AmaxTask{&p.weight, 1, results[r].amax.data(),
+                                              results[r].nonfinite.data()});
+            ++r;
+          }
+        }
+      }
+    }
+    std::string error;
+    if (auto st = kernels::ComputeAmax(std::span<const kernels::AmaxTask>(tasks), cpu, &error);
+        st != kernels::KernelStatus::kOk) {
+      return KernelError(st, absl::StrCat("amax of publication ", plan.version), error);
+    }
+    std::vector<uint64_t> nonfinite(inputs.size(), 0);
+    for (const PieceResult& r : results) {
+      for (size_t s = 0; s < r.amax.size(); ++s) {
+        float& dst = group_amax[r.group][static_cast<size_t>(r.slice_offset) + s];
+        dst = std::max(dst, r.amax[s]);  // amax never NaN (skipped); max is exact
+        nonfinite[r.input] += static_cast<uint64_t>(r.nonfinite[s]);
+      }
+    }
+    result.quantize_seconds += Since(t0);
+    // Passed-through floating-point tensors.
+    t0 = Clock::now();
+    for (size_t i = 0; i < plan.outputs.size(); ++i) {
+      if (plan.sources[i].kind != OutputKind::kPassthrough) continue;
+      const InputTensor& in = inputs[plan.sources[i].input];
+      for (const PartView& p : in.parts) {
+        nonfinite[plan.sources[i].input] += CountNonFinite(p.data, p.nbytes, in.desc.dtype);
+      }
+    }
+    result.pack_seconds += Since(t0);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      result.non_finite += nonfinite[i];
+      if (nonfinite[i] != 0 && !plan.allow_non_finite) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", inputs[i].desc.name, " has ", nonfinite[i],
+            " non-finite elements (NaN/Inf); the publication is rejected (allow_non_finite is "
+            "off)"));
+      }
+    }
+  }
+
+  // 2. Buckets.
+  for (const BucketLayout& layout : plan.buckets) {
+    if (hooks.cancelled && hooks.cancelled()) {
+      return absl::CancelledError(absl::StrCat("publication ", plan.version, " was cancelled"));
+    }
+    t0 = Clock::now();
+    auto bucket = std::make_shared<Bucket>();
+    bucket->version = plan.version;
+    bucket->manifest = MakeBucketManifest(layout, plan.outputs);
+    bucket->bytes.resize(layout.nbytes);
+    uint8_t* base = bucket->bytes.data();
+    // Offsets of each quantized input's three outputs in this bucket.
+    struct QuantSlot {
+      size_t input;
+      int group;
+      uint64_t packed = 0, scales = 0, decode = 0;
+    };
+    std::vector<QuantSlot> slots;
+    for (const PlacedTensor& t : layout.tensors) {
+      const OutputSource& src = plan.sources[t.output];
+      if (src.kind == OutputKind::kPassthrough) {
+        GatherParts(inputs[src.input], base + t.offset);
+        continue;
+      }
+      auto it = std::find_if(slots.begin(), slots.end(),
+                             [&](const QuantSlot& s) { return s.input == src.input; });
+      if (it == slots.end()) {
+        slots.push_back(QuantSlot{src.input, src.amax_group});
+        it = slots.end() - 1;
+      }
+      if (src.kind == OutputKind::kPacked) it->packed = t.offset;
+      if (src.kind == OutputKind::kScales) it->scales = t.offset;
+      if (src.kind == OutputKind::kDecodeScale) it->decode = t.offset;
+    }
+    result.pack_seconds += Since(t0);
+
+    t0 = Clock::now();
+    std::vector<kernels::QuantizeTask> tasks;
+    for (const QuantSlot& slot : slots) {
+      const Shape& s = inputs[slot.input].desc.shape;
+      const int64_t rows = s[s.size() - 2];
+      const int64_t cols = s.back();
+      const uint64_t packed_stride = static_cast<uint64_t>(rows * cols / 2);
+      const uint64_t scale_stride = static_cast<uint64_t>(rows * cols / 16);
+      for (const Piece& p : pieces[slot.input]) {
+        const uint64_t so = static_cast<uint64_t>(p.slice_offset);
+        kernels::QuantizeTask task;
+        task.weight = &p.weight;
+        task.amax = group_amax[static_cast<size_t>(slot.group)].data() + so;
+        task.out.packed = base + slot.packed + so * packed_stride;
+        task.out.scales = base + slot.scales + so * scale_stride;
+        task.out.decode_scale = reinterpret_cast<float*>(base + slot.decode) + so;
+        tasks.push_back(task);
+      }
+    }
+    if (!tasks.empty()) {
+      std::string error;
+      if (auto st = kernels::Quantize(std::span<const kernels::QuantizeTask>(tasks), plan.mode, cpu,
+                                      &error);
+          st != kernels::KernelStatus::kOk) {
+        return KernelError(st, absl::StrCat("quantize of bucket ", layout.index), error);
+      }
+    }
+    result.quantize_seconds += Since(t0);
+
+    t0 = Clock::now();
+    bucket->manifest.checksum = Checksum(base, layout.nbytes);
+    result.pack_seconds += Since(t0);
+    WPUB_RETURN_IF_ERROR(hooks.emit(std::move(bucket)));
+  }
+  return result;
+}
+
+}  // namespace wpub::engine

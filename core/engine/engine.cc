@@ -1,0 +1,265 @@
+// Engine: creation, Open (header validation, version rules, one publication at a time with
+// optional queueing), status, report history, metrics upkeep and shutdown.
+#include "core/engine/engine.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status.h"
+#include "core/engine/cpu_backend.h"
+#include "core/engine/engine_impl.h"
+
+namespace wpub::engine {
+namespace {
+
+std::chrono::steady_clock::time_point SteadyIn(absl::Duration d) {
+  if (d <= absl::ZeroDuration()) return std::chrono::steady_clock::now();
+  if (d > absl::Hours(24 * 365)) return std::chrono::steady_clock::time_point::max();
+  return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(d);
+}
+
+// Merges the header's recipe, quantization config and precision exceptions into the policy
+// settings document ParsePolicySettings reads, so its validation (and its field-naming errors)
+// apply unchanged.
+absl::StatusOr<policy::PolicySettings> SettingsFromHeader(const PublicationHeader& header,
+                                                          const ParsedRecipe& recipe) {
+  nlohmann::json doc = nlohmann::json::object();
+  if (!header.policy_json.empty()) {
+    doc = nlohmann::json::parse(header.policy_json, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded() || !doc.is_object()) {
+      return absl::InvalidArgumentError("policy_json: not a JSON object");
+    }
+  }
+  const std::string recipe_name(policy::RecipeName(recipe.recipe));
+  if (doc.contains("recipe")) {
+    if (!doc["recipe"].is_string()) {
+      return absl::InvalidArgumentError("policy_json.recipe: must be a string");
+    }
+    absl::StatusOr<policy::Recipe> r = policy::ParseRecipe(doc["recipe"].get<std::string>());
+    if (!r.ok() || *r != recipe.recipe) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy_json.recipe '", doc["recipe"].get<std::string>(),
+                       "' conflicts with recipe '", header.recipe, "'"));
+    }
+  }
+  doc["recipe"] = recipe_name;
+  if (!header.quantization_config_json.empty()) {
+    if (doc.contains("quantization_config")) {
+      return absl::InvalidArgumentError(
+          "quantization_config given both in quantization_config_json and in policy_json");
+    }
+    nlohmann::json qc = nlohmann::json::parse(header.quantization_config_json, nullptr, false);
+    if (qc.is_discarded() || !qc.is_object()) {
+      return absl::InvalidArgumentError("quantization_config_json: not a JSON object");
+    }
+    doc["quantization_config"] = std::move(qc);
+  } else if (!doc.contains("quantization_config") && policy::IsNvfp4(recipe.recipe)) {
+    // A trainer that sends no config gets the plain NVFP4 one (no ignore rules).
+    doc["quantization_config"] = {{"quant_algo", "NVFP4"}, {"quant_method", "modelopt"}};
+  }
+  return policy::ParsePolicySettings(doc.dump());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Engine::Impl
+
+void Engine::Impl::Finish(const PublicationSession::State* state, const PublicationReport& report) {
+  {
+    std::lock_guard lock(mu);
+    reports.push_front(report);
+    while (reports.size() > std::max<size_t>(options.report_history, 1)) reports.pop_back();
+    if (report.status == PublicationStatus::kCommitted) {
+      committed_version = report.version;
+      committed_model_id = report.model_id;
+      committed_at = absl::Now();
+    }
+    if (active.get() == state) active.reset();
+  }
+  cv.notify_all();
+  if (metrics) {
+    metrics->RecordReport(report);
+    RefreshMetrics();
+  }
+}
+
+void Engine::Impl::RefreshMetrics() {
+  if (!metrics) return;
+  metrics->SetIgnoreCacheCounters(cache->hits(), cache->misses());
+  metrics->SetReceivers(transport->Receivers());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                       prometheus::Registry* registry) {
+  if (options.min_bucket_bytes == 0 || options.min_bucket_bytes > options.max_bucket_bytes) {
+    return absl::InvalidArgumentError("min_bucket_bytes must be in [1, max_bucket_bytes]");
+  }
+  if (options.bucket_bytes < options.min_bucket_bytes ||
+      options.bucket_bytes > options.max_bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket_bytes ", options.bucket_bytes,
+                                                   " is outside [", options.min_bucket_bytes, ", ",
+                                                   options.max_bucket_bytes, "]"));
+  }
+  if (options.ack_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ack_deadline must be positive");
+  }
+  if (options.cpu_threads < 1) return absl::InvalidArgumentError("cpu_threads must be >= 1");
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  WPUB_ASSIGN_OR_RETURN(impl->cache, policy::IgnoreSnapshotCache::Create({}));
+  WPUB_ASSIGN_OR_RETURN(impl->transport, PullTransport::Create(options.pull));
+  WPUB_ASSIGN_OR_RETURN(impl->backend, CpuBackend::Create({options.cpu_threads}));
+  if (registry != nullptr) {
+    WPUB_ASSIGN_OR_RETURN(impl->metrics, metrics::EngineMetrics::Create(registry));
+    Impl* raw = impl.get();
+    // wpub_engines{state} follows receivers that connect or leave between publications.
+    impl->refresher = std::thread([raw] {
+      std::unique_lock lock(raw->mu);
+      while (!raw->stop_refresher) {
+        raw->cv.wait_for(lock, std::chrono::milliseconds(500));
+        if (raw->stop_refresher) break;
+        lock.unlock();
+        raw->RefreshMetrics();
+        lock.lock();
+      }
+    });
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->shutting_down = true;
+    impl_->stop_refresher = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->refresher.joinable()) impl_->refresher.join();
+  impl_->transport->Shutdown();
+}
+
+absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const PublicationHeader& header) {
+  if (header.version == 0) {
+    return absl::InvalidArgumentError("version: must be >= 1 (0 means nothing committed)");
+  }
+  WPUB_ASSIGN_OR_RETURN(ParsedRecipe recipe, ParseRecipeString(header.recipe));
+  const uint64_t bucket_bytes =
+      header.bucket_bytes == 0 ? impl_->options.bucket_bytes : header.bucket_bytes;
+  if (bucket_bytes < impl_->options.min_bucket_bytes ||
+      bucket_bytes > impl_->options.max_bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket_bytes: ", bucket_bytes, " is outside [",
+                                                   impl_->options.min_bucket_bytes, ", ",
+                                                   impl_->options.max_bucket_bytes, "]"));
+  }
+  absl::StatusOr<policy::PolicySettings> settings = SettingsFromHeader(header, recipe);
+  if (!settings.ok()) {
+    return absl::Status(settings.status().code(),
+                        absl::StrCat("policy: ", settings.status().message()));
+  }
+  absl::StatusOr<std::unique_ptr<policy::Policy>> policy =
+      policy::Policy::Create(*std::move(settings), impl_->cache.get());
+  impl_->RefreshMetrics();
+  if (!policy.ok()) {
+    return absl::Status(policy.status().code(),
+                        absl::StrCat("policy: ", policy.status().message()));
+  }
+
+  std::shared_ptr<PublicationSession::State> state;
+  {
+    std::unique_lock lock(impl_->mu);
+    if (impl_->shutting_down) return absl::UnavailableError("the engine is shutting down");
+    if (impl_->active) {
+      if (!header.queue) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("publication version ", impl_->active->version(), " is active; version ",
+                         header.version, " must wait for it"));
+      }
+      const bool freed = impl_->cv.wait_until(lock, SteadyIn(header.queue_timeout), [&] {
+        return !impl_->active || impl_->shutting_down;
+      });
+      if (impl_->shutting_down) return absl::UnavailableError("the engine is shutting down");
+      if (!freed) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "version ", header.version, " queued for ", absl::FormatDuration(header.queue_timeout),
+            " behind publication version ", impl_->active->version()));
+      }
+    }
+    if (header.version <= impl_->committed_version) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version: ", header.version, " is not greater than the committed version ",
+                       impl_->committed_version));
+    }
+    state = std::make_shared<PublicationSession::State>(impl_.get(), header, std::move(recipe),
+                                                        *std::move(policy), bucket_bytes);
+    impl_->active = state;
+  }
+  return std::unique_ptr<PublicationSession>(new PublicationSession(header.version, state));
+}
+
+EngineStatus Engine::GetStatus() const {
+  EngineStatus s;
+  std::shared_ptr<PublicationSession::State> active;
+  {
+    std::lock_guard lock(impl_->mu);
+    s.committed_version = impl_->committed_version;
+    s.committed_model_id = impl_->committed_model_id;
+    s.committed_at = impl_->committed_at;
+    s.shutting_down = impl_->shutting_down;
+    for (size_t i = 0; i < impl_->reports.size() && i < impl_->options.status_reports; ++i) {
+      s.last_reports.push_back(impl_->reports[i]);
+    }
+    active = impl_->active;
+  }
+  if (active) {
+    s.active = ActivePublication{active->version(),   active->model_id(),    active->state(),
+                                 active->opened_at(), active->num_batches(), active->num_tensors()};
+  }
+  s.receivers = impl_->transport->Receivers();
+  s.backend = std::string(impl_->backend->name());
+  return s;
+}
+
+std::vector<PublicationReport> Engine::RecentReports(size_t n) const {
+  std::lock_guard lock(impl_->mu);
+  const size_t k = std::min(n, impl_->reports.size());
+  return std::vector<PublicationReport>(impl_->reports.begin(), impl_->reports.begin() + k);
+}
+
+PullTransport* Engine::pull_transport() { return impl_->transport.get(); }
+
+void Engine::BeginShutdown() {
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->shutting_down = true;
+  }
+  impl_->cv.notify_all();
+}
+
+absl::Status Engine::Drain(absl::Time deadline) {
+  BeginShutdown();
+  std::shared_ptr<PublicationSession::State> active;
+  {
+    std::unique_lock lock(impl_->mu);
+    impl_->cv.wait_until(lock, SteadyIn(deadline - absl::Now()), [&] { return !impl_->active; });
+    active = impl_->active;
+  }
+  absl::Status result = absl::OkStatus();
+  if (active) {
+    result = absl::DeadlineExceededError(absl::StrCat(
+        "publication ", active->version(), " did not finish before the shutdown deadline"));
+    active->Abort(result);
+    // An abort during Commit is finished by the Commit thread, which returns promptly.
+    std::unique_lock lock(impl_->mu);
+    impl_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return !impl_->active; });
+  }
+  impl_->transport->Shutdown();
+  return result;
+}
+
+}  // namespace wpub::engine

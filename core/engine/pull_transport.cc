@@ -1,0 +1,472 @@
+// The gRPC-pull transport's core half: subscriptions with event queues, buckets staged in host
+// memory, acknowledgement bookkeeping. One mutex guards everything; waits use condition
+// variables (one per receiver for Next, one for the engine's WaitAcknowledged).
+#include "core/engine/pull_transport.h"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace wpub::engine {
+namespace {
+
+std::chrono::steady_clock::time_point SteadyDeadline(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return std::chrono::steady_clock::now();
+  if (left > absl::Hours(24 * 365)) return std::chrono::steady_clock::time_point::max();
+  return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(left);
+}
+
+}  // namespace
+
+struct Subscription::Hub {
+  struct Receiver {
+    std::string name;
+    std::deque<ReceiverEvent> events;
+    std::condition_variable cv;
+    ReceiverState state = ReceiverState::kIdle;
+    uint64_t last_committed_version = 0;
+    absl::Time connected_at;
+    bool closed = false;
+    bool cancelled = false;
+    bool dropped = false;
+  };
+  struct Participant {
+    uint64_t id = 0;
+    std::string name;
+    std::vector<bool> acked;
+    size_t num_acked = 0;
+    ReceiverFailure failure = ReceiverFailure::kNone;
+    std::string error;
+    bool committed = false;
+  };
+
+  explicit Hub(const PullTransportOptions& o) : options(o) {}
+
+  const PullTransportOptions options;
+  mutable std::mutex mu;
+  std::condition_variable ack_cv;  // WaitAcknowledged
+  std::map<uint64_t, std::shared_ptr<Receiver>> receivers;
+  std::set<uint64_t> dropped_ids;
+  uint64_t next_id = 1;
+  uint64_t committed_version = 0;
+  bool shutdown = false;
+
+  bool in_flight = false;
+  bool failed = false;  // a participant failed the publication in flight
+  PublicationManifest manifest;
+  std::vector<std::shared_ptr<const Bucket>> staged;
+  std::vector<Participant> participants;
+  uint64_t last_aborted_version = 0;
+  std::vector<ReceiverOutcome> last_outcomes;
+
+  Participant* FindParticipant(uint64_t id) {
+    for (auto& p : participants) {
+      if (p.id == id) return &p;
+    }
+    return nullptr;
+  }
+
+  std::vector<ReceiverOutcome> OutcomesLocked() const {
+    if (!in_flight) return last_outcomes;
+    std::vector<ReceiverOutcome> out;
+    for (const auto& p : participants) {
+      ReceiverOutcome o{p.name, ReceiverState::kReceiving, p.committed, p.failure, p.error};
+      if (p.failure != ReceiverFailure::kNone) {
+        o.state = p.failure == ReceiverFailure::kDisconnected ? ReceiverState::kLeft
+                                                              : ReceiverState::kFailed;
+      } else if (p.num_acked == manifest.buckets.size()) {
+        o.state = ReceiverState::kStaged;
+      }
+      out.push_back(std::move(o));
+    }
+    return out;
+  }
+
+  void FailParticipant(Participant& p, ReceiverFailure failure, std::string error) {
+    if (p.failure != ReceiverFailure::kNone) return;
+    p.failure = failure;
+    p.error = std::move(error);
+    failed = true;
+    if (auto it = receivers.find(p.id); it != receivers.end()) {
+      it->second->state = ReceiverState::kFailed;
+    }
+    ack_cv.notify_all();
+  }
+
+  // Queues `event` for receiver `id`; drops a receiver whose queue overflows.
+  void Push(uint64_t id, ReceiverEvent event) {
+    auto it = receivers.find(id);
+    if (it == receivers.end()) return;
+    Receiver& r = *it->second;
+    if (r.events.size() >= options.max_queued_events) {
+      r.dropped = true;
+      r.cv.notify_all();
+      dropped_ids.insert(id);
+      receivers.erase(it);
+      if (in_flight) {
+        if (Participant* p = FindParticipant(id)) {
+          FailParticipant(*p, ReceiverFailure::kProtocol,
+                          absl::StrCat("receiver ", p->name, " fell behind (",
+                                       options.max_queued_events, " undelivered events)"));
+        }
+      }
+      return;
+    }
+    r.events.push_back(std::move(event));
+    r.cv.notify_all();
+  }
+
+  // Ends the publication in flight, recording outcomes and releasing the staged buckets.
+  void EndLocked(bool committed) {
+    for (auto& p : participants) {
+      p.committed = committed;
+      if (auto it = receivers.find(p.id); it != receivers.end()) {
+        Receiver& r = *it->second;
+        if (committed) r.last_committed_version = manifest.version;
+        if (p.failure == ReceiverFailure::kNone) r.state = ReceiverState::kIdle;
+      }
+    }
+    last_outcomes = OutcomesLocked();
+    if (committed) {
+      for (auto& o : last_outcomes) o.state = ReceiverState::kStaged;
+    }
+    in_flight = false;
+    staged.clear();
+    ack_cv.notify_all();
+  }
+
+  void Leave(uint64_t id, bool closed) {
+    auto it = receivers.find(id);
+    if (it == receivers.end()) return;
+    it->second->closed = closed;
+    it->second->cv.notify_all();
+    const std::string name = it->second->name;
+    receivers.erase(it);
+    if (in_flight) {
+      if (Participant* p = FindParticipant(id)) {
+        FailParticipant(
+            *p, ReceiverFailure::kDisconnected,
+            absl::StrCat("receiver ", name, " disconnected during publication ", manifest.version));
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Subscription
+
+Subscription::Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id)
+    : hub_(std::move(hub)), name_(std::move(name)), id_(id) {}
+
+Subscription::~Subscription() { Close(); }
+
+absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
+  std::unique_lock lock(hub_->mu);
+  auto it = hub_->receivers.find(id_);
+  if (it == hub_->receivers.end()) {
+    if (hub_->dropped_ids.count(id_)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("receiver ", name_, " was dropped for falling behind"));
+    }
+    return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
+  }
+  std::shared_ptr<Hub::Receiver> r = it->second;
+  const auto deadline = SteadyDeadline(absl::Now() + timeout);
+  r->cv.wait_until(lock, deadline, [&] {
+    return !r->events.empty() || r->closed || r->cancelled || r->dropped || hub_->shutdown;
+  });
+  if (r->dropped) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("receiver ", name_, " was dropped for falling behind"));
+  }
+  if (r->closed || r->cancelled || hub_->shutdown) {
+    return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
+  }
+  if (r->events.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
+  }
+  ReceiverEvent event = std::move(r->events.front());
+  r->events.pop_front();
+  return event;
+}
+
+absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(uint64_t version,
+                                                                       uint32_t index) {
+  std::lock_guard lock(hub_->mu);
+  if (hub_->in_flight && hub_->manifest.version == version) {
+    if (index < hub_->staged.size()) return hub_->staged[index];
+    return absl::NotFoundError(
+        absl::StrCat("bucket ", index, " of version ", version, " is not staged"));
+  }
+  if (version != 0 && version == hub_->last_aborted_version) {
+    return absl::AbortedError(absl::StrCat("version ", version, " was aborted"));
+  }
+  return absl::NotFoundError(absl::StrCat("version ", version, " is not in flight"));
+}
+
+absl::Status Subscription::Ack(uint64_t version, uint32_t index, uint64_t checksum) {
+  std::lock_guard lock(hub_->mu);
+  if (!hub_->in_flight || hub_->manifest.version != version) {
+    return absl::InvalidArgumentError(absl::StrCat("receiver ", name_, " acknowledged version ",
+                                                   version, ", which is not in flight"));
+  }
+  Hub::Participant* p = hub_->FindParticipant(id_);
+  if (p == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("receiver ", name_, " does not take part in publication ", version));
+  }
+  if (index >= hub_->staged.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("receiver ", name_, " acknowledged bucket ",
+                                                   index, " of version ", version,
+                                                   ", which was not sent"));
+  }
+  if (p->failure != ReceiverFailure::kNone) return absl::OkStatus();
+  const uint64_t expected = hub_->staged[index]->manifest.checksum;
+  if (checksum != expected) {
+    hub_->FailParticipant(
+        *p, ReceiverFailure::kChecksum,
+        absl::StrCat("receiver ", name_, " acknowledged bucket ", index, " of version ", version,
+                     " with checksum ", checksum, ", expected ", expected));
+    return absl::OkStatus();
+  }
+  if (!p->acked[index]) {
+    p->acked[index] = true;
+    ++p->num_acked;
+    if (p->num_acked == hub_->manifest.buckets.size()) {
+      if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
+        it->second->state = ReceiverState::kStaged;
+      }
+      hub_->ack_cv.notify_all();
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Subscription::Close() {
+  std::lock_guard lock(hub_->mu);
+  hub_->Leave(id_, /*closed=*/true);
+}
+
+void Subscription::Cancel() {
+  std::lock_guard lock(hub_->mu);
+  if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
+    it->second->cancelled = true;
+    it->second->cv.notify_all();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PullTransport
+
+absl::StatusOr<std::unique_ptr<PullTransport>> PullTransport::Create(
+    const PullTransportOptions& options) {
+  if (options.max_queued_events < 4) {
+    return absl::InvalidArgumentError("pull.max_queued_events must be at least 4");
+  }
+  return std::unique_ptr<PullTransport>(
+      new PullTransport(std::make_shared<Subscription::Hub>(options)));
+}
+
+PullTransport::PullTransport(std::shared_ptr<Subscription::Hub> hub) : hub_(std::move(hub)) {}
+
+PullTransport::~PullTransport() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::string_view name) {
+  if (name.empty()) return absl::InvalidArgumentError("receiver name must not be empty");
+  std::lock_guard lock(hub_->mu);
+  if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
+  for (const auto& [id, r] : hub_->receivers) {
+    if (r->name == name) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("a receiver named '", name, "' is already connected"));
+    }
+  }
+  const uint64_t id = hub_->next_id++;
+  auto r = std::make_shared<Subscription::Hub::Receiver>();
+  r->name = std::string(name);
+  r->connected_at = absl::Now();
+  r->events.push_back(GroupInfoEvent{r->name, "pull", hub_->committed_version});
+  hub_->receivers.emplace(id, std::move(r));
+  return std::unique_ptr<Subscription>(new Subscription(hub_, std::string(name), id));
+}
+
+TransportCapabilities PullTransport::capabilities() const {
+  TransportCapabilities c;
+  c.name = "pull";
+  c.host_buckets = true;
+  c.device_buckets = false;
+  c.receiver_paced = true;
+  c.acknowledges_checksums = true;
+  return c;
+}
+
+absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationManifest& manifest) {
+  std::lock_guard lock(hub_->mu);
+  if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
+  if (hub_->in_flight) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "pull transport: publication ", hub_->manifest.version, " is still in flight"));
+  }
+  hub_->in_flight = true;
+  hub_->failed = false;
+  hub_->manifest = manifest;
+  hub_->staged.clear();
+  hub_->participants.clear();
+  std::vector<std::string> names;
+  for (auto& [id, r] : hub_->receivers) {
+    Subscription::Hub::Participant p;
+    p.id = id;
+    p.name = r->name;
+    p.acked.assign(manifest.buckets.size(), false);
+    hub_->participants.push_back(std::move(p));
+    r->state = ReceiverState::kReceiving;
+    names.push_back(r->name);
+  }
+  for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
+    hub_->Push(p.id, ManifestEvent{manifest});
+  }
+  return names;
+}
+
+absl::Status PullTransport::Send(std::shared_ptr<const Bucket> bucket) {
+  std::lock_guard lock(hub_->mu);
+  if (!hub_->in_flight || bucket->version != hub_->manifest.version) {
+    return absl::CancelledError(
+        absl::StrCat("pull transport: version ", bucket->version, " is not in flight"));
+  }
+  const uint32_t index = bucket->manifest.index;
+  if (index != hub_->staged.size() || index >= hub_->manifest.buckets.size()) {
+    return absl::InternalError(absl::StrCat("pull transport: bucket ", index,
+                                            " sent out of order (expected ", hub_->staged.size(),
+                                            ")"));
+  }
+  if (bucket->bytes.size() != bucket->manifest.nbytes) {
+    return absl::InternalError(absl::StrCat("pull transport: bucket ", index, " holds ",
+                                            bucket->bytes.size(), " bytes, manifest says ",
+                                            bucket->manifest.nbytes));
+  }
+  hub_->staged.push_back(bucket);
+  const BucketReadyEvent ready{bucket->version, index, bucket->manifest.nbytes,
+                               bucket->manifest.checksum};
+  for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
+    if (p.failure == ReceiverFailure::kNone) hub_->Push(p.id, ready);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PullTransport::WaitAcknowledged(absl::Time deadline) {
+  std::unique_lock lock(hub_->mu);
+  if (!hub_->in_flight) return absl::CancelledError("pull transport: nothing in flight");
+  const uint64_t version = hub_->manifest.version;
+  const size_t num_buckets = hub_->manifest.buckets.size();
+  auto all_acked = [&] {
+    if (hub_->staged.size() != num_buckets) return false;
+    for (const auto& p : hub_->participants) {
+      if (p.num_acked != num_buckets) return false;
+    }
+    return true;
+  };
+  hub_->ack_cv.wait_until(lock, SteadyDeadline(deadline), [&] {
+    return !hub_->in_flight || hub_->manifest.version != version || hub_->failed || all_acked();
+  });
+  if (!hub_->in_flight || hub_->manifest.version != version) {
+    return absl::CancelledError(absl::StrCat("publication ", version, " was aborted"));
+  }
+  if (hub_->failed) {
+    std::vector<std::string> why;
+    for (const auto& p : hub_->participants) {
+      if (p.failure != ReceiverFailure::kNone) why.push_back(p.error);
+    }
+    return absl::AbortedError(absl::StrJoin(why, "; "));
+  }
+  if (all_acked()) return absl::OkStatus();
+  std::vector<std::string> late;
+  for (auto& p : hub_->participants) {
+    if (p.num_acked != num_buckets) {
+      late.push_back(absl::StrCat(p.name, " (", p.num_acked, "/", num_buckets, " buckets)"));
+      hub_->FailParticipant(p, ReceiverFailure::kTimeout,
+                            absl::StrCat("receiver ", p.name, " acknowledged ", p.num_acked, " of ",
+                                         num_buckets, " buckets before the deadline"));
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "publication ", version, ": acknowledgements missing from ", absl::StrJoin(late, ", ")));
+}
+
+absl::Status PullTransport::Commit() {
+  std::lock_guard lock(hub_->mu);
+  if (!hub_->in_flight) return absl::FailedPreconditionError("pull transport: nothing in flight");
+  if (hub_->failed) {
+    return absl::FailedPreconditionError("pull transport: a receiver failed; cannot commit");
+  }
+  const uint64_t version = hub_->manifest.version;
+  for (const auto& p : hub_->participants) {
+    if (p.num_acked != hub_->manifest.buckets.size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("pull transport: receiver ", p.name, " has not acknowledged everything"));
+    }
+  }
+  for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
+    hub_->Push(p.id, CommitEvent{version});
+  }
+  hub_->committed_version = version;
+  hub_->EndLocked(/*committed=*/true);
+  return absl::OkStatus();
+}
+
+void PullTransport::Abort(absl::string_view reason) {
+  std::lock_guard lock(hub_->mu);
+  if (!hub_->in_flight) return;
+  const uint64_t version = hub_->manifest.version;
+  for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
+    hub_->Push(p.id, AbortEvent{version, std::string(reason)});
+  }
+  hub_->last_aborted_version = version;
+  hub_->EndLocked(/*committed=*/false);
+}
+
+std::vector<ReceiverOutcome> PullTransport::Outcomes() const {
+  std::lock_guard lock(hub_->mu);
+  return hub_->OutcomesLocked();
+}
+
+std::vector<ReceiverInfo> PullTransport::Receivers() const {
+  std::lock_guard lock(hub_->mu);
+  std::vector<ReceiverInfo> out;
+  for (const auto& [id, r] : hub_->receivers) {
+    out.push_back(ReceiverInfo{r->name, r->state, r->last_committed_version, r->connected_at});
+  }
+  return out;
+}
+
+uint64_t PullTransport::committed_version() const {
+  std::lock_guard lock(hub_->mu);
+  return hub_->committed_version;
+}
+
+void PullTransport::set_committed_version(uint64_t version) {
+  std::lock_guard lock(hub_->mu);
+  hub_->committed_version = version;
+}
+
+void PullTransport::Shutdown() {
+  std::lock_guard lock(hub_->mu);
+  if (hub_->in_flight) {
+    const uint64_t version = hub_->manifest.version;
+    for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
+      hub_->Push(p.id, AbortEvent{version, "transport shut down"});
+    }
+    hub_->last_aborted_version = version;
+    hub_->EndLocked(false);
+  }
+  hub_->shutdown = true;
+  for (auto& [id, r] : hub_->receivers) r->cv.notify_all();
+}
+
+}  // namespace wpub::engine

@@ -1,0 +1,166 @@
+// Registration and updates of wpub's Prometheus metrics.
+#include "core/metrics/metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+
+namespace wpub::metrics {
+namespace {
+
+// Wall clock of publications: 10 ms .. ~20 min.
+prometheus::Histogram::BucketBoundaries SecondsBuckets() {
+  return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 600, 1200};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
+    prometheus::Registry* registry) {
+  if (registry == nullptr) return absl::InvalidArgumentError("metrics: registry is null");
+  std::unique_ptr<EngineMetrics> m(new EngineMetrics());
+  try {
+    auto& publications = prometheus::BuildCounter()
+                             .Name(kPublicationsTotal)
+                             .Help("Publications that ended, by final status")
+                             .Register(*registry);
+    for (auto s : {engine::PublicationStatus::kCommitted, engine::PublicationStatus::kAborted,
+                   engine::PublicationStatus::kFailed}) {
+      const std::string name = engine::PublicationStatusName(s);
+      m->publications_[name] = &publications.Add({{"status", name}});
+    }
+    m->publication_seconds_ = &prometheus::BuildHistogram()
+                                   .Name(kPublicationSeconds)
+                                   .Help("Wall clock of committed publications, seconds")
+                                   .Register(*registry)
+                                   .Add({}, SecondsBuckets());
+    auto& phases = prometheus::BuildHistogram()
+                       .Name(kPublicationPhaseSeconds)
+                       .Help("Seconds per executor phase of committed publications")
+                       .Register(*registry);
+    for (const char* phase : engine::kPhaseNames) {
+      m->phase_seconds_[phase] = &phases.Add({{"phase", phase}}, SecondsBuckets());
+    }
+    m->host_syncs_total_ = &prometheus::BuildCounter()
+                                .Name(kHostSyncsTotal)
+                                .Help("Synchronizing device calls over all publications")
+                                .Register(*registry)
+                                .Add({});
+    m->publication_host_syncs_ = &prometheus::BuildGauge()
+                                      .Name(kPublicationHostSyncs)
+                                      .Help("Synchronizing device calls of the last publication")
+                                      .Register(*registry)
+                                      .Add({});
+    m->published_bytes_ = &prometheus::BuildCounter()
+                               .Name(kPublishedBytesTotal)
+                               .Help("Bytes of committed publications, by output format")
+                               .Register(*registry);
+    m->published_bytes_by_format_["nvfp4"] = &m->published_bytes_->Add({{"format", "nvfp4"}});
+    auto& tensors = prometheus::BuildCounter()
+                        .Name(kTensorsTotal)
+                        .Help("Input tensors of committed publications, by policy action")
+                        .Register(*registry);
+    for (const char* action : {"quantized", "passthrough", "ignored"}) {
+      m->tensors_[action] = &tensors.Add({{"action", action}});
+    }
+    m->cache_hits_ = &prometheus::BuildCounter()
+                          .Name(kIgnoreCacheHitsTotal)
+                          .Help("Ignore-rule snapshot cache hits")
+                          .Register(*registry)
+                          .Add({});
+    m->cache_misses_ = &prometheus::BuildCounter()
+                            .Name(kIgnoreCacheMissesTotal)
+                            .Help("Ignore-rule snapshot cache misses (snapshot builds)")
+                            .Register(*registry)
+                            .Add({});
+    auto& engines = prometheus::BuildGauge()
+                        .Name(kEngines)
+                        .Help("Connected receivers (engines), by state")
+                        .Register(*registry);
+    for (auto s : {engine::ReceiverState::kIdle, engine::ReceiverState::kReceiving,
+                   engine::ReceiverState::kStaged, engine::ReceiverState::kFailed,
+                   engine::ReceiverState::kLeft}) {
+      const std::string name = engine::ReceiverStateName(s);
+      m->engines_[name] = &engines.Add({{"state", name}});
+    }
+    m->last_committed_version_ = &prometheus::BuildGauge()
+                                      .Name(kLastCommittedVersion)
+                                      .Help("Version of the last committed publication")
+                                      .Register(*registry)
+                                      .Add({});
+    auto& failures = prometheus::BuildCounter()
+                         .Name(kEngineFailuresTotal)
+                         .Help("Receivers (engines) that failed a publication, by reason")
+                         .Register(*registry);
+    for (auto f : {engine::ReceiverFailure::kChecksum, engine::ReceiverFailure::kTimeout,
+                   engine::ReceiverFailure::kDisconnected, engine::ReceiverFailure::kProtocol}) {
+      const std::string name = engine::ReceiverFailureName(f);
+      m->failures_[name] = &failures.Add({{"reason", name}});
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(std::string("metrics: registration failed: ") + e.what());
+  }
+  return m;
+}
+
+EngineMetrics::~EngineMetrics() = default;
+
+void EngineMetrics::RecordReport(const engine::PublicationReport& r) {
+  std::lock_guard lock(mu_);
+  publications_[engine::PublicationStatusName(r.status)]->Increment();
+  host_syncs_total_->Increment(static_cast<double>(r.host_syncs));
+  publication_host_syncs_->Set(static_cast<double>(r.host_syncs));
+  for (const engine::ReceiverOutcome& o : r.receivers) {
+    if (o.failure == engine::ReceiverFailure::kNone) continue;
+    failures_[engine::ReceiverFailureName(o.failure)]->Increment();
+  }
+  if (r.status != engine::PublicationStatus::kCommitted) return;
+  publication_seconds_->Observe(r.wall_seconds);
+  for (const char* phase : engine::kPhaseNames) {
+    phase_seconds_[phase]->Observe(engine::PhaseValue(r.phases, phase));
+  }
+  for (const auto& [format, bytes] : r.bytes_out_by_format) {
+    auto it = published_bytes_by_format_.find(format);
+    if (it == published_bytes_by_format_.end()) {
+      // Formats are "nvfp4" and dtype names: a bounded set.
+      it = published_bytes_by_format_.emplace(format, &published_bytes_->Add({{"format", format}}))
+               .first;
+    }
+    it->second->Increment(static_cast<double>(bytes));
+  }
+  tensors_["quantized"]->Increment(static_cast<double>(r.tensors_quantized));
+  tensors_["passthrough"]->Increment(static_cast<double>(r.tensors_passthrough));
+  tensors_["ignored"]->Increment(static_cast<double>(r.tensors_ignored));
+  last_committed_version_->Set(static_cast<double>(r.version));
+}
+
+void EngineMetrics::SetReceivers(const std::vector<engine::ReceiverInfo>& receivers) {
+  std::lock_guard lock(mu_);
+  std::map<std::string, double> counts;
+  for (const auto& [name, gauge] : engines_) counts[name] = 0;
+  for (const engine::ReceiverInfo& r : receivers) counts[engine::ReceiverStateName(r.state)] += 1;
+  for (const auto& [name, gauge] : engines_) gauge->Set(counts[name]);
+}
+
+void EngineMetrics::SetIgnoreCacheCounters(uint64_t hits, uint64_t misses) {
+  std::lock_guard lock(mu_);
+  if (hits > last_hits_) {
+    cache_hits_->Increment(static_cast<double>(hits - last_hits_));
+    last_hits_ = hits;
+  }
+  if (misses > last_misses_) {
+    cache_misses_->Increment(static_cast<double>(misses - last_misses_));
+    last_misses_ = misses;
+  }
+}
+
+void EngineMetrics::SetLastCommittedVersion(uint64_t version) {
+  std::lock_guard lock(mu_);
+  last_committed_version_->Set(static_cast<double>(version));
+}
+
+}  // namespace wpub::metrics

@@ -1,0 +1,86 @@
+// wpub's Prometheus metrics (the names are a contract, see ../shared/DESIGN.md): registered once
+// on a caller-owned prometheus::Registry, labelled children created up front and cached, and
+// updated from publication reports and engine state. The HTTP exposer is the server's job.
+// Thread-safe: every method may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/engine/types.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace wpub::metrics {
+
+// Metric names.
+inline constexpr char kPublicationsTotal[] = "wpub_publications_total";
+inline constexpr char kPublicationSeconds[] = "wpub_publication_seconds";
+inline constexpr char kPublicationPhaseSeconds[] = "wpub_publication_phase_seconds";
+inline constexpr char kHostSyncsTotal[] = "wpub_host_syncs_total";
+inline constexpr char kPublicationHostSyncs[] = "wpub_publication_host_syncs";
+inline constexpr char kPublishedBytesTotal[] = "wpub_published_bytes_total";
+inline constexpr char kTensorsTotal[] = "wpub_tensors_total";
+inline constexpr char kIgnoreCacheHitsTotal[] = "wpub_ignore_snapshot_cache_hits_total";
+inline constexpr char kIgnoreCacheMissesTotal[] = "wpub_ignore_snapshot_cache_misses_total";
+inline constexpr char kEngines[] = "wpub_engines";
+inline constexpr char kLastCommittedVersion[] = "wpub_last_committed_version";
+inline constexpr char kEngineFailuresTotal[] = "wpub_engine_failures_total";
+
+class EngineMetrics {
+ public:
+  // Registers every family on `registry` (borrowed; must outlive this object and must not
+  // already hold wpub metrics: INVALID_ARGUMENT then).
+  static absl::StatusOr<std::unique_ptr<EngineMetrics>> Create(prometheus::Registry* registry);
+  ~EngineMetrics();
+
+  // Every report: wpub_publications_total{status}, wpub_host_syncs_total,
+  // wpub_publication_host_syncs, wpub_engine_failures_total{reason} (one per failed receiver).
+  // Committed reports also: wpub_publication_seconds, wpub_publication_phase_seconds{phase},
+  // wpub_published_bytes_total{format}, wpub_tensors_total{action},
+  // wpub_last_committed_version.
+  void RecordReport(const engine::PublicationReport& report);
+
+  // wpub_engines{state}: the number of connected receivers in each state.
+  void SetReceivers(const std::vector<engine::ReceiverInfo>& receivers);
+
+  // The policy cache's monotonic totals; the counters advance by the difference to the last
+  // call (never backwards).
+  void SetIgnoreCacheCounters(uint64_t hits, uint64_t misses);
+
+  void SetLastCommittedVersion(uint64_t version);
+
+ private:
+  EngineMetrics() = default;
+
+  std::mutex mu_;
+  prometheus::Family<prometheus::Counter>* published_bytes_ = nullptr;
+  std::map<std::string, prometheus::Counter*> published_bytes_by_format_;  // guarded by mu_
+  std::map<std::string, prometheus::Counter*> publications_;
+  prometheus::Histogram* publication_seconds_ = nullptr;
+  std::map<std::string, prometheus::Histogram*> phase_seconds_;
+  prometheus::Counter* host_syncs_total_ = nullptr;
+  prometheus::Gauge* publication_host_syncs_ = nullptr;
+  std::map<std::string, prometheus::Counter*> tensors_;
+  prometheus::Counter* cache_hits_ = nullptr;
+  prometheus::Counter* cache_misses_ = nullptr;
+  uint64_t last_hits_ = 0;    // guarded by mu_
+  uint64_t last_misses_ = 0;  // guarded by mu_
+  std::map<std::string, prometheus::Gauge*> engines_;
+  prometheus::Gauge* last_committed_version_ = nullptr;
+  std::map<std::string, prometheus::Counter*> failures_;
+};
+
+}  // namespace wpub::metrics
