@@ -16,9 +16,19 @@
 
 #if defined(__CUDACC__)
 #define WPUB_HD __host__ __device__ __forceinline__
-#define WPUB_UNROLL _Pragma("unroll")
 #else
 #define WPUB_HD inline
+#endif
+// Unrolling hint for the 16-element block loops, spelled for whichever compiler sees the code:
+// the device pass of nvcc; nothing in nvcc's host pass (its front end rejects GCC's spelling and
+// the host compiler rejects `#pragma unroll`); GCC or clang for plain C++.
+#if defined(__CUDA_ARCH__)
+#define WPUB_UNROLL _Pragma("unroll")
+#elif defined(__CUDACC__)
+#define WPUB_UNROLL
+#elif defined(__clang__)
+#define WPUB_UNROLL _Pragma("clang loop unroll(full)")
+#else
 #define WPUB_UNROLL _Pragma("GCC unroll 16")
 #endif
 
