@@ -35,16 +35,23 @@ absl::StatusOr<LiteralRuleList> LiteralRuleList::Create(std::vector<std::string>
 }
 
 LiteralIgnoreSnapshot::LiteralIgnoreSnapshot(const LiteralRuleList& rules)
-    : rules_(rules.rules().begin(), rules.rules().end()) {}
+    : rules_(rules.rules().begin(), rules.rules().end()), filter_(65536 / 64, 0) {
+  for (const std::string& r : rules_) {
+    const size_t bit = FilterBit(r);
+    filter_[bit >> 6] |= uint64_t{1} << (bit & 63);
+  }
+}
 
 bool LiteralIgnoreSnapshot::Matches(absl::string_view name) const {
   // n matches r iff n == r or n starts with r + "."; the candidates r are therefore n itself
-  // and n cut before each of its dots, which is exactly this walk from the right.
-  while (true) {
-    if (rules_.contains(name)) return true;
-    const size_t dot = name.rfind('.');
-    if (dot == absl::string_view::npos) return false;
-    name = name.substr(0, dot);
+  // and n cut before each of its dots: one backward pass over the bytes visits them all.
+  const char* data = name.data();
+  for (size_t len = name.size();; --len) {
+    if (len == name.size() || data[len] == '.') {
+      const absl::string_view prefix(data, len);
+      if (MayContain(prefix) && rules_.contains(prefix)) return true;
+    }
+    if (len == 0) return false;
   }
 }
 

@@ -67,7 +67,19 @@ class LiteralIgnoreSnapshot {
   size_t size() const { return rules_.size(); }
 
  private:
+  // Conservative pre-filter: bit (len % 256, last byte) is set for every rule, so a candidate
+  // prefix whose bit is clear cannot be a rule and is not hashed. Most ancestors of a weight
+  // name are rejected here (8 KiB, stays in L1).
+  static size_t FilterBit(absl::string_view s) {
+    return (s.size() & 0xFF) << 8 | (s.empty() ? 0 : static_cast<unsigned char>(s.back()));
+  }
+  bool MayContain(absl::string_view s) const {
+    const size_t bit = FilterBit(s);
+    return (filter_[bit >> 6] >> (bit & 63)) & 1;
+  }
+
   absl::flat_hash_set<std::string> rules_;
+  std::vector<uint64_t> filter_;  // 65536 bits
 };
 
 // Ordered scan over any rule list. Immutable after Create; thread-safe for concurrent calls.

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/policy/names.h"
 
 namespace wpub::policy {
 namespace {
@@ -20,18 +21,6 @@ constexpr std::array<absl::string_view, 3> kRoutedExpertMarkers = {
 constexpr std::array<absl::string_view, 7> kExpertGemmSuffixes = {
     ".w1.weight",      ".w2.weight",        ".w3.weight",          ".gate_proj.weight",
     ".up_proj.weight", ".down_proj.weight", ".gate_up_proj.weight"};
-
-struct PairSuffix {
-  absl::string_view suffix;
-  PairRole role;
-};
-constexpr std::array<PairSuffix, 5> kPairSuffixes = {{
-    {".gate_up_proj.weight", PairRole::kGateUp},
-    {".gate_proj.weight", PairRole::kGate},
-    {".w1.weight", PairRole::kGate},
-    {".up_proj.weight", PairRole::kUp},
-    {".w3.weight", PairRole::kUp},
-}};
 
 template <size_t N>
 bool ContainsAny(absl::string_view s, const std::array<absl::string_view, N>& needles) {
@@ -67,12 +56,9 @@ bool InBf16HfLayer(absl::string_view name, const PrecisionExceptions& e) {
 }  // namespace
 
 PairName SplitPairName(absl::string_view hf_name) {
-  for (const PairSuffix& p : kPairSuffixes) {
-    if (absl::EndsWith(hf_name, p.suffix)) {
-      return PairName{std::string(hf_name.substr(0, hf_name.size() - p.suffix.size())), p.role};
-    }
-  }
-  return PairName{};
+  absl::string_view base;
+  const PairRole role = PairRoleOf(hf_name, &base);
+  return PairName{std::string(base), role};
 }
 
 bool IsRoutedExpertHfName(absl::string_view hf_name) {

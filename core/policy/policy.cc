@@ -2,7 +2,7 @@
 // order"), per-tensor candidate tests, gate/up pairing and the NVFP4 output descriptors.
 #include "core/policy/policy.h"
 
-#include <map>
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -10,46 +10,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_replace.h"
 #include "core/common/status.h"
-#include "re2/re2.h"
+#include "core/policy/names.h"
 
 namespace wpub::policy {
 namespace {
-
-// The trainer's patterns, verbatim (including the unescaped '.' after "mlp"): RE2 follows
-// Perl/Python leftmost-first submatch rules, so the groups are the ones Python sees.
-const LazyRE2 kDecoderLayerRe = {R"(decoder\.layers\.(\d+)\.(.+))"};
-const LazyRE2 kMtpLayerRe = {R"(mtp\.layers\.(\d+)\.(.+))"};
-const LazyRE2 kRoutedExpertRe = {R"(mlp.experts\.(.+)\.weight(\d+))"};
-
-struct LayerMatch {
-  std::string index_digits;
-  std::string rest;
-};
-
-// re.search of the decoder pattern, else of the MTP pattern with the wrapper modules removed.
-std::optional<LayerMatch> MatchLayer(absl::string_view megatron_name) {
-  LayerMatch m;
-  const re2::StringPiece text(megatron_name.data(), megatron_name.size());
-  if (RE2::PartialMatch(text, *kDecoderLayerRe, &m.index_digits, &m.rest)) return m;
-  if (RE2::PartialMatch(text, *kMtpLayerRe, &m.index_digits, &m.rest)) {
-    // Two passes in this order, as Python's chained str.replace does.
-    m.rest = absl::StrReplaceAll(m.rest, {{"transformer_layer.", ""}});
-    m.rest = absl::StrReplaceAll(m.rest, {{"mtp_model_layer.", ""}});
-    return m;
-  }
-  return std::nullopt;
-}
-
-// re.match of the routed-expert pattern (anchored at the start only) with group 1 in
-// {linear_fc1, linear_fc2}.
-bool IsRoutedExpertGemm(absl::string_view rest) {
-  const re2::StringPiece text(rest.data(), rest.size());
-  re2::StringPiece groups[2];
-  if (!kRoutedExpertRe->Match(text, 0, text.size(), RE2::ANCHOR_START, groups, 2)) return false;
-  return groups[1] == "linear_fc1" || groups[1] == "linear_fc2";
-}
 
 BatchPlan PassAll(BatchPlan plan, absl::Span<const TensorDesc> tensors, Reason reason) {
   plan.tensors.resize(tensors.size());
@@ -188,7 +153,7 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
     }
   }
   // 3. Layer (decoder, else MTP).
-  std::optional<LayerMatch> layer = MatchLayer(megatron_name);
+  std::optional<MegatronLayer> layer = ParseMegatronLayer(megatron_name);
   if (!layer) return PassAll(std::move(plan), tensors, Reason::kNotInLayer);
   // 4. First/last BF16 layers; the MTP index is compared the same way (see settings.h).
   const PrecisionExceptions& e = settings_.exceptions;
@@ -204,7 +169,7 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
     }
   }
   // 5. Routed-expert GEMMs only.
-  if (!IsRoutedExpertGemm(layer->rest)) {
+  if (!IsRoutedExpertGemmRest(layer->rest)) {
     const bool shared = absl::StartsWith(layer->rest, "mlp.shared_experts.");
     return PassAll(std::move(plan), tensors,
                    shared ? Reason::kSharedExpert : Reason::kNotRoutedExpert);
@@ -215,10 +180,12 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
   plan.tensors.resize(n);
   std::vector<bool> candidate(n, false);
   struct PairSlots {
+    absl::string_view base;
     int gate = -1;
     int up = -1;
   };
-  std::map<std::string, PairSlots> pairs;  // ordered: deterministic error reporting
+  // A batch holds a handful of tensors: a linear search beats a map and allocates nothing.
+  std::vector<PairSlots> pairs;
   for (size_t i = 0; i < n; ++i) {
     const TensorDesc& t = tensors[i];
     if (std::optional<Reason> why = NotCandidateReason(t, *matcher_)) {
@@ -238,24 +205,27 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
     }
     candidate[i] = true;
     plan.tensors[i].stacked = t.shape.size() == 3;
-    PairName pn = SplitPairName(t.name);
-    if (pn.role != PairRole::kGate && pn.role != PairRole::kUp) {
+    absl::string_view base;
+    const PairRole role = PairRoleOf(t.name, &base);
+    if (role != PairRole::kGate && role != PairRole::kUp) {
       plan.tensors[i].action = Action::kQuantize;
       continue;
     }
-    const bool gate = pn.role == PairRole::kGate;
-    PairSlots& slots = pairs[pn.base];
+    const bool gate = role == PairRole::kGate;
+    auto it = std::find_if(pairs.begin(), pairs.end(),
+                           [base](const PairSlots& p) { return p.base == base; });
+    PairSlots& slots = it != pairs.end() ? *it : pairs.emplace_back(PairSlots{base});
     int& slot = gate ? slots.gate : slots.up;
     if (slot >= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "NVFP4 requires a single complete gate/up pair per conversion batch; found duplicate ",
-          gate ? "gate" : "up", " tensor for ", pn.base, ": ", tensors[slot].name, " and ", t.name,
+          gate ? "gate" : "up", " tensor for ", base, ": ", tensors[slot].name, " and ", t.name,
           " (Megatron ", megatron_name, ")"));
     }
     slot = static_cast<int>(i);
     plan.tensors[i].action = gate ? Action::kQuantizeGate : Action::kQuantizeUp;
   }
-  for (const auto& [base, slots] : pairs) {
+  for (const PairSlots& slots : pairs) {
     if (slots.gate < 0 || slots.up < 0) {
       const int have = slots.gate >= 0 ? slots.gate : slots.up;
       return absl::InvalidArgumentError(absl::StrCat(
