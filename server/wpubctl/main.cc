@@ -20,9 +20,15 @@ constexpr Subcommand kSubcommands[] = {
      "Plan a synthetic MoE model through the publication policy and print what is quantized, "
      "passed through or ignored, with tensor and byte totals.",
      &RunPolicyReport},
+    {"publish-synthetic",
+     "Publish a synthetic MoE model (deterministic data; model and policy flags) to a running "
+     "wpubd and print each publication's report.",
+     &RunPublishSynthetic},
+    {"status", "Show a running wpubd's committed version, receivers and recent reports.",
+     &RunStatus},
     {"demo",
-     "The project's main job. For now it runs policy-report on a GLM-like synthetic model; it "
-     "will become the end-to-end publication demo once the daemon lands.",
+     "The project's main job: start wpubd and two wpub-recv, publish several versions of a "
+     "synthetic GLM-like MoE end to end, print a per-publication table, stop cleanly.",
      &RunDemo},
 };
 

@@ -21,7 +21,11 @@ struct Subcommand {
 
 // policy_report.cc: what the publication policy does to a (synthetic) model.
 int RunPolicyReport(const std::vector<std::string>& args);
-// demo.cc: the project's main job (for now the policy report on a GLM-like model).
+// demo.cc: the project's main job: wpubd + two wpub-recv, several publications, a report table.
 int RunDemo(const std::vector<std::string>& args);
+// publish_synthetic.cc: publish a synthetic MoE model to a running wpubd.
+int RunPublishSynthetic(const std::vector<std::string>& args);
+// status.cc: a running wpubd's status and recent reports.
+int RunStatus(const std::vector<std::string>& args);
 
 }  // namespace wpub::wpubctl

@@ -1,0 +1,55 @@
+// `wpubctl status`: the daemon's committed version, active publication, receivers and recent
+// reports.
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "core/common/status.h"
+#include "server/wpubctl/publish_common.h"
+#include "server/wpubctl/subcommand.h"
+
+ABSL_FLAG(uint32_t, reports, 8, "How many recent reports `wpubctl status` lists.");
+
+namespace wpub::wpubctl {
+namespace {
+
+absl::Status PrintStatus() {
+  WPUB_ASSIGN_OR_RETURN(client::ClientOptions client_options, ClientOptionsFromFlags());
+  WPUB_ASSIGN_OR_RETURN(auto client, client::PublisherClient::Create(client_options));
+  WPUB_ASSIGN_OR_RETURN(wpub::v1::GetStatusResponse s,
+                        client->GetStatus(absl::GetFlag(FLAGS_reports)));
+  std::printf("daemon      %s at %s (%s backend, %s)\n", s.daemon_version().c_str(),
+              client_options.target.c_str(), s.backend().c_str(),
+              s.serving() ? "serving" : "shutting down");
+  std::printf("committed   v%llu\n", static_cast<unsigned long long>(s.committed_version()));
+  if (s.has_active()) {
+    std::printf("active      v%llu (%s, model '%s', %.1f s)\n",
+                static_cast<unsigned long long>(s.active().version()), s.active().state().c_str(),
+                s.active().model_id().c_str(), s.active().age_seconds());
+  } else {
+    std::printf("active      none\n");
+  }
+  std::printf("receivers   %d\n", s.receivers_size());
+  for (const auto& r : s.receivers()) {
+    std::printf("  %-20s %-10s %-6s last committed v%llu\n", r.name().c_str(), r.state().c_str(),
+                r.transport().c_str(), static_cast<unsigned long long>(r.last_committed_version()));
+  }
+  if (s.recent_reports_size() > 0) {
+    std::printf("\nrecent publications (newest first)\n%s", ReportTableHeader().c_str());
+    for (const auto& r : s.recent_reports()) std::printf("%s", ReportTableRow(r).c_str());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunStatus(const std::vector<std::string>& /*args*/) {
+  absl::Status status = PrintStatus();
+  if (!status.ok()) {
+    std::fprintf(stderr, "wpubctl status: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace wpub::wpubctl
