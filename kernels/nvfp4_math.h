@@ -237,16 +237,21 @@ WPUB_HD float E4M3ToFloat(uint8_t c) {
 // Spec "Formats": RNE with saturation to +-6; boundaries on |v|: <=0.25 -> 0, (0.25,0.75) -> 0.5,
 // [0.75,1.25] -> 1, (1.25,1.75) -> 1.5, [1.75,2.5] -> 2, (2.5,3.5) -> 3, [3.5,5] -> 4, >5 -> 6.
 // Sign preserved (-0.0 and negatives rounding to zero give 0x8); NaN -> +6 (0x7), the
-// cvt.rn.satfinite.e2m1x2.f32 semantics. Emulated with comparisons (sm_90 has no instruction);
-// each comparison is exact, so this is correct for every float including subnormals and inf.
+// cvt.rn.satfinite.e2m1x2.f32 semantics. Emulated (sm_90 has no instruction) by comparing the
+// magnitude's bit pattern with the boundaries' patterns: for non-negative floats the integer
+// order is the numeric order (subnormals and inf included), and a NaN magnitude exceeds every
+// boundary, giving 7. Branch-free, so host loops vectorize.
 WPUB_HD uint8_t FloatToE2M1(float v) {
-  if (IsNan(v)) return 0x7;
-  const uint32_t sign = (FloatBits(v) >> 28) & 0x8u;
-  const float a = FAbs(v);
-  const uint32_t mag = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
-                       static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +
-                       static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a >= 3.5f) +
-                       static_cast<uint32_t>(a > 5.0f);
+  const uint32_t u = FloatBits(v);
+  const int32_t a = static_cast<int32_t>(u & 0x7FFFFFFFu);
+  const uint32_t mag = static_cast<uint32_t>(a > 0x3E800000) +   // > 0.25
+                       static_cast<uint32_t>(a >= 0x3F400000) +  // >= 0.75
+                       static_cast<uint32_t>(a > 0x3FA00000) +   // > 1.25
+                       static_cast<uint32_t>(a >= 0x3FE00000) +  // >= 1.75
+                       static_cast<uint32_t>(a > 0x40200000) +   // > 2.5
+                       static_cast<uint32_t>(a >= 0x40600000) +  // >= 3.5
+                       static_cast<uint32_t>(a > 0x40A00000);    // > 5
+  const uint32_t sign = (a <= 0x7F800000) ? ((u >> 28) & 0x8u) : 0u;  // NaN -> +6
   return static_cast<uint8_t>(sign | mag);
 }
 
