@@ -222,15 +222,16 @@ enum class PublicationStatus : uint8_t {
 // "committed", "aborted", "failed" (the wpub_publications_total{status} label values).
 const char* PublicationStatusName(PublicationStatus status);
 
-// Seconds per executor phase. On the CPU path the phases run one after another; the GPU
-// backend overlaps quantize/pack with transfer, so the sum may exceed the wall clock there.
+// Seconds per executor phase. On the CPU path the phases run one after another on the
+// publishing thread (pull receivers read concurrently); the GPU backend overlaps quantize/pack
+// with transfer, so there the sum may exceed the wall clock.
 struct PhaseSeconds {
-  double ingest = 0;    // Open .. Commit called: receiving batches and inline bytes, mapping shm
-  double policy = 0;    // policy decisions and planning
+  double ingest = 0;    // Open .. Commit called, less policy time: batches, inline bytes, shm
+  double policy = 0;    // per-batch policy plans (during ingest) and bucket planning
   double quantize = 0;  // amax, global scales, block quantization into buckets
-  double pack = 0;      // passthrough copies into buckets, checksums
-  double transfer = 0;  // handing buckets to the transport and receivers pulling them
-  double commit = 0;    // waiting for the last acknowledgements, then commit/abort broadcast
+  double pack = 0;      // non-finite scan of passed tensors, passthrough copies, checksums
+  double transfer = 0;  // handing buckets to the transport, waiting for every acknowledgement
+  double commit = 0;    // the commit broadcast and bookkeeping
 };
 // The phase label values, in pipeline order: ingest, policy, quantize, pack, transfer, commit.
 inline constexpr std::array<const char*, 6> kPhaseNames = {"ingest", "policy",   "quantize",
@@ -254,9 +255,10 @@ struct PublicationReport {
   // bytes_out by format: "nvfp4" for the three outputs of quantized tensors, the torch dtype
   // name ("bfloat16", "float32", ...) for passed-through tensors.
   std::map<std::string, uint64_t> bytes_out_by_format;
-  uint64_t tensors_quantized = 0;    // input tensors quantized to NVFP4
-  uint64_t tensors_passthrough = 0;  // input tensors published in source precision
-  uint64_t tensors_ignored = 0;      // passed through because an ignore rule matched
+  // Input tensors by policy action (disjoint: the three add up to the inputs).
+  uint64_t tensors_quantized = 0;    // quantized to NVFP4
+  uint64_t tensors_passthrough = 0;  // published in source precision, no ignore rule involved
+  uint64_t tensors_ignored = 0;      // published in source precision because a rule matched
   uint64_t non_finite = 0;           // non-finite input elements seen
   uint32_t buckets = 0;
   std::vector<ReceiverOutcome> receivers;
