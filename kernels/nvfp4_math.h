@@ -11,6 +11,7 @@
 // device code. All functions are pure and thread-safe.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -136,7 +137,8 @@ WPUB_HD float FltMax() { return BitsFloat(kFltMaxBits); }
 
 // ---------------------------------------------------------------------------------------------
 // 16-bit float formats. Widening is exact; narrowing is round-to-nearest-even with overflow to
-// infinity, subnormals kept, and NaN -> canonical 0x7FFF (sign dropped, as the CUDA cvt).
+// infinity, subnormals kept, and NaN -> canonical 0x7FFF (sign dropped). Checked on an H200
+// over all 2^32 fp32 patterns: identical to __float2half_rn / __float2bfloat16_rn.
 
 WPUB_HD float Bf16ToFloat(uint16_t h) { return BitsFloat(static_cast<uint32_t>(h) << 16); }
 
@@ -195,8 +197,9 @@ WPUB_HD float RoundToFp16(float f) { return Fp16ToFloat(FloatToFp16(f)); }
 // E4M3 (float8_e4m3fn): S EEEE MMM, bias 7, max 448 = 0x7E, NaN 0x7F/0xFF, no infinity.
 
 // Spec "Formats": RNE with saturation to +-448 ("satfinite"): |x| <= 2^-10 -> signed 0,
-// |x| >= 448 and +-inf -> +-448, NaN -> 0x7F. Matches __nv_cvt_float_to_fp8(x, __NV_SATFINITE,
-// __NV_E4M3) (sign kept on zero and saturated results, dropped on NaN).
+// |x| >= 448 and +-inf -> +-448, NaN -> 0x7F (sign kept on zeros and saturated values). Checked
+// on an H200 over all 2^32 fp32 patterns: identical to __nv_cvt_float_to_fp8(x, __NV_SATFINITE,
+// __NV_E4M3).
 WPUB_HD uint8_t FloatToE4M3(float x) {
   const uint32_t u = FloatBits(x);
   const uint32_t sign = (u >> 24) & 0x80u;
@@ -244,13 +247,13 @@ WPUB_HD float E4M3ToFloat(uint8_t c) {
 WPUB_HD uint8_t FloatToE2M1(float v) {
   const uint32_t u = FloatBits(v);
   const int32_t a = static_cast<int32_t>(u & 0x7FFFFFFFu);
-  const uint32_t mag = static_cast<uint32_t>(a > 0x3E800000) +   // > 0.25
-                       static_cast<uint32_t>(a >= 0x3F400000) +  // >= 0.75
-                       static_cast<uint32_t>(a > 0x3FA00000) +   // > 1.25
-                       static_cast<uint32_t>(a >= 0x3FE00000) +  // >= 1.75
-                       static_cast<uint32_t>(a > 0x40200000) +   // > 2.5
-                       static_cast<uint32_t>(a >= 0x40600000) +  // >= 3.5
-                       static_cast<uint32_t>(a > 0x40A00000);    // > 5
+  const uint32_t mag = static_cast<uint32_t>(a > 0x3E800000) +        // > 0.25
+                       static_cast<uint32_t>(a >= 0x3F400000) +       // >= 0.75
+                       static_cast<uint32_t>(a > 0x3FA00000) +        // > 1.25
+                       static_cast<uint32_t>(a >= 0x3FE00000) +       // >= 1.75
+                       static_cast<uint32_t>(a > 0x40200000) +        // > 2.5
+                       static_cast<uint32_t>(a >= 0x40600000) +       // >= 3.5
+                       static_cast<uint32_t>(a > 0x40A00000);         // > 5
   const uint32_t sign = (a <= 0x7F800000) ? ((u >> 28) & 0x8u) : 0u;  // NaN -> +6
   return static_cast<uint8_t>(sign | mag);
 }
@@ -351,6 +354,12 @@ struct QuantMode {
 };
 
 inline constexpr int kNumQuantModes = 9;
+
+// Every valid mode, in Index() order.
+inline constexpr std::array<QuantMode, kNumQuantModes> kAllQuantModes = {
+    QuantMode::FromIndex(0), QuantMode::FromIndex(1), QuantMode::FromIndex(2),
+    QuantMode::FromIndex(3), QuantMode::FromIndex(4), QuantMode::FromIndex(5),
+    QuantMode::FromIndex(6), QuantMode::FromIndex(7), QuantMode::FromIndex(8)};
 
 // Compile-time traits of one mode; kernels are specialized on these.
 template <QuantAlgo kAlgoV, ErrMetric kMetricV, int kE4M3MaxV, ErrKind kErrV>
