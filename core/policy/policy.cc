@@ -152,6 +152,7 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
       return PassAll(std::move(plan), tensors, Reason::kExtraHighPrecision);
     }
   }
+  // 2. The ignore rules were merged and compiled once, in Create.
   // 3. Layer (decoder, else MTP).
   std::optional<MegatronLayer> layer = ParseMegatronLayer(megatron_name);
   if (!layer) return PassAll(std::move(plan), tensors, Reason::kNotInLayer);

@@ -103,9 +103,10 @@ absl::StatusOr<std::vector<TensorDesc>> Nvfp4OutputDescs(const TensorDesc& input
 
 class Policy {
  public:
-  // Validates `settings` (ValidatePolicySettings) and resolves the ignore matcher: through
-  // `cache` when given (borrowed; must outlive nothing: the matcher is shared-owned), else
-  // built directly. Errors: invalid settings, a bad `re:` rule (quoted).
+  // Validates `settings` (ValidatePolicySettings) and resolves the ignore matcher once for the
+  // whole publication: from `cache` when given (borrowed, used only during this call; the
+  // matcher is shared-owned, so eviction never invalidates a Policy), else built directly.
+  // Errors: invalid settings, a bad `re:` rule (quoted).
   static absl::StatusOr<std::unique_ptr<Policy>> Create(PolicySettings settings,
                                                         IgnoreSnapshotCache* cache = nullptr);
 
