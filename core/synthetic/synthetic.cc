@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/nvfp4_math.h"
 
 namespace wpub::synthetic {
 namespace {
@@ -213,27 +214,6 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-uint16_t FloatToBf16(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // NaN
-  return static_cast<uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
-}
-
-uint16_t FloatToHalf(float f) {
-  const uint32_t x = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t abs = x & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return sign | 0x7E00u;   // NaN
-  if (abs >= 0x477FF000u) return sign | 0x7C00u;  // >= 65520 rounds to inf
-  if (abs < 0x38800000u) {
-    // Subnormal half (unit 2^-24): scaling by 2^24 is exact, nearbyint rounds to nearest even.
-    const float units = std::nearbyint(std::bit_cast<float>(abs) * 16777216.0f);
-    return sign | static_cast<uint16_t>(units);
-  }
-  const uint32_t rebiased = abs - (112u << 23);
-  return sign | static_cast<uint16_t>((rebiased + 0xFFFu + ((rebiased >> 13) & 1u)) >> 13);
-}
-
 }  // namespace
 
 absl::string_view NamingStyleName(NamingStyle style) {
@@ -387,12 +367,12 @@ absl::Status FillTensor(const TensorDesc& desc, uint64_t seed, absl::Span<uint8_
         break;
       }
       case DType::kBFloat16: {
-        const uint16_t bits = FloatToBf16(v);
+        const uint16_t bits = kernels::FloatToBf16(v);
         std::memcpy(dst + 2 * i, &bits, 2);
         break;
       }
       default: {
-        const uint16_t bits = FloatToHalf(v);
+        const uint16_t bits = kernels::FloatToFp16(v);
         std::memcpy(dst + 2 * i, &bits, 2);
         break;
       }
