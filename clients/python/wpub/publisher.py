@@ -1,0 +1,399 @@
+"""wpub.Publisher: streams one publication at a time to wpubd and returns its report.
+
+Threading model: the trainer's iterable of conversion batches is consumed in the CALLING thread
+(so its CUDA device, exceptions and KeyboardInterrupt behave as in the rest of the training
+loop); serialized messages go through a small bounded queue to gRPC's sending thread, so a slow
+daemon blocks the trainer through gRPC flow control instead of buffering the model in memory.
+"""
+
+import json
+import queue
+import threading
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import errors
+from ._proto import pb
+from .report import ClientTimings, PublicationReport, Status
+from .shm import ShmSegments, align
+from .tensors import CudaPart, HostPart, TensorError, normalize
+
+_SERVICE = "/wpub.v1.Publisher/"
+_END = object()  # sentinel ending the request stream
+_POLL_S = 0.05  # how often a blocked wait re-checks whether the RPC ended
+
+_POLICY_FIELDS = ("extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
+                  "first_last_layers_bf16", "num_layers", "num_layers_at_start_in_bf16",
+                  "num_layers_at_end_in_bf16")
+
+Batch = Tuple[str, Sequence[Tuple[str, Any]]]
+
+
+class _CallEnded(Exception):
+    """The RPC finished (daemon error, deadline, cancel) while we were still producing."""
+
+
+class _RequestStream:
+    """The bounded hand-off between the producing (calling) thread and gRPC's sender."""
+
+    def __init__(self, max_messages: int):
+        self._q: "queue.Queue" = queue.Queue(maxsize=max_messages)
+        self.commit_taken_at: Optional[float] = None
+        self.messages = 0
+
+    def requests(self):  # runs in gRPC's request-consumer thread
+        while True:
+            item = self._q.get()
+            if item is _END:
+                return
+            data, is_commit = item
+            if is_commit:
+                self.commit_taken_at = time.perf_counter()
+            yield data
+
+    def put(self, data: bytes, call, is_commit: bool = False) -> None:
+        """Blocks while gRPC is behind; raises _CallEnded once the RPC is over."""
+        while True:
+            if call.done():
+                raise _CallEnded()
+            try:
+                self._q.put((data, is_commit), timeout=_POLL_S)
+                self.messages += 1
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> None:
+        """Ends the stream, dropping anything unsent (unblocks gRPC's consumer thread)."""
+        while True:
+            try:
+                self._q.put_nowait(_END)
+                return
+            except queue.Full:
+                try:
+                    self._q.get_nowait()
+                except queue.Empty:
+                    pass
+
+
+def _header(version: int, recipe: str, policy, quantization_config, model_id: str,
+            allow_non_finite: bool, wait: bool, bucket_bytes: int):
+    h = pb.PublicationHeader(version=version, model_id=model_id, recipe=recipe,
+                             allow_non_finite=allow_non_finite, queue=wait,
+                             bucket_bytes=bucket_bytes)
+    if quantization_config is not None:
+        h.quantization_config_json = (quantization_config if isinstance(quantization_config, str)
+                                      else json.dumps(quantization_config))
+    if policy:
+        unknown = set(policy) - set(_POLICY_FIELDS)
+        if unknown:
+            raise errors.InvalidArgument(
+                f"policy: unknown key(s) {sorted(unknown)} (known: {', '.join(_POLICY_FIELDS)})")
+        pe = h.precision_exceptions
+        for key, value in policy.items():
+            if key.startswith("extra_"):
+                if isinstance(value, str):
+                    value = [value]
+                getattr(pe, key).extend(value)
+            else:
+                setattr(pe, key, value)
+    return h
+
+
+def _sync_cuda(devices) -> None:
+    """Waits for the current stream of every device whose tensors are about to be shared: the
+    daemon reads them on its own streams and cannot see the trainer's pending work."""
+    import torch
+    for d in devices:
+        torch.cuda.current_stream(d).synchronize()
+
+
+class Publisher:
+    """A connection to one wpubd. Thread-safety: one publish() at a time per Publisher (the
+    daemon allows one publication at a time anyway); cancel(), status() and list_reports() may
+    be called from any thread while a publish() is in flight.
+
+    target: "host:port" or "unix:/path". token: bearer token when the daemon requires one.
+    timeout: default deadline of publish() in seconds (None: no deadline).
+    shm_threshold_bytes: host parts at least this large travel through POSIX shared memory,
+    smaller ones inline in the stream (0: everything through shm; None: everything inline).
+    chunk_bytes: inline chunk size (the daemon accepts up to 4 MiB by default).
+    cuda_sync: synchronize each device's current stream before sharing its tensors.
+    max_queued_messages: messages buffered ahead of gRPC (bounds client memory).
+    """
+
+    def __init__(self, target: str, token: Optional[str] = None,
+                 timeout: Optional[float] = 600.0, *, rpc_timeout: float = 10.0,
+                 shm_threshold_bytes: Optional[int] = 1 << 20, chunk_bytes: int = 1 << 20,
+                 shm_prefix: str = "wpub", cuda_sync: bool = True,
+                 max_queued_messages: int = 8, max_message_bytes: int = 8 << 20,
+                 channel_options: Sequence[Tuple[str, Any]] = ()):
+        if chunk_bytes <= 0 or chunk_bytes > max_message_bytes - 4096:
+            raise ValueError(f"chunk_bytes={chunk_bytes} must be in (0, max_message_bytes - 4096]")
+        if "/" in shm_prefix:
+            raise ValueError(f"shm_prefix '{shm_prefix}' must not contain '/'")
+        self.target = target
+        self.timeout = timeout
+        self.rpc_timeout = rpc_timeout
+        self.shm_threshold_bytes = shm_threshold_bytes
+        self.chunk_bytes = chunk_bytes
+        self.shm_prefix = shm_prefix
+        self.cuda_sync = cuda_sync
+        self.max_queued_messages = max(1, max_queued_messages)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", 64 << 20), *channel_options]
+        self._channel = grpc.insecure_channel(target, options=options)
+        # Generic method handles: no generated _pb2_grpc code (see _proto.py).
+        self._publish = self._channel.stream_unary(
+            _SERVICE + "Publish", request_serializer=None,
+            response_deserializer=pb.PublicationReport.FromString)
+        self._get_status = self._channel.unary_unary(
+            _SERVICE + "GetStatus", request_serializer=pb.GetStatusRequest.SerializeToString,
+            response_deserializer=pb.GetStatusResponse.FromString)
+        self._list_reports = self._channel.unary_unary(
+            _SERVICE + "ListReports", request_serializer=pb.ListReportsRequest.SerializeToString,
+            response_deserializer=pb.ListReportsResponse.FromString)
+        self._lock = threading.Lock()
+        self._active = None  # the Publish call in flight (guarded by _lock)
+        self._cancel_requested = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Blocks until the channel is connected; raises Unavailable after `timeout` seconds."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            raise errors.Unavailable(
+                f"cannot connect to wpubd at '{self.target}' within {timeout} s") from None
+
+    def close(self) -> None:
+        self.cancel()
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- unary calls ---------------------------------------------------------------------------
+
+    def _unary(self, method, request, timeout):
+        try:
+            return method(request, timeout=self.rpc_timeout if timeout is None else timeout,
+                          metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    def status(self, max_reports: int = 0, timeout: Optional[float] = None) -> Status:
+        """The daemon's state: committed version, active publication, receivers, and up to
+        `max_reports` recent reports."""
+        return Status.from_proto(
+            self._unary(self._get_status, pb.GetStatusRequest(max_reports=max_reports), timeout))
+
+    def list_reports(self, limit: int = 0, timeout: Optional[float] = None
+                     ) -> List[PublicationReport]:
+        """Recent publication reports, newest first (0: the daemon's default count)."""
+        m = self._unary(self._list_reports, pb.ListReportsRequest(limit=limit), timeout)
+        return [PublicationReport.from_proto(r) for r in m.reports]
+
+    def connect_engines(self, timeout: Optional[float] = None, **request: Any):
+        """Forms the NCCL weight-update group with SGLang engines (ConnectEngines). The RPC is
+        reserved for the GPU path and absent from this wire API version: until it lands this
+        raises Unimplemented without contacting the daemon. Keyword arguments become the
+        request's fields once it exists."""
+        if "ConnectEngines" not in pb.publisher_methods:
+            raise errors.Unimplemented(
+                "ConnectEngines is not part of this wpub.v1 wire API yet (pending the GPU path)")
+        req_type, resp_type = pb.publisher_methods["ConnectEngines"][:2]
+        method = self._channel.unary_unary(
+            _SERVICE + "ConnectEngines",
+            request_serializer=getattr(pb, req_type).SerializeToString,
+            response_deserializer=getattr(pb, resp_type).FromString)
+        return self._unary(method, getattr(pb, req_type)(**request), timeout)
+
+    def cancel(self) -> None:
+        """Cancels the publish() in flight, if any: the daemon aborts the publication, every
+        receiver keeps the previous version, and publish() raises wpub.Cancelled."""
+        with self._lock:
+            self._cancel_requested = True
+            call = self._active
+        if call is not None:
+            call.cancel()
+
+    # -- publish -------------------------------------------------------------------------------
+
+    def publish(self, version: int, batches: Iterable[Batch], *, recipe: str = "nvfp4",
+                policy: Optional[Dict[str, Any]] = None,
+                quantization_config: Union[None, str, Dict[str, Any]] = None,
+                model_id: str = "", allow_non_finite: bool = False, wait: bool = False,
+                bucket_bytes: int = 0, timeout: Any = "default",
+                check: bool = True) -> PublicationReport:
+        """Streams one publication and returns the daemon's report.
+
+        batches: iterable of (megatron_name, [(hf_name, tensor), ...]); consumed lazily, each
+        batch sent as soon as it is produced. A tensor is a numpy array, a torch CPU or CUDA
+        tensor, wpub.Tensor(array, dtype=...) or wpub.concat(parts, dim).
+        recipe: "nvfp4", "nvfp4_4over6:<mode>" or "bf16". policy: precision exceptions (keys of
+        wpub.v1.PrecisionExceptions). quantization_config: the HF quantization_config (dict or
+        JSON). wait: queue behind an active publication instead of failing. timeout: deadline
+        in seconds (default: the Publisher's). check: raise PublicationAborted when the
+        publication did not commit.
+
+        Raises the WpubError subclass of the daemon's status (its message names the tensor), or
+        re-raises an exception of the iterable (KeyboardInterrupt included) after cancelling the
+        RPC, which aborts the publication on the daemon. Host payloads are copied (into shared
+        memory or messages) before publish returns from a batch; CUDA tensors are referenced
+        and kept alive until the report arrived.
+        """
+        if timeout == "default":
+            timeout = self.timeout
+        t0 = time.perf_counter()
+        cpu0, caller0 = time.process_time(), time.thread_time()
+        timings = ClientTimings()
+        header = _header(version, recipe, policy, quantization_config, model_id,
+                         allow_non_finite, wait, bucket_bytes)
+        stream = _RequestStream(self.max_queued_messages)
+        keepalive: List[Any] = []  # CUDA tensors referenced by the daemon until the report
+        segments = ShmSegments(self.shm_prefix, version)
+        with self._lock:
+            if self._active is not None:
+                raise errors.FailedPrecondition("this Publisher already has a publish() in flight")
+            self._cancel_requested = False
+            call = self._publish.future(stream.requests(), timeout=timeout,
+                                        metadata=self._metadata)
+            self._active = call
+        pending: Optional[BaseException] = None
+        try:
+            try:
+                stream.put(pb.PublishRequest(header=header).SerializeToString(), call)
+                for b, item in enumerate(batches):
+                    self._send_batch(b, item, call, stream, segments, keepalive, timings)
+                stream.put(pb.PublishRequest(commit=pb.Commit()).SerializeToString(), call,
+                           is_commit=True)
+            except _CallEnded:
+                pass  # the RPC's own status says why
+            except BaseException as e:  # the iterable (or a tensor) failed, or ^C
+                pending = e
+                call.cancel()
+            finally:
+                stream.close()
+            report_msg = self._wait(call)
+        except errors.WpubError as e:
+            if pending is not None:
+                raise pending from None
+            raise e from None
+        finally:
+            with self._lock:
+                self._active = None
+            segments.close()
+        if pending is not None:  # the daemon answered before seeing the cancellation
+            raise pending
+        timings.messages = stream.messages
+        timings.send_seconds = (stream.commit_taken_at or time.perf_counter()) - t0
+        timings.total_seconds = time.perf_counter() - t0
+        timings.cpu_seconds = time.process_time() - cpu0
+        timings.caller_cpu_seconds = time.thread_time() - caller0
+        del keepalive
+        report = PublicationReport.from_proto(report_msg, timings)
+        if check and not report.committed:
+            raise errors.PublicationAborted(
+                f"publication v{report.version} {report.status}: {report.error_message}",
+                report=report)
+        return report
+
+    def _wait(self, call):
+        """The call's reply; polls so that KeyboardInterrupt reaches the caller promptly (and
+        cancels the publication)."""
+        done = threading.Event()
+        call.add_done_callback(lambda _: done.set())
+        try:
+            while not done.wait(_POLL_S):
+                pass
+        except BaseException:
+            call.cancel()
+            done.wait(5.0)
+            raise
+        try:
+            return call.result()
+        except grpc.FutureCancelledError:
+            with self._lock:
+                by_user = self._cancel_requested
+            why = "by Publisher.cancel()" if by_user else "by the client"
+            raise errors.Cancelled(f"publication cancelled {why}; the daemon aborts it") from None
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e) from None
+
+    def _send_batch(self, b: int, item, call, stream: _RequestStream, segments: ShmSegments,
+                    keepalive: list, timings: ClientTimings) -> None:
+        try:
+            megatron_name, tensors = item
+        except (TypeError, ValueError):
+            raise TensorError(f"batch {b}: expected (megatron_name, [(hf_name, tensor), ...]), "
+                              f"got {type(item).__name__}") from None
+        if not isinstance(megatron_name, str):
+            raise TensorError(f"batch {b}: megatron name must be a str, got "
+                              f"{type(megatron_name).__name__}")
+        normalized = []
+        for entry in tensors:
+            try:
+                hf_name, tensor = entry
+            except (TypeError, ValueError):
+                raise TensorError(f"batch {b} ({megatron_name}): expected (hf_name, tensor) "
+                                  "pairs") from None
+            normalized.append(normalize(hf_name, tensor))
+
+        threshold = self.shm_threshold_bytes
+        shm_size = 0
+        for t in normalized:
+            for p in t.parts:
+                if isinstance(p, HostPart) and threshold is not None and p.nbytes >= threshold:
+                    shm_size = align(shm_size) + p.nbytes
+        segment = segments.create(b, shm_size) if shm_size else None
+
+        req = pb.PublishRequest()
+        msg = req.batch
+        msg.megatron_name = megatron_name
+        inline: List[Tuple[int, int, HostPart]] = []
+        devices = set()
+        offset = 0
+        for i, t in enumerate(normalized):
+            td = msg.tensors.add()
+            td.name, td.dtype, td.concat_dim = t.name, t.dtype, t.concat_dim
+            td.shape.extend(t.shape)
+            for j, p in enumerate(t.parts):
+                wp = td.parts.add()
+                wp.shape.extend(p.shape)
+                if isinstance(p, CudaPart):
+                    ipc = wp.cuda_ipc
+                    ipc.handle, ipc.device_uuid = p.handle, p.device_uuid
+                    ipc.offset, ipc.length = p.offset, p.nbytes
+                    keepalive.append(p.keepalive)
+                    if p.device_index >= 0:  # torch tensors: sync their stream
+                        devices.add(p.device_index)
+                    timings.cuda_ipc_bytes += p.nbytes
+                elif segment is not None and p.nbytes >= threshold:
+                    offset = align(offset)
+                    segment.write(offset, p.array)
+                    wp.shm.name, wp.shm.offset, wp.shm.length = segment.name, offset, p.nbytes
+                    offset += p.nbytes
+                    timings.shm_bytes += p.nbytes
+                else:
+                    wp.inline.SetInParent()
+                    inline.append((i, j, p))
+        if devices and self.cuda_sync:
+            _sync_cuda(devices)
+        stream.put(req.SerializeToString(), call)
+        for i, j, p in inline:
+            raw = p.array.reshape(-1).view("uint8")
+            for off in range(0, p.nbytes, self.chunk_bytes):
+                chunk = pb.Chunk(batch_index=b, tensor_index=i, part_index=j, offset=off,
+                                 data=raw[off:off + self.chunk_bytes].tobytes())
+                stream.put(pb.PublishRequest(chunk=chunk).SerializeToString(), call)
+            timings.inline_bytes += p.nbytes
+        timings.batches += 1
+        timings.tensors += len(normalized)

@@ -1,0 +1,159 @@
+"""Plain-Python views of the daemon's replies: PublicationReport (with the per-phase figures
+and the client's own timings) and Status."""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from ._proto import pb
+
+_STATUS_PREFIX = "PUBLICATION_STATUS_"
+
+
+@dataclass
+class PhaseSeconds:
+    """Seconds per phase on the daemon; phases may overlap on the GPU path."""
+    ingest: float = 0.0
+    policy: float = 0.0
+    quantize: float = 0.0
+    pack: float = 0.0
+    transfer: float = 0.0
+    commit: float = 0.0
+
+
+@dataclass
+class ReceiverOutcome:
+    name: str
+    state: str
+    committed: bool
+    failure: str
+    error: str
+
+
+@dataclass
+class ClientTimings:
+    """What the publication cost on the trainer side.
+
+    send_seconds: publish() start to the commit message handed to gRPC (every batch sent);
+    total_seconds: publish() start to the report; cpu_seconds: process CPU time over the call
+    (every thread, gRPC's included); caller_cpu_seconds: CPU time of the calling thread (tensor
+    normalization, shm copies, message building); inline/shm/cuda_ipc_bytes: payload bytes by
+    route; messages: stream messages sent."""
+    send_seconds: float = 0.0
+    total_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    caller_cpu_seconds: float = 0.0
+    inline_bytes: int = 0
+    shm_bytes: int = 0
+    cuda_ipc_bytes: int = 0
+    messages: int = 0
+    batches: int = 0
+    tensors: int = 0
+
+
+@dataclass
+class PublicationReport:
+    """One finished publication (committed, aborted or failed)."""
+    status: str  # "COMMITTED", "ABORTED", "FAILED"
+    version: int
+    error_code: int
+    error_message: str
+    model_id: str
+    recipe: str
+    wall_seconds: float
+    phases: PhaseSeconds
+    host_syncs: int
+    bytes_in: int
+    bytes_out: int
+    bytes_out_by_format: Dict[str, int]
+    tensors_quantized: int
+    tensors_passthrough: int
+    tensors_ignored: int
+    num_buckets: int
+    non_finite: int
+    start_unix_nanos: int
+    receivers: List[ReceiverOutcome]
+    client: Optional[ClientTimings] = None
+    raw: object = field(default=None, repr=False)  # the wpub.v1.PublicationReport message
+
+    @property
+    def committed(self) -> bool:
+        return self.status == "COMMITTED"
+
+    @classmethod
+    def from_proto(cls, m, client: Optional[ClientTimings] = None) -> "PublicationReport":
+        status = pb.enum_name("PublicationStatus", m.status)
+        if status.startswith(_STATUS_PREFIX):
+            status = status[len(_STATUS_PREFIX):]
+        p = m.phases
+        return cls(
+            status=status, version=m.version, error_code=m.error_code,
+            error_message=m.error_message, model_id=m.model_id, recipe=m.recipe,
+            wall_seconds=m.wall_seconds,
+            phases=PhaseSeconds(ingest=p.ingest, policy=p.policy, quantize=p.quantize,
+                                pack=p.pack, transfer=p.transfer, commit=p.commit),
+            host_syncs=m.host_syncs, bytes_in=m.bytes_in, bytes_out=m.bytes_out,
+            bytes_out_by_format=dict(m.bytes_out_by_format),
+            tensors_quantized=m.tensors.quantized, tensors_passthrough=m.tensors.passthrough,
+            tensors_ignored=m.tensors.ignored, num_buckets=m.num_buckets,
+            non_finite=m.non_finite, start_unix_nanos=m.start_unix_nanos,
+            receivers=[ReceiverOutcome(r.name, r.state, r.committed, r.failure, r.error)
+                       for r in m.receivers],
+            client=client, raw=m)
+
+    def summary(self) -> str:
+        """One line for a training log."""
+        p = self.phases
+        line = (f"v{self.version} {self.status} in {self.wall_seconds:.3f}s "
+                f"(ingest {p.ingest:.3f} policy {p.policy:.3f} quantize {p.quantize:.3f} "
+                f"pack {p.pack:.3f} transfer {p.transfer:.3f} commit {p.commit:.3f}), "
+                f"{self.bytes_in / 1e9:.3f} GB in, {self.bytes_out / 1e9:.3f} GB out, "
+                f"{self.tensors_quantized} quantized, {self.tensors_passthrough} passed, "
+                f"{len(self.receivers)} receivers")
+        if self.client is not None:
+            line += (f"; client: sent in {self.client.send_seconds:.3f}s, "
+                     f"{self.client.cpu_seconds:.3f}s CPU")
+        if self.error_message:
+            line += f": {self.error_message}"
+        return line
+
+
+@dataclass
+class ActivePublication:
+    version: int
+    state: str
+    model_id: str
+    age_seconds: float
+
+
+@dataclass
+class ReceiverInfo:
+    name: str
+    state: str
+    transport: str
+    last_committed_version: int
+
+
+@dataclass
+class Status:
+    """The daemon's state (GetStatus)."""
+    committed_version: int
+    active: Optional[ActivePublication]
+    receivers: List[ReceiverInfo]
+    recent_reports: List[PublicationReport]
+    serving: bool
+    daemon_version: str
+    backend: str
+    raw: object = field(default=None, repr=False)
+
+    @classmethod
+    def from_proto(cls, m) -> "Status":
+        active = None
+        if m.HasField("active"):
+            a = m.active
+            active = ActivePublication(a.version, a.state, a.model_id, a.age_seconds)
+        return cls(
+            committed_version=m.committed_version, active=active,
+            receivers=[ReceiverInfo(r.name, r.state, r.transport, r.last_committed_version)
+                       for r in m.receivers],
+            recent_reports=[PublicationReport.from_proto(r) for r in m.recent_reports],
+            serving=m.serving, daemon_version=m.daemon_version, backend=m.backend, raw=m)

@@ -1,0 +1,251 @@
+"""What a trainer may hand to Publisher.publish as a tensor, normalized into parts the wire API
+can describe: host bytes (numpy arrays, torch CPU tensors; sent inline or through shared
+memory) or CUDA allocations (torch CUDA tensors; sent as CUDA IPC handles of their storage).
+
+Neither numpy nor torch is required to import this module; torch is looked up only when a
+torch tensor is seen (so Debian hosts without torch work)."""
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .errors import WpubError
+
+# torch dtype name -> element size; the daemon's dtypes (core/common/tensor.h).
+DTYPE_SIZES = {
+    "bfloat16": 2, "float16": 2, "float32": 4, "uint8": 1, "float8_e4m3fn": 1, "int8": 1,
+    "int32": 4, "int64": 8, "float64": 8, "bool": 1,
+}
+
+_NUMPY_NAMES = {
+    np.dtype(np.float16): "float16", np.dtype(np.float32): "float32",
+    np.dtype(np.float64): "float64", np.dtype(np.uint8): "uint8", np.dtype(np.int8): "int8",
+    np.dtype(np.int32): "int32", np.dtype(np.int64): "int64", np.dtype(np.bool_): "bool",
+}
+
+
+class TensorError(WpubError):
+    """A tensor handed to publish() cannot be described on the wire (client-side check); the
+    message names the tensor."""
+
+
+@dataclass
+class Tensor:
+    """A host array with an explicit wire dtype, for dtypes numpy lacks: e.g.
+    ``wpub.Tensor(np_uint16_array, dtype="bfloat16")`` or ``dtype="float8_e4m3fn"`` over uint8.
+    The array's item size must equal the dtype's size."""
+    data: Any
+    dtype: Optional[str] = None
+
+
+@dataclass
+class Concat:
+    """A tensor assembled from parts (e.g. TP shards living in different allocations)
+    concatenated along `dim` (0 or 1). Build with ``wpub.concat(parts, dim)``."""
+    parts: Sequence[Any]
+    dim: int = 0
+
+
+@dataclass
+class CudaIpc:
+    """A CUDA allocation exported by another framework (cudaIpcGetMemHandle): the 64-byte
+    handle, the owning GPU's UUID ("GPU-..."), the byte offset of the tensor in the allocation,
+    its shape and dtype. `keepalive` is held until the report (the caller keeps the memory
+    valid until then)."""
+    handle: bytes
+    device_uuid: str
+    offset: int
+    shape: Sequence[int]
+    dtype: str
+    keepalive: Any = None
+
+
+def concat(parts: Sequence[Any], dim: int = 0) -> Concat:
+    """Describes the concatenation of `parts` along `dim` (0 or 1) without copying: the daemon
+    reads every part in place. Parts must share dtype and every dimension but `dim`."""
+    if dim not in (0, 1):
+        raise TensorError(f"concat: dim must be 0 or 1, got {dim}")
+    parts = list(parts)
+    if not parts:
+        raise TensorError("concat: no parts")
+    return Concat(parts, dim)
+
+
+@dataclass
+class HostPart:
+    """A part whose bytes are in this process's memory: `array` is a C-contiguous numpy array
+    (any dtype) viewed as bytes at send time."""
+    shape: Tuple[int, ...]
+    nbytes: int
+    array: np.ndarray
+
+
+@dataclass
+class CudaPart:
+    """A part in a CUDA allocation: IPC handle of the allocation holding the storage, byte
+    offset of the part inside it, device UUID. `keepalive` is the tensor itself (the caller must
+    hold it until the daemon's report, so the allocator cannot reuse the memory)."""
+    shape: Tuple[int, ...]
+    nbytes: int
+    handle: bytes
+    offset: int
+    device_uuid: str
+    device_index: int
+    keepalive: Any = field(repr=False, default=None)
+
+
+@dataclass
+class NormalizedTensor:
+    name: str
+    dtype: str
+    shape: Tuple[int, ...]
+    parts: List[Any]  # HostPart | CudaPart
+    concat_dim: int = 0
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _is_torch_tensor(x) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def _torch_dtype_name(t) -> str:
+    name = str(t.dtype)
+    return name[len("torch."):] if name.startswith("torch.") else name
+
+
+_UUID_CACHE = {}
+
+
+def _device_uuid(index: int) -> str:
+    """"GPU-xxxxxxxx-..." as nvidia-smi prints it (what the daemon matches its devices by)."""
+    uuid = _UUID_CACHE.get(index)
+    if uuid is None:
+        props = _torch().cuda.get_device_properties(index)
+        raw = str(getattr(props, "uuid", ""))
+        if not raw:
+            raise TensorError(f"cannot read the UUID of CUDA device {index} (torch too old?)")
+        uuid = raw if raw.startswith(("GPU-", "MIG-")) else f"GPU-{raw}"
+        _UUID_CACHE[index] = uuid
+    return uuid
+
+
+def _cuda_part(name: str, t) -> CudaPart:
+    """IPC description of a CUDA tensor's bytes: the handle of the caching allocator's block
+    that holds the storage, and the tensor's byte offset inside that block."""
+    if not t.is_contiguous():
+        # A strided view cannot be described as one byte range; the copy is kept alive with
+        # the publication like any other tensor.
+        t = t.contiguous()
+    storage = t.untyped_storage()
+    try:
+        shared = storage._share_cuda_()
+    except Exception as e:  # e.g. expandable segments without IPC support
+        raise TensorError(f"tensor {name}: cannot share its CUDA storage by IPC: {e}") from e
+    # (device, handle, storage size, storage offset in the block, ref counter handle/offset,
+    #  event handle, event sync required)
+    handle, block_offset = bytes(shared[1]), int(shared[3])
+    offset = block_offset + t.storage_offset() * t.element_size()
+    index = t.device.index if t.device.index is not None else _torch().cuda.current_device()
+    return CudaPart(tuple(int(d) for d in t.shape), t.numel() * t.element_size(), handle, offset,
+                    _device_uuid(index), index, keepalive=t)
+
+
+def _host_array_from_torch(t) -> np.ndarray:
+    t = t.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    name = _torch_dtype_name(t)
+    size = t.element_size()
+    if name not in DTYPE_SIZES:
+        raise TensorError(f"dtype {name} is not supported by wpub")
+    torch = _torch()
+    # numpy has no bf16/fp8: reinterpret the bytes as an unsigned integer of the same size.
+    view_as = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[size]
+    if name in ("bfloat16", "float8_e4m3fn"):
+        t = t.view(view_as)
+    return t.numpy()
+
+
+def _one_part(name: str, x, explicit_dtype: Optional[str]):
+    """(dtype name, part) of one tensor-like `x`."""
+    if isinstance(x, Tensor):
+        return _one_part(name, x.data, x.dtype)
+    if isinstance(x, CudaIpc):
+        size = DTYPE_SIZES.get(x.dtype)
+        if size is None:
+            raise TensorError(f"tensor {name}: dtype {x.dtype} is not supported by wpub")
+        shape = tuple(int(d) for d in x.shape)
+        nbytes = size * int(np.prod(shape, dtype=np.int64))
+        return x.dtype, CudaPart(shape, nbytes, bytes(x.handle), int(x.offset), x.device_uuid,
+                                 -1, keepalive=x.keepalive)
+    if _is_torch_tensor(x):
+        dtype = _torch_dtype_name(x)
+        if explicit_dtype is not None and explicit_dtype != dtype:
+            raise TensorError(f"tensor {name}: explicit dtype {explicit_dtype} differs from the "
+                              f"torch tensor's {dtype}")
+        if dtype not in DTYPE_SIZES:
+            raise TensorError(f"tensor {name}: dtype {dtype} is not supported by wpub "
+                              f"(supported: {', '.join(DTYPE_SIZES)})")
+        if x.is_cuda:
+            return dtype, _cuda_part(name, x)
+        arr = _host_array_from_torch(x)
+        return dtype, HostPart(tuple(int(d) for d in x.shape), arr.nbytes, arr)
+    if isinstance(x, np.ndarray):
+        arr = x if x.flags.c_contiguous else np.ascontiguousarray(x)
+        if explicit_dtype is not None:
+            size = DTYPE_SIZES.get(explicit_dtype)
+            if size is None:
+                raise TensorError(f"tensor {name}: dtype {explicit_dtype} is not supported by "
+                                  f"wpub (supported: {', '.join(DTYPE_SIZES)})")
+            if arr.dtype.itemsize != size:
+                raise TensorError(f"tensor {name}: numpy item size {arr.dtype.itemsize} "
+                                  f"({arr.dtype}) does not match dtype {explicit_dtype} "
+                                  f"({size} bytes)")
+            dtype = explicit_dtype
+        elif arr.dtype.name == "bfloat16":  # ml_dtypes' numpy bfloat16
+            dtype = "bfloat16"
+        else:
+            dtype = _NUMPY_NAMES.get(arr.dtype)
+            if dtype is None:
+                hint = (" (for bfloat16 pass wpub.Tensor(array, dtype='bfloat16'))"
+                        if arr.dtype.itemsize == 2 else "")
+                raise TensorError(f"tensor {name}: numpy dtype {arr.dtype} is not supported"
+                                  f"{hint}")
+        return dtype, HostPart(tuple(int(d) for d in arr.shape), arr.nbytes, arr)
+    raise TensorError(f"tensor {name}: unsupported type {type(x).__name__} (expected a numpy "
+                      "array, a torch tensor, wpub.Tensor or wpub.concat(...))")
+
+
+def normalize(name: str, x) -> NormalizedTensor:
+    """Describes one HF tensor (any supported form) as wire parts; raises TensorError naming
+    `name` when it cannot be."""
+    if not isinstance(name, str) or not name:
+        raise TensorError(f"tensor name must be a non-empty str, got {name!r}")
+    if not isinstance(x, Concat):
+        dtype, part = _one_part(name, x, None)
+        return NormalizedTensor(name, dtype, part.shape, [part])
+    dtype = None
+    parts = []
+    for i, p in enumerate(x.parts):
+        d, part = _one_part(f"{name} part {i}", p, None)
+        if dtype is not None and d != dtype:
+            raise TensorError(f"tensor {name}: part {i} has dtype {d}, part 0 has {dtype}")
+        dtype = d
+        parts.append(part)
+    rank = len(parts[0].shape)
+    if rank <= x.dim:
+        raise TensorError(f"tensor {name}: concat dim {x.dim} is out of range for rank {rank}")
+    shape = list(parts[0].shape)
+    for i, p in enumerate(parts[1:], start=1):
+        if len(p.shape) != rank or any(
+                a != b for d, (a, b) in enumerate(zip(p.shape, parts[0].shape)) if d != x.dim):
+            raise TensorError(f"tensor {name}: part {i} shape {list(p.shape)} does not match part "
+                              f"0 shape {list(parts[0].shape)} outside dim {x.dim}")
+        shape[x.dim] += p.shape[x.dim]
+    return NormalizedTensor(name, dtype, tuple(shape), parts, x.dim if len(parts) > 1 else 0)

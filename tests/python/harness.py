@@ -1,0 +1,273 @@
+"""Shared harness of the Python client tests: starts a real wpubd and real wpub-recv processes
+(binaries from the env vars WPUBD / WPUB_RECV set by CTest), reads the receivers' safetensors,
+builds small Qwen3-MoE-shaped conversion batches and runs the NVFP4 reference tool."""
+
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "clients", "python"))
+import wpub  # noqa: E402
+
+
+def binary(var: str) -> str:
+    path = os.environ.get(var, "")
+    if not path or not os.path.exists(path):
+        raise unittest.SkipTest(f"{var} is not set to a built binary (run through ctest)")
+    return path
+
+
+class Daemon:
+    """A wpubd child process on free loopback ports; `stop()` sends SIGTERM and checks exit 0."""
+
+    def __init__(self, workdir: str, *flags: str, token: str = ""):
+        self.workdir = workdir
+        ready = os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.ready.json")
+        args = [binary("WPUBD"), "--listen=127.0.0.1:0", "--metrics_listen=", f"--ready_file={ready}",
+                "--commit_deadline=30s", "--log_level=warn", *flags]
+        if token:
+            tf = os.path.join(workdir, "token")
+            with open(tf, "w") as f:
+                f.write(token)
+            args.append(f"--auth_token_file={tf}")
+        self.log_path = os.path.join(workdir, "wpubd.log")
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(ready):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"wpubd exited with {self.proc.returncode}: {self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"wpubd did not become ready: {self.log()}")
+            time.sleep(0.02)
+        time.sleep(0.05)  # the ready file is written in one go, but be safe with partial reads
+        with open(ready) as f:
+            self.port = json.load(f)["grpc_port"]
+        self.target = f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-4000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Receiver:
+    """A wpub-recv child process writing every committed version to `output`."""
+
+    def __init__(self, daemon: Daemon, name: str, *flags: str):
+        self.output = os.path.join(daemon.workdir, f"{name}.safetensors")
+        self.log_path = os.path.join(daemon.workdir, f"{name}.log")
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [binary("WPUB_RECV"), f"--target={daemon.target}", f"--name={name}",
+             f"--output={self.output}", "--log_level=warn", *flags],
+            stdout=self._log, stderr=subprocess.STDOUT)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def wait_for_receivers(pub: "wpub.Publisher", n: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(pub.status().receivers) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{n} receivers did not subscribe within {timeout} s")
+        time.sleep(0.05)
+
+
+def wait_idle(pub: "wpub.Publisher", timeout: float = 20.0) -> "wpub.Status":
+    """Waits until the daemon has no active publication (an aborted one is torn down
+    asynchronously after the client's RPC ended)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = pub.status(max_reports=8)
+        if s.active is None:
+            return s
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"publication v{s.active.version} still active after {timeout} s")
+        time.sleep(0.05)
+
+
+_ST_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "U8": "uint8",
+              "F8_E4M3": "float8_e4m3fn", "I8": "int8", "I32": "int32", "I64": "int64",
+              "F64": "float64", "BOOL": "bool"}
+_TORCH_TO_ST = {v: k for k, v in _ST_DTYPES.items()}
+
+
+def read_safetensors(path: str):
+    """({name: (dtype torch name, shape tuple, bytes)}, metadata)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    base = 8 + n
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        out[name] = (_ST_DTYPES[e["dtype"]], tuple(e["shape"]), data[base + b:base + end])
+    return out, meta
+
+
+def write_safetensors(path: str, tensors) -> None:
+    """tensors: {name: (torch dtype name, shape, bytes)}."""
+    header, blobs, off = {}, [], 0
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": _TORCH_TO_ST[dtype], "shape": list(shape),
+                        "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def bf16(rng: np.random.Generator, shape, scale: float = 0.05) -> np.ndarray:
+    """Random bf16 values as uint16 (the top half of float32, rounded to nearest even)."""
+    x = (rng.standard_normal(shape, dtype=np.float32) * scale).view(np.uint32)
+    x = x + 0x7FFF + ((x >> 16) & 1)
+    return (x >> 16).astype(np.uint16)
+
+
+def qwen3_batches(seed: int, layers=(0,), experts: int = 4, hidden: int = 64, inter: int = 32,
+                  heads: int = 2, kv_heads: int = 1, head_dim: int = 32):
+    """A small Qwen3-MoE-shaped model as (megatron_name, [(hf_name, uint16 bf16 array)])
+    conversion batches: attention, norms, router and per-expert gate/up (one Megatron fc1 per
+    expert) and down projections."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for L in layers:
+        m, h = f"decoder.layers.{L}", f"model.layers.{L}"
+        out.append((f"{m}.self_attention.linear_qkv.weight", [
+            (f"{h}.self_attn.q_proj.weight", bf16(rng, (heads * head_dim, hidden))),
+            (f"{h}.self_attn.k_proj.weight", bf16(rng, (kv_heads * head_dim, hidden))),
+            (f"{h}.self_attn.v_proj.weight", bf16(rng, (kv_heads * head_dim, hidden)))]))
+        out.append((f"{m}.self_attention.linear_proj.weight",
+                    [(f"{h}.self_attn.o_proj.weight", bf16(rng, (hidden, heads * head_dim)))]))
+        out.append((f"{m}.self_attention.q_layernorm.weight",
+                    [(f"{h}.self_attn.q_norm.weight", bf16(rng, (head_dim,)))]))
+        out.append((f"{m}.input_layernorm.weight",
+                    [(f"{h}.input_layernorm.weight", bf16(rng, (hidden,)))]))
+        out.append((f"{m}.mlp.router.weight",
+                    [(f"{h}.mlp.gate.weight", bf16(rng, (experts, hidden)))]))
+        for e in range(experts):
+            out.append((f"{m}.mlp.experts.linear_fc1.weight{e}", [
+                (f"{h}.mlp.experts.{e}.gate_proj.weight", bf16(rng, (inter, hidden))),
+                (f"{h}.mlp.experts.{e}.up_proj.weight", bf16(rng, (inter, hidden)))]))
+            out.append((f"{m}.mlp.experts.linear_fc2.weight{e}",
+                        [(f"{h}.mlp.experts.{e}.down_proj.weight", bf16(rng, (hidden, inter)))]))
+    return out
+
+
+def as_wire(batches):
+    """The batches with every uint16 array wrapped as an explicit bfloat16 wpub.Tensor."""
+    return [(m, [(n, wpub.Tensor(a, dtype="bfloat16")) for n, a in ts]) for m, ts in batches]
+
+
+def reference(workdir: str, batches, recipe: str = "nvfp4"):
+    """Expected receiver contents for `batches` under the default policy: routed-expert
+    weights quantized by wpub-quantize-ref (gate/up of one expert share an amax), everything
+    else passed through byte for byte. {name: (dtype, shape, bytes)}."""
+    inputs, groups, expected = {}, [], {}
+    for _, ts in batches:
+        names = []
+        for name, arr in ts:
+            if ".mlp.experts." in name:
+                inputs[name] = ("bfloat16", arr.shape, arr.tobytes())
+                names.append(name)
+            else:
+                expected[name] = ("bfloat16", tuple(arr.shape), arr.tobytes())
+        if names:
+            groups.append(",".join(names))
+    if groups:
+        src = os.path.join(workdir, "ref-in.safetensors")
+        dst = os.path.join(workdir, "ref-out.safetensors")
+        write_safetensors(src, inputs)
+        subprocess.run([binary("WPUB_QUANTIZE_REF"), f"--input={src}", f"--output={dst}",
+                        f"--recipe={recipe}", *[f"--group={g}" for g in groups]], check=True)
+        expected.update(read_safetensors(dst)[0])
+    return expected
+
+
+class DaemonTestCase(unittest.TestCase):
+    """One wpubd and `RECEIVERS` wpub-recv processes per test class."""
+
+    RECEIVERS = 1
+    DAEMON_FLAGS = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.workdir = tempfile.mkdtemp(prefix=f"wpub-py-{cls.__name__}-")
+        cls.daemon = Daemon(cls.workdir, f"--min_receivers={cls.RECEIVERS}", *cls.DAEMON_FLAGS)
+        cls.receivers = [Receiver(cls.daemon, f"recv-{i}") for i in range(cls.RECEIVERS)]
+        cls.pub = wpub.Publisher(cls.daemon.target, timeout=60)
+        cls.pub.wait_ready()
+        wait_for_receivers(cls.pub, cls.RECEIVERS)
+        cls.version = 0
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.pub.close()
+        codes = [r.stop() for r in cls.receivers]
+        code = cls.daemon.stop()
+        keep = os.environ.get("WPUB_TEST_KEEP")
+        if not keep:
+            shutil.rmtree(cls.workdir, ignore_errors=True)
+        assert code == 0, f"wpubd exited with {code}"
+        assert all(c == 0 for c in codes), f"wpub-recv exit codes {codes}"
+
+    def next_version(self) -> int:
+        cls = type(self)
+        cls.version = max(cls.version, self.pub.status().committed_version) + 1
+        return cls.version
+
+    def received(self, index: int = 0, version: int = 0, timeout: float = 20.0):
+        """The receiver's file, once it holds `version` (receivers apply a commit after the
+        daemon answered Publish, so the file may lag the report briefly)."""
+        path = self.receivers[index].output
+        deadline = time.monotonic() + timeout
+        while True:
+            if os.path.exists(path):
+                got, meta = read_safetensors(path)
+                if not version or meta.get("version") == str(version):
+                    return got, meta
+            if time.monotonic() > deadline:
+                self.fail(f"receiver {index} did not write v{version} within {timeout} s")
+            time.sleep(0.05)
+
+    def assertReceivedEqual(self, expected, version: int, index: int = 0):
+        got, meta = self.received(index, version)
+        self.assertEqual(sorted(got), sorted(expected))
+        for name, (dtype, shape, raw) in expected.items():
+            gd, gs, gr = got[name]
+            self.assertEqual((gd, tuple(gs)), (dtype, tuple(shape)), name)
+            self.assertTrue(gr == raw, f"{name}: received bytes differ from the reference")
