@@ -207,7 +207,11 @@ class Receiver::Impl {
         stub_->PullBucket(&context, request);
     pb::BucketChunk chunk;
     uint64_t received = 0;
+    // The manifest is announced before packing; the daemon sends the packed bucket's checksum
+    // with the first chunk.
+    uint64_t expected_checksum = bm.checksum;
     while (reader->Read(&chunk)) {
+      if (chunk.offset() == 0 && chunk.checksum() != 0) expected_checksum = chunk.checksum();
       if (chunk.offset() + chunk.data().size() > bytes.size()) {
         context.TryCancel();
         reader->Finish();
@@ -229,7 +233,7 @@ class Receiver::Impl {
       bytes[bytes.size() / 2] ^= 0x5A;
     }
     const uint64_t checksum = engine::Checksum(bytes.data(), bytes.size());
-    const bool match = checksum == bm.checksum && received == bm.nbytes;
+    const bool match = checksum == expected_checksum && received == bm.nbytes;
     {
       absl::MutexLock lock(&mu_);
       ++stats_.buckets;
@@ -237,8 +241,9 @@ class Receiver::Impl {
       if (!match) ++stats_.checksum_mismatches;
     }
     if (!match) {
-      spdlog::error("[{}] bucket {} of v{}: checksum {:016x} != manifest {:016x} ({} of {} bytes)",
-                    options_.name, index, version, checksum, bm.checksum, received, bm.nbytes);
+      spdlog::error("[{}] bucket {} of v{}: checksum {:016x} != daemon's {:016x} ({} of {} bytes)",
+                    options_.name, index, version, checksum, expected_checksum, received,
+                    bm.nbytes);
     }
     pending_->received[index] = true;
     // Acknowledge with what was computed: the daemon judges, and aborts on a mismatch.

@@ -148,6 +148,13 @@ class PullReactor final : public grpc::ServerWriteReactor<pb::BucketChunk> {
     const uint64_t n = std::min<uint64_t>(chunk_bytes_, bytes.size() - offset_);
     chunk_.set_offset(offset_);
     chunk_.set_data(reinterpret_cast<const char*>(bytes.data() + offset_), n);
+    if (offset_ == 0) {
+      chunk_.set_checksum(bucket_->manifest.checksum);
+      chunk_.set_nbytes(bytes.size());
+    } else {
+      chunk_.clear_checksum();
+      chunk_.clear_nbytes();
+    }
     offset_ += n;
     StartWrite(&chunk_);
   }

@@ -53,14 +53,18 @@ void DefaultFlag(absl::Flag<std::optional<T>>* flag, V value) {
   if (!absl::GetFlag(*flag).has_value()) absl::SetFlag(flag, std::optional<T>(value));
 }
 
-void ApplyDemoModelDefaults() {
-  DefaultFlag(&FLAGS_num_layers, 6);
+// Returns true when the hidden size is the demo's (then attention is shrunk to match too, as
+// the model flags have no head counts).
+bool ApplyDemoModelDefaults() {
+  const bool small = !absl::GetFlag(FLAGS_hidden_size).has_value();
+  DefaultFlag(&FLAGS_num_layers, 4);
   DefaultFlag(&FLAGS_first_k_dense, 1);
   DefaultFlag(&FLAGS_num_experts, 16);
-  DefaultFlag(&FLAGS_hidden_size, 1024);
-  DefaultFlag(&FLAGS_moe_intermediate_size, 512);
-  DefaultFlag(&FLAGS_intermediate_size, 2048);
+  DefaultFlag(&FLAGS_hidden_size, 512);
+  DefaultFlag(&FLAGS_moe_intermediate_size, 256);
+  DefaultFlag(&FLAGS_intermediate_size, 1024);
   DefaultFlag(&FLAGS_vocab_size, 8192);
+  return small;
 }
 
 // The metric lines of interest from wpubd's Prometheus endpoint.
@@ -84,8 +88,13 @@ std::string ScrapeMetrics(int port) {
 }
 
 absl::Status Demo() {
-  ApplyDemoModelDefaults();
+  const bool small = ApplyDemoModelDefaults();
   WPUB_ASSIGN_OR_RETURN(synthetic::ModelShape shape, ModelShapeFromFlags());
+  if (small) {
+    shape.num_attention_heads = 8;
+    shape.num_key_value_heads = 2;
+    shape.head_dim = 64;
+  }
   WPUB_ASSIGN_OR_RETURN(synthetic::SyntheticModel model, synthetic::SyntheticModel::Create(shape));
   WPUB_ASSIGN_OR_RETURN(policy::PolicySettings settings, PolicySettingsFromFlags(model));
   WPUB_ASSIGN_OR_RETURN(client::StreamOptions stream, StreamOptionsFromFlags());
