@@ -1,0 +1,102 @@
+"""Torch CUDA tensors published by CUDA IPC (GPU host only; skips without a CUDA-enabled torch).
+
+The daemon ingests CUDA IPC sources only with its GPU backend (the GPU issue). A daemon running
+the CPU backend answers UNIMPLEMENTED naming the tensor: these tests then assert exactly that
+(and that nothing was published), so they keep passing before the GPU path lands and start
+checking bytes once `GetStatus.backend` reports "cuda"."""
+
+import unittest
+
+import numpy as np
+
+from harness import DaemonTestCase, qwen3_batches, reference
+
+import wpub
+
+try:
+    import torch
+    HAVE_CUDA = torch.cuda.is_available()
+except ImportError:
+    torch, HAVE_CUDA = None, False
+
+
+def to_cuda(a: np.ndarray):
+    """A uint16 bf16 array as a torch bfloat16 CUDA tensor of its own."""
+    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda()
+
+
+@unittest.skipUnless(HAVE_CUDA, "needs torch with CUDA (a GPU host)")
+class CudaIpcTest(DaemonTestCase):
+
+    def gpu_backend(self) -> bool:
+        return self.pub.status().backend == "cuda"
+
+    def publish_or_unimplemented(self, batches, wire):
+        version = self.next_version()
+        if not self.gpu_backend():
+            with self.assertRaises(wpub.Unimplemented) as cm:
+                self.pub.publish(version, wire)
+            self.assertIn("CUDA IPC", cm.exception.message)
+            self.assertIn("model.layers.0.", cm.exception.message)  # names the tensor
+            self.assertLess(self.pub.status().committed_version, version)
+            return None
+        expected = reference(self.workdir, batches)
+        report = self.pub.publish(version, wire)
+        self.assertTrue(report.committed, report.summary())
+        self.assertGreater(report.client.cuda_ipc_bytes, 0)
+        self.assertReceivedEqual(expected, version)
+        return report
+
+    def test_cuda_tensors_by_ipc(self):
+        batches = qwen3_batches(seed=21)
+        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in batches]
+        self.publish_or_unimplemented(batches, wire)
+
+    def test_tensor_views_at_offsets(self):
+        # Every tensor of a batch is a view into ONE allocation, at a non-zero offset: the IPC
+        # handle is the allocation's and the offset locates the tensor.
+        batches = qwen3_batches(seed=22)
+        wire = []
+        for m, ts in batches:
+            flat = torch.empty(64 + sum(a.size for _, a in ts), dtype=torch.bfloat16, device="cuda")
+            off, views = 64, []
+            for n, a in ts:
+                v = flat[off:off + a.size].view(a.shape)
+                v.copy_(to_cuda(a))
+                views.append((n, v))
+                off += a.size
+            wire.append((m, views))
+        self.publish_or_unimplemented(batches, wire)
+
+    def test_two_tp_shards_in_two_allocations(self):
+        # gate/up split along dim 0 and down along dim 1 into two shards, each shard large enough
+        # (> 10 MB) for the caching allocator to give it its own cudaMalloc segment.
+        rows, hidden = 3072, 2048
+        rng = np.random.default_rng(23)
+        from harness import bf16
+        gate, up = bf16(rng, (2 * rows, hidden)), bf16(rng, (2 * rows, hidden))
+        down = bf16(rng, (hidden, 2 * rows))
+        e = "model.layers.0.mlp.experts.0"
+        batches = [("decoder.layers.0.mlp.experts.linear_fc1.weight0",
+                    [(f"{e}.gate_proj.weight", gate), (f"{e}.up_proj.weight", up)]),
+                   ("decoder.layers.0.mlp.experts.linear_fc2.weight0",
+                    [(f"{e}.down_proj.weight", down)])]
+        shards = {}
+        wire = []
+        for m, ts in batches:
+            out = []
+            for n, a in ts:
+                dim = 1 if n.endswith("down_proj.weight") else 0
+                parts = [to_cuda(np.ascontiguousarray(h)) for h in np.split(a, 2, axis=dim)]
+                shards[n] = parts
+                out.append((n, wpub.concat(parts, dim)))
+            wire.append((m, out))
+        for n, (p0, p1) in shards.items():
+            h0 = bytes(p0.untyped_storage()._share_cuda_()[1])
+            h1 = bytes(p1.untyped_storage()._share_cuda_()[1])
+            self.assertNotEqual(h0, h1, f"{n}: both shards landed in one allocation")
+        self.publish_or_unimplemented(batches, wire)
+
+
+if __name__ == "__main__":
+    unittest.main()
