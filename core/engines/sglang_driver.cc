@@ -1,0 +1,293 @@
+// SGLang driver: per-engine ordered request workers over cpp-httplib, JSON bodies.
+#include "core/engines/sglang_driver.h"
+
+#include <httplib.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace wpub::engines {
+namespace {
+
+using json = nlohmann::json;
+
+struct Request {
+  std::string method;  // "GET" | "POST"
+  std::string path;
+  std::string body;
+};
+
+}  // namespace
+
+// One engine's ordered request queue and its outcome.
+class SglangDriver::Worker {
+ public:
+  Worker(std::string url, absl::Duration connect_timeout, absl::Duration request_timeout)
+      : url_(std::move(url)), client_(url_) {
+    outcome_.url = url_;
+    const auto us = [](absl::Duration d) { return absl::ToInt64Microseconds(d); };
+    client_.set_connection_timeout(us(connect_timeout) / 1000000, us(connect_timeout) % 1000000);
+    client_.set_read_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
+    client_.set_write_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
+    client_.set_keep_alive(true);
+    client_.set_tcp_nodelay(true);  // small JSON requests: no Nagle delay per bucket
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~Worker() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Reset() {
+    std::lock_guard lock(mu_);
+    outcome_ = EngineOutcome();
+    outcome_.url = url_;
+  }
+  void Post(Request r) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(r));
+    }
+    cv_.notify_all();
+  }
+  // True when every posted request was answered (or skipped) before the deadline.
+  bool WaitIdle(absl::Time deadline) {
+    std::unique_lock lock(mu_);
+    while (!queue_.empty() || busy_) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
+          (!queue_.empty() || busy_)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  EngineOutcome outcome() const {
+    std::lock_guard lock(mu_);
+    return outcome_;
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  void Run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      Request r = std::move(queue_.front());
+      queue_.pop_front();
+      if (outcome_.failed) {
+        cv_.notify_all();
+        continue;  // an engine that failed gets no further requests of this publication
+      }
+      busy_ = true;
+      lock.unlock();
+      std::string error = Send(r);
+      lock.lock();
+      busy_ = false;
+      if (error.empty()) {
+        ++outcome_.requests;
+      } else if (!outcome_.failed) {
+        outcome_.failed = true;
+        outcome_.error = std::move(error);
+      }
+      cv_.notify_all();
+    }
+  }
+
+  // Empty on success, otherwise a sentence naming the engine and call.
+  std::string Send(const Request& r) {
+    httplib::Result res =
+        r.method == "GET" ? client_.Get(r.path) : client_.Post(r.path, r.body, "application/json");
+    const std::string what = absl::StrCat("engine ", url_, " ", r.method, " ", r.path);
+    if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
+    if (res->status < 200 || res->status >= 300) {
+      return absl::StrCat(what, ": HTTP ", res->status, ": ", res->body.substr(0, 300));
+    }
+    // SGLang answers {"success": bool, "message": str} on the weight-update routes.
+    json j = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("success") && j["success"].is_boolean() &&
+        !j["success"].get<bool>()) {
+      return absl::StrCat(what,
+                          ": success=false: ", j.value("message", std::string("(no message)")));
+    }
+    return "";
+  }
+
+  const std::string url_;
+  httplib::Client client_;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request> queue_;  // guarded by mu_
+  bool busy_ = false;          // guarded by mu_
+  bool stop_ = false;          // guarded by mu_
+  EngineOutcome outcome_;      // guarded by mu_
+};
+
+absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
+                                        const std::string& group_name) {
+  if (engines.empty()) return absl::InvalidArgumentError("ConnectEngines: no engine URLs");
+  if (group_name.empty()) return absl::InvalidArgumentError("ConnectEngines: empty group name");
+  GroupLayout g;
+  g.group_name = group_name;
+  int next = 1;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    if (engines[i].url.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("ConnectEngines: engine ", i, " has no URL"));
+    }
+    if (engines[i].gpus <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("ConnectEngines: engine ", engines[i].url,
+                                                     " has ", engines[i].gpus, " GPUs"));
+    }
+    g.rank_offsets.push_back(next);
+    next += engines[i].gpus;
+  }
+  g.world_size = next;
+  return g;
+}
+
+std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, size_t engine) {
+  json j = {{"master_address", o.master_address},
+            {"master_port", o.master_port},
+            {"rank_offset", g.rank_offsets.at(engine)},
+            {"world_size", g.world_size},
+            {"group_name", g.group_name},
+            {"backend", o.endpoints.backend}};
+  return j.dump();
+}
+
+std::string UpdateBody(const SglangDriverOptions& o, const engine::BucketManifest& bucket,
+                       uint64_t version) {
+  json names = json::array(), dtypes = json::array(), shapes = json::array();
+  for (const engine::ManifestTensor& t : bucket.tensors) {
+    names.push_back(t.name);
+    dtypes.push_back(std::string(DTypeName(t.dtype)));
+    shapes.push_back(t.shape);
+  }
+  json j = {{"names", names},
+            {"dtypes", dtypes},
+            {"shapes", shapes},
+            {"group_name", o.group_name},
+            {"flush_cache", o.flush_cache_on_update},
+            {"weight_version", std::to_string(version)}};
+  if (!o.endpoints.load_format.empty()) j["load_format"] = o.endpoints.load_format;
+  return j.dump();
+}
+
+absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
+    const SglangDriverOptions& options) {
+  absl::StatusOr<GroupLayout> layout = LayoutGroup(options.engines, options.group_name);
+  if (!layout.ok()) return layout.status();
+  for (const EngineSpec& e : options.engines) {
+    if (!absl::StartsWith(e.url, "http://") && !absl::StartsWith(e.url, "https://")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("engine URL '", e.url, "' must start with http:// or https://"));
+    }
+  }
+  if (options.master_port == 0) {
+    return absl::InvalidArgumentError("SGLang driver: master_port (the TCPStore port) is 0");
+  }
+  if (options.endpoints.update.empty() || options.endpoints.init_group.empty()) {
+    return absl::InvalidArgumentError(
+        "SGLang driver: the init_group and update endpoints may not be empty");
+  }
+  std::unique_ptr<SglangDriver> d(new SglangDriver(options, *std::move(layout)));
+  for (const EngineSpec& e : options.engines) {
+    d->workers_.push_back(
+        std::make_unique<Worker>(e.url, options.connect_timeout, options.request_timeout));
+  }
+  return d;
+}
+
+SglangDriver::SglangDriver(SglangDriverOptions options, GroupLayout layout)
+    : options_(std::move(options)), layout_(std::move(layout)) {}
+SglangDriver::~SglangDriver() = default;
+
+void SglangDriver::PostAll(const std::string& method, const std::string& path,
+                           const std::string& body) {
+  if (path.empty()) return;
+  for (auto& w : workers_) w->Post(Request{method, path, body});
+}
+
+void SglangDriver::StartJoin() {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i]->Reset();
+    workers_[i]->Post(
+        Request{"POST", options_.endpoints.init_group, InitGroupBody(options_, layout_, i)});
+  }
+}
+
+absl::Status SglangDriver::WaitIdle(absl::Time deadline) {
+  std::vector<std::string> silent, failed;
+  for (auto& w : workers_) {
+    if (!w->WaitIdle(deadline)) silent.push_back(w->url());
+  }
+  for (auto& w : workers_) {
+    const EngineOutcome o = w->outcome();
+    if (o.failed) failed.push_back(o.error);
+  }
+  if (!failed.empty()) return absl::AbortedError(absl::StrJoin(failed, "; "));
+  if (!silent.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("engines did not answer in time: ", absl::StrJoin(silent, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+void SglangDriver::BeginPublication(uint64_t version) {
+  version_ = version;
+  for (auto& w : workers_) w->Reset();
+  const SglangEndpoints& e = options_.endpoints;
+  PostAll("POST", e.pause, json({{"mode", e.pause_mode}}).dump());
+  PostAll("GET", e.flush, "");
+  PostAll("POST", e.begin, "{}");
+}
+
+void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
+  PostAll("POST", options_.endpoints.update, UpdateBody(options_, bucket, version_));
+}
+
+void SglangDriver::EndPublication() {
+  const SglangEndpoints& e = options_.endpoints;
+  PostAll("POST", e.version, json({{"new_version", std::to_string(version_)}}).dump());
+  PostAll("POST", e.end, "{}");
+  PostAll("POST", e.resume, "{}");
+}
+
+void SglangDriver::ResumeAfterAbort() {
+  for (auto& w : workers_) w->Reset();
+  PostAll("POST", options_.endpoints.resume, "{}");
+}
+
+void SglangDriver::Leave() {
+  for (auto& w : workers_) w->Reset();
+  PostAll("POST", options_.endpoints.destroy_group,
+          json({{"group_name", layout_.group_name}}).dump());
+}
+
+std::vector<EngineOutcome> SglangDriver::outcomes() const {
+  std::vector<EngineOutcome> out;
+  for (const auto& w : workers_) out.push_back(w->outcome());
+  return out;
+}
+
+bool SglangDriver::any_failed() const {
+  for (const auto& w : workers_) {
+    if (w->outcome().failed) return true;
+  }
+  return false;
+}
+
+}  // namespace wpub::engines

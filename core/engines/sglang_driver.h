@@ -1,0 +1,134 @@
+// The SGLang engine driver: the HTTP side of publishing to unmodified SGLang engines over their
+// own weight-update API (../../shared engines spec). It lays out the weight-update group
+// (publisher rank 0, engine i's TP ranks from rank_offset_i), asks every engine to join it
+// (`/init_weights_update_group`), and per publication issues the configurable lifecycle calls
+// (pause, flush, begin, one update per bucket with load_format "flattened_bucket", version,
+// end, continue). The NCCL side (the broadcasts) is core/nccl's; the HTTP call of a bucket and
+// its broadcast run concurrently (the engine posts its receive inside the request handler).
+//
+// Threading: each engine has one worker thread that sends that engine's requests strictly in
+// the order they were posted (bucket k+1's request never overtakes bucket k's, since NCCL
+// matches broadcasts by order). Engines proceed independently. Public methods are called by
+// one thread (the publication thread); outcomes() and layout() are thread-safe. An engine
+// whose request failed (HTTP error, success=false, timeout) is marked failed with the reason;
+// its later requests of the same publication are skipped; it is never reported committed.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/engine/types.h"
+
+namespace wpub::engines {
+
+// Engine-specific strings (SGLang versions differ): an empty path skips that call.
+struct SglangEndpoints {
+  std::string init_group = "/init_weights_update_group";
+  std::string update = "/update_weights_from_distributed";
+  std::string destroy_group = "/destroy_weights_update_group";
+  std::string pause = "/pause_generation";
+  std::string pause_mode = "retract";  // "retract" | "abort" | "in_place"
+  std::string flush = "/flush_cache";  // GET
+  std::string begin = "/begin_weight_update";
+  std::string version = "/update_weight_version";
+  std::string end = "/end_weight_update";
+  std::string resume = "/continue_generation";
+  std::string load_format = "flattened_bucket";  // empty: per-tensor broadcasts, no field sent
+  std::string backend = "nccl";
+};
+
+struct EngineSpec {
+  std::string url;  // "http://host:port"
+  int gpus = 1;     // TP ranks that join the group
+};
+
+struct SglangDriverOptions {
+  std::vector<EngineSpec> engines;
+  // What engines connect to: the TCPStore served by the publisher (core/rendezvous).
+  std::string master_address = "127.0.0.1";
+  uint16_t master_port = 0;
+  std::string group_name = "wpub_weights";
+  SglangEndpoints endpoints;
+  // `flush_cache` field of every update request.
+  bool flush_cache_on_update = false;
+  absl::Duration connect_timeout = absl::Seconds(5);
+  // Per request (an update request lasts as long as its bucket's broadcast).
+  absl::Duration request_timeout = absl::Seconds(120);
+};
+
+// The group as the engines see it.
+struct GroupLayout {
+  std::string group_name;
+  int world_size = 1;             // 1 + sum of engine GPUs
+  std::vector<int> rank_offsets;  // per engine; the publisher is rank 0
+};
+
+// ConnectEngines' pure part: ranks and world size. INVALID_ARGUMENT for no engines, a
+// non-positive GPU count, an empty URL or group name.
+absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
+                                        const std::string& group_name);
+
+struct EngineOutcome {
+  std::string url;
+  bool failed = false;
+  std::string error;      // the first failure of the current publication (or join)
+  uint64_t requests = 0;  // requests answered successfully in the current publication
+};
+
+class SglangDriver {
+ public:
+  static absl::StatusOr<std::unique_ptr<SglangDriver>> Create(const SglangDriverOptions& options);
+  ~SglangDriver();  // joins the worker threads (requests in flight finish or time out)
+  SglangDriver(const SglangDriver&) = delete;
+  SglangDriver& operator=(const SglangDriver&) = delete;
+
+  const GroupLayout& layout() const { return layout_; }
+  const SglangDriverOptions& options() const { return options_; }
+
+  // Posts /init_weights_update_group to every engine (non-blocking). The publisher must set
+  // the NCCL unique id in its TCPStore and start its own (nonblocking) communicator init before
+  // or concurrently: an engine that initializes eagerly answers only once rank 0 joined.
+  void StartJoin();
+  // Waits for every join answer. ABORTED naming the failed engines, DEADLINE_EXCEEDED naming
+  // the silent ones.
+  absl::Status WaitIdle(absl::Time deadline);
+
+  // Starts a publication: resets outcomes, then queues pause, flush, begin per engine.
+  void BeginPublication(uint64_t version);
+  // Queues the update request of one bucket (non-blocking; in order per engine).
+  void PostBucket(const engine::BucketManifest& bucket);
+  // Queues version, end, continue.
+  void EndPublication();
+  // After an aborted publication: queues continue (engines serve again; their weights may be
+  // partially updated, which the report states).
+  void ResumeAfterAbort();
+  // Queues destroy_weights_update_group.
+  void Leave();
+
+  // Per engine, for the current publication (or join).
+  std::vector<EngineOutcome> outcomes() const;
+  bool any_failed() const;
+
+ private:
+  class Worker;
+  SglangDriver(SglangDriverOptions options, GroupLayout layout);
+  void PostAll(const std::string& method, const std::string& path, const std::string& body_json);
+
+  const SglangDriverOptions options_;
+  const GroupLayout layout_;
+  uint64_t version_ = 0;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+// JSON bodies (exposed for tests).
+std::string InitGroupBody(const SglangDriverOptions& options, const GroupLayout& layout,
+                          size_t engine);
+std::string UpdateBody(const SglangDriverOptions& options, const engine::BucketManifest& bucket,
+                       uint64_t version);
+
+}  // namespace wpub::engines

@@ -1,0 +1,277 @@
+// SGLang driver tests against httplib servers that play SGLang's HTTP routes: group layout,
+// request bodies (names/dtypes/shapes/load_format/weight_version), the lifecycle order per
+// engine, configurable endpoints, and failures (HTTP error, success=false, timeout, refused).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <mutex>
+#include <thread>
+
+#include "core/engines/sglang_driver.h"
+#include "nlohmann/json.hpp"
+
+namespace wpub::engines {
+namespace {
+
+using json = nlohmann::json;
+
+// A fake SGLang HTTP server recording every call.
+class FakeEngine {
+ public:
+  FakeEngine() {
+    auto record = [this](const httplib::Request& req, httplib::Response& res) {
+      int delay_ms = 0;
+      bool fail = false, soft_fail = false;
+      {
+        std::lock_guard lock(mu_);
+        calls_.push_back(req.path);
+        bodies_.push_back(req.body);
+        if (req.path == fail_path_ && ++fail_count_ == fail_on_nth_) fail = true;
+        soft_fail = req.path == soft_fail_path_;
+        delay_ms = req.path == slow_path_ ? slow_ms_ : 0;
+      }
+      if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      if (fail) {
+        res.status = 500;
+        res.set_content("boom", "text/plain");
+      } else if (soft_fail) {
+        res.set_content(R"({"success": false, "message": "Please discard the whole weights"})",
+                        "application/json");
+      } else {
+        res.set_content(R"({"success": true, "message": "ok"})", "application/json");
+      }
+    };
+    server_.Post(R"(/.*)", record);
+    server_.Get(R"(/.*)", record);
+    server_.set_tcp_nodelay(true);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~FakeEngine() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::vector<std::string> calls() const {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+  std::vector<std::string> bodies() const {
+    std::lock_guard lock(mu_);
+    return bodies_;
+  }
+  void FailOn(const std::string& path, int nth) {
+    std::lock_guard lock(mu_);
+    fail_path_ = path;
+    fail_on_nth_ = nth;
+  }
+  void SoftFailOn(const std::string& path) {
+    std::lock_guard lock(mu_);
+    soft_fail_path_ = path;
+  }
+  void SlowOn(const std::string& path, int ms) {
+    std::lock_guard lock(mu_);
+    slow_path_ = path;
+    slow_ms_ = ms;
+  }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::vector<std::string> calls_, bodies_;
+  std::string fail_path_, soft_fail_path_, slow_path_;
+  int fail_on_nth_ = 0, fail_count_ = 0, slow_ms_ = 0;
+};
+
+engine::BucketManifest Bucket(uint32_t index) {
+  engine::BucketManifest b;
+  b.index = index;
+  b.tensors.push_back(
+      {"model.layers.0.mlp.experts.0.down_proj.weight_scale_2", DType::kFloat32, {}, 0, 4});
+  b.tensors.push_back(
+      {"model.layers.0.mlp.experts.0.down_proj.weight", DType::kUInt8, {2048, 384}, 4, 2048 * 384});
+  b.tensors.push_back({"model.layers.0.mlp.experts.0.down_proj.weight_scale",
+                       DType::kFloat8E4M3,
+                       {2048, 48},
+                       4 + 2048 * 384,
+                       2048 * 48});
+  b.nbytes = 4 + 2048 * 384 + 2048 * 48;
+  return b;
+}
+
+SglangDriverOptions Options(const std::vector<FakeEngine*>& engines, std::vector<int> gpus) {
+  SglangDriverOptions o;
+  for (size_t i = 0; i < engines.size(); ++i) o.engines.push_back({engines[i]->url(), gpus[i]});
+  o.master_address = "10.0.0.7";
+  o.master_port = 29500;
+  o.group_name = "wpub_g0";
+  o.request_timeout = absl::Seconds(5);
+  return o;
+}
+
+TEST(LayoutGroup, RanksAndWorldSize) {
+  auto g = LayoutGroup({{"http://a", 4}, {"http://b", 2}, {"http://c", 1}}, "g");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->world_size, 8);
+  EXPECT_EQ(g->rank_offsets, (std::vector<int>{1, 5, 7}));
+  EXPECT_FALSE(LayoutGroup({}, "g").ok());
+  EXPECT_FALSE(LayoutGroup({{"http://a", 0}}, "g").ok());
+  EXPECT_FALSE(LayoutGroup({{"", 1}}, "g").ok());
+  EXPECT_FALSE(LayoutGroup({{"http://a", 1}}, "").ok());
+}
+
+TEST(SglangDriver, CreateValidates) {
+  SglangDriverOptions o;
+  o.engines = {{"localhost:3000", 1}};
+  o.master_port = 1;
+  EXPECT_TRUE(absl::IsInvalidArgument(SglangDriver::Create(o).status()));
+  o.engines = {{"http://localhost:3000", 1}};
+  o.master_port = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(SglangDriver::Create(o).status()));
+}
+
+TEST(SglangDriver, JoinSendsEachEngineItsRankOffset) {
+  FakeEngine a, b;
+  auto d = SglangDriver::Create(Options({&a, &b}, {2, 1}));
+  ASSERT_TRUE(d.ok()) << d.status();
+  (*d)->StartJoin();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  ASSERT_EQ(a.calls(), std::vector<std::string>{"/init_weights_update_group"});
+  json ja = json::parse(a.bodies()[0]), jb = json::parse(b.bodies()[0]);
+  EXPECT_EQ(ja["rank_offset"], 1);
+  EXPECT_EQ(jb["rank_offset"], 3);
+  EXPECT_EQ(ja["world_size"], 4);
+  EXPECT_EQ(ja["master_address"], "10.0.0.7");
+  EXPECT_EQ(ja["master_port"], 29500);
+  EXPECT_EQ(ja["group_name"], "wpub_g0");
+  EXPECT_EQ(ja["backend"], "nccl");
+}
+
+TEST(SglangDriver, PublicationLifecycleInOrder) {
+  FakeEngine a, b;
+  auto d = SglangDriver::Create(Options({&a, &b}, {1, 1}));
+  ASSERT_TRUE(d.ok());
+  // A slow first bucket on one engine must not let the second overtake it.
+  a.SlowOn("/update_weights_from_distributed", 100);
+  (*d)->BeginPublication(7);
+  (*d)->PostBucket(Bucket(0));
+  (*d)->PostBucket(Bucket(1));
+  (*d)->EndPublication();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::string> want = {"/pause_generation",
+                                         "/flush_cache",
+                                         "/begin_weight_update",
+                                         "/update_weights_from_distributed",
+                                         "/update_weights_from_distributed",
+                                         "/update_weight_version",
+                                         "/end_weight_update",
+                                         "/continue_generation"};
+  EXPECT_EQ(a.calls(), want);
+  EXPECT_EQ(b.calls(), want);
+  json u = json::parse(a.bodies()[3]);
+  EXPECT_EQ(u["load_format"], "flattened_bucket");
+  EXPECT_EQ(u["weight_version"], "7");
+  EXPECT_EQ(u["group_name"], "wpub_g0");
+  EXPECT_EQ(u["flush_cache"], false);
+  EXPECT_EQ(u["names"][1], "model.layers.0.mlp.experts.0.down_proj.weight");
+  EXPECT_EQ(u["dtypes"], json({"float32", "uint8", "float8_e4m3fn"}));
+  EXPECT_EQ(u["shapes"][0], json::array());
+  EXPECT_EQ(u["shapes"][2], json({2048, 48}));
+  EXPECT_EQ(json::parse(a.bodies()[0])["mode"], "retract");
+  EXPECT_EQ(json::parse(a.bodies()[5])["new_version"], "7");
+  for (const EngineOutcome& o : (*d)->outcomes()) {
+    EXPECT_FALSE(o.failed) << o.error;
+    EXPECT_EQ(o.requests, 8u);
+  }
+}
+
+TEST(SglangDriver, EndpointsAreConfigurable) {
+  FakeEngine a;
+  SglangDriverOptions o = Options({&a}, {1});
+  o.endpoints.pause = "";
+  o.endpoints.flush = "";
+  o.endpoints.begin = "";
+  o.endpoints.end = "";
+  o.endpoints.version = "/v2/version";
+  o.endpoints.update = "/v2/update";
+  o.endpoints.load_format = "";
+  o.endpoints.pause_mode = "abort";
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok());
+  (*d)->BeginPublication(3);
+  (*d)->PostBucket(Bucket(0));
+  (*d)->EndPublication();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(a.calls(),
+            (std::vector<std::string>{"/v2/update", "/v2/version", "/continue_generation"}));
+  EXPECT_FALSE(json::parse(a.bodies()[0]).contains("load_format"));
+}
+
+TEST(SglangDriver, HttpErrorFailsThatEngineOnlyAndSkipsItsLaterCalls) {
+  FakeEngine a, b;
+  auto d = SglangDriver::Create(Options({&a, &b}, {1, 1}));
+  ASSERT_TRUE(d.ok());
+  b.FailOn("/update_weights_from_distributed", 2);
+  (*d)->BeginPublication(9);
+  for (uint32_t i = 0; i < 3; ++i) (*d)->PostBucket(Bucket(i));
+  (*d)->EndPublication();
+  const absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_NE(s.message().find(b.url()), std::string::npos) << s;
+  EXPECT_NE(s.message().find("HTTP 500"), std::string::npos) << s;
+  auto out = (*d)->outcomes();
+  EXPECT_FALSE(out[0].failed);
+  EXPECT_TRUE(out[1].failed);
+  // b saw pause, flush, begin, bucket 0, bucket 1 (failed) and nothing after.
+  EXPECT_EQ(b.calls().size(), 5u);
+  EXPECT_EQ(a.calls().size(), 9u);
+  // The next publication starts clean.
+  (*d)->BeginPublication(10);
+  (*d)->PostBucket(Bucket(0));
+  (*d)->EndPublication();
+  EXPECT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+}
+
+TEST(SglangDriver, SuccessFalseIsAFailure) {
+  FakeEngine a;
+  auto d = SglangDriver::Create(Options({&a}, {1}));
+  ASSERT_TRUE(d.ok());
+  a.SoftFailOn("/update_weights_from_distributed");
+  (*d)->BeginPublication(1);
+  (*d)->PostBucket(Bucket(0));
+  const absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_NE(s.message().find("discard the whole weights"), std::string::npos) << s;
+}
+
+TEST(SglangDriver, TimeoutsAndRefusedConnections) {
+  FakeEngine a;
+  SglangDriverOptions o = Options({&a}, {1});
+  o.request_timeout = absl::Milliseconds(200);
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok());
+  a.SlowOn("/update_weights_from_distributed", 1000);
+  (*d)->BeginPublication(1);
+  (*d)->PostBucket(Bucket(0));
+  // The driver's deadline passes before the request's own timeout: DEADLINE_EXCEEDED.
+  absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  // Then the request times out and the engine is failed.
+  s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+
+  SglangDriverOptions dead = o;
+  dead.engines = {{"http://127.0.0.1:1", 1}};
+  auto d2 = SglangDriver::Create(dead);
+  ASSERT_TRUE(d2.ok());
+  (*d2)->StartJoin();
+  s = (*d2)->WaitIdle(absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_NE(s.message().find("init_weights_update_group"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace wpub::engines
