@@ -37,15 +37,16 @@ __device__ __forceinline__ void Accumulate(const uint4& v, float& m, uint32_t& b
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
+    // fmaxf(m, |x|) == MaxSkipNan(m, FAbs(x)): m is never NaN and both are >= +0.
     if constexpr (kType == ElemType::kF32) {
       const float x = __uint_as_float(w[j]);
-      m = MaxSkipNan(m, FAbs(x));
+      m = fmaxf(m, fabsf(x));
       bad += (w[j] & 0x7F800000u) == 0x7F800000u;
     } else {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t bits = h == 0 ? (w[j] & 0xFFFFu) : (w[j] >> 16);
-        m = MaxSkipNan(m, FAbs(Widen<kType>(bits)));
+        m = fmaxf(m, fabsf(Widen<kType>(bits)));
         constexpr uint32_t kExpMask = kType == ElemType::kBF16 ? 0x7F80u : 0x7C00u;
         bad += (bits & kExpMask) == kExpMask;
       }
@@ -63,7 +64,8 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ A
 #pragma unroll
   for (int u = 0; u < kAmaxVecsPerThread; ++u) {
     const uint32_t i = first + u * kThreads;
-    v[u] = i < item.num_vecs ? __ldcs(item.data + i) : make_uint4(0, 0, 0, 0);
+    // Default caching (not streaming): a fused QDQ right after may find the data in L2.
+    v[u] = i < item.num_vecs ? __ldg(item.data + i) : make_uint4(0, 0, 0, 0);
   }
   float m = 0.0f;
   uint32_t bad = 0;

@@ -298,8 +298,8 @@ size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs) {
 }
 
 KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mode, void* workspace,
-                                  size_t workspace_bytes, cudaStream_t stream,
-                                  std::string* message) {
+                                  size_t workspace_bytes, cudaStream_t stream, std::string* message,
+                                  int64_t group_bytes) {
   KernelStatus st = CheckModeForType(mode, message);
   if (st != KernelStatus::kOk) return st;
   st = ValidateQdqJobs(jobs, num_jobs, /*need_amax=*/false, message);
@@ -318,27 +318,46 @@ KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mo
   auto* counts = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(workspace) +
                                             QdqWorkspaceCountOffset(jobs, num_jobs));
 
-  // One amax launch per element type over the whole list (WeightDesc copies: a few hundred
-  // bytes each, host only).
+  // Jobs are taken in groups whose inputs fit in L2: the group's amax pass (one launch for the
+  // group) leaves the data in L2 for the QDQ pass right after it, so most of the second read
+  // is served from cache. A job larger than L2 forms a group of its own.
+  if (group_bytes <= 0) {
+    int device = 0;
+    int l2_bytes = 0;
+    st = CheckCuda(cudaGetDevice(&device), "QDQ: cudaGetDevice", message);
+    if (st != KernelStatus::kOk) return st;
+    st = CheckCuda(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device),
+                   "QDQ: L2 size query", message);
+    if (st != KernelStatus::kOk) return st;
+    group_bytes = l2_bytes;
+  }
   constexpr int kChunk = 64;
   WeightDesc weights[kChunk];
   int64_t offsets[kChunk];
   const float* amax_ptrs[kChunk];
   int64_t slot = 0;
-  for (int begin = 0; begin < num_jobs; begin += kChunk) {
-    const int n = num_jobs - begin < kChunk ? num_jobs - begin : kChunk;
+  int begin = 0;
+  while (begin < num_jobs) {
+    int n = 0;
+    int64_t in_group = 0;
     const int64_t first_slot = slot;
-    for (int i = 0; i < n; ++i) {
-      weights[i] = jobs[begin + i].weight;
-      offsets[i] = slot - first_slot;
-      amax_ptrs[i] = amax + slot;
-      slot += weights[i].num_slices;
+    while (begin + n < num_jobs && n < kChunk) {
+      const WeightDesc& w = jobs[begin + n].weight;
+      const int64_t bytes = w.num_slices * w.rows() * w.cols() * 2;
+      if (n > 0 && in_group + bytes > group_bytes) break;
+      weights[n] = w;
+      offsets[n] = slot - first_slot;
+      amax_ptrs[n] = amax + slot;
+      slot += w.num_slices;
+      in_group += bytes;
+      ++n;
     }
     st = LaunchAmax(weights, n, offsets, slot - first_slot, amax + first_slot, counts + first_slot,
                     stream, message);
     if (st != KernelStatus::kOk) return st;
     st = RunQdq(jobs + begin, n, amax_ptrs, mode, stream, message);
     if (st != KernelStatus::kOk) return st;
+    begin += n;
   }
   return KernelStatus::kOk;
 }

@@ -122,14 +122,16 @@ KernelStatus LaunchQdq(const QdqJob* jobs, int num_jobs, QuantMode mode, cudaStr
 // count per weight slice, in two 256-byte aligned sub-buffers.
 size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs);
 
-// Computes each job's amax (one launch for the whole list) into `workspace`, then runs the
-// fused QDQ. jobs[i].amax is ignored. `workspace` is a device buffer of at least
+// Computes each job's amax into `workspace`, then runs the fused QDQ; jobs[i].amax is ignored.
+// Jobs go in groups of at most `group_bytes` of input (0: the device's L2 size; a larger job is
+// a group of its own): one amax launch per group, then the group's QDQ, so the second read of
+// the group finds much of it in L2. `workspace` is a device buffer of at least
 // QdqComputeAmaxWorkspaceBytes(jobs, num_jobs) bytes, 256-byte aligned; once the stream has
 // run this work it holds the amax per slice (floats at offset 0, job after job) and the int64
 // non-finite counts (at QdqWorkspaceCountOffset(jobs, num_jobs)).
 KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mode, void* workspace,
                                   size_t workspace_bytes, cudaStream_t stream,
-                                  std::string* message = nullptr);
+                                  std::string* message = nullptr, int64_t group_bytes = 0);
 
 // Byte offset of the non-finite counts inside the LaunchQdqComputeAmax workspace.
 size_t QdqWorkspaceCountOffset(const QdqJob* jobs, int num_jobs);

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/fast_block.cuh"
 #include "kernels/cuda/kernel_params.h"
 #include "kernels/cuda/launch_util.h"
 
@@ -24,8 +25,8 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant
   const QuantItem& it = p.items[idx];
   const uint32_t num_blocks = it.part_rows * it.part_colblks;
   const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
-  const TensorScales ts = MakeTensorScales(*it.amax, Traits::kE4M3Max);
-  if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ts.s_dec;
+  const SliceScales ss = MakeSliceScales<Traits>(*it.amax);
+  if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ss.s_dec;
 
   const char* in = static_cast<const char*>(it.in);
   RawBlock<kIn> raw[kBpt];
@@ -41,8 +42,9 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant
     if (b >= num_blocks) break;
     float x[kBlockSize];
     Unpack<kIn>(raw[u], x);
-    uint8_t codes[kBlockSize];
-    const uint8_t sf = QuantizeBlock<Traits>(x, ts, codes);
+    QuantBlock qb;
+    QuantizeBlockFast<Traits>(x, ss, qb);
+    const uint8_t sf = qb.sf;
 
     uint64_t ob;  // block index in the slice's [rows, kv] grid
     uint32_t m = 0;
@@ -55,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant
       k = it.colblk0 + (b - r * it.part_colblks);
       ob = uint64_t{m} * it.kv + k;
     }
-    *reinterpret_cast<uint2*>(it.packed + ob * (kBlockSize / 2)) = PackCodes(codes);
+    *reinterpret_cast<uint2*>(it.packed + ob * (kBlockSize / 2)) = PackBlockCodes(qb);
     it.scales[ob] = sf;
     if (it.swizzled != nullptr) it.swizzled[SwizzledScaleIndex(m, k, it.kv)] = sf;
   }
@@ -70,8 +72,7 @@ __global__ void __launch_bounds__(kThreads) QdqKernel(const __grid_constant__ Qd
   const int idx = FindItem(p.cta_begin, p.num_items);
   const QdqItem& it = p.items[idx];
   const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
-  const float amax = *it.amax;
-  const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
+  const SliceScales ss = MakeSliceScales<Traits>(*it.amax);
 
   const char* in = static_cast<const char*>(it.in);
   char* out = static_cast<char*>(it.out);
@@ -87,12 +88,12 @@ __global__ void __launch_bounds__(kThreads) QdqKernel(const __grid_constant__ Qd
     if (b >= it.num_blocks) break;
     float x[kBlockSize];
     Unpack<kType>(raw[u], x);
-    uint8_t codes[kBlockSize];
-    const uint8_t sf = QuantizeBlock<Traits>(x, ts, codes);
-    const float factor = DecodeFactor<Traits>(sf, amax);
+    QuantBlock qb;
+    QuantizeBlockFast<Traits>(x, ss, qb);
+    const float factor = DecodeFactor<Traits>(qb.sf, ss.amax);
     float y[kBlockSize];
 #pragma unroll
-    for (int i = 0; i < kBlockSize; ++i) y[i] = DecodeElement(codes[i], factor);
+    for (int i = 0; i < kBlockSize; ++i) y[i] = __fmul_rn(qb.q[i], factor);  // DecodeElement
     StoreBlock16<kType>(out + uint64_t{b} * kBlockBytes, y);
   }
 }

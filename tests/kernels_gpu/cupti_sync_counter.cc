@@ -35,10 +35,9 @@ void CUPTIAPI OnRuntimeApi(void* userdata, CUpti_CallbackDomain domain, CUpti_Ca
 
 }  // namespace
 
-SyncCounter::~SyncCounter() {
-  Stop();
-  if (lib_ != nullptr) dlclose(lib_);
-}
+// libcupti is never unloaded: CUPTI hooks into the driver when first used, and unmapping it
+// afterwards leaves those hooks pointing at freed code (RTLD_NODELETE keeps it mapped).
+SyncCounter::~SyncCounter() { Stop(); }
 
 bool SyncCounter::IsSynchronizing(const std::string& function_name) {
   // Calls that block the host until device work finishes, or that synchronize the device
@@ -83,7 +82,7 @@ bool SyncCounter::Start(std::string* error) {
   }
   if (lib_ == nullptr) {
     for (const char* name : {"libcupti.so.13", "libcupti.so.12", "libcupti.so"}) {
-      lib_ = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      lib_ = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
       if (lib_ != nullptr) break;
     }
     if (lib_ == nullptr) {
