@@ -9,8 +9,6 @@
 
 #include <benchmark/benchmark.h>
 
-#include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/policy/ignore_rules.h"
 #include "core/synthetic/synthetic.h"
@@ -37,17 +35,13 @@ const Workload& GetWorkload() {
     shape.num_layers = 128;
     auto model = synthetic::SyntheticModel::Create(shape);
     if (!model.ok()) std::abort();
-    absl::flat_hash_set<std::string> seen;
     for (const synthetic::ConversionBatch& b : model->batches()) {
       for (const TensorDesc& t : b.tensors) {
         if (out->names.size() < kNumNames) out->names.push_back(t.name);
-        if (absl::StrContains(t.name, ".experts.")) continue;
-        std::string module = t.name.substr(0, t.name.rfind('.'));
-        if (out->rules.size() < kNumRules && seen.insert(module).second) {
-          out->rules.push_back(std::move(module));
-        }
       }
     }
+    out->rules = synthetic::HighPrecisionModules(*model);
+    if (out->rules.size() > kNumRules) out->rules.resize(kNumRules);
     for (int layer = 0; out->rules.size() < kNumRules; ++layer) {
       for (const char* m : {"wq_b", "wk", "k_norm", "weights_proj"}) {
         if (out->rules.size() < kNumRules) {

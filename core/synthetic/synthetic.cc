@@ -7,7 +7,9 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/nvfp4_math.h"
 
@@ -327,6 +329,20 @@ int64_t SyntheticModel::num_bytes() const {
     for (const TensorDesc& t : b.tensors) n += t.nbytes();
   }
   return n;
+}
+
+std::vector<std::string> HighPrecisionModules(const SyntheticModel& model) {
+  std::vector<std::string> modules;
+  absl::flat_hash_set<std::string> seen;
+  for (const ConversionBatch& b : model.batches()) {
+    // Routed experts are exactly the batches of the Megatron grouped expert GEMMs.
+    if (absl::StrContains(b.megatron_name, "mlp.experts.linear_fc")) continue;
+    for (const TensorDesc& t : b.tensors) {
+      std::string module = t.name.substr(0, t.name.rfind('.'));
+      if (seen.insert(module).second) modules.push_back(std::move(module));
+    }
+  }
+  return modules;
 }
 
 uint64_t StableHash(absl::string_view s) {

@@ -91,6 +91,10 @@ class SyntheticModel {
   std::vector<ConversionBatch> batches_;
 };
 
+// The ignore list a modelopt NVFP4 export of `model` carries: the module (HF tensor name minus
+// its last component) of every tensor that is not a routed expert, in model order, unique.
+std::vector<std::string> HighPrecisionModules(const SyntheticModel& model);
+
 // Deterministic 64-bit FNV-1a of a string (stable across platforms and runs).
 uint64_t StableHash(absl::string_view s);
 

@@ -1,16 +1,15 @@
-// Policy settings flags and the default (modelopt-style) ignore list of a synthetic model.
+// Policy settings flags.
 #include "server/wpubctl/policy_flags.h"
 
 #include <fstream>
 #include <optional>
 #include <sstream>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
-#include "core/policy/policy.h"
+#include "core/policy/settings.h"
 
 ABSL_FLAG(std::string, policy_settings, "",
           "Path to a policy settings JSON file ({\"recipe\", \"quantization_config\", "
@@ -43,20 +42,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view 
 }
 
 }  // namespace
-
-std::vector<std::string> DefaultIgnoreRules(const synthetic::SyntheticModel& model) {
-  std::vector<std::string> rules;
-  absl::flat_hash_set<std::string> seen;
-  for (const synthetic::ConversionBatch& b : model.batches()) {
-    for (const TensorDesc& t : b.tensors) {
-      if (policy::IsRoutedExpertHfName(t.name)) continue;
-      const size_t dot = t.name.rfind('.');
-      std::string module = dot == std::string::npos ? t.name : t.name.substr(0, dot);
-      if (seen.insert(module).second) rules.push_back(std::move(module));
-    }
-  }
-  return rules;
-}
 
 absl::StatusOr<policy::PolicySettings> PolicySettingsFromFlags(
     const synthetic::SyntheticModel& model) {
@@ -92,7 +77,7 @@ absl::StatusOr<policy::PolicySettings> PolicySettingsFromFlags(
   } else if (policy::IsNvfp4(s.recipe)) {
     s.quantization.quant_algo = "NVFP4";
     s.quantization.quant_method = "modelopt";
-    s.quantization.ignore_rules = DefaultIgnoreRules(model);
+    s.quantization.ignore_rules = synthetic::HighPrecisionModules(model);
   }
   s.exceptions.extra_high_precision_layers_megatron =
       absl::GetFlag(FLAGS_extra_high_precision_layers_megatron);

@@ -2,9 +2,6 @@
 // --policy_settings, the precision exceptions), shared by the subcommands that plan a model.
 #pragma once
 
-#include <string>
-#include <vector>
-
 #include "absl/status/statusor.h"
 #include "core/policy/settings.h"
 #include "core/synthetic/synthetic.h"
@@ -13,13 +10,10 @@ namespace wpub::wpubctl {
 
 // Settings from --policy_settings (a whole settings JSON file), or else from --recipe,
 // --quantization_config (any document ParsePolicySettings/engines accept; default: NVFP4 with
-// DefaultIgnoreRules(model)) and the exception flags; first/last BF16 layers count against the
-// model's decoder layers. Mixing --policy_settings with the other policy flags is an error.
+// synthetic::HighPrecisionModules(model)) and the exception flags; first/last BF16 layers count
+// against the model's decoder layers. Mixing --policy_settings with the other policy flags is an
+// error.
 absl::StatusOr<policy::PolicySettings> PolicySettingsFromFlags(
     const synthetic::SyntheticModel& model);
-
-// The ignore list an NVFP4 export of `model` carries, modelopt style: every module (tensor
-// name minus its last component) that is not a routed-expert GEMM, in model order, unique.
-std::vector<std::string> DefaultIgnoreRules(const synthetic::SyntheticModel& model);
 
 }  // namespace wpub::wpubctl

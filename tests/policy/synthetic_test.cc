@@ -2,6 +2,7 @@
 // paths agree on every tensor), and the seeded value generator.
 #include "core/synthetic/synthetic.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -73,6 +74,34 @@ TEST(PolicySynthetic, StyleSpecificNames) {
   ASSERT_TRUE(qw.ok());
   EXPECT_EQ(Find(*qw, "decoder.layers.0.mlp.shared_experts.linear_fc1.weight"), nullptr);
   EXPECT_NE(Find(*qw, "decoder.layers.0.self_attention.q_layernorm.weight"), nullptr);
+}
+
+TEST(PolicySynthetic, HighPrecisionModulesCoverEverythingButRoutedExperts) {
+  ModelShape shape = ModelShape::GlmLike();
+  shape.num_layers = 5;
+  shape.num_experts = 4;
+  auto m = SyntheticModel::Create(shape);
+  ASSERT_TRUE(m.ok());
+  const std::vector<std::string> modules = HighPrecisionModules(*m);
+  auto has = [&](const std::string& x) {
+    return std::find(modules.begin(), modules.end(), x) != modules.end();
+  };
+  EXPECT_EQ(modules.front(), "model.embed_tokens");
+  EXPECT_TRUE(has("lm_head"));
+  EXPECT_TRUE(has("model.layers.0.mlp.gate_proj"));  // dense layer
+  EXPECT_TRUE(has("model.layers.4.self_attn.q_proj"));
+  EXPECT_TRUE(has("model.layers.4.mlp.shared_experts.down_proj"));
+  EXPECT_TRUE(has("model.layers.4.mlp.gate"));
+  EXPECT_TRUE(has("model.layers.5.eh_proj"));  // MTP
+  EXPECT_FALSE(has("model.layers.4.mlp.experts.0.gate_proj"));
+  // As ignore rules they never touch a routed expert, so every expert is still quantized.
+  auto ignore = policy::IgnoreMatcher::Create(modules);
+  ASSERT_TRUE(ignore.ok());
+  for (const ConversionBatch& b : m->batches()) {
+    for (const TensorDesc& t : b.tensors) {
+      EXPECT_NE(ignore->IsIgnored(t.name), policy::IsRoutedExpertHfName(t.name)) << t.name;
+    }
+  }
 }
 
 TEST(PolicySynthetic, InvalidShapesNameTheField) {
