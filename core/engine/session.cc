@@ -338,9 +338,11 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
     } else {
       committing_ = true;
       if (absl::Status s = transport->Commit(); !s.ok()) {
+        // A receiver failed after its last acknowledgement (e.g. it left): name it.
+        const absl::Status why = FailureFromOutcomes(transport->Outcomes());
         committing_ = false;
         abort_requested_ = true;
-        end_status_ = s;
+        end_status_ = why.ok() ? s : why;
       }
     }
   }
