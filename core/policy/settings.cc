@@ -90,6 +90,16 @@ absl::StatusOr<QuantizationConfig> QuantizationConfigFromJson(const Json& doc,
   WPUB_ASSIGN_OR_RETURN(std::vector<std::string> ignore, StringOrList(*body, "ignore", body_path));
   WPUB_ASSIGN_OR_RETURN(std::vector<std::string> exclude,
                         StringOrList(*body, "exclude_modules", body_path));
+  // NVFP4 scales one E4M3 value per 16 elements; a config claiming another group size would make
+  // the engine read the published scales with the wrong layout.
+  if (config.IsNvfp4()) {
+    if (auto it = body->find("group_size"); it != body->end() && !it->is_null()) {
+      if (!it->is_number_integer() || it->get<int64_t>() != 16) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(body_path, "group_size must be 16 for NVFP4, got ", it->dump()));
+      }
+    }
+  }
   // `ignore` first, then the `exclude_modules` entries not already present, order kept.
   absl::flat_hash_set<std::string> seen(ignore.begin(), ignore.end());
   config.ignore_rules = std::move(ignore);

@@ -90,6 +90,12 @@ TEST(PolicySettings, BadTypesAndMalformedJson) {
   EXPECT_TRUE(HasSubstr(c.status(), "not valid JSON")) << c.status();
   c = ParseQuantizationConfig("[1, 2]");
   EXPECT_FALSE(c.ok());
+  c = ParseQuantizationConfig(R"({"quantization": {"quant_algo": "NVFP4", "group_size": 32}})");
+  ASSERT_FALSE(c.ok());
+  EXPECT_TRUE(HasSubstr(c.status(), "quantization.group_size must be 16 for NVFP4, got 32"))
+      << c.status();
+  // Other algorithms keep their own group sizes.
+  EXPECT_TRUE(ParseQuantizationConfig(R"({"quant_algo": "W4A16_AWQ", "group_size": 128})").ok());
 }
 
 TEST(PolicySettings, FullSettingsDocument) {
