@@ -240,6 +240,21 @@ TEST(NarrowingTest, EveryFp32PatternToFp16AndBf16) {
   });
 }
 
+// The FP16-error variant of 4over6 rounds E2M1val(q) * float(sf) to fp16; the spec notes the
+// product is exact in fp16. Check it for every code pair (so the rounding is an identity, and a
+// kernel may rely on it), and that the fp32 product is exact too.
+TEST(Fp16Test, E2M1TimesE4M3IsExactInFp16) {
+  for (uint32_t q = 0; q < 16; ++q) {
+    for (uint32_t sf = 0; sf < 0x7F; ++sf) {
+      const float p =
+          FMul(E2M1ToFloat(static_cast<uint8_t>(q)), E4M3ToFloat(static_cast<uint8_t>(sf)));
+      EXPECT_EQ(static_cast<double>(p), static_cast<double>(E2M1ToFloat(static_cast<uint8_t>(q))) *
+                                            E4M3Value(static_cast<uint8_t>(sf)));
+      EXPECT_EQ(FloatBits(RoundToFp16(p)), FloatBits(p)) << q << " " << sf;
+    }
+  }
+}
+
 // With FMA instructions available, a compiler allowed to contract would turn
 // FAdd(FMul(a, b), c) into one fused operation. a = b = 1 + 2^-12: a*b = 1 + 2^-11 + 2^-24
 // rounds to 1 + 2^-11 (a tie, to even), so the separate ops give 0 for c = -(1 + 2^-11) while a
