@@ -493,6 +493,23 @@ TEST(PolicyPlan, CreateRejectsANonNvfp4ConfigAndBadRegex) {
   EXPECT_TRUE(HasSubstr(policy.status(), "re:model\\.layers\\.(\\d+")) << policy.status();
 }
 
+TEST(PolicyPlan, PublicationsWithTheSameRulesShareOneCachedSnapshot) {
+  auto cache = IgnoreSnapshotCache::Create({});
+  ASSERT_TRUE(cache.ok());
+  const std::vector<std::string> rules = {"lm_head", "model.layers.0.self_attn"};
+  auto first = Policy::Create(Nvfp4Settings(rules), cache->get());
+  auto second = Policy::Create(Nvfp4Settings(rules), cache->get());
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(&(*first)->ignore_matcher(), &(*second)->ignore_matcher());
+  EXPECT_EQ((*cache)->misses(), 1u);
+  EXPECT_EQ((*cache)->hits(), 1u);
+  EXPECT_TRUE((*first)->ignore_matcher().uses_snapshot());
+  // A bad regex fails Create through the cache too, quoting the rule.
+  auto bad = Policy::Create(Nvfp4Settings({"re:experts.(1"}), cache->get());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(HasSubstr(bad.status(), "re:experts.(1")) << bad.status();
+}
+
 TEST(PolicyPlan, Nvfp4OutputDescsValidates) {
   EXPECT_FALSE(Nvfp4OutputDescs(Bf16("x.weight", {16})).ok());
   EXPECT_FALSE(Nvfp4OutputDescs(Bf16("x.bias", {16, 16})).ok());
