@@ -240,6 +240,22 @@ TEST(NarrowingTest, EveryFp32PatternToFp16AndBf16) {
   });
 }
 
+TEST(FloatingPointTest, MinMaxHaveFminfSemantics) {
+  const float nan = std::nanf("");
+  EXPECT_EQ(FMin(nan, 3.0f), 3.0f);  // a NaN operand yields the other one
+  EXPECT_EQ(FMin(3.0f, nan), 3.0f);
+  EXPECT_EQ(FMax(nan, -3.0f), -3.0f);
+  EXPECT_EQ(FMax(-3.0f, nan), -3.0f);
+  EXPECT_TRUE(std::isnan(FMin(nan, nan)));
+  EXPECT_EQ(FMin(2.0f, 3.0f), 2.0f);
+  EXPECT_EQ(FMax(2.0f, 3.0f), 3.0f);
+  EXPECT_EQ(FMin(INFINITY, FltMax()), FltMax());
+  EXPECT_EQ(MaxSkipNan(1.0f, nan), 1.0f);
+  EXPECT_EQ(MaxSkipNan(1.0f, INFINITY), INFINITY);
+  EXPECT_EQ(FloatBits(FAbs(-0.0f)), 0u);
+  EXPECT_EQ(FloatBits(FltMax()), 0x7F7FFFFFu);
+}
+
 // The FP16-error variant of 4over6 rounds E2M1val(q) * float(sf) to fp16; the spec notes the
 // product is exact in fp16. Check it for every code pair (so the rounding is an identity, and a
 // kernel may rely on it), and that the fp32 product is exact too.
