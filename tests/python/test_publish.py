@@ -50,21 +50,39 @@ class PublishTest(DaemonTestCase):
         self.assertEqual(len(report.receivers), 1)
         self.assertTrue(report.receivers[0].committed)
 
+    def own_segments(self):
+        return sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"wpub-{os.getpid()}-"))
+
     def test_numpy_shm(self):
-        pub = wpub.Publisher(self.daemon.target, shm_threshold_bytes=0)
+        pub = wpub.Publisher(self.daemon.target, shm_threshold_bytes=0, reuse_shm=False)
         batches = qwen3_batches(seed=2)
         version = self.next_version()
         expected = reference(self.workdir, batches)
         report = pub.publish(version, as_wire(batches))
-        pub.close()
         self.assertTrue(report.committed)
         self.assertReceivedEqual(expected, version)
         self.assertEqual(report.client.inline_bytes, 0)
         self.assertEqual(report.client.shm_bytes, report.bytes_in)
         self.assertEqual(report.client.messages, 2 + len(batches))
-        # Every segment is unlinked once the report arrived.
-        self.assertEqual([f for f in os.listdir("/dev/shm") if f.startswith(f"wpub-{os.getpid()}-")],
-                         [])
+        # reuse_shm=False: every segment is unlinked once the report arrived.
+        self.assertEqual(self.own_segments(), [])
+        pub.close()
+
+    def test_numpy_shm_segments_reused(self):
+        pub = wpub.Publisher(self.daemon.target, shm_threshold_bytes=0)
+        first = qwen3_batches(seed=15)
+        second = qwen3_batches(seed=16)  # same shapes, new values: the same segments refilled
+        v1 = self.next_version()
+        self.assertTrue(pub.publish(v1, as_wire(first)).committed)
+        self.assertReceivedEqual(reference(self.workdir, first), v1)
+        kept = self.own_segments()
+        self.assertEqual(len(kept), len(first))
+        v2 = self.next_version()
+        self.assertTrue(pub.publish(v2, as_wire(second)).committed)
+        self.assertReceivedEqual(reference(self.workdir, second), v2)
+        self.assertEqual(self.own_segments(), kept)
+        pub.close()
+        self.assertEqual(self.own_segments(), [])
 
     def test_mixed_routes_and_generator(self):
         # 4 KiB threshold: the [32, 64] bf16 experts (4 KiB) go through shm, norms inline; the

@@ -10,7 +10,7 @@ import numpy as np
 import harness  # noqa: F401  (puts clients/python on sys.path)
 import wpub
 from wpub import errors, publisher
-from wpub.shm import ShmSegments
+from wpub.shm import ShmPool
 from wpub.tensors import CudaPart, HostPart, normalize
 
 try:
@@ -88,18 +88,35 @@ class NormalizeTest(unittest.TestCase):
 
 class ShmTest(unittest.TestCase):
 
-    def test_segments_written_and_unlinked(self):
+    def test_pool_write_reuse_and_close(self):
         a = np.arange(1000, dtype=np.float32)
-        with ShmSegments("wpub-test", 3) as segs:
-            s = segs.create(0, 8192)
-            s.write(64, a)
-            path = s.path
-            with open(path, "rb") as f:
-                data = f.read()
-            self.assertEqual(data[64:64 + a.nbytes], a.tobytes())
-            self.assertTrue(s.name.startswith("/wpub-test-"))
-            self.assertNotIn("/", s.name[1:])
-        self.assertFalse(os.path.exists(path))
+        pool = ShmPool("wpub-test")
+        s = pool.acquire(0, 8192)
+        s.write(64, a)
+        with open(s.path, "rb") as f:
+            self.assertEqual(f.read()[64:64 + a.nbytes], a.tobytes())
+        self.assertTrue(s.name.startswith(f"/wpub-test-{os.getpid()}-"))
+        self.assertNotIn("/", s.name[1:])
+        pool.release({0: s}, reuse=True)
+        self.assertIs(pool.acquire(0, 4096), s)  # same slot, fits: reused
+        pool.release({0: s}, reuse=True)
+        bigger = pool.acquire(0, 16384)  # too small now: replaced and unlinked
+        self.assertIsNot(bigger, s)
+        self.assertFalse(os.path.exists(s.path))
+        pool.release({0: bigger}, reuse=False)  # not reusable: unlinked at once
+        self.assertFalse(os.path.exists(bigger.path))
+        kept = pool.acquire(1, 100)
+        pool.release({1: kept}, reuse=True)
+        self.assertTrue(os.path.exists(kept.path))
+        pool.close()
+        self.assertFalse(os.path.exists(kept.path))
+
+    def test_orphans_of_dead_processes_are_removed(self):
+        orphan = "/dev/shm/wpub-orphan-test-999999999-dead-1"
+        with open(orphan, "wb") as f:
+            f.write(b"x")
+        ShmPool("wpub-orphan-test").close()
+        self.assertFalse(os.path.exists(orphan))
 
 
 class HeaderAndErrorsTest(unittest.TestCase):

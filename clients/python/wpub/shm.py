@@ -10,7 +10,7 @@ avoids multiprocessing's resource tracker (an extra process that unlinks "leaked
 import mmap
 import os
 import secrets
-from typing import List
+from typing import Dict
 
 import numpy as np
 
@@ -64,26 +64,73 @@ class ShmSegment:
             pass
 
 
-class ShmSegments:
-    """Every segment of one publication; `close()` unlinks them all."""
+class ShmPool:
+    """The shared-memory segments of one Publisher. A publication acquires one segment per
+    batch (its slot); when the publication ended with a report, release(reuse=True) keeps them
+    for the next publication, whose batch b usually needs the same size again (same model every
+    step). Reusing pages that are already faulted in is several times faster than filling fresh
+    ones, at the price of keeping one model's worth of shm between publications; segments of a
+    publication that was cancelled or failed without a report are unlinked instead.
 
-    def __init__(self, prefix: str, version: int):
-        self._prefix = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}-v{version}"
-        self._segments: List[ShmSegment] = []
-        self.bytes = 0
+    Names are "/<prefix>-<pid>-<random>-<n>", so close() and a later process can tell whose
+    they are; a segment left behind by a process that died is unlinked by the next pool created
+    with the same prefix. Not thread-safe: used by one publish() at a time."""
 
-    def create(self, batch_index: int, size: int) -> ShmSegment:
-        seg = ShmSegment(f"{self._prefix}-b{batch_index}", size)
-        self._segments.append(seg)
-        self.bytes += size
-        return seg
+    def __init__(self, prefix: str):
+        self._prefix = prefix
+        self._base = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._count = 0
+        self._free: Dict[int, ShmSegment] = {}
+        self._remove_orphans()
+
+    def _remove_orphans(self) -> None:
+        head = f"{self._prefix}-"
+        try:
+            names = os.listdir(_SHM_DIR)
+        except OSError:
+            return
+        for name in names:
+            if not name.startswith(head):
+                continue
+            pid = name[len(head):].split("-", 1)[0]
+            if not pid.isdigit() or int(pid) == os.getpid():
+                continue
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                try:
+                    os.unlink(os.path.join(_SHM_DIR, name))
+                except OSError:
+                    pass
+            except PermissionError:
+                pass  # alive, another user's
+
+    def acquire(self, slot: int, size: int) -> ShmSegment:
+        """A segment of at least `size` bytes for batch `slot` (reused when one is free)."""
+        seg = self._free.pop(slot, None)
+        if seg is not None:
+            if seg.size >= size:
+                return seg
+            seg.close()
+        self._count += 1
+        return ShmSegment(f"{self._base}-{self._count}", size)
+
+    def release(self, segments: Dict[int, ShmSegment], reuse: bool) -> None:
+        for slot, seg in segments.items():
+            old = self._free.pop(slot, None) if reuse else None
+            if old is not None and old is not seg:
+                old.close()
+            if reuse:
+                self._free[slot] = seg
+            else:
+                seg.close()
+        segments.clear()
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(s.size for s in self._free.values())
 
     def close(self) -> None:
-        while self._segments:
-            self._segments.pop().close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        """Unlinks every kept segment (idempotent)."""
+        while self._free:
+            self._free.popitem()[1].close()
