@@ -5,6 +5,7 @@
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
@@ -16,6 +17,22 @@ namespace {
 bool LiteralRuleMatches(absl::string_view rule, absl::string_view name) {
   return name == rule ||
          (name.size() > rule.size() && absl::StartsWith(name, rule) && name[rule.size()] == '.');
+}
+
+// Python reads `{,n}` as a repeat {0,n}; RE2 (like Perl) reads it as literal text. Refuse it
+// rather than match something else than the trainer would.
+bool HasPythonOnlyRepeat(absl::string_view pattern) {
+  for (size_t i = 0; i + 1 < pattern.size(); ++i) {
+    if (pattern[i] == '\\') {
+      ++i;
+      continue;
+    }
+    if (pattern[i] != '{' || pattern[i + 1] != ',') continue;
+    size_t j = i + 2;
+    while (j < pattern.size() && absl::ascii_isdigit(static_cast<unsigned char>(pattern[j]))) ++j;
+    if (j < pattern.size() && pattern[j] == '}') return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -69,6 +86,11 @@ absl::StatusOr<RegexIgnoreRules> RegexIgnoreRules::Create(std::vector<std::strin
     const std::string& rule = out.rules_[i];
     if (!IsRegexRule(rule)) continue;
     const absl::string_view pattern = absl::string_view(rule).substr(kRegexRulePrefix.size());
+    if (HasPythonOnlyRepeat(pattern)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ignore rule [", i, "] \"", rule,
+          "\" uses a {,n} repeat, which Python and RE2 read differently; write {0,n}"));
+    }
     auto re = std::make_unique<RE2>(re2::StringPiece(pattern.data(), pattern.size()), options);
     if (!re->ok()) {
       return absl::InvalidArgumentError(

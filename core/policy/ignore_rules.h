@@ -88,7 +88,8 @@ class RegexIgnoreRules {
   // Compiles every `re:` rule up front (a bad pattern fails the whole list even if an earlier
   // rule would have matched every name). INVALID_ARGUMENT quoting the rule text and RE2's
   // reason when a pattern does not compile (including Python-only syntax RE2 cannot express,
-  // such as backreferences and lookaround).
+  // such as backreferences and lookaround), and for a `{,n}` repeat, which RE2 would read as
+  // literal text. RE2's \d \w \s \b are ASCII-only (Python's are Unicode).
   static absl::StatusOr<RegexIgnoreRules> Create(std::vector<std::string> rules);
 
   RegexIgnoreRules(RegexIgnoreRules&&) noexcept;

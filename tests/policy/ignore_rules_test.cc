@@ -111,6 +111,19 @@ TEST(PolicyIgnore, InvalidRegexIsReportedWithTheRuleText) {
   }
 }
 
+TEST(PolicyIgnore, PatternsPythonAndRe2ReadDifferentlyAreRefused) {
+  // Python: "a{,2}b" is a repeat; RE2: literal text. Refused with the rule quoted.
+  auto m = IgnoreMatcher::Create({"re:model\\.layers\\.1{,2}\\."});
+  ASSERT_FALSE(m.ok());
+  EXPECT_TRUE(HasSubstr(m.status(), "{0,n}")) << m.status();
+  EXPECT_TRUE(HasSubstr(m.status(), "re:model\\.layers\\.1{,2}\\.")) << m.status();
+  // An escaped brace is literal in both, and {0,2} / {2,} are read alike.
+  EXPECT_TRUE(IgnoreMatcher::Create({"re:a\\{,2}", "re:a{0,2}b", "re:a{2,}"}).ok());
+  // Python-only syntax RE2 cannot parse is an error too, never skipped.
+  EXPECT_FALSE(IgnoreMatcher::Create({"re:lm_head\\Z"}).ok());
+  EXPECT_FALSE(IgnoreMatcher::Create({"re:(?=model)"}).ok());
+}
+
 TEST(PolicyIgnore, UnicodeAndCaseAreComparedByteForByte) {
   auto m = IgnoreMatcher::Create({"模型.层", "Model.Layers"});
   ASSERT_TRUE(m.ok());
