@@ -190,6 +190,52 @@ TEST(ThreadingTest, ResultsIndependentOfThreadCount) {
   }
 }
 
+// A list of weights of different shapes and types in one call (chunks of several tasks are
+// interleaved across threads) equals quantizing each weight alone.
+TEST(ThreadingTest, ListEqualsOneByOne) {
+  std::vector<TestTensor> weights;
+  for (int i = 0; i < 24; ++i) {
+    const ElemType type =
+        i % 3 == 0 ? ElemType::kBF16 : (i % 3 == 1 ? ElemType::kF16 : ElemType::kF32);
+    weights.push_back(MakeRandomTensor(type, 1 + 37 * (i % 5), 16 * (1 + i % 7) * 8, 100 + i,
+                                       0.1 * (1 + i), /*slices=*/1 + i % 2));
+  }
+  const QuantMode mode = QuantMode::FromIndex(7);
+  std::vector<WeightDesc> descs;
+  for (const TestTensor& t : weights) descs.push_back(t.desc());
+  struct Out {
+    std::vector<uint8_t> packed, scales;
+    std::vector<float> ds;
+  };
+  auto make_out = [](const TestTensor& t) {
+    return Out{std::vector<uint8_t>(static_cast<size_t>(t.numel() / 2)),
+               std::vector<uint8_t>(static_cast<size_t>(t.numel() / 16)),
+               std::vector<float>(static_cast<size_t>(t.slices))};
+  };
+  std::vector<Out> together, alone;
+  std::vector<QuantizeTask> tasks;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    together.push_back(make_out(weights[i]));
+    alone.push_back(make_out(weights[i]));
+  }
+  for (size_t i = 0; i < weights.size(); ++i) {
+    tasks.push_back(
+        {&descs[i],
+         nullptr,
+         {together[i].packed.data(), together[i].scales.data(), nullptr, together[i].ds.data()}});
+  }
+  ASSERT_EQ(Quantize(tasks, mode, CpuOptions{0}), KernelStatus::kOk);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    ASSERT_EQ(
+        Quantize(descs[i], nullptr, mode,
+                 {alone[i].packed.data(), alone[i].scales.data(), nullptr, alone[i].ds.data()}),
+        KernelStatus::kOk);
+    EXPECT_EQ(together[i].packed, alone[i].packed) << i;
+    EXPECT_EQ(together[i].scales, alone[i].scales) << i;
+    EXPECT_EQ(together[i].ds, alone[i].ds) << i;
+  }
+}
+
 TEST(InputTypeTest, Fp32InputOfBf16ValuesGivesBf16Bytes) {
   const TestTensor t = MakeTestTensor(DataFamily::kRandom, ElemType::kBF16, 31, 128, 4);
   std::vector<float> wide(static_cast<size_t>(t.numel()));
