@@ -87,7 +87,7 @@ void Engine::Impl::Finish(const PublicationSession::State* state, const Publicat
 void Engine::Impl::RefreshMetrics() {
   if (!metrics) return;
   metrics->SetIgnoreCacheCounters(cache->hits(), cache->misses());
-  metrics->SetReceivers(transport->Receivers());
+  metrics->SetReceivers(transports->Receivers());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -95,6 +95,12 @@ void Engine::Impl::RefreshMetrics() {
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
                                                        prometheus::Registry* registry) {
+  return Create(options, registry, EngineComponents{});
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                                       prometheus::Registry* registry,
+                                                       EngineComponents components) {
   if (options.min_bucket_bytes == 0 || options.min_bucket_bytes > options.max_bucket_bytes) {
     return absl::InvalidArgumentError("min_bucket_bytes must be in [1, max_bucket_bytes]");
   }
@@ -112,7 +118,19 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   impl->options = options;
   WPUB_ASSIGN_OR_RETURN(impl->cache, policy::IgnoreSnapshotCache::Create({}));
   WPUB_ASSIGN_OR_RETURN(impl->transport, PullTransport::Create(options.pull));
-  WPUB_ASSIGN_OR_RETURN(impl->backend, CpuBackend::Create({options.cpu_threads}));
+  if (components.backend) {
+    impl->backend = std::move(components.backend);
+  } else {
+    WPUB_ASSIGN_OR_RETURN(impl->backend, CpuBackend::Create({options.cpu_threads}));
+  }
+  std::vector<Transport*> members;
+  for (auto& t : components.transports) {
+    if (!t) return absl::InvalidArgumentError("EngineComponents::transports holds a null entry");
+    members.push_back(t.get());
+    impl->extra_transports.push_back(std::move(t));
+  }
+  members.push_back(impl->transport.get());
+  impl->transports = std::make_unique<TransportGroup>(std::move(members));
   if (registry != nullptr) {
     WPUB_ASSIGN_OR_RETURN(impl->metrics, metrics::EngineMetrics::Create(registry));
     Impl* raw = impl.get();
@@ -220,7 +238,7 @@ EngineStatus Engine::GetStatus() const {
     s.active = ActivePublication{active->version(),   active->model_id(),    active->state(),
                                  active->opened_at(), active->num_batches(), active->num_tensors()};
   }
-  s.receivers = impl_->transport->Receivers();
+  s.receivers = impl_->transports->Receivers();
   s.backend = std::string(impl_->backend->name());
   return s;
 }
@@ -258,6 +276,7 @@ absl::Status Engine::Drain(absl::Time deadline) {
     std::unique_lock lock(impl_->mu);
     impl_->cv.wait_for(lock, std::chrono::seconds(10), [&] { return !impl_->active; });
   }
+  impl_->transports->Abort("the engine is shutting down");
   impl_->transport->Shutdown();
   return result;
 }

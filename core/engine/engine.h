@@ -19,7 +19,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "core/engine/backend.h"
 #include "core/engine/pull_transport.h"
+#include "core/engine/transport.h"
 #include "core/engine/types.h"
 
 namespace prometheus {
@@ -51,6 +53,16 @@ struct EngineOptions {
   PullTransportOptions pull;
 };
 
+// Parts an engine may be given instead of its defaults (the GPU path). Everything is optional.
+struct EngineComponents {
+  // Replaces the CPU backend (e.g. the GPU backend).
+  std::unique_ptr<Backend> backend;
+  // Transports driven for every publication before the pull transport (e.g. the NCCL
+  // weight-update group), in order. Begin/Send/Commit/Abort reach every one; the engine waits
+  // for each one's acknowledgements in turn against the same deadline.
+  std::vector<std::unique_ptr<Transport>> transports;
+};
+
 class PublicationSession;
 
 // Thread-safe: every method may be called from any thread. The Engine must outlive its
@@ -60,6 +72,10 @@ class Engine {
   // `registry` may be null (no metrics); when given it must outlive the Engine.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
                                                         prometheus::Registry* registry);
+  // As above, with a custom backend and/or additional transports (owned by the engine).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
+                                                        prometheus::Registry* registry,
+                                                        EngineComponents components);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

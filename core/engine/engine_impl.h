@@ -21,6 +21,7 @@
 #include "core/engine/engine.h"
 #include "core/engine/inputs.h"
 #include "core/engine/recipe.h"
+#include "core/engine/transport_group.h"
 #include "core/metrics/metrics.h"
 #include "core/policy/policy.h"
 
@@ -31,6 +32,9 @@ class Engine::Impl {
   EngineOptions options;
   std::unique_ptr<policy::IgnoreSnapshotCache> cache;
   std::unique_ptr<PullTransport> transport;
+  std::vector<std::unique_ptr<Transport>> extra_transports;
+  // Every transport of a publication: the extras, then the pull transport.
+  std::unique_ptr<TransportGroup> transports;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<metrics::EngineMetrics> metrics;  // null without a registry
 

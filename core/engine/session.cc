@@ -82,7 +82,7 @@ absl::Status PublicationSession::State::End(PublicationStatus outcome, absl::Sta
     ended_ = true;
     end_status_ = status;
     state_ = PublicationState::kAborted;
-    if (transport_begun_) engine_->transport->Abort(status.message());
+    if (transport_begun_) engine_->transports->Abort(status.message());
   }
   PublicationReport report = MakeReport(outcome, status);
   if (commit_called_) {  // the producer thread owns these fields
@@ -100,9 +100,9 @@ PublicationReport PublicationSession::State::AbortedReport(absl::Status why) {
     if (abort_requested_) why = end_status_;
     begun = transport_begun_;
   }
-  if (begun) engine_->transport->Abort(why.message());
+  if (begun) engine_->transports->Abort(why.message());
   std::vector<ReceiverOutcome> outcomes;
-  if (begun) outcomes = engine_->transport->Outcomes();
+  if (begun) outcomes = engine_->transports->Outcomes();
   {
     std::lock_guard lock(mu_);
     ended_ = true;
@@ -278,7 +278,7 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   num_buckets_ = static_cast<uint32_t>(manifest.buckets.size());
   phases_.policy += Since(t0);
 
-  PullTransport* transport = engine_->transport.get();
+  Transport* transport = engine_->transports.get();
   if (const size_t n = transport->Receivers().size(); n < engine_->options.min_receivers) {
     return AbortedReport(absl::FailedPreconditionError(
         absl::StrCat("publication ", header_.version, " needs at least ",
@@ -376,7 +376,7 @@ void PublicationSession::State::Abort(absl::Status why) {
       if (!abort_requested_) {
         abort_requested_ = true;
         end_status_ = why;
-        if (transport_begun_) engine_->transport->Abort(why.message());
+        if (transport_begun_) engine_->transports->Abort(why.message());
       }
       return;
     }
