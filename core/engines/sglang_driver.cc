@@ -158,6 +158,24 @@ absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
   return g;
 }
 
+std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
+                               absl::Duration timeout) {
+  std::vector<char> alive(engines.size(), 0);  // not vector<bool>: written by several threads
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c(engines[i].url);
+      const int64_t us = absl::ToInt64Microseconds(timeout);
+      c.set_connection_timeout(us / 1000000, us % 1000000);
+      c.set_read_timeout(us / 1000000, us % 1000000);
+      httplib::Result r = c.Get(path);
+      alive[i] = r && r->status >= 200 && r->status < 300;
+    });
+  }
+  for (auto& t : threads) t.join();
+  return std::vector<bool>(alive.begin(), alive.end());
+}
+
 std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, size_t engine) {
   json j = {{"master_address", o.master_address},
             {"master_port", o.master_port},

@@ -125,6 +125,11 @@ class SglangDriver {
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 
+// GETs `path` on every engine concurrently; true where the engine answered 2xx within
+// `timeout`. Used to leave dead engines out when (re-)forming a group.
+std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
+                               absl::Duration timeout);
+
 // JSON bodies (exposed for tests).
 std::string InitGroupBody(const SglangDriverOptions& options, const GroupLayout& layout,
                           size_t engine);

@@ -1,0 +1,77 @@
+// The GPU backend (engine::Backend): per bucket, amax/scales/quantize/pack on a compute stream
+// into one of two device staging buffers, an event, then the bucket goes to a DeviceBucketSink
+// (the NCCL group: broadcast on its comm stream, waiting on that event) while the next bucket
+// is packed into the other buffer. Inputs are read in place: device pointers (CUDA IPC
+// mappings, see ipc_cache.h) directly, host parts (shm, inline) after one async copy through a
+// pinned staging area. Global amax and scales never leave the device; the non-finite counts
+// and bucket checksums land in a small device status block read once.
+//
+// Host synchronizations per publication (all through HostSyncs, counted in hooks.syncs):
+//  - with a sink: exactly 2 when non-finite weights are rejected (the status read after the
+//    amax pass, before anything is sent; then the final completion, which also carries the
+//    checksums), 1 when the plan allows non-finite weights (amax is then pipelined per bucket);
+//  - plus, only when a buffer must grow (first publication, larger buckets or host inputs):
+//    one per allocation or free;
+//  - without a sink (host buckets for the pull transport): one more per bucket (the bucket's
+//    device-to-host copy) -- a function of bytes, never of tensors or experts.
+//
+// Thread-compatible (the engine runs one publication at a time). Execute blocks until the
+// publication's device work is complete or failed.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/engine/backend.h"
+#include "core/gpu/device_sink.h"
+
+namespace wpub::gpu {
+
+struct GpuBackendOptions {
+  int device = 0;
+  // Device buckets go here; null: buckets are copied to pinned host memory and emitted through
+  // ExecutionHooks::emit (checksum filled in), as the CPU backend does.
+  DeviceBucketSink* sink = nullptr;
+  // With plan.allow_non_finite == false, compute every amax first and read the non-finite
+  // counts before the first bucket is sent (nothing reaches an engine on rejection). When
+  // false, amax is pipelined per bucket and a rejection happens after the transfer, before
+  // commit (engines that apply buckets immediately, like SGLang, would then hold them).
+  bool reject_before_send = true;
+};
+
+// Device-measured phases of the last publication (CUDA events; read after completion).
+struct GpuTiming {
+  double amax_seconds = 0;          // amax-first pass (0 when pipelined)
+  double compute_seconds = 0;       // first bucket started .. last bucket packed (compute stream)
+  double total_seconds = 0;         // first device work .. everything transferred
+  double host_staging_seconds = 0;  // host-side copy of shm/inline parts into pinned memory
+};
+
+class GpuBackend : public engine::Backend {
+ public:
+  // FAILED_PRECONDITION when the device does not exist.
+  static absl::StatusOr<std::unique_ptr<GpuBackend>> Create(const GpuBackendOptions& options);
+  ~GpuBackend() override;
+
+  std::string_view name() const override { return "gpu"; }
+  absl::StatusOr<engine::ExecutionResult> Execute(const engine::ExecutionPlan& plan,
+                                                  const engine::ExecutionHooks& hooks) override;
+
+  // Bucket checksums of the last successful Execute, index order (core/engine/checksum.h).
+  const std::vector<uint64_t>& last_checksums() const { return last_checksums_; }
+  const GpuTiming& last_timing() const { return last_timing_; }
+  cudaStream_t compute_stream() const;
+
+ private:
+  class Impl;
+  explicit GpuBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  std::vector<uint64_t> last_checksums_;
+  GpuTiming last_timing_;
+};
+
+}  // namespace wpub::gpu

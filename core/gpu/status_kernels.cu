@@ -1,0 +1,129 @@
+// Checksum and non-finite-count kernels: grid-stride loops, one 64-bit atomic per block.
+#include "core/gpu/status_kernels.h"
+
+#include <algorithm>
+
+namespace wpub::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 132 * 8;  // a few waves on an H200; the loops stride the rest
+static_assert(kThreads % 32 == 0, "whole warps");
+
+__device__ __forceinline__ uint64_t Mix(uint64_t z) {
+  z ^= z >> 30;
+  z *= 0xBF58476D1CE4E5B9ull;
+  z ^= z >> 27;
+  z *= 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return z;
+}
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T>
+__device__ void BlockAtomicAdd(T v, unsigned long long* out) {
+  __shared__ T partial[kThreads / 32];
+  v = WarpSum(v);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    T w = threadIdx.x < kThreads / 32 ? partial[threadIdx.x] : T(0);
+    w = WarpSum(w);
+    if (threadIdx.x == 0 && w != T(0)) atomicAdd(out, static_cast<unsigned long long>(w));
+  }
+}
+
+__global__ void ChecksumKernel(const uint8_t* data, uint64_t n, uint64_t first_word,
+                               unsigned long long* sum) {
+  const uint64_t full_words = n / 8;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  const auto* words = reinterpret_cast<const uint64_t*>(data);
+  uint64_t acc = 0;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < full_words;
+       i += stride) {
+    acc += Mix(words[i] ^ ((first_word + i) * 0x9E3779B97F4A7C15ull));
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && n % 8 != 0) {
+    uint64_t w = 0;  // the zero-padded last word, little-endian
+    for (uint64_t b = full_words * 8; b < n; ++b)
+      w |= static_cast<uint64_t>(data[b]) << (8 * (b % 8));
+    acc += Mix(w ^ ((first_word + full_words) * 0x9E3779B97F4A7C15ull));
+  }
+  BlockAtomicAdd<uint64_t>(acc, sum);
+}
+
+constexpr int kCountItemsPerLaunch = 256;
+constexpr int kCountBlocksPerItem = 32;
+
+struct CountParams {
+  CountItem items[kCountItemsPerLaunch];
+};
+static_assert(sizeof(CountParams) < 32764, "kernel parameters are limited to 32764 bytes");
+
+template <typename U, U kMask>
+__device__ uint64_t CountRange(const U* data, uint64_t count, uint64_t first, uint64_t stride) {
+  uint64_t c = 0;
+  for (uint64_t i = first; i < count; i += stride) c += (data[i] & kMask) == kMask;
+  return c;
+}
+
+// grid = (kCountBlocksPerItem, items): blockIdx.y picks the item, x strides inside it.
+__global__ void CountNonFiniteKernel(const __grid_constant__ CountParams p,
+                                     unsigned long long* counts) {
+  const CountItem& it = p.items[blockIdx.y];
+  const uint64_t first = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  uint64_t c = 0;
+  switch (it.kind) {
+    case FloatKind::kBF16:
+      c = CountRange<uint16_t, 0x7F80>(static_cast<const uint16_t*>(it.data), it.bytes / 2, first,
+                                       stride);
+      break;
+    case FloatKind::kF16:
+      c = CountRange<uint16_t, 0x7C00>(static_cast<const uint16_t*>(it.data), it.bytes / 2, first,
+                                       stride);
+      break;
+    case FloatKind::kF32:
+      c = CountRange<uint32_t, 0x7F800000u>(static_cast<const uint32_t*>(it.data), it.bytes / 4,
+                                            first, stride);
+      break;
+    case FloatKind::kF64:
+      c = CountRange<unsigned long long, 0x7FF0000000000000ull>(
+          static_cast<const unsigned long long*>(it.data), it.bytes / 8, first, stride);
+      break;
+  }
+  BlockAtomicAdd<uint64_t>(c, counts + it.slot);
+}
+
+int Blocks(uint64_t items) {
+  return static_cast<int>(std::min<uint64_t>((items + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+}  // namespace
+
+cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_word,
+                              unsigned long long* sum, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  ChecksumKernel<<<Blocks(std::max<uint64_t>(n / 8, 1)), kThreads, 0, stream>>>(data, n, first_word,
+                                                                                sum);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCountNonFinite(const CountItem* items, int num_items, unsigned long long* counts,
+                                 cudaStream_t stream) {
+  for (int first = 0; first < num_items; first += kCountItemsPerLaunch) {
+    const int n = std::min(kCountItemsPerLaunch, num_items - first);
+    CountParams p{};
+    for (int i = 0; i < n; ++i) p.items[i] = items[first + i];
+    CountNonFiniteKernel<<<dim3(kCountBlocksPerItem, n), kThreads, 0, stream>>>(p, counts);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace wpub::gpu

@@ -1,0 +1,78 @@
+// RAII owner of one nonblocking NCCL communicator (ncclConfig_t.blocking = 0): init returns at
+// once and is completed by polling ncclCommGetAsyncError, collectives never block the host,
+// and the communicator can always be torn down with ncclCommAbort (which also terminates its
+// kernels still running on the device), so a dead peer can never hang the daemon.
+//
+// Thread-safety: Broadcast and WaitReady are called by one thread (the publication thread);
+// AsyncError, Abort and aborted() may be called from any thread (the watchdog) at any time,
+// as NCCL allows for ncclCommGetAsyncError / ncclCommAbort.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace wpub::nccl {
+
+using UniqueId = std::array<uint8_t, 128>;  // ncclUniqueId bytes, as stored in the TCPStore
+
+// ncclGetUniqueId (rank 0 only; it starts NCCL's bootstrap listener).
+absl::StatusOr<UniqueId> NewUniqueId();
+
+struct NcclCommOptions {
+  int device = 0;
+  int nranks = 2;
+  int rank = 0;
+  UniqueId id{};
+};
+
+class NcclComm {
+ public:
+  // Starts ncclCommInitRankConfig (nonblocking) on `options.device`; returns while the other
+  // ranks may not have joined yet. INVALID_ARGUMENT for a rank outside [0, nranks).
+  static absl::StatusOr<std::unique_ptr<NcclComm>> Create(const NcclCommOptions& options);
+  // Aborts the communicator (ncclCommAbort never waits for peers), unless already aborted.
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  // Polls until every rank joined (OK), NCCL reports an error (INTERNAL, the communicator is
+  // aborted), `deadline` passes (DEADLINE_EXCEEDED, aborted) or `stop` returns true (CANCELLED,
+  // not aborted: the caller decides). Cheap once ready.
+  absl::Status WaitReady(absl::Time deadline, const std::function<bool()>& stop);
+  bool ready() const { return ready_.load(); }
+
+  // Enqueues an in-place broadcast of `bytes` from `root` on `stream` (uint8 elements, as
+  // torch's flattened bucket). Requires ready(). Never waits for the device.
+  absl::Status Broadcast(void* buffer, uint64_t bytes, int root, cudaStream_t stream);
+
+  // OK while healthy (also while an operation is in progress), INTERNAL with NCCL's error
+  // string once the communicator failed, ABORTED once aborted.
+  absl::Status AsyncError();
+  // ncclCommAbort, once; idempotent and thread-safe.
+  void Abort();
+  bool aborted() const { return aborted_.load(); }
+
+  int nranks() const { return options_.nranks; }
+  int rank() const { return options_.rank; }
+
+ private:
+  NcclComm(NcclCommOptions options, void* comm);
+  const NcclCommOptions options_;
+  void* comm_;  // ncclComm_t
+  std::mutex abort_mu_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> ready_{false};
+};
+
+}  // namespace wpub::nccl

@@ -1,0 +1,354 @@
+// NcclTransport: group formation over the TCPStore + SGLang driver, per-bucket HTTP request +
+// broadcast, a watchdog that aborts the communicator on NCCL errors, engine failures or the
+// deadline, and re-formation at the next Begin.
+#include "core/nccl/nccl_transport.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status.h"
+#include "core/gpu/host_syncs.h"
+
+namespace wpub::nccl {
+namespace {
+
+engine::ReceiverFailure Classify(const std::string& error) {
+  if (error.find("imed out") != std::string::npos || error.find("eadline") != std::string::npos ||
+      error.find("Read") != std::string::npos) {
+    return engine::ReceiverFailure::kTimeout;
+  }
+  if (error.find("Connection") != std::string::npos || error.find("NCCL") != std::string::npos) {
+    return engine::ReceiverFailure::kDisconnected;
+  }
+  return engine::ReceiverFailure::kProtocol;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
+    const NcclTransportOptions& options) {
+  if (options.sglang.engines.empty()) {
+    return absl::InvalidArgumentError("NCCL transport: no engines configured");
+  }
+  std::unique_ptr<NcclTransport> t(new NcclTransport(options));
+  WPUB_ASSIGN_OR_RETURN(t->store_, rendezvous::TcpStoreServer::Create(options.store));
+  WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  WPUB_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&t->comm_stream_, cudaStreamNonBlocking));
+  WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t->host_done_, cudaEventDisableTiming));
+  return t;
+}
+
+NcclTransport::NcclTransport(NcclTransportOptions options) : options_(std::move(options)) {}
+
+NcclTransport::~NcclTransport() {
+  StopWatchdog();
+  {
+    std::lock_guard lock(mu_);
+    if (comm_) comm_->Abort();  // terminates anything still on the comm stream
+  }
+  driver_.reset();
+  comm_.reset();
+  if (comm_stream_ != nullptr) cudaStreamSynchronize(comm_stream_);
+  if (host_staging_ != nullptr) cudaFree(host_staging_);
+  if (host_done_ != nullptr) cudaEventDestroy(host_done_);
+  if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
+}
+
+const engines::GroupLayout* NcclTransport::layout() const {
+  return driver_ ? &driver_->layout() : nullptr;
+}
+
+void NcclTransport::TearDownGroup() {
+  if (driver_) {
+    driver_->Leave();  // best effort: engines drop the old group (SGLang keys groups by name)
+    (void)driver_->WaitIdle(absl::Now() + absl::Seconds(5));
+  }
+  std::unique_ptr<NcclComm> old;
+  {
+    std::lock_guard lock(mu_);
+    old = std::move(comm_);
+  }
+  old.reset();  // ncclCommAbort
+  driver_.reset();
+  group_healthy_ = false;
+}
+
+absl::Status NcclTransport::Connect() {
+  StopWatchdog();
+  TearDownGroup();
+  const std::vector<engines::EngineSpec>& all = options_.sglang.engines;
+  std::vector<engines::EngineSpec> alive;
+  if (options_.health_endpoint.empty()) {
+    alive = all;
+  } else {
+    const std::vector<bool> up =
+        engines::ProbeEngines(all, options_.health_endpoint, options_.sglang.connect_timeout);
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (up[i]) alive.push_back(all[i]);
+    }
+  }
+  if (alive.empty()) {
+    return absl::UnavailableError(absl::StrCat("NCCL transport: no engine answered ",
+                                               options_.health_endpoint, " (", all.size(),
+                                               " configured)"));
+  }
+  ++generation_;
+  engines::SglangDriverOptions d = options_.sglang;
+  d.engines = alive;
+  d.master_address = options_.advertise_address;
+  d.master_port = store_->port();
+  d.group_name = absl::StrCat(options_.sglang.group_name, "_", generation_);
+  WPUB_ASSIGN_OR_RETURN(driver_, engines::SglangDriver::Create(d));
+  WPUB_ASSIGN_OR_RETURN(UniqueId id, NewUniqueId());
+  WPUB_ASSIGN_OR_RETURN(std::string key,
+                        rendezvous::UniqueIdKey(options_.unique_id_key_template, d.group_name, 0));
+  store_->Set(key, std::vector<uint8_t>(id.begin(), id.end()));
+  NcclCommOptions co;
+  co.device = options_.device;
+  co.nranks = driver_->layout().world_size;
+  co.rank = 0;
+  co.id = id;
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(co));
+  {
+    std::lock_guard lock(mu_);
+    comm_ = std::move(comm);
+  }
+  driver_->StartJoin();
+  if (absl::Status s = driver_->WaitIdle(absl::Now() + options_.join_timeout); !s.ok()) {
+    TearDownGroup();
+    return absl::UnavailableError(
+        absl::StrCat("weight-update group ", d.group_name, " did not form: ", s.message()));
+  }
+  group_healthy_ = true;
+  return absl::OkStatus();
+}
+
+engine::TransportCapabilities NcclTransport::capabilities() const {
+  engine::TransportCapabilities c;
+  c.name = "nccl";
+  c.host_buckets = true;
+  c.device_buckets = true;
+  c.receiver_paced = false;
+  c.acknowledges_checksums = false;
+  return c;
+}
+
+absl::StatusOr<std::vector<std::string>> NcclTransport::Begin(
+    const engine::PublicationManifest& m) {
+  if (in_flight_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NCCL transport: publication ", version_, " is in flight"));
+  }
+  StopWatchdog();  // left running by an Abort from another thread
+  if (!group_healthy_ || !comm_ || comm_->aborted()) WPUB_RETURN_IF_ERROR(Connect());
+  {
+    std::lock_guard lock(mu_);
+    failure_ = absl::OkStatus();
+  }
+  version_ = m.version;
+  in_flight_ = true;
+  publication_deadline_ = absl::Now() + options_.publication_deadline;
+  driver_->BeginPublication(m.version);
+  StartWatchdog();
+  std::vector<std::string> names;
+  for (const auto& e : driver_->options().engines) names.push_back(e.url);
+  return names;
+}
+
+absl::Status NcclTransport::SendDevice(const engine::BucketManifest& manifest, const void* data,
+                                       uint64_t nbytes, cudaEvent_t ready, cudaEvent_t done) {
+  if (!in_flight_) return absl::FailedPreconditionError("NCCL transport: no publication begun");
+  WPUB_RETURN_IF_ERROR(failure());
+  // The engine posts its receive inside this request's handler: issue it first.
+  driver_->PostBucket(manifest);
+  if (!comm_->ready()) {
+    absl::Status s = comm_->WaitReady(publication_deadline_, [this] { return !failure().ok(); });
+    if (!s.ok()) {
+      Fail(absl::AbortedError(absl::StrCat("NCCL group did not become ready: ", s.message())));
+      return failure();
+    }
+  }
+  WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, ready, 0));
+  if (absl::Status s = comm_->Broadcast(const_cast<void*>(data), nbytes, 0, comm_stream_);
+      !s.ok()) {
+    Fail(absl::AbortedError(absl::StrCat("bucket ", manifest.index, ": ", s.message())));
+    return failure();
+  }
+  WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, comm_stream_));
+  return absl::OkStatus();
+}
+
+absl::Status NcclTransport::Send(std::shared_ptr<const engine::Bucket> bucket) {
+  const uint64_t n = bucket->bytes.size();
+  // The previous host bucket's broadcast must be done before its buffer is overwritten.
+  gpu::HostSyncs uncounted(nullptr);
+  WPUB_RETURN_IF_ERROR(uncounted.EventSynchronize(host_done_, "host bucket buffer reuse"));
+  if (n > host_staging_bytes_) {
+    if (host_staging_ != nullptr) cudaFree(host_staging_);
+    host_staging_ = nullptr;
+    host_staging_bytes_ = 0;
+    WPUB_CUDA_RETURN_IF_ERROR(cudaMalloc(&host_staging_, n));
+    host_staging_bytes_ = n;
+  }
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_staging_, bucket->bytes.data(), n,
+                                            cudaMemcpyHostToDevice, comm_stream_));
+  WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(host_done_, comm_stream_));
+  return SendDevice(bucket->manifest, host_staging_, n, host_done_, host_done_);
+}
+
+absl::Status NcclTransport::WaitAcknowledged(absl::Time deadline) {
+  if (!in_flight_) return absl::FailedPreconditionError("NCCL transport: no publication begun");
+  const absl::Time d = std::min(deadline, publication_deadline_);
+  // The engines answer their bucket requests once their receives completed.
+  for (;;) {
+    WPUB_RETURN_IF_ERROR(failure());
+    const absl::Time step = std::min(d, absl::Now() + absl::Milliseconds(20));
+    absl::Status s = driver_->WaitIdle(step);
+    if (s.ok()) break;
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= d) {
+      Fail(absl::IsDeadlineExceeded(s) ? absl::DeadlineExceededError(absl::StrCat(
+                                             "publication ", version_, ": ", s.message()))
+                                       : s);
+      return failure();
+    }
+  }
+  // And rank 0's side of every broadcast is complete (polled, no blocking wait).
+  cudaEvent_t e = nullptr;
+  WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  absl::Status result = absl::OkStatus();
+  if (cudaError_t err = cudaEventRecord(e, comm_stream_); err != cudaSuccess) {
+    result = absl::InternalError(cudaGetErrorString(err));
+  }
+  while (result.ok()) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) break;
+    if (q != cudaErrorNotReady) {
+      result = absl::InternalError(absl::StrCat("comm stream: ", cudaGetErrorString(q)));
+      break;
+    }
+    if (!failure().ok()) {
+      result = failure();
+      break;
+    }
+    if (absl::Now() >= d) {
+      Fail(absl::DeadlineExceededError("broadcasts did not complete before the deadline"));
+      result = failure();
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+  cudaEventDestroy(e);
+  return result;
+}
+
+absl::Status NcclTransport::Commit() {
+  if (!in_flight_) return absl::FailedPreconditionError("NCCL transport: no publication begun");
+  StopWatchdog();
+  WPUB_RETURN_IF_ERROR(failure());
+  driver_->EndPublication();
+  absl::Status s = driver_->WaitIdle(absl::Now() + options_.sglang.request_timeout);
+  last_outcomes_ = Outcomes();
+  in_flight_ = false;
+  return s;
+}
+
+void NcclTransport::Abort(absl::string_view reason) {
+  Fail(absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
+  {
+    std::lock_guard lock(mu_);
+    last_outcomes_.clear();
+  }
+  in_flight_ = false;
+}
+
+void NcclTransport::Fail(absl::Status why) {
+  std::lock_guard lock(mu_);
+  if (failure_.ok()) failure_ = std::move(why);
+  if (comm_) comm_->Abort();
+  group_healthy_ = false;
+}
+
+absl::Status NcclTransport::failure() const {
+  std::lock_guard lock(mu_);
+  return failure_;
+}
+
+void NcclTransport::StartWatchdog() {
+  {
+    std::lock_guard lock(mu_);
+    watchdog_stop_ = false;
+  }
+  watchdog_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (!watchdog_stop_) {
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.watchdog_interval));
+      if (watchdog_stop_ || !failure_.ok()) continue;
+      NcclComm* comm = comm_.get();
+      lock.unlock();
+      absl::Status why;
+      if (comm != nullptr) {
+        if (absl::Status s = comm->AsyncError(); !s.ok()) why = s;
+      }
+      if (why.ok() && driver_->any_failed()) {
+        std::vector<std::string> errs;
+        for (const auto& o : driver_->outcomes()) {
+          if (o.failed) errs.push_back(o.error);
+        }
+        why = absl::AbortedError(absl::StrJoin(errs, "; "));
+      }
+      if (why.ok() && absl::Now() > publication_deadline_) {
+        why = absl::DeadlineExceededError(absl::StrCat(
+            "publication ", version_, " did not reach every engine within ",
+            absl::FormatDuration(options_.publication_deadline), "; NCCL communicator aborted"));
+      }
+      if (!why.ok()) Fail(why);
+      lock.lock();
+    }
+  });
+}
+
+void NcclTransport::StopWatchdog() {
+  {
+    std::lock_guard lock(mu_);
+    watchdog_stop_ = true;
+  }
+  cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+}
+
+std::vector<engine::ReceiverOutcome> NcclTransport::Outcomes() const {
+  if (!driver_) return {};
+  const absl::Status f = failure();
+  std::vector<engine::ReceiverOutcome> out;
+  bool any_engine_failed = false;
+  for (const auto& o : driver_->outcomes()) any_engine_failed |= o.failed;
+  for (const auto& o : driver_->outcomes()) {
+    engine::ReceiverOutcome r;
+    r.name = o.url;
+    if (o.failed || (!f.ok() && !any_engine_failed)) {
+      r.state = engine::ReceiverState::kFailed;
+      r.error = o.failed ? o.error : std::string(f.message());
+      r.failure = Classify(r.error);
+    } else {
+      r.state = in_flight_ ? engine::ReceiverState::kReceiving : engine::ReceiverState::kStaged;
+      r.committed = !in_flight_ && f.ok();
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<engine::ReceiverInfo> NcclTransport::Receivers() const {
+  std::vector<engine::ReceiverInfo> out;
+  for (const auto& e : options_.sglang.engines) {
+    engine::ReceiverInfo r;
+    r.name = e.url;
+    r.state = group_healthy_ ? engine::ReceiverState::kIdle : engine::ReceiverState::kLeft;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace wpub::nccl

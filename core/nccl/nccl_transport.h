@@ -1,0 +1,122 @@
+// The NCCL weight-update group as an engine::Transport (lifecycle, outcomes) and a
+// gpu::DeviceBucketSink (device buckets). wpubd is rank 0: it serves the TCPStore rendezvous
+// (core/rendezvous), puts the ncclUniqueId under the key ProcessGroupNCCL reads, starts its
+// nonblocking communicator and asks every engine to join through the SGLang driver
+// (core/engines). Per bucket it posts the engine's update request, then enqueues the broadcast
+// on its comm stream after the backend's ready event.
+//
+// Failure handling: while a publication is in flight a watchdog thread polls
+// ncclCommGetAsyncError, the engines' HTTP outcomes and the publication deadline; on any
+// failure it calls ncclCommAbort (which also terminates the broadcast kernels, so no host wait
+// can hang), records why, and the publication fails with ABORTED naming the engines. The next
+// Begin re-forms the group with the engines that answer their health check (a new group name
+// generation, a new unique id), so wpubd keeps serving after a dead engine.
+//
+// Transport contract (core/engine/transport.h) with these specifics: participants are the
+// engine URLs; acknowledgements are the engines' HTTP answers (SGLang reports no checksums, so
+// acknowledges_checksums is false); Commit sends version/end/continue. Thread-safety: as the
+// interface says (Abort from any thread; the rest from the publication thread).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/engine/transport.h"
+#include "core/engines/sglang_driver.h"
+#include "core/gpu/device_sink.h"
+#include "core/nccl/nccl_comm.h"
+#include "core/rendezvous/tcp_store_server.h"
+
+namespace wpub::nccl {
+
+struct NcclTransportOptions {
+  int device = 0;
+  // The TCPStore the engines rendezvous on (master_port = its port).
+  rendezvous::TcpStoreServerOptions store;
+  // The address engines use to reach this host's TCPStore.
+  std::string advertise_address = "127.0.0.1";
+  // Engines, base group name, endpoints; master_address/port are filled in.
+  engines::SglangDriverOptions sglang;
+  // GET before (re-)forming a group; engines that fail it are left out. Empty: no probe.
+  std::string health_endpoint = "/health";
+  std::string unique_id_key_template = std::string(rendezvous::kDefaultUniqueIdKeyTemplate);
+  // Every engine joins (HTTP answer) within this; the communicator is ready at the latest
+  // when the first bucket's broadcast starts, within the same budget.
+  absl::Duration join_timeout = absl::Seconds(120);
+  // Watchdog: from Begin, every bucket must be transferred and answered within this.
+  absl::Duration publication_deadline = absl::Seconds(120);
+  absl::Duration watchdog_interval = absl::Milliseconds(2);
+};
+
+class NcclTransport : public engine::Transport, public gpu::DeviceBucketSink {
+ public:
+  // Starts the TCPStore server and the comm stream; forms no group yet (Connect does).
+  static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const NcclTransportOptions& options);
+  ~NcclTransport() override;
+
+  // ConnectEngines: probes the engines, lays out the group (ranks, world size, group name of
+  // this generation), publishes the unique id, starts the communicator and waits for every
+  // engine's join answer. Called by Begin when no healthy group exists; callable up front.
+  absl::Status Connect();
+  const engines::GroupLayout* layout() const;  // null before the first Connect
+  uint16_t store_port() const { return store_->port(); }
+  int generation() const { return generation_; }
+
+  engine::TransportCapabilities capabilities() const override;
+  absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest& m) override;
+  // Host bucket: copied to a device buffer (one counted wait per bucket), then broadcast.
+  absl::Status Send(std::shared_ptr<const engine::Bucket> bucket) override;
+  absl::Status SendDevice(const engine::BucketManifest& manifest, const void* data, uint64_t nbytes,
+                          cudaEvent_t ready, cudaEvent_t done) override;
+  absl::Status WaitAcknowledged(absl::Time deadline) override;
+  absl::Status Commit() override;
+  void Abort(absl::string_view reason) override;
+  std::vector<engine::ReceiverOutcome> Outcomes() const override;
+  std::vector<engine::ReceiverInfo> Receivers() const override;
+
+  cudaStream_t comm_stream() const { return comm_stream_; }
+
+ private:
+  explicit NcclTransport(NcclTransportOptions options);
+  void StartWatchdog();
+  void StopWatchdog();
+  void Fail(absl::Status why);  // records the first failure, aborts the communicator
+  absl::Status failure() const;
+  void TearDownGroup();
+
+  NcclTransportOptions options_;
+  std::unique_ptr<rendezvous::TcpStoreServer> store_;
+  cudaStream_t comm_stream_ = nullptr;
+  cudaEvent_t host_done_ = nullptr;
+  void* host_staging_ = nullptr;  // device buffer for host buckets
+  uint64_t host_staging_bytes_ = 0;
+
+  // Group state (publication thread).
+  std::unique_ptr<engines::SglangDriver> driver_;
+  std::unique_ptr<NcclComm> comm_;
+  int generation_ = 0;
+  std::atomic<bool> group_healthy_{false};  // cleared by Abort/Fail from any thread
+  std::atomic<bool> in_flight_{false};
+  uint64_t version_ = 0;
+  absl::Time publication_deadline_ = absl::InfiniteFuture();
+  std::vector<engine::ReceiverOutcome> last_outcomes_;
+
+  // Watchdog.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool watchdog_stop_ = true;  // guarded by mu_
+  absl::Status failure_;       // guarded by mu_: first failure of the publication
+  std::thread watchdog_;
+};
+
+}  // namespace wpub::nccl
