@@ -69,8 +69,12 @@ absl::StatusOr<ExpectedPublication> ComputeExpected(const synthetic::SyntheticMo
     for (size_t i = 0; i < batch.tensors.size(); ++i) {
       const policy::TensorPlan& tp = plan.tensors[i];
       if (tp.action == policy::Action::kPass) {
-        ++out.passthrough;
-        if (tp.reason == policy::Reason::kIgnored) ++out.ignored;
+        // The three counts are disjoint: an ignored tensor is not also counted as passed.
+        if (tp.reason == policy::Reason::kIgnored) {
+          ++out.ignored;
+        } else {
+          ++out.passthrough;
+        }
         const TensorDesc& o = plan.outputs[tp.first_output];
         out.output_bytes += inputs[i].size();
         out.tensors[o.name] = ExpectedTensor{o, inputs[i]};

@@ -23,7 +23,7 @@ struct ExpectedTensor {
 struct ExpectedPublication {
   std::map<std::string, ExpectedTensor> tensors;
   uint64_t quantized = 0;    // input tensors quantized
-  uint64_t passthrough = 0;  // input tensors passed through (ignored ones included)
+  uint64_t passthrough = 0;  // input tensors passed through, ignored ones not included
   uint64_t ignored = 0;      // passed through because an ignore rule matched
   uint64_t input_bytes = 0;
   uint64_t output_bytes = 0;
