@@ -56,7 +56,7 @@ bool ParseArgs(int argc, char** argv, Args* a) {
       a->source = v;
     else if (key == "recipe")
       a->recipe = v;
-    else if (!num || n <= 0)
+    else if (!num || n < 0 || (n == 0 && key != "receivers"))
       return false;
     else if (key == "layers")
       a->layers = static_cast<int>(n);
