@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -97,10 +98,15 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
   absl::Status drained = (*engine)->Drain(absl::Now() + options.drain_deadline);
   if (!drained.ok()) spdlog::warn("drain: {}", drained.ToString());
   (*server)->Shutdown(absl::Now() + options.shutdown_grace);
+  spdlog::debug("gRPC server stopped");
   server->reset();
   engine->reset();
   spdlog::info("wpubd stopped");
-  return 0;
+  // The metrics endpoint needs no orderly teardown, and civetweb's stop waits out its poll
+  // interval (about 2 s per shutdown): leave it to the process exit.
+  spdlog::shutdown();
+  std::fflush(nullptr);
+  std::_Exit(0);
 }
 
 }  // namespace
