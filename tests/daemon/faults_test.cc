@@ -234,7 +234,14 @@ TEST_F(FaultsTest, SigtermDuringAPublicationExitsZero) {
   if (report.ok()) {
     EXPECT_NE(report->status(), pb::PUBLICATION_STATUS_UNSPECIFIED);
     if (report->status() == pb::PUBLICATION_STATUS_COMMITTED) {
-      EXPECT_EQ(FileVersion(0), "2");
+      // The receivers apply the commit after the daemon announced it; give them a moment.
+      for (int i = 0; i < 2; ++i) {
+        const absl::Time deadline = absl::Now() + absl::Seconds(10);
+        while (FileVersion(i) != "2" && absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+        EXPECT_EQ(FileVersion(i), "2") << "recv-" << i;
+      }
     }
   } else {
     EXPECT_EQ(FileVersion(0), "1");
