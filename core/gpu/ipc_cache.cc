@@ -22,6 +22,21 @@ int HexValue(char c) {
   return -1;
 }
 
+// cuMemGetAddressRange through the runtime's driver entry point, so that nothing links
+// libcuda directly (binaries then load on machines without a driver, e.g. for test listing).
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+GetAddressRangeFn AddressRangeFn() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<GetAddressRangeFn>(fn);
+}
+
 std::string CudaName(cudaError_t e) {
   return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
 }
@@ -135,8 +150,9 @@ absl::StatusOr<const uint8_t*> IpcCache::Resolve(const engine::CudaIpcSource& so
     }
     CUdeviceptr range_base = 0;
     size_t range_size = 0;
-    if (cuMemGetAddressRange(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) !=
-        CUDA_SUCCESS) {
+    static const GetAddressRangeFn get_range = AddressRangeFn();
+    if (get_range == nullptr ||
+        get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
       cudaIpcCloseMemHandle(base);
       return absl::InternalError(
           absl::StrCat("tensor ", tensor, ": cannot read the extent of the IPC allocation"));

@@ -1,0 +1,317 @@
+// GPU publication path benchmark (a program, not a test): a synthetic model shaped like
+// Qwen3-30B-A3B (48 layers, 128 routed experts of [768, 2048], hidden 2048, attention and norms
+// in BF16) in GPU 0 memory, published to the SGLang emulator on GPU 1 (torch.distributed as
+// SGLang uses it), measured in one run:
+//   (a) wpub NVFP4: GPU backend (amax, quantize, pack, checksums) + NCCL transport;
+//   (b) wpub BF16 passthrough of the same model;
+//   (d) a plain NCCL broadcast of (a)'s byte count (and of (b)'s), in bucket-sized messages,
+//       through a group formed the same way: the transfer limit.
+// (c), the PyTorch per-expert baseline, is torch_baseline.py (run_h200x2.sh runs both).
+// Each case: warm-up, then --iters timed publications; median wall clock, device phases, GB/s
+// (bytes published / wall, GB = 1e9), host syncs, and the ratios. JSON with --json.
+// Usage: gpu_path_bench [--layers 48] [--experts 128] [--hidden 2048] [--inter 768]
+//        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/gpu_path/fill.h"
+#include "core/engines/sglang_driver.h"
+#include "core/gpu/gpu_backend.h"
+#include "core/nccl/nccl_comm.h"
+#include "core/nccl/nccl_transport.h"
+#include "core/rendezvous/tcp_store_server.h"
+#include "nlohmann/json.hpp"
+#include "tests/multi_gpu/moe_fixture.h"
+
+namespace wpub::bench {
+namespace {
+
+using json = nlohmann::json;
+
+#define BENCH_OK(expr)                                                                          \
+  do {                                                                                          \
+    const absl::Status s_ = (expr);                                                             \
+    if (!s_.ok()) {                                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, s_.ToString().c_str()); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+struct Args {
+  testing::MoeShape shape;
+  uint64_t bucket_bytes = uint64_t{512} << 20;
+  int iters = 3;
+  std::string json_path;
+  std::string log_dir = "/tmp";
+  double copy_gbps = 4293;  // D2D copy (read + write) on the lent H200, engines spec
+};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  a.shape.layers = 48;
+  a.shape.experts = 128;
+  a.shape.hidden = 2048;
+  a.shape.inter = 768;
+  a.shape.heads = 32;
+  a.shape.kv_heads = 4;
+  a.shape.head_dim = 128;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--layers")
+      a.shape.layers = std::atoi(v.c_str());
+    else if (k == "--experts")
+      a.shape.experts = std::atoi(v.c_str());
+    else if (k == "--hidden")
+      a.shape.hidden = std::atoll(v.c_str());
+    else if (k == "--inter")
+      a.shape.inter = std::atoll(v.c_str());
+    else if (k == "--bucket_mib")
+      a.bucket_bytes = std::strtoull(v.c_str(), nullptr, 10) << 20;
+    else if (k == "--iters")
+      a.iters = std::atoi(v.c_str());
+    else if (k == "--json")
+      a.json_path = v;
+    else if (k == "--log_dir")
+      a.log_dir = v;
+    else if (k == "--copy_gbps")
+      a.copy_gbps = std::atof(v.c_str());
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// (a) or (b): warm-up + iters publications; the report row.
+json RunWpub(const char* label, bool nvfp4, const Args& args, const testing::ModelLayout& layout,
+             const uint8_t* base, gpu::GpuBackend& backend, nccl::NcclTransport& transport,
+             uint64_t* version, uint64_t* bytes_out) {
+  std::vector<engine::InputTensor> inputs;
+  std::vector<double> wall, amax, compute, total;
+  uint64_t syncs = 0;
+  size_t buckets = 0;
+  for (int it = -1; it < args.iters; ++it) {
+    auto built = testing::BuildPlan(layout, base, nvfp4, args.bucket_bytes, ++*version, &inputs);
+    BENCH_OK(built.status());
+    testing::PublishResult r = testing::Publish(backend, transport, *built, absl::Seconds(600));
+    BENCH_OK(r.status);
+    *bytes_out = built->bytes_out;
+    buckets = built->manifest.buckets.size();
+    if (it < 0) continue;  // warm-up: group formation, buffer growth, NCCL lazy init
+    const gpu::GpuTiming& t = backend.last_timing();
+    wall.push_back(r.wall_seconds);
+    amax.push_back(t.amax_seconds);
+    compute.push_back(t.compute_seconds);
+    total.push_back(t.total_seconds);
+    syncs = r.host_syncs;
+  }
+  json row = {{"case", label},
+              {"wall_seconds", Median(wall)},
+              {"wall_all", wall},
+              {"device_amax_seconds", Median(amax)},
+              {"device_quantize_pack_seconds", Median(compute)},
+              {"device_total_seconds", Median(total)},
+              {"bytes_in", layout.total_bytes},
+              {"bytes_out", *bytes_out},
+              {"buckets", buckets},
+              {"gbps", *bytes_out / Median(wall) / 1e9},
+              {"host_syncs", syncs}};
+  std::printf(
+      "%-22s wall %8.4f s  amax %7.4f  quant+pack %7.4f  device total %7.4f  %9.1f GB/s"
+      "  %lu B out  %zu buckets  %lu host syncs\n",
+      label, Median(wall), Median(amax), Median(compute), Median(total),
+      *bytes_out / Median(wall) / 1e9, static_cast<unsigned long>(*bytes_out), buckets,
+      static_cast<unsigned long>(syncs));
+  return row;
+}
+
+// (d): plain broadcasts of `bytes` in bucket-sized messages through a group of its own.
+json RunPlainBroadcast(const char* label, uint64_t bytes, const Args& args, int port,
+                       rendezvous::TcpStoreServer& store, int generation) {
+  const uint64_t chunk = std::min(args.bucket_bytes, bytes);
+  const int count = static_cast<int>((bytes + chunk - 1) / chunk);
+  engines::SglangDriverOptions d;
+  d.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
+  d.master_port = store.port();
+  d.group_name = absl::StrCat("wpub_bench_raw_", generation);
+  auto driver = engines::SglangDriver::Create(d);
+  BENCH_OK(driver.status());
+  auto id = nccl::NewUniqueId();
+  BENCH_OK(id.status());
+  store.Set(*rendezvous::UniqueIdKey(rendezvous::kDefaultUniqueIdKeyTemplate, d.group_name, 0),
+            std::vector<uint8_t>(id->begin(), id->end()));
+  nccl::NcclCommOptions co;
+  co.nranks = 2;
+  co.id = *id;
+  auto comm = nccl::NcclComm::Create(co);
+  BENCH_OK(comm.status());
+  (*driver)->StartJoin();
+  BENCH_OK((*driver)->WaitIdle(absl::Now() + absl::Seconds(120)));
+  void* buf = nullptr;
+  cudaMalloc(&buf, chunk);
+  cudaMemset(buf, 1, chunk);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> wall, device;
+  for (int it = -1; it < args.iters; ++it) {
+    const std::string body =
+        json({{"group_name", d.group_name}, {"nbytes", chunk}, {"count", count}}).dump();
+    absl::Status recv_status;
+    std::thread receiver([&] {
+      recv_status = testing::HttpPost(port, "/bench_recv", body, absl::Seconds(600)).status();
+    });
+    BENCH_OK((*comm)->WaitReady(absl::Now() + absl::Seconds(120), nullptr));
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaEventRecord(e0, s);
+    for (int i = 0; i < count; ++i) BENCH_OK((*comm)->Broadcast(buf, chunk, 0, s));
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    const double w = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    receiver.join();
+    BENCH_OK(recv_status);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    if (it < 0) continue;
+    wall.push_back(w);
+    device.push_back(ms / 1e3);
+  }
+  const uint64_t moved = chunk * static_cast<uint64_t>(count);
+  json row = {{"case", label},
+              {"wall_seconds", Median(wall)},
+              {"device_seconds", Median(device)},
+              {"bytes", moved},
+              {"messages", count},
+              {"message_bytes", chunk},
+              {"gbps", moved / Median(wall) / 1e9}};
+  std::printf("%-22s wall %8.4f s  device %7.4f s  %9.1f GB/s  %d x %lu B\n", label, Median(wall),
+              Median(device), moved / Median(wall) / 1e9, count, static_cast<unsigned long>(chunk));
+  (*driver)->Leave();
+  (void)(*driver)->WaitIdle(absl::Now() + absl::Seconds(10));
+  comm->reset();
+  cudaFree(buf);
+  cudaStreamDestroy(s);
+  return row;
+}
+
+int Main(int argc, char** argv) {
+  const Args args = Parse(argc, argv);
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+    std::fprintf(stderr, "gpu_path_bench needs 2 GPUs (found %d)\n", n);
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const testing::ModelLayout layout = testing::LayoutModel(args.shape);
+  std::printf(
+      "device: 2 x %s; model: %d layers, %d experts [%ld, %ld], hidden %ld: %.2f GB bf16 "
+      "(%.2f GB routed experts); buckets of %lu MiB\n",
+      prop.name, args.shape.layers, args.shape.experts, static_cast<long>(args.shape.inter),
+      static_cast<long>(args.shape.hidden), static_cast<long>(args.shape.hidden),
+      layout.total_bytes / 1e9, layout.expert_bytes / 1e9,
+      static_cast<unsigned long>(args.bucket_bytes >> 20));
+  cudaSetDevice(0);
+  void* model = nullptr;
+  if (cudaMalloc(&model, layout.total_bytes) != cudaSuccess) {
+    std::fprintf(stderr, "cannot allocate %lu bytes on GPU 0\n",
+                 static_cast<unsigned long>(layout.total_bytes));
+    return 1;
+  }
+  if (FillBf16(model, layout.total_bytes / 2, 2026, nullptr) != cudaSuccess) return 1;
+  cudaDeviceSynchronize();
+
+  const int port = testing::FreePort();
+  auto emulator =
+      testing::StartEmulator(port, 1, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"));
+  BENCH_OK(emulator.status());
+  nccl::NcclTransportOptions to;
+  to.store.bind_address = "127.0.0.1";
+  to.sglang.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
+  to.sglang.group_name = "wpub_bench";
+  to.sglang.request_timeout = absl::Seconds(600);
+  to.publication_deadline = absl::Seconds(600);
+  auto transport = nccl::NcclTransport::Create(to);
+  BENCH_OK(transport.status());
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport->get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  BENCH_OK(backend.status());
+
+  const auto* base = static_cast<const uint8_t*>(model);
+  uint64_t version = 0, bytes_a = 0, bytes_b = 0;
+  json rows = json::array();
+  rows.push_back(RunWpub("(a) wpub nvfp4", true, args, layout, base, **backend, **transport,
+                         &version, &bytes_a));
+  // (a'): amax pipelined per bucket; a non-finite weight is then rejected after the transfer
+  // (before commit) instead of before the first broadcast.
+  gpu::GpuBackendOptions bo2 = bo;
+  bo2.reject_before_send = false;
+  auto pipelined = gpu::GpuBackend::Create(bo2);
+  BENCH_OK(pipelined.status());
+  uint64_t bytes_a2 = 0;
+  json a2 = RunWpub("(a') nvfp4 pipelined", true, args, layout, base, **pipelined, **transport,
+                    &version, &bytes_a2);
+  pipelined->reset();
+  rows.push_back(RunWpub("(b) wpub bf16", false, args, layout, base, **backend, **transport,
+                         &version, &bytes_b));
+  // The plain broadcasts need their own store entry; the transport's server is reused.
+  auto raw_store = rendezvous::TcpStoreServer::Create({"127.0.0.1"});
+  BENCH_OK(raw_store.status());
+  rows.push_back(RunPlainBroadcast("(d) nccl bcast nvfp4B", bytes_a, args, port, **raw_store, 1));
+  rows.push_back(RunPlainBroadcast("(d') nccl bcast bf16B", bytes_b, args, port, **raw_store, 2));
+
+  const double a = rows[0]["wall_seconds"], b = rows[1]["wall_seconds"];
+  const double d = rows[2]["wall_seconds"], d2 = rows[3]["wall_seconds"];
+  const double roofline = (layout.total_bytes + bytes_a) / (args.copy_gbps * 1e9);
+  const double ap = a2["wall_seconds"];
+  json summary = {{"a_over_d", a / d},
+                  {"a_pipelined_over_d", ap / d},
+                  {"a_pipelined_over_max_roofline_d", ap / std::max(roofline, d)},
+                  {"b_over_d_bf16", b / d2},
+                  {"quantize_roofline_seconds", roofline},
+                  {"a_over_max_roofline_d", a / std::max(roofline, d)},
+                  {"goal_a_within_1_3x", a <= 1.3 * std::max(roofline, d)}};
+  std::printf(
+      "ratios: (a)/(d) %.2f; (a)/max(quantize roofline %.4f s, (d)) %.2f (goal <= 1.3); "
+      "(a')/max %.2f; (b)/(d') %.2f\n",
+      a / d, roofline, a / std::max(roofline, d), ap / std::max(roofline, d), b / d2);
+  json out = {{"device", prop.name},
+              {"model",
+               {{"layers", args.shape.layers},
+                {"experts", args.shape.experts},
+                {"hidden", args.shape.hidden},
+                {"inter", args.shape.inter},
+                {"bytes_bf16", layout.total_bytes}}},
+              {"bucket_bytes", args.bucket_bytes},
+              {"iters", args.iters},
+              {"rows", rows},
+              {"pipelined", a2},
+              {"summary", summary}};
+  if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
+  transport->reset();
+  cudaFree(model);
+  return 0;
+}
+
+}  // namespace
+}  // namespace wpub::bench
+
+int main(int argc, char** argv) { return wpub::bench::Main(argc, argv); }

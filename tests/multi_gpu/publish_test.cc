@@ -1,0 +1,332 @@
+// Multi-GPU tests of the GPU publication path (label multi_gpu; skipped with a reason without
+// two GPUs or without python3+torch): wpub's GPU backend + NCCL transport on GPU 0 publishing to
+// the SGLang emulator (torch.distributed as SGLang uses it) on GPU 1.
+//  1. A synthetic MoE read in place from trainer-owned memory (CUDA IPC), several versions,
+//     every tensor byte-compared by the emulator with the CPU reference's buckets.
+//  2. Non-finite weights are rejected before any bucket is sent.
+//  3. The receiver dies mid-publication: the publication aborts within the deadline, the daemon
+//     side keeps working, and the next version commits to a restarted receiver.
+//  4. Host syncs per publication are the same for 8 and 128 experts per layer.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "core/engine/cpu_backend.h"
+#include "core/gpu/gpu_backend.h"
+#include "core/gpu/ipc_cache.h"
+#include "core/nccl/nccl_transport.h"
+#include "nlohmann/json.hpp"
+#include "tests/multi_gpu/moe_fixture.h"
+
+namespace wpub::testing {
+namespace {
+
+using json = nlohmann::json;
+
+class MultiGpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+      GTEST_SKIP() << "needs 2 CUDA devices (one per NCCL rank); found " << n;
+    }
+    if (std::system((Python() + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
+      GTEST_SKIP() << Python() << " with torch is not available (set WPUB_PYTHON)";
+    }
+    char tmpl[] = "/tmp/wpub_multi_gpu_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    if (const char* keep = std::getenv("WPUB_TEST_LOG_DIR")) {
+      dir_ =
+          absl::StrCat(keep, "/", ::testing::UnitTest::GetInstance()->current_test_info()->name());
+      ::mkdir(keep, 0755);
+      ::mkdir(dir_.c_str(), 0755);
+    }
+    shape_.layers = 2;
+    shape_.experts = 8;
+    shape_.hidden = 256;
+    shape_.inter = 128;
+  }
+
+  std::unique_ptr<Child> Emulator(int port, std::vector<std::string> extra) {
+    auto e = StartEmulator(port, 1, extra, absl::StrCat(dir_, "/emulator_", port, ".log"));
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? std::move(*e) : nullptr;
+  }
+
+  std::unique_ptr<nccl::NcclTransport> Transport(int port, absl::Duration deadline) {
+    nccl::NcclTransportOptions o;
+    o.device = 0;
+    o.store.bind_address = "127.0.0.1";
+    o.advertise_address = "127.0.0.1";
+    o.sglang.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
+    o.sglang.group_name = "wpub_test";
+    o.sglang.request_timeout = deadline;
+    o.join_timeout = absl::Seconds(60);
+    o.publication_deadline = deadline;
+    auto t = nccl::NcclTransport::Create(o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  }
+
+  // The CPU reference's buckets for `seed`, written where the emulator looks for them.
+  std::vector<uint64_t> WriteExpected(const ModelLayout& layout, uint64_t seed, uint64_t version,
+                                      uint64_t bucket_bytes) {
+    std::vector<uint8_t> host(layout.total_bytes);
+    FillHost(layout, seed, host.data());
+    std::vector<engine::InputTensor> inputs;
+    auto built = BuildPlan(layout, host.data(), true, bucket_bytes, version, &inputs);
+    EXPECT_TRUE(built.ok()) << built.status();
+    const std::string vdir = absl::StrCat(dir_, "/v", version);
+    ::mkdir(vdir.c_str(), 0755);
+    std::vector<uint64_t> sums;
+    auto cpu = engine::CpuBackend::Create({4});
+    engine::SyncCounter syncs;
+    engine::ExecutionHooks hooks;
+    hooks.syncs = &syncs;
+    hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) {
+      std::ofstream f(absl::StrCat(vdir, "/bucket", b->manifest.index, ".bin"), std::ios::binary);
+      f.write(reinterpret_cast<const char*>(b->bytes.data()),
+              static_cast<std::streamsize>(b->bytes.size()));
+      sums.push_back(b->manifest.checksum);
+      return absl::OkStatus();
+    };
+    EXPECT_TRUE((*cpu)->Execute(built->plan, hooks).ok());
+    return sums;
+  }
+
+  // The emulator's record of `version`.
+  json Stats(int port, uint64_t version) {
+    auto body = HttpGet(port, "/stats");
+    EXPECT_TRUE(body.ok()) << body.status();
+    if (!body.ok()) return json();
+    json j = json::parse(*body);
+    const std::string v = std::to_string(version);
+    return j["versions"].contains(v) ? j["versions"][v] : json();
+  }
+
+  void ExpectDelivered(int port, const BuiltPlan& built) {
+    json s = Stats(port, built.manifest.version);
+    ASSERT_FALSE(s.is_null()) << "the emulator saw no bucket of version " << built.manifest.version;
+    EXPECT_EQ(s["buckets"].get<size_t>(), built.manifest.buckets.size());
+    EXPECT_EQ(s["checked"].get<size_t>(), built.plan.outputs.size());
+    EXPECT_EQ(s["bytes"].get<uint64_t>(), built.bytes_out);
+    EXPECT_TRUE(s["mismatches"].empty()) << s["mismatches"].dump(1);
+  }
+
+  std::string dir_;
+  MoeShape shape_;
+};
+
+TEST_F(MultiGpuTest, EveryByteFromTrainerIpcMemoryReachesTheEngine) {
+  const int port = FreePort();
+  auto emulator = Emulator(port, {"--expect-dir", dir_});
+  ASSERT_TRUE(emulator);
+  auto trainer = Child::Spawn(
+      {SiblingBinary("multi_gpu_ipc_trainer"), "0", std::to_string(shape_.layers),
+       std::to_string(shape_.experts), std::to_string(shape_.hidden), std::to_string(shape_.inter)},
+      dir_ + "/trainer.log", true);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto ready = (*trainer)->ReadLine(absl::Seconds(60));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  std::istringstream is(*ready);
+  std::string word, hex, uuid;
+  uint64_t total = 0;
+  is >> word >> hex >> uuid >> total;
+  ASSERT_EQ(word, "ready");
+  ASSERT_EQ(hex.size(), 128u);
+  const ModelLayout layout = LayoutModel(shape_);
+  ASSERT_EQ(total, layout.total_bytes);
+
+  auto cache = gpu::IpcCache::Create({});
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  engine::CudaIpcSource src;
+  for (size_t i = 0; i < 64; ++i) src.handle[i] = std::stoi(hex.substr(2 * i, 2), nullptr, 16);
+  src.device_uuid = uuid;
+
+  auto transport = Transport(port, absl::Seconds(60));
+  ASSERT_TRUE(transport);
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport.get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+
+  const uint64_t bucket_bytes = 256 << 10;
+  for (uint64_t version = 1; version <= 3; ++version) {
+    const uint64_t seed = 100 + version;
+    ASSERT_TRUE((*trainer)->WriteLine(absl::StrCat("fill ", seed)).ok());
+    auto filled = (*trainer)->ReadLine(absl::Seconds(60));
+    ASSERT_TRUE(filled.ok()) << filled.status();
+    const std::vector<uint64_t> want = WriteExpected(layout, seed, version, bucket_bytes);
+    // Every tensor resolved through the IPC cache (one open for the whole allocation).
+    const uint8_t* base = nullptr;
+    for (const ModelTensor& t : layout.tensors) {
+      src.offset = t.offset;
+      src.length = t.nbytes;
+      auto p = (*cache)->Resolve(src, t.nbytes, t.name);
+      ASSERT_TRUE(p.ok()) << p.status();
+      if (base == nullptr) base = *p - t.offset;
+      ASSERT_EQ(*p, base + t.offset);
+    }
+    std::vector<engine::InputTensor> inputs;
+    auto built = BuildPlan(layout, base, true, bucket_bytes, version, &inputs);
+    ASSERT_TRUE(built.ok()) << built.status();
+    ASSERT_GT(built->manifest.buckets.size(), 3u);
+    PublishResult r = Publish(**backend, *transport, *built, absl::Seconds(60));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    ExpectDelivered(port, *built);
+    EXPECT_EQ((*backend)->last_checksums(), want);
+    if (version > 1) {
+      EXPECT_EQ(r.host_syncs, 2u) << "version " << version;
+    }
+    std::printf("version %lu: %zu buckets, %lu bytes, %.3f s, %lu host syncs\n",
+                static_cast<unsigned long>(version), built->manifest.buckets.size(),
+                static_cast<unsigned long>(built->bytes_out), r.wall_seconds,
+                static_cast<unsigned long>(r.host_syncs));
+  }
+  EXPECT_EQ((*cache)->opens(), 1u);
+  // A range beyond the allocation and a foreign device are clear errors.
+  src.offset = layout.total_bytes;
+  src.length = 16;
+  EXPECT_TRUE(absl::IsOutOfRange((*cache)->Resolve(src, 16, "beyond").status()));
+  (void)(*trainer)->WriteLine("quit");
+}
+
+// Device memory of this process (the backend reads it in place), filled for `seed`.
+struct DeviceModel {
+  explicit DeviceModel(const ModelLayout& layout) : layout(layout) {
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&ptr, layout.total_bytes), cudaSuccess);
+  }
+  ~DeviceModel() { cudaFree(ptr); }
+  void Fill(uint64_t seed) {
+    std::vector<uint8_t> host(layout.total_bytes);
+    FillHost(layout, seed, host.data());
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  const uint8_t* base() const { return static_cast<const uint8_t*>(ptr); }
+  const ModelLayout& layout;
+  void* ptr = nullptr;
+};
+
+TEST_F(MultiGpuTest, NonFiniteWeightsAreRejectedBeforeAnythingIsSent) {
+  const int port = FreePort();
+  auto emulator = Emulator(port, {});
+  ASSERT_TRUE(emulator);
+  const ModelLayout layout = LayoutModel(shape_);
+  DeviceModel model(layout);
+  model.Fill(7);
+  const ModelTensor* victim = nullptr;
+  for (const auto& t : layout.tensors) {
+    if (t.quantize && t.name.find("experts.5.down_proj") != std::string::npos) {
+      victim = &t;
+    }
+  }
+  ASSERT_NE(victim, nullptr);
+  const uint16_t nan = 0x7FC0;
+  ASSERT_EQ(cudaMemcpy(static_cast<uint8_t*>(model.ptr) + victim->offset + 64, &nan, 2,
+                       cudaMemcpyHostToDevice),
+            cudaSuccess);
+  auto transport = Transport(port, absl::Seconds(60));
+  ASSERT_TRUE(transport);
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport.get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok());
+  std::vector<engine::InputTensor> inputs;
+  auto built = BuildPlan(layout, model.base(), true, 256 << 10, 1, &inputs);
+  ASSERT_TRUE(built.ok());
+  PublishResult r = Publish(**backend, *transport, *built, absl::Seconds(60));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status)) << r.status;
+  EXPECT_NE(r.status.message().find(victim->name), std::string::npos) << r.status;
+  EXPECT_TRUE(Stats(port, 1).is_null()) << "a bucket of the rejected version was sent";
+  // The same daemon side publishes the repaired weights.
+  model.Fill(8);
+  auto built2 = BuildPlan(layout, model.base(), true, 256 << 10, 2, &inputs);
+  ASSERT_TRUE(built2.ok());
+  r = Publish(**backend, *transport, *built2, absl::Seconds(60));
+  EXPECT_TRUE(r.status.ok()) << r.status;
+}
+
+TEST_F(MultiGpuTest, ReceiverKilledMidPublicationAbortsThenRestartedReceiverCommits) {
+  const int port = FreePort();
+  auto emulator = Emulator(port, {"--die-at-bucket", "2"});
+  ASSERT_TRUE(emulator);
+  const ModelLayout layout = LayoutModel(shape_);
+  DeviceModel model(layout);
+  model.Fill(11);
+  const absl::Duration deadline = absl::Seconds(20);
+  auto transport = Transport(port, deadline);
+  ASSERT_TRUE(transport);
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport.get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok());
+  std::vector<engine::InputTensor> inputs;
+  auto built = BuildPlan(layout, model.base(), true, 256 << 10, 1, &inputs);
+  ASSERT_TRUE(built.ok());
+  ASSERT_GT(built->manifest.buckets.size(), 3u);
+  PublishResult r = Publish(**backend, *transport, *built, absl::Seconds(60));
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_LT(r.wall_seconds, absl::ToDoubleSeconds(deadline) + 5) << r.status;
+  ASSERT_EQ(r.outcomes.size(), 1u);
+  EXPECT_EQ(r.outcomes[0].state, engine::ReceiverState::kFailed);
+  EXPECT_FALSE(r.outcomes[0].committed);
+  std::printf("aborted after %.3f s: %s\n", r.wall_seconds, r.status.ToString().c_str());
+  EXPECT_FALSE(emulator->Running());
+
+  // Restart the receiver at the same address; the next version re-forms the group.
+  emulator.reset();
+  auto restarted = Emulator(port, {"--expect-dir", dir_});
+  ASSERT_TRUE(restarted);
+  model.Fill(12);
+  WriteExpected(layout, 12, 2, 256 << 10);
+  auto built2 = BuildPlan(layout, model.base(), true, 256 << 10, 2, &inputs);
+  ASSERT_TRUE(built2.ok());
+  r = Publish(**backend, *transport, *built2, absl::Seconds(60));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(transport->generation(), 2);
+  ExpectDelivered(port, *built2);
+}
+
+TEST_F(MultiGpuTest, HostSyncsPerPublicationDoNotGrowWithExperts) {
+  const int port = FreePort();
+  auto emulator = Emulator(port, {});
+  ASSERT_TRUE(emulator);
+  auto transport = Transport(port, absl::Seconds(60));
+  ASSERT_TRUE(transport);
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport.get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok());
+  std::map<int, uint64_t> syncs;
+  uint64_t version = 0;
+  for (int experts : {8, 128}) {
+    MoeShape shape = shape_;
+    shape.experts = experts;
+    const ModelLayout layout = LayoutModel(shape);
+    DeviceModel model(layout);
+    model.Fill(experts);
+    for (int rep = 0; rep < 2; ++rep) {  // the first may grow buffers (counted allocations)
+      std::vector<engine::InputTensor> inputs;
+      auto built = BuildPlan(layout, model.base(), true, 1 << 20, ++version, &inputs);
+      ASSERT_TRUE(built.ok());
+      PublishResult r = Publish(**backend, *transport, *built, absl::Seconds(60));
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      syncs[experts] = r.host_syncs;
+      std::printf("%d experts/layer, rep %d: %zu tensors, %zu buckets, %lu host syncs\n", experts,
+                  rep, built->plan.outputs.size(), built->manifest.buckets.size(),
+                  static_cast<unsigned long>(r.host_syncs));
+    }
+  }
+  EXPECT_EQ(syncs[8], syncs[128]);
+  EXPECT_EQ(syncs[8], 2u);
+}
+
+}  // namespace
+}  // namespace wpub::testing

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""An SGLang engine stand-in for wpub's multi-GPU tests and benchmark.
+
+It serves SGLang's weight-update HTTP routes with Python's http.server and builds its
+weight-update group exactly as SGLang does (torch.distributed `rendezvous` + `PrefixStore(group
+name)` + `_new_process_group_helper`, backend nccl), so wpubd's TCPStore server, unique-id key and
+NCCL broadcasts are exercised against torch itself. Each `/update_weights_from_distributed` with
+`load_format: flattened_bucket` receives ONE uint8 broadcast and decodes every tensor as
+`buf[off:off+n].view(dtype).reshape(shape)`. With --expect-dir, every tensor is compared byte for
+byte with the expected bucket file `<dir>/v<version>/bucket<index>.bin` (written by the test from
+the CPU reference); results are served on GET /stats.
+
+Test-only extras: GET /health, GET /stats, POST /bench_recv (receive `count` broadcasts of `nbytes`
+for the plain-NCCL baseline), --die-at-bucket N (SIGKILL itself when bucket N's request arrives:
+a receiver dying mid-publication).
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+}
+
+
+def init_custom_process_group(backend, init_method, timeout, world_size, rank, group_name,
+                              device_id=None):
+    """What SGLang's utils.init_custom_process_group does (torch >= 2.6 argument names)."""
+    from torch.distributed.distributed_c10d import (Backend, PrefixStore,
+                                                    _new_process_group_helper, _world,
+                                                    rendezvous)
+    backend = Backend(backend)
+    rendezvous_iterator = rendezvous(init_method, rank, world_size, timeout=timeout)
+    store, rank, world_size = next(rendezvous_iterator)
+    store.set_timeout(timeout)
+    store = PrefixStore(group_name, store)
+    kwargs = {"backend_options": None}
+    if device_id is not None:
+        kwargs["device_id"] = device_id
+    pg, _ = _new_process_group_helper(world_size, rank, [], backend, store,
+                                      group_name=group_name, timeout=timeout, **kwargs)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+class Engine:
+    def __init__(self, args):
+        self.args = args
+        self.device = torch.device("cuda", args.gpu)
+        torch.cuda.set_device(self.device)
+        self.groups = {}
+        self.lock = threading.Lock()
+        self.stats = {"versions": {}, "weight_version": None, "calls": [], "errors": []}
+        self.weights = {}
+
+    # -- helpers -----------------------------------------------------------------------------
+    def record(self, version, **kw):
+        v = self.stats["versions"].setdefault(
+            str(version), {"buckets": 0, "tensors": 0, "bytes": 0, "mismatches": [],
+                           "checked": 0, "recv_seconds": 0.0})
+        for k, val in kw.items():
+            if isinstance(val, list):
+                v[k].extend(val)
+            else:
+                v[k] += val
+
+    def expected_bucket(self, version, index):
+        if not self.args.expect_dir:
+            return None
+        path = os.path.join(self.args.expect_dir, f"v{version}", f"bucket{index}.bin")
+        with open(path, "rb") as f:
+            return f.read()
+
+    # -- routes ------------------------------------------------------------------------------
+    def init_group(self, req):
+        timeout = __import__("datetime").timedelta(seconds=self.args.nccl_timeout)
+        device_id = self.device if self.args.eager_init else None
+        pg = init_custom_process_group(
+            backend=req.get("backend", "nccl"),
+            init_method=f"tcp://{req['master_address']}:{req['master_port']}",
+            timeout=timeout, world_size=req["world_size"],
+            rank=req["rank_offset"] + 0, group_name=req["group_name"], device_id=device_id)
+        self.groups[req["group_name"]] = pg
+        return {"success": True, "message": f"joined {req['group_name']} as rank "
+                                            f"{req['rank_offset']}"}
+
+    def destroy_group(self, req):
+        pg = self.groups.pop(req.get("group_name"), None)
+        if pg is not None:
+            try:
+                dist.destroy_process_group(pg)
+            except Exception as e:  # a group broken by an aborted peer may refuse a clean exit
+                self.stats["errors"].append(f"destroy: {e}")
+        return {"success": True, "message": "destroyed"}
+
+    def update(self, req):
+        names, dtypes, shapes = req["names"], req["dtypes"], req["shapes"]
+        pg = self.groups[req["group_name"]]
+        version = req.get("weight_version")
+        index = self.stats.setdefault("bucket_counter", {}).get(str(version), 0)
+        self.stats["bucket_counter"][str(version)] = index + 1
+        if self.args.die_at_bucket is not None and index == self.args.die_at_bucket:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if req.get("load_format") != "flattened_bucket":
+            raise ValueError("this emulator takes load_format=flattened_bucket only")
+        sizes = []
+        for dt, shp in zip(dtypes, shapes):
+            n = 1
+            for d in shp:
+                n *= d
+            sizes.append(n * torch.empty((), dtype=DTYPES[dt]).element_size())
+        total = sum(sizes)
+        t0 = time.perf_counter()
+        buf = torch.empty(total, dtype=torch.uint8, device=self.device)
+        dist.broadcast(buf, src=0, group=pg)
+        torch.cuda.synchronize(self.device)
+        recv = time.perf_counter() - t0
+        mismatches = []
+        checked = 0
+        expected = self.expected_bucket(version, index)
+        off = 0
+        host = buf.cpu() if expected is not None else None
+        for name, dt, shp, n in zip(names, dtypes, shapes, sizes):
+            t = buf[off:off + n].view(DTYPES[dt]).reshape(shp)  # SGLang's decode
+            if expected is not None:
+                got = host[off:off + n].numpy().tobytes()
+                want = expected[off:off + n]
+                checked += 1
+                if got != want:
+                    first = next(i for i in range(n) if got[i] != want[i])
+                    mismatches.append(f"v{version} bucket {index} {name}: first differing byte "
+                                      f"{first} got {got[first]} want {want[first]}")
+            if self.args.keep:
+                self.weights[name] = t
+            off += n
+        if expected is not None and len(expected) != total:
+            mismatches.append(f"v{version} bucket {index}: {total} bytes received, expected "
+                              f"file has {len(expected)}")
+        self.record(version, buckets=1, tensors=len(names), bytes=total, checked=checked,
+                    mismatches=mismatches, recv_seconds=recv)
+        return {"success": True, "message": f"bucket {index}: {len(names)} tensors"}
+
+    def bench_recv(self, req):
+        pg = self.groups[req["group_name"]]
+        buf = torch.empty(req["nbytes"], dtype=torch.uint8, device=self.device)
+        for _ in range(req["count"]):
+            dist.broadcast(buf, src=0, group=pg)
+        torch.cuda.synchronize(self.device)
+        return {"success": True, "message": "received"}
+
+    def handle(self, method, path, body):
+        self.stats["calls"].append(path)
+        if path == "/health":
+            return 200, {"ok": True}
+        if path == "/stats":
+            return 200, self.stats
+        req = json.loads(body) if body else {}
+        routes = {
+            "/init_weights_update_group": self.init_group,
+            "/destroy_weights_update_group": self.destroy_group,
+            "/update_weights_from_distributed": self.update,
+            "/bench_recv": self.bench_recv,
+        }
+        if path in routes:
+            with self.lock:  # SGLang serializes weight updates (model_update_lock)
+                try:
+                    return 200, routes[path](req)
+                except Exception as e:
+                    self.stats["errors"].append(f"{path}: {e}")
+                    traceback.print_exc()
+                    return 400, {"success": False, "message": str(e)}
+        if path == "/update_weight_version":
+            self.stats["weight_version"] = req.get("new_version")
+            return 200, {"success": True, "message": "ok"}
+        if path in ("/pause_generation", "/flush_cache", "/begin_weight_update",
+                    "/end_weight_update", "/continue_generation"):
+            return 200, {"success": True, "message": "ok"}
+        return 404, {"success": False, "message": f"no route {path}"}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--gpu", type=int, default=1)
+    p.add_argument("--expect-dir", default="")
+    p.add_argument("--die-at-bucket", type=int, default=None)
+    p.add_argument("--eager-init", action="store_true", help="pass device_id (eager NCCL init)")
+    p.add_argument("--keep", action="store_true", help="keep received tensors (as weights)")
+    p.add_argument("--nccl-timeout", type=float, default=120)
+    args = p.parse_args()
+    engine = Engine(args)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _serve(self, method):
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else b""
+            code, obj = engine.handle(method, self.path, body)
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._serve("GET")
+
+        def do_POST(self):
+            self._serve("POST")
+
+        def log_message(self, fmt, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server.daemon_threads = True
+    print(f"sglang emulator on :{args.port} gpu {args.gpu} torch {torch.__version__}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Stages the GPU-path binaries for a device run: copies them and every shared library they
+# need that the device image does not provide (found with ldd; glibc, libstdc++, libgcc_s,
+# libnccl and the driver's libcuda are skipped: the device has its own) into .devbin/ at the
+# repository root, stripped of debug info, and checks the total stays under 45 MB.
+# Usage: tests/multi_gpu/stage_devbin.sh [build dir, default build-gpu]
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${1:-$ROOT/build-gpu}
+DEST=$ROOT/.devbin
+BINS=(
+  tests/multi_gpu/multi_gpu_publish_test
+  tests/multi_gpu/multi_gpu_ipc_trainer
+  tests/gpu_path/gpu_path_rendezvous_test
+  tests/gpu_path/gpu_path_sglang_driver_test
+  tests/gpu_path/gpu_path_ipc_test
+  bench/gpu_path/gpu_path_bench
+)
+SKIP='^(libc|libm|libdl|libpthread|librt|libutil|libresolv|ld-linux[^ ]*|linux-vdso|libstdc\+\+|libgcc_s|libnccl|libcuda)\.so'
+rm -rf "$DEST"
+mkdir -p "$DEST/lib"
+for b in "${BINS[@]}"; do
+  if [[ ! -x $BUILD/$b ]]; then
+    echo "missing $BUILD/$b (build it first)" >&2
+    exit 1
+  fi
+  cp "$BUILD/$b" "$DEST/"
+  strip --strip-debug "$DEST/$(basename "$b")"
+  ldd "$BUILD/$b" | awk '/=> \// {print $1, $3}' | while read -r name path; do
+    if [[ $name =~ $SKIP ]]; then continue; fi
+    if [[ ! -e $DEST/lib/$name ]]; then
+      cp -L "$path" "$DEST/lib/$name"
+      strip --strip-debug "$DEST/lib/$name" 2>/dev/null || true
+    fi
+  done
+done
+# Keep the staged folder out of git (it travels as a carried path).
+grep -qx '/.devbin/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.devbin/' >>"$ROOT/.git/info/exclude"
+SIZE=$(du -sm "$DEST" | cut -f1)
+echo "staged $(ls "$DEST" | wc -l) binaries and $(ls "$DEST/lib" | wc -l) libraries: ${SIZE} MB in $DEST"
+if ((SIZE >= 45)); then
+  echo "too large for a carried path (>= 45 MB)" >&2
+  exit 1
+fi
