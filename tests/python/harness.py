@@ -213,7 +213,7 @@ def reference(workdir: str, batches, recipe: str = "nvfp4"):
         dst = os.path.join(workdir, "ref-out.safetensors")
         write_safetensors(src, inputs)
         subprocess.run([binary("WPUB_QUANTIZE_REF"), f"--input={src}", f"--output={dst}",
-                        f"--recipe={recipe}", *[f"--group={g}" for g in groups]], check=True)
+                        f"--recipe={recipe}", f"--groups={';'.join(groups)}"], check=True)
         expected.update(read_safetensors(dst)[0])
     return expected
 

@@ -3,7 +3,7 @@
 // second NVFP4 implementation in Python.
 //
 //   wpub-quantize-ref --input=in.safetensors --output=ref.safetensors [--recipe=nvfp4]
-//                     --group=a.gate_proj.weight,a.up_proj.weight --group=b.down_proj.weight ...
+//                     --groups='a.gate_proj.weight,a.up_proj.weight;b.down_proj.weight;...'
 //
 // Every tensor of a group (bf16/fp16/fp32, rank 2, or rank 3 for an expert stack) is quantized
 // with the group's shared amax (a gate/up pair is one group), giving the policy's three outputs
@@ -26,8 +26,8 @@
 ABSL_FLAG(std::string, input, "", "safetensors file holding the input tensors.");
 ABSL_FLAG(std::string, output, "", "safetensors file to write the reference outputs to.");
 ABSL_FLAG(std::string, recipe, "nvfp4", "Recipe (nvfp4 or nvfp4_4over6:<mode>).");
-ABSL_FLAG(std::vector<std::string>, group, {},
-          "Comma-separated tensor names sharing one amax; repeat the flag per group.");
+ABSL_FLAG(std::string, groups, "",
+          "Groups of tensors sharing one amax: groups separated by ';', names in a group by ','.");
 
 namespace wpub {
 namespace {
@@ -69,7 +69,9 @@ absl::Status Run() {
   WPUB_ASSIGN_OR_RETURN(engine::ParsedRecipe recipe,
                         engine::ParseRecipeString(absl::GetFlag(FLAGS_recipe)));
   std::vector<Output> outputs;
-  for (const std::string& group : absl::GetFlag(FLAGS_group)) {
+  for (absl::string_view group_view :
+       absl::StrSplit(absl::GetFlag(FLAGS_groups), ';', absl::SkipEmpty())) {
+    const std::string group(group_view);
     std::vector<std::string> names = absl::StrSplit(group, ',', absl::SkipEmpty());
     std::vector<kernels::WeightDesc> members;
     for (const std::string& name : names) {
@@ -131,7 +133,7 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "wpub-quantize-ref --input=in.safetensors --output=ref.safetensors --group=a,b ...");
+      "wpub-quantize-ref --input=in.safetensors --output=ref.safetensors --groups='a,b;c'");
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_input).empty() || absl::GetFlag(FLAGS_output).empty()) {
     std::fprintf(stderr, "wpub-quantize-ref: --input and --output are required\n");

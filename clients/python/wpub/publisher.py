@@ -66,8 +66,16 @@ class _RequestStream:
             except queue.Full:
                 continue
 
-    def close(self) -> None:
-        """Ends the stream, dropping anything unsent (unblocks gRPC's consumer thread)."""
+    def close(self, call) -> None:
+        """Ends the stream after everything queued was sent; once the RPC is over, drops what
+        is unsent instead (gRPC's consumer thread may be blocked waiting for a message)."""
+        while True:
+            try:
+                self._q.put(_END, timeout=_POLL_S)
+                return
+            except queue.Full:
+                if call.done():
+                    break
         while True:
             try:
                 self._q.put_nowait(_END)
@@ -293,7 +301,7 @@ class Publisher:
                 pending = e
                 call.cancel()
             finally:
-                stream.close()
+                stream.close(call)
             report_msg = self._wait(call)
             reported = pending is None
         except errors.WpubError as e:
