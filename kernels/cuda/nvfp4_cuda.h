@@ -123,11 +123,11 @@ KernelStatus LaunchQdq(const QdqJob* jobs, int num_jobs, QuantMode mode, cudaStr
 size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs);
 
 // Computes each job's amax into `workspace`, then runs the fused QDQ; jobs[i].amax is ignored.
-// Jobs go in groups of at most `group_bytes` of input (0: the device's L2 size; a larger job is
-// a group of its own): one amax launch per group, then the group's QDQ, so the second read of
-// the group finds much of it in L2. `workspace` is a device buffer of at least
-// QdqComputeAmaxWorkspaceBytes(jobs, num_jobs) bytes, 256-byte aligned; once the stream has
-// run this work it holds the amax per slice (floats at offset 0, job after job) and the int64
+// Jobs go in groups of at most `group_bytes` of input (<= 0: one group; a larger job is a group
+// of its own): one amax launch per group, then the group's QDQ. One group is the fastest on an
+// H200 (see bench/RESULTS.md); the knob exists for measurements. `workspace` is a device buffer of
+// at least QdqComputeAmaxWorkspaceBytes(jobs, num_jobs) bytes, 256-byte aligned; once the stream
+// has run this work it holds the amax per slice (floats at offset 0, job after job) and the int64
 // non-finite counts (at QdqWorkspaceCountOffset(jobs, num_jobs)).
 KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mode, void* workspace,
                                   size_t workspace_bytes, cudaStream_t stream,

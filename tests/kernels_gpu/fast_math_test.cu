@@ -18,7 +18,8 @@ namespace {
 
 using detail::DivByConstant;
 using detail::E2M1CodeOfValue;
-using detail::E2M1Value;
+using detail::E2M1Magnitude;
+using detail::E2M1ValueOfProduct;
 using detail::FastE4M3;
 using detail::FastRcp;
 using detail::Narrow;
@@ -30,36 +31,42 @@ struct Mismatch {
 };
 
 enum class Check : int {
-  kE2M1Value,
-  kE2M1Code,
+  kE2M1Magnitude,
+  kE2M1Product,  // E2M1ValueOfProduct(x, param) and its code
   kE4M3,
   kRcp,
   kDiv2688,
   kDiv1536,
-  kDiv6,
   kBf16,
   kFp16,
 };
 
 __device__ bool Same(float a, float b) { return __float_as_uint(a) == __float_as_uint(b); }
 
-__device__ bool CheckOne(Check c, uint32_t bits) {
+// DivByConstant's documented domain: zero, or 2^-100 <= |a| <= 2^112.
+__device__ bool InDivDomain(float a) {
+  const float m = fabsf(a);
+  return m == 0.0f || (m >= 0x1p-100f && m <= 0x1p112f);
+}
+
+__device__ bool CheckOne(Check c, uint32_t bits, float param) {
   const float x = __uint_as_float(bits);
   switch (c) {
-    case Check::kE2M1Value:
-      return Same(E2M1Value(x), E2M1ToFloat(FloatToE2M1(x)));
-    case Check::kE2M1Code:
-      return E2M1CodeOfValue(E2M1Value(x)) == FloatToE2M1(x);
+    case Check::kE2M1Magnitude:
+      return Same(E2M1Magnitude(x), FAbs(E2M1ToFloat(FloatToE2M1(x))));
+    case Check::kE2M1Product: {
+      const float v = E2M1ValueOfProduct(x, param);
+      const uint8_t want = FloatToE2M1(FMul(x, param));
+      return Same(v, E2M1ToFloat(want)) && E2M1CodeOfValue(v) == want;
+    }
     case Check::kE4M3:
       return FastE4M3(x) == FloatToE4M3(x);
     case Check::kRcp:
       return Same(FastRcp(x), FDiv(1.0f, x));
     case Check::kDiv2688:
-      return Same(DivByConstant<2688>(x), FDiv(x, 2688.0f));
+      return !InDivDomain(x) || Same(DivByConstant<2688>(x), FDiv(x, 2688.0f));
     case Check::kDiv1536:
-      return Same(DivByConstant<1536>(x), FDiv(x, 1536.0f));
-    case Check::kDiv6:
-      return Same(DivByConstant<6>(x), FDiv(x, 6.0f));
+      return !InDivDomain(x) || Same(DivByConstant<1536>(x), FDiv(x, 1536.0f));
     case Check::kBf16:
       return Narrow<ElemType::kBF16>(x) == FloatToBf16(x);
     case Check::kFp16:
@@ -68,10 +75,10 @@ __device__ bool CheckOne(Check c, uint32_t bits) {
   return false;
 }
 
-__global__ void ExhaustiveKernel(Check c, uint64_t n, Mismatch* out) {
+__global__ void ExhaustiveKernel(Check c, float param, uint64_t n, Mismatch* out) {
   for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
        i += uint64_t{gridDim.x} * blockDim.x) {
-    if (!CheckOne(c, static_cast<uint32_t>(i))) {
+    if (!CheckOne(c, static_cast<uint32_t>(i), param)) {
       atomicAdd(&out->count, 1ull);
       atomicMin(&out->first, static_cast<unsigned long long>(i));
     }
@@ -167,6 +174,34 @@ __global__ void BlockFuzzKernel(uint64_t num_blocks, uint64_t salt, Mismatch* ou
   }
 }
 
+// Everything about one fuzzed block, for the failure message.
+struct BlockDetail {
+  float x[kBlockSize];
+  float amax;
+  uint32_t ref_sf;
+  uint32_t fast_sf;
+  uint32_t ref_codes[kBlockSize];
+  uint32_t fast_codes[kBlockSize];
+};
+
+template <class Traits>
+__global__ void BlockDetailKernel(uint64_t b, uint64_t salt, BlockDetail* d) {
+  float x[kBlockSize];
+  float amax;
+  FuzzBlock(b ^ salt, x, amax);
+  uint8_t codes[kBlockSize];
+  d->ref_sf = QuantizeBlock<Traits>(x, MakeTensorScales(amax, Traits::kE4M3Max), codes);
+  detail::QuantBlock qb;
+  detail::QuantizeBlockFast<Traits>(x, detail::MakeSliceScales<Traits>(amax), qb);
+  d->fast_sf = qb.sf;
+  d->amax = amax;
+  for (int i = 0; i < kBlockSize; ++i) {
+    d->x[i] = x[i];
+    d->ref_codes[i] = codes[i];
+    d->fast_codes[i] = E2M1CodeOfValue(qb.q[i]);
+  }
+}
+
 class FastMathTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -188,16 +223,36 @@ class FastMathTest : public ::testing::Test {
 };
 
 TEST_F(FastMathTest, PrimitivesEqualSharedFunctionsOnAll2To32Inputs) {
-  const char* names[] = {"E2M1Value", "E2M1CodeOfValue", "FastE4M3",
-                         "FastRcp",   "Div2688",         "Div1536",
-                         "Div6",      "bf16 cvt",        "fp16 cvt"};
-  for (int c = 0; c <= static_cast<int>(Check::kFp16); ++c) {
+  struct Case {
+    Check check;
+    float param;
+    const char* name;
+  };
+  // The products' second factors span what EncodeInverse can return: ordinary, huge (FLT_MAX),
+  // tiny and subnormal, negative (a negative caller amax) and infinite.
+  const Case cases[] = {
+      {Check::kE2M1Magnitude, 0.0f, "E2M1Magnitude"},
+      {Check::kE2M1Product, 1.0f, "E2M1ValueOfProduct(x, 1)"},
+      {Check::kE2M1Product, 0.37213f, "E2M1ValueOfProduct(x, 0.37213)"},
+      {Check::kE2M1Product, 3.0517578e-05f, "E2M1ValueOfProduct(x, 2^-15)"},
+      {Check::kE2M1Product, -2.5f, "E2M1ValueOfProduct(x, -2.5)"},
+      {Check::kE2M1Product, 3.4028235e38f, "E2M1ValueOfProduct(x, FLT_MAX)"},
+      {Check::kE2M1Product, 1e-39f, "E2M1ValueOfProduct(x, 1e-39)"},
+      {Check::kE2M1Product, -INFINITY, "E2M1ValueOfProduct(x, -inf)"},
+      {Check::kE4M3, 0.0f, "FastE4M3"},
+      {Check::kRcp, 0.0f, "FastRcp"},
+      {Check::kDiv2688, 0.0f, "DivByConstant<2688>"},
+      {Check::kDiv1536, 0.0f, "DivByConstant<1536>"},
+      {Check::kBf16, 0.0f, "bf16 conversion"},
+      {Check::kFp16, 0.0f, "fp16 conversion"},
+  };
+  for (const Case& c : cases) {
     Reset();
-    ExhaustiveKernel<<<132 * 16, 256>>>(static_cast<Check>(c), uint64_t{1} << 32, dev(0));
+    ExhaustiveKernel<<<132 * 16, 256>>>(c.check, c.param, uint64_t{1} << 32, dev(0));
     WPUB_CUDA_OK(cudaGetLastError());
     WPUB_CUDA_OK(cudaDeviceSynchronize());
     const Mismatch m = Read(0);
-    EXPECT_EQ(m.count, 0u) << names[c] << " differs on " << m.count << " inputs, first bits 0x"
+    EXPECT_EQ(m.count, 0u) << c.name << " differs on " << m.count << " inputs, first bits 0x"
                            << ToHex(m.first);
   }
 }
@@ -225,6 +280,27 @@ struct LaunchFuzz {
   }
 };
 
+struct LaunchDetail {
+  uint64_t block;
+  uint64_t salt;
+  BlockDetail* out;
+  template <class Traits>
+  KernelStatus operator()() const {
+    BlockDetailKernel<Traits><<<1, 1>>>(block, salt, out);
+    return KernelStatus::kOk;
+  }
+};
+
+std::string Describe(const BlockDetail& d) {
+  std::string s = "amax bits 0x" + ToHex(FloatBits(d.amax)) + ", sf ref 0x" + ToHex(d.ref_sf) +
+                  " fast 0x" + ToHex(d.fast_sf) + "\n";
+  for (int i = 0; i < kBlockSize; ++i) {
+    s += "  x 0x" + ToHex(FloatBits(d.x[i])) + " (" + std::to_string(d.x[i]) + ") code ref " +
+         std::to_string(d.ref_codes[i]) + " fast " + std::to_string(d.fast_codes[i]) + "\n";
+  }
+  return s;
+}
+
 TEST_F(FastMathTest, FuzzedBlocksQuantizeIdenticallyInAllModes) {
   constexpr uint64_t kBlocks = uint64_t{1} << 23;  // 8M blocks (134M elements) per mode
   for (int mi = 0; mi < kNumQuantModes; ++mi) {
@@ -236,7 +312,19 @@ TEST_F(FastMathTest, FuzzedBlocksQuantizeIdenticallyInAllModes) {
     WPUB_CUDA_OK(cudaGetLastError());
     WPUB_CUDA_OK(cudaDeviceSynchronize());
     const Mismatch m = Read(0);
-    EXPECT_EQ(m.count, 0u) << mode.Name() << ": " << m.count << " blocks differ, first " << m.first;
+    std::string detail;
+    if (m.count != 0) {
+      DeviceBuffer d_detail;
+      ASSERT_EQ(DeviceBuffer::Create(sizeof(BlockDetail), &d_detail), cudaSuccess);
+      DispatchQuantMode(mode,
+                        LaunchDetail{m.first, 0x1234567ull * (mi + 1), d_detail.as<BlockDetail>()});
+      BlockDetail h;
+      WPUB_CUDA_OK(cudaMemcpy(&h, d_detail.data(), sizeof(h), cudaMemcpyDeviceToHost));
+      detail = Describe(h);
+    }
+    EXPECT_EQ(m.count, 0u) << mode.Name() << ": " << m.count << " blocks differ, first " << m.first
+                           << "\n"
+                           << detail;
   }
 }
 

@@ -64,9 +64,15 @@ void CheckSource(Source src, const std::vector<uint32_t>& bits) {
     uint32_t want[kOutputsPerInput];
     Evaluate(src, bits[i], want);
     for (int k = 0; k < kOutputsPerInput; ++k) {
-      ASSERT_EQ(got[i * kOutputsPerInput + k], want[k])
-          << kNames[k] << " of input bits 0x" << ToHex(bits[i]) << " (source "
-          << static_cast<int>(src) << ")";
+      uint32_t g = got[i * kOutputsPerInput + k];
+      uint32_t w = want[k];
+      if (k >= 4 && (g & 0x7FFFFFFFu) > 0x7F800000u && (w & 0x7FFFFFFFu) > 0x7F800000u) {
+        // Global scales of a NaN amax: NaN == NaN (spec), the payloads differ (the device's
+        // division returns the canonical NaN, the host's keeps the operand's).
+        g = w;
+      }
+      ASSERT_EQ(g, w) << kNames[k] << " of input bits 0x" << ToHex(bits[i]) << " (source "
+                      << static_cast<int>(src) << ")";
     }
   }
 }
