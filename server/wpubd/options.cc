@@ -43,8 +43,9 @@ ABSL_FLAG(int32_t, cpu_threads, 1, "Worker threads of the CPU quantizer.");
 ABSL_FLAG(absl::Duration, drain_deadline, absl::Seconds(30),
           "On SIGTERM/SIGINT: how long an active publication may still run before it is "
           "aborted.");
-ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(5),
-          "On shutdown: how long RPCs may still run after the drain before being cancelled.");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(1),
+          "On shutdown: how long RPCs may still run after the drain before being cancelled. "
+          "gRPC also waits this long for clients that keep idle channels open.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token every RPC must present ('authorization: Bearer <t>').");
 ABSL_FLAG(std::string, ready_file, "",

@@ -20,8 +20,9 @@ struct DaemonOptions {
   std::string metrics_listen = "127.0.0.1:9464";
   // How long shutdown waits for an active publication before aborting it.
   absl::Duration drain_deadline = absl::Seconds(30);
-  // How long the gRPC server then waits for RPCs to finish before cancelling them.
-  absl::Duration shutdown_grace = absl::Seconds(5);
+  // How long the gRPC server then waits for RPCs to finish before cancelling them (gRPC also
+  // waits this long for clients that keep idle channels open).
+  absl::Duration shutdown_grace = absl::Seconds(1);
   // Written (atomically) once serving: {"grpc_port": N, "metrics_port": M, "pid": P}.
   std::string ready_file;
   std::string log_level = "info";

@@ -141,6 +141,17 @@ TEST_F(FaultsTest, TrainerCancellingMidStreamAbortsThePublication) {
   Start();
   client::StreamOptions stream;
   stream.cancel_after_batches = 3;
+  // Cancel only once the daemon has the publication open (client writes are buffered, so an
+  // early cancel could end the RPC before the daemon read the header).
+  stream.on_batch_sent = [&](size_t b) {
+    if (b != 2) return;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (absl::Now() < deadline) {
+      auto s = harness_->client().GetStatus();
+      if (s.ok() && s->has_active()) return;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  };
   auto report = Publish(2, nullptr, stream);
   ASSERT_FALSE(report.ok());
   EXPECT_EQ(report.status().code(), absl::StatusCode::kCancelled) << report.status();

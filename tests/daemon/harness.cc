@@ -59,7 +59,8 @@ DaemonHarness::~DaemonHarness() {
     if (r) r->Stop();
   }
   if (daemon_) daemon_->Stop(absl::Seconds(30));
-  if (::testing::Test::HasFailure()) {
+  // WPUB_TEST_LOGS=1 prints the processes' logs of passing tests too.
+  if (::testing::Test::HasFailure() || getenv("WPUB_TEST_LOGS") != nullptr) {
     std::cerr << "---- logs of " << dir_ << " ----\n" << ReadLog("wpubd");
     for (size_t i = 0; i < receivers_.size(); ++i) {
       std::cerr << ReadLog(absl::StrCat("recv-", i));
