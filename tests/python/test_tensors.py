@@ -11,7 +11,7 @@ import harness  # noqa: F401  (puts clients/python on sys.path)
 import wpub
 from wpub import errors, publisher
 from wpub.shm import ShmPool
-from wpub.tensors import CudaPart, HostPart, normalize
+from wpub.tensors import CudaPart, HostPart, normalize, raw_ipc_handle
 
 try:
     import torch
@@ -67,6 +67,16 @@ class NormalizeTest(unittest.TestCase):
         p = t.parts[0]
         self.assertIsInstance(p, CudaPart)
         self.assertEqual((p.nbytes, p.offset, p.device_uuid), (128, 128, "GPU-1"))
+
+    def test_torch_shareable_handle_formats(self):
+        raw = bytes(range(64))
+        self.assertEqual(raw_ipc_handle("w", raw), raw)  # torch < 2.2: the raw handle
+        self.assertEqual(raw_ipc_handle("w", b"\x02c" + raw), raw)  # version 2, cudaMalloc
+        self.assertEqual(raw_ipc_handle("w", b"\x03c" + raw), raw)  # version 3, cudaMalloc
+        with self.assertRaisesRegex(wpub.TensorError, "w lives in an expandable"):
+            raw_ipc_handle("w", b"\x02e" + raw)
+        with self.assertRaisesRegex(wpub.TensorError, "w: unrecognized"):
+            raw_ipc_handle("w", b"\x02x" + raw)
 
     def test_unsupported_type(self):
         with self.assertRaisesRegex(wpub.TensorError, "w: unsupported type list"):

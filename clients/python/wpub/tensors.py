@@ -11,6 +11,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _cuda_ipc
 from .errors import WpubError
 
 # torch dtype name -> element size; the daemon's dtypes (core/common/tensor.h).
@@ -135,23 +136,43 @@ def _device_uuid(index: int) -> str:
     return uuid
 
 
+_CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
+_SHAREABLE_CUDA_MALLOC = ord("c")
+_SHAREABLE_EXPANDABLE_SEGMENT = ord("e")
+
+
+def raw_ipc_handle(name: str, handle: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t inside a handle from torch's `_share_cuda_()` (for
+    interoperating with torch-shared storages and checking our own export against torch's). torch before 2.2 returns
+    the raw handle; later versions prefix it with a version byte and a type byte ('c': a
+    cudaMalloc block followed by the raw handle; 'e': an expandable segment, which has no
+    cudaIpc handle at all)."""
+    if len(handle) == _CUDA_IPC_HANDLE_SIZE:
+        return handle
+    if len(handle) >= 2 and handle[1] == _SHAREABLE_EXPANDABLE_SEGMENT:
+        raise TensorError(
+            f"tensor {name} lives in an expandable CUDA segment, which cannot be shared by a "
+            "cudaIpc handle: set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False in the trainer")
+    if (len(handle) >= 2 + _CUDA_IPC_HANDLE_SIZE and handle[1] == _SHAREABLE_CUDA_MALLOC):
+        return handle[2:2 + _CUDA_IPC_HANDLE_SIZE]
+    raise TensorError(f"tensor {name}: unrecognized torch CUDA shareable handle "
+                      f"({len(handle)} bytes, starting {handle[:2].hex()})")
+
+
 def _cuda_part(name: str, t) -> CudaPart:
-    """IPC description of a CUDA tensor's bytes: the handle of the caching allocator's block
-    that holds the storage, and the tensor's byte offset inside that block."""
+    """IPC description of a CUDA tensor's bytes: the handle of the cudaMalloc allocation (the
+    caching allocator's segment) holding them, and their byte offset inside it."""
     if not t.is_contiguous():
         # A strided view cannot be described as one byte range; the copy is kept alive with
         # the publication like any other tensor.
         t = t.contiguous()
-    storage = t.untyped_storage()
+    torch = _torch()
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     try:
-        shared = storage._share_cuda_()
-    except Exception as e:  # e.g. expandable segments without IPC support
-        raise TensorError(f"tensor {name}: cannot share its CUDA storage by IPC: {e}") from e
-    # (device, handle, storage size, storage offset in the block, ref counter handle/offset,
-    #  event handle, event sync required)
-    handle, block_offset = bytes(shared[1]), int(shared[3])
-    offset = block_offset + t.storage_offset() * t.element_size()
-    index = t.device.index if t.device.index is not None else _torch().cuda.current_device()
+        with torch.cuda.device(index):  # makes the device's context current for the driver
+            handle, offset = _cuda_ipc.export(t.data_ptr())
+    except _cuda_ipc.CudaIpcError as e:
+        raise TensorError(f"tensor {name} cannot be shared by CUDA IPC: {e}") from None
     return CudaPart(tuple(int(d) for d in t.shape), t.numel() * t.element_size(), handle, offset,
                     _device_uuid(index), index, keepalive=t)
 
@@ -192,6 +213,8 @@ def _one_part(name: str, x, explicit_dtype: Optional[str]):
         if dtype not in DTYPE_SIZES:
             raise TensorError(f"tensor {name}: dtype {dtype} is not supported by wpub "
                               f"(supported: {', '.join(DTYPE_SIZES)})")
+        if x.is_cuda and x.numel() == 0:  # no allocation to share: an empty host part
+            return dtype, HostPart(tuple(int(d) for d in x.shape), 0, np.empty(0, np.uint8))
         if x.is_cuda:
             return dtype, _cuda_part(name, x)
         arr = _host_array_from_torch(x)
