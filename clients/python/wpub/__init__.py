@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Publisher", "PublicationReport", "PhaseSeconds", "ClientTimings", "ReceiverOutcome",
-    "Status", "ActivePublication", "ReceiverInfo", "Tensor", "CudaIpc", "Concat", "concat", "WpubError",
+    "Status", "ActivePublication", "ReceiverInfo", "Tensor", "CudaIpc", "Concat", "concat",
+    "WpubError",
     "TensorError", "InvalidArgument", "FailedPrecondition", "Unimplemented", "Unauthenticated",
     "PermissionDenied", "DeadlineExceeded", "Cancelled", "Unavailable", "NotFound",
     "ResourceExhausted", "OutOfRange", "Aborted", "DataLoss", "Internal", "PublicationAborted",

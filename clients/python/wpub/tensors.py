@@ -143,10 +143,10 @@ _SHAREABLE_EXPANDABLE_SEGMENT = ord("e")
 
 def raw_ipc_handle(name: str, handle: bytes) -> bytes:
     """The 64-byte cudaIpcMemHandle_t inside a handle from torch's `_share_cuda_()` (for
-    interoperating with torch-shared storages and checking our own export against torch's). torch before 2.2 returns
-    the raw handle; later versions prefix it with a version byte and a type byte ('c': a
-    cudaMalloc block followed by the raw handle; 'e': an expandable segment, which has no
-    cudaIpc handle at all)."""
+    interoperating with torch-shared storages and checking our own export against torch's).
+    torch before 2.2 returns the raw handle; later versions prefix it with a version byte and a
+    type byte ('c': a cudaMalloc block followed by the raw handle; 'e': an expandable segment,
+    which has no cudaIpc handle at all)."""
     if len(handle) == _CUDA_IPC_HANDLE_SIZE:
         return handle
     if len(handle) >= 2 and handle[1] == _SHAREABLE_EXPANDABLE_SEGMENT:
