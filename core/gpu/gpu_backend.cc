@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
@@ -242,10 +243,12 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     uint64_t offset;
   };
   std::vector<HostPart> host_parts;
+  std::vector<std::vector<char>> staged(inputs.size());  // [input][part]: a host part
   uint64_t host_bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!used[i]) continue;
     dev[i].resize(inputs[i].parts.size());
+    staged[i].assign(inputs[i].parts.size(), 0);
     for (size_t p = 0; p < inputs[i].parts.size(); ++p) {
       const PartView& part = inputs[i].parts[p];
       dev[i][p] = part.data;
@@ -262,6 +265,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       }
       const uint64_t off = AlignUp(host_bytes, kAlign);
       host_parts.push_back({i, p, off});
+      staged[i][p] = 1;
       host_bytes = off + part.nbytes;
     }
   }
@@ -280,10 +284,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!used[i] || !quantized[i]) continue;
     for (size_t p = 0; p < inputs[i].parts.size(); ++p) {
-      const bool staged = std::any_of(host_parts.begin(), host_parts.end(), [&](const HostPart& h) {
-        return h.input == i && h.part == p;
-      });
-      if (staged || Aligned(dev[i][p], 16) || inputs[i].parts[p].nbytes == 0) continue;
+      if (staged[i][p] || Aligned(dev[i][p], 16) || inputs[i].parts[p].nbytes == 0) continue;
       const uint64_t off = AlignUp(arena_bytes, kAlign);
       relocations.push_back({i, p, off});
       arena_bytes = off + inputs[i].parts[p].nbytes;
@@ -498,6 +499,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     uint8_t* buf = staging[k].bytes() + shift;
 
     std::vector<QuantSlot> slots;
+    std::unordered_map<size_t, size_t> slot_of;  // input -> index into slots
     for (const PlacedTensor& t : layout.tensors) {
       const auto& src = plan.sources[t.output];
       if (src.kind == OutputKind::kPassthrough) {
@@ -528,12 +530,9 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
         }
         continue;
       }
-      auto it = std::find_if(slots.begin(), slots.end(),
-                             [&](const QuantSlot& q) { return q.input == src.input; });
-      if (it == slots.end()) {
-        slots.push_back(QuantSlot{src.input, src.amax_group});
-        it = slots.end() - 1;
-      }
+      auto [pos, added] = slot_of.emplace(src.input, slots.size());
+      if (added) slots.push_back(QuantSlot{src.input, src.amax_group});
+      QuantSlot* it = &slots[pos->second];
       if (src.kind == OutputKind::kPacked) it->packed = t.offset;
       if (src.kind == OutputKind::kScales) it->scales = t.offset;
       if (src.kind == OutputKind::kDecodeScale) it->decode = t.offset;
@@ -601,11 +600,8 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.dst, c.src, c.n, cudaMemcpyDeviceToDevice, s));
     }
     // Checksum of the packed bucket; the sum stays on the device until the final read.
-    if (Aligned(buf, 8)) {
-      WPUB_CUDA_RETURN_IF_ERROR(LaunchChecksumAdd(buf, layout.nbytes, 0, sum_dev + b, s));
-    } else {
-      return absl::InternalError("bucket staging lost its 8-byte alignment");
-    }
+    if (!Aligned(buf, 4)) return absl::InternalError("bucket staging lost its 4-byte alignment");
+    WPUB_CUDA_RETURN_IF_ERROR(LaunchChecksumAdd(buf, layout.nbytes, 0, sum_dev + b, s));
     WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready[k], s));
     if (b + 1 == num_buckets) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_packed, s));
 

@@ -38,20 +38,25 @@ __device__ void BlockAtomicAdd(T v, unsigned long long* out) {
   }
 }
 
+// Words are read as two 32-bit halves: a bucket inside its staging buffer is only guaranteed
+// 4-byte alignment (the backend shifts it to align the packed codes).
 __global__ void ChecksumKernel(const uint8_t* data, uint64_t n, uint64_t first_word,
                                unsigned long long* sum) {
   const uint64_t full_words = n / 8;
   const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  const auto* words = reinterpret_cast<const uint64_t*>(data);
+  const auto* halves = reinterpret_cast<const uint32_t*>(data);
   uint64_t acc = 0;
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < full_words;
        i += stride) {
-    acc += Mix(words[i] ^ ((first_word + i) * 0x9E3779B97F4A7C15ull));
+    const uint64_t w = static_cast<uint64_t>(halves[2 * i]) |
+                       (static_cast<uint64_t>(halves[2 * i + 1]) << 32);  // little-endian
+    acc += Mix(w ^ ((first_word + i) * 0x9E3779B97F4A7C15ull));
   }
   if (blockIdx.x == 0 && threadIdx.x == 0 && n % 8 != 0) {
     uint64_t w = 0;  // the zero-padded last word, little-endian
-    for (uint64_t b = full_words * 8; b < n; ++b)
+    for (uint64_t b = full_words * 8; b < n; ++b) {
       w |= static_cast<uint64_t>(data[b]) << (8 * (b % 8));
+    }
     acc += Mix(w ^ ((first_word + full_words) * 0x9E3779B97F4A7C15ull));
   }
   BlockAtomicAdd<uint64_t>(acc, sum);

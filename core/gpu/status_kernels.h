@@ -12,7 +12,7 @@
 
 namespace wpub::gpu {
 
-// *sum += S over the n bytes at `data` (a device buffer, 8-byte aligned), the words numbered
+// *sum += S over the n bytes at `data` (a device buffer, 4-byte aligned), the words numbered
 // from `first_word` (see ChecksumPartial). ChecksumFinish(*sum, total_bytes) on the host gives
 // the bucket's checksum once every part has been added.
 cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_word,

@@ -32,6 +32,9 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   if (options.sglang.engines.empty()) {
     return absl::InvalidArgumentError("NCCL transport: no engines configured");
   }
+  if (options.unique_id_key_templates.empty()) {
+    return absl::InvalidArgumentError("NCCL transport: no unique-id key template");
+  }
   std::unique_ptr<NcclTransport> t(new NcclTransport(options));
   WPUB_ASSIGN_OR_RETURN(t->store_, rendezvous::TcpStoreServer::Create(options.store));
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
@@ -102,9 +105,10 @@ absl::Status NcclTransport::Connect() {
   d.group_name = absl::StrCat(options_.sglang.group_name, "_", generation_);
   WPUB_ASSIGN_OR_RETURN(driver_, engines::SglangDriver::Create(d));
   WPUB_ASSIGN_OR_RETURN(UniqueId id, NewUniqueId());
-  WPUB_ASSIGN_OR_RETURN(std::string key,
-                        rendezvous::UniqueIdKey(options_.unique_id_key_template, d.group_name, 0));
-  store_->Set(key, std::vector<uint8_t>(id.begin(), id.end()));
+  for (const std::string& tmpl : options_.unique_id_key_templates) {
+    WPUB_ASSIGN_OR_RETURN(std::string key, rendezvous::UniqueIdKey(tmpl, d.group_name, 0));
+    store_->Set(key, std::vector<uint8_t>(id.begin(), id.end()));
+  }
   NcclCommOptions co;
   co.device = options_.device;
   co.nranks = driver_->layout().world_size;

@@ -49,7 +49,10 @@ struct NcclTransportOptions {
   engines::SglangDriverOptions sglang;
   // GET before (re-)forming a group; engines that fail it are left out. Empty: no probe.
   std::string health_endpoint = "/health";
-  std::string unique_id_key_template = std::string(rendezvous::kDefaultUniqueIdKeyTemplate);
+  // Keys the ncclUniqueId is stored under (each template as rendezvous::UniqueIdKey takes it):
+  // torch 2.11's layout first, then the one of torch versions without the device-type layer.
+  std::vector<std::string> unique_id_key_templates = {
+      std::string(rendezvous::kDefaultUniqueIdKeyTemplate), "/{group}/{group}/{index}"};
   // Every engine joins (HTTP answer) within this; the communicator is ready at the latest
   // when the first bucket's broadcast starts, within the same budget.
   absl::Duration join_timeout = absl::Seconds(120);

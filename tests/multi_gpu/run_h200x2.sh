@@ -1,40 +1,65 @@
 #!/usr/bin/env bash
 # One device run of the GPU publication path on a lent nvidia-h200-x2 machine (two H200s):
-# environment check, the GPU-path unit tests, the multi_gpu tests (wpub GPU 0 -> SGLang
-# emulator GPU 1: byte-exact versions from IPC memory, non-finite rejection, receiver killed
-# mid-publication, host syncs for 8 vs 128 experts), the benchmark (a) (b) (d) on the
-# Qwen3-30B-A3B-shaped model, and the PyTorch baseline (c). About 8 minutes at most.
+# environment check, the GPU-path unit tests and the one-GPU backend test (CPU reference,
+# CUPTI sync count), the multi_gpu tests (wpub GPU 0 -> SGLang emulator GPU 1: byte-exact
+# versions from IPC memory, non-finite rejection, receiver killed mid-publication, host syncs
+# for 8 vs 128 experts), the benchmark (a) (a') (b) (d) on the Qwen3-30B-A3B-shaped model, and
+# the PyTorch baseline (c). About 8 minutes at most.
 #
 # Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/ (carried), and
-# writes at most 6 files to $OUT: summary.log, bench.json, baseline.json, results.json,
-# logs.tar.gz (emulator, trainer and test logs) and env.txt.
+# writes 6 files to $OUT: summary.log, env.txt, bench.json, baseline.json, results.json and
+# logs.tar.gz (emulator, trainer, baseline and per-test logs).
 # Usage (from the repository root): bash tests/multi_gpu/run_h200x2.sh
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_device_out}
 mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/wpub_logs.XXXXXX)
-SUMMARY=$OUT/summary.log
-exec > >(tee -a "$SUMMARY") 2>&1
+exec > >(tee -a "$OUT/summary.log") 2>&1
 
 # NVLink multicast stays off on these machines (KINDS.md), also for child processes.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-NCCL_LIB=$(python3 -c 'import os, nvidia.nccl as n; print(os.path.join(n.__path__[0], "lib"))' \
-  2>/dev/null || true)
-if [[ ! -e $NCCL_LIB/libnccl.so.2 ]]; then  # fall back to whatever libnccl.so.2 torch ships
+wheel_lib() {  # the lib folder of an nvidia.* wheel package, or nothing
+  python3 -c "import os, $1 as m; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true
+}
+NCCL_LIB=$(wheel_lib nvidia.nccl)
+if [[ ! -e $NCCL_LIB/libnccl.so.2 ]]; then  # fall back to whatever libnccl.so.2 is there
   NCCL_LIB=$(dirname "$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)")
 fi
+CUPTI_LIB=$(wheel_lib nvidia.cuda_cupti)  # dlopened by gpu_path_backend_test's CUPTI counter
 # Python children (the SGLang emulator, the baseline) keep the machine's own libraries: the
 # staged ones (Debian builds of zlib, OpenSSL, cudart) are for wpub's binaries only.
-PY_LD=${LD_LIBRARY_PATH:-}
 PYWRAP=$(mktemp /tmp/wpub_python.XXXXXX)
-printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec python3 "$@"\n' "$PY_LD" >"$PYWRAP"
+printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec python3 "$@"\n' "${LD_LIBRARY_PATH:-}" >"$PYWRAP"
 chmod +x "$PYWRAP"
-export LD_LIBRARY_PATH=$ROOT/.devbin/lib${NCCL_LIB:+:$NCCL_LIB}:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$ROOT/.devbin/lib${NCCL_LIB:+:$NCCL_LIB}${CUPTI_LIB:+:$CUPTI_LIB}:${LD_LIBRARY_PATH:-}
 export WPUB_SOURCE_DIR=$ROOT WPUB_PYTHON=$PYWRAP WPUB_TEST_LOG_DIR=$LOGS
 BIN=$ROOT/.devbin
 START=$(date +%s)
+# Every step's timeout fits a 570 s total: min(its cap, what is left minus what the later steps
+# are guaranteed).
+tmo() {
+  local cap=$1 reserve=$2 left
+  left=$((570 - ($(date +%s) - START) - reserve))
+  ((left < 10)) && left=10
+  ((cap < left)) && echo "$cap" || echo "$left"
+}
+# Runs a command under `timeout` (which makes itself a process-group leader) and then kills
+# whatever is left of that group: emulators or trainers of a test that timed out or exited early.
+guarded() {
+  local t=$1
+  shift
+  timeout "$t" "$@" &
+  local pid=$!
+  wait "$pid"
+  local rc=$?
+  kill -KILL -- -"$pid" 2>/dev/null
+  return "$rc"
+}
 step() { echo; echo "=== $(date -u +%H:%M:%S) (+$(($(date +%s) - START)) s) $*"; }
+brief() {  # the lines of a gtest log worth reading
+  grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\]|Failure|Expected|Which is|Value of|error|Skipped|^version|experts/layer|aborted after' "$1" | head -60
+}
 
 step "environment"
 {
@@ -42,32 +67,39 @@ step "environment"
   nvidia-smi topo -m
   "$PYWRAP" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
   echo "NCCL_LIB=$NCCL_LIB"
-  ls "$NCCL_LIB" 2>/dev/null
-  for b in "$BIN"/*; do [[ -f $b ]] && ldd "$b" | grep -E "not found" && echo "^ missing in $b"; done
+  echo "CUPTI_LIB=$CUPTI_LIB"
+  for b in "$BIN"/*; do
+    if [[ -f $b ]] && ldd "$b" | grep -q "not found"; then
+      echo "missing libraries for $b:"
+      ldd "$b" | grep "not found"
+    fi
+  done
   env | grep -E '^(NCCL|TORCH|NVSHMEM|LD_LIBRARY)' | sort
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-step "GPU-path unit tests (no multi-GPU needed)"
-for t in gpu_path_rendezvous_test gpu_path_sglang_driver_test gpu_path_ipc_test; do
-  timeout 120 "$BIN/$t" --gtest_brief=1 >"$LOGS/$t.log" 2>&1
-  echo "$t: exit $? ($(grep -E 'PASSED|FAILED' "$LOGS/$t.log" | head -3 | tr '\n' ' '))"
+step "GPU-path unit tests and the one-GPU backend test (CPU reference, CUPTI sync count)"
+for t in gpu_path_rendezvous_test gpu_path_sglang_driver_test gpu_path_ipc_test \
+  gpu_path_backend_test; do
+  guarded "$(tmo 60 420)" "$BIN/$t" --gtest_color=no >"$LOGS/$t.log" 2>&1
+  echo "--- $t: exit $?"
+  brief "$LOGS/$t.log"
 done
 
-step "multi_gpu tests"
-timeout 240 "$BIN/multi_gpu_publish_test" --gtest_color=no 2>&1 | tee "$LOGS/multi_gpu_publish_test.log" |
-  grep -vE '^\[ *(RUN|OK) *\]$'
-echo "multi_gpu_publish_test: exit ${PIPESTATUS[0]}"
+step "multi_gpu tests (GPU 0 -> SGLang emulator on GPU 1)"
+guarded "$(tmo 220 230)" "$BIN/multi_gpu_publish_test" --gtest_color=no >"$LOGS/multi_gpu_publish_test.log" 2>&1
+echo "--- multi_gpu_publish_test: exit $?"
+brief "$LOGS/multi_gpu_publish_test.log"
 
-step "benchmark (a) wpub nvfp4, (b) wpub bf16, (d) plain NCCL broadcast"
-timeout 200 "$BIN/gpu_path_bench" --iters 3 --bucket_mib 1024 --json "$OUT/bench.json" \
+step "benchmark (a) wpub nvfp4, (a') pipelined amax, (b) wpub bf16, (d) plain NCCL broadcast"
+guarded "$(tmo 180 110)" "$BIN/gpu_path_bench" --iters 3 --bucket_mib 1024 --json "$OUT/bench.json" \
   --log_dir "$LOGS"
-echo "gpu_path_bench: exit $?"
+echo "--- gpu_path_bench: exit $?"
 
 step "benchmark (c) PyTorch per-expert baseline"
-timeout 150 "$PYWRAP" "$ROOT/bench/gpu_path/torch_baseline.py" --max_seconds 75 \
+guarded "$(tmo 120 5)" "$PYWRAP" "$ROOT/bench/gpu_path/torch_baseline.py" --max_seconds 60 \
   --json "$OUT/baseline.json" >"$LOGS/torch_baseline.log" 2>&1
-echo "torch_baseline: exit $?"
+echo "--- torch_baseline: exit $?"
 tail -20 "$LOGS/torch_baseline.log"
 
 step "ratios"

@@ -3,6 +3,8 @@
 # need that the device image does not provide (found with ldd; glibc, libstdc++, libgcc_s,
 # libnccl and the driver's libcuda are skipped: the device has its own) into .devbin/ at the
 # repository root, stripped of debug info, and checks the total stays under 45 MB.
+# Other device scripts stage into the same folder (e.g. bench/kernels/device_run.sh), so files
+# are added or replaced, never the folder wiped.
 # Usage: tests/multi_gpu/stage_devbin.sh [build dir, default build-gpu]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -14,10 +16,10 @@ BINS=(
   tests/gpu_path/gpu_path_rendezvous_test
   tests/gpu_path/gpu_path_sglang_driver_test
   tests/gpu_path/gpu_path_ipc_test
+  tests/gpu_path/gpu_path_backend_test
   bench/gpu_path/gpu_path_bench
 )
 SKIP='^(libc|libm|libdl|libpthread|librt|libutil|libresolv|ld-linux[^ ]*|linux-vdso|libstdc\+\+|libgcc_s|libnccl|libcuda)\.so'
-rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 for b in "${BINS[@]}"; do
   if [[ ! -x $BUILD/$b ]]; then
@@ -28,7 +30,7 @@ for b in "${BINS[@]}"; do
   strip --strip-debug "$DEST/$(basename "$b")"
   ldd "$BUILD/$b" | awk '/=> \// {print $1, $3}' | while read -r name path; do
     if [[ $name =~ $SKIP ]]; then continue; fi
-    if [[ ! -e $DEST/lib/$name ]]; then
+    if [[ ! -e $DEST/lib/$name || $path -nt $DEST/lib/$name ]]; then
       cp -L "$path" "$DEST/lib/$name"
       strip --strip-debug "$DEST/lib/$name" 2>/dev/null || true
     fi

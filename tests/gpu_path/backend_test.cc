@@ -1,0 +1,375 @@
+// GPU backend tests on one GPU (label gpu; skipped without a device): every bucket equals the
+// CPU backend's byte for byte -- device inputs read in place, host inputs through pinned
+// staging, TP-shard parts along dim 0 and 1, rank-3 expert stacks split across parts, a
+// misaligned input view, an odd-sized passthrough that misaligns the packed codes -- with
+// device buckets (a copying sink) and host buckets (emit); the device checksums equal the
+// CPU's; non-finite weights are rejected naming the tensor; and an independent CUPTI count of
+// synchronizing calls equals the backend's own accounting, 2 per publication for 8 or 128
+// experts.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "core/engine/cpu_backend.h"
+#include "core/engine/planner.h"
+#include "core/gpu/gpu_backend.h"
+#include "tests/kernels_gpu/cupti_sync_counter.h"
+
+namespace wpub::gpu {
+namespace {
+
+using engine::InputTensor;
+using engine::OutputKind;
+
+bool HaveGpu() {
+  int n = 0;
+  const bool ok = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  (void)cudaGetLastError();
+  return ok;
+}
+
+// A DeviceBucketSink that copies each bucket into device memory allocated up front (so the
+// sink itself makes no synchronizing call), like a broadcast would read it.
+class CopySink : public DeviceBucketSink {
+ public:
+  explicit CopySink(uint64_t capacity) {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaMalloc(&buf_, capacity), cudaSuccess);
+    capacity_ = capacity;
+  }
+  ~CopySink() override {
+    cudaStreamSynchronize(stream_);
+    cudaFree(buf_);
+    cudaStreamDestroy(stream_);
+  }
+  absl::Status SendDevice(const engine::BucketManifest& m, const void* data, uint64_t n,
+                          cudaEvent_t ready, cudaEvent_t done) override {
+    if (used_ + n > capacity_) return absl::ResourceExhaustedError("sink full");
+    cudaStreamWaitEvent(stream_, ready, 0);
+    cudaMemcpyAsync(static_cast<uint8_t*>(buf_) + used_, data, n, cudaMemcpyDeviceToDevice,
+                    stream_);
+    cudaEventRecord(done, stream_);
+    got_.push_back({m.index, used_, n});
+    used_ += n;
+    return absl::OkStatus();
+  }
+  // The received buckets on the host (after the publication).
+  std::vector<std::vector<uint8_t>> Received() {
+    cudaStreamSynchronize(stream_);
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& g : got_) {
+      std::vector<uint8_t> b(g.n);
+      cudaMemcpy(b.data(), static_cast<uint8_t*>(buf_) + g.off, g.n, cudaMemcpyDeviceToHost);
+      out.push_back(std::move(b));
+    }
+    return out;
+  }
+  void Reset() {
+    cudaStreamSynchronize(stream_);
+    got_.clear();
+    used_ = 0;
+  }
+
+ private:
+  struct Got {
+    uint32_t index;
+    uint64_t off, n;
+  };
+  cudaStream_t stream_ = nullptr;
+  void* buf_ = nullptr;
+  uint64_t capacity_ = 0, used_ = 0;
+  std::vector<Got> got_;
+};
+
+uint16_t Bf16(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return static_cast<uint16_t>((b + 0x7FFF + ((b >> 16) & 1)) >> 16);
+}
+
+// A publication's inputs held twice: on the host (for the CPU reference) and on the device.
+struct Model {
+  struct Part {
+    std::vector<uint8_t> host;
+    void* dev = nullptr;
+    size_t dev_offset = 0;  // misaligned views start this many bytes into the allocation
+    Shape shape;
+  };
+  struct Tensor {
+    TensorDesc desc;
+    int concat_dim = 0;
+    std::vector<Part> parts;
+    bool quantize = false;
+    int pair = -1;
+  };
+  std::vector<Tensor> tensors;
+  std::mt19937 rng{7};
+
+  ~Model() {
+    for (auto& t : tensors) {
+      for (auto& p : t.parts) cudaFree(p.dev);
+    }
+  }
+  void Add(std::string name, DType dtype, Shape full, std::vector<Shape> parts, int concat,
+           bool quantize, int pair = -1, size_t misalign = 0) {
+    Tensor t;
+    t.desc = TensorDesc{std::move(name), dtype, std::move(full)};
+    t.concat_dim = concat;
+    t.quantize = quantize;
+    t.pair = pair;
+    std::normal_distribution<float> nd(0.f, 0.05f);
+    for (Shape& s : parts) {
+      Part p;
+      p.shape = s;
+      const size_t n = static_cast<size_t>(NumElements(s));
+      p.host.resize(n * static_cast<size_t>(DTypeSize(dtype)));
+      for (size_t i = 0; i < n; ++i) {
+        float v = nd(rng);
+        if (i % 97 == 0) v *= 20;
+        if (dtype == DType::kFloat32) {
+          std::memcpy(p.host.data() + 4 * i, &v, 4);
+        } else {
+          const uint16_t h = Bf16(v);
+          std::memcpy(p.host.data() + 2 * i, &h, 2);
+        }
+      }
+      p.dev_offset = misalign;
+      EXPECT_EQ(cudaMalloc(&p.dev, p.host.size() + 256), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(static_cast<uint8_t*>(p.dev) + misalign, p.host.data(), p.host.size(),
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      t.parts.push_back(std::move(p));
+    }
+    tensors.push_back(std::move(t));
+  }
+  void SetHost(size_t tensor, size_t part, size_t byte, uint16_t value) {
+    Part& p = tensors[tensor].parts[part];
+    std::memcpy(p.host.data() + byte, &value, 2);
+    cudaMemcpy(static_cast<uint8_t*>(p.dev) + p.dev_offset + byte, &value, 2,
+               cudaMemcpyHostToDevice);
+  }
+
+  // The plan over host (device = false) or device part pointers.
+  engine::ExecutionPlan Plan(bool device, uint64_t bucket_bytes,
+                             std::vector<InputTensor>* inputs) const {
+    engine::ExecutionPlan plan;
+    plan.version = 1;
+    std::vector<uint32_t> units;
+    inputs->clear();
+    std::vector<int> group(tensors.size(), -1);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const Tensor& t = tensors[i];
+      InputTensor in;
+      in.desc = t.desc;
+      in.concat_dim = t.concat_dim;
+      for (const Part& p : t.parts) {
+        const uint8_t* data =
+            device ? static_cast<const uint8_t*>(p.dev) + p.dev_offset : p.host.data();
+        in.parts.push_back(engine::PartView{data, p.shape, p.host.size()});
+      }
+      inputs->push_back(std::move(in));
+      if (!t.quantize) {
+        plan.outputs.push_back(t.desc);
+        plan.sources.push_back({OutputKind::kPassthrough, i, -1});
+        units.push_back(1);
+        continue;
+      }
+      const Shape& s = t.desc.shape;
+      const bool stack = s.size() == 3;
+      if (t.pair >= 0) {
+        group[i] = group[static_cast<size_t>(t.pair)];
+        plan.amax_groups[static_cast<size_t>(group[i])].members.push_back(i);
+      } else {
+        group[i] = static_cast<int>(plan.amax_groups.size());
+        plan.amax_groups.push_back({{i}, stack ? s[0] : 1});
+      }
+      Shape packed = s, scales = s;
+      packed.back() /= 2;
+      scales.back() /= 16;
+      const std::string stem = t.desc.name.substr(0, t.desc.name.size() - 7);
+      plan.outputs.push_back({stem + ".weight", DType::kUInt8, packed});
+      plan.outputs.push_back({stem + ".weight_scale", DType::kFloat8E4M3, scales});
+      plan.outputs.push_back(
+          {stem + ".weight_scale_2", DType::kFloat32, stack ? Shape{s[0]} : Shape{}});
+      for (auto k : {OutputKind::kPacked, OutputKind::kScales, OutputKind::kDecodeScale}) {
+        plan.sources.push_back({k, i, group[i]});
+      }
+      units.push_back(3);
+    }
+    plan.inputs = inputs;
+    auto buckets = engine::PlanBuckets(plan.outputs, units, bucket_bytes);
+    EXPECT_TRUE(buckets.ok()) << buckets.status();
+    plan.buckets = *buckets;
+    return plan;
+  }
+};
+
+// A model exercising every input path of the backend.
+void BuildMixed(Model& m) {
+  m.Add("norm.weight", DType::kBFloat16, {3}, {{3}}, 0, false);  // odd: misaligns packed codes
+  m.Add("bias.weight", DType::kFloat32, {5}, {{5}}, 0, false);
+  m.Add("attn.weight", DType::kBFloat16, {32, 48}, {{32, 24}, {32, 24}}, 1, false);
+  m.Add("a.weight", DType::kBFloat16, {64, 256}, {{64, 256}}, 0, true);
+  m.Add("gate.weight", DType::kBFloat16, {128, 256}, {{64, 256}, {64, 256}}, 0, true);
+  m.Add("up.weight", DType::kBFloat16, {128, 256}, {{64, 256}, {64, 256}}, 0, true, 4);
+  m.Add("down.weight", DType::kBFloat16, {256, 128}, {{256, 64}, {256, 64}}, 1, true);
+  m.Add("experts.weight", DType::kBFloat16, {4, 64, 128}, {{2, 64, 128}, {2, 64, 128}}, 0, true);
+  m.Add("view.weight", DType::kBFloat16, {32, 64}, {{32, 64}}, 0, true, -1, /*misalign=*/2);
+}
+
+// The CPU reference's buckets.
+std::vector<std::shared_ptr<const engine::Bucket>> Reference(const Model& m, uint64_t bucket) {
+  std::vector<InputTensor> inputs;
+  engine::ExecutionPlan plan = m.Plan(false, bucket, &inputs);
+  auto cpu = engine::CpuBackend::Create({2});
+  std::vector<std::shared_ptr<const engine::Bucket>> out;
+  engine::SyncCounter syncs;
+  engine::ExecutionHooks hooks;
+  hooks.syncs = &syncs;
+  hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) {
+    out.push_back(std::move(b));
+    return absl::OkStatus();
+  };
+  EXPECT_TRUE((*cpu)->Execute(plan, hooks).ok());
+  return out;
+}
+
+class GpuBackendTest : public ::testing::TestWithParam<uint64_t> {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(GpuBackendTest, DeviceBucketsEqualCpuReference) {
+  Model m;
+  BuildMixed(m);
+  const auto want = Reference(m, GetParam());
+  ASSERT_FALSE(want.empty());
+  CopySink sink(64 << 20);
+  GpuBackendOptions o;
+  o.sink = &sink;
+  auto backend = GpuBackend::Create(o);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (bool device_inputs : {true, false}) {
+    sink.Reset();
+    std::vector<InputTensor> inputs;
+    engine::ExecutionPlan plan = m.Plan(device_inputs, GetParam(), &inputs);
+    engine::SyncCounter syncs;
+    engine::ExecutionHooks hooks;
+    hooks.syncs = &syncs;
+    hooks.emit = [](std::shared_ptr<const engine::Bucket>) {
+      return absl::InternalError("device buckets must not be emitted");
+    };
+    auto r = (*backend)->Execute(plan, hooks);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const auto got = sink.Received();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t b = 0; b < got.size(); ++b) {
+      EXPECT_EQ(got[b], want[b]->bytes) << "bucket " << b << (device_inputs ? " device" : " host");
+      EXPECT_EQ((*backend)->last_checksums()[b], want[b]->manifest.checksum) << "bucket " << b;
+    }
+  }
+}
+
+TEST_P(GpuBackendTest, HostBucketsEqualCpuReference) {
+  Model m;
+  BuildMixed(m);
+  const auto want = Reference(m, GetParam());
+  auto backend = GpuBackend::Create({});
+  ASSERT_TRUE(backend.ok());
+  std::vector<InputTensor> inputs;
+  engine::ExecutionPlan plan = m.Plan(true, GetParam(), &inputs);
+  std::vector<std::shared_ptr<const engine::Bucket>> got;
+  engine::SyncCounter syncs;
+  engine::ExecutionHooks hooks;
+  hooks.syncs = &syncs;
+  hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) {
+    got.push_back(std::move(b));
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE((*backend)->Execute(plan, hooks).ok());
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t b = 0; b < got.size(); ++b) {
+    EXPECT_EQ(got[b]->bytes, want[b]->bytes) << "bucket " << b;
+    EXPECT_EQ(got[b]->manifest, want[b]->manifest) << "bucket " << b;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BucketSizes, GpuBackendTest,
+                         ::testing::Values(uint64_t{2} << 10, uint64_t{64} << 10,
+                                           uint64_t{16} << 20));
+
+TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Model m;
+  BuildMixed(m);
+  m.SetHost(6, 1, 10, 0x7F80);  // +inf in down.weight's second part
+  CopySink sink(64 << 20);
+  GpuBackendOptions o;
+  o.sink = &sink;
+  auto backend = GpuBackend::Create(o);
+  ASSERT_TRUE(backend.ok());
+  std::vector<InputTensor> inputs;
+  engine::ExecutionPlan plan = m.Plan(true, 64 << 10, &inputs);
+  engine::SyncCounter syncs;
+  engine::ExecutionHooks hooks;
+  hooks.syncs = &syncs;
+  auto r = (*backend)->Execute(plan, hooks);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("down.weight"), std::string::npos) << r.status();
+  EXPECT_TRUE(sink.Received().empty()) << "a bucket was sent before the rejection";
+  plan.allow_non_finite = true;
+  sink.Reset();
+  r = (*backend)->Execute(plan, hooks);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->non_finite, 1u);
+}
+
+TEST(GpuBackend, CuptiCountsMatchTheAccountingAndDoNotGrowWithExperts) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  kernels::cuda::testing::SyncCounter cupti;
+  std::string err;
+  const bool have_cupti = cupti.Start(&err);
+  CopySink sink(256 << 20);
+  GpuBackendOptions o;
+  o.sink = &sink;
+  auto backend = GpuBackend::Create(o);
+  ASSERT_TRUE(backend.ok());
+  std::map<int, uint64_t> steady;
+  for (int experts : {8, 128}) {
+    Model m;
+    for (int e = 0; e < experts; ++e) {
+      const std::string x = "layers.0.experts." + std::to_string(e) + ".";
+      const int gate = static_cast<int>(m.tensors.size());
+      m.Add(x + "gate_proj.weight", DType::kBFloat16, {64, 128}, {{64, 128}}, 0, true);
+      m.Add(x + "up_proj.weight", DType::kBFloat16, {64, 128}, {{64, 128}}, 0, true, gate);
+      m.Add(x + "down_proj.weight", DType::kBFloat16, {128, 64}, {{128, 64}}, 0, true);
+    }
+    m.Add("layers.0.norm.weight", DType::kBFloat16, {128}, {{128}}, 0, false);
+    for (int rep = 0; rep < 2; ++rep) {
+      sink.Reset();
+      std::vector<InputTensor> inputs;
+      engine::ExecutionPlan plan = m.Plan(true, 64 << 10, &inputs);
+      engine::SyncCounter syncs;
+      engine::ExecutionHooks hooks;
+      hooks.syncs = &syncs;
+      const int before = have_cupti ? cupti.synchronizing_calls() : 0;
+      ASSERT_TRUE((*backend)->Execute(plan, hooks).ok());
+      if (have_cupti) {
+        EXPECT_EQ(static_cast<uint64_t>(cupti.synchronizing_calls() - before), syncs.count())
+            << "synchronizing calls outside the accounting: " << cupti.SynchronizingCallNames();
+      }
+      if (rep == 1) steady[experts] = syncs.count();
+    }
+  }
+  if (have_cupti) cupti.Stop();
+  EXPECT_EQ(steady[8], 2u);
+  EXPECT_EQ(steady[128], 2u);
+  if (!have_cupti) GTEST_SKIP() << "CUPTI unavailable (" << err << "); accounting checked only";
+}
+
+}  // namespace
+}  // namespace wpub::gpu
