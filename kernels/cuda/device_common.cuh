@@ -138,21 +138,4 @@ __device__ __forceinline__ int FindItem(const uint32_t* cta_begin, int num_items
   return lo;
 }
 
-// FindItem for a persistent CTA: the last item whose first chunk is <= chunk, searching from
-// `from` (chunks only grow along a CTA's walk, so the item index never goes back).
-__device__ __forceinline__ int FindItemFrom(const uint32_t* cta_begin, int num_items, int from,
-                                            uint32_t chunk) {
-  int lo = from;
-  int hi = num_items - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (cta_begin[mid] <= chunk) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 }  // namespace wpub::kernels::cuda::detail

@@ -57,6 +57,20 @@ __device__ __forceinline__ uint8_t FastE4M3(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
+// E4M3ToFloat for every non-NaN scale byte (quantization never produces 0x7F/0xFF): e4m3 ->
+// fp16 -> fp32 through the conversion instructions, both exact (fast_math_test.cu checks all
+// 254 bytes).
+__device__ __forceinline__ float FastE4M3ToFloat(uint8_t sf) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sf), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// DecodeFactor<Traits>(sf, amax) with FastE4M3ToFloat.
+template <class Traits>
+__device__ __forceinline__ float FastDecodeFactor(uint8_t sf, float amax) {
+  return __fmul_rn(__fmul_rn(FastE4M3ToFloat(sf), amax), BitsFloat(Traits::kInvSixEBits));
+}
+
 // FDiv(1, x): the IEEE round-to-nearest reciprocal instruction sequence.
 __device__ __forceinline__ float FastRcp(float x) { return __frcp_rn(x); }
 
@@ -173,15 +187,15 @@ __device__ __forceinline__ void QuantizeBlockFast(const float (&x)[kBlockSize],
   if constexpr (!Traits::kFourOverSix) {
     const float s = fminf(__fmul_rn(bmax, ss.std_mult), FltMax());
     out.sf = FastE4M3(s);
-    const float inv = EncodeInverse(E4M3ToFloat(out.sf), ss.s_dec);
+    const float inv = EncodeInverse(FastE4M3ToFloat(out.sf), ss.s_dec);
 #pragma unroll
     for (int i = 0; i < kBlockSize; ++i) out.q[i] = E2M1ValueOfProduct(x[i], inv);
   } else {
     const float base = __fmul_rn(__fdiv_rn(bmax, 6.0f), ss.s_enc);
     const uint8_t s6 = FastE4M3(fminf(base, 448.0f));  // the clamp is 448 even when E = 256
     const uint8_t s4 = FastE4M3(fminf(__fmul_rn(base, 1.5f), 448.0f));
-    const float sf6 = E4M3ToFloat(s6);
-    const float sf4 = E4M3ToFloat(s4);
+    const float sf6 = FastE4M3ToFloat(s6);
+    const float sf4 = FastE4M3ToFloat(s4);
     float q4[kBlockSize];
     float err6;
     float err4;

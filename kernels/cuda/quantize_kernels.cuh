@@ -2,9 +2,9 @@
 // and the quantization mode (Traits from nvfp4_math.h). Every block's arithmetic is
 // QuantizeBlockFast (fast_block.cuh: the shared QuantizeBlock of nvfp4_math.h on proven
 // bit-identical primitives) and DecodeFactor, so the kernels are the CPU reference byte for
-// byte. Persistent grid: each CTA walks chunks (kQuantBlocksPerCta blocks of one work item)
-// with a stride of the grid, so per-CTA start-up is paid once per resident CTA, not per chunk.
-// Included by the quantize_modes_*.cu instantiation files only.
+// byte. One chunk (kQuantBlocksPerCta blocks of one work item) per CTA: on an H200 this beat a
+// persistent grid-stride loop by 10-15% (the hardware overlaps one CTA's loads with another's
+// arithmetic; a persistent CTA serializes them). Included by quantize_modes_*.cu only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,157 +24,117 @@ template <ElemType kIn, class Traits>
 __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant__ QuantParams p) {
   constexpr int kBpt = kQuantBlocksPerThread<Traits>;
   constexpr uint32_t kInBlockBytes = kBlockSize * ElemSize(kIn);
-  const uint32_t num_chunks = p.cta_begin[p.num_items];
-  int idx = 0;
-  for (uint32_t chunk = blockIdx.x; chunk < num_chunks; chunk += gridDim.x) {
-    idx = FindItemFrom(p.cta_begin, p.num_items, idx, chunk);
-    const QuantItem& it = p.items[idx];
-    const uint32_t num_blocks = it.part_rows * it.part_colblks;
-    const uint32_t first = (chunk - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
-    const SliceScales ss = MakeSliceScales<Traits>(*it.amax);
-    if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ss.s_dec;
-
-    const char* in = static_cast<const char*>(it.in);
-    RawBlock<kIn> raw[kBpt];
+  const int idx = FindItem(p.cta_begin, p.num_items);
+  const QuantItem& it = p.items[idx];
+  const uint32_t num_blocks = it.part_rows * it.part_colblks;
+  const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
+  // Input loads go out first: the amax load, the two divisions of the global scales and the
+  // decode-scale store would otherwise sit in front of them (the store may alias the input, so
+  // the compiler cannot hoist loads above it).
+  const char* in = static_cast<const char*>(it.in);
+  RawBlock<kIn> raw[kBpt];
 #pragma unroll
-    for (int u = 0; u < kBpt; ++u) {
-      const uint32_t b = first + u * kThreads;
-      if (b < num_blocks) LoadRaw<kIn>(in + uint64_t{b} * kInBlockBytes, raw[u]);
-    }
-    const bool dense = it.part_colblks == it.kv;
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b < num_blocks) LoadRaw<kIn>(in + uint64_t{b} * kInBlockBytes, raw[u]);
+  }
+  const SliceScales ss = MakeSliceScales<Traits>(*it.amax);
+  if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ss.s_dec;
+  const bool dense = it.part_colblks == it.kv;
 #pragma unroll
-    for (int u = 0; u < kBpt; ++u) {
-      const uint32_t b = first + u * kThreads;
-      if (b >= num_blocks) break;
-      float x[kBlockSize];
-      Unpack<kIn>(raw[u], x);
-      QuantBlock qb;
-      QuantizeBlockFast<Traits>(x, ss, qb);
-      const uint8_t sf = qb.sf;
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b >= num_blocks) break;
+    float x[kBlockSize];
+    Unpack<kIn>(raw[u], x);
+    QuantBlock qb;
+    QuantizeBlockFast<Traits>(x, ss, qb);
+    const uint8_t sf = qb.sf;
 
-      uint64_t ob;  // block index in the slice's [rows, kv] grid
-      uint32_t m = 0;
-      uint32_t k = 0;
-      if (dense && it.swizzled == nullptr) {
-        ob = uint64_t{it.row0} * it.kv + b;
-      } else {
-        const uint32_t r = b / it.part_colblks;
-        m = it.row0 + r;
-        k = it.colblk0 + (b - r * it.part_colblks);
-        ob = uint64_t{m} * it.kv + k;
-      }
-      *reinterpret_cast<uint2*>(it.packed + ob * (kBlockSize / 2)) = PackBlockCodes(qb);
-      it.scales[ob] = sf;
-      if (it.swizzled != nullptr) it.swizzled[SwizzledScaleIndex(m, k, it.kv)] = sf;
+    uint64_t ob;  // block index in the slice's [rows, kv] grid
+    uint32_t m = 0;
+    uint32_t k = 0;
+    if (dense && it.swizzled == nullptr) {
+      ob = uint64_t{it.row0} * it.kv + b;
+    } else {
+      const uint32_t r = b / it.part_colblks;
+      m = it.row0 + r;
+      k = it.colblk0 + (b - r * it.part_colblks);
+      ob = uint64_t{m} * it.kv + k;
     }
-  }  // chunk loop
+    *reinterpret_cast<uint2*>(it.packed + ob * (kBlockSize / 2)) = PackBlockCodes(qb);
+    it.scales[ob] = sf;
+    if (it.swizzled != nullptr) it.swizzled[SwizzledScaleIndex(m, k, it.kv)] = sf;
+  }
 }
+
 // Fused QDQ: quantize one block into registers and decode it straight back; codes and scales
 // never reach global memory.
 template <ElemType kType, class Traits>
 __global__ void __launch_bounds__(kThreads) QdqKernel(const __grid_constant__ QdqParams p) {
   constexpr int kBpt = kQuantBlocksPerThread<Traits>;
   constexpr uint32_t kBlockBytes = kBlockSize * ElemSize(kType);
-  const uint32_t num_chunks = p.cta_begin[p.num_items];
-  int idx = 0;
-  for (uint32_t chunk = blockIdx.x; chunk < num_chunks; chunk += gridDim.x) {
-    idx = FindItemFrom(p.cta_begin, p.num_items, idx, chunk);
-    const QdqItem& it = p.items[idx];
-    const uint32_t first = (chunk - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
-    const SliceScales ss = MakeSliceScales<Traits>(*it.amax);
-
-    const char* in = static_cast<const char*>(it.in);
-    char* out = static_cast<char*>(it.out);
-    RawBlock<kType> raw[kBpt];
+  const int idx = FindItem(p.cta_begin, p.num_items);
+  const QdqItem& it = p.items[idx];
+  const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kQuantBlocksPerCta<Traits> + threadIdx.x;
+  const char* in = static_cast<const char*>(it.in);
+  char* out = static_cast<char*>(it.out);
+  RawBlock<kType> raw[kBpt];
 #pragma unroll
-    for (int u = 0; u < kBpt; ++u) {
-      const uint32_t b = first + u * kThreads;
-      if (b < it.num_blocks) LoadRaw<kType>(in + uint64_t{b} * kBlockBytes, raw[u]);
-    }
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b < it.num_blocks) LoadRaw<kType>(in + uint64_t{b} * kBlockBytes, raw[u]);
+  }
+  const SliceScales ss = MakeSliceScales<Traits>(*it.amax);  // after the loads, see above
 #pragma unroll
-    for (int u = 0; u < kBpt; ++u) {
-      const uint32_t b = first + u * kThreads;
-      if (b >= it.num_blocks) break;
-      float x[kBlockSize];
-      Unpack<kType>(raw[u], x);
-      QuantBlock qb;
-      QuantizeBlockFast<Traits>(x, ss, qb);
-      const float factor = DecodeFactor<Traits>(qb.sf, ss.amax);
-      float y[kBlockSize];
+  for (int u = 0; u < kBpt; ++u) {
+    const uint32_t b = first + u * kThreads;
+    if (b >= it.num_blocks) break;
+    float x[kBlockSize];
+    Unpack<kType>(raw[u], x);
+    QuantBlock qb;
+    QuantizeBlockFast<Traits>(x, ss, qb);
+    const float factor = FastDecodeFactor<Traits>(qb.sf, ss.amax);
+    float y[kBlockSize];
 #pragma unroll
-      for (int i = 0; i < kBlockSize; ++i) y[i] = __fmul_rn(qb.q[i], factor);  // DecodeElement
-      StoreBlock16<kType>(out + uint64_t{b} * kBlockBytes, y);
-    }
-  }  // chunk loop
-}
-
-// Persistent grid: as many CTAs as fit on the device at once (occupancy of this kernel times the
-// SM count), capped by the number of chunks. Host queries only; nothing synchronizes.
-template <class Kernel>
-KernelStatus PersistentGrid(Kernel kernel, uint32_t num_chunks, dim3* grid, std::string* message) {
-  int device = 0;
-  int sms = 0;
-  int per_sm = 0;
-  KernelStatus st = CheckCuda(cudaGetDevice(&device), "cudaGetDevice", message);
-  if (st != KernelStatus::kOk) return st;
-  st = CheckCuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                 "SM count query", message);
-  if (st != KernelStatus::kOk) return st;
-  st = CheckCuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-                 "occupancy query", message);
-  if (st != KernelStatus::kOk) return st;
-  const uint64_t resident = uint64_t{static_cast<uint32_t>(sms)} * (per_sm > 0 ? per_sm : 1);
-  *grid = dim3(static_cast<unsigned>(num_chunks < resident ? num_chunks : resident));
-  return KernelStatus::kOk;
-}
-
-template <ElemType kIn, class Traits>
-KernelStatus LaunchQuantizeTyped(const QuantParams& params, cudaStream_t stream,
-                                 std::string* message) {
-  dim3 grid;
-  const KernelStatus st = PersistentGrid(QuantizeKernel<kIn, Traits>,
-                                         params.cta_begin[params.num_items], &grid, message);
-  if (st != KernelStatus::kOk) return st;
-  QuantizeKernel<kIn, Traits><<<grid, kThreads, 0, stream>>>(params);
-  return CheckLaunch("quantize kernel launch", message);
+    for (int i = 0; i < kBlockSize; ++i) y[i] = __fmul_rn(qb.q[i], factor);  // DecodeElement
+    StoreBlock16<kType>(out + uint64_t{b} * kBlockBytes, y);
+  }
 }
 
 template <class Traits>
 KernelStatus LaunchQuantizeKernel(ElemType in_type, const QuantParams& params, cudaStream_t stream,
                                   std::string* message) {
+  const dim3 grid(params.cta_begin[params.num_items]);
   switch (in_type) {
     case ElemType::kBF16:
-      return LaunchQuantizeTyped<ElemType::kBF16, Traits>(params, stream, message);
+      QuantizeKernel<ElemType::kBF16, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
     case ElemType::kF16:
-      return LaunchQuantizeTyped<ElemType::kF16, Traits>(params, stream, message);
+      QuantizeKernel<ElemType::kF16, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
     case ElemType::kF32:
-      return LaunchQuantizeTyped<ElemType::kF32, Traits>(params, stream, message);
+      QuantizeKernel<ElemType::kF32, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
   }
-  return Unsupported(message, "quantize: unknown input type");
-}
-
-template <ElemType kType, class Traits>
-KernelStatus LaunchQdqTyped(const QdqParams& params, cudaStream_t stream, std::string* message) {
-  dim3 grid;
-  const KernelStatus st =
-      PersistentGrid(QdqKernel<kType, Traits>, params.cta_begin[params.num_items], &grid, message);
-  if (st != KernelStatus::kOk) return st;
-  QdqKernel<kType, Traits><<<grid, kThreads, 0, stream>>>(params);
-  return CheckLaunch("fused QDQ kernel launch", message);
+  return CheckLaunch("quantize kernel launch", message);
 }
 
 template <class Traits>
 KernelStatus LaunchQdqKernel(ElemType type, const QdqParams& params, cudaStream_t stream,
                              std::string* message) {
+  const dim3 grid(params.cta_begin[params.num_items]);
   switch (type) {
     case ElemType::kBF16:
-      return LaunchQdqTyped<ElemType::kBF16, Traits>(params, stream, message);
-    case ElemType::kF16:
-      return LaunchQdqTyped<ElemType::kF16, Traits>(params, stream, message);
-    case ElemType::kF32:
+      QdqKernel<ElemType::kBF16, Traits><<<grid, kThreads, 0, stream>>>(params);
       break;
+    case ElemType::kF16:
+      QdqKernel<ElemType::kF16, Traits><<<grid, kThreads, 0, stream>>>(params);
+      break;
+    case ElemType::kF32:
+      return Unsupported(message, "fused QDQ takes bf16 or fp16 weights");
   }
-  return Unsupported(message, "fused QDQ takes bf16 or fp16 weights");
+  return CheckLaunch("fused QDQ kernel launch", message);
 }
 
 // Explicit instantiation of both launchers for one mode.
