@@ -7,6 +7,9 @@
 //  3. The receiver dies mid-publication: the publication aborts within the deadline, the daemon
 //     side keeps working, and the next version commits to a restarted receiver.
 //  4. Host syncs per publication are the same for 8 and 128 experts per layer.
+//  5. The same through the real engine (core/engine with EngineComponents: the GPU backend and
+//     the NCCL transport), inline inputs with TP-shard parts and expert stacks, every tensor
+//     checked by name against the engine tests' oracle.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -17,10 +20,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/engine/cpu_backend.h"
+#include "core/engine/engine.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/ipc_cache.h"
 #include "core/nccl/nccl_transport.h"
 #include "nlohmann/json.hpp"
+#include "tests/engine/engine_test_util.h"
 #include "tests/multi_gpu/moe_fixture.h"
 
 namespace wpub::testing {
@@ -326,6 +331,66 @@ TEST_F(MultiGpuTest, HostSyncsPerPublicationDoNotGrowWithExperts) {
   }
   EXPECT_EQ(syncs[8], syncs[128]);
   EXPECT_EQ(syncs[8], 2u);
+}
+
+TEST_F(MultiGpuTest, EngineWithGpuComponentsPublishesEveryTensorToTheEngine) {
+  namespace et = engine::testing;
+  const int port = FreePort();
+  auto emulator = Emulator(port, {"--expect-dir", dir_});
+  ASSERT_TRUE(emulator);
+  auto transport = Transport(port, absl::Seconds(60));
+  ASSERT_TRUE(transport);
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport.get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  engine::EngineComponents components;
+  components.backend = std::move(*backend);
+  components.transports.push_back(std::move(transport));
+  engine::EngineOptions eo;
+  eo.bucket_bytes = 64 << 10;
+  auto eng = engine::Engine::Create(eo, nullptr, std::move(components));
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  for (uint64_t version = 1; version <= 2; ++version) {
+    std::vector<et::TestBatch> batches = et::ModelBatches(et::SmallShape(), 40 + version);
+    batches.push_back(et::StackedExpertBatch(50 + version));
+    for (auto& b : batches) {  // TP shards read in place: dim-0 and dim-1 parts
+      for (auto& t : b.tensors) {
+        if (t.input.desc.name.find("experts.1.down_proj") != std::string::npos) {
+          et::SplitIntoParts(t, 1, 2);
+        } else if (t.input.desc.name.find("self_attn.o_proj") != std::string::npos) {
+          et::SplitIntoParts(t, 0, 2);
+        }
+      }
+    }
+    const auto expected =
+        et::ExpectedOutputs(batches, *et::PlainPolicy(), kernels::QuantMode::Standard());
+    const std::string tdir = absl::StrCat(dir_, "/v", version);
+    ::mkdir(tdir.c_str(), 0755);
+    ::mkdir((tdir + "/tensors").c_str(), 0755);
+    for (const auto& [name, bytes] : expected) {
+      std::ofstream(tdir + "/tensors/" + name + ".bin", std::ios::binary)
+          .write(reinterpret_cast<const char*>(bytes.data()),
+                 static_cast<std::streamsize>(bytes.size()));
+    }
+    auto session = (*eng)->Open(et::Header(version));
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_TRUE(et::Send(**session, batches).ok());
+    auto report = (*session)->Commit();
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->status, engine::PublicationStatus::kCommitted) << report->error;
+    json s = Stats(port, version);
+    ASSERT_FALSE(s.is_null());
+    EXPECT_EQ(s["buckets"].get<uint32_t>(), report->buckets);
+    EXPECT_EQ(s["checked"].get<size_t>(), expected.size());
+    EXPECT_TRUE(s["mismatches"].empty()) << s["mismatches"].dump(1);
+    std::printf("engine version %lu: %u buckets, %zu tensors, %lu host syncs, %.3f s\n",
+                static_cast<unsigned long>(version), report->buckets, expected.size(),
+                static_cast<unsigned long>(report->host_syncs), report->wall_seconds);
+    if (version > 1) {
+      EXPECT_EQ(report->host_syncs, 2u);
+    }
+  }
 }
 
 }  // namespace

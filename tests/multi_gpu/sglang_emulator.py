@@ -86,6 +86,18 @@ class Engine:
         if not self.args.expect_dir:
             return None
         path = os.path.join(self.args.expect_dir, f"v{version}", f"bucket{index}.bin")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    def expected_tensor(self, version, name):
+        """Per-tensor expectations (<dir>/v<version>/tensors/<name>.bin), when no bucket file."""
+        if not self.args.expect_dir:
+            return None
+        path = os.path.join(self.args.expect_dir, f"v{version}", "tensors", name + ".bin")
+        if not os.path.exists(path):
+            return None
         with open(path, "rb") as f:
             return f.read()
 
@@ -137,14 +149,22 @@ class Engine:
         mismatches = []
         checked = 0
         expected = self.expected_bucket(version, index)
+        by_name = expected is None and self.args.expect_dir
         off = 0
-        host = buf.cpu() if expected is not None else None
+        host = buf.cpu() if (expected is not None or by_name) else None
         for name, dt, shp, n in zip(names, dtypes, shapes, sizes):
             t = buf[off:off + n].view(DTYPES[dt]).reshape(shp)  # SGLang's decode
-            if expected is not None:
+            want = expected[off:off + n] if expected is not None else (
+                self.expected_tensor(version, name) if by_name else None)
+            if by_name and want is None:
+                mismatches.append(f"v{version} bucket {index} {name}: no expectation")
+            elif want is not None:
                 got = host[off:off + n].numpy().tobytes()
-                want = expected[off:off + n]
                 checked += 1
+                if len(want) != n:
+                    mismatches.append(f"v{version} {name}: {n} bytes, expected {len(want)}")
+                    off += n
+                    continue
                 if got != want:
                     first = next(i for i in range(n) if got[i] != want[i])
                     mismatches.append(f"v{version} bucket {index} {name}: first differing byte "
