@@ -146,10 +146,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
       }
     });
   }
-  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+  return std::unique_ptr<Engine>(new Engine(std::shared_ptr<Impl>(std::move(impl))));
 }
 
-Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::Engine(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Engine::~Engine() {
   {
@@ -213,7 +213,7 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
           absl::StrCat("version: ", header.version, " is not greater than the committed version ",
                        impl_->committed_version));
     }
-    state = std::make_shared<PublicationSession::State>(impl_.get(), header, std::move(recipe),
+    state = std::make_shared<PublicationSession::State>(impl_, header, std::move(recipe),
                                                         *std::move(policy), bucket_bytes);
     impl_->active = state;
   }

@@ -65,8 +65,9 @@ struct EngineComponents {
 
 class PublicationSession;
 
-// Thread-safe: every method may be called from any thread. The Engine must outlive its
-// sessions (destroy sessions first; the gRPC server shuts down before the core).
+// Thread-safe: every method may be called from any thread. Destroy sessions before the Engine
+// (the gRPC server shuts down before the core); a session that outlives it keeps the engine's
+// internals alive, and its Commit then ends ABORTED (the transports are shut down).
 class Engine {
  public:
   // `registry` may be null (no metrics); when given it must outlive the Engine.
@@ -107,8 +108,8 @@ class Engine {
  private:
   friend class PublicationSession;
   class Impl;
-  explicit Engine(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit Engine(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;  // shared with live sessions
 };
 
 // One publication, driven by a single producer thread (the Publish RPC handler): AddBatch and

@@ -59,7 +59,7 @@ class PublicationSession::State {
  public:
   using Clock = std::chrono::steady_clock;
 
-  State(Engine::Impl* engine, PublicationHeader header, ParsedRecipe recipe,
+  State(std::shared_ptr<Engine::Impl> engine, PublicationHeader header, ParsedRecipe recipe,
         std::unique_ptr<policy::Policy> policy, uint64_t bucket_bytes);
 
   absl::Status AddBatch(BatchInput batch);
@@ -87,7 +87,9 @@ class PublicationSession::State {
   // The ABORTED report after a transport/receiver failure or an abort request.
   PublicationReport AbortedReport(absl::Status why);
 
-  Engine::Impl* const engine_;
+  // Shared so a session may outlive the Engine; Impl::active points back while this publication
+  // is active (the cycle ends when Finish releases the slot).
+  const std::shared_ptr<Engine::Impl> engine_;
   const PublicationHeader header_;
   const ParsedRecipe recipe_;
   const std::unique_ptr<policy::Policy> policy_;

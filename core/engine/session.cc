@@ -28,17 +28,17 @@ absl::Status FailureFromOutcomes(const std::vector<ReceiverOutcome>& outcomes) {
 
 }  // namespace
 
-PublicationSession::State::State(Engine::Impl* engine, PublicationHeader header,
+PublicationSession::State::State(std::shared_ptr<Engine::Impl> engine, PublicationHeader header,
                                  ParsedRecipe recipe, std::unique_ptr<policy::Policy> policy,
                                  uint64_t bucket_bytes)
-    : engine_(engine),
+    : engine_(std::move(engine)),
       header_(std::move(header)),
       recipe_(std::move(recipe)),
       policy_(std::move(policy)),
       bucket_bytes_(bucket_bytes),
       opened_at_(absl::Now()),
       t_open_(Clock::now()),
-      store_(engine->options.max_inline_bytes) {}
+      store_(engine_->options.max_inline_bytes) {}
 
 bool PublicationSession::State::ended() const {
   std::lock_guard lock(mu_);

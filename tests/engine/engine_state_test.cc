@@ -143,6 +143,18 @@ TEST(EngineStateTest, DrainWaitsForACommitThatFinishesInTime) {
   EXPECT_EQ(again->GetStatus().committed_version, 1u);
 }
 
+TEST(EngineStateTest, ASessionThatOutlivesTheEngineAbortsSafely) {
+  auto engine = NewEngine();
+  auto session = engine->Open(Header(1));
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  engine.reset();
+  auto report = (*session)->Commit();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->status, PublicationStatus::kAborted);
+  EXPECT_EQ(report->code, absl::StatusCode::kUnavailable);
+}
+
 TEST(EngineStateTest, CreateValidatesOptions) {
   EngineOptions o;
   o.bucket_bytes = 10;
