@@ -1,0 +1,55 @@
+// GPU path assembly: engine spec parsing, backend + NCCL transport as EngineComponents.
+#include "core/nccl/gpu_path.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/common/status.h"
+#include "core/gpu/gpu_backend.h"
+#include "core/nccl/nccl_transport.h"
+
+namespace wpub::nccl {
+
+absl::StatusOr<std::vector<engines::EngineSpec>> ParseEngineSpecs(absl::string_view text) {
+  std::vector<engines::EngineSpec> out;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    engines::EngineSpec e;
+    const size_t eq = entry.rfind('=');
+    e.url = std::string(entry.substr(0, eq));
+    if (eq != absl::string_view::npos &&
+        (!absl::SimpleAtoi(entry.substr(eq + 1), &e.gpus) || e.gpus <= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("engine '", entry, "': the GPU count after '=' must be a positive integer"));
+    }
+    if (e.url.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("engine '", entry, "' has no URL"));
+    }
+    out.push_back(std::move(e));
+  }
+  if (out.empty()) return absl::InvalidArgumentError("no engines given");
+  return out;
+}
+
+absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOptions& options) {
+  NcclTransportOptions to;
+  to.device = options.device;
+  to.store.bind_address = options.store_bind_address;
+  to.store.port = options.store_port;
+  to.advertise_address = options.advertise_address;
+  to.sglang.engines = options.engines;
+  to.sglang.group_name = options.group_name;
+  to.sglang.request_timeout = options.request_timeout;
+  to.publication_deadline = options.publication_deadline;
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> transport, NcclTransport::Create(to));
+  gpu::GpuBackendOptions bo;
+  bo.device = options.device;
+  bo.sink = transport.get();
+  bo.reject_before_send = options.reject_non_finite_before_send;
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuBackend> backend, gpu::GpuBackend::Create(bo));
+  engine::EngineComponents c;
+  c.backend = std::move(backend);
+  c.transports.push_back(std::move(transport));
+  return c;
+}
+
+}  // namespace wpub::nccl
