@@ -92,6 +92,10 @@ class BadInputTest : public ::testing::Test {
     absl::StatusOr<pb::PublicationReport> report = harness_->client().PublishRaw(reqs);
     ASSERT_TRUE(report.ok()) << report.status();
     ASSERT_EQ(report->status(), pb::PUBLICATION_STATUS_COMMITTED) << report->error_message();
+    for (int i = 0; i < 2; ++i) {
+      auto file = WaitForFileVersion(harness_->recv_output(i), 1);
+      ASSERT_TRUE(file.ok()) << file.status();
+    }
   }
   static void TearDownTestSuite() {
     delete harness_;

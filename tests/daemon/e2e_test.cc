@@ -16,23 +16,6 @@ namespace {
 
 namespace pb = ::wpub::v1;
 
-// Waits until the receiver's file holds `version` (receivers apply a commit after the daemon
-// announced it, so the trainer's report can arrive first).
-absl::StatusOr<recv::SafetensorsFile> WaitForFileVersion(const std::string& path,
-                                                         uint64_t version) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (true) {
-    absl::StatusOr<recv::SafetensorsFile> file = recv::ReadSafetensors(path);
-    if (file.ok() && file->metadata["version"] == std::to_string(version)) return file;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(path, " never reached v", version, ": ",
-                       file.ok() ? "v" + file->metadata["version"] : file.status().ToString()));
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-}
-
 void ExpectFileEqualsReference(const recv::SafetensorsFile& file,
                                const ExpectedPublication& expected, const std::string& who) {
   EXPECT_EQ(file.tensors.size(), expected.tensors.size()) << who;

@@ -36,6 +36,10 @@ class FaultsTest : public ::testing::Test {
     model_ = std::make_unique<synthetic::SyntheticModel>(std::move(*model));
     ASSERT_EQ(PublishStatus(1), pb::PUBLICATION_STATUS_COMMITTED);
     ASSERT_TRUE(harness_->WaitForReceiversAt(1).ok());
+    for (int i = 0; i < 2; ++i) {
+      auto file = WaitForFileVersion(harness_->recv_output(i), 1);
+      ASSERT_TRUE(file.ok()) << file.status();
+    }
   }
 
   absl::StatusOr<pb::PublicationReport> Publish(uint64_t version,

@@ -125,6 +125,21 @@ absl::Status DaemonHarness::WaitForReceiversAt(uint64_t version, absl::Duration 
   }
 }
 
+absl::StatusOr<recv::SafetensorsFile> WaitForFileVersion(const std::string& path, uint64_t version,
+                                                         absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    absl::StatusOr<recv::SafetensorsFile> file = recv::ReadSafetensors(path);
+    if (file.ok() && file->metadata["version"] == std::to_string(version)) return file;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(path, " never reached v", version, ": ",
+                       file.ok() ? "v" + file->metadata["version"] : file.status().ToString()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
 synthetic::ModelShape SmallGlmShape() {
   synthetic::ModelShape s = synthetic::ModelShape::GlmLike();
   s.num_layers = 3;

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "clients/recv/safetensors.h"
 #include "core/policy/settings.h"
 #include "core/synthetic/synthetic.h"
 #include "server/client/child_process.h"
@@ -57,6 +58,11 @@ class DaemonHarness {
   std::vector<std::unique_ptr<client::ChildProcess>> receivers_;
   std::unique_ptr<client::PublisherClient> client_;
 };
+
+// Waits until the receiver's safetensors file holds `version` (receivers apply a commit after
+// the daemon announced it, so the trainer's report can arrive first).
+absl::StatusOr<recv::SafetensorsFile> WaitForFileVersion(
+    const std::string& path, uint64_t version, absl::Duration timeout = absl::Seconds(20));
 
 // A small GLM-like MoE (dense first layer, shared + routed experts, MTP) that publishes in well
 // under a second on the CPU path.
