@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/common/tensor.h"
 #include "core/engine/inputs.h"
 #include "core/engine/planner.h"
@@ -31,6 +32,21 @@ class SyncCounter {
 
  private:
   std::atomic<uint64_t> count_{0};
+};
+
+// Maps CUDA IPC parts to device pointers (the GPU path's IPC mapping cache). The engine calls
+// Resolve on a publication's producer thread while it adds batches, and EndPublication when the
+// next publication opens and when the engine is destroyed -- never while a publication that
+// resolved pointers may still execute -- all serialized by the engine. A pointer stays valid
+// until the following EndPublication.
+class CudaIpcResolver {
+ public:
+  virtual ~CudaIpcResolver() = default;
+  // Errors name `tensor` (stale or foreign handle, range beyond the allocation, ...).
+  virtual absl::StatusOr<const uint8_t*> Resolve(const CudaIpcSource& source,
+                                                 uint64_t expected_bytes,
+                                                 absl::string_view tensor) = 0;
+  virtual void EndPublication() = 0;
 };
 
 // Inputs sharing one global amax (a gate/up pair, or a single tensor), per slice for stacks.

@@ -123,6 +123,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
   } else {
     WPUB_ASSIGN_OR_RETURN(impl->backend, CpuBackend::Create({options.cpu_threads}));
   }
+  impl->cuda_ipc = std::move(components.cuda_ipc);
   std::vector<Transport*> members;
   for (auto& t : components.transports) {
     if (!t) return absl::InvalidArgumentError("EngineComponents::transports holds a null entry");
@@ -160,6 +161,10 @@ Engine::~Engine() {
   impl_->cv.notify_all();
   if (impl_->refresher.joinable()) impl_->refresher.join();
   impl_->transport->Shutdown();
+  if (impl_->cuda_ipc) {
+    std::lock_guard ipc_lock(impl_->ipc_mu);
+    impl_->cuda_ipc->EndPublication();
+  }
 }
 
 absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const PublicationHeader& header) {
@@ -212,6 +217,11 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
       return absl::FailedPreconditionError(
           absl::StrCat("version: ", header.version, " is not greater than the committed version ",
                        impl_->committed_version));
+    }
+    if (impl_->cuda_ipc) {
+      // The previous publication ended (its Execute returned before it released the slot).
+      std::lock_guard ipc_lock(impl_->ipc_mu);
+      impl_->cuda_ipc->EndPublication();
     }
     state = std::make_shared<PublicationSession::State>(impl_, header, std::move(recipe),
                                                         *std::move(policy), bucket_bytes);

@@ -61,6 +61,9 @@ struct EngineComponents {
   // weight-update group), in order. Begin/Send/Commit/Abort reach every one; the engine waits
   // for each one's acknowledgements in turn against the same deadline.
   std::vector<std::unique_ptr<Transport>> transports;
+  // Accepts CUDA IPC parts (without one they are UNIMPLEMENTED). The backend must read the
+  // device pointers it returns.
+  std::unique_ptr<CudaIpcResolver> cuda_ipc;
 };
 
 class PublicationSession;

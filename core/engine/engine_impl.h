@@ -35,6 +35,8 @@ class Engine::Impl {
   std::vector<std::unique_ptr<Transport>> extra_transports;
   // Every transport of a publication: the extras, then the pull transport.
   std::unique_ptr<TransportGroup> transports;
+  std::unique_ptr<CudaIpcResolver> cuda_ipc;  // null on the CPU path
+  std::mutex ipc_mu;                          // serializes cuda_ipc calls
   std::unique_ptr<Backend> backend;
   std::unique_ptr<metrics::EngineMetrics> metrics;  // null without a registry
 
@@ -83,6 +85,8 @@ class PublicationSession::State {
   // The report as of now.
   PublicationReport MakeReport(PublicationStatus outcome, const absl::Status& status) const;
   absl::Status CheckOpen() const;  // requires mu_
+  // The store's CUDA IPC hook: the engine's resolver under its lock, or null.
+  static CudaIpcResolveFn ResolveFn(Engine::Impl* engine);
   absl::StatusOr<ExecutionPlan> BuildPlan(std::vector<uint32_t>* unit_sizes);
   // The ABORTED report after a transport/receiver failure or an abort request.
   PublicationReport AbortedReport(absl::Status why);

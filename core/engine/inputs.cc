@@ -130,7 +130,7 @@ uint64_t IntervalSet::FirstGap(uint64_t size) const {
 
 // ---------------------------------------------------------------------------------------------
 
-absl::Status ValidateTensorInput(const TensorInput& input) {
+absl::Status ValidateTensorInput(const TensorInput& input, bool cuda_ipc) {
   const TensorDesc& desc = input.desc;
   if (desc.name.empty()) return absl::InvalidArgumentError("tensor with an empty name");
   const std::string what = absl::StrCat("tensor ", desc.name);
@@ -183,9 +183,16 @@ absl::Status ValidateTensorInput(const TensorInput& input) {
             pwhat, ": shared-memory length ", shm->length, " does not match its shape ",
             ShapeString(part.shape), " x ", DTypeName(desc.dtype), " = ", nbytes, " bytes"));
       }
-    } else if (std::holds_alternative<CudaIpcSource>(part.source)) {
-      return absl::UnimplementedError(
-          absl::StrCat("CUDA IPC ingestion needs the GPU backend; tensor ", desc.name));
+    } else if (const auto* ipc = std::get_if<CudaIpcSource>(&part.source)) {
+      if (!cuda_ipc) {
+        return absl::UnimplementedError(
+            absl::StrCat("CUDA IPC ingestion needs the GPU backend; tensor ", desc.name));
+      }
+      if (ipc->length != nbytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            pwhat, ": CUDA IPC length ", ipc->length, " does not match its shape ",
+            ShapeString(part.shape), " x ", DTypeName(desc.dtype), " = ", nbytes, " bytes"));
+      }
     }
   }
   if (input.parts.size() > 1 && concat_total != desc.shape[input.concat_dim]) {
@@ -205,7 +212,7 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
   std::unordered_map<std::string, size_t> in_batch;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInput& t = tensors[i];
-    WPUB_RETURN_IF_ERROR(ValidateTensorInput(t));
+    WPUB_RETURN_IF_ERROR(ValidateTensorInput(t, resolve_ipc_ != nullptr));
     if (auto it = names_.find(t.desc.name); it != names_.end()) {
       return absl::InvalidArgumentError(absl::StrCat("duplicate tensor name ", t.desc.name,
                                                      " (batch ", batch, ", first in batch ",
@@ -257,7 +264,9 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
               ") exceeds shared-memory segment '", shm->name, "' of ", size, " bytes"));
         }
         view.data = it->second->data() + shm->offset;
-      } else {  // inline (CUDA IPC was rejected by validation)
+      } else if (const auto* ipc = std::get_if<CudaIpcSource>(&p.source)) {
+        WPUB_ASSIGN_OR_RETURN(view.data, resolve_ipc_(*ipc, view.nbytes, t.desc.name));
+      } else {  // inline
         auto buf = std::make_unique<InlineBuffer>();
         buf->size = view.nbytes;
         buf->bytes.reset(new uint8_t[std::max<uint64_t>(view.nbytes, 1)]);

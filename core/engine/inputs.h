@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,7 +60,8 @@ class IntervalSet {
   std::map<uint64_t, uint64_t> ranges_;  // begin -> end, disjoint, non-adjacent
 };
 
-// Host view of one part (the bytes live in an inline buffer or a shm mapping).
+// View of one part: host bytes in an inline buffer or a shm mapping, or device bytes of a
+// CUDA IPC mapping (GPU path).
 struct PartView {
   const uint8_t* data = nullptr;
   Shape shape;
@@ -78,12 +80,19 @@ struct InputTensor {
 // Checks one tensor input against its desc, without touching any bytes: known dtype, non-empty
 // name, non-negative dims, at least one part, concat_dim 0/1 within the rank, parts' shapes
 // consistent with the desc, shm lengths equal to the part's byte size, shm names valid, CUDA
-// IPC rejected (UNIMPLEMENTED). Messages name the tensor and part.
-absl::Status ValidateTensorInput(const TensorInput& input);
+// IPC lengths equal to the part's byte size -- or CUDA IPC rejected with UNIMPLEMENTED when
+// `cuda_ipc` is false (the CPU path). Messages name the tensor and part.
+absl::Status ValidateTensorInput(const TensorInput& input, bool cuda_ipc = false);
+
+// Maps a CUDA IPC part to a device pointer the backend reads in place; errors name `tensor`.
+// Null when the engine has no CUDA IPC resolver (the CPU path).
+using CudaIpcResolveFn = std::function<absl::StatusOr<const uint8_t*>(
+    const CudaIpcSource& source, uint64_t expected_bytes, absl::string_view tensor)>;
 
 class InputStore {
  public:
-  explicit InputStore(uint64_t max_inline_bytes) : max_inline_bytes_(max_inline_bytes) {}
+  explicit InputStore(uint64_t max_inline_bytes, CudaIpcResolveFn resolve_ipc = nullptr)
+      : max_inline_bytes_(max_inline_bytes), resolve_ipc_(std::move(resolve_ipc)) {}
 
   // Validates and resolves every tensor of batch `batch` (which must be the next batch index):
   // maps shm segments (once per segment per publication, bounds-checked against the segment
@@ -112,6 +121,7 @@ class InputStore {
   };
 
   const uint64_t max_inline_bytes_;
+  const CudaIpcResolveFn resolve_ipc_;
   std::vector<InputTensor> tensors_;
   std::vector<size_t> batch_first_;
   // Parallel to tensors_: one entry per part, null for non-inline parts.

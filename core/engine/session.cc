@@ -28,6 +28,14 @@ absl::Status FailureFromOutcomes(const std::vector<ReceiverOutcome>& outcomes) {
 
 }  // namespace
 
+CudaIpcResolveFn PublicationSession::State::ResolveFn(Engine::Impl* engine) {
+  if (!engine->cuda_ipc) return nullptr;
+  return [engine](const CudaIpcSource& source, uint64_t bytes, absl::string_view tensor) {
+    std::lock_guard lock(engine->ipc_mu);
+    return engine->cuda_ipc->Resolve(source, bytes, tensor);
+  };
+}
+
 PublicationSession::State::State(std::shared_ptr<Engine::Impl> engine, PublicationHeader header,
                                  ParsedRecipe recipe, std::unique_ptr<policy::Policy> policy,
                                  uint64_t bucket_bytes)
@@ -38,7 +46,7 @@ PublicationSession::State::State(std::shared_ptr<Engine::Impl> engine, Publicati
       bucket_bytes_(bucket_bytes),
       opened_at_(absl::Now()),
       t_open_(Clock::now()),
-      store_(engine_->options.max_inline_bytes) {}
+      store_(engine_->options.max_inline_bytes, ResolveFn(engine_.get())) {}
 
 bool PublicationSession::State::ended() const {
   std::lock_guard lock(mu_);

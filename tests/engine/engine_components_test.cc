@@ -7,6 +7,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "absl/strings/str_cat.h"
+
 #include "core/engine/cpu_backend.h"
 #include "core/engine/engine.h"
 #include "core/engine/testing/inproc_receiver.h"
@@ -146,6 +148,88 @@ TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
   EXPECT_EQ((*engine)->GetStatus().committed_version, 0u);
   ASSERT_GE(log.calls.size(), 3u);
   EXPECT_EQ(log.calls.back().rfind("abort", 0), 0u);
+}
+
+// Resolves "CUDA IPC" handles to host buffers (handle byte 0 = buffer index): exercises the
+// engine's IPC plumbing on a machine without a GPU, since the CPU backend reads host pointers.
+class HostIpcResolver final : public CudaIpcResolver {
+ public:
+  explicit HostIpcResolver(std::vector<std::vector<uint8_t>>* buffers, int* ends)
+      : buffers_(buffers), ends_(ends) {}
+  absl::StatusOr<const uint8_t*> Resolve(const CudaIpcSource& source, uint64_t expected_bytes,
+                                         absl::string_view tensor) override {
+    const size_t i = source.handle[0];
+    if (i >= buffers_->size() || source.offset + expected_bytes > (*buffers_)[i].size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tensor ", tensor, ": stale CUDA IPC handle ", i));
+    }
+    return (*buffers_)[i].data() + source.offset;
+  }
+  void EndPublication() override { ++*ends_; }
+
+ private:
+  std::vector<std::vector<uint8_t>>* buffers_;
+  int* ends_;
+};
+
+TEST(EngineComponentsTest, CudaIpcPartsGoThroughTheResolver) {
+  // Tensors of the small model, the expert ones "in trainer GPU memory".
+  auto batches = testing::ModelBatches(testing::SmallShape(), 4);
+  std::vector<std::vector<uint8_t>> buffers;
+  for (auto& b : batches) {
+    for (auto& t : b.tensors) {
+      if (t.input.desc.name.find(".mlp.experts.") == std::string::npos) continue;
+      CudaIpcSource src;
+      src.handle[0] = static_cast<uint8_t>(buffers.size());
+      src.device_uuid = "GPU-00000000-0000-0000-0000-000000000000";
+      src.length = t.full.size();
+      buffers.push_back(t.full);
+      t.input.parts = {TensorPart{src, t.input.desc.shape}};
+      t.part_bytes = {{}};
+    }
+  }
+  ASSERT_LT(buffers.size(), 256u);
+  int ends = 0;
+  EngineComponents components;
+  components.cuda_ipc = std::make_unique<HostIpcResolver>(&buffers, &ends);
+  auto engine = Engine::Create(EngineOptions{}, nullptr, std::move(components));
+  ASSERT_TRUE(engine.ok());
+  auto receiver = testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "r"});
+  ASSERT_TRUE(receiver.ok());
+  {
+    auto session = (*engine)->Open(testing::Header(1));
+    ASSERT_TRUE(session.ok());
+    ASSERT_TRUE(testing::Send(**session, batches).ok());
+    auto report = (*session)->Commit();
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+  }
+  ASSERT_TRUE((*receiver)->WaitForOutcome(1, absl::Seconds(10)));
+  EXPECT_TRUE(
+      (*receiver)->committed_tensors() ==
+      testing::ExpectedOutputs(batches, *testing::PlainPolicy(), kernels::QuantMode::Standard()));
+  EXPECT_EQ(ends, 1);  // at Open
+
+  // A stale handle is the resolver's error, naming the tensor; a wrong length is caught first.
+  auto session = (*engine)->Open(testing::Header(2));
+  ASSERT_TRUE(session.ok());
+  EXPECT_EQ(ends, 2);
+  TensorInput gate;
+  gate.desc = {"model.layers.1.mlp.experts.0.gate_proj.weight", DType::kBFloat16, {32, 64}};
+  CudaIpcSource stale;
+  stale.handle[0] = 255;
+  stale.length = 4096;
+  gate.parts = {TensorPart{stale, gate.desc.shape}};
+  absl::Status s =
+      (*session)->AddBatch(BatchInput{"decoder.layers.1.mlp.experts.linear_fc1.weight0", {gate}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(testing::HasSubstr(s, gate.desc.name)) << s;
+  auto again = (*engine)->Open(testing::Header(2));
+  ASSERT_TRUE(again.ok());
+  std::get<CudaIpcSource>(gate.parts[0].source).length = 4095;
+  s = (*again)->AddBatch(BatchInput{"decoder.layers.1.mlp.experts.linear_fc1.weight0", {gate}});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(testing::HasSubstr(s, "CUDA IPC length 4095")) << s;
 }
 
 }  // namespace
