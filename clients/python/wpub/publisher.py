@@ -23,6 +23,7 @@ from .tensors import CudaPart, HostPart, TensorError, normalize
 
 _SERVICE = "/wpub.v1.Publisher/"
 _END = object()  # sentinel ending the request stream
+_PUBLISHER_TIMEOUT = object()  # publish(timeout=...) default: the Publisher's timeout
 _POLL_S = 0.05  # how often a blocked wait re-checks whether the RPC ended
 
 _POLICY_FIELDS = ("extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
@@ -250,7 +251,7 @@ class Publisher:
                 policy: Optional[Dict[str, Any]] = None,
                 quantization_config: Union[None, str, Dict[str, Any]] = None,
                 model_id: str = "", allow_non_finite: bool = False, wait: bool = False,
-                bucket_bytes: int = 0, timeout: Any = "default",
+                bucket_bytes: int = 0, timeout: Any = _PUBLISHER_TIMEOUT,
                 check: bool = True) -> PublicationReport:
         """Streams one publication and returns the daemon's report.
 
@@ -269,7 +270,7 @@ class Publisher:
         memory or messages) before publish returns from a batch; CUDA tensors are referenced
         and kept alive until the report arrived.
         """
-        if timeout == "default":
+        if timeout is _PUBLISHER_TIMEOUT:
             timeout = self.timeout
         t0 = time.perf_counter()
         cpu0, caller0 = time.process_time(), time.thread_time()
