@@ -1,0 +1,340 @@
+// core/convert on synthetic HF checkpoints (DeepSeek-V3, Qwen3-MoE and Mixtral naming; shared
+// experts singular/plural/nested; dense first layers; 1-3 shards with gate/up pairs split across
+// shards): exactly the routed-expert GEMM weights are quantized, their bytes equal the CPU
+// reference quantizer's, kept tensors are copied, the metadata is as specified, and every bad
+// input is refused with nothing written.
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/convert/convert.h"
+#include "core/convert/testing/synthetic_checkpoint.h"
+#include "core/safetensors/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/reference.h"
+#include "tests/convert/convert_check.h"
+
+namespace wpub::convert {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CheckpointSpec;
+using ::testing::HasSubstr;
+
+class ConvertTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("wpub_convert_" + std::to_string(::getpid()) + "_" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  std::string In() const { return (root_ / "in").string(); }
+  std::string Out() const { return (root_ / "out").string(); }
+
+  ConvertOptions Options() const {
+    ConvertOptions o;
+    o.model_dir = In();
+    o.save_dir = Out();
+    o.cpu_threads = 2;
+    return o;
+  }
+
+  // Runs a conversion that must fail; checks that nothing was written next to or into save_dir.
+  absl::Status ExpectRefused(const ConvertOptions& o, bool save_dir_was_empty = true) {
+    absl::StatusOr<ConvertSummary> s = ConvertCheckpoint(o);
+    EXPECT_FALSE(s.ok());
+    if (save_dir_was_empty) {
+      EXPECT_FALSE(fs::exists(o.save_dir) && !fs::is_empty(o.save_dir)) << o.save_dir;
+    }
+    for (const fs::directory_entry& e : fs::directory_iterator(root_)) {
+      EXPECT_FALSE(absl::StrContains(e.path().filename().string(), "wpub-convert"))
+          << "leftover " << e.path();
+    }
+    return s.ok() ? absl::OkStatus() : s.status();
+  }
+
+  fs::path root_;
+};
+
+synthetic::ModelShape Small(synthetic::NamingStyle style) {
+  synthetic::ModelShape s;
+  s.style = style;
+  s.num_layers = 4;
+  s.first_k_dense = style == synthetic::NamingStyle::kDeepSeekV3 ? 1 : 0;
+  s.num_experts = 3;
+  s.num_shared_experts = style == synthetic::NamingStyle::kDeepSeekV3 ? 1 : 0;
+  s.num_mtp_layers = style == synthetic::NamingStyle::kDeepSeekV3 ? 1 : 0;
+  s.hidden_size = 64;
+  s.moe_intermediate_size = 32;
+  s.intermediate_size = 96;
+  s.vocab_size = 48;
+  s.num_attention_heads = 2;
+  s.num_key_value_heads = 1;
+  s.head_dim = 32;
+  s.q_lora_rank = 32;
+  s.kv_lora_rank = 32;
+  s.qk_rope_head_dim = 16;
+  s.v_head_dim = 32;
+  return s;
+}
+
+CheckpointSpec SpecFor(synthetic::NamingStyle style, int shards) {
+  auto model = synthetic::SyntheticModel::Create(Small(style));
+  EXPECT_TRUE(model.ok()) << model.status();
+  CheckpointSpec spec;
+  spec.tensors = testing::HfTensors(*model);
+  spec.num_hidden_layers = 4;
+  spec.num_shards = shards;
+  return spec;
+}
+
+// Independent statement of which names are routed-expert GEMM weights.
+const std::regex kRouted(
+    R"(^model\.layers\.(\d+)\.(mlp|block_sparse_moe)\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$)");
+
+std::set<std::string> ExpectedQuantized(const CheckpointSpec& spec, int first_bf16, int last_bf16,
+                                        int num_layers, const std::string& extra = "") {
+  std::set<std::string> out;
+  for (const TensorDesc& t : spec.tensors) {
+    std::smatch m;
+    if (!std::regex_match(t.name, m, kRouted)) continue;
+    const int layer = std::stoi(m[1]);
+    if (layer < first_bf16 || (layer >= num_layers - last_bf16 && layer < num_layers)) continue;
+    if (!extra.empty() && absl::StrContains(t.name, extra)) continue;
+    out.insert(t.name);
+  }
+  return out;
+}
+
+TEST_F(ConvertTest, DeepSeekV3ThreeShardsWithSharedExpertVariants) {
+  CheckpointSpec spec = SpecFor(synthetic::NamingStyle::kDeepSeekV3, 3);
+  // Shared experts: singular (Qwen2-MoE style) and nested experts inside a shared block.
+  spec.tensors.push_back(
+      {"model.layers.2.mlp.shared_expert.gate_proj.weight", DType::kBFloat16, {32, 64}});
+  spec.tensors.push_back(
+      {"model.layers.2.mlp.shared_expert.up_proj.weight", DType::kBFloat16, {32, 64}});
+  spec.tensors.push_back(
+      {"model.layers.3.mlp.shared_experts.experts.0.up_proj.weight", DType::kBFloat16, {32, 64}});
+  spec.tensors.push_back(
+      {"model.layers.3.mlp.shared_expert_gate.weight", DType::kBFloat16, {1, 64}});
+  ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+  auto summary = ConvertCheckpoint(Options());
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  // Layers 1..3 and MTP layer 4 are MoE with 3 experts x 3 GEMMs.
+  const std::set<std::string> expected = ExpectedQuantized(spec, 0, 0, 4);
+  EXPECT_EQ(expected.size(), 4u * 3 * 3);
+  EXPECT_EQ(summary->tensors_quantized, static_cast<int64_t>(expected.size()));
+  EXPECT_EQ(summary->shards, 3);
+  CheckResult r = CheckConvertedCheckpoint(In(), Out(), expected, kernels::QuantMode::Standard());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_GE(r.pairs_across_shards, 1) << "the fixture must split a gate/up pair across shards";
+  EXPECT_THAT(r.ignore, ::testing::Contains("lm_head"));
+  EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.2.mlp.shared_expert.gate_proj"));
+  EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.3.mlp.shared_experts.experts.0.up_proj"));
+  EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.0.mlp.gate_proj"));
+  // Copied files.
+  EXPECT_TRUE(fs::exists(fs::path(Out()) / "tokenizer.json"));
+  EXPECT_TRUE(fs::exists(fs::path(Out()) / "extra" / "notes.txt"));
+}
+
+TEST_F(ConvertTest, Qwen3MoeTwoShardsBf16HeadTailAndTextConfig) {
+  CheckpointSpec spec = SpecFor(synthetic::NamingStyle::kQwen3Moe, 2);
+  spec.nest_in_text_config = true;
+  ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+  ConvertOptions o = Options();
+  o.num_layers_at_start_in_bf16 = 1;
+  o.num_layers_at_end_in_bf16 = 1;
+  auto summary = ConvertCheckpoint(o);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  const std::set<std::string> expected = ExpectedQuantized(spec, 1, 1, 4);
+  EXPECT_EQ(expected.size(), 2u * 3 * 3);
+  CheckResult r = CheckConvertedCheckpoint(In(), Out(), expected, kernels::QuantMode::Standard());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_GE(r.pairs_across_shards, 1);
+  // Compact: one entry per BF16 layer, nothing else from those layers.
+  EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.0.*"));
+  EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.3.*"));
+  for (const std::string& e : r.ignore) {
+    if (absl::StartsWith(e, "model.layers.0.")) {
+      EXPECT_EQ(e, "model.layers.0.*");
+    }
+  }
+}
+
+TEST_F(ConvertTest, MixtralSingleFileExtraHighPrecisionAnd4over6) {
+  CheckpointSpec spec = SpecFor(synthetic::NamingStyle::kMixtral, 1);
+  ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+  ConvertOptions o = Options();
+  o.extra_high_precision_layers_hf = {"model.layers.2."};
+  o.mode = kernels::QuantMode::FourOverSixDefault();
+  auto summary = ConvertCheckpoint(o);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  const std::set<std::string> expected = ExpectedQuantized(spec, 0, 0, 4, "model.layers.2.");
+  EXPECT_EQ(expected.size(), 3u * 3 * 3);
+  CheckResult r = CheckConvertedCheckpoint(In(), Out(), expected, o.mode);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  // The excluded layer's experts are named by their container.
+  EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.2.block_sparse_moe.experts"));
+  EXPECT_TRUE(fs::exists(fs::path(Out()) / "model.safetensors"));
+}
+
+TEST_F(ConvertTest, StackedExpertTensorsSplitIntoSliceUnits) {
+  CheckpointSpec spec;
+  spec.num_hidden_layers = 1;
+  spec.num_shards = 2;
+  spec.tensors = {{"model.layers.0.mlp.experts.gate_proj.weight", DType::kBFloat16, {5, 32, 64}},
+                  {"model.layers.0.mlp.experts.up_proj.weight", DType::kBFloat16, {5, 32, 64}},
+                  {"model.layers.0.mlp.experts.down_proj.weight", DType::kFloat32, {5, 64, 32}},
+                  {"model.norm.weight", DType::kBFloat16, {64}}};
+  ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+  ConvertOptions o = Options();
+  o.staging_bytes = 1;  // one slice per unit
+  auto summary = ConvertCheckpoint(o);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  CheckResult r = CheckConvertedCheckpoint(
+      In(), Out(),
+      {"model.layers.0.mlp.experts.gate_proj.weight", "model.layers.0.mlp.experts.up_proj.weight",
+       "model.layers.0.mlp.experts.down_proj.weight"},
+      kernels::QuantMode::Standard());
+  ASSERT_TRUE(r.status.ok()) << r.status;
+}
+
+// ---- bad inputs: refused, naming the file and tensor, nothing written ----
+
+// Replaces shard `index` (in sorted order) of the input with raw bytes.
+void Clobber(const std::string& dir, int index, const std::string& header, size_t data,
+             std::optional<uint64_t> len = std::nullopt) {
+  std::vector<fs::path> shards;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+  }
+  std::sort(shards.begin(), shards.end());
+  std::ofstream out(shards.at(index), std::ios::binary | std::ios::trunc);
+  const uint64_t n = len.value_or(header.size());
+  for (int i = 0; i < 8; ++i) out.put(static_cast<char>(n >> (8 * i)));
+  out << header << std::string(data, '\0');
+}
+
+TEST_F(ConvertTest, RefusesBadInputsWritingNothing) {
+  const CheckpointSpec spec = SpecFor(synthetic::NamingStyle::kQwen3Moe, 2);
+  struct Case {
+    const char* label;
+    std::function<void()> damage;
+    std::vector<std::string> expect;
+  };
+  const std::string shard2 = "model-00002-of-00002.safetensors";
+  const std::vector<Case> cases = {
+      {"truncated header",
+       [&] { Clobber(In(), 1, R"({"model.norm.weight": {"dty)", 0); },
+       {shard2, "truncated"}},
+      {"header length beyond the file",
+       [&] { Clobber(In(), 1, "{}", 0, 1 << 20); },
+       {shard2, "beyond the file"}},
+      {"overlapping offsets",
+       [&] {
+         Clobber(
+             In(), 1,
+             R"({"model.norm.weight": {"dtype": "BF16", "shape": [64], "data_offsets": [0, 128]},
+                     "lm_head.weight": {"dtype": "BF16", "shape": [2, 64], "data_offsets": [64, 320]}})",
+             320);
+       },
+       {shard2, "'lm_head.weight'", "overlap"}},
+      {"out-of-bounds offsets",
+       [&] {
+         Clobber(
+             In(), 1,
+             R"({"model.norm.weight": {"dtype": "BF16", "shape": [64], "data_offsets": [0, 128]}})",
+             100);
+       },
+       {shard2, "'model.norm.weight'", "out of bounds"}},
+      {"unknown dtype",
+       [&] {
+         Clobber(
+             In(), 1,
+             R"({"model.norm.weight": {"dtype": "BF17", "shape": [64], "data_offsets": [0, 128]}})",
+             128);
+       },
+       {shard2, "'model.norm.weight'", "unknown dtype 'BF17'"}},
+      {"index naming a missing shard",
+       [&] { fs::remove(fs::path(In()) / shard2); },
+       {"model.safetensors.index.json", shard2, "missing"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.label);
+    fs::remove_all(In());
+    ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+    c.damage();
+    absl::Status s = ExpectRefused(Options());
+    for (const std::string& e : c.expect) EXPECT_THAT(s.message(), HasSubstr(e)) << s;
+    EXPECT_FALSE(fs::exists(Out()));
+  }
+}
+
+TEST_F(ConvertTest, RefusesOutputEqualToInputOrNotEmpty) {
+  ASSERT_TRUE(
+      testing::WriteSyntheticCheckpoint(In(), SpecFor(synthetic::NamingStyle::kMixtral, 2)).ok());
+  ConvertOptions o = Options();
+  o.save_dir = In() + "/.";
+  EXPECT_THAT(ExpectRefused(o, false).message(), HasSubstr("is the input directory"));
+  fs::create_directories(fs::path(Out()) / "old");
+  EXPECT_THAT(ExpectRefused(Options(), false).message(), HasSubstr("not empty"));
+  EXPECT_TRUE(fs::exists(fs::path(Out()) / "old"));
+  // An empty output directory is fine and replaced.
+  fs::remove(fs::path(Out()) / "old");
+  EXPECT_TRUE(ConvertCheckpoint(Options()).ok());
+}
+
+TEST_F(ConvertTest, RefusesExpertWeightWithKNotMultipleOf16) {
+  CheckpointSpec spec;
+  spec.num_hidden_layers = 1;
+  spec.num_shards = 2;
+  spec.tensors = {{"model.embed_tokens.weight", DType::kBFloat16, {8, 40}},
+                  {"model.layers.0.mlp.experts.0.down_proj.weight", DType::kBFloat16, {8, 40}}};
+  ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+  absl::Status s = ExpectRefused(Options());
+  EXPECT_THAT(s.message(), HasSubstr("model-00002-of-00002.safetensors"));
+  EXPECT_THAT(s.message(), HasSubstr("divisible by 16"));
+  EXPECT_THAT(s.message(), HasSubstr("model.layers.0.mlp.experts.0.down_proj.weight"));
+  EXPECT_FALSE(fs::exists(Out()));
+}
+
+TEST_F(ConvertTest, RefusesGateWithoutUpAndMissingLayerCount) {
+  ASSERT_TRUE(
+      testing::WriteSyntheticCheckpoint(In(), SpecFor(synthetic::NamingStyle::kQwen3Moe, 2)).ok());
+  ConvertOptions o = Options();
+  o.extra_high_precision_layers_hf = {"layers.1.mlp.experts.2.up_proj"};
+  EXPECT_THAT(ExpectRefused(o).message(),
+              HasSubstr("'model.layers.1.mlp.experts.2.gate_proj.weight' is the gate"));
+  // No num_hidden_layers in config.json but BF16 head layers asked for.
+  std::ofstream(fs::path(In()) / "config.json") << R"({"model_type": "x"})";
+  o = Options();
+  o.num_layers_at_start_in_bf16 = 1;
+  EXPECT_THAT(ExpectRefused(o).message(), HasSubstr("num_hidden_layers"));
+  fs::remove(fs::path(In()) / "config.json");
+  EXPECT_THAT(ExpectRefused(Options()).message(), HasSubstr("config.json"));
+}
+
+TEST_F(ConvertTest, SummaryTableNamesTheFigures) {
+  ConvertSummary s;
+  s.tensors_quantized = 7;
+  s.tensors_kept = 3;
+  s.bytes_in = 2'000'000'000;
+  s.seconds = 4;
+  const std::string t = FormatSummary(s);
+  EXPECT_THAT(t, HasSubstr("tensors quantized (NVFP4)    7"));
+  EXPECT_THAT(t, HasSubstr("tensors kept                 3"));
+  EXPECT_THAT(t, HasSubstr("0.500 GB/s of input"));
+}
+
+}  // namespace
+}  // namespace wpub::convert
