@@ -30,6 +30,8 @@ constexpr Subcommand kSubcommands[] = {
      "The project's main job: start wpubd and two wpub-recv, publish several versions of a "
      "synthetic GLM-like MoE end to end, print a per-publication table, stop cleanly.",
      &RunDemo},
+    {"convert", "Convert an HF safetensors checkpoint to NVFP4 (routed experts) for SGLang/vLLM.",
+     &RunConvert},
 };
 
 std::string Usage() {

@@ -27,5 +27,7 @@ int RunDemo(const std::vector<std::string>& args);
 int RunPublishSynthetic(const std::vector<std::string>& args);
 // status.cc: a running wpubd's status and recent reports.
 int RunStatus(const std::vector<std::string>& args);
+// convert.cc: offline HF checkpoint -> NVFP4 checkpoint conversion.
+int RunConvert(const std::vector<std::string>& args);
 
 }  // namespace wpub::wpubctl
