@@ -177,10 +177,16 @@ absl::StatusOr<pb::PublicationReport> PublisherClient::Publish(
       full.assign(static_cast<size_t>(desc.nbytes()), 0);
       WPUB_RETURN_IF_ERROR(fill(desc, absl::MakeSpan(full)));
       const int parts = PartsFor(desc, options);
+      batch_bytes += full.size();
+      if (parts == 1) {
+        payload[i].push_back(std::move(full));
+        full = {};
+        continue;
+      }
       for (int p = 0; p < parts; ++p) {
         CopyPart(desc, full, options.concat_dim, parts, p, &part);
-        batch_bytes += part.size();
-        payload[i].push_back(part);
+        payload[i].push_back(std::move(part));
+        part = {};
       }
     }
     uint8_t* shm_data = nullptr;
