@@ -4,6 +4,7 @@
 // dequantized values and fused-QDQ values (as uint16, so signed zeros count).
 #include <gtest/gtest.h>
 
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -13,6 +14,14 @@
 #include "kernels/testing/test_data.h"
 #include "tests/kernels_gpu/gpu_test_util.h"
 #include "tests/kernels_gpu/quant_harness.h"
+
+// Readable parameter values in test listings (gtest finds PrintTo by argument-dependent lookup).
+namespace wpub::kernels {
+void PrintTo(ElemType t, std::ostream* os) { *os << ElemTypeName(t); }
+namespace testing {
+void PrintTo(DataFamily f, std::ostream* os) { *os << DataFamilyName(f); }
+}  // namespace testing
+}  // namespace wpub::kernels
 
 namespace wpub::kernels::cuda::testing {
 namespace {
