@@ -4,9 +4,11 @@
 #include <prometheus/registry.h>
 #include <unistd.h>
 
+#include <random>
 #include <thread>
 
 #include "core/engine/engine.h"
+#include "core/engine/recipe.h"
 #include "core/engine/testing/inproc_receiver.h"
 #include "core/metrics/metrics.h"
 #include "tests/engine/engine_test_util.h"
@@ -369,6 +371,60 @@ TEST_F(PublicationTest, IgnoredTensorsAreCountedAndPassedThrough) {
   EXPECT_EQ(report->status, PublicationStatus::kCommitted);
   EXPECT_EQ(report->tensors_ignored, 3u);  // gate, up, down of expert 0 in layer 1
   EXPECT_EQ(Metric(metrics::kTensorsTotal, "action", "ignored"), 3);
+}
+
+}  // namespace
+}  // namespace wpub::engine
+
+namespace wpub::engine {
+namespace {
+
+// Randomized: bucket sizes, recipes (all 9 quantization modes), tensor splits along dim 0 or 1
+// and chunk sizes vary; every received tensor must still equal the CPU reference.
+TEST_F(PublicationTest, RandomizedLayoutsAndSplitsMatchTheReference) {
+  InprocReceiver* r = AddReceiver({.name = "r"});
+  std::mt19937_64 rng(4242);
+  const char* recipes[] = {"nvfp4",
+                           "nvfp4_4over6:mae-e448-exact",
+                           "nvfp4_4over6:mae-e448-fp16",
+                           "nvfp4_4over6:mae-e256-exact",
+                           "nvfp4_4over6:mae-e256-fp16",
+                           "nvfp4_4over6:mse-e448-exact",
+                           "nvfp4_4over6:mse-e448-fp16",
+                           "nvfp4_4over6:mse-e256-exact",
+                           "nvfp4_4over6:mse-e256-fp16"};
+  for (uint64_t version = 1; version <= 9; ++version) {
+    SCOPED_TRACE(recipes[version - 1]);
+    auto batches = testing::ModelBatches(testing::SmallShape(), 1000 + version);
+    batches.push_back(testing::StackedExpertBatch(version));
+    for (auto& b : batches) {
+      for (auto& t : b.tensors) {
+        if (t.input.parts.size() != 1 || t.input.desc.shape.size() < 2) continue;
+        const int dim = static_cast<int>(rng() % 2);
+        const int n = 1 << (rng() % 3);  // 1, 2 or 4 parts
+        if (t.input.desc.shape[dim] % n == 0) testing::SplitIntoParts(t, dim, n);
+      }
+    }
+    PublicationHeader h = testing::Header(version, recipes[version - 1]);
+    h.bucket_bytes = 1024 + rng() % 65536;
+    auto session = engine_->Open(h);
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_TRUE(testing::Send(**session, batches, 1 + rng() % 5000).ok());
+    auto report = (*session)->Commit();
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+    ASSERT_TRUE(r->WaitForOutcome(version, absl::Seconds(10)));
+    auto parsed = ParseRecipeString(recipes[version - 1]);
+    ASSERT_TRUE(parsed.ok());
+    const auto expected =
+        testing::ExpectedOutputs(batches, *testing::PlainPolicy(parsed->recipe), parsed->mode);
+    const auto got = r->committed_tensors();
+    ASSERT_EQ(got.size(), expected.size());
+    for (const auto& [name, bytes] : expected) {
+      ASSERT_TRUE(got.count(name)) << name;
+      EXPECT_TRUE(got.at(name) == bytes) << name;
+    }
+  }
 }
 
 }  // namespace
