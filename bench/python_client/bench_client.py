@@ -16,6 +16,7 @@ them and extrapolates to 48 layers, and says so. The daemon publishes with recip
 receivers so its own commit work stays small (it is not what is measured here).
 
     bench_client.py --wpubd build-py/server/wpubd/wpubd --layers 2,4 --repeats 2 [--json out]
+    [--zero_copy: arrays from Publisher.shm_empty, sent by reference]
 """
 
 import argparse
@@ -54,10 +55,11 @@ def layer_arrays(rng):
     return attn, experts
 
 
-def batches(layers, attn, experts, embed, lm_head):
+def batches(layer_sets, embed, lm_head):
+    """layer_sets: one (attn, experts) per layer."""
     T = lambda x: wpub.Tensor(x, dtype="bfloat16")  # noqa: E731
     yield "embedding.word_embeddings.weight", [("model.embed_tokens.weight", T(embed))]
-    for L in range(layers):
+    for L, (attn, experts) in enumerate(layer_sets):
         m, h = f"decoder.layers.{L}", f"model.layers.{L}"
         yield f"{m}.self_attention.linear_qkv.weight", [
             (f"{h}.self_attn.q_proj.weight", T(attn["q"])),
@@ -124,6 +126,9 @@ def main():
     ap.add_argument("--layers", default="2,4", help="comma-separated layer counts to run")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", default="")
+    ap.add_argument("--zero_copy", action="store_true",
+                    help="arrays allocated by Publisher.shm_empty (one set per layer, filled "
+                         "before the timed publications): sent by reference, not copied")
     ap.add_argument("--structure_only", action="store_true",
                     help="every tensor [16, 16] and inline: the per-batch cost of the client "
                          "without payload copies (same names, batches and messages)")
@@ -158,6 +163,18 @@ def main():
             # A fresh Publisher per model size: its first publication fills fresh shm pages
             # (cold), the next ones refill the kept segments (warm, the steady state of training).
             pub = wpub.Publisher(target, timeout=3600, shm_threshold_bytes=1 << 20)
+            if args.zero_copy:
+                def in_shm(x):
+                    y = pub.shm_empty(x.shape, x.dtype)
+                    y[...] = x
+                    return y
+                layer_sets = [({k: in_shm(v) for k, v in attn.items()},
+                               [tuple(in_shm(x) for x in t) for t in experts])
+                              for _ in range(layers)]
+                ends = (in_shm(embed), in_shm(lm_head))
+            else:
+                layer_sets = [(attn, experts)] * layers
+                ends = (embed, lm_head)
             nbytes = model_bytes(layers, attn, experts, embed, lm_head)
             arrays = [embed, lm_head] + list(attn.values()) * layers + \
                 [x for t in experts for x in t] * layers
@@ -166,7 +183,7 @@ def main():
             for r in range(args.repeats):
                 version += 1
                 gc.collect()
-                report = pub.publish(version, batches(layers, attn, experts, embed, lm_head),
+                report = pub.publish(version, batches(layer_sets, *ends),
                                      recipe="bf16", model_id="qwen3-30b-a3b-shaped")
                 c = report.client
                 base = base_cold if r == 0 else base_warm
@@ -175,6 +192,7 @@ def main():
                     "model_bytes": nbytes,
                     "batches": c.batches, "tensors": c.tensors, "messages": c.messages,
                     "shm_bytes": c.shm_bytes, "inline_bytes": c.inline_bytes,
+                    "shm_zero_copy_bytes": c.shm_zero_copy_bytes,
                     "send_s": c.send_seconds, "total_s": c.total_seconds,
                     "process_cpu_s": c.cpu_seconds, "caller_cpu_s": c.caller_cpu_seconds,
                     "memcpy_baseline_s": base, "ratio_vs_memcpy": c.send_seconds / base,
@@ -188,6 +206,7 @@ def main():
                       f"daemon wall {report.wall_seconds:.2f}s", flush=True)
             pub.close()
             pub = None
+            layer_sets = ends = None
     finally:
         if pub is not None:
             pub.close()

@@ -84,6 +84,27 @@ class PublishTest(DaemonTestCase):
         pub.close()
         self.assertEqual(self.own_segments(), [])
 
+    def test_shm_empty_zero_copy(self):
+        # Arrays allocated by Publisher.shm_empty travel as references to their segments: no
+        # copy, and refilling them in place publishes the new values.
+        pub = wpub.Publisher(self.daemon.target, shm_threshold_bytes=None)  # else: inline
+        source = qwen3_batches(seed=17)
+        bufs = [(m, [(n, pub.shm_empty(a.shape, np.uint16)) for n, a in ts]) for m, ts in source]
+        wire = [(m, [(n, wpub.Tensor(b, "bfloat16")) for n, b in ts]) for m, ts in bufs]
+        for step, seed in enumerate((17, 18)):
+            values = qwen3_batches(seed=seed)
+            for (_, ts), (_, vs) in zip(bufs, values):
+                for (_, b), (_, v) in zip(ts, vs):
+                    b[...] = v
+            version = self.next_version()
+            report = pub.publish(version, wire)
+            self.assertTrue(report.committed)
+            self.assertEqual(report.client.shm_zero_copy_bytes, report.bytes_in)
+            self.assertEqual(report.client.inline_bytes + report.client.shm_bytes, 0)
+            self.assertReceivedEqual(reference(self.workdir, values), version)
+        pub.close()
+        self.assertEqual(self.own_segments(), [])
+
     def test_mixed_routes_and_generator(self):
         # 4 KiB threshold: the [32, 64] bf16 experts (4 KiB) go through shm, norms inline; the
         # batches come from a generator, converted one by one as the stream advances.

@@ -18,7 +18,7 @@ import grpc
 from . import errors
 from ._proto import pb
 from .report import ClientTimings, PublicationReport, Status
-from .shm import ShmPool, ShmSegment, align
+from .shm import ShmArena, ShmPool, ShmSegment, align
 from .tensors import CudaPart, HostPart, TensorError, normalize
 
 _SERVICE = "/wpub.v1.Publisher/"
@@ -155,8 +155,10 @@ class Publisher:
         self.shm_prefix = shm_prefix
         self.reuse_shm = reuse_shm
         self._shm = ShmPool(shm_prefix)
+        self._arena = ShmArena(shm_prefix)
         # Unlink kept segments when the Publisher is collected or the interpreter exits.
         self._shm_finalizer = weakref.finalize(self, ShmPool.close, self._shm)
+        self._arena_finalizer = weakref.finalize(self, ShmArena.close, self._arena)
         self.cuda_sync = cuda_sync
         self.max_queued_messages = max(1, max_queued_messages)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
@@ -192,6 +194,7 @@ class Publisher:
         the channel."""
         self.cancel()
         self._shm_finalizer()
+        self._arena_finalizer()
         self._channel.close()
 
     def __enter__(self):
@@ -235,6 +238,14 @@ class Publisher:
             request_serializer=getattr(pb, req_type).SerializeToString,
             response_deserializer=getattr(pb, resp_type).FromString)
         return self._unary(method, getattr(pb, req_type)(**request), timeout)
+
+    def shm_empty(self, shape, dtype) -> "np.ndarray":
+        """A numpy array allocated in POSIX shared memory: publishing it (or a contiguous view
+        of it, e.g. wrapped as wpub.Tensor(a, "bfloat16") for bf16 bits in uint16) sends a
+        reference, with no copy. For trainers that keep host weights or convert into
+        preallocated buffers: allocate once, refill every step. It must not change while a
+        publish() using it is in flight; it lives until close()."""
+        return self._arena.empty(shape, dtype)
 
     def cancel(self) -> None:
         """Cancels the publish() in flight, if any: the daemon aborts the publication, every
@@ -377,9 +388,15 @@ class Publisher:
 
         threshold = self.shm_threshold_bytes
         shm_size = 0
+        in_arena = {}  # id(part) -> (segment, offset) for arrays already in shared memory
         for t in normalized:
             for p in t.parts:
-                if isinstance(p, HostPart) and threshold is not None and p.nbytes >= threshold:
+                if not isinstance(p, HostPart):
+                    continue
+                found = self._arena.find(p.array.ctypes.data, p.nbytes) if p.nbytes else None
+                if found is not None:
+                    in_arena[id(p)] = found
+                elif threshold is not None and p.nbytes >= threshold:
                     shm_size = align(shm_size) + p.nbytes
         segment = None
         if shm_size:
@@ -406,6 +423,10 @@ class Publisher:
                     if p.device_index >= 0:  # torch tensors: sync their stream
                         devices.add(p.device_index)
                     timings.cuda_ipc_bytes += p.nbytes
+                elif id(p) in in_arena:
+                    seg, off = in_arena[id(p)]
+                    wp.shm.name, wp.shm.offset, wp.shm.length = seg.name, off, p.nbytes
+                    timings.shm_zero_copy_bytes += p.nbytes
                 elif segment is not None and p.nbytes >= threshold:
                     offset = align(offset)
                     segment.write(offset, p.array)

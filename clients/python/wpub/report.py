@@ -36,14 +36,16 @@ class ClientTimings:
     send_seconds: publish() start to the commit message handed to gRPC (every batch sent);
     total_seconds: publish() start to the report; cpu_seconds: process CPU time over the call
     (every thread, gRPC's included); caller_cpu_seconds: CPU time of the calling thread (tensor
-    normalization, shm copies, message building); inline/shm/cuda_ipc_bytes: payload bytes by
-    route; messages: stream messages sent."""
+    normalization, shm copies, message building); inline/shm/shm_zero_copy/cuda_ipc_bytes:
+    payload bytes by route (shm_zero_copy: arrays from Publisher.shm_empty, not copied);
+    messages: stream messages sent."""
     send_seconds: float = 0.0
     total_seconds: float = 0.0
     cpu_seconds: float = 0.0
     caller_cpu_seconds: float = 0.0
     inline_bytes: int = 0
     shm_bytes: int = 0
+    shm_zero_copy_bytes: int = 0
     cuda_ipc_bytes: int = 0
     messages: int = 0
     batches: int = 0

@@ -7,10 +7,11 @@ them at commit, so their contents must not change before then). Segments are fil
 /dev/shm, which is what shm_open(3) uses on Linux; going through the file system directly
 avoids multiprocessing's resource tracker (an extra process that unlinks "leaked" segments)."""
 
+import bisect
 import mmap
 import os
 import secrets
-from typing import Dict
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -41,6 +42,17 @@ class ShmSegment:
             raise
         os.close(fd)
         self._view = np.frombuffer(self._map, dtype=np.uint8)
+
+    @property
+    def address(self) -> int:
+        """Where the segment is mapped in this process."""
+        return self._view.ctypes.data
+
+    def array(self, shape, dtype) -> np.ndarray:
+        """A numpy array over the whole segment's first bytes (shares its memory)."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        return np.frombuffer(self._map, dtype=dtype, count=count).reshape(shape)
 
     def write(self, offset: int, array: np.ndarray) -> None:
         """Copies `array`'s bytes (C-contiguous) to `offset`."""
@@ -134,3 +146,38 @@ class ShmPool:
         """Unlinks every kept segment (idempotent)."""
         while self._free:
             self._free.popitem()[1].close()
+
+
+class ShmArena:
+    """Arrays allocated directly in shared memory (Publisher.shm_empty): publishing one sends a
+    reference to its segment instead of copying it. Each array has its own segment, kept until
+    close(). Not thread-safe."""
+
+    def __init__(self, prefix: str):
+        self._base = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}-a"
+        self._segments: List[ShmSegment] = []
+        self._starts: List[int] = []  # sorted mapping addresses, parallel to _segments
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        seg = ShmSegment(f"{self._base}{len(self._segments)}", nbytes)
+        i = bisect.bisect(self._starts, seg.address)
+        self._starts.insert(i, seg.address)
+        self._segments.insert(i, seg)
+        return seg.array(shape, dtype)
+
+    def find(self, address: int, nbytes: int) -> Optional[Tuple[ShmSegment, int]]:
+        """(segment, offset) when [address, address + nbytes) lies inside one of the arena's
+        segments, else None."""
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0:
+            return None
+        seg = self._segments[i]
+        offset = address - seg.address
+        return (seg, offset) if offset + nbytes <= seg.size else None
+
+    def close(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        self._segments.clear()
+        self._starts.clear()
