@@ -223,12 +223,14 @@ class DaemonTestCase(unittest.TestCase):
 
     RECEIVERS = 1
     DAEMON_FLAGS = ()
+    RECEIVER_FLAGS = ()
 
     @classmethod
     def setUpClass(cls):
         cls.workdir = tempfile.mkdtemp(prefix=f"wpub-py-{cls.__name__}-")
         cls.daemon = Daemon(cls.workdir, f"--min_receivers={cls.RECEIVERS}", *cls.DAEMON_FLAGS)
-        cls.receivers = [Receiver(cls.daemon, f"recv-{i}") for i in range(cls.RECEIVERS)]
+        cls.receivers = [Receiver(cls.daemon, f"recv-{i}", *cls.RECEIVER_FLAGS)
+                         for i in range(cls.RECEIVERS)]
         cls.pub = wpub.Publisher(cls.daemon.target, timeout=60)
         cls.pub.wait_ready()
         wait_for_receivers(cls.pub, cls.RECEIVERS)

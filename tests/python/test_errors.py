@@ -233,6 +233,29 @@ class ErrorsTest(DaemonTestCase):
         self.assertUnchanged(v, "COMMITTED")
 
 
+class ReceiverFailureTest(DaemonTestCase):
+    """A receiver that corrupts every bucket 0 it pulls: its checksum mismatch aborts each
+    publication, which the daemon still answers with a report (status ABORTED)."""
+
+    RECEIVER_FLAGS = ("--corrupt_bucket=0",)
+
+    def test_publication_aborted(self):
+        v = self.next_version()
+        with self.assertRaises(wpub.PublicationAborted) as cm:
+            self.pub.publish(v, as_wire(qwen3_batches(seed=30)))
+        report = cm.exception.report
+        self.assertEqual((report.status, report.version), ("ABORTED", v))
+        self.assertEqual(report.receivers[0].name, "recv-0")
+        self.assertFalse(report.receivers[0].committed)
+        self.assertIn("recv-0", cm.exception.message)
+        self.assertEqual(wait_idle(self.pub).committed_version, 0)
+        # check=False returns the report instead.
+        report = self.pub.publish(self.next_version(), as_wire(qwen3_batches(seed=31)),
+                                  check=False)
+        self.assertEqual(report.status, "ABORTED")
+        self.assertNotEqual(report.receivers[0].failure, "none")
+
+
 class ConnectionErrorsTest(unittest.TestCase):
 
     def test_unavailable(self):
