@@ -120,6 +120,11 @@ class ShmTest(unittest.TestCase):
         self.assertTrue(os.path.exists(kept.path))
         pool.close()
         self.assertFalse(os.path.exists(kept.path))
+        late = ShmPool("wpub-test")
+        seg = late.acquire(0, 64)
+        late.close()  # e.g. Publisher.close() while a publish() was in flight
+        late.release({0: seg}, reuse=True)
+        self.assertFalse(os.path.exists(seg.path))
 
     def test_orphans_of_dead_processes_are_removed(self):
         orphan = "/dev/shm/wpub-orphan-test-999999999-dead-1"

@@ -93,6 +93,7 @@ class ShmPool:
         self._base = f"{prefix}-{os.getpid()}-{secrets.token_hex(4)}"
         self._count = 0
         self._free: Dict[int, ShmSegment] = {}
+        self._closed = False
         self._remove_orphans()
 
     def _remove_orphans(self) -> None:
@@ -128,6 +129,7 @@ class ShmPool:
         return ShmSegment(f"{self._base}-{self._count}", size)
 
     def release(self, segments: Dict[int, ShmSegment], reuse: bool) -> None:
+        reuse = reuse and not self._closed  # a publication that outlived close()
         for slot, seg in segments.items():
             old = self._free.pop(slot, None) if reuse else None
             if old is not None and old is not seg:
@@ -143,7 +145,8 @@ class ShmPool:
         return sum(s.size for s in self._free.values())
 
     def close(self) -> None:
-        """Unlinks every kept segment (idempotent)."""
+        """Unlinks every kept segment (idempotent); later releases unlink theirs at once."""
+        self._closed = True
         while self._free:
             self._free.popitem()[1].close()
 
