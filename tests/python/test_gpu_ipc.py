@@ -6,6 +6,11 @@ the CPU backend answers UNIMPLEMENTED naming the tensor: these tests then assert
 checking bytes once `GetStatus.backend` reports "cuda"."""
 
 import gc
+import hashlib
+import json
+import os
+import subprocess
+import sys
 import unittest
 
 import numpy as np
@@ -79,6 +84,34 @@ class CudaIpcTest(DaemonTestCase):
         self.assertEqual(part.offset, int(shared[3]) + view.storage_offset() * 2)
         self.assertEqual(part.nbytes, 4096 * 2)
         self.assertTrue(part.device_uuid.startswith("GPU-"))
+
+    def test_references_resolve_to_the_tensor_bytes(self):
+        # Another process opens every exported (handle, offset, length) as wpubd's GPU path
+        # will and must read exactly the tensors' bytes: views at offsets inside one block, two
+        # separate allocations, a strided tensor (shared as a contiguous copy), TP shards.
+        block = torch.randn(1 << 20, device="cuda").to(torch.bfloat16)
+        big0 = torch.randn(3 << 20, device="cuda")  # > 10 MB: a segment of its own
+        big1 = torch.randn(3 << 20, device="cuda")
+        strided = torch.randn(256, 512, device="cuda").to(torch.bfloat16).t()
+        tensors = {"view_a": block[1000:5096], "view_b": block[70000:80000].view(100, 100),
+                   "big0": big0, "big1": big1[17:], "strided": strided,
+                   "shards": wpub.concat([big0[:4096].view(64, 64), big1[:4096].view(64, 64)], 0)}
+        parts, expected = [], []
+        for name, t in tensors.items():
+            norm = wpub.tensors.normalize(name, t)
+            for p in norm.parts:
+                parts.append({"handle": p.handle.hex(), "device_uuid": p.device_uuid,
+                              "offset": p.offset, "length": p.nbytes})
+                expected.append(hashlib.sha256(
+                    p.keepalive.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest())
+        torch.cuda.synchronize()
+        out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                           "ipc_reader.py")],
+                             input=json.dumps(parts), capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stderr[-2000:])
+        self.assertEqual(out.stdout.split(), expected)
+        handles = {p["handle"] for p in parts}
+        self.assertGreaterEqual(len(handles), 3)  # block, big0, big1 (+ the strided copy)
 
     def test_shared_tensors_are_released(self):
         # Publishing must not pin the trainer's memory after the report (torch's _share_cuda_
