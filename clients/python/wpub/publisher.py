@@ -327,6 +327,9 @@ class Publisher:
         finally:
             with self._lock:
                 self._active = None
+            # The RPC is over: drop the CUDA tensors now rather than when a traceback holding
+            # this frame is collected.
+            keepalive.clear()
             # Reusable only when the daemon is done with the publication (it answered).
             self._shm.release(segments, reuse=self.reuse_shm and reported)
         if pending is not None:  # the daemon answered before seeing the cancellation
@@ -336,7 +339,6 @@ class Publisher:
         timings.total_seconds = time.perf_counter() - t0
         timings.cpu_seconds = time.process_time() - cpu0
         timings.caller_cpu_seconds = time.thread_time() - caller0
-        del keepalive
         report = PublicationReport.from_proto(report_msg, timings)
         if check and not report.committed:
             raise errors.PublicationAborted(
