@@ -4,6 +4,8 @@
 #include <fstream>
 #include <thread>
 
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
@@ -277,6 +279,60 @@ TEST(DaemonServer, InProcessPublicationWithBearerToken) {
   EXPECT_EQ((*receiver)->stats().checksum_mismatches, 0u);
 
   (*server)->Shutdown(absl::Now() + absl::Seconds(5));
+}
+
+// Waits for the next completion-queue event; false when it failed.
+bool Await(grpc::CompletionQueue* cq) {
+  void* tag = nullptr;
+  bool ok = false;
+  return cq->Next(&tag, &ok) && ok;
+}
+
+// Server reflection answers list_services with both wpub services (what grpcurl relies on).
+TEST(DaemonServer, ReflectionListsTheServices) {
+  auto eng = engine::Engine::Create({}, nullptr);
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  DaemonServerOptions options;
+  options.listen = "127.0.0.1:0";
+  auto server = DaemonServer::Create(options, eng->get());
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  call->StartCall(nullptr);
+  ASSERT_TRUE(Await(&cq));
+  // ServerReflectionRequest{list_services = ""}: field 7, length-delimited, empty.
+  const std::string request("\x3a\x00", 2);
+  grpc::Slice slice(request);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  call->Write(request_buffer, nullptr);
+  ASSERT_TRUE(Await(&cq));
+  call->WritesDone(nullptr);
+  ASSERT_TRUE(Await(&cq));
+  grpc::ByteBuffer response;
+  call->Read(&response, nullptr);
+  ASSERT_TRUE(Await(&cq));
+  grpc::Status status;
+  call->Finish(&status, nullptr);
+  Await(&cq);
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& sl : slices) {
+    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  EXPECT_NE(bytes.find("wpub.v1.Publisher"), std::string::npos);
+  EXPECT_NE(bytes.find("wpub.v1.Receivers"), std::string::npos);
+  EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+  (*server)->Shutdown(absl::Now() + absl::Seconds(5));
+  cq.Shutdown();
+  while (Await(&cq)) {
+  }
 }
 
 }  // namespace
