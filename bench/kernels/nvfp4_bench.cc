@@ -159,6 +159,9 @@ WeightSet MakeSet(int count, int64_t rows, int64_t cols, uint64_t seed, bool wit
   if (with_deq) {
     BENCH_CHECK(DeviceBuffer::Create(QdqComputeAmaxWorkspaceBytes(s.qdq.data(), count), &s.ws));
   }
+  // The fills ran on the legacy stream, which the benchmark's non-blocking stream does not wait
+  // for.
+  BENCH_CHECK(cudaDeviceSynchronize());
   return s;
 }
 

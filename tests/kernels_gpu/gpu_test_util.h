@@ -51,6 +51,9 @@ inline DeviceBuffer Upload(const void* host, size_t bytes) {
   DeviceBuffer buf;
   if (DeviceBuffer::Create(bytes, &buf) != cudaSuccess) return DeviceBuffer();
   if (bytes != 0) cudaMemcpy(buf.data(), host, bytes, cudaMemcpyHostToDevice);
+  // The tests launch on non-blocking streams, which do not wait for legacy-stream work: make
+  // the copy (whose pageable DMA may still be in flight) complete first.
+  cudaDeviceSynchronize();
   return buf;
 }
 
@@ -64,6 +67,7 @@ inline DeviceBuffer Poisoned(size_t bytes, int byte = 0xA5) {
   DeviceBuffer buf;
   if (DeviceBuffer::Create(bytes, &buf) != cudaSuccess) return DeviceBuffer();
   if (bytes != 0) cudaMemset(buf.data(), byte, bytes);
+  cudaDeviceSynchronize();  // see Upload: the memset must land before non-blocking-stream work
   return buf;
 }
 

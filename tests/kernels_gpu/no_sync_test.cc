@@ -148,6 +148,7 @@ TEST_F(NoSyncTest, GraphCapturedQuantizeAndQdqReplayWithNewDataStayExact) {
         WPUB_CUDA_OK(cudaMemset(e.quant[i].packed.data(), 0xA5, e.quant[i].packed.size()));
         WPUB_CUDA_OK(cudaMemset(e.qdq_out[i].data(), 0xA5, e.qdq_out[i].size()));
       }
+      WPUB_CUDA_OK(cudaDeviceSynchronize());  // legacy-stream memsets before the replay
       WPUB_CUDA_OK(graph.Launch(stream_.get()));
       WPUB_CUDA_OK(stream_.Synchronize());
       ASSERT_EQ(e.Check(mode), "");

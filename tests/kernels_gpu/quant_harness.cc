@@ -36,7 +36,9 @@ bool DeviceWeight::Refill(const WeightDesc& host) {
       return false;
     }
   }
-  return true;
+  // Pageable copies may still be in DMA when cudaMemcpy returns, and the tests launch on
+  // non-blocking streams that do not wait for them.
+  return cudaDeviceSynchronize() == cudaSuccess;
 }
 
 QuantSizes QuantSizes::Of(const WeightDesc& w) {
