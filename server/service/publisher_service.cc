@@ -85,8 +85,7 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   if (request.kind_case() != pb::PublishRequest::kHeader) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat("the first Publish message must be 'header', got '",
-                         KindName(request.kind_case()), "' (", KindName(request.kind_case()),
-                         " before header)")};
+                         KindName(request.kind_case()), "'")};
   }
   absl::StatusOr<engine::PublicationHeader> header = FromProto(request.header());
   if (!header.ok()) return ToGrpcStatus(header.status());
