@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Offline conversion on a GPU machine (kind nvidia-h200), from binaries staged by
+# stage_devbin.sh: the gpu-labelled CUDA-vs-CPU test, then a synthetic checkpoint of $GB GB
+# (default 8) generated on local disk, converted with --device cuda and --device cpu, the two
+# outputs compared byte for byte, the output loaded with Python's safetensors and checked
+# against an independent numpy quantizer, throughput of both paths printed. Logs go to $OUT.
+# Usage: BIN=.devbin/convert OUT=$OUT bash bench/convert/run_h200.sh
+set -uo pipefail
+BIN=${BIN:-.devbin/convert}
+OUT=${OUT:-device-out}
+GB=${GB:-8}
+WORK=${WORK:-/tmp/wpub-convert-bench}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_NVLS_ENABLE=0
+rc=0
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  echo "cores: $(nproc)"; free -g | head -2; df -h /tmp | tail -1
+} 2>&1 | tee "$OUT/machine.txt"
+
+echo "== gpu test"
+timeout 150 "$BIN/convert_gpu_test" > "$OUT/gpu_test.log" 2>&1
+r=$?; grep -E "^\[ *(OK|FAILED|PASSED|SKIPPED) *\]" "$OUT/gpu_test.log" | tail -8
+echo "gpu test rc=$r"; [ $r -ne 0 ] && rc=1
+
+echo "== generate ${GB} GB"
+rm -rf "$WORK"; mkdir -p "$WORK"
+start=$SECONDS
+timeout 150 "$BIN/convert_bench_checkpoint" --dir "$WORK/in" --gb "$GB" 2>&1 | tee "$OUT/generate.log"
+echo "generate: $((SECONDS - start)) s" | tee -a "$OUT/generate.log"
+
+for dev in cuda cpu; do
+  echo "== convert --device $dev"
+  timeout 240 "$BIN/wpubctl" convert --model_dir "$WORK/in" --save_dir "$WORK/out_$dev" \
+    --device "$dev" --progress never > "$OUT/convert_$dev.log" 2>&1
+  r=$?; cat "$OUT/convert_$dev.log"; echo "convert $dev rc=$r"; [ $r -ne 0 ] && rc=1
+done
+
+echo "== compare cuda vs cpu"
+{
+  n=0; bad=0
+  for f in $(cd "$WORK/out_cuda" && find . -type f | sort); do
+    n=$((n + 1))
+    cmp -s "$WORK/out_cuda/$f" "$WORK/out_cpu/$f" || { bad=$((bad + 1)); echo "DIFFERS: $f"; }
+  done
+  [ "$(cd "$WORK/out_cuda" && find . -type f | wc -l)" = "$(cd "$WORK/out_cpu" && find . -type f | wc -l)" ] \
+    || { bad=$((bad + 1)); echo "file lists differ"; }
+  echo "compared $n files, $bad differ; bytes: $(du -sb "$WORK/out_cuda" | cut -f1)"
+} 2>&1 | tee "$OUT/compare.txt"
+grep -q " 0 differ" "$OUT/compare.txt" || rc=1
+
+echo "== python safetensors check"
+timeout 120 python3 "$BIN/check_output.py" --input "$WORK/in" --output "$WORK/out_cuda" \
+  --samples 6 2>&1 | tee "$OUT/python_check.log"
+[ "${PIPESTATUS[0]}" -ne 0 ] && rc=1
+
+echo "== summary"
+for dev in cuda cpu; do echo "$dev: $(grep -E 'throughput|^seconds' "$OUT/convert_$dev.log" | tr -s ' ' | paste -sd ';')"; done \
+  | tee "$OUT/summary.txt"
+rm -rf "$WORK"
+echo "run_h200 rc=$rc"
+exit $rc
