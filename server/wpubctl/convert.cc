@@ -87,7 +87,8 @@ class ProgressPrinter {
     if (!enabled_) return;
     const double interval = live_ ? 0.25 : 10.0;
     const bool last = p.bytes_done >= p.bytes_total && p.tensors_done >= p.tensors_total;
-    if (!last && p.seconds - last_print_ < interval) return;
+    if (last_done_ || (!last && p.seconds - last_print_ < interval)) return;
+    last_done_ = last;
     last_print_ = p.seconds;
     const double gb = static_cast<double>(p.bytes_done) / 1e9;
     const double total = static_cast<double>(p.bytes_total) / 1e9;
@@ -105,6 +106,7 @@ class ProgressPrinter {
   bool live_;
   bool enabled_;
   double last_print_ = -1e9;
+  bool last_done_ = false;  // the final line is printed once
 };
 
 }  // namespace
