@@ -1,0 +1,87 @@
+// The wpubctl subcommands as a user runs them: publish-synthetic and status against a real
+// wpubd with two receivers, and the whole demo (the project's main job) end to end.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "tests/daemon/harness.h"
+
+#ifndef WPUBCTL_PATH
+#error "WPUBCTL_PATH must be defined by the build (the built wpubctl binary)"
+#endif
+
+namespace wpub::testing {
+namespace {
+
+// Runs wpubctl with `args`; returns its exit code and fills `output` (stdout + stderr).
+int RunWpubctl(const std::string& dir, const std::vector<std::string>& args, std::string* output) {
+  const std::string log = absl::StrCat(dir, "/wpubctl-", args.front(), ".log");
+  auto proc = client::ChildProcess::Spawn({WPUBCTL_PATH, args, log});
+  if (!proc.ok()) {
+    *output = proc.status().ToString();
+    return -1;
+  }
+  auto code = (*proc)->Wait(absl::Seconds(240));
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  *output = ss.str();
+  return code.ok() ? *code : -1;
+}
+
+const std::vector<std::string> kSmallModel = {
+    "--num_layers=3",    "--first_k_dense=1",           "--num_experts=4",
+    "--hidden_size=256", "--moe_intermediate_size=128", "--intermediate_size=512",
+    "--vocab_size=1024"};
+
+TEST(Wpubctl, PublishSyntheticThenStatus) {
+  HarnessOptions options;
+  options.daemon_flags = {"--min_receivers=2"};
+  auto harness = DaemonHarness::Start(options);
+  ASSERT_TRUE(harness.ok()) << harness.status();
+  DaemonHarness& h = **harness;
+
+  std::vector<std::string> args = {"publish-synthetic", "--target=" + h.target(), "--count=2",
+                                   "--payload=shm", "--parts=2"};
+  args.insert(args.end(), kSmallModel.begin(), kSmallModel.end());
+  std::string out;
+  ASSERT_EQ(RunWpubctl(h.dir(), args, &out), 0) << out;
+  EXPECT_NE(out.find("committed"), std::string::npos) << out;
+
+  auto status = h.client().GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(status->committed_version(), 2u);  // --version=0: one past the daemon's, twice
+  ASSERT_TRUE(WaitForFileVersion(h.recv_output(0), 2).ok());
+
+  ASSERT_EQ(RunWpubctl(h.dir(), {"status", "--target=" + h.target()}, &out), 0) << out;
+  EXPECT_NE(out.find("committed   v2"), std::string::npos) << out;
+  EXPECT_NE(out.find("recv-0"), std::string::npos) << out;
+  EXPECT_NE(out.find("recv-1"), std::string::npos) << out;
+
+  // A stale explicit version is refused with the daemon's message and a non-zero exit.
+  args.push_back("--version=1");
+  EXPECT_EQ(RunWpubctl(h.dir(), args, &out), 1);
+  EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+}
+
+TEST(Wpubctl, DemoRunsEndToEndAndStopsCleanly) {
+  char tmpl[] = "/tmp/wpub-demo-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::vector<std::string> args = {"demo", "--demo_versions=2",
+                                   absl::StrCat("--wpubd_path=", WPUBD_PATH),
+                                   absl::StrCat("--recv_path=", WPUB_RECV_PATH)};
+  std::string out;
+  ASSERT_EQ(RunWpubctl(tmpl, args, &out), 0) << out;
+  EXPECT_NE(out.find("version status"), std::string::npos) << out;
+  EXPECT_NE(out.find("2       committed"), std::string::npos) << out;
+  EXPECT_NE(out.find("wpub_publications_total{status=\"committed\"} 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("wpubd stopped (exit 0)"), std::string::npos) << out;
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+}
+
+}  // namespace
+}  // namespace wpub::testing
