@@ -24,8 +24,48 @@
 #include "core/engine/engine.h"
 #include "server/service/daemon_server.h"
 #include "server/wpubd/options.h"
+#ifdef WPUB_WITH_GPU_PATH
+#include "absl/strings/numbers.h"
+#include "core/nccl/gpu_path.h"
+#endif
 
 namespace {
+
+// The engine: with --engines, the GPU backend and the NCCL weight-update group as its
+// components (core/nccl/gpu_path.h); otherwise the CPU backend and the pull transport.
+absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
+    const wpub::wpubd::DaemonOptions& options, prometheus::Registry* registry) {
+  if (options.engines.empty()) return wpub::engine::Engine::Create(options.engine, registry);
+#ifdef WPUB_WITH_GPU_PATH
+  wpub::nccl::GpuPathOptions g;
+  absl::StatusOr<std::vector<wpub::engines::EngineSpec>> specs =
+      wpub::nccl::ParseEngineSpecs(options.engines);
+  if (!specs.ok()) return specs.status();
+  g.engines = *std::move(specs);
+  g.device = options.gpu_device;
+  g.group_name = options.nccl_group;
+  const size_t colon = options.nccl_store_listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos ||
+      !absl::SimpleAtoi(options.nccl_store_listen.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nccl_store_listen '", options.nccl_store_listen, "' is not ip:port"));
+  }
+  g.store_bind_address = options.nccl_store_listen.substr(0, colon);
+  g.store_port = static_cast<uint16_t>(port);
+  g.advertise_address = options.nccl_advertise_address;
+  g.request_timeout = options.engine_deadline;
+  g.publication_deadline = options.engine_deadline;
+  g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
+  absl::StatusOr<wpub::engine::EngineComponents> components = wpub::nccl::MakeGpuPathComponents(g);
+  if (!components.ok()) return components.status();
+  return wpub::engine::Engine::Create(options.engine, registry, *std::move(components));
+#else
+  return absl::FailedPreconditionError(
+      "--engines needs the GPU path: this wpubd was built without CUDA/NCCL");
+#endif
+}
 
 // Blocks SIGTERM/SIGINT in this thread before any other thread exists, so every thread the
 // process creates inherits the mask and only the main thread's sigwait receives them.
@@ -66,7 +106,7 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
   }
 
   absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> engine =
-      wpub::engine::Engine::Create(options.engine, registry.get());
+      CreateEngine(options, registry.get());
   if (!engine.ok()) {
     spdlog::critical("cannot create the engine: {}", engine.status().ToString());
     return 1;

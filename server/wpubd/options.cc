@@ -48,6 +48,17 @@ ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(1),
           "gRPC also waits this long for clients that keep idle channels open.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token every RPC must present ('authorization: Bearer <t>').");
+ABSL_FLAG(std::string, engines, "",
+          "GPU path: SGLang engines to publish to over NCCL, \"http://host:port=gpus,...\".");
+ABSL_FLAG(int32_t, gpu_device, 0, "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
+ABSL_FLAG(std::string, nccl_group, "wpub_weights",
+          "GPU path: weight-update group name (a generation suffix is added).");
+ABSL_FLAG(std::string, nccl_store_listen, "127.0.0.1:0",
+          "GPU path: ip:port of the TCPStore rendezvous the engines join.");
+ABSL_FLAG(std::string, nccl_advertise_address, "127.0.0.1",
+          "GPU path: the address engines use to reach the TCPStore.");
+ABSL_FLAG(absl::Duration, engine_deadline, absl::Seconds(120),
+          "GPU path: every engine must receive a publication within this (else NCCL abort).");
 ABSL_FLAG(std::string, ready_file, "",
           "Written once serving: JSON with the bound grpc_port, metrics_port and pid.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
@@ -106,6 +117,21 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.drain_deadline = absl::GetFlag(FLAGS_drain_deadline);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
+  o.engines = absl::GetFlag(FLAGS_engines);
+  o.gpu_device = absl::GetFlag(FLAGS_gpu_device);
+  o.nccl_group = absl::GetFlag(FLAGS_nccl_group);
+  o.nccl_store_listen = absl::GetFlag(FLAGS_nccl_store_listen);
+  o.nccl_advertise_address = absl::GetFlag(FLAGS_nccl_advertise_address);
+  o.engine_deadline = absl::GetFlag(FLAGS_engine_deadline);
+  if (!o.engines.empty() && !o.server.insecure_listen &&
+      !server::IsLoopbackAddress(o.nccl_store_listen)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--nccl_store_listen '", o.nccl_store_listen,
+                     "' is not loopback: pass --insecure_listen to acknowledge"));
+  }
+  if (o.engine_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--engine_deadline must be positive");
+  }
   o.log_level = absl::GetFlag(FLAGS_log_level);
   if (spdlog::level::from_str(o.log_level) == spdlog::level::off && o.log_level != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--log_level '", o.log_level, "' is unknown"));

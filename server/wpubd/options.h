@@ -26,6 +26,17 @@ struct DaemonOptions {
   // Written (atomically) once serving: {"grpc_port": N, "metrics_port": M, "pid": P}.
   std::string ready_file;
   std::string log_level = "info";
+  // GPU path (wpubd built with CUDA and NCCL): SGLang engines to publish to over an NCCL
+  // weight-update group, "http://host:port=gpus,..." (gpus defaults to 1). Empty: the CPU
+  // backend and the gRPC-pull transport only.
+  std::string engines;
+  int gpu_device = 0;
+  std::string nccl_group = "wpub_weights";
+  // Where the TCPStore rendezvous listens ("ip:port", port 0 picks one; loopback unless
+  // --insecure_listen) and the address engines are told to reach it at.
+  std::string nccl_store_listen = "127.0.0.1:0";
+  std::string nccl_advertise_address = "127.0.0.1";
+  absl::Duration engine_deadline = absl::Seconds(120);
 };
 
 // Reads the parsed absl flags. INVALID_ARGUMENT naming the flag for a bad value;
