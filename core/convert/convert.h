@@ -43,7 +43,8 @@ struct ConvertOptions {
   std::vector<std::string> extra_high_precision_layers_hf;
   // Standard NVFP4 or one of the eight 4over6 modes (same tensor layout).
   kernels::QuantMode mode = kernels::QuantMode::Standard();
-  // CPU path: worker threads per quantize call (0: all hardware threads).
+  // CPU path: worker threads per quantize call (0: all hardware threads). CUDA path: host
+  // threads that read inputs into and write results from the pinned buffers (0: up to 8).
   int cpu_threads = 0;
   // CUDA path: bytes of input per staging buffer (two are used, so the next batch is read
   // while the current one is quantized). Stacked expert tensors are split by slices to fit;

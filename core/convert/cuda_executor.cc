@@ -7,7 +7,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,8 +35,33 @@ namespace kc = kernels::cuda;
 
 constexpr uint64_t kAlign = 256;
 constexpr uint64_t kCopyChunkBytes = uint64_t{64} << 20;
+constexpr uint64_t kReadPieceBytes = uint64_t{8} << 20;
 
 uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Runs fn(i) for i in [0, n) on up to `threads` threads (the host's page-cache reads and file
+// writes are the path's bottleneck, and one thread cannot saturate either). Returns the first
+// error; the remaining items are still run to completion by the threads already going.
+absl::Status ParallelFor(size_t n, int threads, const std::function<absl::Status(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  absl::Status first;
+  auto work = [&]() {
+    for (size_t i = next++; i < n; i = next++) {
+      absl::Status s = fn(i);
+      if (!s.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first.ok()) first = std::move(s);
+      }
+    }
+  };
+  const int t = static_cast<int>(std::min<size_t>(n, static_cast<size_t>(std::max(1, threads))));
+  std::vector<std::thread> pool;
+  for (int k = 1; k < t; ++k) pool.emplace_back(work);
+  work();
+  for (std::thread& th : pool) th.join();
+  return first;
+}
 
 // Where one member's pieces sit inside a slot's buffers.
 struct MemberLayout {
@@ -63,7 +91,12 @@ struct Slot {
 
 class CudaExecutor final : public Executor {
  public:
-  explicit CudaExecutor(const ConvertOptions& options) : options_(options) {}
+  explicit CudaExecutor(const ConvertOptions& options)
+      : options_(options),
+        io_threads_(options.cpu_threads > 0
+                        ? options.cpu_threads
+                        : static_cast<int>(
+                              std::min(8u, std::max(1u, std::thread::hardware_concurrency())))) {}
 
   absl::Status Run(const safetensors::Checkpoint& ckpt, const ConvertPlan& plan,
                    const std::vector<safetensors::Writer*>& writers,
@@ -167,6 +200,12 @@ class CudaExecutor final : public Executor {
     std::vector<kernels::WeightDesc> weights;
     std::vector<int64_t> slot_offsets;
     std::vector<kc::QuantizeJob> jobs;
+    struct Transfer {
+      uint8_t* dst;
+      const uint8_t* src;
+      uint64_t n;
+    };
+    std::vector<Transfer> copies;
     uint8_t* host_in = slot.host_in.as<uint8_t>();
     uint8_t* dev_in = slot.dev_in.as<uint8_t>();
     uint8_t* dev_out = slot.dev_out.as<uint8_t>();
@@ -177,8 +216,7 @@ class CudaExecutor final : public Executor {
       for (size_t m = 0; m < unit.members.size(); ++m) {
         const UnitMember& u = unit.members[m];
         const MemberLayout& l = batch.at[b][m];
-        // The host read of the input: page faults on the mapping pull it from disk.
-        std::memcpy(host_in + l.in, unit.input(ckpt, m), unit.member_input_bytes(m));
+        copies.push_back({host_in + l.in, unit.input(ckpt, m), unit.member_input_bytes(m)});
         weights.push_back(
             kernels::WeightDesc::Stack(dev_in + l.in, slices, u.rows, u.cols, u.type));
         slot_offsets.push_back(static_cast<int64_t>(batch.amax_slot[b]));
@@ -191,6 +229,23 @@ class CudaExecutor final : public Executor {
         jobs.push_back(job);
       }
     }
+    // The host read of the input into pinned memory: page faults on the mapping pull it from the
+    // page cache or disk, in pieces spread over the I/O threads.
+    struct Piece {
+      uint8_t* dst;
+      const uint8_t* src;
+      uint64_t n;
+    };
+    std::vector<Piece> pieces;
+    for (const Transfer& c : copies) {
+      for (uint64_t off = 0; off < c.n; off += kReadPieceBytes) {
+        pieces.push_back({c.dst + off, c.src + off, std::min(kReadPieceBytes, c.n - off)});
+      }
+    }
+    WPUB_RETURN_IF_ERROR(ParallelFor(pieces.size(), io_threads_, [&](size_t i) {
+      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
+      return absl::OkStatus();
+    }));
     cudaStream_t stream = slot.stream.get();
     WPUB_CONVERT_CUDA(
         cudaMemcpyAsync(dev_in, host_in, batch.in_bytes, cudaMemcpyHostToDevice, stream));
@@ -234,20 +289,24 @@ class CudaExecutor final : public Executor {
     const uint8_t* out = slot.host_out.as<uint8_t>();
     const int64_t* bad = slot.host_nonfinite.as<int64_t>();
     for (uint64_t s = 0; s < slot.batch.num_slots; ++s) *nonfinite += bad[s];
+    std::vector<std::pair<size_t, size_t>> items;  // (batch unit, member)
     for (size_t b = 0; b < slot.batch.units.size(); ++b) {
-      const Unit& unit = plan.units[slot.batch.units[b]];
-      for (size_t m = 0; m < unit.members.size(); ++m) {
-        const MemberLayout& l = slot.batch.at[b][m];
-        WPUB_RETURN_IF_ERROR(WriteQuantized(unit, m, out + l.packed, out + l.scales,
-                                            reinterpret_cast<const float*>(out + l.scale2),
-                                            writers));
+      for (size_t m = 0; m < plan.units[slot.batch.units[b]].members.size(); ++m) {
+        items.emplace_back(b, m);
       }
-      on_unit_done(slot.batch.units[b]);
     }
+    WPUB_RETURN_IF_ERROR(ParallelFor(items.size(), io_threads_, [&](size_t i) {
+      const auto [b, m] = items[i];
+      const MemberLayout& l = slot.batch.at[b][m];
+      return WriteQuantized(plan.units[slot.batch.units[b]], m, out + l.packed, out + l.scales,
+                            reinterpret_cast<const float*>(out + l.scale2), writers);
+    }));
+    for (size_t b = 0; b < slot.batch.units.size(); ++b) on_unit_done(slot.batch.units[b]);
     return absl::OkStatus();
   }
 
   ConvertOptions options_;
+  int io_threads_;
   Slot slots_[2];
 };
 

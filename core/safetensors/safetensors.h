@@ -9,10 +9,11 @@
 // trailing bytes), as the reference implementation requires.
 //
 // Thread-safety: Reader and Checkpoint are immutable after Open; their spans may be read from
-// any thread while the object lives. Writer::Write may be called concurrently for different
-// tensors (pwrite at fixed offsets); Create and Finish are single-threaded.
+// any thread while the object lives. Writer::Write may be called concurrently (pwrite at fixed
+// offsets; concurrent pieces must not overlap); Create and Finish are single-threaded.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -167,8 +168,8 @@ class Writer {
   std::vector<OutputTensor> tensors_;
   std::vector<uint64_t> offsets_;  // into the data section
   std::vector<uint64_t> sizes_;
-  std::vector<uint64_t> written_;  // bytes written per tensor (guarded by the caller's contract:
-                                   // one writer thread per tensor)
+  // Bytes written per tensor; atomic so pieces of one tensor may be written from several threads.
+  std::unique_ptr<std::atomic<uint64_t>[]> written_;
   uint64_t data_start_ = 0;
   uint64_t data_bytes_ = 0;
 };

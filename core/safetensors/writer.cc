@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<Writer>> Writer::Create(
     offset += n;
   }
   w->tensors_ = std::move(tensors);
-  w->written_.assign(w->tensors_.size(), 0);
+  w->written_ = std::make_unique<std::atomic<uint64_t>[]>(w->tensors_.size());
+  for (size_t i = 0; i < w->tensors_.size(); ++i) w->written_[i] = 0;
   w->data_bytes_ = offset;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -112,10 +113,10 @@ absl::Status Writer::Write(size_t index, uint64_t offset, absl::Span<const uint8
 
 absl::Status Writer::Finish() {
   for (size_t i = 0; i < tensors_.size(); ++i) {
-    if (written_[i] != sizes_[i]) {
+    if (written_[i].load() != sizes_[i]) {
       return absl::FailedPreconditionError(absl::StrCat(path_, ": tensor '", tensors_[i].name,
-                                                        "' has ", written_[i], " of ", sizes_[i],
-                                                        " bytes written"));
+                                                        "' has ", written_[i].load(), " of ",
+                                                        sizes_[i], " bytes written"));
     }
   }
   if (fd_ >= 0) {
