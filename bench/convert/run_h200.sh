@@ -5,11 +5,14 @@
 # outputs compared byte for byte, the output loaded with Python's safetensors and checked
 # against an independent numpy quantizer, throughput of both paths printed. Logs go to $OUT.
 # Usage: BIN=.devbin/convert OUT=$OUT bash bench/convert/run_h200.sh
+# (GEN_ARGS adds generator flags, e.g. a small dry run: GB=0.02 GEN_ARGS="--hidden_size 256
+# --moe_intermediate_size 128 --experts 8 --vocab_size 512 --shard_gb 0.004")
 set -uo pipefail
 BIN=${BIN:-.devbin/convert}
 OUT=${OUT:-device-out}
 GB=${GB:-8}
 WORK=${WORK:-/tmp/wpub-convert-bench}
+PY=${PY:-python3}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
@@ -27,7 +30,7 @@ echo "gpu test rc=$r"; [ $r -ne 0 ] && rc=1
 echo "== generate ${GB} GB"
 rm -rf "$WORK"; mkdir -p "$WORK"
 start=$SECONDS
-timeout 150 "$BIN/convert_bench_checkpoint" --dir "$WORK/in" --gb "$GB" 2>&1 | tee "$OUT/generate.log"
+timeout 150 "$BIN/convert_bench_checkpoint" --dir "$WORK/in" --gb "$GB" ${GEN_ARGS:-} 2>&1 | tee "$OUT/generate.log"
 echo "generate: $((SECONDS - start)) s" | tee -a "$OUT/generate.log"
 
 for dev in cuda cpu; do
@@ -51,7 +54,8 @@ echo "== compare cuda vs cpu"
 grep -q " 0 differ" "$OUT/compare.txt" || rc=1
 
 echo "== python safetensors check"
-timeout 120 python3 "$BIN/check_output.py" --input "$WORK/in" --output "$WORK/out_cuda" \
+checked=$WORK/out_cuda; [ -d "$checked" ] || checked=$WORK/out_cpu
+timeout 120 "$PY" "$BIN/check_output.py" --input "$WORK/in" --output "$checked" \
   --samples 6 2>&1 | tee "$OUT/python_check.log"
 [ "${PIPESTATUS[0]}" -ne 0 ] && rc=1
 

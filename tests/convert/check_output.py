@@ -61,7 +61,8 @@ class Shard:
             import torch
             t = self.f.get_tensor(name).contiguous()
             assert list(t.shape) == info["shape"], name
-            return t.view(torch.uint8).reshape(-1).numpy()
+            # reshape first: torch refuses a dtype view of a 0-d tensor with another item size.
+            return t.reshape(-1).view(torch.uint8).numpy()
         b, e = info["data_offsets"]
         return np.asarray(self.mm[self.start + b:self.start + e])
 
