@@ -86,7 +86,8 @@ double Seconds(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double MBps(double bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e6 : 0; }
+// 0 when the phase did not run (e.g. quantize with the bf16 recipe).
+double MBps(double bytes, double seconds) { return seconds > 1e-6 ? bytes / seconds / 1e6 : 0; }
 
 }  // namespace
 

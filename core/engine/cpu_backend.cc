@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
@@ -149,22 +150,20 @@ uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, int threads) {
   return ChecksumFinish(sum, n);
 }
 
-// Copies an input's parts, concatenated along its concat_dim, to `out`.
-void GatherParts(const InputTensor& in, uint8_t* out) {
+// Appends an input's parts, concatenated along its concat_dim, to `out` (whose capacity is
+// already reserved: appending instead of writing into a resized vector skips zero-filling the
+// passed-through bytes).
+void AppendParts(const InputTensor& in, std::vector<uint8_t>& out) {
   if (in.parts.size() == 1 || in.concat_dim == 0) {
-    for (const PartView& p : in.parts) {
-      if (p.nbytes) std::memcpy(out, p.data, p.nbytes);
-      out += p.nbytes;
-    }
+    for (const PartView& p : in.parts) out.insert(out.end(), p.data, p.data + p.nbytes);
     return;
   }
   const int64_t outer = in.desc.shape[0];
-  if (outer == 0) return;
   for (int64_t o = 0; o < outer; ++o) {
     for (const PartView& p : in.parts) {
       const uint64_t row = p.nbytes / static_cast<uint64_t>(outer);
-      std::memcpy(out, p.data + static_cast<uint64_t>(o) * row, row);
-      out += row;
+      const uint8_t* src = p.data + static_cast<uint64_t>(o) * row;
+      out.insert(out.end(), src, src + row);
     }
   }
 }
@@ -272,8 +271,8 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
     auto bucket = std::make_shared<Bucket>();
     bucket->version = plan.version;
     bucket->manifest = MakeBucketManifest(layout, plan.outputs);
-    bucket->bytes.resize(layout.nbytes);
-    uint8_t* base = bucket->bytes.data();
+    std::vector<uint8_t>& bytes = bucket->bytes;
+    bytes.reserve(layout.nbytes);
     // Offsets of each quantized input's three outputs in this bucket.
     struct QuantSlot {
       size_t input;
@@ -281,22 +280,31 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
       uint64_t packed = 0, scales = 0, decode = 0;
     };
     std::vector<QuantSlot> slots;
-    for (const PlacedTensor& t : layout.tensors) {
+    std::unordered_map<size_t, size_t> slot_of;     // input -> index into slots
+    for (const PlacedTensor& t : layout.tensors) {  // offset order: append back to back
       const OutputSource& src = plan.sources[t.output];
+      if (bytes.size() != t.offset) {
+        return absl::InternalError(absl::StrCat("bucket ", layout.index, ": tensor ",
+                                                plan.outputs[t.output].name, " at offset ",
+                                                t.offset, ", packed up to ", bytes.size()));
+      }
       if (src.kind == OutputKind::kPassthrough) {
-        GatherParts(inputs[src.input], base + t.offset);
+        AppendParts(inputs[src.input], bytes);
         continue;
       }
-      auto it = std::find_if(slots.begin(), slots.end(),
-                             [&](const QuantSlot& s) { return s.input == src.input; });
-      if (it == slots.end()) {
-        slots.push_back(QuantSlot{src.input, src.amax_group});
-        it = slots.end() - 1;
-      }
-      if (src.kind == OutputKind::kPacked) it->packed = t.offset;
-      if (src.kind == OutputKind::kScales) it->scales = t.offset;
-      if (src.kind == OutputKind::kDecodeScale) it->decode = t.offset;
+      bytes.resize(bytes.size() + t.nbytes);  // written by the quantizer below
+      auto [it, added] = slot_of.emplace(src.input, slots.size());
+      if (added) slots.push_back(QuantSlot{src.input, src.amax_group});
+      QuantSlot& slot = slots[it->second];
+      if (src.kind == OutputKind::kPacked) slot.packed = t.offset;
+      if (src.kind == OutputKind::kScales) slot.scales = t.offset;
+      if (src.kind == OutputKind::kDecodeScale) slot.decode = t.offset;
     }
+    if (bytes.size() != layout.nbytes) {
+      return absl::InternalError(absl::StrCat("bucket ", layout.index, " packed ", bytes.size(),
+                                              " bytes, planned ", layout.nbytes));
+    }
+    uint8_t* base = bytes.data();
     result.pack_seconds += Since(t0);
 
     t0 = Clock::now();
