@@ -127,6 +127,8 @@ TEST_F(ConvertTest, DeepSeekV3ThreeShardsWithSharedExpertVariants) {
       {"model.layers.3.mlp.shared_experts.experts.0.up_proj.weight", DType::kBFloat16, {32, 64}});
   spec.tensors.push_back(
       {"model.layers.3.mlp.shared_expert_gate.weight", DType::kBFloat16, {1, 64}});
+  // A bias beside a quantized expert weight is kept, and its module is not put in the ignore list.
+  spec.tensors.push_back({"model.layers.1.mlp.experts.0.down_proj.bias", DType::kBFloat16, {64}});
   ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
   auto summary = ConvertCheckpoint(Options());
   ASSERT_TRUE(summary.ok()) << summary.status();
@@ -142,6 +144,8 @@ TEST_F(ConvertTest, DeepSeekV3ThreeShardsWithSharedExpertVariants) {
   EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.2.mlp.shared_expert.gate_proj"));
   EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.3.mlp.shared_experts.experts.0.up_proj"));
   EXPECT_THAT(r.ignore, ::testing::Contains("model.layers.0.mlp.gate_proj"));
+  EXPECT_THAT(r.ignore,
+              ::testing::Not(::testing::Contains("model.layers.1.mlp.experts.0.down_proj")));
   // Copied files.
   EXPECT_TRUE(fs::exists(fs::path(Out()) / "tokenizer.json"));
   EXPECT_TRUE(fs::exists(fs::path(Out()) / "extra" / "notes.txt"));

@@ -189,6 +189,18 @@ TEST_F(SafetensorsTest, ShardedCheckpointAndIndexChecks) {
   c = Checkpoint::Open(dir_.string());  // a shard the index does not name is not read
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ((*c)->num_tensors(), 1u);
+  // A shard holding a tensor the index does not name.
+  {
+    auto w = Writer::Create((dir_ / "s1.safetensors").string(),
+                            {{"t_s1.safetensors", "U8", {2}}, {"stray", "U8", {1}}}, {});
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Write(0, 0, std::vector<uint8_t>{1, 2}).ok());
+    ASSERT_TRUE((*w)->Write(1, 0, std::vector<uint8_t>{3}).ok());
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  c = Checkpoint::Open(dir_.string());
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("tensor 'stray' is not in"));
   fs::remove(dir_ / std::string(kIndexFileName));
   EXPECT_EQ(Checkpoint::Open(dir_.string()).status().code(), absl::StatusCode::kNotFound);
 }
