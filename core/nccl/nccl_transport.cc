@@ -170,7 +170,10 @@ absl::Status NcclTransport::SendDevice(const engine::BucketManifest& manifest, c
   if (!comm_->ready()) {
     absl::Status s = comm_->WaitReady(publication_deadline_, [this] { return !failure().ok(); });
     if (!s.ok()) {
-      Fail(absl::AbortedError(absl::StrCat("NCCL group did not become ready: ", s.message())));
+      // The keys engines asked the store for tell a wrong unique-id key template at once.
+      Fail(absl::AbortedError(absl::StrCat(
+          "NCCL group did not become ready: ", s.message(), " (keys engines asked the store for: ",
+          absl::StrJoin(store_->RecentlyAwaitedKeys(), ", "), ")")));
       return failure();
     }
   }

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -100,6 +101,10 @@ class TcpStoreServer::Impl {
   size_t NumKeys() const {
     std::lock_guard lock(mu_);
     return store_.size();
+  }
+  std::vector<std::string> RecentlyAwaitedKeys() const {
+    std::lock_guard lock(mu_);
+    return std::vector<std::string>(awaited_.begin(), awaited_.end());
   }
   TcpStoreServerStats stats() const {
     std::lock_guard lock(mu_);
@@ -258,6 +263,7 @@ class TcpStoreServer::Impl {
       case QueryType::kGet: {
         std::string key;
         if (!r.String(&key, &too_large)) return fail();
+        NoteAwaited(key);
         auto it = store_.find(key);
         if (it == store_.end()) return Parse::kClose;
         w.Vector(it->second);
@@ -283,6 +289,7 @@ class TcpStoreServer::Impl {
           if (!r.String(&k, &too_large)) return fail();
         }
         const auto type = static_cast<QueryType>(type_byte);
+        for (const auto& k : keys) NoteAwaited(k);
         if (type == QueryType::kMultiGet) {
           for (const auto& k : keys) {
             auto it = store_.find(k);
@@ -337,6 +344,14 @@ class TcpStoreServer::Impl {
     *used = r.consumed();
     *reply = std::move(w.bytes());
     return Parse::kDone;
+  }
+
+  // Requires mu_.
+  void NoteAwaited(const std::string& key) {
+    auto it = std::find(awaited_.begin(), awaited_.end(), key);
+    if (it != awaited_.end()) awaited_.erase(it);
+    awaited_.push_back(key);
+    if (awaited_.size() > 32) awaited_.pop_front();
   }
 
   // Requires mu_.
@@ -403,6 +418,7 @@ class TcpStoreServer::Impl {
   std::unordered_map<std::string, std::vector<uint8_t>> store_;  // guarded by mu_
   std::unordered_map<std::string, std::vector<int>> waiting_;    // guarded by mu_
   std::map<int, Conn> conns_;                                    // guarded by mu_
+  std::deque<std::string> awaited_;                              // guarded by mu_
   TcpStoreServerStats stats_;                                    // guarded by mu_
 };
 
@@ -449,6 +465,9 @@ TcpStoreServer::~TcpStoreServer() = default;
 
 void TcpStoreServer::Set(const std::string& key, std::vector<uint8_t> value) {
   impl_->Set(key, std::move(value));
+}
+std::vector<std::string> TcpStoreServer::RecentlyAwaitedKeys() const {
+  return impl_->RecentlyAwaitedKeys();
 }
 std::optional<std::vector<uint8_t>> TcpStoreServer::Get(const std::string& key) const {
   return impl_->Get(key);

@@ -63,6 +63,9 @@ class TcpStoreServer {
   bool Delete(const std::string& key);
   size_t NumKeys() const;
   TcpStoreServerStats stats() const;
+  // The most recent distinct keys clients waited for or read (WAIT, GET, CHECK), oldest first,
+  // at most 32: what to compare with the unique-id key when a peer never joins.
+  std::vector<std::string> RecentlyAwaitedKeys() const;
 
  private:
   class Impl;

@@ -73,6 +73,9 @@ TEST_F(TcpStoreTest, GetWaitsUntilPublisherSetsUniqueId) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, id);
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(90));
+  const std::vector<std::string> awaited = server_->RecentlyAwaitedKeys();
+  ASSERT_FALSE(awaited.empty());
+  EXPECT_EQ(awaited.back(), key);
 }
 
 TEST_F(TcpStoreTest, SetGetAddCheckDeleteNumKeys) {

@@ -59,6 +59,9 @@ class MultiGpuTest : public ::testing::Test {
   }
 
   std::unique_ptr<Child> Emulator(int port, std::vector<std::string> extra) {
+    // A short store/NCCL timeout makes a rendezvous problem show in the emulator's log (torch
+    // names the key it waited for) well within the test's deadline.
+    extra.insert(extra.end(), {"--nccl-timeout", "30"});
     auto e = StartEmulator(port, 1, extra, absl::StrCat(dir_, "/emulator_", port, ".log"));
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
