@@ -142,7 +142,11 @@ absl::StatusOr<ConvertSummary> ConvertCheckpoint(const ConvertOptions& options) 
   const std::string leaf = out_dir.has_filename() ? out_dir.filename().string()
                                                   : out_dir.parent_path().filename().string();
   std::error_code ec;
+  // Missing parents of save_dir are created, and removed again if the conversion fails.
+  fs::path created_top;
+  for (fs::path p = parent; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) created_top = p;
   fs::create_directories(parent, ec);
+  TempDirGuard parents_guard(created_top);
   const fs::path tmp = parent / absl::StrCat(".", leaf, ".wpub-convert-", ::getpid());
   fs::remove_all(tmp, ec);
   if (!fs::create_directory(tmp, ec)) {
@@ -219,6 +223,7 @@ absl::StatusOr<ConvertSummary> ConvertCheckpoint(const ConvertOptions& options) 
         absl::StrCat("cannot rename ", tmp.string(), " to ", out_dir.string(), ": ", ec.message()));
   }
   guard.Release();
+  parents_guard.Release();
   progress.seconds = std::chrono::duration<double>(Clock::now() - run_start).count();
   progress.tensors_done = progress.tensors_total;
   if (options.on_progress) options.on_progress(progress);

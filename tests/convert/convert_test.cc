@@ -305,7 +305,10 @@ TEST_F(ConvertTest, RefusesExpertWeightWithKNotMultipleOf16) {
   spec.tensors = {{"model.embed_tokens.weight", DType::kBFloat16, {8, 40}},
                   {"model.layers.0.mlp.experts.0.down_proj.weight", DType::kBFloat16, {8, 40}}};
   ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
-  absl::Status s = ExpectRefused(Options());
+  ConvertOptions o = Options();
+  o.save_dir = (root_ / "new_parent" / "deeper" / "out").string();
+  absl::Status s = ExpectRefused(o);
+  EXPECT_FALSE(fs::exists(root_ / "new_parent")) << "created parents must be removed on failure";
   EXPECT_THAT(s.message(), HasSubstr("model-00002-of-00002.safetensors"));
   EXPECT_THAT(s.message(), HasSubstr("divisible by 16"));
   EXPECT_THAT(s.message(), HasSubstr("model.layers.0.mlp.experts.0.down_proj.weight"));
