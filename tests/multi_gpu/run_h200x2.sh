@@ -6,7 +6,7 @@
 # for 8 vs 128 experts), the benchmark (a) (a') (b) (d) on the Qwen3-30B-A3B-shaped model, and
 # the PyTorch baseline (c). About 8 minutes at most.
 #
-# Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/ (carried), and
+# Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/gpu_path/ (carried), and
 # writes 6 files to $OUT: summary.log, env.txt, bench.json, baseline.json, results.json and
 # logs.tar.gz (emulator, trainer, baseline and per-test logs).
 # Usage (from the repository root): bash tests/multi_gpu/run_h200x2.sh
@@ -32,9 +32,9 @@ CUPTI_LIB=$(wheel_lib nvidia.cuda_cupti)  # dlopened by gpu_path_backend_test's 
 PYWRAP=$(mktemp /tmp/wpub_python.XXXXXX)
 printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec python3 "$@"\n' "${LD_LIBRARY_PATH:-}" >"$PYWRAP"
 chmod +x "$PYWRAP"
-export LD_LIBRARY_PATH=$ROOT/.devbin/lib${NCCL_LIB:+:$NCCL_LIB}${CUPTI_LIB:+:$CUPTI_LIB}:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$ROOT/.devbin/gpu_path/lib${NCCL_LIB:+:$NCCL_LIB}${CUPTI_LIB:+:$CUPTI_LIB}:${LD_LIBRARY_PATH:-}
 export WPUB_SOURCE_DIR=$ROOT WPUB_PYTHON=$PYWRAP WPUB_TEST_LOG_DIR=$LOGS
-BIN=$ROOT/.devbin
+BIN=$ROOT/.devbin/gpu_path
 START=$(date +%s)
 # Every step's timeout fits a 570 s total: min(its cap, what is left minus what the later steps
 # are guaranteed).

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Stages the GPU-path binaries for a device run: copies them and every shared library they
 # need that the device image does not provide (found with ldd; glibc, libstdc++, libgcc_s,
-# libnccl and the driver's libcuda are skipped: the device has its own) into .devbin/ at the
-# repository root, stripped of debug info, and checks the total stays under 45 MB.
-# Other device scripts stage into the same folder (e.g. bench/kernels/device_run.sh), so files
-# are added or replaced, never the folder wiped.
+# libnccl and the driver's libcuda are skipped: the device has its own) into
+# .devbin/gpu_path/ (binaries) and .devbin/gpu_path/lib/ at the repository root, stripped of
+# debug info, and checks that folder stays under 45 MB. Other device scripts stage their own
+# binaries elsewhere in .devbin/, so only .devbin/gpu_path is carried for this run.
 # Usage: tests/multi_gpu/stage_devbin.sh [build dir, default build-gpu]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/build-gpu}
-DEST=$ROOT/.devbin
+DEST=$ROOT/.devbin/gpu_path
 BINS=(
   tests/multi_gpu/multi_gpu_publish_test
   tests/multi_gpu/multi_gpu_ipc_trainer
@@ -20,6 +20,7 @@ BINS=(
   bench/gpu_path/gpu_path_bench
 )
 SKIP='^(libc|libm|libdl|libpthread|librt|libutil|libresolv|ld-linux[^ ]*|linux-vdso|libstdc\+\+|libgcc_s|libnccl|libcuda)\.so'
+rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 for b in "${BINS[@]}"; do
   if [[ ! -x $BUILD/$b ]]; then
