@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/engine/backend.h"
 #include "core/engine/types.h"
 
 namespace wpub::gpu {
@@ -49,21 +50,23 @@ struct IpcCacheOptions {
   bool keep_across_publications = true;
 };
 
-class IpcCache {
+// The engine's CudaIpcResolver on the GPU path (EngineComponents::cuda_ipc).
+class IpcCache : public engine::CudaIpcResolver {
  public:
   // FAILED_PRECONDITION when there is no CUDA device `options.device` (the message says so).
   static absl::StatusOr<std::unique_ptr<IpcCache>> Create(const IpcCacheOptions& options);
-  ~IpcCache();  // closes every mapping
+  ~IpcCache() override;  // closes every mapping
   IpcCache(const IpcCache&) = delete;
   IpcCache& operator=(const IpcCache&) = delete;
 
   // The device pointer of source.offset within the mapped allocation. See the error contract
   // above. `expected_bytes` is the part's byte size.
   absl::StatusOr<const uint8_t*> Resolve(const engine::CudaIpcSource& source,
-                                         uint64_t expected_bytes, absl::string_view tensor);
+                                         uint64_t expected_bytes,
+                                         absl::string_view tensor) override;
 
   // Closes mappings opened for this publication unless options.keep_across_publications.
-  void EndPublication();
+  void EndPublication() override;
   // Closes every mapping (e.g. when the trainer restarted).
   void Clear();
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "core/common/status.h"
 #include "core/gpu/gpu_backend.h"
+#include "core/gpu/ipc_cache.h"
 #include "core/nccl/nccl_transport.h"
 
 namespace wpub::nccl {
@@ -46,7 +47,11 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   bo.sink = transport.get();
   bo.reject_before_send = options.reject_non_finite_before_send;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuBackend> backend, gpu::GpuBackend::Create(bo));
+  gpu::IpcCacheOptions io;
+  io.device = options.device;
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<gpu::IpcCache> ipc, gpu::IpcCache::Create(io));
   engine::EngineComponents c;
+  c.cuda_ipc = std::move(ipc);
   c.backend = std::move(backend);
   c.transports.push_back(std::move(transport));
   return c;

@@ -32,7 +32,8 @@ struct GpuPathOptions {
 absl::StatusOr<std::vector<engines::EngineSpec>> ParseEngineSpecs(absl::string_view text);
 
 // The GPU backend on options.device with the NCCL transport as its sink and as the engine's
-// extra transport. FAILED_PRECONDITION without that CUDA device.
+// extra transport, and the CUDA IPC mapping cache as its resolver of trainer memory.
+// FAILED_PRECONDITION without that CUDA device.
 absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOptions& options);
 
 }  // namespace wpub::nccl

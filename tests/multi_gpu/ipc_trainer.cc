@@ -3,13 +3,17 @@
 // the trainer's Python client does with torch tensors. Protocol on stdin/stdout, one line each:
 //   -> "ready <handle hex (128 digits)> <device uuid> <bytes>"
 //   <- "fill <seed>"   (writes the model's values for `seed`)   -> "filled <seed>"
+//   <- "load <file>"   (copies the file's bytes to the start)   -> "loaded <bytes>"
 //   <- "quit"
 // Usage: multi_gpu_ipc_trainer <device> <layers> <experts> <hidden> <inter>
+//        multi_gpu_ipc_trainer <device> bytes <n>   (a raw allocation, filled with "load")
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -17,17 +21,23 @@
 #include "tests/multi_gpu/moe_fixture.h"
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
+  const bool raw = argc == 4 && std::string(argv[2]) == "bytes";
+  if (argc != 6 && !raw) {
     std::fprintf(stderr, "usage: %s device layers experts hidden inter\n", argv[0]);
     return 2;
   }
   const int device = std::atoi(argv[1]);
   wpub::testing::MoeShape shape;
-  shape.layers = std::atoi(argv[2]);
-  shape.experts = std::atoi(argv[3]);
-  shape.hidden = std::atoll(argv[4]);
-  shape.inter = std::atoll(argv[5]);
-  const wpub::testing::ModelLayout layout = wpub::testing::LayoutModel(shape);
+  wpub::testing::ModelLayout layout;
+  if (raw) {
+    layout.total_bytes = std::strtoull(argv[3], nullptr, 10);
+  } else {
+    shape.layers = std::atoi(argv[2]);
+    shape.experts = std::atoi(argv[3]);
+    shape.hidden = std::atoll(argv[4]);
+    shape.inter = std::atoll(argv[5]);
+    layout = wpub::testing::LayoutModel(shape);
+  }
   if (cudaSetDevice(device) != cudaSuccess) return 3;
   void* ptr = nullptr;
   if (cudaMalloc(&ptr, layout.total_bytes) != cudaSuccess) return 4;
@@ -50,6 +60,19 @@ int main(int argc, char** argv) {
   std::string cmd;
   while (std::cin >> cmd) {
     if (cmd == "quit") break;
+    if (cmd == "load") {
+      std::string path;
+      std::cin >> path;
+      std::ifstream in(path, std::ios::binary);
+      std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
+      if (bytes.size() > layout.total_bytes ||
+          cudaMemcpy(ptr, bytes.data(), bytes.size(), cudaMemcpyHostToDevice) != cudaSuccess) {
+        return 7;
+      }
+      std::cout << "loaded " << bytes.size() << std::endl;
+      continue;
+    }
     if (cmd == "fill") {
       uint64_t seed = 0;
       std::cin >> seed;

@@ -9,7 +9,8 @@
 //  4. Host syncs per publication are the same for 8 and 128 experts per layer.
 //  5. The same through the real engine (core/engine with EngineComponents: the GPU backend and
 //     the NCCL transport), inline inputs with TP-shard parts and expert stacks, every tensor
-//     checked by name against the engine tests' oracle.
+//     checked by name against the engine tests' oracle; and 6. with every part a CUDA IPC
+//     reference into a trainer process's allocation (nccl::MakeGpuPathComponents, as wpubd).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -23,6 +24,7 @@
 #include "core/engine/engine.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/ipc_cache.h"
+#include "core/nccl/gpu_path.h"
 #include "core/nccl/nccl_transport.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/engine_test_util.h"
@@ -394,6 +396,113 @@ TEST_F(MultiGpuTest, EngineWithGpuComponentsPublishesEveryTensorToTheEngine) {
       EXPECT_EQ(report->host_syncs, 2u);
     }
   }
+}
+
+TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
+  namespace et = engine::testing;
+  const int port = FreePort();
+  auto emulator = Emulator(port, {"--expect-dir", dir_});
+  ASSERT_TRUE(emulator);
+  nccl::GpuPathOptions g;
+  g.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
+  g.store_bind_address = "127.0.0.1";
+  g.group_name = "wpub_ipc";
+  g.request_timeout = absl::Seconds(60);
+  g.publication_deadline = absl::Seconds(60);
+  auto components = nccl::MakeGpuPathComponents(g);
+  ASSERT_TRUE(components.ok()) << components.status();
+  engine::EngineOptions eo;
+  eo.bucket_bytes = 64 << 10;
+  auto eng = engine::Engine::Create(eo, nullptr, *std::move(components));
+  ASSERT_TRUE(eng.ok()) << eng.status();
+
+  // Lay every part of the model out in one file the trainer copies into its allocation.
+  std::vector<et::TestBatch> batches = et::ModelBatches(et::SmallShape(), 77);
+  batches.push_back(et::StackedExpertBatch(78));
+  for (auto& b : batches) {
+    for (auto& t : b.tensors) {
+      if (t.input.desc.name.find("experts.2.gate_proj") != std::string::npos) {
+        et::SplitIntoParts(t, 0, 2);
+      }
+    }
+  }
+  std::string blob;
+  std::vector<std::vector<std::vector<uint64_t>>> offsets;  // [batch][tensor][part]
+  for (const auto& b : batches) {
+    offsets.emplace_back();
+    for (const auto& t : b.tensors) {
+      offsets.back().emplace_back();
+      for (const auto& bytes : t.part_bytes) {
+        blob.resize((blob.size() + 255) / 256 * 256);
+        offsets.back().back().push_back(blob.size());
+        blob.append(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      }
+    }
+  }
+  const std::string blob_path = dir_ + "/ipc_blob.bin";
+  std::ofstream(blob_path, std::ios::binary)
+      .write(blob.data(), static_cast<std::streamsize>(blob.size()));
+  auto trainer = Child::Spawn(
+      {SiblingBinary("multi_gpu_ipc_trainer"), "0", "bytes", std::to_string(blob.size() + 4096)},
+      dir_ + "/ipc_trainer.log", true);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  auto ready = (*trainer)->ReadLine(absl::Seconds(60));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  std::istringstream is(*ready);
+  std::string word, hex, uuid;
+  is >> word >> hex >> uuid;
+  ASSERT_EQ(word, "ready");
+  ASSERT_TRUE((*trainer)->WriteLine("load " + blob_path).ok());
+  auto loaded = (*trainer)->ReadLine(absl::Seconds(60));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+
+  const auto expected =
+      et::ExpectedOutputs(batches, *et::PlainPolicy(), kernels::QuantMode::Standard());
+  for (uint64_t version = 1; version <= 2; ++version) {
+    const std::string tdir = absl::StrCat(dir_, "/v", version);
+    ::mkdir(tdir.c_str(), 0755);
+    ::mkdir((tdir + "/tensors").c_str(), 0755);
+    for (const auto& [name, bytes] : expected) {
+      std::ofstream(tdir + "/tensors/" + name + ".bin", std::ios::binary)
+          .write(reinterpret_cast<const char*>(bytes.data()),
+                 static_cast<std::streamsize>(bytes.size()));
+    }
+    auto session = (*eng)->Open(et::Header(version));
+    ASSERT_TRUE(session.ok()) << session.status();
+    for (size_t bi = 0; bi < batches.size(); ++bi) {
+      engine::BatchInput in;
+      in.megatron_name = batches[bi].megatron_name;
+      for (size_t ti = 0; ti < batches[bi].tensors.size(); ++ti) {
+        engine::TensorInput t = batches[bi].tensors[ti].input;
+        for (size_t pi = 0; pi < t.parts.size(); ++pi) {
+          engine::CudaIpcSource src;
+          for (size_t k = 0; k < 64; ++k) {
+            src.handle[k] = static_cast<uint8_t>(std::stoi(hex.substr(2 * k, 2), nullptr, 16));
+          }
+          src.device_uuid = uuid;
+          src.offset = offsets[bi][ti][pi];
+          src.length = batches[bi].tensors[ti].part_bytes[pi].size();
+          t.parts[pi].source = src;
+        }
+        in.tensors.push_back(std::move(t));
+      }
+      ASSERT_TRUE((*session)->AddBatch(std::move(in)).ok()) << "batch " << bi;
+    }
+    auto report = (*session)->Commit();
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->status, engine::PublicationStatus::kCommitted) << report->error;
+    json s = Stats(port, version);
+    ASSERT_FALSE(s.is_null());
+    EXPECT_EQ(s["checked"].get<size_t>(), expected.size());
+    EXPECT_TRUE(s["mismatches"].empty()) << s["mismatches"].dump(1);
+    std::printf("engine IPC version %lu: %u buckets, %lu host syncs, %.3f s\n",
+                static_cast<unsigned long>(version), report->buckets,
+                static_cast<unsigned long>(report->host_syncs), report->wall_seconds);
+    if (version > 1) {
+      EXPECT_EQ(report->host_syncs, 2u);
+    }
+  }
+  (void)(*trainer)->WriteLine("quit");
 }
 
 }  // namespace
