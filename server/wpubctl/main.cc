@@ -1,5 +1,6 @@
 // wpubctl entry point: `wpubctl <subcommand> [--flags] [args]`. Dispatches over the table below;
 // flags of every subcommand are absl flags parsed once, after the subcommand name is removed.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -78,9 +79,25 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wpubctl: unknown subcommand \"%s\"\n\n%s\n", argv[1], usage.c_str());
     return 2;
   }
-  // argv without the subcommand name, so absl sees only flags and positional arguments.
+  // argv without the subcommand name, so absl sees only flags and positional arguments. Flag
+  // names are accepted with dashes too (`--model-dir`), the spelling users of HF tools expect;
+  // absl flags are declared with underscores.
+  std::vector<std::string> storage;
+  storage.reserve(argc);
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") {
+      for (; i < argc; ++i) storage.emplace_back(argv[i]);
+      break;
+    }
+    if (absl::StartsWith(arg, "--")) {
+      const size_t end = std::min(arg.find('='), arg.size());
+      std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
+    }
+    storage.push_back(std::move(arg));
+  }
   std::vector<char*> rest = {argv[0]};
-  for (int i = 2; i < argc; ++i) rest.push_back(argv[i]);
+  for (std::string& a : storage) rest.push_back(a.data());
   std::vector<char*> positional =
       absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
   std::vector<std::string> args(positional.begin() + 1, positional.end());

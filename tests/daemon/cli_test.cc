@@ -32,8 +32,9 @@ int RunWpubctl(const std::string& dir, const std::vector<std::string>& args, std
   return code.ok() ? *code : -1;
 }
 
+// Dashed and underscored flag spellings are both accepted.
 const std::vector<std::string> kSmallModel = {
-    "--num_layers=3",    "--first_k_dense=1",           "--num_experts=4",
+    "--num-layers=3",    "--first_k_dense=1",           "--num-experts=4",
     "--hidden_size=256", "--moe_intermediate_size=128", "--intermediate_size=512",
     "--vocab_size=1024"};
 
