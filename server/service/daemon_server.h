@@ -18,12 +18,28 @@
 
 namespace wpub::server {
 
+// TLS of the gRPC listener: PEM files, read once at startup.
+struct TlsServerOptions {
+  // Server certificate chain and private key. Both or neither; when set the listener speaks
+  // TLS only.
+  std::string cert_file;
+  std::string key_file;
+  // When set, clients must present a certificate signed by one of these CAs (mutual TLS);
+  // a client without one fails the handshake.
+  std::string client_ca_file;
+  bool enabled() const { return !cert_file.empty(); }
+};
+
 struct DaemonServerOptions {
   // "host:port" (port 0 picks a free one; see DaemonServer::port) or "unix:/path".
   std::string listen = "127.0.0.1:50151";
-  // Non-loopback addresses are refused unless this is set: there is no TLS on this listener
-  // and the API moves model weights.
+  // A non-loopback address needs TLS or this acknowledgement (logged as a warning at startup):
+  // the API moves model weights.
   bool insecure_listen = false;
+  TlsServerOptions tls;
+  // HTTP/2 streams one client connection may have open at once (bounds a misbehaving client's
+  // share of the server; a trainer needs one Publish plus a few unary calls).
+  int max_concurrent_streams = 64;
   // Largest message accepted from or sent to a peer. Payload chunks are bounded by
   // service.max_chunk_bytes; this adds room for framing and batch descriptors.
   int max_message_bytes = 8 << 20;
@@ -38,8 +54,9 @@ bool IsLoopbackAddress(const std::string& listen);
 class DaemonServer {
  public:
   // Builds and starts the server on `options.listen`. `engine` must outlive the DaemonServer.
-  // Errors: PERMISSION_DENIED for a non-loopback address without insecure_listen,
-  // UNAVAILABLE when the address cannot be bound.
+  // Errors: PERMISSION_DENIED for a non-loopback address without TLS or insecure_listen,
+  // INVALID_ARGUMENT for an unreadable or incomplete TLS file set, UNAVAILABLE when the
+  // address cannot be bound (or the TLS key does not match its certificate).
   static absl::StatusOr<std::unique_ptr<DaemonServer>> Create(const DaemonServerOptions& options,
                                                               engine::Engine* engine);
   ~DaemonServer();

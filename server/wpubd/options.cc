@@ -21,6 +21,14 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50151",
 ABSL_FLAG(bool, insecure_listen, false,
           "Acknowledge binding the gRPC and metrics listeners to a non-loopback address "
           "without TLS.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM server certificate chain: the gRPC listener speaks TLS only (needs "
+          "--tls_key_file). A non-loopback --listen needs TLS or --insecure_listen.");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA bundle: clients must present a certificate it signed (mutual TLS).");
+ABSL_FLAG(int32_t, max_concurrent_streams, 64,
+          "Most concurrent gRPC streams (RPCs) one client connection may have open.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus metrics address host:port (port 0 picks one); empty disables metrics.");
 ABSL_FLAG(uint64_t, bucket_bytes, uint64_t{256} << 20,
@@ -69,6 +77,21 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   DaemonOptions o;
   o.server.listen = absl::GetFlag(FLAGS_listen);
   o.server.insecure_listen = absl::GetFlag(FLAGS_insecure_listen);
+  o.server.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  o.server.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  o.server.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (o.server.tls.cert_file.empty() != o.server.tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert_file and --tls_key_file go together: give both or neither");
+  }
+  if (!o.server.tls.client_ca_file.empty() && !o.server.tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--tls_client_ca_file needs --tls_cert_file and --tls_key_file");
+  }
+  o.server.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  if (o.server.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError("--max_concurrent_streams must be >= 1");
+  }
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!o.metrics_listen.empty() && !o.server.insecure_listen &&
       !server::IsLoopbackAddress(o.metrics_listen)) {
