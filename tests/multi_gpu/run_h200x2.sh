@@ -58,7 +58,7 @@ guarded() {
 }
 step() { echo; echo "=== $(date -u +%H:%M:%S) (+$(($(date +%s) - START)) s) $*"; }
 brief() {  # the lines of a gtest log worth reading
-  grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\]|Failure|Expected|Which is|Value of|error|Skipped|^version|experts/layer|aborted after' "$1" | head -60
+  grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\]|Failure|Expected|Which is|Value of|error|Skipped|^version|^engine|experts/layer|aborted after|Stats|status' "$1" | head -60
 }
 
 step "environment"
