@@ -129,10 +129,11 @@ class PublicationSession {
   uint64_t version() const { return version_; }
 
   // Adds conversion batch number num_batches() (0-based, in call order). Validates every tensor
-  // (known dtype, shape vs parts, concat_dim, part byte counts, shm segment names/bounds,
-  // duplicate names within the publication, CUDA IPC -> UNIMPLEMENTED) and applies the policy
+  // (known dtype, shape vs parts, concat_dim, part byte counts, shm segment names, shm ranges
+  // vs the segment size (OUT_OF_RANGE), duplicate names within the publication, CUDA IPC parts
+  // (UNIMPLEMENTED unless EngineComponents::cuda_ipc resolves them)) and applies the policy
   // (K % 16, gate/up pairs). Shared-memory parts are mapped here; inline parts get buffers.
-  // Non-blocking apart from shm_open/mmap.
+  // Non-blocking apart from shm_open/mmap (and the CUDA IPC resolver).
   absl::Status AddBatch(BatchInput batch);
   uint64_t num_batches() const;
 
