@@ -1,0 +1,77 @@
+// GroupMember: torch-compatible store handshake, unique-id lookup over the key templates,
+// nonblocking communicator as a receiving rank.
+#include "core/nccl/group_member.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status.h"
+#include "core/rendezvous/tcp_store_client.h"
+
+namespace wpub::nccl {
+
+absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options) {
+  if (options.unique_id_key_templates.empty()) {
+    return absl::InvalidArgumentError("no unique-id key template");
+  }
+  std::vector<std::string> keys;
+  for (const std::string& t : options.unique_id_key_templates) {
+    WPUB_ASSIGN_OR_RETURN(std::string key, rendezvous::UniqueIdKey(t, options.group_name, 0));
+    keys.push_back(std::move(key));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  rendezvous::TcpStoreClientOptions co;
+  co.host = options.master_address;
+  co.port = options.master_port;
+  co.timeout = options.timeout;
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<rendezvous::TcpStoreClient> client,
+                        rendezvous::TcpStoreClient::Connect(co));
+  // CHECK every candidate until one exists (torch itself would WAIT on its one key).
+  for (;;) {
+    for (const std::string& key : keys) {
+      WPUB_ASSIGN_OR_RETURN(bool present, client->Check({key}));
+      if (!present) continue;
+      WPUB_ASSIGN_OR_RETURN(std::vector<uint8_t> value, client->Get(key));
+      if (value.size() != sizeof(UniqueId)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "TCPStore key ", key, " holds ", value.size(), " bytes, not an ncclUniqueId"));
+      }
+      UniqueId id;
+      std::copy(value.begin(), value.end(), id.begin());
+      return id;
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no ncclUniqueId for group ", options.group_name, " within ",
+          absl::FormatDuration(options.timeout), " under any of: ", absl::StrJoin(keys, ", ")));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMemberOptions& options) {
+  if (options.rank < 1 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("a receiving rank must be in [1, ",
+                                                   options.world_size, "), not ", options.rank));
+  }
+  const absl::Time deadline = absl::Now() + options.timeout;
+  WPUB_ASSIGN_OR_RETURN(UniqueId id, FetchUniqueId(options));
+  NcclCommOptions co;
+  co.device = options.device;
+  co.nranks = options.world_size;
+  co.rank = options.rank;
+  co.id = id;
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(co));
+  return std::unique_ptr<GroupMember>(new GroupMember(options, std::move(comm), deadline));
+}
+
+absl::Status GroupMember::WaitReady() { return comm_->WaitReady(deadline_, nullptr); }
+
+absl::Status GroupMember::Receive(void* device_buffer, uint64_t bytes, cudaStream_t stream) {
+  WPUB_RETURN_IF_ERROR(WaitReady());
+  return comm_->Broadcast(device_buffer, bytes, /*root=*/0, stream);
+}
+
+}  // namespace wpub::nccl

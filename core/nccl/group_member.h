@@ -1,0 +1,62 @@
+// The receiving side of a weight-update group, for a C++ receiver (wpub-recv's NCCL data
+// path): joins exactly as an SGLang engine does -- a TCPStore client to the publisher's
+// rendezvous (torch's wire format: VALIDATE, PING, ADD "init/"), the ncclUniqueId read under
+// the key ProcessGroupNCCL would read, a nonblocking communicator as rank `rank` -- and then
+// receives each flattened bucket with one broadcast from rank 0.
+//
+// Thread-compatible: one owner thread. Receive only enqueues (the caller waits on its stream);
+// Abort may be called from any thread (NcclComm's contract).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/nccl/nccl_comm.h"
+#include "core/rendezvous/tcp_store_server.h"
+
+namespace wpub::nccl {
+
+struct GroupMemberOptions {
+  std::string master_address = "127.0.0.1";
+  uint16_t master_port = 0;
+  std::string group_name;
+  int rank = 1;
+  int world_size = 2;
+  int device = 0;
+  // Tried in order; the first key present wins (see NcclTransportOptions).
+  std::vector<std::string> unique_id_key_templates = {
+      std::string(rendezvous::kDefaultUniqueIdKeyTemplate), "/{group}/{group}/{index}"};
+  absl::Duration timeout = absl::Seconds(120);  // store connect + id lookup + NCCL init
+};
+
+// Reads the ncclUniqueId of `options.group_name` from the store (the first template whose key
+// appears before the timeout). DEADLINE_EXCEEDED naming every key tried; INVALID_ARGUMENT for
+// a value that is not 128 bytes.
+absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options);
+
+class GroupMember {
+ public:
+  // Fetches the id and starts the communicator; does not wait for the other ranks.
+  static absl::StatusOr<std::unique_ptr<GroupMember>> Join(const GroupMemberOptions& options);
+
+  // Waits (polling, bounded by the join timeout) until every rank joined.
+  absl::Status WaitReady();
+  // Enqueues the receive of one bucket of `bytes` into `device_buffer` on `stream`.
+  absl::Status Receive(void* device_buffer, uint64_t bytes, cudaStream_t stream);
+  void Abort() { comm_->Abort(); }
+  const GroupMemberOptions& options() const { return options_; }
+
+ private:
+  GroupMember(GroupMemberOptions options, std::unique_ptr<NcclComm> comm, absl::Time deadline)
+      : options_(std::move(options)), comm_(std::move(comm)), deadline_(deadline) {}
+  GroupMemberOptions options_;
+  std::unique_ptr<NcclComm> comm_;
+  absl::Time deadline_;
+};
+
+}  // namespace wpub::nccl
