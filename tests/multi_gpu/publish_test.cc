@@ -11,6 +11,8 @@
 //     the NCCL transport), inline inputs with TP-shard parts and expert stacks, every tensor
 //     checked by name against the engine tests' oracle; and 6. with every part a CUDA IPC
 //     reference into a trainer process's allocation (nccl::MakeGpuPathComponents, as wpubd).
+//  7. A C++ receiver (nccl::GroupMember behind SGLang's routes) instead of the emulator: wpub
+//     end to end without Python, every bucket's checksum equal to the publisher's.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -18,6 +20,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/engine/cpu_backend.h"
@@ -503,6 +506,42 @@ TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
     }
   }
   (void)(*trainer)->WriteLine("quit");
+}
+
+TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
+  const int port = FreePort();
+  auto receiver = Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1"},
+                               dir_ + "/cpp_receiver.log", false);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const ModelLayout layout = LayoutModel(shape_);
+  DeviceModel model(layout);
+  auto transport = Transport(port, absl::Seconds(60));
+  ASSERT_TRUE(transport);
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport.get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok());
+  for (uint64_t version = 1; version <= 2; ++version) {
+    model.Fill(200 + version);
+    std::vector<engine::InputTensor> inputs;
+    auto built = BuildPlan(layout, model.base(), true, 256 << 10, version, &inputs);
+    ASSERT_TRUE(built.ok());
+    PublishResult r = Publish(**backend, *transport, *built, absl::Seconds(60));
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    auto body = HttpGet(port, "/stats");
+    ASSERT_TRUE(body.ok()) << body.status();
+    json s = json::parse(*body)[std::to_string(version)];
+    ASSERT_FALSE(s.is_null());
+    EXPECT_EQ(s["bytes"].get<uint64_t>(), built->bytes_out);
+    EXPECT_EQ(s["checksums"].get<std::vector<uint64_t>>(), (*backend)->last_checksums());
+    std::printf("engine-free version %lu: %zu buckets to the C++ receiver, %.3f s\n",
+                static_cast<unsigned long>(version), built->manifest.buckets.size(),
+                r.wall_seconds);
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ DEST=$ROOT/.devbin/gpu_path
 BINS=(
   tests/multi_gpu/multi_gpu_publish_test
   tests/multi_gpu/multi_gpu_ipc_trainer
+  tests/multi_gpu/multi_gpu_cpp_receiver
   tests/gpu_path/gpu_path_rendezvous_test
   tests/gpu_path/gpu_path_sglang_driver_test
   tests/gpu_path/gpu_path_ipc_test
