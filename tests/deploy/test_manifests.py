@@ -235,9 +235,16 @@ class KubernetesTest(unittest.TestCase):
         cfg = [o for o in objects if o["kind"] == "ConfigMap"][0]
         d = tempfile.mkdtemp(prefix="wpub-k8s-")
         try:
+            # The file is expanded where --config stands, after Daemon's own address flags:
+            # rewrite its addresses to free loopback ports (the pod's fixed ports would
+            # collide with other tests).
+            text = cfg["data"]["wpubd.flags"]
+            for flag in ("--listen", "--metrics_listen"):
+                text, n = re.subn(rf"^{flag}=\S+$", f"{flag}=127.0.0.1:0", text, flags=re.M)
+                self.assertEqual(n, 1, flag)
             flagfile = os.path.join(d, "wpubd.flags")
             with open(flagfile, "w") as f:
-                f.write(cfg["data"]["wpubd.flags"])
+                f.write(text)
             token = os.path.join(d, "token")
             with open(token, "w") as f:
                 f.write("t0ken\n")
