@@ -228,6 +228,24 @@ class KubernetesTest(unittest.TestCase):
                 ns = {o["metadata"].get("namespace") for o in layouts[name]}
                 self.assertEqual(len(ns), 1, f"{name}: one namespace for every object")
 
+    def test_same_as_kustomize(self):
+        """Where kustomize (or kubectl) is installed, its output is what this test checks."""
+        if shutil.which("kustomize"):
+            cmd = ["kustomize", "build"]
+        elif shutil.which("kubectl"):
+            cmd = ["kubectl", "kustomize"]
+        else:
+            self.skipTest("neither kustomize nor kubectl is installed; render() stands in")
+        for name, objects in self.layouts().items():
+            path = os.path.join(K8S, "base") if name == "base" else os.path.join(
+                K8S, "overlays", name)
+            out = subprocess.run(cmd + [path], capture_output=True, text=True, check=True).stdout
+            real = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(out) if o}
+            mine = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+            self.assertEqual(set(real), set(mine), name)
+            for key in ("Job", "wpub-trainer"), ("Service", "wpubd"):
+                self.assertEqual(real[key]["spec"], mine[key]["spec"], f"{name}: {key}")
+
     def test_sidecar_flags_start_a_real_wpubd(self):
         """The ConfigMap's flag file is accepted by wpubd (names and values); only the
         addresses are moved to free loopback ports and the token to a temp file."""
