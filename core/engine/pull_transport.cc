@@ -185,15 +185,20 @@ absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
     return absl::ResourceExhaustedError(
         absl::StrCat("receiver ", name_, " was dropped for falling behind"));
   }
-  if (r->closed || r->cancelled || hub_->shutdown) {
+  if (r->closed || r->cancelled) {
     return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
   }
-  if (r->events.empty()) {
-    return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
+  // Events queued before a shutdown are still delivered (the commit or abort of the last
+  // publication must reach every receiver); only an empty queue reports the shutdown.
+  if (!r->events.empty()) {
+    ReceiverEvent event = std::move(r->events.front());
+    r->events.pop_front();
+    return event;
   }
-  ReceiverEvent event = std::move(r->events.front());
-  r->events.pop_front();
-  return event;
+  if (hub_->shutdown) {
+    return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
 }
 
 absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(uint64_t version,

@@ -40,8 +40,9 @@ class Subscription {
   const std::string& name() const { return name_; }
 
   // The next event, oldest first; the first is always a GroupInfoEvent. Blocks up to `timeout`:
-  // DEADLINE_EXCEEDED when none arrived (poll again), CANCELLED after Close/Cancel or when the
-  // transport went away, RESOURCE_EXHAUSTED if the receiver was dropped for falling behind.
+  // DEADLINE_EXCEEDED when none arrived (poll again), CANCELLED after Close/Cancel, or once the
+  // transport shut down and every event queued before that was delivered; RESOURCE_EXHAUSTED if
+  // the receiver was dropped for falling behind.
   absl::StatusOr<ReceiverEvent> Next(absl::Duration timeout);
 
   // The bytes of bucket `index` of the publication in flight `version`. NOT_FOUND when that
