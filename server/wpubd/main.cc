@@ -136,16 +136,11 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
   (*server)->SetServing(false);
   (*engine)->BeginShutdown();
   const absl::Time drain_deadline = absl::Now() + options.drain_deadline;
-  // Drain closes every subscription at once and the core drops events not yet delivered, so a
-  // receiver could miss the commit of a publication that finished just now. Wait for the
-  // active publication here first, then give the subscription pumps a moment to deliver its
-  // final events (they pull from the core as soon as an event is queued).
-  bool had_active = false;
+  // Let the active publication finish (or reach the deadline) before draining; the core
+  // still delivers every event queued before the drain, so receivers see its commit or abort.
   while ((*engine)->GetStatus().active.has_value() && absl::Now() < drain_deadline) {
-    had_active = true;
     absl::SleepFor(absl::Milliseconds(10));
   }
-  if (had_active) absl::SleepFor(absl::Milliseconds(250));
   absl::Status drained = (*engine)->Drain(drain_deadline);
   if (!drained.ok()) spdlog::warn("drain: {}", drained.ToString());
   (*server)->Shutdown(absl::Now() + options.shutdown_grace);
