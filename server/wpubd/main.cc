@@ -19,6 +19,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/engine/engine.h"
@@ -159,6 +161,13 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
 
 int main(int argc, char** argv) {
   const sigset_t signals = BlockShutdownSignals();
+  // --help lists the daemon's own flags (declared in server/wpubd/), not only main.cc's.
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::StrContains(file, "wpubd/");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "wpubd: publishes model weights from an RL trainer to its rollout engines.\n"
       "Usage: wpubd [--listen=127.0.0.1:50151] [--metrics_listen=127.0.0.1:9464] "
