@@ -1,0 +1,197 @@
+// ReceiverEndpoint: httplib routes -> GroupMember; one device buffer grown on demand.
+#include "core/nccl/receiver_endpoint.h"
+
+#include <cuda_runtime_api.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/engine/checksum.h"
+#include "core/nccl/group_member.h"
+#include "nlohmann/json.hpp"
+
+namespace wpub::nccl {
+namespace {
+
+using json = nlohmann::json;
+
+void Reply(httplib::Response& res, const absl::Status& s, const std::string& ok_message) {
+  res.status = s.ok() ? 200 : 400;
+  res.set_content(
+      json({{"success", s.ok()}, {"message", s.ok() ? ok_message : std::string(s.message())}})
+          .dump(),
+      "application/json");
+}
+
+}  // namespace
+
+class ReceiverEndpoint::Impl {
+ public:
+  Impl(ReceiverEndpointOptions options, Callbacks callbacks)
+      : options_(std::move(options)), callbacks_(std::move(callbacks)) {}
+
+  ~Impl() {
+    // A handler may be blocked in a receive whose publisher is gone: abort the group first.
+    if (GroupMember* m = active_.load()) m->Abort();
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+    std::lock_guard lock(mu_);
+    member_.reset();
+    if (buf_ != nullptr) cudaFree(buf_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  absl::Status Start() {
+    if (cudaSetDevice(options_.device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return absl::FailedPreconditionError(
+          absl::StrCat("receiver endpoint: CUDA device ", options_.device, " is not usable"));
+    }
+    server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"ok": true})", "application/json");
+    });
+    server_.Post("/init_weights_update_group",
+                 [this](const httplib::Request& q, httplib::Response& r) { Join(q, r); });
+    server_.Post("/destroy_weights_update_group",
+                 [this](const httplib::Request&, httplib::Response& r) {
+                   std::lock_guard lock(mu_);
+                   active_ = nullptr;
+                   member_.reset();
+                   Reply(r, absl::OkStatus(), "destroyed");
+                 });
+    server_.Post("/update_weights_from_distributed",
+                 [this](const httplib::Request& q, httplib::Response& r) { Update(q, r); });
+    server_.Post("/update_weight_version", [this](const httplib::Request& q, httplib::Response& r) {
+      json j = json::parse(q.body, nullptr, false);
+      const std::string v = j.is_object() ? j.value("new_version", std::string()) : "";
+      if (callbacks_.on_version) callbacks_.on_version(v);
+      Reply(r, absl::OkStatus(), "version " + v);
+    });
+    for (const char* path : {"/pause_generation", "/flush_cache", "/begin_weight_update",
+                             "/end_weight_update", "/continue_generation"}) {
+      auto ok = [](const httplib::Request&, httplib::Response& r) {
+        Reply(r, absl::OkStatus(), "ok");
+      };
+      server_.Post(path, ok);
+      server_.Get(path, ok);
+    }
+    server_.set_tcp_nodelay(true);
+    port_ = options_.port == 0
+                ? server_.bind_to_any_port(options_.host)
+                : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);
+    if (port_ <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat("receiver endpoint: cannot listen on ", options_.host, ":", options_.port));
+    }
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    return absl::OkStatus();
+  }
+
+  int port() const { return port_; }
+  std::map<std::string, ReceiverVersionStats> stats() const {
+    std::lock_guard lock(mu_);
+    return stats_;
+  }
+
+ private:
+  void Join(const httplib::Request& q, httplib::Response& r) {
+    std::lock_guard lock(mu_);
+    json j = json::parse(q.body, nullptr, false);
+    if (!j.is_object()) return Reply(r, absl::InvalidArgumentError("body is not JSON"), "");
+    GroupMemberOptions o;
+    o.master_address = j.value("master_address", std::string("127.0.0.1"));
+    o.master_port = j.value("master_port", 0);
+    o.group_name = j.value("group_name", std::string());
+    o.rank = j.value("rank_offset", 1);  // one GPU: TP rank 0
+    o.world_size = j.value("world_size", 2);
+    o.device = options_.device;
+    o.timeout = options_.join_timeout;
+    absl::StatusOr<std::unique_ptr<GroupMember>> m = GroupMember::Join(o);
+    if (!m.ok()) return Reply(r, m.status(), "");
+    active_ = nullptr;
+    member_ = std::move(*m);
+    active_ = member_.get();
+    Reply(r, absl::OkStatus(), "joined " + o.group_name);
+  }
+
+  void Update(const httplib::Request& q, httplib::Response& r) {
+    std::lock_guard lock(mu_);  // one weight update at a time, as SGLang
+    if (!member_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
+    json j = json::parse(q.body, nullptr, false);
+    if (!j.is_object() || !j.contains("names") || !j.contains("dtypes") || !j.contains("shapes")) {
+      return Reply(r, absl::InvalidArgumentError("names, dtypes and shapes are required"), "");
+    }
+    ReceivedBucket b;
+    b.version = j.value("weight_version", std::string());
+    uint64_t off = 0;
+    for (size_t i = 0; i < j["names"].size(); ++i) {
+      absl::StatusOr<DType> dt = ParseDType(j["dtypes"][i].get<std::string>());
+      if (!dt.ok()) return Reply(r, dt.status(), "");
+      engine::ManifestTensor t;
+      t.name = j["names"][i].get<std::string>();
+      t.dtype = *dt;
+      t.shape = j["shapes"][i].get<Shape>();
+      t.offset = off;
+      t.nbytes = static_cast<uint64_t>(NumElements(t.shape) * DTypeSize(t.dtype));
+      off += t.nbytes;
+      b.tensors.push_back(std::move(t));
+    }
+    if (off > buf_bytes_) {
+      if (buf_ != nullptr) cudaFree(buf_);
+      buf_ = nullptr;
+      buf_bytes_ = 0;
+      if (cudaMalloc(&buf_, off) != cudaSuccess) {
+        return Reply(r, absl::ResourceExhaustedError("cannot allocate the bucket buffer"), "");
+      }
+      buf_bytes_ = off;
+    }
+    if (absl::Status s = member_->Receive(buf_, off, stream_); !s.ok()) return Reply(r, s, "");
+    b.bytes.resize(off);
+    if (cudaStreamSynchronize(stream_) != cudaSuccess ||
+        cudaMemcpy(b.bytes.data(), buf_, off, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      return Reply(r, absl::InternalError("the bucket's receive failed on the device"), "");
+    }
+    b.checksum = engine::Checksum(b.bytes.data(), b.bytes.size());
+    ReceiverVersionStats& st = stats_[b.version];
+    b.index = static_cast<uint32_t>(st.buckets);
+    ++st.buckets;
+    st.bytes += off;
+    st.checksums.push_back(b.checksum);
+    if (callbacks_.on_bucket) callbacks_.on_bucket(b);
+    Reply(r, absl::OkStatus(),
+          absl::StrCat("bucket ", b.index, ": ", b.tensors.size(), " tensors"));
+  }
+
+  const ReceiverEndpointOptions options_;
+  const Callbacks callbacks_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  mutable std::mutex mu_;
+  std::unique_ptr<GroupMember> member_;        // guarded by mu_
+  std::atomic<GroupMember*> active_{nullptr};  // member_, for Abort without mu_
+  void* buf_ = nullptr;                        // guarded by mu_
+  uint64_t buf_bytes_ = 0;                     // guarded by mu_
+  cudaStream_t stream_ = nullptr;
+  std::map<std::string, ReceiverVersionStats> stats_;  // guarded by mu_
+};
+
+absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> ReceiverEndpoint::Start(
+    const ReceiverEndpointOptions& options, Callbacks callbacks) {
+  auto impl = std::make_unique<Impl>(options, std::move(callbacks));
+  if (absl::Status s = impl->Start(); !s.ok()) return s;
+  return std::unique_ptr<ReceiverEndpoint>(new ReceiverEndpoint(std::move(impl)));
+}
+
+ReceiverEndpoint::ReceiverEndpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ReceiverEndpoint::~ReceiverEndpoint() = default;
+int ReceiverEndpoint::port() const { return impl_->port(); }
+std::map<std::string, ReceiverVersionStats> ReceiverEndpoint::stats() const {
+  return impl_->stats();
+}
+
+}  // namespace wpub::nccl

@@ -1,0 +1,68 @@
+// A receiving engine that speaks SGLang's weight-update HTTP routes (what the publisher's
+// SGLang driver calls) over a GroupMember: the NCCL data path of a C++ receiver such as
+// wpub-recv, so a publisher can push to it exactly as to an SGLang engine. Each flattened
+// bucket is received into device memory with one broadcast, copied back and handed to the
+// callback with its tensors decoded from the request (names, dtypes, shapes, back to back).
+//
+// Threading: the HTTP server runs on its own threads; weight-update requests are handled one at
+// a time (as SGLang does) and the callbacks run on that handler thread. Public methods are
+// thread-safe. Destruction stops the server and aborts the group.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/engine/types.h"
+
+namespace wpub::nccl {
+
+struct ReceiverEndpointOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: an ephemeral port (port() says which)
+  int device = 0;
+  absl::Duration join_timeout = absl::Seconds(120);
+};
+
+struct ReceivedBucket {
+  std::string version;  // the request's weight_version
+  uint32_t index = 0;   // position within the version
+  std::vector<engine::ManifestTensor> tensors;
+  std::vector<uint8_t> bytes;
+  uint64_t checksum = 0;  // core/engine/checksum.h over `bytes`
+};
+
+struct ReceiverVersionStats {
+  uint64_t buckets = 0;
+  uint64_t bytes = 0;
+  std::vector<uint64_t> checksums;
+};
+
+class ReceiverEndpoint {
+ public:
+  struct Callbacks {
+    std::function<void(const ReceivedBucket&)> on_bucket;  // may be empty
+    std::function<void(const std::string&)> on_version;    // /update_weight_version
+  };
+  // Binds and serves. UNAVAILABLE when the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> Start(
+      const ReceiverEndpointOptions& options, Callbacks callbacks);
+  ~ReceiverEndpoint();
+  ReceiverEndpoint(const ReceiverEndpoint&) = delete;
+  ReceiverEndpoint& operator=(const ReceiverEndpoint&) = delete;
+
+  int port() const;
+  std::map<std::string, ReceiverVersionStats> stats() const;
+
+ private:
+  class Impl;
+  explicit ReceiverEndpoint(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wpub::nccl
