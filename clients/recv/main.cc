@@ -30,6 +30,74 @@ ABSL_FLAG(int64_t, leave_after_buckets, -1,
 ABSL_FLAG(int64_t, corrupt_bucket, -1,
           "Testing: corrupt bucket N of every publication after pulling it (-1: never).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
+ABSL_FLAG(std::string, engine_listen, "",
+          "NCCL data path: serve SGLang's weight-update routes on host:port and receive over the "
+          "publisher's NCCL group (wpubd --engines=http://host:port) instead of pulling.");
+ABSL_FLAG(int32_t, gpu_device, 0, "NCCL data path: the CUDA device to receive on.");
+
+#ifdef WPUB_WITH_GPU_PATH
+#include <map>
+#include <mutex>
+
+#include "absl/strings/numbers.h"
+#include "clients/recv/safetensors.h"
+#include "core/nccl/receiver_endpoint.h"
+
+namespace {
+
+// The NCCL data path: an SGLang-compatible endpoint; every version announced with
+// /update_weight_version is kept in memory and written to --output when given.
+int RunEngineEndpoint(const sigset_t& signals) {
+  const std::string listen = absl::GetFlag(FLAGS_engine_listen);
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port)) {
+    std::fprintf(stderr, "wpub-recv: --engine_listen '%s' is not host:port\n", listen.c_str());
+    return 2;
+  }
+  std::mutex mu;
+  std::map<std::string, std::pair<wpub::TensorDesc, std::vector<uint8_t>>> tensors;
+  const std::string output = absl::GetFlag(FLAGS_output);
+  wpub::nccl::ReceiverEndpoint::Callbacks cb;
+  cb.on_bucket = [&](const wpub::nccl::ReceivedBucket& b) {
+    std::lock_guard lock(mu);
+    for (const auto& t : b.tensors) {
+      tensors[t.name] = {
+          wpub::TensorDesc{t.name, t.dtype, t.shape},
+          std::vector<uint8_t>(b.bytes.begin() + t.offset, b.bytes.begin() + t.offset + t.nbytes)};
+    }
+    spdlog::info("version {} bucket {}: {} tensors, checksum {:016x}", b.version, b.index,
+                 b.tensors.size(), b.checksum);
+  };
+  cb.on_version = [&](const std::string& v) {
+    std::lock_guard lock(mu);
+    spdlog::info("version {} applied ({} tensors)", v, tensors.size());
+    if (output.empty()) return;
+    std::vector<wpub::recv::SafetensorsEntry> entries;
+    for (const auto& [name, t] : tensors) entries.push_back({t.first, t.second});
+    if (absl::Status s = wpub::recv::WriteSafetensors(output, entries, {{"version", v}}); !s.ok()) {
+      spdlog::error("{}", s.ToString());
+    }
+  };
+  wpub::nccl::ReceiverEndpointOptions o;
+  o.host = listen.substr(0, colon);
+  o.port = port;
+  o.device = absl::GetFlag(FLAGS_gpu_device);
+  auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(cb));
+  if (!endpoint.ok()) {
+    std::fprintf(stderr, "wpub-recv: %s\n", endpoint.status().ToString().c_str());
+    return 2;
+  }
+  spdlog::info("serving the weight-update routes on {}:{} (GPU {})", o.host, (*endpoint)->port(),
+               o.device);
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("received {}: stopping", strsignal(sig));
+  return 0;
+}
+
+}  // namespace
+#endif
 
 int main(int argc, char** argv) {
   sigset_t signals;
@@ -45,6 +113,14 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [wpub-recv] %v");
+  if (!absl::GetFlag(FLAGS_engine_listen).empty()) {
+#ifdef WPUB_WITH_GPU_PATH
+    return RunEngineEndpoint(signals);
+#else
+    std::fprintf(stderr, "wpub-recv: --engine_listen needs a build with CUDA and NCCL\n");
+    return 2;
+#endif
+  }
 
   wpub::recv::ReceiverOptions options;
   options.target = absl::GetFlag(FLAGS_target);
