@@ -36,11 +36,11 @@ export LD_LIBRARY_PATH=$ROOT/.devbin/gpu_path/lib${NCCL_LIB:+:$NCCL_LIB}${CUPTI_
 export WPUB_SOURCE_DIR=$ROOT WPUB_PYTHON=$PYWRAP WPUB_TEST_LOG_DIR=$LOGS
 BIN=$ROOT/.devbin/gpu_path
 START=$(date +%s)
-# Every step's timeout fits a 570 s total: min(its cap, what is left minus what the later steps
-# are guaranteed).
+# Every step's timeout fits a total of WPUB_RUN_BUDGET_S seconds (default 570): min(its cap,
+# what is left minus what the later steps are guaranteed).
 tmo() {
   local cap=$1 reserve=$2 left
-  left=$((570 - ($(date +%s) - START) - reserve))
+  left=$((${WPUB_RUN_BUDGET_S:-570} - ($(date +%s) - START) - reserve))
   ((left < 10)) && left=10
   ((cap < left)) && echo "$cap" || echo "$left"
 }
