@@ -1,6 +1,6 @@
 // NVFP4 scalar arithmetic shared bit for bit by the CPU reference and the CUDA kernels.
 //
-// Everything here follows ../shared/specs/nvfp4.md ("the spec"). Each arithmetic step is ONE
+// Everything here follows docs/specs/nvfp4.md ("the spec"). Each arithmetic step is ONE
 // IEEE-754 binary32 operation with round-to-nearest-even and subnormals kept: on the device
 // through __fmul_rn/__fadd_rn/__fsub_rn/__fdiv_rn (never contracted into an FMA), on the host
 // through plain operators in a translation unit built with -ffp-contract=off and without fast

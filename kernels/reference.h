@@ -1,6 +1,6 @@
 // The CPU reference of the NVFP4 kernels: the oracle the CUDA kernels are compared with byte for
 // byte, and the daemon's quantization path when no GPU is present. Implements
-// ../shared/specs/nvfp4.md with the scalar arithmetic of nvfp4_math.h.
+// docs/specs/nvfp4.md with the scalar arithmetic of nvfp4_math.h.
 //
 // Contract of every function here:
 //  - Synchronous and blocking: results are complete on return. All pointers are host pointers,

@@ -1,5 +1,5 @@
 // The SGLang engine driver: the HTTP side of publishing to unmodified SGLang engines over their
-// own weight-update API (../../shared engines spec). It lays out the weight-update group
+// own weight-update API (docs/specs/engines.md). It lays out the weight-update group
 // (publisher rank 0, engine i's TP ranks from rank_offset_i), asks every engine to join it
 // (`/init_weights_update_group`), and per publication issues the configurable lifecycle calls
 // (pause, flush, begin, one update per bucket with load_format "flattened_bucket", version,

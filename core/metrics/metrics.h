@@ -1,4 +1,4 @@
-// wpub's Prometheus metrics (the names are a contract, see ../shared/DESIGN.md): registered once
+// wpub's Prometheus metrics (the names are a contract, see docs/DESIGN.md): registered once
 // on a caller-owned prometheus::Registry, labelled children created up front and cached, and
 // updated from publication reports and engine state. The HTTP exposer is the server's job.
 // Thread-safe: every method may be called from any thread.

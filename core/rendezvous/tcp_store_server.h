@@ -1,4 +1,4 @@
-// A PyTorch-TCPStore-protocol server (see tcp_store_protocol.h and ../../shared engines spec):
+// A PyTorch-TCPStore-protocol server (see tcp_store_protocol.h and docs/specs/engines.md):
 // rank 0 of a weight-update group hosts it so that SGLang engines (torch.distributed
 // `rendezvous("tcp://addr:port")` + PrefixStore + ProcessGroupNCCL) and wpub-recv can join
 // without PyTorch on the publisher side. The publisher puts the ncclUniqueId under the key

@@ -1,4 +1,4 @@
-// Host launchers of the NVFP4 CUDA kernels (../../shared/specs/nvfp4.md): multi-tensor amax with
+// Host launchers of the NVFP4 CUDA kernels (docs/specs/nvfp4.md): multi-tensor amax with
 // a non-finite count, global scales, quantize (standard and the eight 4over6 modes), dequantize
 // and fused quantize-dequantize (QDQ). Kernels live in the .cu files of this folder; every
 // per-element step calls the scalar functions of kernels/nvfp4_math.h, so the results are the

@@ -1,4 +1,4 @@
-"""Independent numpy rendition of ../shared/specs/nvfp4.md, one block at a time.
+"""Independent numpy rendition of docs/specs/nvfp4.md, one block at a time.
 
 Written separately from kernels/nvfp4_math.h (value tables by enumeration, nearest-even by
 search, numpy float32 scalar arithmetic) to derive and cross-check golden values: the expected

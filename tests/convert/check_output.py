@@ -4,7 +4,7 @@
 Loads every shard with the `safetensors` library when it is importable (with torch, as SGLang and
 vLLM do), else with a standard-library header parser and numpy memory maps; checks the index,
 `format: pt` metadata, config.json / hf_quant_config.json, the modelopt NVFP4 tensor layout, and
-for sampled quantized weights recomputes standard NVFP4 (../shared/specs/nvfp4.md) with an
+for sampled quantized weights recomputes standard NVFP4 (docs/specs/nvfp4.md) with an
 independent vectorized numpy quantizer from the INPUT checkpoint and compares bytes: packed
 codes, E4M3 block scales, weight_scale_2, input_scale. It also decodes the weights
 (code x scale x scale_2, the engines' formula) and reports the error against the input.
