@@ -1,4 +1,4 @@
-// The seeds' global-scale contract (spec "Global-scale contract test"): E in {256, 448} x shapes
+// The global-scale contract (spec "Global-scale contract test"): E in {256, 448} x shapes
 // (), (1,), (8,), (2,4) x amax {0, 1, 3.5, tiny, max, +inf, -inf, NaN}: exact bits (NaN == NaN)
 // and the input's shape preserved.
 #include <gtest/gtest.h>
