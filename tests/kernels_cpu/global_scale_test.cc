@@ -89,7 +89,7 @@ TEST_P(GlobalScaleContractTest, ExactBitsAndShapePreserved) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Seeds, GlobalScaleContractTest,
+    Contract, GlobalScaleContractTest,
     ::testing::Combine(::testing::Values(256, 448),
                        ::testing::Values(std::vector<int64_t>{}, std::vector<int64_t>{1},
                                          std::vector<int64_t>{8}, std::vector<int64_t>{2, 4})));
