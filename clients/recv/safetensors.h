@@ -1,7 +1,5 @@
-// Minimal safetensors I/O: a little-endian uint64 header length, a JSON header
-// {"__metadata__": {...}, name: {"dtype", "shape", "data_offsets": [begin, end]}, ...} padded
-// with spaces to a multiple of 8 bytes, then the tensors' bytes back to back without holes.
-// Used by wpub-recv to save a committed version and by tests to read it back.
+// Whole-file safetensors helpers of wpub-recv over core/safetensors (the format lives there):
+// used by wpub-recv to save a committed version and by tests to read it back.
 #pragma once
 
 #include <cstdint>
