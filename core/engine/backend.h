@@ -88,6 +88,14 @@ struct ExecutionHooks {
   // Polled between units of work; when it returns true Execute stops with CANCELLED.
   std::function<bool()> cancelled;
   SyncCounter* syncs = nullptr;  // never null
+  // For backends that hand buckets to a transport themselves (the GPU backend's device sink,
+  // which is one of the engine's transports): called once per such bucket, in index order,
+  // after the transport took it, so the engine counts its bytes. May be null.
+  std::function<absl::Status(const BucketManifest&)> sent_direct;
+  // True when a transport that takes only host buckets has participants (pull receivers take
+  // part): a backend that sends buckets itself must then ALSO emit each one in host memory with
+  // Bucket::sent_direct set (the engine hands it only to the transports that did not get it).
+  bool host_buckets_needed = false;
 };
 
 struct ExecutionResult {

@@ -307,12 +307,18 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
 
   ExecutionHooks hooks;
   hooks.syncs = &syncs_;
+  hooks.host_buckets_needed = engine_->transports->host_only_participants();
   hooks.emit = [&](std::shared_ptr<const Bucket> bucket) {
     const auto t = Clock::now();
-    bytes_out_ += bucket->manifest.nbytes;
+    // A bucket the backend also sent directly was counted by sent_direct.
+    if (!bucket->sent_direct) bytes_out_ += bucket->manifest.nbytes;
     absl::Status s = transport->Send(std::move(bucket));
     phases_.transfer += Since(t);
     return s;
+  };
+  hooks.sent_direct = [&](const BucketManifest& manifest) {
+    bytes_out_ += manifest.nbytes;
+    return absl::OkStatus();
   };
   hooks.cancelled = [&] {
     {

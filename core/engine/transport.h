@@ -38,6 +38,9 @@ struct Bucket {
   uint64_t version = 0;
   BucketManifest manifest;
   std::vector<uint8_t> bytes;  // manifest.nbytes bytes
+  // The backend already sent these bytes to the device-bucket transports (DeviceBucketSink):
+  // only transports without device_buckets still need them.
+  bool sent_direct = false;
   absl::Span<const uint8_t> span() const { return absl::MakeConstSpan(bytes); }
 };
 

@@ -29,28 +29,40 @@ TransportCapabilities TransportGroup::capabilities() const {
 absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
     const PublicationManifest& manifest) {
   std::vector<std::string> all;
+  participants_.assign(members_.size(), 0);
   for (size_t i = 0; i < members_.size(); ++i) {
     absl::StatusOr<std::vector<std::string>> names = members_[i]->Begin(manifest);
     if (!names.ok()) {
       for (size_t j = 0; j < i; ++j) members_[j]->Abort(names.status().message());
       return names.status();
     }
+    participants_[i] = names->size();
     all.insert(all.end(), names->begin(), names->end());
   }
   return all;
 }
 
+bool TransportGroup::host_only_participants() const {
+  for (size_t i = 0; i < members_.size() && i < participants_.size(); ++i) {
+    const TransportCapabilities c = members_[i]->capabilities();
+    if (c.host_buckets && !c.device_buckets && participants_[i] > 0) return true;
+  }
+  return false;
+}
+
 absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
   for (Transport* t : members_) {
-    if (!t->capabilities().host_buckets) continue;
+    const TransportCapabilities c = t->capabilities();
+    if (!c.host_buckets || (bucket->sent_direct && c.device_buckets)) continue;
     if (absl::Status s = t->Send(bucket); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
 absl::Status TransportGroup::WaitAcknowledged(absl::Time deadline) {
-  for (Transport* t : members_) {
-    if (absl::Status s = t->WaitAcknowledged(deadline); !s.ok()) return s;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (i < participants_.size() && participants_[i] == 0) continue;
+    if (absl::Status s = members_[i]->WaitAcknowledged(deadline); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -17,16 +17,24 @@ class TransportGroup final : public Transport {
 
   TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
-  // Host buckets go to the members that accept them.
+  // Host buckets go to the members that accept them; a bucket with sent_direct set only to
+  // those without device_buckets (the others got it from the backend's device sink).
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
+  // Members without participants in this publication are not waited on: a backend that sends
+  // buckets directly emits none when no host-bucket member has participants.
   absl::Status WaitAcknowledged(absl::Time deadline) override;
   absl::Status Commit() override;
   void Abort(absl::string_view reason) override;
   std::vector<ReceiverOutcome> Outcomes() const override;
   std::vector<ReceiverInfo> Receivers() const override;
 
+  // Whether a member that takes only host buckets has participants in the publication begun
+  // last (ExecutionHooks::host_buckets_needed). Publication thread only.
+  bool host_only_participants() const;
+
  private:
   const std::vector<Transport*> members_;
+  std::vector<size_t> participants_;  // per member, fixed at Begin (publication thread)
 };
 
 }  // namespace wpub::engine

@@ -263,7 +263,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   for (GrowBuffer& st : staging) {
     WPUB_RETURN_IF_ERROR(st.Ensure(max_bucket + kAlign, syncs, "bucket staging"));
   }
-  if (options.sink == nullptr) {
+  if (options.sink == nullptr || hooks.host_buckets_needed) {
     WPUB_RETURN_IF_ERROR(bounce.Ensure(max_bucket + 8, syncs, "host bucket bounce buffer"));
   }
   auto* nf_slots = reinterpret_cast<int64_t*>(status.bytes());
@@ -507,7 +507,9 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     if (options.sink != nullptr) {
       WPUB_RETURN_IF_ERROR(
           options.sink->SendDevice(manifest, buf, layout.nbytes, ready[k], done[k]));
-      continue;
+      if (hooks.sent_direct) WPUB_RETURN_IF_ERROR(hooks.sent_direct(manifest));
+      // Host-only transports (pull receivers) take part: they need the bytes on the host too.
+      if (!hooks.host_buckets_needed) continue;
     }
     // Host buckets: one device-to-host copy (bucket bytes + its checksum sum) per bucket.
     WPUB_CUDA_RETURN_IF_ERROR(
@@ -523,6 +525,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     uint64_t sum = 0;
     std::memcpy(&sum, bounce.bytes() + AlignUp(layout.nbytes, 8), 8);
     bucket->manifest.checksum = engine::ChecksumFinish(sum, layout.nbytes);
+    bucket->sent_direct = options.sink != nullptr;
     WPUB_RETURN_IF_ERROR(hooks.emit(std::move(bucket)));
   }
   if (num_buckets == 0) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_packed, s));

@@ -12,8 +12,11 @@
 //    checksums), 1 when the plan allows non-finite weights (amax is then pipelined per bucket);
 //  - plus, only when a buffer must grow (first publication, larger buckets or host inputs):
 //    one per allocation or free;
-//  - without a sink (host buckets for the pull transport): one more per bucket (the bucket's
-//    device-to-host copy) -- a function of bytes, never of tensors or experts.
+//  - without a sink (host buckets for the pull transport), or with one while pull receivers
+//    take part (ExecutionHooks::host_buckets_needed: each bucket then goes to the sink AND,
+//    copied to the host with Bucket::sent_direct set, through emit): one more per bucket (the
+//    bucket's device-to-host copy) -- a function of bytes, never of tensors or experts.
+// Buckets handed to the sink are reported through ExecutionHooks::sent_direct (bytes_out).
 //
 // Thread-compatible (the engine runs one publication at a time). Execute blocks until the
 // publication's device work is complete or failed.

@@ -1,6 +1,6 @@
 // Engines built with custom components (the GPU path's plug points): an extra transport driven
-// next to the pull transport, with injected faults, and a backend decorator that reports host
-// synchronizations.
+// next to the pull transport, with injected faults, a backend decorator that reports host
+// synchronizations, and a backend that sends buckets to its own sink (as the GPU backend does).
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
@@ -26,12 +26,21 @@ class FakeTransport final : public Transport {
     std::vector<std::string> calls;
     uint64_t bytes = 0;
   };
-  FakeTransport(Log* log, bool fail_wait) : log_(log), fail_wait_(fail_wait) {}
+  // `device`: also takes device buckets (like the NCCL group), which a DirectBackend hands it
+  // through SendDirect.
+  FakeTransport(Log* log, bool fail_wait, bool device = false)
+      : log_(log), fail_wait_(fail_wait), device_(device) {}
 
   TransportCapabilities capabilities() const override {
     TransportCapabilities c;
     c.name = "fake";
+    c.device_buckets = device_;
     return c;
+  }
+  void SendDirect(const BucketManifest& m) {
+    std::lock_guard lock(log_->mu);
+    log_->bytes += m.nbytes;
+    log_->calls.push_back("direct " + std::to_string(m.index));
   }
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& m) override {
     Record("begin " + std::to_string(m.version));
@@ -75,6 +84,7 @@ class FakeTransport final : public Transport {
   }
   Log* log_;
   bool fail_wait_;
+  bool device_;
   std::atomic<bool> failed_{false};
 };
 
@@ -148,6 +158,88 @@ TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
   EXPECT_EQ((*engine)->GetStatus().committed_version, 0u);
   ASSERT_GE(log.calls.size(), 3u);
   EXPECT_EQ(log.calls.back().rfind("abort", 0), 0u);
+}
+
+// Sends every bucket to its own sink (one of the engine's transports) as the GPU backend does
+// with the NCCL group, and goes through the engine's hooks only as ExecutionHooks says.
+class DirectBackend final : public Backend {
+ public:
+  explicit DirectBackend(FakeTransport* sink) : sink_(sink) {}
+  std::string_view name() const override { return "direct-cpu"; }
+  absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
+                                          const ExecutionHooks& hooks) override {
+    ExecutionHooks inner = hooks;
+    inner.emit = [&](std::shared_ptr<const Bucket> bucket) -> absl::Status {
+      sink_->SendDirect(bucket->manifest);
+      if (hooks.sent_direct) {
+        if (absl::Status s = hooks.sent_direct(bucket->manifest); !s.ok()) return s;
+      }
+      if (!hooks.host_buckets_needed) return absl::OkStatus();
+      auto copy = std::make_shared<Bucket>(*bucket);
+      copy->sent_direct = true;
+      return hooks.emit(std::move(copy));
+    };
+    return inner_->Execute(plan, inner);
+  }
+
+ private:
+  FakeTransport* sink_;
+  std::unique_ptr<CpuBackend> inner_ = *CpuBackend::Create({});
+};
+
+// A backend that sends buckets to its sink itself commits promptly with no pull receiver (the
+// pull transport is not waited on for buckets it never gets) and with one (it then gets host
+// copies, the sink each bucket once); bytes_out counts each bucket once.
+TEST(EngineComponentsTest, BackendSendingToItsOwnSinkCommitsWithAndWithoutPullReceivers) {
+  FakeTransport::Log log;
+  auto fake = std::make_unique<FakeTransport>(&log, false, /*device=*/true);
+  EngineComponents components;
+  components.backend = std::make_unique<DirectBackend>(fake.get());
+  components.transports.push_back(std::move(fake));
+  EngineOptions options;
+  options.bucket_bytes = 4096;
+  options.min_bucket_bytes = 1024;
+  options.ack_deadline = absl::Seconds(20);
+  auto engine = Engine::Create(options, nullptr, std::move(components));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::unique_ptr<testing::InprocReceiver> receiver;
+  for (uint64_t version = 1; version <= 2; ++version) {
+    if (version == 2) {
+      auto r = testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});
+      ASSERT_TRUE(r.ok());
+      receiver = *std::move(r);
+    }
+    {
+      std::lock_guard lock(log.mu);
+      log.bytes = 0;
+      log.calls.clear();
+    }
+    const auto batches = testing::ModelBatches(testing::SmallShape(), version);
+    auto session = (*engine)->Open(testing::Header(version));
+    ASSERT_TRUE(session.ok());
+    ASSERT_TRUE(testing::Send(**session, batches).ok());
+    const absl::Time t0 = absl::Now();
+    auto report = (*session)->Commit();
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(report->status, PublicationStatus::kCommitted)
+        << "version " << version << ": " << report->error;
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(10)) << "waited for an acknowledgement";
+    ASSERT_GT(report->buckets, 1u);
+    EXPECT_EQ(log.bytes, report->bytes_out) << "each bucket reaches the sink exactly once";
+    EXPECT_GT(report->bytes_out, 0u);
+    std::vector<std::string> want = {"begin " + std::to_string(version)};
+    for (uint32_t b = 0; b < report->buckets; ++b) want.push_back("direct " + std::to_string(b));
+    want.push_back("wait");
+    want.push_back("commit");
+    EXPECT_EQ(log.calls, want);
+    if (receiver) {
+      ASSERT_TRUE(receiver->WaitForOutcome(version, absl::Seconds(10)));
+      EXPECT_EQ(receiver->committed_version(), version);
+      EXPECT_TRUE(receiver->committed_tensors() ==
+                  testing::ExpectedOutputs(batches, *testing::PlainPolicy(),
+                                           kernels::QuantMode::Standard()));
+    }
+  }
 }
 
 // Resolves "CUDA IPC" handles to host buffers (handle byte 0 = buffer index): exercises the
