@@ -130,6 +130,7 @@ class MultiGpuTest : public ::testing::Test {
     EXPECT_EQ(s["checked"].get<size_t>(), built.plan.outputs.size());
     EXPECT_EQ(s["bytes"].get<uint64_t>(), built.bytes_out);
     EXPECT_TRUE(s["mismatches"].empty()) << s["mismatches"].dump(1);
+    EXPECT_GT(report->bytes_out, 0u) << "buckets sent to the NCCL group count as bytes out";
   }
 
   std::string dir_;
@@ -392,6 +393,7 @@ TEST_F(MultiGpuTest, EngineWithGpuComponentsPublishesEveryTensorToTheEngine) {
     EXPECT_EQ(s["buckets"].get<uint32_t>(), report->buckets);
     EXPECT_EQ(s["checked"].get<size_t>(), expected.size());
     EXPECT_TRUE(s["mismatches"].empty()) << s["mismatches"].dump(1);
+    EXPECT_GT(report->bytes_out, 0u) << "buckets sent to the NCCL group count as bytes out";
     std::printf("engine version %lu: %u buckets, %zu tensors, %lu host syncs, %.3f s\n",
                 static_cast<unsigned long>(version), report->buckets, expected.size(),
                 static_cast<unsigned long>(report->host_syncs), report->wall_seconds);
@@ -498,6 +500,7 @@ TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
     ASSERT_FALSE(s.is_null());
     EXPECT_EQ(s["checked"].get<size_t>(), expected.size());
     EXPECT_TRUE(s["mismatches"].empty()) << s["mismatches"].dump(1);
+    EXPECT_GT(report->bytes_out, 0u) << "buckets sent to the NCCL group count as bytes out";
     std::printf("engine IPC version %lu: %u buckets, %lu host syncs, %.3f s\n",
                 static_cast<unsigned long>(version), report->buckets,
                 static_cast<unsigned long>(report->host_syncs), report->wall_seconds);
