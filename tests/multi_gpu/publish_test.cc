@@ -130,7 +130,6 @@ class MultiGpuTest : public ::testing::Test {
     EXPECT_EQ(s["checked"].get<size_t>(), built.plan.outputs.size());
     EXPECT_EQ(s["bytes"].get<uint64_t>(), built.bytes_out);
     EXPECT_TRUE(s["mismatches"].empty()) << s["mismatches"].dump(1);
-    EXPECT_GT(report->bytes_out, 0u) << "buckets sent to the NCCL group count as bytes out";
   }
 
   std::string dir_;
