@@ -6,6 +6,8 @@
 //   (b) wpub BF16 passthrough of the same model;
 //   (d) a plain NCCL broadcast of (a)'s byte count (and of (b)'s), in bucket-sized messages,
 //       through a group formed the same way: the transfer limit.
+//   (e) the GPU backend alone (NVFP4 and BF16) into a sink that discards each bucket once it
+//       is packed: the backend's own speed, without the receiver's per-bucket pace.
 // (c), the PyTorch per-expert baseline, is torch_baseline.py (run_h200x2.sh runs both).
 // Each case: warm-up, then --iters timed publications; median wall clock, device phases, GB/s
 // (bytes published / wall, GB = 1e9), host syncs, and the ratios. JSON with --json.
@@ -97,9 +99,43 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// (a) or (b): warm-up + iters publications; the report row.
+// Case (e): a Transport with no participants that is also a DeviceBucketSink discarding each
+// bucket after its `ready` event (`done` is recorded right after it on the sink's stream).
+class DiscardSink final : public engine::Transport, public gpu::DeviceBucketSink {
+ public:
+  DiscardSink() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
+  ~DiscardSink() override { cudaStreamDestroy(stream_); }
+  engine::TransportCapabilities capabilities() const override {
+    engine::TransportCapabilities c;
+    c.name = "discard";
+    c.device_buckets = true;
+    return c;
+  }
+  absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest&) override {
+    return std::vector<std::string>{};
+  }
+  absl::Status Send(std::shared_ptr<const engine::Bucket>) override { return absl::OkStatus(); }
+  absl::Status SendDevice(const engine::BucketManifest&, const void*, uint64_t, cudaEvent_t ready,
+                          cudaEvent_t done) override {
+    if (cudaStreamWaitEvent(stream_, ready, 0) != cudaSuccess ||
+        cudaEventRecord(done, stream_) != cudaSuccess) {
+      return absl::InternalError("discarding sink: event calls failed");
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
+  absl::Status Commit() override { return absl::OkStatus(); }
+  void Abort(absl::string_view) override {}
+  std::vector<engine::ReceiverOutcome> Outcomes() const override { return {}; }
+  std::vector<engine::ReceiverInfo> Receivers() const override { return {}; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// (a), (b) or (e): warm-up + iters publications; the report row.
 json RunWpub(const char* label, bool nvfp4, const Args& args, const testing::ModelLayout& layout,
-             const uint8_t* base, gpu::GpuBackend& backend, nccl::NcclTransport& transport,
+             const uint8_t* base, gpu::GpuBackend& backend, engine::Transport& transport,
              uint64_t* version, uint64_t* bytes_out) {
   std::vector<engine::InputTensor> inputs;
   std::vector<double> wall, amax, compute, total;
@@ -272,6 +308,18 @@ int Main(int argc, char** argv) {
   pipelined->reset();
   rows.push_back(RunWpub("(b) wpub bf16", false, args, layout, base, **backend, **transport,
                          &version, &bytes_b));
+  // (e): the same backend work into a discarding sink.
+  DiscardSink discard;
+  gpu::GpuBackendOptions bo3 = bo;
+  bo3.sink = &discard;
+  auto alone = gpu::GpuBackend::Create(bo3);
+  BENCH_OK(alone.status());
+  uint64_t bytes_e = 0;
+  json e_nvfp4 = RunWpub("(e) backend only nvfp4", true, args, layout, base, **alone, discard,
+                         &version, &bytes_e);
+  json e_bf16 = RunWpub("(e) backend only bf16", false, args, layout, base, **alone, discard,
+                        &version, &bytes_e);
+  alone->reset();
   // The plain broadcasts need their own store entry; the transport's server is reused.
   auto raw_store = rendezvous::TcpStoreServer::Create({"127.0.0.1"});
   BENCH_OK(raw_store.status());
@@ -304,6 +352,7 @@ int Main(int argc, char** argv) {
               {"iters", args.iters},
               {"rows", rows},
               {"pipelined", a2},
+              {"backend_only", {e_nvfp4, e_bf16}},
               {"summary", summary}};
   if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
   transport->reset();
