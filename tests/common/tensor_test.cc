@@ -7,9 +7,9 @@ namespace wpub {
 namespace {
 
 TEST(DType, TorchNamesRoundTrip) {
-  for (DType d : {DType::kBFloat16, DType::kFloat16, DType::kFloat32, DType::kUInt8,
-                  DType::kFloat8E4M3, DType::kInt8, DType::kInt32, DType::kInt64,
-                  DType::kFloat64, DType::kBool}) {
+  for (DType d :
+       {DType::kBFloat16, DType::kFloat16, DType::kFloat32, DType::kUInt8, DType::kFloat8E4M3,
+        DType::kInt8, DType::kInt32, DType::kInt64, DType::kFloat64, DType::kBool}) {
     auto parsed = ParseDType(DTypeName(d));
     ASSERT_TRUE(parsed.ok()) << DTypeName(d);
     EXPECT_EQ(*parsed, d);
