@@ -1,25 +1,17 @@
 """Shared helpers of the deployment tests: built binaries (paths from CTest's environment),
 free loopback ports, and a wpubd child process that reports its bound ports."""
 
-import json
 import os
-import signal
 import socket
-import subprocess
 import sys
-import time
-import unittest
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DEPLOY = os.path.join(REPO, "deploy")
 sys.path.insert(0, os.path.join(REPO, "clients", "python"))
+sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 
-
-def binary(var: str) -> str:
-    path = os.environ.get(var, "")
-    if not path or not os.path.exists(path):
-        raise unittest.SkipTest(f"{var} is not set to a built binary (run through ctest)")
-    return path
+import harness  # noqa: E402  (the one wpubd child-process helper)
+from harness import binary  # noqa: E402,F401  (re-exported for the deployment tests)
 
 
 def free_port() -> int:
@@ -28,47 +20,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Daemon:
-    """wpubd as a child process; waits for its --ready_file. `stop()` sends SIGTERM and returns
-    the exit code."""
+class Daemon(harness.Daemon):
+    """wpubd for the deployment tests: info-level log (tests read its warnings), 30 s to start."""
 
     def __init__(self, workdir: str, *flags: str, listen: str = "127.0.0.1:0",
                  metrics: str = "", timeout: float = 30.0):
-        self.workdir = workdir
-        ready = os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.ready.json")
-        args = [binary("WPUBD"), f"--listen={listen}", f"--metrics_listen={metrics}",
-                f"--ready_file={ready}", "--log_level=info", *flags]
-        self.log_path = os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.log")
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(ready):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"wpubd exited with {self.proc.returncode}: {self.log()}")
-            if time.monotonic() > deadline:
-                self.proc.kill()
-                raise RuntimeError(f"wpubd did not become ready: {self.log()}")
-            time.sleep(0.02)
-        with open(ready) as f:
-            info = json.load(f)
-        self.port = info["grpc_port"]
-        self.metrics_port = info["metrics_port"]
-        self.target = listen if listen.startswith("unix:") else f"127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-6000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        super().__init__(workdir, *flags, listen=listen, metrics=metrics, timeout=timeout,
+                         log_level="info", commit_deadline="")
 
 
 def tiny_batches(seed: int = 0):

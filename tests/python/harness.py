@@ -28,36 +28,45 @@ def binary(var: str) -> str:
 
 
 class Daemon:
-    """A wpubd child process on free loopback ports; `stop()` sends SIGTERM and checks exit 0."""
+    """A wpubd child process; waits for its --ready_file and records the bound ports (`port`,
+    `metrics_port`, `target`). `stop()` sends SIGTERM and returns the exit code. Shared by the
+    Python client tests and the deployment tests."""
 
-    def __init__(self, workdir: str, *flags: str, token: str = ""):
+    def __init__(self, workdir: str, *flags: str, token: str = "", listen: str = "127.0.0.1:0",
+                 metrics: str = "", timeout: float = 20.0, log_level: str = "warn",
+                 commit_deadline: str = "30s"):
         self.workdir = workdir
         ready = os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.ready.json")
-        args = [binary("WPUBD"), "--listen=127.0.0.1:0", "--metrics_listen=", f"--ready_file={ready}",
-                "--commit_deadline=30s", "--log_level=warn", *flags]
+        args = [binary("WPUBD"), f"--listen={listen}", f"--metrics_listen={metrics}",
+                f"--ready_file={ready}", f"--log_level={log_level}", *flags]
+        if commit_deadline:
+            args.insert(1, f"--commit_deadline={commit_deadline}")  # before flags: they override
         if token:
             tf = os.path.join(workdir, "token")
             with open(tf, "w") as f:
                 f.write(token)
             args.append(f"--auth_token_file={tf}")
-        self.log_path = os.path.join(workdir, "wpubd.log")
+        self.log_path = os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.log")
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + timeout
         while not os.path.exists(ready):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"wpubd exited with {self.proc.returncode}: {self.log()}")
             if time.monotonic() > deadline:
+                self.proc.kill()
                 raise RuntimeError(f"wpubd did not become ready: {self.log()}")
             time.sleep(0.02)
         time.sleep(0.05)  # the ready file is written in one go, but be safe with partial reads
         with open(ready) as f:
-            self.port = json.load(f)["grpc_port"]
-        self.target = f"127.0.0.1:{self.port}"
+            info = json.load(f)
+        self.port = info["grpc_port"]
+        self.metrics_port = info.get("metrics_port", 0)
+        self.target = listen if listen.startswith("unix:") else f"127.0.0.1:{self.port}"
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-4000:]
+            return f.read().decode(errors="replace")[-6000:]
 
     def stop(self) -> int:
         if self.proc.poll() is None:
