@@ -4,6 +4,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
 #include "core/engine/cpu_backend.h"
@@ -60,7 +65,67 @@ absl::StatusOr<policy::PolicySettings> SettingsFromHeader(const PublicationHeade
   return policy::ParsePolicySettings(doc.dump());
 }
 
+// Why `url` is not http(s)://host[:port][/path], or "" when it is.
+std::string UrlProblem(const std::string& url) {
+  if (url.empty()) return "the URL is empty";
+  for (char c : url) {
+    if (c <= ' ' || c == 0x7f) return "the URL holds whitespace or a control character";
+  }
+  size_t host = 0;
+  if (absl::StartsWith(url, "http://")) {
+    host = 7;
+  } else if (absl::StartsWith(url, "https://")) {
+    host = 8;
+  } else {
+    return "the URL must start with http:// or https://";
+  }
+  const std::string rest = url.substr(host, url.find('/', host) - host);
+  if (rest.empty() || rest[0] == ':') return "the URL has no host";
+  const size_t colon = rest.rfind(':');
+  if (colon != std::string::npos && rest.back() != ']') {
+    int port = 0;
+    if (!absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+      return "the URL's port is not in [1, 65535]";
+    }
+  }
+  return "";
+}
+
 }  // namespace
+
+absl::Status ValidateEngineConnectRequest(const EngineConnectRequest& request) {
+  if (request.engines.empty()) return absl::InvalidArgumentError("engines: no engine given");
+  std::set<std::string> seen;
+  for (size_t i = 0; i < request.engines.size(); ++i) {
+    const EngineEndpoint& e = request.engines[i];
+    const std::string entry = absl::StrCat("engines[", i, "] '", e.url, "'");
+    if (std::string why = UrlProblem(e.url); !why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(entry, ": ", why));
+    }
+    if (e.gpus < 1 || e.gpus > 4096) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(entry, ": gpus is ", e.gpus, "; it must be in [1, 4096]"));
+    }
+    if (!seen.insert(e.url).second) {
+      return absl::InvalidArgumentError(absl::StrCat(entry, ": the URL is given twice"));
+    }
+  }
+  if (request.group_name.size() > 100) {
+    return absl::InvalidArgumentError("group_name: longer than 100 characters");
+  }
+  for (char c : request.group_name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group_name '", request.group_name,
+                       "': only letters, digits, '_', '-' and '.' are allowed"));
+    }
+  }
+  if (request.timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout ", absl::FormatDuration(request.timeout), " is negative"));
+  }
+  return absl::OkStatus();
+}
 
 // ---------------------------------------------------------------------------------------------
 // Engine::Impl
@@ -124,6 +189,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     WPUB_ASSIGN_OR_RETURN(impl->backend, CpuBackend::Create({options.cpu_threads}));
   }
   impl->cuda_ipc = std::move(components.cuda_ipc);
+  impl->connector = components.connector;
   std::vector<Transport*> members;
   for (auto& t : components.transports) {
     if (!t) return absl::InvalidArgumentError("EngineComponents::transports holds a null entry");
@@ -197,20 +263,24 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
   {
     std::unique_lock lock(impl_->mu);
     if (impl_->shutting_down) return absl::UnavailableError("the engine is shutting down");
-    if (impl_->active) {
+    if (impl_->active || impl_->connecting) {
+      // What holds the slot, for the messages below.
+      const auto holder = [&] {
+        return impl_->active ? absl::StrCat("publication version ", impl_->active->version())
+                             : std::string("ConnectEngines (forming the engine group)");
+      };
       if (!header.queue) {
         return absl::FailedPreconditionError(
-            absl::StrCat("publication version ", impl_->active->version(), " is active; version ",
-                         header.version, " must wait for it"));
+            absl::StrCat(holder(), " is active; version ", header.version, " must wait for it"));
       }
       const bool freed = impl_->cv.wait_until(lock, SteadyIn(header.queue_timeout), [&] {
-        return !impl_->active || impl_->shutting_down;
+        return (!impl_->active && !impl_->connecting) || impl_->shutting_down;
       });
       if (impl_->shutting_down) return absl::UnavailableError("the engine is shutting down");
       if (!freed) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "version ", header.version, " queued for ", absl::FormatDuration(header.queue_timeout),
-            " behind publication version ", impl_->active->version()));
+        return absl::DeadlineExceededError(absl::StrCat("version ", header.version, " queued for ",
+                                                        absl::FormatDuration(header.queue_timeout),
+                                                        " behind ", holder()));
       }
     }
     if (header.version <= impl_->committed_version) {
@@ -228,6 +298,43 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
     impl_->active = state;
   }
   return std::unique_ptr<PublicationSession>(new PublicationSession(header.version, state));
+}
+
+absl::StatusOr<EngineGroupInfo> Engine::ConnectEngines(const EngineConnectRequest& request) {
+  WPUB_RETURN_IF_ERROR(ValidateEngineConnectRequest(request));
+  if (impl_->connector == nullptr) {
+    return absl::FailedPreconditionError(
+        "this daemon has no GPU path: ConnectEngines needs wpubd built with CUDA and NCCL and "
+        "started with --gpu_path (or --engines)");
+  }
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->shutting_down) return absl::UnavailableError("the engine is shutting down");
+    if (impl_->active) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("publication version ", impl_->active->version(),
+                       " is active; ConnectEngines must wait until it ends"));
+    }
+    if (impl_->connecting) {
+      return absl::FailedPreconditionError("another ConnectEngines is in progress");
+    }
+    impl_->connecting = true;
+  }
+  // No engine lock while the connector probes and waits for the engines' joins: GetStatus
+  // keeps answering, and Open sees `connecting`.
+  absl::StatusOr<EngineGroupInfo> group = impl_->connector->Connect(request);
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->connecting = false;
+  }
+  impl_->cv.notify_all();
+  impl_->RefreshMetrics();
+  return group;
+}
+
+std::optional<EngineGroupInfo> Engine::EngineGroup() const {
+  if (impl_->connector == nullptr) return std::nullopt;
+  return impl_->connector->Group();
 }
 
 EngineStatus Engine::GetStatus() const {

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,55 @@ struct EngineOptions {
   PullTransportOptions pull;
 };
 
+// One rollout engine of a ConnectEngines request: its HTTP address and its GPUs (TP ranks).
+struct EngineEndpoint {
+  std::string url;  // "http://host:port" or "https://host:port"
+  int gpus = 1;
+};
+
+struct EngineConnectRequest {
+  std::vector<EngineEndpoint> engines;            // the new engine set, in rank order
+  std::string group_name;                         // base group name; empty keeps the connector's
+  absl::Duration timeout = absl::ZeroDuration();  // health probe + join; 0: connector default
+};
+
+// One engine of the weight-update group as laid out.
+struct ConnectedEngine {
+  std::string url;
+  int gpus = 1;
+  int rank_offset = 0;  // first rank; the publisher is rank 0
+  ReceiverState state = ReceiverState::kIdle;
+};
+
+// The weight-update group (GPU path).
+struct EngineGroupInfo {
+  std::string group_name;  // "<base>_<generation>"; empty before the first group
+  int world_size = 0;      // 1 + sum of the engines' GPUs; 0 before the first group
+  uint64_t generation = 0;
+  bool healthy = false;  // formed, and no failure seen since
+  std::vector<ConnectedEngine> engines;
+  std::string store_address;  // "host:port" engines rendezvous at
+};
+
+// INVALID_ARGUMENT naming the entry ("engines[2] 'ftp://x': ...") for: no engines, a URL that
+// is not http(s)://host[:port] (or holds whitespace), a GPU count outside [1, 4096], a URL
+// given twice, a group name with characters other than letters, digits, '_', '-', '.' (or
+// longer than 100), a negative timeout. Pure; what Engine::ConnectEngines checks first.
+absl::Status ValidateEngineConnectRequest(const EngineConnectRequest& request);
+
+// Forms the weight-update group with a given engine set (the GPU path's NCCL transport).
+// Thread-safe: Connect may be called from any thread; it must refuse (FAILED_PRECONDITION)
+// while a publication is in flight on its transport. Group never blocks on a Connect in
+// progress (it returns the last snapshot).
+class EngineConnector {
+ public:
+  virtual ~EngineConnector() = default;
+  // Replaces the engine set and forms the group; blocks until every engine joined or one
+  // failed. On failure nothing stays connected (see the implementation's contract).
+  virtual absl::StatusOr<EngineGroupInfo> Connect(const EngineConnectRequest& request) = 0;
+  virtual EngineGroupInfo Group() const = 0;
+};
+
 // Parts an engine may be given instead of its defaults (the GPU path). Everything is optional.
 struct EngineComponents {
   // Replaces the CPU backend (e.g. the GPU backend).
@@ -64,6 +114,9 @@ struct EngineComponents {
   // Accepts CUDA IPC parts (without one they are UNIMPLEMENTED). The backend must read the
   // device pointers it returns.
   std::unique_ptr<CudaIpcResolver> cuda_ipc;
+  // Serves Engine::ConnectEngines (the NCCL transport). Not owned: it must be one of the
+  // components above (e.g. the transport in `transports`), so it lives as long as the engine.
+  EngineConnector* connector = nullptr;
 };
 
 class PublicationSession;
@@ -92,6 +145,19 @@ class Engine {
   //   range, invalid quantization_config_json / policy_json (e.g. an invalid regex rule);
   // - UNAVAILABLE after BeginShutdown.
   absl::StatusOr<std::unique_ptr<PublicationSession>> Open(const PublicationHeader& header);
+
+  // Replaces the engine set of the GPU path and forms its weight-update group (blocks for the
+  // connector's health probes and joins; no engine lock is held meanwhile). Errors, in order:
+  // - INVALID_ARGUMENT from ValidateEngineConnectRequest (on every daemon);
+  // - FAILED_PRECONDITION "this daemon has no GPU path ..." without a connector;
+  // - UNAVAILABLE after BeginShutdown;
+  // - FAILED_PRECONDITION naming the active version while a publication is open, or when
+  //   another ConnectEngines is in progress (nothing changes then);
+  // - the connector's errors (UNAVAILABLE / DEADLINE_EXCEEDED naming the engines).
+  // While it runs, Open refuses (or, with header.queue, waits) as for an active publication.
+  absl::StatusOr<EngineGroupInfo> ConnectEngines(const EngineConnectRequest& request);
+  // The weight-update group; nullopt without a connector. Never blocks on a ConnectEngines.
+  std::optional<EngineGroupInfo> EngineGroup() const;
 
   // Snapshot; never blocks on a publication in progress.
   EngineStatus GetStatus() const;

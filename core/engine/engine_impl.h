@@ -36,6 +36,7 @@ class Engine::Impl {
   // Every transport of a publication: the extras, then the pull transport.
   std::unique_ptr<TransportGroup> transports;
   std::unique_ptr<CudaIpcResolver> cuda_ipc;  // null on the CPU path
+  EngineConnector* connector = nullptr;       // null on the CPU path; owned by a component
   std::mutex ipc_mu;                          // serializes cuda_ipc calls
   std::unique_ptr<Backend> backend;
   std::unique_ptr<metrics::EngineMetrics> metrics;  // null without a registry
@@ -48,8 +49,10 @@ class Engine::Impl {
   absl::Time committed_at = absl::InfinitePast();     // guarded by mu
   std::deque<PublicationReport> reports;              // newest first; guarded by mu
   bool shutting_down = false;                         // guarded by mu
-  bool stop_refresher = false;                        // guarded by mu
-  std::thread refresher;  // refreshes wpub_engines{state} while metrics are on
+  // A ConnectEngines is forming the group: Open treats it like an active publication.
+  bool connecting = false;      // guarded by mu
+  bool stop_refresher = false;  // guarded by mu
+  std::thread refresher;        // refreshes wpub_engines{state} while metrics are on
 
   // Records the final report of `state` (which must be the active publication), advances the
   // committed version on success, releases the active slot and updates metrics.

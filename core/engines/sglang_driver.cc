@@ -9,9 +9,12 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 namespace wpub::engines {
@@ -135,6 +138,27 @@ class SglangDriver::Worker {
   bool stop_ = false;          // guarded by mu_
   EngineOutcome outcome_;      // guarded by mu_
 };
+
+absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text) {
+  std::vector<EngineSpec> out;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    EngineSpec e;
+    const size_t eq = entry.rfind('=');
+    e.url = std::string(entry.substr(0, eq));
+    if (eq != absl::string_view::npos &&
+        (!absl::SimpleAtoi(entry.substr(eq + 1), &e.gpus) || e.gpus <= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("engine '", entry, "': the GPU count after '=' must be a positive integer"));
+    }
+    if (e.url.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("engine '", entry, "' has no URL"));
+    }
+    out.push_back(std::move(e));
+  }
+  if (out.empty()) return absl::InvalidArgumentError("no engines given");
+  return out;
+}
 
 absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
                                         const std::string& group_name) {

@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/engine/types.h"
 
@@ -46,6 +47,13 @@ struct EngineSpec {
   std::string url;  // "http://host:port"
   int gpus = 1;     // TP ranks that join the group
 };
+
+// "http://host:30000=2,http://other:30000" (wpubd --engines, wpubctl connect-engines) ->
+// engines (GPU count after the last '=', default 1; spaces around entries dropped).
+// INVALID_ARGUMENT naming the entry for an
+// empty URL or a GPU count that is not a positive integer, or for no entry at all. URLs are
+// not checked further here (ConnectEngines validates them).
+absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text);
 
 struct SglangDriverOptions {
   std::vector<EngineSpec> engines;

@@ -1,35 +1,12 @@
-// GPU path assembly: engine spec parsing, backend + NCCL transport as EngineComponents.
+// GPU path assembly: backend + NCCL transport (also the engine connector) as EngineComponents.
 #include "core/nccl/gpu_path.h"
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "core/common/status.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/ipc_cache.h"
 #include "core/nccl/nccl_transport.h"
 
 namespace wpub::nccl {
-
-absl::StatusOr<std::vector<engines::EngineSpec>> ParseEngineSpecs(absl::string_view text) {
-  std::vector<engines::EngineSpec> out;
-  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    engines::EngineSpec e;
-    const size_t eq = entry.rfind('=');
-    e.url = std::string(entry.substr(0, eq));
-    if (eq != absl::string_view::npos &&
-        (!absl::SimpleAtoi(entry.substr(eq + 1), &e.gpus) || e.gpus <= 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("engine '", entry, "': the GPU count after '=' must be a positive integer"));
-    }
-    if (e.url.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("engine '", entry, "' has no URL"));
-    }
-    out.push_back(std::move(e));
-  }
-  if (out.empty()) return absl::InvalidArgumentError("no engines given");
-  return out;
-}
 
 absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOptions& options) {
   NcclTransportOptions to;
@@ -53,6 +30,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   engine::EngineComponents c;
   c.cuda_ipc = std::move(ipc);
   c.backend = std::move(backend);
+  c.connector = transport.get();  // owned by c.transports below
   c.transports.push_back(std::move(transport));
   return c;
 }

@@ -16,7 +16,8 @@ namespace wpub::nccl {
 
 struct GpuPathOptions {
   int device = 0;
-  std::vector<engines::EngineSpec> engines;  // see ParseEngineSpecs
+  // The initial engine set (see ParseEngineSpecs); empty: none until ConnectEngines.
+  std::vector<engines::EngineSpec> engines;
   std::string group_name = "wpub_weights";
   std::string store_bind_address = "0.0.0.0";
   uint16_t store_port = 0;  // 0: ephemeral
@@ -26,13 +27,12 @@ struct GpuPathOptions {
   bool reject_non_finite_before_send = true;
 };
 
-// "http://host:30000=2,http://other:30000" -> engines (GPU count after '=', default 1).
-// INVALID_ARGUMENT naming the entry for an empty URL or a GPU count that is not a positive
-// integer.
-absl::StatusOr<std::vector<engines::EngineSpec>> ParseEngineSpecs(absl::string_view text);
+// The engine list syntax of --engines (core/engines/sglang_driver.h).
+using engines::ParseEngineSpecs;
 
-// The GPU backend on options.device with the NCCL transport as its sink and as the engine's
-// extra transport, and the CUDA IPC mapping cache as its resolver of trainer memory.
+// The GPU backend on options.device with the NCCL transport as its sink, as the engine's
+// extra transport and as its EngineConnector (ConnectEngines), and the CUDA IPC mapping cache
+// as its resolver of trainer memory.
 // FAILED_PRECONDITION without that CUDA device.
 absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOptions& options);
 

@@ -29,8 +29,16 @@ engine::ReceiverFailure Classify(const std::string& error) {
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     const NcclTransportOptions& options) {
-  if (options.sglang.engines.empty()) {
-    return absl::InvalidArgumentError("NCCL transport: no engines configured");
+  if (!options.sglang.engines.empty()) {
+    // The initial set obeys the same rules as a ConnectEngines request.
+    engine::EngineConnectRequest r;
+    for (const engines::EngineSpec& e : options.sglang.engines)
+      r.engines.push_back({e.url, e.gpus});
+    r.group_name = options.sglang.group_name;
+    WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(r));
+  }
+  if (options.sglang.group_name.empty()) {
+    return absl::InvalidArgumentError("NCCL transport: empty group name");
   }
   if (options.unique_id_key_templates.empty()) {
     return absl::InvalidArgumentError("NCCL transport: no unique-id key template");
@@ -40,10 +48,17 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   WPUB_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&t->comm_stream_, cudaStreamNonBlocking));
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t->host_done_, cudaEventDisableTiming));
+  {
+    std::lock_guard lock(t->connect_mu_);
+    t->PublishInfo();
+  }
   return t;
 }
 
-NcclTransport::NcclTransport(NcclTransportOptions options) : options_(std::move(options)) {}
+NcclTransport::NcclTransport(NcclTransportOptions options)
+    : options_(std::move(options)),
+      engines_(options_.sglang.engines),
+      base_group_(options_.sglang.group_name) {}
 
 NcclTransport::~NcclTransport() {
   StopWatchdog();
@@ -57,10 +72,6 @@ NcclTransport::~NcclTransport() {
   if (host_staging_ != nullptr) cudaFree(host_staging_);
   if (host_done_ != nullptr) cudaEventDestroy(host_done_);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
-}
-
-const engines::GroupLayout* NcclTransport::layout() const {
-  return driver_ ? &driver_->layout() : nullptr;
 }
 
 void NcclTransport::TearDownGroup() {
@@ -78,55 +89,142 @@ void NcclTransport::TearDownGroup() {
   group_healthy_ = false;
 }
 
-absl::Status NcclTransport::Connect() {
+void NcclTransport::PublishInfo() {
+  engine::EngineGroupInfo g;
+  g.store_address = absl::StrCat(options_.advertise_address, ":", store_->port());
+  g.generation = static_cast<uint64_t>(generation_.load());
+  g.healthy = group_healthy_;
+  if (driver_) {
+    const engines::GroupLayout& l = driver_->layout();
+    g.group_name = l.group_name;
+    g.world_size = l.world_size;
+    const std::vector<engines::EngineSpec>& members = driver_->options().engines;
+    for (size_t i = 0; i < members.size(); ++i) {
+      g.engines.push_back(
+          {members[i].url, members[i].gpus, l.rank_offsets[i], engine::ReceiverState::kIdle});
+    }
+  } else {
+    // No group: the engine set the next Begin forms one with (empty after a failed Connect).
+    int next = 1;
+    for (const engines::EngineSpec& e : engines_) {
+      g.engines.push_back({e.url, e.gpus, next, engine::ReceiverState::kLeft});
+      next += e.gpus;
+    }
+  }
+  std::lock_guard lock(info_mu_);
+  info_ = std::move(g);
+}
+
+absl::Status NcclTransport::Form(const std::vector<engines::EngineSpec>& want,
+                                 const std::string& base_group, absl::Duration timeout,
+                                 bool strict) {
   StopWatchdog();
   TearDownGroup();
-  const std::vector<engines::EngineSpec>& all = options_.sglang.engines;
+  PublishInfo();
   std::vector<engines::EngineSpec> alive;
   if (options_.health_endpoint.empty()) {
-    alive = all;
+    alive = want;
   } else {
     const std::vector<bool> up =
-        engines::ProbeEngines(all, options_.health_endpoint, options_.sglang.connect_timeout);
-    for (size_t i = 0; i < all.size(); ++i) {
-      if (up[i]) alive.push_back(all[i]);
+        engines::ProbeEngines(want, options_.health_endpoint, options_.sglang.connect_timeout);
+    std::vector<std::string> down;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (up[i]) {
+        alive.push_back(want[i]);
+      } else {
+        down.push_back(want[i].url);
+      }
+    }
+    if (strict && !down.empty()) {
+      return absl::UnavailableError(absl::StrCat(
+          down.size() == 1 ? "engine " : "engines ", absl::StrJoin(down, ", "),
+          " did not answer GET ", options_.health_endpoint, " within ",
+          absl::FormatDuration(options_.sglang.connect_timeout), "; no engine group is connected"));
     }
   }
   if (alive.empty()) {
     return absl::UnavailableError(absl::StrCat("NCCL transport: no engine answered ",
-                                               options_.health_endpoint, " (", all.size(),
+                                               options_.health_endpoint, " (", want.size(),
                                                " configured)"));
   }
-  ++generation_;
+  const int generation = ++generation_;
   engines::SglangDriverOptions d = options_.sglang;
   d.engines = alive;
   d.master_address = options_.advertise_address;
   d.master_port = store_->port();
-  d.group_name = absl::StrCat(options_.sglang.group_name, "_", generation_);
-  WPUB_ASSIGN_OR_RETURN(driver_, engines::SglangDriver::Create(d));
+  d.group_name = absl::StrCat(base_group, "_", generation);
+  // Everything that may fail before an engine is asked to join comes first, so a failure here
+  // leaves no group behind.
   WPUB_ASSIGN_OR_RETURN(UniqueId id, NewUniqueId());
   for (const std::string& tmpl : options_.unique_id_key_templates) {
     WPUB_ASSIGN_OR_RETURN(std::string key, rendezvous::UniqueIdKey(tmpl, d.group_name, 0));
     store_->Set(key, std::vector<uint8_t>(id.begin(), id.end()));
   }
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<engines::SglangDriver> driver,
+                        engines::SglangDriver::Create(d));
   NcclCommOptions co;
   co.device = options_.device;
-  co.nranks = driver_->layout().world_size;
+  co.nranks = driver->layout().world_size;
   co.rank = 0;
   co.id = id;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(co));
+  driver_ = std::move(driver);
   {
     std::lock_guard lock(mu_);
     comm_ = std::move(comm);
   }
   driver_->StartJoin();
-  if (absl::Status s = driver_->WaitIdle(absl::Now() + options_.join_timeout); !s.ok()) {
-    TearDownGroup();
-    return absl::UnavailableError(
-        absl::StrCat("weight-update group ", d.group_name, " did not form: ", s.message()));
+  if (absl::Status s = driver_->WaitIdle(absl::Now() + timeout); !s.ok()) {
+    TearDownGroup();  // also the engines that did join: never half-connected
+    const std::string why =
+        absl::StrCat("weight-update group ", d.group_name, " did not form: ", s.message());
+    return absl::IsDeadlineExceeded(s) ? absl::DeadlineExceededError(why)
+                                       : absl::UnavailableError(why);
   }
   group_healthy_ = true;
+  PublishInfo();
   return absl::OkStatus();
+}
+
+absl::StatusOr<engine::EngineGroupInfo> NcclTransport::Connect(
+    const engine::EngineConnectRequest& request) {
+  WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(request));
+  std::lock_guard lock(connect_mu_);
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "publication ", version_, " is in flight on the NCCL transport; connect after it ends"));
+  }
+  std::vector<engines::EngineSpec> want;
+  for (const engine::EngineEndpoint& e : request.engines) want.push_back({e.url, e.gpus});
+  const std::string base = request.group_name.empty() ? base_group_ : request.group_name;
+  const absl::Duration timeout =
+      request.timeout > absl::ZeroDuration() ? request.timeout : options_.join_timeout;
+  engines_.clear();  // a failure below leaves no engines
+  absl::Status s = Form(want, base, timeout, /*strict=*/true);
+  if (s.ok()) {
+    engines_ = want;
+    base_group_ = base;
+  }
+  PublishInfo();
+  if (!s.ok()) return s;
+  return Group();
+}
+
+engine::EngineGroupInfo NcclTransport::Group() const {
+  engine::EngineGroupInfo g;
+  {
+    std::lock_guard lock(info_mu_);
+    g = info_;
+  }
+  // Live state: a failure or an abort since the snapshot marks the group down.
+  g.healthy = g.healthy && group_healthy_;
+  for (engine::ConnectedEngine& e : g.engines) {
+    if (e.state == engine::ReceiverState::kLeft) continue;
+    e.state = !g.healthy   ? engine::ReceiverState::kFailed
+              : in_flight_ ? engine::ReceiverState::kReceiving
+                           : engine::ReceiverState::kIdle;
+  }
+  return g;
 }
 
 engine::TransportCapabilities NcclTransport::capabilities() const {
@@ -141,15 +239,29 @@ engine::TransportCapabilities NcclTransport::capabilities() const {
 
 absl::StatusOr<std::vector<std::string>> NcclTransport::Begin(
     const engine::PublicationManifest& m) {
+  std::lock_guard connect_lock(connect_mu_);
   if (in_flight_) {
     return absl::FailedPreconditionError(
         absl::StrCat("NCCL transport: publication ", version_, " is in flight"));
   }
   StopWatchdog();  // left running by an Abort from another thread
-  if (!group_healthy_ || !comm_ || comm_->aborted()) WPUB_RETURN_IF_ERROR(Connect());
   {
     std::lock_guard lock(mu_);
     failure_ = absl::OkStatus();
+  }
+  if (engines_.empty()) {
+    // No engines connected (yet, or after a failed ConnectEngines): no participants here; the
+    // publication reaches the other transports' receivers only.
+    if (driver_) TearDownGroup();
+    version_ = m.version;
+    in_flight_ = true;
+    return std::vector<std::string>{};
+  }
+  if (!group_healthy_ || !comm_ || comm_->aborted()) {
+    // Re-formation after a failure: the engines that answer their health check.
+    absl::Status s = Form(engines_, base_group_, options_.join_timeout, /*strict=*/false);
+    PublishInfo();
+    WPUB_RETURN_IF_ERROR(s);
   }
   version_ = m.version;
   in_flight_ = true;
@@ -165,6 +277,12 @@ absl::Status NcclTransport::SendDevice(const engine::BucketManifest& manifest, c
                                        uint64_t nbytes, cudaEvent_t ready, cudaEvent_t done) {
   if (!in_flight_) return absl::FailedPreconditionError("NCCL transport: no publication begun");
   WPUB_RETURN_IF_ERROR(failure());
+  if (!driver_) {
+    // No engines: nothing to broadcast, but the backend reuses the buffer after `done`.
+    WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, ready, 0));
+    WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, comm_stream_));
+    return absl::OkStatus();
+  }
   // The engine posts its receive inside this request's handler: issue it first.
   driver_->PostBucket(manifest);
   if (!comm_->ready()) {
@@ -210,6 +328,7 @@ absl::Status NcclTransport::WaitAcknowledged(absl::Time deadline) {
   const absl::Time d = std::min(deadline, publication_deadline_);
   // The engines answer their bucket requests once their receives completed.
   for (;;) {
+    if (!driver_) break;  // no engines
     WPUB_RETURN_IF_ERROR(failure());
     const absl::Time step = std::min(d, absl::Now() + absl::Milliseconds(20));
     absl::Status s = driver_->WaitIdle(step);
@@ -254,6 +373,10 @@ absl::Status NcclTransport::Commit() {
   if (!in_flight_) return absl::FailedPreconditionError("NCCL transport: no publication begun");
   StopWatchdog();
   WPUB_RETURN_IF_ERROR(failure());
+  if (!driver_) {  // no engines
+    in_flight_ = false;
+    return absl::OkStatus();
+  }
   driver_->EndPublication();
   absl::Status s = driver_->WaitIdle(absl::Now() + options_.sglang.request_timeout);
   last_outcomes_ = Outcomes();
@@ -349,10 +472,10 @@ std::vector<engine::ReceiverOutcome> NcclTransport::Outcomes() const {
 
 std::vector<engine::ReceiverInfo> NcclTransport::Receivers() const {
   std::vector<engine::ReceiverInfo> out;
-  for (const auto& e : options_.sglang.engines) {
+  for (const engine::ConnectedEngine& e : Group().engines) {
     engine::ReceiverInfo r;
     r.name = e.url;
-    r.state = group_healthy_ ? engine::ReceiverState::kIdle : engine::ReceiverState::kLeft;
+    r.state = e.state == engine::ReceiverState::kFailed ? engine::ReceiverState::kLeft : e.state;
     out.push_back(std::move(r));
   }
   return out;

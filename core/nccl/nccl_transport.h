@@ -12,6 +12,17 @@
 // Begin re-forms the group with the engines that answer their health check (a new group name
 // generation, a new unique id), so wpubd keeps serving after a dead engine.
 //
+// Engine set (engine::EngineConnector): the initial set comes from the options (may be empty:
+// a daemon started without engines); Connect replaces it. Connect first tears the current
+// group down (its engines are asked to destroy it), then probes every engine's health
+// endpoint, lays out the group, publishes the unique id, starts the communicator and waits for
+// every join answer. On any failure whatever joined is torn down too and the transport is left
+// with NO engines: never half-connected. Without engines the transport has no participants
+// (Begin returns none; device buckets are only ordered after their ready event), so a
+// publication reaches the other transports' receivers only. Connect and Begin are serialized by one
+// mutex; Connect refuses while a publication is in flight. Group/Receivers read a snapshot and
+// never block on a Connect.
+//
 // Transport contract (core/engine/transport.h) with these specifics: participants are the
 // engine URLs; acknowledgements are the engines' HTTP answers (SGLang reports no checksums, so
 // acknowledges_checksums is false); Commit sends version/end/continue. Thread-safety: as the
@@ -31,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/engine/engine.h"
 #include "core/engine/transport.h"
 #include "core/engines/sglang_driver.h"
 #include "core/gpu/device_sink.h"
@@ -45,7 +57,8 @@ struct NcclTransportOptions {
   rendezvous::TcpStoreServerOptions store;
   // The address engines use to reach this host's TCPStore.
   std::string advertise_address = "127.0.0.1";
-  // Engines, base group name, endpoints; master_address/port are filled in.
+  // Initial engines (may be empty), base group name, endpoints; master_address/port are
+  // filled in.
   engines::SglangDriverOptions sglang;
   // GET before (re-)forming a group; engines that fail it are left out. Empty: no probe.
   std::string health_endpoint = "/health";
@@ -61,17 +74,23 @@ struct NcclTransportOptions {
   absl::Duration watchdog_interval = absl::Milliseconds(2);
 };
 
-class NcclTransport : public engine::Transport, public gpu::DeviceBucketSink {
+class NcclTransport : public engine::Transport,
+                      public gpu::DeviceBucketSink,
+                      public engine::EngineConnector {
  public:
-  // Starts the TCPStore server and the comm stream; forms no group yet (Connect does).
+  // Starts the TCPStore server and the comm stream; forms no group yet (the first Begin or
+  // Connect does).
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const NcclTransportOptions& options);
   ~NcclTransport() override;
 
-  // ConnectEngines: probes the engines, lays out the group (ranks, world size, group name of
-  // this generation), publishes the unique id, starts the communicator and waits for every
-  // engine's join answer. Called by Begin when no healthy group exists; callable up front.
-  absl::Status Connect();
-  const engines::GroupLayout* layout() const;  // null before the first Connect
+  // ConnectEngines (see the file comment). Blocks for the probes and joins, at most about
+  // request.timeout (0: options.join_timeout) plus the health probe's connect timeout.
+  // Errors: INVALID_ARGUMENT (engine::ValidateEngineConnectRequest); FAILED_PRECONDITION while
+  // a publication is in flight; UNAVAILABLE naming an engine that failed its health probe or
+  // its join; DEADLINE_EXCEEDED naming the engines that did not answer in time.
+  absl::StatusOr<engine::EngineGroupInfo> Connect(
+      const engine::EngineConnectRequest& request) override;
+  engine::EngineGroupInfo Group() const override;
   uint16_t store_port() const { return store_->port(); }
   int generation() const { return generation_; }
 
@@ -95,19 +114,31 @@ class NcclTransport : public engine::Transport, public gpu::DeviceBucketSink {
   void StopWatchdog();
   void Fail(absl::Status why);  // records the first failure, aborts the communicator
   absl::Status failure() const;
+  // Forms a group of `want` (requires connect_mu_). strict: every engine must pass the health
+  // probe (ConnectEngines); otherwise the ones that fail it are left out (re-formation).
+  absl::Status Form(const std::vector<engines::EngineSpec>& want, const std::string& base_group,
+                    absl::Duration timeout, bool strict);
   void TearDownGroup();
+  void PublishInfo();  // refreshes info_ from the group state (requires connect_mu_)
 
   NcclTransportOptions options_;
+  // Serializes Connect and Begin; guards engines_ and base_group_.
+  std::mutex connect_mu_;
+  std::vector<engines::EngineSpec> engines_;  // the engine set; empty: none connected
+  std::string base_group_;
+  // What Group and Receivers show (written under connect_mu_ too).
+  mutable std::mutex info_mu_;
+  engine::EngineGroupInfo info_;  // guarded by info_mu_
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t host_done_ = nullptr;
   void* host_staging_ = nullptr;  // device buffer for host buckets
   uint64_t host_staging_bytes_ = 0;
 
-  // Group state (publication thread).
+  // Group state (publication thread, or a Connect under connect_mu_).
   std::unique_ptr<engines::SglangDriver> driver_;
   std::unique_ptr<NcclComm> comm_;
-  int generation_ = 0;
+  std::atomic<int> generation_{0};
   std::atomic<bool> group_healthy_{false};  // cleared by Abort/Fail from any thread
   std::atomic<bool> in_flight_{false};
   uint64_t version_ = 0;

@@ -1,4 +1,5 @@
-// SGLang driver tests against httplib servers that play SGLang's HTTP routes: group layout,
+// SGLang driver tests against httplib servers that play SGLang's HTTP routes: the engine list
+// syntax (--engines, connect-engines), group layout,
 // request bodies (names/dtypes/shapes/load_format/weight_version), the lifecycle order per
 // engine, configurable endpoints, and failures (HTTP error, success=false, timeout, refused).
 #include <gtest/gtest.h>
@@ -110,6 +111,20 @@ SglangDriverOptions Options(const std::vector<FakeEngine*>& engines, std::vector
   o.group_name = "wpub_g0";
   o.request_timeout = absl::Seconds(5);
   return o;
+}
+
+TEST(ParseEngineSpecs, UrlsWithGpuCounts) {
+  auto e = ParseEngineSpecs("http://a:30000=4, http://b:30000,http://c=1");
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->size(), 3u);
+  EXPECT_EQ((*e)[0].url, "http://a:30000");
+  EXPECT_EQ((*e)[0].gpus, 4);
+  EXPECT_EQ((*e)[1].url, "http://b:30000");  // spaces around an entry are dropped
+  EXPECT_EQ((*e)[1].gpus, 1);
+  EXPECT_EQ((*e)[2].gpus, 1);
+  for (const char* bad : {"", "http://a=0", "http://a=-2", "http://a=x", "=3"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(ParseEngineSpecs(bad).status())) << bad;
+  }
 }
 
 TEST(LayoutGroup, RanksAndWorldSize) {
