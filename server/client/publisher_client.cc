@@ -308,4 +308,15 @@ absl::StatusOr<std::vector<pb::PublicationReport>> PublisherClient::ListReports(
   return std::vector<pb::PublicationReport>(response.reports().begin(), response.reports().end());
 }
 
+absl::StatusOr<pb::ConnectEnginesResponse> PublisherClient::ConnectEngines(
+    const pb::ConnectEnginesRequest& request, absl::Duration rpc_timeout) {
+  grpc::ClientContext context;
+  Authorize(&context);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
+  pb::ConnectEnginesResponse response;
+  grpc::Status status = stub_->ConnectEngines(&context, request, &response);
+  if (!status.ok()) return server::ToAbslStatus(status);
+  return response;
+}
+
 }  // namespace wpub::client

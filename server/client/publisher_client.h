@@ -60,8 +60,8 @@ struct PublishTimings {
   uint64_t messages = 0;
 };
 
-// Thread-safety: one Publish at a time per client; Cancel, GetStatus and ListReports from any
-// thread.
+// Thread-safety: one Publish at a time per client; Cancel, GetStatus, ListReports and
+// ConnectEngines from any thread.
 class PublisherClient {
  public:
   static absl::StatusOr<std::unique_ptr<PublisherClient>> Create(const ClientOptions& options);
@@ -83,6 +83,10 @@ class PublisherClient {
 
   absl::StatusOr<wpub::v1::GetStatusResponse> GetStatus(uint32_t max_reports = 0);
   absl::StatusOr<std::vector<wpub::v1::PublicationReport>> ListReports(uint32_t limit = 0);
+  // ConnectEngines (GPU path): blocks while the engines join, at most `rpc_timeout`, which
+  // should exceed request.timeout_seconds (or the daemon's --engine_deadline when that is 0).
+  absl::StatusOr<wpub::v1::ConnectEnginesResponse> ConnectEngines(
+      const wpub::v1::ConnectEnginesRequest& request, absl::Duration rpc_timeout);
 
  private:
   explicit PublisherClient(const ClientOptions& options);

@@ -5,12 +5,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "server/wire/convert.h"
 #include "server/wire/status_map.h"
 
@@ -182,6 +184,36 @@ grpc::Status PublisherService::GetStatus(grpc::ServerContext* context,
     reply->mutable_recent_reports()->RemoveLast();
   }
   reply->set_daemon_version(options_.daemon_version);
+  if (std::optional<engine::EngineGroupInfo> group = engine_->EngineGroup()) {
+    ToProto(*group, reply->mutable_engine_group());
+    // The engines are the NCCL transport's receivers.
+    for (pb::ReceiverInfo& r : *reply->mutable_receivers()) {
+      for (const engine::ConnectedEngine& e : group->engines) {
+        if (e.url == r.name()) r.set_transport("nccl");
+      }
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status PublisherService::ConnectEngines(grpc::ServerContext* context,
+                                              const pb::ConnectEnginesRequest* request,
+                                              pb::ConnectEnginesResponse* reply) {
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  absl::StatusOr<engine::EngineConnectRequest> r = FromProto(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  std::vector<std::string> names;
+  for (const engine::EngineEndpoint& e : r->engines)
+    names.push_back(absl::StrCat(e.url, "=", e.gpus));
+  spdlog::info("ConnectEngines: {} (group '{}')", absl::StrJoin(names, ","), r->group_name);
+  absl::StatusOr<engine::EngineGroupInfo> group = engine_->ConnectEngines(*r);
+  if (!group.ok()) {
+    spdlog::warn("ConnectEngines refused or failed: {}", group.status().ToString());
+    return ToGrpcStatus(group.status());
+  }
+  ToProto(*group, reply);
+  spdlog::info("ConnectEngines: group {} (generation {}, world size {}) formed", group->group_name,
+               group->generation, group->world_size);
   return grpc::Status::OK;
 }
 

@@ -6,6 +6,7 @@
 // thread, so that thread is the session's producer and may block in Commit without stalling
 // anything else; the core allows one publication at a time, so at most one thread is held for
 // long (a second Publish fails fast with FAILED_PRECONDITION, or waits when it asked to queue).
+// ConnectEngines also blocks its thread, while the engines join (at most its timeout).
 // Flow control of the client stream gives the trainer back-pressure for free. The short unary
 // calls (GetStatus, ListReports) never block on a publication in progress.
 #pragma once
@@ -29,6 +30,11 @@ class PublisherService final : public wpub::v1::Publisher::Service {
   grpc::Status ListReports(grpc::ServerContext* context,
                            const wpub::v1::ListReportsRequest* request,
                            wpub::v1::ListReportsResponse* reply) override;
+  // Blocks this RPC's thread while the engines are probed and join (bounded by the request's
+  // timeout); refused while a publication is active (engine::Engine::ConnectEngines).
+  grpc::Status ConnectEngines(grpc::ServerContext* context,
+                              const wpub::v1::ConnectEnginesRequest* request,
+                              wpub::v1::ConnectEnginesResponse* reply) override;
 
  private:
   engine::Engine* const engine_;

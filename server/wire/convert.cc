@@ -218,6 +218,52 @@ void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
   out->set_backend(s.backend);
 }
 
+absl::StatusOr<engine::EngineConnectRequest> FromProto(const pb::ConnectEnginesRequest& request) {
+  engine::EngineConnectRequest r;
+  for (const pb::EngineEndpoint& e : request.engines()) {
+    r.engines.push_back({e.url(), e.gpus() == 0 ? 1 : e.gpus()});
+  }
+  r.group_name = request.group_name();
+  const double t = request.timeout_seconds();
+  if (!(t >= 0) || t > 86400) {  // also NaN
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_seconds ", t, " is not in [0, 86400] (0: the daemon's default)"));
+  }
+  r.timeout = absl::Seconds(t);
+  return r;
+}
+
+namespace {
+
+void EnginesToProto(const engine::EngineGroupInfo& g,
+                    google::protobuf::RepeatedPtrField<pb::ConnectedEngine>* out) {
+  for (const engine::ConnectedEngine& e : g.engines) {
+    pb::ConnectedEngine* c = out->Add();
+    c->set_url(e.url);
+    c->set_gpus(static_cast<uint32_t>(e.gpus));
+    c->set_rank_offset(static_cast<uint32_t>(e.rank_offset));
+    c->set_state(engine::ReceiverStateName(e.state));
+  }
+}
+
+}  // namespace
+
+void ToProto(const engine::EngineGroupInfo& g, pb::EngineGroup* out) {
+  out->set_group_name(g.group_name);
+  out->set_world_size(static_cast<uint32_t>(g.world_size));
+  EnginesToProto(g, out->mutable_engines());
+  out->set_generation(g.generation);
+  out->set_healthy(g.healthy);
+  out->set_store_address(g.store_address);
+}
+
+void ToProto(const engine::EngineGroupInfo& g, pb::ConnectEnginesResponse* out) {
+  out->set_group_name(g.group_name);
+  out->set_world_size(static_cast<uint32_t>(g.world_size));
+  EnginesToProto(g, out->mutable_engines());
+  out->set_generation(g.generation);
+}
+
 void ToProto(const engine::PublicationManifest& m, pb::Manifest* out) {
   out->set_version(m.version);
   out->set_model_id(m.model_id);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
+#include "core/engine/engine.h"
 #include "core/engine/types.h"
 #include "wpub/v1/publisher.pb.h"
 #include "wpub/v1/receivers.pb.h"
@@ -28,6 +29,15 @@ void ToProto(const engine::EngineStatus& status, wpub::v1::GetStatusResponse* ou
 // Engine receiver event -> wire event.
 void ToProto(const engine::ReceiverEvent& event, wpub::v1::ReceiverEvent* out);
 void ToProto(const engine::PublicationManifest& manifest, wpub::v1::Manifest* out);
+
+// ConnectEngines request -> engine request (gpus 0 becomes 1). Errors: INVALID_ARGUMENT
+// naming timeout_seconds when it is negative, not finite or beyond a day; the engine validates
+// the rest (ValidateEngineConnectRequest).
+absl::StatusOr<engine::EngineConnectRequest> FromProto(
+    const wpub::v1::ConnectEnginesRequest& request);
+// The engine group -> GetStatus' engine_group / ConnectEngines' reply.
+void ToProto(const engine::EngineGroupInfo& group, wpub::v1::EngineGroup* out);
+void ToProto(const engine::EngineGroupInfo& group, wpub::v1::ConnectEnginesResponse* out);
 
 // Wire manifest -> engine manifest (receivers decode what the daemon sent).
 // Errors: INVALID_ARGUMENT naming the tensor with an unknown dtype.

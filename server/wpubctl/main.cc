@@ -27,6 +27,10 @@ constexpr Subcommand kSubcommands[] = {
      &RunPublishSynthetic},
     {"status", "Show a running wpubd's committed version, receivers and recent reports.",
      &RunStatus},
+    {"connect-engines",
+     "Connect SGLang engines to a running GPU-path wpubd (--engines=http://h:p=gpus,...): form "
+     "its NCCL weight-update group and print the ranks.",
+     &RunConnectEngines},
     {"demo",
      "The project's main job: start wpubd and two wpub-recv, publish several versions of a "
      "synthetic GLM-like MoE end to end, print a per-publication table, stop cleanly.",

@@ -34,6 +34,17 @@ absl::Status PrintStatus() {
     std::printf("  %-20s %-10s %-6s last committed v%llu\n", r.name().c_str(), r.state().c_str(),
                 r.transport().c_str(), static_cast<unsigned long long>(r.last_committed_version()));
   }
+  if (s.has_engine_group()) {
+    const wpub::v1::EngineGroup& g = s.engine_group();
+    std::printf("engines     %d, group '%s' (generation %llu, world size %u, %s, store %s)\n",
+                g.engines_size(), g.group_name().c_str(),
+                static_cast<unsigned long long>(g.generation()), g.world_size(),
+                g.healthy() ? "healthy" : "not formed", g.store_address().c_str());
+    for (const auto& e : g.engines()) {
+      std::printf("  %-32s rank offset %-4u %u GPUs  %s\n", e.url().c_str(), e.rank_offset(),
+                  e.gpus(), e.state().c_str());
+    }
+  }
   if (s.recent_reports_size() > 0) {
     std::printf("\nrecent publications (newest first)\n%s", ReportTableHeader().c_str());
     for (const auto& r : s.recent_reports()) std::printf("%s", ReportTableRow(r).c_str());

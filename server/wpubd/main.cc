@@ -33,17 +33,20 @@
 
 namespace {
 
-// The engine: with --engines, the GPU backend and the NCCL weight-update group as its
-// components (core/nccl/gpu_path.h); otherwise the CPU backend and the pull transport.
+// The engine: with --gpu_path (or --engines), the GPU backend and the NCCL weight-update
+// group as its components (core/nccl/gpu_path.h), engines given now or later through
+// ConnectEngines; otherwise the CPU backend and the pull transport.
 absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
     const wpub::wpubd::DaemonOptions& options, prometheus::Registry* registry) {
-  if (options.engines.empty()) return wpub::engine::Engine::Create(options.engine, registry);
+  if (!options.gpu_path) return wpub::engine::Engine::Create(options.engine, registry);
 #ifdef WPUB_WITH_GPU_PATH
   wpub::nccl::GpuPathOptions g;
-  absl::StatusOr<std::vector<wpub::engines::EngineSpec>> specs =
-      wpub::nccl::ParseEngineSpecs(options.engines);
-  if (!specs.ok()) return specs.status();
-  g.engines = *std::move(specs);
+  if (!options.engines.empty()) {
+    absl::StatusOr<std::vector<wpub::engines::EngineSpec>> specs =
+        wpub::nccl::ParseEngineSpecs(options.engines);
+    if (!specs.ok()) return specs.status();
+    g.engines = *std::move(specs);
+  }
   g.device = options.gpu_device;
   g.group_name = options.nccl_group;
   const size_t colon = options.nccl_store_listen.rfind(':');
@@ -65,7 +68,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   return wpub::engine::Engine::Create(options.engine, registry, *std::move(components));
 #else
   return absl::FailedPreconditionError(
-      "--engines needs the GPU path: this wpubd was built without CUDA/NCCL");
+      "--gpu_path/--engines need the GPU path: this wpubd was built without CUDA/NCCL");
 #endif
 }
 

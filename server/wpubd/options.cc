@@ -56,8 +56,12 @@ ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(1),
           "gRPC also waits this long for clients that keep idle channels open.");
 ABSL_FLAG(std::string, auth_token_file, "",
           "File holding a bearer token every RPC must present ('authorization: Bearer <t>').");
+ABSL_FLAG(bool, gpu_path, false,
+          "Run the GPU path (GPU backend, CUDA IPC ingestion, NCCL weight-update group) even "
+          "without --engines: a trainer connects engines later with ConnectEngines.");
 ABSL_FLAG(std::string, engines, "",
-          "GPU path: SGLang engines to publish to over NCCL, \"http://host:port=gpus,...\".");
+          "GPU path: SGLang engines to publish to over NCCL, \"http://host:port=gpus,...\" "
+          "(implies --gpu_path; ConnectEngines replaces them).");
 ABSL_FLAG(int32_t, gpu_device, 0, "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
 ABSL_FLAG(std::string, nccl_group, "wpub_weights",
           "GPU path: weight-update group name (a generation suffix is added).");
@@ -141,13 +145,13 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.engines = absl::GetFlag(FLAGS_engines);
+  o.gpu_path = absl::GetFlag(FLAGS_gpu_path) || !o.engines.empty();
   o.gpu_device = absl::GetFlag(FLAGS_gpu_device);
   o.nccl_group = absl::GetFlag(FLAGS_nccl_group);
   o.nccl_store_listen = absl::GetFlag(FLAGS_nccl_store_listen);
   o.nccl_advertise_address = absl::GetFlag(FLAGS_nccl_advertise_address);
   o.engine_deadline = absl::GetFlag(FLAGS_engine_deadline);
-  if (!o.engines.empty() && !o.server.insecure_listen &&
-      !server::IsLoopbackAddress(o.nccl_store_listen)) {
+  if (o.gpu_path && !o.server.insecure_listen && !server::IsLoopbackAddress(o.nccl_store_listen)) {
     return absl::PermissionDeniedError(
         absl::StrCat("--nccl_store_listen '", o.nccl_store_listen,
                      "' is not loopback: pass --insecure_listen to acknowledge"));

@@ -26,9 +26,12 @@ struct DaemonOptions {
   // Written (atomically) once serving: {"grpc_port": N, "metrics_port": M, "pid": P}.
   std::string ready_file;
   std::string log_level = "info";
-  // GPU path (wpubd built with CUDA and NCCL): SGLang engines to publish to over an NCCL
-  // weight-update group, "http://host:port=gpus,..." (gpus defaults to 1). Empty: the CPU
-  // backend and the gRPC-pull transport only.
+  // GPU path (wpubd built with CUDA and NCCL): the GPU backend, CUDA IPC ingestion and the
+  // NCCL weight-update group. On with --gpu_path or --engines; off: the CPU backend and the
+  // gRPC-pull transport only (ConnectEngines answers FAILED_PRECONDITION).
+  bool gpu_path = false;
+  // The initial SGLang engines, "http://host:port=gpus,..." (gpus defaults to 1); empty: none
+  // until a trainer calls ConnectEngines.
   std::string engines;
   int gpu_device = 0;
   std::string nccl_group = "wpub_weights";
