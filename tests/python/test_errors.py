@@ -278,9 +278,12 @@ class ConnectionErrorsTest(unittest.TestCase):
                 wpub.Publisher(daemon.target, token="wrong").publish(1, [])
             ok = wpub.Publisher(daemon.target, token="s3cret")
             self.assertTrue(ok.status().serving)
-            with self.assertRaises(wpub.Unimplemented) as cm:
+            with self.assertRaises(wpub.Unauthenticated):
+                wpub.Publisher(daemon.target).connect_engines(["http://127.0.0.1:30000"])
+            # The CPU-path daemon has no engines to connect.
+            with self.assertRaises(wpub.FailedPrecondition) as cm:
                 ok.connect_engines(engines=["http://127.0.0.1:30000"])
-            self.assertIn("ConnectEngines", cm.exception.message)
+            self.assertIn("no GPU path", cm.exception.message)
             ok.close()
         finally:
             self.assertEqual(daemon.stop(), 0)

@@ -11,15 +11,16 @@ from .errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPreco
                      PublicationAborted, ResourceExhausted, Unauthenticated, Unavailable,
                      Unimplemented, WpubError)
 from .publisher import Publisher
-from .report import (ActivePublication, ClientTimings, PhaseSeconds, PublicationReport,
-                     ReceiverInfo, ReceiverOutcome, Status)
+from .report import (ActivePublication, ClientTimings, ConnectedEngine, EngineGroup,
+                     PhaseSeconds, PublicationReport, ReceiverInfo, ReceiverOutcome, Status)
 from .tensors import Concat, CudaIpc, Tensor, TensorError, concat
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Publisher", "PublicationReport", "PhaseSeconds", "ClientTimings", "ReceiverOutcome",
-    "Status", "ActivePublication", "ReceiverInfo", "Tensor", "CudaIpc", "Concat", "concat",
+    "Status", "ActivePublication", "ReceiverInfo", "EngineGroup", "ConnectedEngine", "Tensor",
+    "CudaIpc", "Concat", "concat",
     "WpubError",
     "TensorError", "InvalidArgument", "FailedPrecondition", "Unimplemented", "Unauthenticated",
     "PermissionDenied", "DeadlineExceeded", "Cancelled", "Unavailable", "NotFound",

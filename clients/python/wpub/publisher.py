@@ -17,7 +17,7 @@ import grpc
 
 from . import errors
 from ._proto import pb
-from .report import ClientTimings, PublicationReport, Status
+from .report import ClientTimings, EngineGroup, PublicationReport, Status
 from .shm import ShmArena, ShmPool, ShmSegment, align
 from .tensors import CudaPart, HostPart, TensorError, normalize
 
@@ -112,6 +112,39 @@ def _header(version: int, recipe: str, policy, quantization_config, model_id: st
     return h
 
 
+def _engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int]]:
+    """[(url, gpus)] of connect_engines' `engines`; InvalidArgument naming the entry for a form
+    it does not accept (the daemon checks URLs and counts again)."""
+    if isinstance(engines, (str, bytes, dict)):
+        engines = [engines]
+    out = []
+    for i, e in enumerate(engines):
+        gpus: Any = 1
+        if isinstance(e, str):
+            url = e
+        elif isinstance(e, dict):
+            unknown = set(e) - {"url", "gpus"}
+            if "url" not in e or unknown:
+                raise errors.InvalidArgument(
+                    f"engines[{i}] {e!r}: a dict needs 'url' and may have 'gpus', nothing else")
+            url, gpus = e["url"], e.get("gpus", 1)
+        elif isinstance(e, (tuple, list)) and len(e) == 2:
+            url, gpus = e
+        else:
+            raise errors.InvalidArgument(
+                f"engines[{i}] {e!r}: expected a URL, (url, gpus) or {{'url': ..., 'gpus': ...}}")
+        if not isinstance(url, str):
+            raise errors.InvalidArgument(f"engines[{i}]: the URL must be a str, got "
+                                         f"{type(url).__name__}")
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 4096:
+            raise errors.InvalidArgument(
+                f"engines[{i}] '{url}': gpus={gpus!r} must be an int in [1, 4096]")
+        out.append((url, gpus))
+    if not out:
+        raise errors.InvalidArgument("engines: no engine given")
+    return out
+
+
 def _sync_cuda(devices) -> None:
     """Waits for the current stream of every device whose tensors are about to be shared: the
     daemon reads them on its own streams and cannot see the trainer's pending work."""
@@ -175,6 +208,10 @@ class Publisher:
         self._list_reports = self._channel.unary_unary(
             _SERVICE + "ListReports", request_serializer=pb.ListReportsRequest.SerializeToString,
             response_deserializer=pb.ListReportsResponse.FromString)
+        self._connect_engines = self._channel.unary_unary(
+            _SERVICE + "ConnectEngines",
+            request_serializer=pb.ConnectEnginesRequest.SerializeToString,
+            response_deserializer=pb.ConnectEnginesResponse.FromString)
         self._lock = threading.Lock()
         self._active = None  # the Publish call in flight (guarded by _lock)
         self._cancel_requested = False
@@ -224,20 +261,33 @@ class Publisher:
         m = self._unary(self._list_reports, pb.ListReportsRequest(limit=limit), timeout)
         return [PublicationReport.from_proto(r) for r in m.reports]
 
-    def connect_engines(self, timeout: Optional[float] = None, **request: Any):
-        """Forms the NCCL weight-update group with SGLang engines (ConnectEngines). The RPC is
-        reserved for the GPU path and absent from this wire API version: until it lands this
-        raises Unimplemented without contacting the daemon. Keyword arguments become the
-        request's fields once it exists."""
-        if "ConnectEngines" not in pb.publisher_methods:
-            raise errors.Unimplemented(
-                "ConnectEngines is not part of this wpub.v1 wire API yet (pending the GPU path)")
-        req_type, resp_type = pb.publisher_methods["ConnectEngines"][:2]
-        method = self._channel.unary_unary(
-            _SERVICE + "ConnectEngines",
-            request_serializer=getattr(pb, req_type).SerializeToString,
-            response_deserializer=getattr(pb, resp_type).FromString)
-        return self._unary(method, getattr(pb, req_type)(**request), timeout)
+    def connect_engines(self, engines: Iterable[Any], group_name: Optional[str] = None,
+                        timeout: Optional[float] = None) -> EngineGroup:
+        """Connects SGLang engines to a GPU-path wpubd (ConnectEngines): replaces its engine set
+        and forms the NCCL weight-update group. Blocks until every engine joined.
+
+        engines: in rank order, each "http://host:port" (1 GPU), ("http://host:port", gpus) or
+        {"url": ..., "gpus": ...}. group_name: base group name (default: the daemon's
+        --nccl_group). timeout: seconds the engines have to answer their health probe and join
+        (default: the daemon's --engine_deadline); the RPC waits 30 s longer.
+
+        Returns an EngineGroup (group_name of this generation, world_size, generation, and per
+        engine its rank_offset and gpus). Raises InvalidArgument naming the entry (here or from
+        the daemon), FailedPrecondition on a daemon without the GPU path or while a publication
+        is in flight (naming its version), Unavailable / DeadlineExceeded naming the engine that
+        did not join. On failure the daemon has no engines connected (its previous group was
+        torn down first) and publications reach no engine until a connect_engines succeeds.
+        """
+        req = pb.ConnectEnginesRequest(group_name=group_name or "")
+        for url, gpus in _engine_entries(engines):
+            req.engines.add(url=url, gpus=gpus)
+        if timeout is not None:
+            if not timeout > 0:
+                raise errors.InvalidArgument(f"timeout={timeout!r} must be > 0 seconds")
+            req.timeout_seconds = float(timeout)
+        # The daemon's default join budget is its --engine_deadline (120 s by default).
+        rpc_timeout = (timeout if timeout is not None else 120.0) + 30.0
+        return EngineGroup.from_proto(self._unary(self._connect_engines, req, rpc_timeout))
 
     def shm_empty(self, shape, dtype) -> "np.ndarray":
         """A numpy array allocated in POSIX shared memory: publishing it (or a contiguous view

@@ -1,5 +1,5 @@
 """Plain-Python views of the daemon's replies: PublicationReport (with the per-phase figures
-and the client's own timings) and Status."""
+and the client's own timings), Status and EngineGroup."""
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -136,8 +136,40 @@ class ReceiverInfo:
 
 
 @dataclass
+class ConnectedEngine:
+    """One engine of the NCCL weight-update group: ranks [rank_offset, rank_offset + gpus)."""
+    url: str
+    gpus: int
+    rank_offset: int
+    state: str  # "idle", "receiving", "staged", "failed" or "left"
+
+
+@dataclass
+class EngineGroup:
+    """The NCCL weight-update group (Publisher.connect_engines' result; Status.engine_group).
+    store_address and healthy are filled in by status() only."""
+    group_name: str  # "<base>_<generation>"
+    world_size: int  # 1 + the engines' GPUs; the publisher is rank 0
+    generation: int
+    engines: List[ConnectedEngine]
+    healthy: bool = True
+    store_address: str = ""
+    raw: object = field(default=None, repr=False)
+
+    @classmethod
+    def from_proto(cls, m) -> "EngineGroup":
+        """From a ConnectEnginesResponse or an EngineGroup message."""
+        return cls(
+            group_name=m.group_name, world_size=m.world_size, generation=m.generation,
+            engines=[ConnectedEngine(e.url, e.gpus, e.rank_offset, e.state) for e in m.engines],
+            healthy=getattr(m, "healthy", True), store_address=getattr(m, "store_address", ""),
+            raw=m)
+
+
+@dataclass
 class Status:
-    """The daemon's state (GetStatus)."""
+    """The daemon's state (GetStatus). engine_group is None on a daemon without the GPU path;
+    `engines` lists the connected engines (empty then)."""
     committed_version: int
     active: Optional[ActivePublication]
     receivers: List[ReceiverInfo]
@@ -145,7 +177,12 @@ class Status:
     serving: bool
     daemon_version: str
     backend: str
+    engine_group: Optional[EngineGroup] = None
     raw: object = field(default=None, repr=False)
+
+    @property
+    def engines(self) -> List[ConnectedEngine]:
+        return self.engine_group.engines if self.engine_group is not None else []
 
     @classmethod
     def from_proto(cls, m) -> "Status":
@@ -153,9 +190,11 @@ class Status:
         if m.HasField("active"):
             a = m.active
             active = ActivePublication(a.version, a.state, a.model_id, a.age_seconds)
+        group = EngineGroup.from_proto(m.engine_group) if m.HasField("engine_group") else None
         return cls(
             committed_version=m.committed_version, active=active,
             receivers=[ReceiverInfo(r.name, r.state, r.transport, r.last_committed_version)
                        for r in m.receivers],
             recent_reports=[PublicationReport.from_proto(r) for r in m.recent_reports],
-            serving=m.serving, daemon_version=m.daemon_version, backend=m.backend, raw=m)
+            serving=m.serving, daemon_version=m.daemon_version, backend=m.backend,
+            engine_group=group, raw=m)
