@@ -1,5 +1,6 @@
 // The wpubctl subcommands as a user runs them: publish-synthetic and status against a real
-// wpubd with two receivers, and the whole demo (the project's main job) end to end.
+// wpubd with two receivers, connect-engines against the CPU path, and the whole demo (the
+// project's main job) end to end.
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -66,6 +67,57 @@ TEST(Wpubctl, PublishSyntheticThenStatus) {
   args.push_back("--version=1");
   EXPECT_EQ(RunWpubctl(h.dir(), args, &out), 1);
   EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+}
+
+// ConnectEngines on the CPU path: the daemon names why (no GPU path) and, first, any bad entry;
+// wpubctl reports either with a non-zero exit. GetStatus has no engine group there.
+TEST(Wpubctl, ConnectEnginesOnTheCpuPath) {
+  HarnessOptions options;
+  options.receivers = 0;
+  auto harness = DaemonHarness::Start(options);
+  ASSERT_TRUE(harness.ok()) << harness.status();
+  DaemonHarness& h = **harness;
+
+  wpub::v1::ConnectEnginesRequest request;
+  request.add_engines()->set_url("http://127.0.0.1:30000");
+  auto r = h.client().ConnectEngines(request, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsFailedPrecondition(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("this daemon has no GPU path"), std::string::npos);
+  auto* bad = request.add_engines();
+  bad->set_url("http://127.0.0.1:30001");
+  bad->set_gpus(-2);
+  r = h.client().ConnectEngines(request, absl::Seconds(10));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_NE(r.status().message().find("engines[1] 'http://127.0.0.1:30001': gpus is -2"),
+            std::string::npos)
+      << r.status();
+  request.set_timeout_seconds(-1);
+  r = h.client().ConnectEngines(request, absl::Seconds(10));
+  EXPECT_NE(r.status().message().find("timeout_seconds"), std::string::npos) << r.status();
+  auto status = h.client().GetStatus();
+  ASSERT_TRUE(status.ok());
+  EXPECT_FALSE(status->has_engine_group());
+
+  std::string out;
+  EXPECT_EQ(RunWpubctl(h.dir(),
+                       {"connect-engines", "--target=" + h.target(),
+                        "--engines=http://127.0.0.1:30000=2, http://127.0.0.1:30001"},
+                       &out),
+            1);
+  EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+  EXPECT_NE(out.find("no GPU path"), std::string::npos) << out;
+  EXPECT_EQ(RunWpubctl(h.dir(),
+                       {"connect-engines", "--target=" + h.target(),
+                        "--engines=http://127.0.0.1:30000,ftp://127.0.0.1:30001"},
+                       &out),
+            1);
+  EXPECT_NE(out.find("INVALID_ARGUMENT"), std::string::npos) << out;
+  EXPECT_NE(out.find("engines[1] 'ftp://127.0.0.1:30001'"), std::string::npos) << out;
+  // The engine list syntax is checked before anything is sent.
+  EXPECT_EQ(RunWpubctl(h.dir(),
+                       {"connect-engines", "--target=" + h.target(), "--engines=http://a=0"}, &out),
+            1);
+  EXPECT_NE(out.find("GPU count"), std::string::npos) << out;
 }
 
 TEST(Wpubctl, DemoRunsEndToEndAndStopsCleanly) {

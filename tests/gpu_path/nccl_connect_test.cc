@@ -1,0 +1,171 @@
+// NcclTransport as the engine connector on one GPU, against fake SGLang HTTP servers (label gpu;
+// skips without a CUDA device): a daemon started without engines, an engine that is down, one
+// whose join fails and one that does not answer in time (each named, each leaving NO engines and
+// the half-formed group destroyed on the engine), Connect refused while a publication is in
+// flight, and a publication without engines (no participants, buffers still ordered).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <mutex>
+#include <thread>
+
+#include "core/nccl/nccl_transport.h"
+
+namespace wpub::nccl {
+namespace {
+
+// Answers every route with success (after `delay_ms` on the init route), or 500 on `fail`.
+class FakeEngine {
+ public:
+  FakeEngine(std::string fail_path, int init_delay_ms)
+      : fail_path_(std::move(fail_path)), init_delay_ms_(init_delay_ms) {
+    auto handle = [this](const httplib::Request& req, httplib::Response& res) {
+      {
+        std::lock_guard lock(mu_);
+        calls_.push_back(req.path);
+      }
+      if (req.path == "/init_weights_update_group" && init_delay_ms_ > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(init_delay_ms_));
+      }
+      if (req.path == fail_path_) {
+        res.status = 500;
+        res.set_content("cannot join", "text/plain");
+        return;
+      }
+      res.set_content(R"({"success": true, "message": "ok"})", "application/json");
+    };
+    server_.Post(R"(/.*)", handle);
+    server_.Get(R"(/.*)", handle);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~FakeEngine() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  bool Called(const std::string& path) const {
+    std::lock_guard lock(mu_);
+    return std::find(calls_.begin(), calls_.end(), path) != calls_.end();
+  }
+
+ private:
+  const std::string fail_path_;
+  const int init_delay_ms_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  mutable std::mutex mu_;
+  std::vector<std::string> calls_;
+};
+
+class NcclConnectTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      (void)cudaGetLastError();
+      GTEST_SKIP() << "needs a CUDA device";
+    }
+    NcclTransportOptions o;
+    o.store.bind_address = "127.0.0.1";
+    o.sglang.group_name = "wpub_connect";
+    o.sglang.connect_timeout = absl::Seconds(2);
+    o.sglang.request_timeout = absl::Seconds(5);
+    auto t = NcclTransport::Create(o);
+    ASSERT_TRUE(t.ok()) << t.status();
+    transport_ = std::move(*t);
+  }
+
+  static engine::EngineConnectRequest Request(const std::string& url, absl::Duration timeout) {
+    engine::EngineConnectRequest r;
+    r.engines = {{url, 1}};
+    r.timeout = timeout;
+    return r;
+  }
+
+  void ExpectNoEngines() {
+    engine::EngineGroupInfo g = transport_->Group();
+    EXPECT_TRUE(g.engines.empty());
+    EXPECT_FALSE(g.healthy);
+    EXPECT_TRUE(transport_->Receivers().empty());
+  }
+
+  std::unique_ptr<NcclTransport> transport_;
+};
+
+TEST_F(NcclConnectTest, StartsWithoutEngines) {
+  ExpectNoEngines();
+  EXPECT_EQ(transport_->Group().generation, 0u);
+  EXPECT_NE(transport_->Group().store_address.find(std::to_string(transport_->store_port())),
+            std::string::npos);
+}
+
+TEST_F(NcclConnectTest, EngineDownIsUnavailableNamingIt) {
+  std::string url;
+  {
+    FakeEngine gone("", 0);
+    url = gone.url();
+  }  // nothing listens there any more
+  auto g = transport_->Connect(Request(url, absl::Seconds(5)));
+  EXPECT_TRUE(absl::IsUnavailable(g.status())) << g.status();
+  EXPECT_NE(g.status().message().find(url), std::string::npos) << g.status();
+  ExpectNoEngines();
+}
+
+TEST_F(NcclConnectTest, FailedJoinIsUnavailableAndTornDown) {
+  FakeEngine engine("/init_weights_update_group", 0);
+  auto g = transport_->Connect(Request(engine.url(), absl::Seconds(5)));
+  EXPECT_TRUE(absl::IsUnavailable(g.status())) << g.status();
+  EXPECT_NE(g.status().message().find(engine.url()), std::string::npos) << g.status();
+  EXPECT_NE(g.status().message().find("HTTP 500"), std::string::npos) << g.status();
+  ExpectNoEngines();
+}
+
+TEST_F(NcclConnectTest, SilentEngineIsDeadlineExceededAndTornDown) {
+  FakeEngine engine("", 1500);  // joins after the 300 ms budget
+  auto g = transport_->Connect(Request(engine.url(), absl::Milliseconds(300)));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(g.status())) << g.status();
+  EXPECT_NE(g.status().message().find(engine.url()), std::string::npos) << g.status();
+  ExpectNoEngines();
+  // The group that did not form was destroyed on the engine once it answered.
+  EXPECT_TRUE(engine.Called("/destroy_weights_update_group"));
+  EXPECT_EQ(transport_->Group().generation, 1u);
+}
+
+TEST_F(NcclConnectTest, PublicationWithoutEnginesAndConnectWhileInFlight) {
+  engine::PublicationManifest m;
+  m.version = 7;
+  auto names = transport_->Begin(m);
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_TRUE(names->empty());
+  auto refused = transport_->Connect(Request("http://127.0.0.1:1", absl::Seconds(1)));
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("publication 7"), std::string::npos);
+  // A device bucket: nothing is sent, but `done` follows `ready` on the comm stream.
+  cudaEvent_t ready = nullptr, done = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 256), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(ready, nullptr), cudaSuccess);
+  engine::BucketManifest b;
+  b.nbytes = 256;
+  EXPECT_TRUE(transport_->SendDevice(b, buf, 256, ready, done).ok());
+  EXPECT_EQ(cudaEventSynchronize(done), cudaSuccess);
+  EXPECT_TRUE(transport_->WaitAcknowledged(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(transport_->Commit().ok());
+  EXPECT_TRUE(transport_->Outcomes().empty());
+  cudaFree(buf);
+  cudaEventDestroy(ready);
+  cudaEventDestroy(done);
+  // Not in flight any more: Connect runs (and fails on the dead URL, naming it).
+  auto after = transport_->Connect(Request("http://127.0.0.1:1", absl::Seconds(1)));
+  EXPECT_TRUE(absl::IsUnavailable(after.status())) << after.status();
+}
+
+}  // namespace
+}  // namespace wpub::nccl

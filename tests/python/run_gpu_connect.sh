@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs tests/python/test_gpu_connect_publish.py on a two-GPU host (e.g. nvidia-h200-x2) with
+# the binaries staged by tests/python/stage_gpu_connect.sh in .devbin/py_gpu/ (carried). The
+# binaries get the staged libraries (and torch's NCCL wheel) through small wrapper scripts, so
+# the Python process itself keeps the host's own libraries. Writes summary.log and, on failure,
+# the test's work folder (wpubd and engine logs) as logs.tar.gz to $OUT.
+# Usage (from the repository root): bash tests/python/run_gpu_connect.sh
+set -u
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/wpub_py_gpu_out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/summary.log") 2>&1
+# NVLink multicast stays off on these machines, also for child processes.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+BIN=$ROOT/.devbin/py_gpu
+NCCL_LIB=$(python3 -c "import os, nvidia.nccl as m; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
+if [[ ! -e $NCCL_LIB/libnccl.so.2 ]]; then
+  NCCL_LIB=$(dirname "$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)")
+fi
+WRAP=$(mktemp -d /tmp/wpub_wrap.XXXXXX)
+for b in wpubd wpub-recv wpub-quantize-ref; do
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' \
+    "$BIN/lib${NCCL_LIB:+:$NCCL_LIB}:${LD_LIBRARY_PATH:-}" "$BIN/$b" >"$WRAP/$b"
+  chmod +x "$WRAP/$b"
+done
+nvidia-smi -L
+python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "grpcio", grpc.__version__, "protobuf", p.__version__)'
+echo "NCCL_LIB=$NCCL_LIB"
+KEEP=$(mktemp -d /tmp/wpub_py_keep.XXXXXX)
+cd "$ROOT/tests/python" || exit 1
+PYTHONPATH=$ROOT/clients/python PYTHONDONTWRITEBYTECODE=1 WPUB_TEST_KEEP=1 TMPDIR=$KEEP \
+  WPUBD=$WRAP/wpubd WPUB_RECV=$WRAP/wpub-recv WPUB_QUANTIZE_REF=$WRAP/wpub-quantize-ref \
+  timeout 540 python3 -m unittest -v test_gpu_connect_publish test_connect_engines.FakeDaemonTest \
+  test_proto_compat
+rc=$?
+echo "--- exit $rc"
+tar -czf "$OUT/logs.tar.gz" --exclude="*.safetensors" -C "$KEEP" . 2>/dev/null
+exit $rc
