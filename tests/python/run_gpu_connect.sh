@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs tests/python/test_gpu_connect_publish.py on a two-GPU host (e.g. nvidia-h200-x2) with
-# the binaries staged by tests/python/stage_gpu_connect.sh in .devbin/py_gpu/ (carried). The
-# binaries get the staged libraries (and torch's NCCL wheel) through small wrapper scripts, so
-# the Python process itself keeps the host's own libraries. Writes summary.log and, on failure,
-# the test's work folder (wpubd and engine logs) as logs.tar.gz to $OUT.
+# Runs gpu_path_nccl_connect_test and tests/python/test_gpu_connect_publish.py (plus the
+# client's fake-service and protobuf-compatibility tests) on a two-GPU host (e.g.
+# nvidia-h200-x2) with the binaries staged by tests/python/stage_gpu_connect.sh in
+# .devbin/py_gpu/ (carried). The binaries get the staged libraries (and torch's NCCL wheel)
+# through small wrapper scripts, so the Python process itself keeps the host's own libraries.
+# Writes summary.log and the tests' work folders (wpubd and engine logs, no safetensors) as
+# logs.tar.gz to $OUT. Exit status: the Python tests'.
 # Usage (from the repository root): bash tests/python/run_gpu_connect.sh
 set -u
 ROOT=$(pwd)
@@ -26,6 +28,11 @@ done
 nvidia-smi -L
 python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "grpcio", grpc.__version__, "protobuf", p.__version__)'
 echo "NCCL_LIB=$NCCL_LIB"
+echo "=== gpu_path_nccl_connect_test (one GPU: ConnectEngines failure paths, no-engine publication)"
+LD_LIBRARY_PATH="$BIN/lib${NCCL_LIB:+:$NCCL_LIB}:${LD_LIBRARY_PATH:-}" timeout 120 \
+  "$BIN/gpu_path_nccl_connect_test" --gtest_color=no 2>&1 | tail -25
+echo "--- gpu_path_nccl_connect_test: exit ${PIPESTATUS[0]}"
+echo "=== Python: connect_engines + CUDA IPC publications to wpub-recv on GPU 1"
 KEEP=$(mktemp -d /tmp/wpub_py_keep.XXXXXX)
 cd "$ROOT/tests/python" || exit 1
 PYTHONPATH=$ROOT/clients/python PYTHONDONTWRITEBYTECODE=1 WPUB_TEST_KEEP=1 TMPDIR=$KEEP \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stages what tests/python/test_gpu_connect_publish.py needs on a GPU host that has Python,
-# torch and grpcio but no wpub build: wpubd, wpub-recv and wpub-quantize-ref from a CUDA build
+# torch and grpcio but no wpub build: wpubd, wpub-recv and wpub-quantize-ref (and the one-GPU
+# gpu_path_nccl_connect_test) from a CUDA build
 # folder, and every shared library they need that such a host does not provide (found with ldd;
 # glibc, libstdc++, libgcc_s, libnccl and the driver's libcuda are skipped: the host has its
 # own), stripped, into .devbin/py_gpu/ (binaries) and .devbin/py_gpu/lib/. Then
@@ -10,13 +11,14 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/build-p}
 DEST=$ROOT/.devbin/py_gpu
-BINS=(server/wpubd/wpubd clients/recv/wpub-recv tests/python/wpub-quantize-ref)
+BINS=(server/wpubd/wpubd clients/recv/wpub-recv tests/python/wpub-quantize-ref
+  tests/gpu_path/gpu_path_nccl_connect_test)
 SKIP='^(libc|libm|libdl|libpthread|librt|libutil|libresolv|ld-linux[^ ]*|linux-vdso|libstdc\+\+|libgcc_s|libnccl|libcuda)\.so'
 rm -rf "$DEST"
 mkdir -p "$DEST/lib"
 for b in "${BINS[@]}"; do
   if [[ ! -x $BUILD/$b ]]; then
-    echo "missing $BUILD/$b (build wpubd wpub-recv wpub-quantize-ref first)" >&2
+    echo "missing $BUILD/$b (build wpubd wpub-recv wpub-quantize-ref gpu_path_nccl_connect_test first)" >&2
     exit 1
   fi
   cp "$BUILD/$b" "$DEST/"

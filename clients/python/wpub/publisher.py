@@ -155,8 +155,9 @@ def _sync_cuda(devices) -> None:
 
 class Publisher:
     """A connection to one wpubd. Thread-safety: one publish() at a time per Publisher (the
-    daemon allows one publication at a time anyway); cancel(), status() and list_reports() may
-    be called from any thread while a publish() is in flight.
+    daemon allows one publication at a time anyway); cancel(), status(), list_reports() and
+    connect_engines() may be called from any thread while a publish() is in flight (the daemon
+    refuses a connect_engines while a publication is open).
 
     target: "host:port" or "unix:/path". token: bearer token when the daemon requires one.
     timeout: default deadline of publish() in seconds (None: no deadline).
