@@ -1,0 +1,295 @@
+// 4over6 block quantization in few instructions per element, for the blocks where that is
+// provably the same as the spec (docs/specs/nvfp4.md, "4over6"); every other block is left to
+// the step-for-step path of fast_block.cuh. Host and device compile the same source, so the CPU
+// tests (tests/kernels_cpu/fast_4over6_test.cc) prove the formulation exhaustively over the
+// domains stated below, and the GPU tests compare the device build with the CPU reference.
+//
+// Why the cheap formulation is exact (E2M1val(q) = q, sf = float(s_c), W_c = sf * amax / 6E):
+// 1. Magnitudes only. inv_c > 0, so the product of x keeps x's sign, E2M1 rounding is symmetric
+//    and |d| is the same for (x, q) and (|x|, |q|): both errors are computed on |x|, and the
+//    code's sign bit is x's (NaN elements never reach the packing, see 5).
+// 2. Scaled grid. With inv' = inv * 2^-6 (exact: inv' stays normal for the slices admitted by
+//    FourOverSixSlice), v' = RN(|x| * inv') = RN(|x| * inv) * 2^-6 unless both are far below
+//    the first E2M1 boundary. The E2M1 grid times 2^-6 is the E4M3 grid's subset whose E4M3
+//    bytes are (code << 2): one E4M3x2 conversion packs two codes.
+// 3. Rounding. In a block where RN(bmax * inv') < 7 * 2^-6 (checked per block; monotone in |x|)
+//    no element reaches the saturation of E2M1, and q' = (|v'| + C) - C with C = 2^(e + 22) for
+//    |v'| in [2^e, 2^(e+1)), C = 2^16 below 2^-6, is the E2M1 rounding: the add rounds to
+//    ulp(C) = the grid spacing, ties to even because C / ulp(C) is even, the subtraction is
+//    exact. Proven for every fp32 v' below 7 * 2^-6 (RoundE2M1Scaled).
+// 4. Exact error without a division per element. When amax has at most 18 significant bits (all
+//    bf16 and fp16 amaxes), qs * amax is exact, so the spec's D = fp32_div(qs * amax, 6E) is
+//    RN(q * W_c): a single rounding of q times a per-block constant. With A = RN(W_c) and
+//    L ~ W_c - A (from the exact division remainder), D = fma(q, A, q * L): for q = 2^k it is
+//    2^k * A, for q = 1.5 * 2^k the computed sum is within 2^-44 |D| of q * W_c, while q * W_c
+//    is either representable (E = 256) or at least ulp/42 away from every rounding boundary
+//    (W_c's denominator has the odd factor 3 or 21). Proven for all q, all scale bytes and all
+//    18-bit amax mantissas at the extremes of the admitted exponent range
+//    (ErrorValueEqualsSpecDivision).
+// 5. NaN elements are skipped by bmax but make both errors NaN; such blocks (err6 is NaN) go back
+//    to the step-for-step path, so codes here come from finite elements only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>
+#endif
+
+#include "kernels/nvfp4_math.h"
+
+namespace wpub::kernels::cuda::detail {
+
+// --- single operations, same rounding on host and device ---------------------------------------
+
+// a * b + c rounded once.
+WPUB_HD float Fma(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+
+// max(a + b, c) over uint32 (a + b must not wrap): one DPX instruction on sm_90.
+WPUB_HD uint32_t AddMax(uint32_t a, uint32_t b, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  return __viaddmax_u32(a, b, c);
+#else
+  return a + b > c ? a + b : c;
+#endif
+}
+
+// fminf / fmaxf (FMin / FMax of nvfp4_math.h: a NaN operand yields the other one).
+WPUB_HD float MinF(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return fminf(a, b);
+#else
+  return FMin(a, b);
+#endif
+}
+
+WPUB_HD float AbsF(float a) {
+#if defined(__CUDA_ARCH__)
+  return fabsf(a);
+#else
+  return FAbs(a);
+#endif
+}
+
+// Running max of |x| skipping NaN (BlockAmax's step; acc is never NaN).
+WPUB_HD float MaxAbsSkipNan(float acc, float x) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(acc, fabsf(x));
+#else
+  return MaxSkipNan(acc, FAbs(x));
+#endif
+}
+
+// FDiv(1, x): the IEEE round-to-nearest reciprocal on the device.
+WPUB_HD float Rcp(float x) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(x);
+#else
+  return FDiv(1.0f, x);
+#endif
+}
+
+// E4M3ToFloat for non-NaN bytes (on the device through e4m3 -> fp16 -> fp32 conversions, both
+// exact; fast_math_test.cu checks all 254 bytes).
+WPUB_HD float E4M3Value(uint32_t byte) {
+#if defined(__CUDA_ARCH__)
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte), __NV_E4M3);
+  return __half2float(__half(h));
+#else
+  return E4M3ToFloat(static_cast<uint8_t>(byte));
+#endif
+}
+
+// FloatToE4M3(lo) | FloatToE4M3(hi) << 8 for non-NaN inputs: one cvt.rn.satfinite.e4m3x2.f32.
+WPUB_HD uint32_t E4M3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+#else
+  return static_cast<uint32_t>(FloatToE4M3(lo)) | (static_cast<uint32_t>(FloatToE4M3(hi)) << 8);
+#endif
+}
+
+// __byte_perm without the sign-replicate mode: byte i of the result is byte (s >> 4i) & 7 of the
+// pair {lo = a, hi = b}.
+WPUB_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, s);
+#else
+  const uint64_t pair = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t sel = (s >> (4 * i)) & 7u;
+    r |= static_cast<uint32_t>((pair >> (8 * sel)) & 0xFFu) << (8 * i);
+  }
+  return r;
+#endif
+}
+
+// --- primitives ------------------------------------------------------------------------------
+
+inline constexpr float kCodeScale = 0x1p-6f;        // q' = E2M1val * 2^-6: E4M3 byte = code << 2
+inline constexpr float kSimpleLimit = 7 * 0x1p-6f;  // |v'| below this never saturates
+
+// E2M1val(FloatToE2M1(v' * 2^6)) * 2^-6 for 0 <= |v'| < 7 * 2^-6, as a non-negative value
+// (point 3 above). C's exponent is |v'|'s plus 22, at least 2^16's.
+WPUB_HD float RoundE2M1Scaled(float v) {
+  const float c = BitsFloat(AddMax(FloatBits(v) & 0x7F800000u, 22u << 23, 0x47800000u));
+  return FSub(FAdd(AbsF(v), c), c);
+}
+
+// Per-slice values of the cheap path; ok is uniform over a slice.
+struct FourOverSixSlice {
+  float amax;
+  float s_enc;
+  float s_dec;
+  bool ok;  // amax admits the cheap path (and the exact error's identities)
+};
+
+// amax = +0 or 2^-80 <= amax <= 2^100 keeps every intermediate of points 2 and 4 normal and far
+// from overflow; the exact error also needs amax's low 6 mantissa bits clear (<= 18 significant
+// bits, point 4). Anything else (NaN, inf, negative, fp32 amaxes) takes the step-for-step path.
+template <class Traits>
+WPUB_HD FourOverSixSlice MakeFourOverSixSlice(const TensorScales& ts) {
+  const uint32_t bits = FloatBits(ts.amax);
+  bool ok = bits == 0u || (ts.amax >= 0x1p-80f && ts.amax <= 0x1p100f);
+  if (Traits::kErr == ErrKind::kExact) ok = ok && (bits & 0x3Fu) == 0u;
+  return FourOverSixSlice{ts.amax, ts.s_enc, ts.s_dec, ok};
+}
+
+// fp32_div(k, 6E) by the reciprocal and one exact residual (Markstein); within the admitted
+// range k = sf * amax is 0 or in [2^-90, 2^110], where this is the IEEE quotient (part of what
+// ErrorValueEqualsSpecDivision proves).
+template <class Traits>
+WPUB_HD float DivSixE(float k) {
+  const float r = BitsFloat(Traits::kInvSixEBits);
+  const float q = FMul(k, r);
+  const float rem = -Fma(q, Traits::kSixE, -k);
+  return Fma(rem, r, q);
+}
+
+// What one candidate's elements need: inv' (point 2) and, per error kind, A' and L' (point 4,
+// both times 2^6 so that they multiply q') or sf * 2^6 (the FP16 error's q * sf).
+struct Candidate {
+  float inv;  // min(1 / (sf * S_dec), FLT_MAX) * 2^-6
+  float a;    // exact error: RN(sf * amax / 6E) * 2^6; FP16 error: sf * 2^6
+  float l;    // exact error: the low part of sf * amax / 6E, times 2^6
+};
+
+template <class Traits>
+WPUB_HD Candidate MakeCandidate(float sf, const FourOverSixSlice& s) {
+  Candidate c;
+  c.inv = FMul(MinF(Rcp(FMul(sf, s.s_dec)), FltMax()), kCodeScale);
+  if constexpr (Traits::kErr == ErrKind::kExact) {
+    const float k = FMul(sf, s.amax);  // exact: <= 4 + 18 significant bits
+    const float a = DivSixE<Traits>(k);
+    const float rem = Fma(-a, Traits::kSixE, k);  // exact remainder of the division
+    c.a = FMul(a, 0x1p6f);
+    c.l = FMul(FMul(rem, BitsFloat(Traits::kInvSixEBits)), 0x1p6f);
+  } else {
+    c.a = FMul(sf, 0x1p6f);
+    c.l = 0.0f;
+  }
+  return c;
+}
+
+// The spec's |d| for one element, up to sign: exact error fp32_div(q * sf * amax, 6E) - |x|,
+// FP16 error q * sf - |x| * S_enc (xs = |x| * S_enc, shared by both candidates).
+template <class Traits>
+WPUB_HD float ErrorTerm(float q, float ax, float xs, const Candidate& c) {
+  if constexpr (Traits::kErr == ErrKind::kExact) {
+    return FSub(Fma(q, c.a, FMul(q, c.l)), ax);
+  } else {
+    return FSub(FMul(q, c.a), xs);
+  }
+}
+
+template <class Traits>
+WPUB_HD float Accumulate(float err, float d) {
+  if constexpr (Traits::kMetric == ErrMetric::kMAE) {
+    return FAdd(err, AbsF(d));
+  } else {
+    return FAdd(err, FMul(d, d));
+  }
+}
+
+// Sign bits of 8 elements at their code nibbles' bit 3 (element j in nibble j): bytes 3 of the
+// floats gathered with byte permutes.
+WPUB_HD uint32_t SignNibbles(const float* x) {
+  uint32_t b[8];
+  for (int j = 0; j < 8; ++j) b[j] = FloatBits(x[j]);
+  const uint32_t even =
+      BytePerm(BytePerm(b[0], b[2], 0x0073), BytePerm(b[4], b[6], 0x0073), 0x5410);
+  const uint32_t odd = BytePerm(BytePerm(b[1], b[3], 0x0073), BytePerm(b[5], b[7], 0x0073), 0x5410);
+  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+}
+
+// One block's outputs: codes of elements 0..7 in lo, 8..15 in hi (element 2i in the low nibble
+// of byte i), and the scale byte.
+struct PackedBlock {
+  uint32_t lo;
+  uint32_t hi;
+  uint32_t sf;
+};
+
+// QuantizeBlockPacked<Traits> of nvfp4_math.h for 4over6 Traits, when the block admits the cheap
+// path: returns false (out unspecified) for blocks it leaves to the step-for-step path: the
+// slice is not ok, some |v'| could saturate (inf elements, tiny or clamped scales), or an element
+// is NaN.
+template <class Traits>
+WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const FourOverSixSlice& s,
+                                           PackedBlock& out) {
+  static_assert(Traits::kFourOverSix, "4over6 modes only");
+  float bmax = 0.0f;
+  WPUB_UNROLL
+  for (int i = 0; i < kBlockSize; ++i) bmax = MaxAbsSkipNan(bmax, x[i]);
+  // Spec 4over6 steps 1-2; base is never NaN for an ok slice (S_enc finite and positive).
+  const float base = FMul(FDiv(bmax, 6.0f), s.s_enc);
+  const uint32_t bytes = E4M3x2(MinF(base, 448.0f), MinF(FMul(base, 1.5f), 448.0f));
+  const uint32_t s6 = bytes & 0xFFu;
+  const uint32_t s4 = bytes >> 8;
+  const Candidate c6 = MakeCandidate<Traits>(E4M3Value(s6), s);
+  const Candidate c4 = MakeCandidate<Traits>(E4M3Value(s4), s);
+  if (!(s.ok && FMul(bmax, c6.inv) < kSimpleLimit && FMul(bmax, c4.inv) < kSimpleLimit)) {
+    return false;
+  }
+  float q6[kBlockSize];
+  float q4[kBlockSize];
+  float err6 = 0.0f;
+  float err4 = 0.0f;
+  WPUB_UNROLL
+  for (int i = 0; i < kBlockSize; ++i) {
+    const float ax = AbsF(x[i]);
+    const float xs = Traits::kErr == ErrKind::kExact ? 0.0f : FMul(ax, s.s_enc);
+    q6[i] = RoundE2M1Scaled(FMul(ax, c6.inv));
+    q4[i] = RoundE2M1Scaled(FMul(ax, c4.inv));
+    err6 = Accumulate<Traits>(err6, ErrorTerm<Traits>(q6[i], ax, xs, c6));
+    err4 = Accumulate<Traits>(err4, ErrorTerm<Traits>(q4[i], ax, xs, c4));
+  }
+  if (IsNan(err6)) return false;   // a NaN element (point 5)
+  const bool pick4 = err4 < err6;  // strict: ties keep map-to-6
+  out.sf = pick4 ? s4 : s6;
+  // E4M3 bytes (code << 2) of the even and odd elements of each half, then one select per word.
+  uint32_t w[4];
+  WPUB_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    const int o = 8 * h;
+    const uint32_t even6 = E4M3x2(q6[o], q6[o + 2]) | (E4M3x2(q6[o + 4], q6[o + 6]) << 16);
+    const uint32_t odd6 = E4M3x2(q6[o + 1], q6[o + 3]) | (E4M3x2(q6[o + 5], q6[o + 7]) << 16);
+    const uint32_t even4 = E4M3x2(q4[o], q4[o + 2]) | (E4M3x2(q4[o + 4], q4[o + 6]) << 16);
+    const uint32_t odd4 = E4M3x2(q4[o + 1], q4[o + 3]) | (E4M3x2(q4[o + 5], q4[o + 7]) << 16);
+    w[2 * h] = pick4 ? even4 : even6;
+    w[2 * h + 1] = pick4 ? odd4 : odd6;
+  }
+  out.lo = (w[0] >> 2) | (w[1] << 2) | SignNibbles(x);
+  out.hi = (w[2] >> 2) | (w[3] << 2) | SignNibbles(x + 8);
+  return true;
+}
+
+}  // namespace wpub::kernels::cuda::detail
