@@ -62,6 +62,7 @@ int RunEngineEndpoint(const sigset_t& signals) {
   cb.on_bucket = [&](const wpub::nccl::ReceivedBucket& b) {
     std::lock_guard lock(mu);
     for (const auto& t : b.tensors) {
+      if (b.bytes.empty()) break;  // checksummed on the device only (no --output)
       tensors[t.name] = {
           wpub::TensorDesc{t.name, t.dtype, t.shape},
           std::vector<uint8_t>(b.bytes.begin() + t.offset, b.bytes.begin() + t.offset + t.nbytes)};
@@ -83,6 +84,8 @@ int RunEngineEndpoint(const sigset_t& signals) {
   o.host = listen.substr(0, colon);
   o.port = port;
   o.device = absl::GetFlag(FLAGS_gpu_device);
+  // Without --output the bytes are only verified: checksum on the device, nothing copied back.
+  o.copy_to_host = !output.empty();
   auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(cb));
   if (!endpoint.ok()) {
     std::fprintf(stderr, "wpub-recv: %s\n", endpoint.status().ToString().c_str());

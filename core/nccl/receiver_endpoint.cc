@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/engine/checksum.h"
+#include "core/gpu/status_kernels.h"
 #include "core/nccl/group_member.h"
 #include "nlohmann/json.hpp"
 
@@ -41,12 +42,14 @@ class ReceiverEndpoint::Impl {
     std::lock_guard lock(mu_);
     member_.reset();
     if (buf_ != nullptr) cudaFree(buf_);
+    if (sum_ != nullptr) cudaFree(sum_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Start() {
     if (cudaSetDevice(options_.device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc(reinterpret_cast<void**>(&sum_), sizeof(unsigned long long)) != cudaSuccess) {
       (void)cudaGetLastError();
       return absl::FailedPreconditionError(
           absl::StrCat("receiver endpoint: CUDA device ", options_.device, " is not usable"));
@@ -100,6 +103,7 @@ class ReceiverEndpoint::Impl {
  private:
   void Join(const httplib::Request& q, httplib::Response& r) {
     std::lock_guard lock(mu_);
+    if (absl::Status s = UseDevice(); !s.ok()) return Reply(r, s, "");
     json j = json::parse(q.body, nullptr, false);
     if (!j.is_object()) return Reply(r, absl::InvalidArgumentError("body is not JSON"), "");
     GroupMemberOptions o;
@@ -118,8 +122,19 @@ class ReceiverEndpoint::Impl {
     Reply(r, absl::OkStatus(), "joined " + o.group_name);
   }
 
+  // httplib runs each handler on a pool thread whose current device is the process default:
+  // every handler that touches CUDA selects the endpoint's device first.
+  absl::Status UseDevice() const {
+    if (const cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "receiver endpoint: cudaSetDevice(", options_.device, "): ", cudaGetErrorString(e)));
+    }
+    return absl::OkStatus();
+  }
+
   void Update(const httplib::Request& q, httplib::Response& r) {
     std::lock_guard lock(mu_);  // one weight update at a time, as SGLang
+    if (absl::Status s = UseDevice(); !s.ok()) return Reply(r, s, "");
     if (!member_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
     json j = json::parse(q.body, nullptr, false);
     if (!j.is_object() || !j.contains("names") || !j.contains("dtypes") || !j.contains("shapes")) {
@@ -144,18 +159,41 @@ class ReceiverEndpoint::Impl {
       if (buf_ != nullptr) cudaFree(buf_);
       buf_ = nullptr;
       buf_bytes_ = 0;
-      if (cudaMalloc(&buf_, off) != cudaSuccess) {
-        return Reply(r, absl::ResourceExhaustedError("cannot allocate the bucket buffer"), "");
+      if (const cudaError_t e = cudaMalloc(&buf_, off); e != cudaSuccess) {
+        buf_ = nullptr;
+        return Reply(r,
+                     absl::ResourceExhaustedError(absl::StrCat(
+                         "cannot allocate the bucket buffer of ", off, " bytes on device ",
+                         options_.device, ": ", cudaGetErrorString(e))),
+                     "");
       }
       buf_bytes_ = off;
     }
     if (absl::Status s = member_->Receive(buf_, off, stream_); !s.ok()) return Reply(r, s, "");
-    b.bytes.resize(off);
-    if (cudaStreamSynchronize(stream_) != cudaSuccess ||
-        cudaMemcpy(b.bytes.data(), buf_, off, cudaMemcpyDeviceToHost) != cudaSuccess) {
-      return Reply(r, absl::InternalError("the bucket's receive failed on the device"), "");
+    b.nbytes = off;
+    cudaError_t e = cudaSuccess;
+    unsigned long long sum = 0;
+    if (options_.copy_to_host) {
+      b.bytes.resize(off);
+      e = cudaMemcpyAsync(b.bytes.data(), buf_, off, cudaMemcpyDeviceToHost, stream_);
+    } else {
+      e = cudaMemsetAsync(sum_, 0, sizeof(sum), stream_);
+      if (e == cudaSuccess) {
+        e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(buf_), off, 0, sum_, stream_);
+      }
+      if (e == cudaSuccess) {
+        e = cudaMemcpyAsync(&sum, sum_, sizeof(sum), cudaMemcpyDeviceToHost, stream_);
+      }
     }
-    b.checksum = engine::Checksum(b.bytes.data(), b.bytes.size());
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
+    if (e != cudaSuccess) {
+      return Reply(r,
+                   absl::InternalError(absl::StrCat("the bucket's receive failed on device ",
+                                                    options_.device, ": ", cudaGetErrorString(e))),
+                   "");
+    }
+    b.checksum = options_.copy_to_host ? engine::Checksum(b.bytes.data(), b.bytes.size())
+                                       : engine::ChecksumFinish(sum, off);
     ReceiverVersionStats& st = stats_[b.version];
     b.index = static_cast<uint32_t>(st.buckets);
     ++st.buckets;
@@ -176,6 +214,7 @@ class ReceiverEndpoint::Impl {
   std::atomic<GroupMember*> active_{nullptr};  // member_, for Abort without mu_
   void* buf_ = nullptr;                        // guarded by mu_
   uint64_t buf_bytes_ = 0;                     // guarded by mu_
+  unsigned long long* sum_ = nullptr;          // device checksum accumulator, guarded by mu_
   cudaStream_t stream_ = nullptr;
   std::map<std::string, ReceiverVersionStats> stats_;  // guarded by mu_
 };

@@ -1,8 +1,10 @@
 // A receiving engine that speaks SGLang's weight-update HTTP routes (what the publisher's
 // SGLang driver calls) over a GroupMember: the NCCL data path of a C++ receiver such as
 // wpub-recv, so a publisher can push to it exactly as to an SGLang engine. Each flattened
-// bucket is received into device memory with one broadcast, copied back and handed to the
-// callback with its tensors decoded from the request (names, dtypes, shapes, back to back).
+// bucket is received into device memory with one broadcast and handed to the callback with its
+// tensors decoded from the request (names, dtypes, shapes, back to back): copied back to the host
+// with its checksum computed there (copy_to_host), or checksummed on the device with the same
+// kernel the publisher uses and not copied (a receiver that only verifies, e.g. in benchmarks).
 //
 // Threading: the HTTP server runs on its own threads; weight-update requests are handled one at
 // a time (as SGLang does) and the callbacks run on that handler thread. Public methods are
@@ -27,14 +29,18 @@ struct ReceiverEndpointOptions {
   int port = 0;  // 0: an ephemeral port (port() says which)
   int device = 0;
   absl::Duration join_timeout = absl::Seconds(120);
+  // true: ReceivedBucket::bytes holds the bucket (one device-to-host copy per bucket). false:
+  // bytes stays empty and only the checksum (computed on the device, 8 bytes read back) arrives.
+  bool copy_to_host = true;
 };
 
 struct ReceivedBucket {
   std::string version;  // the request's weight_version
   uint32_t index = 0;   // position within the version
   std::vector<engine::ManifestTensor> tensors;
-  std::vector<uint8_t> bytes;
-  uint64_t checksum = 0;  // core/engine/checksum.h over `bytes`
+  uint64_t nbytes = 0;         // the bucket's size
+  std::vector<uint8_t> bytes;  // empty unless ReceiverEndpointOptions::copy_to_host
+  uint64_t checksum = 0;       // core/engine/checksum.h over the bucket's bytes
 };
 
 struct ReceiverVersionStats {

@@ -2,18 +2,25 @@
 // routes over nccl::GroupMember, the NCCL data path of a C++ receiver) plus GET /stats, so wpub is
 // tested end to end without Python or SGLang. /stats returns
 // {"<version>": {"buckets": n, "bytes": b, "checksums": [...]}} (core/engine/checksum.h).
-// Usage: multi_gpu_cpp_receiver <port> <gpu>
+// Usage: multi_gpu_cpp_receiver <port> <gpu> [host|device]  (where the checksum is computed:
+// after a copy of every bucket to the host (default), or on the device with nothing copied).
 #include <httplib.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "core/nccl/receiver_endpoint.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s port gpu\n", argv[0]);
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: %s port gpu [host|device]\n", argv[0]);
+    return 2;
+  }
+  const std::string mode = argc == 4 ? argv[3] : "host";
+  if (mode != "host" && mode != "device") {
+    std::fprintf(stderr, "checksum mode must be host or device, not %s\n", mode.c_str());
     return 2;
   }
   const int port = std::atoi(argv[1]);
@@ -21,6 +28,7 @@ int main(int argc, char** argv) {
   o.port = 0;  // the routes; /stats is served on `port` below with them proxied there
   o.device = std::atoi(argv[2]);
   o.join_timeout = absl::Seconds(60);
+  o.copy_to_host = mode == "host";
   auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, {});
   if (!endpoint.ok()) {
     std::fprintf(stderr, "%s\n", endpoint.status().ToString().c_str());
@@ -51,7 +59,8 @@ int main(int argc, char** argv) {
   srv.Get(R"(/(?!stats).*)", forward);
   srv.Post(R"(/.*)", forward);
   srv.set_tcp_nodelay(true);
-  std::printf("cpp receiver on :%d (endpoint :%d) gpu %d\n", port, inner, o.device);
+  std::printf("cpp receiver on :%d (endpoint :%d) gpu %d, checksums on the %s\n", port, inner,
+              o.device, mode.c_str());
   std::fflush(stdout);
   srv.listen("127.0.0.1", port);
   return 0;

@@ -511,38 +511,45 @@ TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
 }
 
 TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
-  const int port = FreePort();
-  auto receiver = Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1"},
-                               dir_ + "/cpp_receiver.log", false);
-  ASSERT_TRUE(receiver.ok()) << receiver.status();
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  const ModelLayout layout = LayoutModel(shape_);
-  DeviceModel model(layout);
-  auto transport = Transport(port, absl::Seconds(60));
-  ASSERT_TRUE(transport);
-  gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
-  auto backend = gpu::GpuBackend::Create(bo);
-  ASSERT_TRUE(backend.ok());
-  for (uint64_t version = 1; version <= 2; ++version) {
-    model.Fill(200 + version);
-    std::vector<engine::InputTensor> inputs;
-    auto built = BuildPlan(layout, model.base(), true, 256 << 10, version, &inputs);
-    ASSERT_TRUE(built.ok());
-    PublishResult r = Publish(**backend, *transport, *built, absl::Seconds(60));
-    ASSERT_TRUE(r.status.ok()) << r.status;
-    auto body = HttpGet(port, "/stats");
-    ASSERT_TRUE(body.ok()) << body.status();
-    json s = json::parse(*body)[std::to_string(version)];
-    ASSERT_FALSE(s.is_null());
-    EXPECT_EQ(s["bytes"].get<uint64_t>(), built->bytes_out);
-    EXPECT_EQ(s["checksums"].get<std::vector<uint64_t>>(), (*backend)->last_checksums());
-    std::printf("engine-free version %lu: %zu buckets to the C++ receiver, %.3f s\n",
-                static_cast<unsigned long>(version), built->manifest.buckets.size(),
-                r.wall_seconds);
+  // Both receiver modes: every bucket copied to the host and checksummed there, and checksummed
+  // on the receiving device with nothing copied (what the benchmark's C++ engine does).
+  for (const std::string mode : {"host", "device"}) {
+    SCOPED_TRACE("checksums on the " + mode);
+    const int port = FreePort();
+    auto receiver =
+        Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1", mode},
+                     dir_ + "/cpp_receiver_" + mode + ".log", false);
+    ASSERT_TRUE(receiver.ok()) << receiver.status();
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    const ModelLayout layout = LayoutModel(shape_);
+    DeviceModel model(layout);
+    auto transport = Transport(port, absl::Seconds(60));
+    ASSERT_TRUE(transport);
+    gpu::GpuBackendOptions bo;
+    bo.sink = transport.get();
+    auto backend = gpu::GpuBackend::Create(bo);
+    ASSERT_TRUE(backend.ok());
+    for (uint64_t version = 1; version <= 2; ++version) {
+      model.Fill(200 + version);
+      std::vector<engine::InputTensor> inputs;
+      auto built = BuildPlan(layout, model.base(), true, 256 << 10, version, &inputs);
+      ASSERT_TRUE(built.ok());
+      PublishResult r = Publish(**backend, *transport, *built, absl::Seconds(60));
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      auto body = HttpGet(port, "/stats");
+      ASSERT_TRUE(body.ok()) << body.status();
+      json s = json::parse(*body)[std::to_string(version)];
+      ASSERT_FALSE(s.is_null());
+      EXPECT_EQ(s["bytes"].get<uint64_t>(), built->bytes_out);
+      EXPECT_EQ(s["checksums"].get<std::vector<uint64_t>>(), (*backend)->last_checksums());
+      std::printf(
+          "engine-free version %lu (%s checksums): %zu buckets to the C++ receiver, %.3f s\n",
+          static_cast<unsigned long>(version), mode.c_str(), built->manifest.buckets.size(),
+          r.wall_seconds);
+    }
   }
 }
 
