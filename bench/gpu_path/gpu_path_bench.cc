@@ -1,9 +1,14 @@
 // GPU publication path benchmark (a program, not a test): a synthetic model shaped like
 // Qwen3-30B-A3B (48 layers, 128 routed experts of [768, 2048], hidden 2048, attention and norms
-// in BF16) in GPU 0 memory, published to the SGLang emulator on GPU 1 (torch.distributed as
-// SGLang uses it), measured in one run:
-//   (a) wpub NVFP4: GPU backend (amax, quantize, pack, checksums) + NCCL transport;
-//   (b) wpub BF16 passthrough of the same model;
+// in BF16) in GPU 0 memory, published to GPU 1, measured in one run:
+//   (a) wpub NVFP4: GPU backend (amax, quantize, pack, checksums) + NCCL transport, to a C++
+//       engine on GPU 1 (multi_gpu_cpp_receiver: SGLang's weight-update routes over
+//       nccl::ReceiverEndpoint, every bucket checksummed on the device);
+//   (a-emu) the same to the SGLang emulator on GPU 1 (Python, torch.distributed as SGLang uses
+//       it, one HTTP request per bucket handled in Python);
+//   (a') as (a) with the amax pass pipelined per bucket (non-finite weights rejected after the
+//       transfer, before commit);
+//   (b) wpub BF16 passthrough of the same model to the C++ engine; (b-emu) to the emulator;
 //   (d) a plain NCCL broadcast of (a)'s byte count (and of (b)'s), in bucket-sized messages,
 //       through a group formed the same way: the transfer limit.
 //   (e) the GPU backend alone (NVFP4 and BF16) into a sink that discards each bucket once it
@@ -13,6 +18,7 @@
 // (bytes published / wall, GB = 1e9), host syncs, and the ratios. JSON with --json.
 // Usage: gpu_path_bench [--layers 48] [--experts 128] [--hidden 2048] [--inter 768]
 //        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
+//        [--cpp_receiver PATH]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -54,7 +60,8 @@ struct Args {
   int iters = 3;
   std::string json_path;
   std::string log_dir = "/tmp";
-  double copy_gbps = 4293;  // D2D copy (read + write) on the lent H200, engines spec
+  double copy_gbps = 4293;   // D2D copy (read + write) on the lent H200, engines spec
+  std::string cpp_receiver;  // default: multi_gpu_cpp_receiver next to this binary
 };
 
 Args Parse(int argc, char** argv) {
@@ -86,6 +93,8 @@ Args Parse(int argc, char** argv) {
       a.log_dir = v;
     else if (k == "--copy_gbps")
       a.copy_gbps = std::atof(v.c_str());
+    else if (k == "--cpp_receiver")
+      a.cpp_receiver = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -274,53 +283,81 @@ int Main(int argc, char** argv) {
   if (FillBf16(model, layout.total_bytes / 2, 2026, nullptr) != cudaSuccess) return 1;
   cudaDeviceSynchronize();
 
+  // The two engines on GPU 1: the SGLang emulator (also the receiver of the plain broadcasts)
+  // and the C++ engine. Each gets its own NCCL transport (own store, own group).
   const int port = testing::FreePort();
   auto emulator =
       testing::StartEmulator(port, 1, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"));
   BENCH_OK(emulator.status());
-  nccl::NcclTransportOptions to;
-  to.store.bind_address = "127.0.0.1";
-  to.sglang.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
-  to.sglang.group_name = "wpub_bench";
-  to.sglang.request_timeout = absl::Seconds(600);
-  to.publication_deadline = absl::Seconds(600);
-  auto transport = nccl::NcclTransport::Create(to);
-  BENCH_OK(transport.status());
-  gpu::GpuBackendOptions bo;
-  bo.sink = transport->get();
-  auto backend = gpu::GpuBackend::Create(bo);
-  BENCH_OK(backend.status());
+  const int cpp_port = testing::FreePort();
+  auto cpp_engine = testing::Child::Spawn(
+      {args.cpp_receiver.empty() ? testing::SiblingBinary("multi_gpu_cpp_receiver")
+                                 : args.cpp_receiver,
+       std::to_string(cpp_port), "1", "device"},
+      absl::StrCat(args.log_dir, "/bench_cpp_engine.log"), false);
+  BENCH_OK(cpp_engine.status());
+  for (int tries = 0; !testing::HttpGet(cpp_port, "/health").ok(); ++tries) {
+    if (tries > 600) BENCH_OK(absl::UnavailableError("the C++ engine did not come up"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto make_transport = [](int engine_port, const char* group) {
+    nccl::NcclTransportOptions to;
+    to.store.bind_address = "127.0.0.1";
+    to.sglang.engines = {{absl::StrCat("http://127.0.0.1:", engine_port), 1}};
+    to.sglang.group_name = group;
+    to.sglang.request_timeout = absl::Seconds(600);
+    to.publication_deadline = absl::Seconds(600);
+    auto t = nccl::NcclTransport::Create(to);
+    BENCH_OK(t.status());
+    return *std::move(t);
+  };
+  std::unique_ptr<nccl::NcclTransport> to_cpp = make_transport(cpp_port, "wpub_bench_cpp");
+  std::unique_ptr<nccl::NcclTransport> to_emu = make_transport(port, "wpub_bench");
+  auto backend_for = [](gpu::DeviceBucketSink* sink, bool reject_first) {
+    gpu::GpuBackendOptions bo;
+    bo.sink = sink;
+    bo.reject_before_send = reject_first;
+    auto b = gpu::GpuBackend::Create(bo);
+    BENCH_OK(b.status());
+    return *std::move(b);
+  };
 
   const auto* base = static_cast<const uint8_t*>(model);
-  uint64_t version = 0, bytes_a = 0, bytes_b = 0;
+  uint64_t version = 0, bytes_a = 0, bytes_b = 0, unused = 0;
   json rows = json::array();
-  rows.push_back(RunWpub("(a) wpub nvfp4", true, args, layout, base, **backend, **transport,
-                         &version, &bytes_a));
-  // (a'): amax pipelined per bucket; a non-finite weight is then rejected after the transfer
-  // (before commit) instead of before the first broadcast.
-  gpu::GpuBackendOptions bo2 = bo;
-  bo2.reject_before_send = false;
-  auto pipelined = gpu::GpuBackend::Create(bo2);
-  BENCH_OK(pipelined.status());
-  uint64_t bytes_a2 = 0;
-  json a2 = RunWpub("(a') nvfp4 pipelined", true, args, layout, base, **pipelined, **transport,
-                    &version, &bytes_a2);
-  pipelined->reset();
-  rows.push_back(RunWpub("(b) wpub bf16", false, args, layout, base, **backend, **transport,
-                         &version, &bytes_b));
+  {
+    auto be = backend_for(to_cpp.get(), true);
+    rows.push_back(
+        RunWpub("(a) wpub nvfp4", true, args, layout, base, *be, *to_cpp, &version, &bytes_a));
+    rows.push_back(
+        RunWpub("(b) wpub bf16", false, args, layout, base, *be, *to_cpp, &version, &bytes_b));
+  }
+  json a2;
+  {
+    // (a'): amax pipelined per bucket; a non-finite weight is then rejected after the transfer
+    // (before commit) instead of before the first broadcast.
+    auto be = backend_for(to_cpp.get(), false);
+    a2 = RunWpub("(a') nvfp4 pipelined", true, args, layout, base, *be, *to_cpp, &version, &unused);
+  }
+  json emu_rows = json::array();
+  {
+    auto be = backend_for(to_emu.get(), true);
+    emu_rows.push_back(
+        RunWpub("(a-emu) nvfp4 -> emu", true, args, layout, base, *be, *to_emu, &version, &unused));
+    emu_rows.push_back(
+        RunWpub("(b-emu) bf16 -> emu", false, args, layout, base, *be, *to_emu, &version, &unused));
+  }
   // (e): the same backend work into a discarding sink.
   DiscardSink discard;
-  gpu::GpuBackendOptions bo3 = bo;
-  bo3.sink = &discard;
-  auto alone = gpu::GpuBackend::Create(bo3);
-  BENCH_OK(alone.status());
-  uint64_t bytes_e = 0;
-  json e_nvfp4 = RunWpub("(e) backend only nvfp4", true, args, layout, base, **alone, discard,
-                         &version, &bytes_e);
-  json e_bf16 = RunWpub("(e) backend only bf16", false, args, layout, base, **alone, discard,
-                        &version, &bytes_e);
-  alone->reset();
-  // The plain broadcasts need their own store entry; the transport's server is reused.
+  json e_nvfp4, e_bf16;
+  {
+    auto alone = backend_for(&discard, true);
+    e_nvfp4 = RunWpub("(e) backend only nvfp4", true, args, layout, base, *alone, discard, &version,
+                      &unused);
+    e_bf16 = RunWpub("(e) backend only bf16", false, args, layout, base, *alone, discard, &version,
+                     &unused);
+  }
+  // The plain broadcasts need their own store entry and group (to the emulator's /bench_recv).
   auto raw_store = rendezvous::TcpStoreServer::Create({"127.0.0.1"});
   BENCH_OK(raw_store.status());
   rows.push_back(RunPlainBroadcast("(d) nccl bcast nvfp4B", bytes_a, args, port, **raw_store, 1));
@@ -330,17 +367,20 @@ int Main(int argc, char** argv) {
   const double d = rows[2]["wall_seconds"], d2 = rows[3]["wall_seconds"];
   const double roofline = (layout.total_bytes + bytes_a) / (args.copy_gbps * 1e9);
   const double ap = a2["wall_seconds"];
+  const double a_emu = emu_rows[0]["wall_seconds"];
   json summary = {{"a_over_d", a / d},
                   {"a_pipelined_over_d", ap / d},
                   {"a_pipelined_over_max_roofline_d", ap / std::max(roofline, d)},
                   {"b_over_d_bf16", b / d2},
+                  {"a_emu_over_max_roofline_d", a_emu / std::max(roofline, d)},
                   {"quantize_roofline_seconds", roofline},
                   {"a_over_max_roofline_d", a / std::max(roofline, d)},
                   {"goal_a_within_1_3x", a <= 1.3 * std::max(roofline, d)}};
   std::printf(
       "ratios: (a)/(d) %.2f; (a)/max(quantize roofline %.4f s, (d)) %.2f (goal <= 1.3); "
-      "(a')/max %.2f; (b)/(d') %.2f\n",
-      a / d, roofline, a / std::max(roofline, d), ap / std::max(roofline, d), b / d2);
+      "(a')/max %.2f; (b)/(d') %.2f; (a-emu)/max %.2f\n",
+      a / d, roofline, a / std::max(roofline, d), ap / std::max(roofline, d), b / d2,
+      a_emu / std::max(roofline, d));
   json out = {{"device", prop.name},
               {"model",
                {{"layers", args.shape.layers},
@@ -352,10 +392,12 @@ int Main(int argc, char** argv) {
               {"iters", args.iters},
               {"rows", rows},
               {"pipelined", a2},
+              {"to_emulator", emu_rows},
               {"backend_only", {e_nvfp4, e_bf16}},
               {"summary", summary}};
   if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
-  transport->reset();
+  to_cpp.reset();
+  to_emu.reset();
   cudaFree(model);
   return 0;
 }
