@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
   });
   auto forward = [inner](const httplib::Request& req, httplib::Response& res) {
     httplib::Client c("127.0.0.1", inner);
+    c.set_tcp_nodelay(true);
     c.set_read_timeout(600, 0);
     httplib::Result r =
         req.method == "GET" ? c.Get(req.path) : c.Post(req.path, req.body, "application/json");

@@ -39,6 +39,7 @@ DTYPES = {
     "bool": torch.bool,
     "float8_e4m3fn": torch.float8_e4m3fn,
 }
+ELEMENT_SIZES = {name: torch.empty((), dtype=dt).element_size() for name, dt in DTYPES.items()}
 
 
 def init_custom_process_group(backend, init_method, timeout, world_size, rank, group_name,
@@ -139,7 +140,7 @@ class Engine:
             n = 1
             for d in shp:
                 n *= d
-            sizes.append(n * torch.empty((), dtype=DTYPES[dt]).element_size())
+            sizes.append(n * ELEMENT_SIZES[dt])
         total = sum(sizes)
         t0 = time.perf_counter()
         buf = torch.empty(total, dtype=torch.uint8, device=self.device)
@@ -231,6 +232,10 @@ def main():
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # SGLang's server (uvicorn) sets TCP_NODELAY; without it every small answer waits for
+        # the client's delayed ACK (~40 ms per request), which would be the emulator's artifact.
+        disable_nagle_algorithm = True
+        wbufsize = 1 << 16  # flushed by handle_one_request after each response
 
         def _serve(self, method):
             n = int(self.headers.get("Content-Length") or 0)
@@ -241,7 +246,7 @@ def main():
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            self.wfile.write(data)  # buffered (wbufsize): one send with the headers
 
         def do_GET(self):
             self._serve("GET")
