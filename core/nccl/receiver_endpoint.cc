@@ -5,6 +5,8 @@
 #include <httplib.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -64,6 +66,8 @@ class ReceiverEndpoint::Impl {
                    std::lock_guard lock(mu_);
                    active_ = nullptr;
                    member_.reset();
+                   ++group_epoch_;
+                   turn_.notify_all();
                    Reply(r, absl::OkStatus(), "destroyed");
                  });
     server_.Post("/update_weights_from_distributed",
@@ -119,7 +123,99 @@ class ReceiverEndpoint::Impl {
     active_ = nullptr;
     member_ = std::move(*m);
     active_ = member_.get();
+    ++group_epoch_;
+    turn_.notify_all();
     Reply(r, absl::OkStatus(), "joined " + o.group_name);
+  }
+
+  struct ParsedUpdate {
+    ReceivedBucket bucket;  // tensors, version, nbytes
+    int64_t sequence = -1;  // `wpub_sequence`, -1 when absent
+  };
+
+  // The flattened-bucket request: names, dtypes and shapes laid back to back.
+  static absl::StatusOr<ParsedUpdate> ParseUpdate(const std::string& body) {
+    json j = json::parse(body, nullptr, false);
+    if (!j.is_object()) return absl::InvalidArgumentError("the request body is not JSON");
+    const auto names = j.find("names"), dtypes = j.find("dtypes"), shapes = j.find("shapes");
+    if (names == j.end() || dtypes == j.end() || shapes == j.end() || !names->is_array() ||
+        !dtypes->is_array() || !shapes->is_array() || names->size() != dtypes->size() ||
+        names->size() != shapes->size()) {
+      return absl::InvalidArgumentError(
+          "names, dtypes and shapes are required: arrays of one length");
+    }
+    ParsedUpdate out;
+    ReceivedBucket& b = out.bucket;
+    const auto v = j.find("weight_version");
+    if (v != j.end() && v->is_string()) b.version = v->get<std::string>();
+    const auto seq = j.find("wpub_sequence");
+    if (seq != j.end()) {
+      if (!seq->is_number_unsigned()) {
+        return absl::InvalidArgumentError("wpub_sequence must be a non-negative integer");
+      }
+      out.sequence = seq->get<int64_t>();
+    }
+    b.tensors.reserve(names->size());
+    uint64_t off = 0;
+    for (size_t i = 0; i < names->size(); ++i) {
+      const json &n = (*names)[i], &d = (*dtypes)[i], &sh = (*shapes)[i];
+      if (!n.is_string() || !d.is_string() || !sh.is_array()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", i, ": name and dtype must be strings, shape an array"));
+      }
+      engine::ManifestTensor t;
+      t.name = n.get<std::string>();
+      absl::StatusOr<DType> dt = ParseDType(d.get_ref<const std::string&>());
+      if (!dt.ok())
+        return absl::InvalidArgumentError(absl::StrCat(t.name, ": ", dt.status().message()));
+      t.dtype = *dt;
+      for (const json& e : sh) {
+        if (!e.is_number_integer() || e.get<int64_t>() < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(t.name, ": shape ", sh.dump(), " is not a list of sizes"));
+        }
+        t.shape.push_back(e.get<int64_t>());
+      }
+      t.offset = off;
+      t.nbytes = static_cast<uint64_t>(NumElements(t.shape) * DTypeSize(t.dtype));
+      off += t.nbytes;
+      b.tensors.push_back(std::move(t));
+    }
+    b.nbytes = off;
+    return out;
+  }
+
+  // Requests that carry `wpub_sequence` (a publisher with several requests in flight per
+  // engine) take their turn in that order within their version: NCCL matches broadcasts by
+  // order, so bucket k's receive must be posted before bucket k + 1's. Sequence 0 of a new
+  // version starts it. Bounded by the join timeout (the publisher's watchdog aborts first).
+  absl::Status AwaitTurn(const std::string& version, int64_t sequence,
+                         std::unique_lock<std::mutex>& lock) {
+    const uint64_t epoch = group_epoch_;
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::microseconds(absl::ToInt64Microseconds(options_.join_timeout));
+    if (sequence == 0) {  // a publication's first bucket: its predecessors were all answered
+      sequence_version_ = version;
+      next_sequence_ = 0;
+      return absl::OkStatus();
+    }
+    for (;;) {
+      if (group_epoch_ != epoch) {
+        return absl::AbortedError(absl::StrCat("version ", version, ": bucket ", sequence,
+                                               " dropped: the weight-update group changed"));
+      }
+      if (version == sequence_version_ && sequence == next_sequence_) return absl::OkStatus();
+      if (version == sequence_version_ && sequence < next_sequence_) {
+        return absl::InvalidArgumentError(absl::StrCat("version ", version, ": bucket ", sequence,
+                                                       " arrived twice or out of order"));
+      }
+      if (turn_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        return absl::DeadlineExceededError(absl::StrCat("version ", version, ": bucket ", sequence,
+                                                        " waited for bucket ", next_sequence_,
+                                                        " (of version ", sequence_version_, ")"));
+      }
+    }
   }
 
   // httplib runs each handler on a pool thread whose current device is the process default:
@@ -133,28 +229,30 @@ class ReceiverEndpoint::Impl {
   }
 
   void Update(const httplib::Request& q, httplib::Response& r) {
-    std::lock_guard lock(mu_);  // one weight update at a time, as SGLang
+    // Decoding the request needs no lock: with several requests in flight the next bucket's
+    // is decoded while this one's broadcast is on the wire.
+    absl::StatusOr<ParsedUpdate> parsed = ParseUpdate(q.body);
+    if (!parsed.ok()) return Reply(r, parsed.status(), "");
+    ReceivedBucket b = std::move(parsed->bucket);
+    const uint64_t off = b.nbytes;
+    std::unique_lock lock(mu_);  // one weight update at a time, as SGLang
+    if (parsed->sequence >= 0) {
+      if (absl::Status s = AwaitTurn(b.version, parsed->sequence, lock); !s.ok()) {
+        return Reply(r, s, "");
+      }
+    }
+    // Whatever happens below, the next request of this version may go (and fail on its own).
+    struct Advance {
+      Impl* self;
+      bool ordered;
+      ~Advance() {
+        if (!ordered) return;
+        ++self->next_sequence_;
+        self->turn_.notify_all();
+      }
+    } advance{this, parsed->sequence >= 0};
     if (absl::Status s = UseDevice(); !s.ok()) return Reply(r, s, "");
     if (!member_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
-    json j = json::parse(q.body, nullptr, false);
-    if (!j.is_object() || !j.contains("names") || !j.contains("dtypes") || !j.contains("shapes")) {
-      return Reply(r, absl::InvalidArgumentError("names, dtypes and shapes are required"), "");
-    }
-    ReceivedBucket b;
-    b.version = j.value("weight_version", std::string());
-    uint64_t off = 0;
-    for (size_t i = 0; i < j["names"].size(); ++i) {
-      absl::StatusOr<DType> dt = ParseDType(j["dtypes"][i].get<std::string>());
-      if (!dt.ok()) return Reply(r, dt.status(), "");
-      engine::ManifestTensor t;
-      t.name = j["names"][i].get<std::string>();
-      t.dtype = *dt;
-      t.shape = j["shapes"][i].get<Shape>();
-      t.offset = off;
-      t.nbytes = static_cast<uint64_t>(NumElements(t.shape) * DTypeSize(t.dtype));
-      off += t.nbytes;
-      b.tensors.push_back(std::move(t));
-    }
     if (off > buf_bytes_) {
       if (buf_ != nullptr) cudaFree(buf_);
       buf_ = nullptr;
@@ -170,7 +268,6 @@ class ReceiverEndpoint::Impl {
       buf_bytes_ = off;
     }
     if (absl::Status s = member_->Receive(buf_, off, stream_); !s.ok()) return Reply(r, s, "");
-    b.nbytes = off;
     cudaError_t e = cudaSuccess;
     unsigned long long sum = 0;
     if (options_.copy_to_host) {
@@ -217,6 +314,10 @@ class ReceiverEndpoint::Impl {
   unsigned long long* sum_ = nullptr;          // device checksum accumulator, guarded by mu_
   cudaStream_t stream_ = nullptr;
   std::map<std::string, ReceiverVersionStats> stats_;  // guarded by mu_
+  std::condition_variable turn_;                       // next_sequence_ advanced
+  std::string sequence_version_;                       // guarded by mu_
+  int64_t next_sequence_ = 0;                          // guarded by mu_
+  uint64_t group_epoch_ = 0;  // guarded by mu_: bumped by join/destroy, ends stale waiters
 };
 
 absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> ReceiverEndpoint::Start(

@@ -6,8 +6,12 @@
 // with its checksum computed there (copy_to_host), or checksummed on the device with the same
 // kernel the publisher uses and not copied (a receiver that only verifies, e.g. in benchmarks).
 //
-// Threading: the HTTP server runs on its own threads; weight-update requests are handled one at
-// a time (as SGLang does) and the callbacks run on that handler thread. Public methods are
+// Threading: the HTTP server runs on its own threads; weight-update requests are decoded
+// concurrently but received one at a time (as SGLang does), and the callbacks run on that
+// handler thread. A request that carries `wpub_sequence` (a publisher with several update
+// requests in flight per engine, engines::SglangDriverOptions::requests_in_flight) waits for
+// its turn: sequence 0 starts a publication, k + 1 is received after k (NCCL matches broadcasts
+// by order); a group joined or destroyed meanwhile ends the waiters with ABORTED. Public methods are
 // thread-safe. Destruction stops the server and aborts the group.
 #pragma once
 
