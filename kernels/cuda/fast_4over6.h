@@ -175,15 +175,21 @@ WPUB_HD float DivSixE(float k) {
 }
 
 // What one candidate's elements need: inv' (point 2) and, per error kind, A' and L' (point 4,
-// both times 2^6 so that they multiply q') or sf * 2^6 (the FP16 error's q * sf).
-struct Candidate {
+// both times 2^6 so that they multiply q') or sf * 2^6 (the FP16 error's q * sf). A function of
+// the scale byte and the slice only, so kernels build a table of all 127 per CTA
+// (CandidateTable) instead of two reciprocals and two divisions per block.
+struct alignas(16) Candidate {
   float inv;  // min(1 / (sf * S_dec), FLT_MAX) * 2^-6
   float a;    // exact error: RN(sf * amax / 6E) * 2^6; FP16 error: sf * 2^6
   float l;    // exact error: the low part of sf * amax / 6E, times 2^6
+  float pad;
 };
 
+inline constexpr int kCandidateTableSize = 128;  // scale bytes 0..0x7E (0x7F is NaN, unused)
+
 template <class Traits>
-WPUB_HD Candidate MakeCandidate(float sf, const FourOverSixSlice& s) {
+WPUB_HD Candidate MakeCandidate(uint32_t byte, const FourOverSixSlice& s) {
+  const float sf = E4M3Value(byte);
   Candidate c;
   c.inv = FMul(MinF(Rcp(FMul(sf, s.s_dec)), FltMax()), kCodeScale);
   if constexpr (Traits::kErr == ErrKind::kExact) {
@@ -196,7 +202,33 @@ WPUB_HD Candidate MakeCandidate(float sf, const FourOverSixSlice& s) {
     c.a = FMul(sf, 0x1p6f);
     c.l = 0.0f;
   }
+  c.pad = 0.0f;
   return c;
+}
+
+// Looks candidates up in a table of MakeCandidate for every byte (device: shared memory).
+struct CandidateTable {
+  const Candidate* entries;
+  WPUB_HD Candidate operator()(uint32_t byte) const { return entries[byte]; }
+};
+
+// Computes candidates on the fly (host tests).
+template <class Traits>
+struct CandidateMaker {
+  FourOverSixSlice s;
+  WPUB_HD Candidate operator()(uint32_t byte) const { return MakeCandidate<Traits>(byte, s); }
+};
+
+// fp32_div(b, 6) by the reciprocal fl32(1/6) and one exact residual (Markstein): the IEEE
+// quotient for b = +0 and 2^-100 <= b <= 2^112 (proven for every such fp32 b by the CPU tests);
+// the block quantizer leaves other bmax values to the step-for-step path.
+inline constexpr float kDivSixMin = 0x1p-100f;
+inline constexpr float kDivSixMax = 0x1p112f;
+WPUB_HD float DivSix(float b) {
+  const float r = BitsFloat(kOneSixthBits);
+  const float q = FMul(b, r);
+  const float rem = -Fma(q, 6.0f, -b);
+  return Fma(rem, r, q);
 }
 
 // The spec's |d| for one element, up to sign: exact error fp32_div(q * sf * amax, 6E) - |x|,
@@ -240,23 +272,26 @@ struct PackedBlock {
 
 // QuantizeBlockPacked<Traits> of nvfp4_math.h for 4over6 Traits, when the block admits the cheap
 // path: returns false (out unspecified) for blocks it leaves to the step-for-step path: the
-// slice is not ok, some |v'| could saturate (inf elements, tiny or clamped scales), or an element
-// is NaN.
-template <class Traits>
+// slice is not ok, bmax is outside DivSix's range, some |v'| could saturate (inf elements, tiny
+// or clamped scales), or an element is NaN.
+// candidates(byte) must return MakeCandidate<Traits>(byte, s) (CandidateTable or
+// CandidateMaker).
+template <class Traits, class Candidates>
 WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const FourOverSixSlice& s,
-                                           PackedBlock& out) {
+                                           const Candidates& candidates, PackedBlock& out) {
   static_assert(Traits::kFourOverSix, "4over6 modes only");
   float bmax = 0.0f;
   WPUB_UNROLL
   for (int i = 0; i < kBlockSize; ++i) bmax = MaxAbsSkipNan(bmax, x[i]);
   // Spec 4over6 steps 1-2; base is never NaN for an ok slice (S_enc finite and positive).
-  const float base = FMul(FDiv(bmax, 6.0f), s.s_enc);
+  const float base = FMul(DivSix(bmax), s.s_enc);
   const uint32_t bytes = E4M3x2(MinF(base, 448.0f), MinF(FMul(base, 1.5f), 448.0f));
   const uint32_t s6 = bytes & 0xFFu;
   const uint32_t s4 = bytes >> 8;
-  const Candidate c6 = MakeCandidate<Traits>(E4M3Value(s6), s);
-  const Candidate c4 = MakeCandidate<Traits>(E4M3Value(s4), s);
-  if (!(s.ok && FMul(bmax, c6.inv) < kSimpleLimit && FMul(bmax, c4.inv) < kSimpleLimit)) {
+  const Candidate c6 = candidates(s6);
+  const Candidate c4 = candidates(s4);
+  const bool div_ok = bmax <= kDivSixMax && (bmax >= kDivSixMin || bmax == 0.0f);
+  if (!(s.ok && div_ok && FMul(bmax, c6.inv) < kSimpleLimit && FMul(bmax, c4.inv) < kSimpleLimit)) {
     return false;
   }
   float q6[kBlockSize];

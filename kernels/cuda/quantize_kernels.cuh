@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/fast_4over6.h"
 #include "kernels/cuda/fast_block.cuh"
 #include "kernels/cuda/kernel_params.h"
 #include "kernels/cuda/launch_util.h"
@@ -18,6 +19,24 @@
 namespace wpub::kernels::cuda::detail {
 
 static_assert(kThreads == 256, "kQuantBlocksPerCta assumes 256 threads per CTA");
+
+// One block's packed codes and scale byte: 4over6 blocks through the cheap formulation of
+// fast_4over6.h where it applies (almost every block of bf16/fp16 weights), everything else
+// step for step (QuantizeBlockFast).
+template <class Traits>
+__device__ __forceinline__ PackedBlock QuantizeBlockPackedFast(const float (&x)[kBlockSize],
+                                                               const SliceScales& ss,
+                                                               const FourOverSixSlice& fs,
+                                                               const Candidate* table) {
+  PackedBlock pb;
+  if constexpr (Traits::kFourOverSix) {
+    if (QuantizeBlockFourOverSixCheap<Traits>(x, fs, CandidateTable{table}, pb)) return pb;
+  }
+  QuantBlock qb;
+  QuantizeBlockFast<Traits>(x, ss, qb);
+  const uint2 p = PackBlockCodes(qb);
+  return PackedBlock{p.x, p.y, qb.sf};
+}
 
 // One thread = kQuantBlocksPerThread blocks of 16 elements, strided by kThreads blocks so that
 // each warp-wide load covers 32 consecutive blocks (1 KiB of bf16).
@@ -40,7 +59,16 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant
     if (b < num_blocks) LoadRaw<kIn>(in + uint64_t{b} * kInBlockBytes, raw[u]);
   }
   const SliceScales ss = MakeSliceScales<Traits>(*it.amax);
+  const FourOverSixSlice fs =
+      MakeFourOverSixSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
   if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ss.s_dec;
+  // 4over6: the candidate constants of every scale byte, once per CTA (see fast_4over6.h).
+  __shared__ Candidate table[Traits::kFourOverSix ? kCandidateTableSize : 1];
+  if constexpr (Traits::kFourOverSix) {
+    if (threadIdx.x < kCandidateTableSize)
+      table[threadIdx.x] = MakeCandidate<Traits>(threadIdx.x, fs);
+    __syncthreads();
+  }
   const bool dense = it.part_colblks == it.kv;
 #pragma unroll
   for (int u = 0; u < kBpt; ++u) {
@@ -48,9 +76,8 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant
     if (b >= num_blocks) break;
     float x[kBlockSize];
     Unpack<kIn>(raw[u], x);
-    QuantBlock qb;
-    QuantizeBlockFast<Traits>(x, ss, qb);
-    const uint8_t sf = qb.sf;
+    const PackedBlock pb = QuantizeBlockPackedFast<Traits>(x, ss, fs, table);
+    const uint8_t sf = static_cast<uint8_t>(pb.sf);
 
     uint64_t ob;  // block index in the slice's [rows, kv] grid
     uint32_t m = 0;
@@ -63,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant
       k = it.colblk0 + (b - r * it.part_colblks);
       ob = uint64_t{m} * it.kv + k;
     }
-    *reinterpret_cast<uint2*>(it.packed + ob * (kBlockSize / 2)) = PackBlockCodes(qb);
+    *reinterpret_cast<uint2*>(it.packed + ob * (kBlockSize / 2)) = make_uint2(pb.lo, pb.hi);
     it.scales[ob] = sf;
     if (it.swizzled != nullptr) it.swizzled[SwizzledScaleIndex(m, k, it.kv)] = sf;
   }

@@ -86,7 +86,7 @@ void CheckErrorValue(float amax, Failures& f) {
   }
   for (uint32_t byte = 0; byte < 0x7F; ++byte) {
     const float sf = E4M3ToFloat(static_cast<uint8_t>(byte));
-    const Candidate c = MakeCandidate<Traits>(sf, s);
+    const Candidate c = MakeCandidate<Traits>(byte, s);
     for (float q : kE2M1Values) {
       const float want = FDiv(FMul(FMul(q, sf), amax), Traits::kSixE);
       const float got = Fma(FMul(q, kCodeScale), c.a, FMul(FMul(q, kCodeScale), c.l));
@@ -129,6 +129,20 @@ TEST(FastFourOverSixTest, ErrorValueEqualsSpecDivisionE448) {
 
 TEST(FastFourOverSixTest, ErrorValueEqualsSpecDivisionE256) {
   CheckErrorValueDomain<FourOverSixTraits<ErrMetric::kMSE, 256, ErrKind::kExact>>();
+}
+
+TEST(FastFourOverSixTest, DivSixEqualsIeeeDivisionOnItsDomain) {
+  const uint64_t lo = FloatBits(kDivSixMin);
+  const uint64_t hi = FloatBits(kDivSixMax);
+  Failures f;
+  if (FloatBits(DivSix(0.0f)) != FloatBits(FDiv(0.0f, 6.0f))) f.Add(0);
+  SplitTwo(lo, hi + 1, [&](uint64_t b, uint64_t e) {
+    for (uint64_t i = b; i < e; ++i) {
+      const float v = BitsFloat(static_cast<uint32_t>(i));
+      if (FloatBits(DivSix(v)) != FloatBits(FDiv(v, 6.0f))) f.Add(i);
+    }
+  });
+  EXPECT_EQ(f.count.load(), 0u) << "first input " << Hex(static_cast<uint32_t>(f.first.load()));
 }
 
 TEST(FastFourOverSixTest, SliceAdmission) {
@@ -248,8 +262,8 @@ void CheckBlocks(uint64_t seed, int blocks_per_family) {
       uint8_t want[kBlockSize / 2];
       const uint8_t want_sf = QuantizeBlockPacked<Traits>(x, ts, want);
       PackedBlock got;
-      if (!QuantizeBlockFourOverSixCheap<Traits>(x, MakeFourOverSixSlice<Traits>(ts), got))
-        continue;
+      const FourOverSixSlice s = MakeFourOverSixSlice<Traits>(ts);
+      if (!QuantizeBlockFourOverSixCheap<Traits>(x, s, CandidateMaker<Traits>{s}, got)) continue;
       if (bf16_like) ++cheap[family];
       uint8_t bytes[8];
       for (int i = 0; i < 4; ++i) {
