@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
@@ -34,12 +36,16 @@ ABSL_FLAG(std::string, engine_listen, "",
           "NCCL data path: serve SGLang's weight-update routes on host:port and receive over the "
           "publisher's NCCL group (wpubd --engines=http://host:port) instead of pulling.");
 ABSL_FLAG(int32_t, gpu_device, 0, "NCCL data path: the CUDA device to receive on.");
+ABSL_FLAG(std::vector<std::string>, gpu_devices, {},
+          "NCCL data path: several CUDA devices, one group rank each (an engine with TP ranks: "
+          "rank_offset + i); overrides --gpu_device.");
 
 #ifdef WPUB_WITH_GPU_PATH
 #include <map>
 #include <mutex>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "clients/recv/safetensors.h"
 #include "core/nccl/receiver_endpoint.h"
 
@@ -83,7 +89,19 @@ int RunEngineEndpoint(const sigset_t& signals) {
   wpub::nccl::ReceiverEndpointOptions o;
   o.host = listen.substr(0, colon);
   o.port = port;
-  o.device = absl::GetFlag(FLAGS_gpu_device);
+  o.devices = {absl::GetFlag(FLAGS_gpu_device)};
+  if (const std::vector<std::string> list = absl::GetFlag(FLAGS_gpu_devices); !list.empty()) {
+    o.devices.clear();
+    for (const std::string& d : list) {
+      int device = 0;
+      if (!absl::SimpleAtoi(d, &device) || device < 0) {
+        std::fprintf(stderr, "wpub-recv: --gpu_devices entry '%s' is not a device number\n",
+                     d.c_str());
+        return 2;
+      }
+      o.devices.push_back(device);
+    }
+  }
   // Without --output the bytes are only verified: checksum on the device, nothing copied back.
   o.copy_to_host = !output.empty();
   auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(cb));
@@ -91,8 +109,8 @@ int RunEngineEndpoint(const sigset_t& signals) {
     std::fprintf(stderr, "wpub-recv: %s\n", endpoint.status().ToString().c_str());
     return 2;
   }
-  spdlog::info("serving the weight-update routes on {}:{} (GPU {})", o.host, (*endpoint)->port(),
-               o.device);
+  spdlog::info("serving the weight-update routes on {}:{} (GPUs {})", o.host, (*endpoint)->port(),
+               absl::StrJoin(o.devices, ","));
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("received {}: stopping", strsignal(sig));

@@ -1,4 +1,5 @@
-// ReceiverEndpoint: httplib routes -> GroupMember; one device buffer grown on demand.
+// ReceiverEndpoint: httplib routes -> one GroupMember per GPU; per GPU one bucket buffer grown
+// on demand.
 #include "core/nccl/receiver_endpoint.h"
 
 #include <cuda_runtime_api.h>
@@ -7,10 +8,13 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status.h"
 #include "core/engine/checksum.h"
 #include "core/gpu/status_kernels.h"
 #include "core/nccl/group_member.h"
@@ -32,29 +36,52 @@ void Reply(httplib::Response& res, const absl::Status& s, const std::string& ok_
 }  // namespace
 
 class ReceiverEndpoint::Impl {
+  // One per device: its group rank, stream and bucket buffer (guarded by mu_).
+  struct Rank {
+    int device = 0;
+    std::unique_ptr<GroupMember> member;
+    std::atomic<GroupMember*> active{nullptr};  // member, for Abort without mu_
+    cudaStream_t stream = nullptr;
+    void* buf = nullptr;
+    uint64_t buf_bytes = 0;
+    unsigned long long* sum = nullptr;  // device checksum accumulator
+  };
+
  public:
   Impl(ReceiverEndpointOptions options, Callbacks callbacks)
       : options_(std::move(options)), callbacks_(std::move(callbacks)) {}
 
   ~Impl() {
     // A handler may be blocked in a receive whose publisher is gone: abort the group first.
-    if (GroupMember* m = active_.load()) m->Abort();
+    AbortAll();
     server_.stop();
     if (thread_.joinable()) thread_.join();
     std::lock_guard lock(mu_);
-    member_.reset();
-    if (buf_ != nullptr) cudaFree(buf_);
-    if (sum_ != nullptr) cudaFree(sum_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    for (auto& rank : ranks_) {
+      Rank& k = *rank;
+      cudaSetDevice(k.device);
+      k.member.reset();
+      if (k.buf != nullptr) cudaFree(k.buf);
+      if (k.sum != nullptr) cudaFree(k.sum);
+      if (k.stream != nullptr) cudaStreamDestroy(k.stream);
+    }
   }
 
   absl::Status Start() {
-    if (cudaSetDevice(options_.device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess ||
-        cudaMalloc(reinterpret_cast<void**>(&sum_), sizeof(unsigned long long)) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return absl::FailedPreconditionError(
-          absl::StrCat("receiver endpoint: CUDA device ", options_.device, " is not usable"));
+    if (options_.devices.empty()) {
+      return absl::InvalidArgumentError("receiver endpoint: no CUDA device given");
+    }
+    for (const int device : options_.devices) {
+      ranks_.push_back(std::make_unique<Rank>());
+      Rank& k = *ranks_.back();
+      k.device = device;
+      if (cudaSetDevice(k.device) != cudaSuccess ||
+          cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking) != cudaSuccess ||
+          cudaMalloc(reinterpret_cast<void**>(&k.sum), sizeof(unsigned long long)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return absl::FailedPreconditionError(
+            absl::StrCat("receiver endpoint: CUDA device ", k.device, " is not usable"));
+      }
     }
     server_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"ok": true})", "application/json");
@@ -64,8 +91,13 @@ class ReceiverEndpoint::Impl {
     server_.Post("/destroy_weights_update_group",
                  [this](const httplib::Request&, httplib::Response& r) {
                    std::lock_guard lock(mu_);
-                   active_ = nullptr;
-                   member_.reset();
+                   joined_ = false;
+                   for (auto& rank : ranks_) {
+                     Rank& k = *rank;
+                     k.active = nullptr;
+                     (void)UseDevice(k.device);
+                     k.member.reset();
+                   }
                    ++group_epoch_;
                    turn_.notify_all();
                    Reply(r, absl::OkStatus(), "destroyed");
@@ -107,25 +139,37 @@ class ReceiverEndpoint::Impl {
  private:
   void Join(const httplib::Request& q, httplib::Response& r) {
     std::lock_guard lock(mu_);
-    if (absl::Status s = UseDevice(); !s.ok()) return Reply(r, s, "");
     json j = json::parse(q.body, nullptr, false);
     if (!j.is_object()) return Reply(r, absl::InvalidArgumentError("body is not JSON"), "");
     GroupMemberOptions o;
     o.master_address = j.value("master_address", std::string("127.0.0.1"));
     o.master_port = j.value("master_port", 0);
     o.group_name = j.value("group_name", std::string());
-    o.rank = j.value("rank_offset", 1);  // one GPU: TP rank 0
+    const int rank_offset = j.value("rank_offset", 1);
     o.world_size = j.value("world_size", 2);
-    o.device = options_.device;
     o.timeout = options_.join_timeout;
-    absl::StatusOr<std::unique_ptr<GroupMember>> m = GroupMember::Join(o);
-    if (!m.ok()) return Reply(r, m.status(), "");
-    active_ = nullptr;
-    member_ = std::move(*m);
-    active_ = member_.get();
+    // Every rank's communicator init is started before any is awaited (GroupMember::Join only
+    // fetches the id and starts a nonblocking init), so the ranks of one engine join together.
+    std::vector<std::unique_ptr<GroupMember>> members;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      o.rank = rank_offset + static_cast<int>(i);
+      o.device = ranks_[i]->device;
+      if (absl::Status s = UseDevice(o.device); !s.ok()) return Reply(r, s, "");
+      absl::StatusOr<std::unique_ptr<GroupMember>> m = GroupMember::Join(o);
+      if (!m.ok()) return Reply(r, m.status(), "");
+      members.push_back(*std::move(m));
+    }
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      ranks_[i]->active = nullptr;
+      ranks_[i]->member = std::move(members[i]);
+      ranks_[i]->active = ranks_[i]->member.get();
+    }
+    joined_ = true;
     ++group_epoch_;
     turn_.notify_all();
-    Reply(r, absl::OkStatus(), "joined " + o.group_name);
+    Reply(r, absl::OkStatus(),
+          absl::StrCat("joined ", o.group_name, " as ranks ", rank_offset, "..",
+                       rank_offset + static_cast<int>(ranks_.size()) - 1));
   }
 
   struct ParsedUpdate {
@@ -219,12 +263,61 @@ class ReceiverEndpoint::Impl {
   }
 
   // httplib runs each handler on a pool thread whose current device is the process default:
-  // every handler that touches CUDA selects the endpoint's device first.
-  absl::Status UseDevice() const {
-    if (const cudaError_t e = cudaSetDevice(options_.device); e != cudaSuccess) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "receiver endpoint: cudaSetDevice(", options_.device, "): ", cudaGetErrorString(e)));
+  // every handler selects the device of the rank it works on first.
+  static absl::Status UseDevice(int device) {
+    if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("receiver endpoint: cudaSetDevice(", device, "): ", cudaGetErrorString(e)));
     }
+    return absl::OkStatus();
+  }
+
+  void AbortAll() {
+    for (auto& rank : ranks_) {
+      Rank& k = *rank;
+      if (GroupMember* m = k.active.load()) m->Abort();
+    }
+  }
+
+  // One rank's share of a bucket: receive into its buffer, then its checksum (and, for the
+  // first rank with copy_to_host, the bytes). Runs on its own thread per rank, so the ranks'
+  // broadcasts are enqueued independently (NCCL's multi-device-per-thread rule needs group
+  // calls otherwise). Touches only `k` and `bytes`.
+  absl::Status ReceiveOnRank(Rank& k, uint64_t n, std::vector<uint8_t>* bytes, uint64_t* checksum) {
+    WPUB_RETURN_IF_ERROR(UseDevice(k.device));
+    if (n > k.buf_bytes) {
+      if (k.buf != nullptr) cudaFree(k.buf);
+      k.buf = nullptr;
+      k.buf_bytes = 0;
+      if (const cudaError_t e = cudaMalloc(&k.buf, n); e != cudaSuccess) {
+        k.buf = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffer of ", n,
+                                                         " bytes on device ", k.device, ": ",
+                                                         cudaGetErrorString(e)));
+      }
+      k.buf_bytes = n;
+    }
+    WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf, n, k.stream));
+    cudaError_t e = cudaSuccess;
+    unsigned long long sum = 0;
+    if (bytes != nullptr) {
+      bytes->resize(n);
+      e = cudaMemcpyAsync(bytes->data(), k.buf, n, cudaMemcpyDeviceToHost, k.stream);
+    } else {
+      e = cudaMemsetAsync(k.sum, 0, sizeof(sum), k.stream);
+      if (e == cudaSuccess) {
+        e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf), n, 0, k.sum, k.stream);
+      }
+      if (e == cudaSuccess)
+        e = cudaMemcpyAsync(&sum, k.sum, sizeof(sum), cudaMemcpyDeviceToHost, k.stream);
+    }
+    if (e == cudaSuccess) e = cudaStreamSynchronize(k.stream);
+    if (e != cudaSuccess) {
+      return absl::InternalError(absl::StrCat("the bucket's receive failed on device ", k.device,
+                                              ": ", cudaGetErrorString(e)));
+    }
+    *checksum = bytes != nullptr ? engine::Checksum(bytes->data(), bytes->size())
+                                 : engine::ChecksumFinish(sum, n);
     return absl::OkStatus();
   }
 
@@ -251,46 +344,30 @@ class ReceiverEndpoint::Impl {
         self->turn_.notify_all();
       }
     } advance{this, parsed->sequence >= 0};
-    if (absl::Status s = UseDevice(); !s.ok()) return Reply(r, s, "");
-    if (!member_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
-    if (off > buf_bytes_) {
-      if (buf_ != nullptr) cudaFree(buf_);
-      buf_ = nullptr;
-      buf_bytes_ = 0;
-      if (const cudaError_t e = cudaMalloc(&buf_, off); e != cudaSuccess) {
-        buf_ = nullptr;
+    if (!joined_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
+    std::vector<uint64_t> sums(ranks_.size(), 0);
+    std::vector<std::future<absl::Status>> jobs;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      std::vector<uint8_t>* bytes = i == 0 && options_.copy_to_host ? &b.bytes : nullptr;
+      jobs.push_back(std::async(std::launch::async, [this, i, off, bytes, &sums] {
+        return ReceiveOnRank(*ranks_[i], off, bytes, &sums[i]);
+      }));
+    }
+    absl::Status failed;
+    for (auto& f : jobs) {
+      if (absl::Status s = f.get(); !s.ok() && failed.ok()) failed = s;
+    }
+    if (!failed.ok()) return Reply(r, failed, "");
+    for (size_t i = 1; i < ranks_.size(); ++i) {
+      if (sums[i] != sums[0]) {
         return Reply(r,
-                     absl::ResourceExhaustedError(absl::StrCat(
-                         "cannot allocate the bucket buffer of ", off, " bytes on device ",
-                         options_.device, ": ", cudaGetErrorString(e))),
+                     absl::DataLossError(absl::StrCat(
+                         "version ", b.version, ": the bucket's checksum on device ",
+                         ranks_[i]->device, " differs from device ", ranks_[0]->device, "'s")),
                      "");
       }
-      buf_bytes_ = off;
     }
-    if (absl::Status s = member_->Receive(buf_, off, stream_); !s.ok()) return Reply(r, s, "");
-    cudaError_t e = cudaSuccess;
-    unsigned long long sum = 0;
-    if (options_.copy_to_host) {
-      b.bytes.resize(off);
-      e = cudaMemcpyAsync(b.bytes.data(), buf_, off, cudaMemcpyDeviceToHost, stream_);
-    } else {
-      e = cudaMemsetAsync(sum_, 0, sizeof(sum), stream_);
-      if (e == cudaSuccess) {
-        e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(buf_), off, 0, sum_, stream_);
-      }
-      if (e == cudaSuccess) {
-        e = cudaMemcpyAsync(&sum, sum_, sizeof(sum), cudaMemcpyDeviceToHost, stream_);
-      }
-    }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_);
-    if (e != cudaSuccess) {
-      return Reply(r,
-                   absl::InternalError(absl::StrCat("the bucket's receive failed on device ",
-                                                    options_.device, ": ", cudaGetErrorString(e))),
-                   "");
-    }
-    b.checksum = options_.copy_to_host ? engine::Checksum(b.bytes.data(), b.bytes.size())
-                                       : engine::ChecksumFinish(sum, off);
+    b.checksum = sums[0];
     ReceiverVersionStats& st = stats_[b.version];
     b.index = static_cast<uint32_t>(st.buckets);
     ++st.buckets;
@@ -307,12 +384,8 @@ class ReceiverEndpoint::Impl {
   std::thread thread_;
   int port_ = 0;
   mutable std::mutex mu_;
-  std::unique_ptr<GroupMember> member_;        // guarded by mu_
-  std::atomic<GroupMember*> active_{nullptr};  // member_, for Abort without mu_
-  void* buf_ = nullptr;                        // guarded by mu_
-  uint64_t buf_bytes_ = 0;                     // guarded by mu_
-  unsigned long long* sum_ = nullptr;          // device checksum accumulator, guarded by mu_
-  cudaStream_t stream_ = nullptr;
+  std::vector<std::unique_ptr<Rank>> ranks_;           // never resized after Start
+  bool joined_ = false;                                // guarded by mu_
   std::map<std::string, ReceiverVersionStats> stats_;  // guarded by mu_
   std::condition_variable turn_;                       // next_sequence_ advanced
   std::string sequence_version_;                       // guarded by mu_

@@ -1,5 +1,5 @@
-// A receiving engine that speaks SGLang's weight-update HTTP routes (what the publisher's
-// SGLang driver calls) over a GroupMember: the NCCL data path of a C++ receiver such as
+// A receiving engine (one or several GPUs) that speaks SGLang's weight-update HTTP routes (what the
+// publisher's SGLang driver calls) over a GroupMember: the NCCL data path of a C++ receiver such as
 // wpub-recv, so a publisher can push to it exactly as to an SGLang engine. Each flattened
 // bucket is received into device memory with one broadcast and handed to the callback with its
 // tensors decoded from the request (names, dtypes, shapes, back to back): copied back to the host
@@ -11,8 +11,8 @@
 // handler thread. A request that carries `wpub_sequence` (a publisher with several update
 // requests in flight per engine, engines::SglangDriverOptions::requests_in_flight) waits for
 // its turn: sequence 0 starts a publication, k + 1 is received after k (NCCL matches broadcasts
-// by order); a group joined or destroyed meanwhile ends the waiters with ABORTED. Public methods are
-// thread-safe. Destruction stops the server and aborts the group.
+// by order); a group joined or destroyed meanwhile ends the waiters with ABORTED. Public methods
+// are thread-safe. Destruction stops the server and aborts the group.
 #pragma once
 
 #include <cstdint>
@@ -31,7 +31,9 @@ namespace wpub::nccl {
 struct ReceiverEndpointOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: an ephemeral port (port() says which)
-  int device = 0;
+  // The engine's GPUs, one group rank each (rank_offset + i, as the TP ranks of an SGLang
+  // engine join): every bucket is received on every device, and their checksums must agree.
+  std::vector<int> devices = {0};
   absl::Duration join_timeout = absl::Seconds(120);
   // true: ReceivedBucket::bytes holds the bucket (one device-to-host copy per bucket). false:
   // bytes stays empty and only the checksum (computed on the device, 8 bytes read back) arrives.

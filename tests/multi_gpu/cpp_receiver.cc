@@ -2,7 +2,8 @@
 // routes over nccl::GroupMember, the NCCL data path of a C++ receiver) plus GET /stats, so wpub is
 // tested end to end without Python or SGLang. /stats returns
 // {"<version>": {"buckets": n, "bytes": b, "checksums": [...]}} (core/engine/checksum.h).
-// Usage: multi_gpu_cpp_receiver <port> <gpu> [host|device]  (where the checksum is computed:
+// Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device]  (several GPUs: one group
+// rank each, as the TP ranks of one engine)  (where the checksum is computed:
 // after a copy of every bucket to the host (default), or on the device with nothing copied).
 #include <httplib.h>
 
@@ -10,12 +11,13 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "core/nccl/receiver_endpoint.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: %s port gpu [host|device]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s port gpu[,gpu...] [host|device]\n", argv[0]);
     return 2;
   }
   const std::string mode = argc == 4 ? argv[3] : "host";
@@ -26,7 +28,10 @@ int main(int argc, char** argv) {
   const int port = std::atoi(argv[1]);
   wpub::nccl::ReceiverEndpointOptions o;
   o.port = 0;  // the routes; /stats is served on `port` below with them proxied there
-  o.device = std::atoi(argv[2]);
+  o.devices.clear();
+  for (const absl::string_view d : absl::StrSplit(argv[2], ',')) {
+    o.devices.push_back(std::atoi(std::string(d).c_str()));
+  }
   o.join_timeout = absl::Seconds(60);
   o.copy_to_host = mode == "host";
   auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, {});
@@ -60,8 +65,8 @@ int main(int argc, char** argv) {
   srv.Get(R"(/(?!stats).*)", forward);
   srv.Post(R"(/.*)", forward);
   srv.set_tcp_nodelay(true);
-  std::printf("cpp receiver on :%d (endpoint :%d) gpu %d, checksums on the %s\n", port, inner,
-              o.device, mode.c_str());
+  std::printf("cpp receiver on :%d (endpoint :%d) gpus %s, checksums on the %s\n", port, inner,
+              argv[2], mode.c_str());
   std::fflush(stdout);
   srv.listen("127.0.0.1", port);
   return 0;
