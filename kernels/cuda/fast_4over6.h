@@ -294,34 +294,39 @@ WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const F
   if (!(s.ok && div_ok && FMul(bmax, c6.inv) < kSimpleLimit && FMul(bmax, c4.inv) < kSimpleLimit)) {
     return false;
   }
-  float q6[kBlockSize];
-  float q4[kBlockSize];
+  // Elements in order (the error sums are sequential), four at a time: their E4M3 bytes
+  // (code << 2) go straight into the words of even and odd elements of each half, so the rounded
+  // values die early. w6 / w4: {even 0..7, odd 0..7, even 8..15, odd 8..15}.
+  uint32_t w6[4] = {0u, 0u, 0u, 0u};
+  uint32_t w4[4] = {0u, 0u, 0u, 0u};
   float err6 = 0.0f;
   float err4 = 0.0f;
   WPUB_UNROLL
-  for (int i = 0; i < kBlockSize; ++i) {
-    const float ax = AbsF(x[i]);
-    const float xs = Traits::kErr == ErrKind::kExact ? 0.0f : FMul(ax, s.s_enc);
-    q6[i] = RoundE2M1Scaled(FMul(ax, c6.inv));
-    q4[i] = RoundE2M1Scaled(FMul(ax, c4.inv));
-    err6 = Accumulate<Traits>(err6, ErrorTerm<Traits>(q6[i], ax, xs, c6));
-    err4 = Accumulate<Traits>(err4, ErrorTerm<Traits>(q4[i], ax, xs, c4));
+  for (int k = 0; k < kBlockSize / 4; ++k) {
+    float q6[4];
+    float q4[4];
+    WPUB_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const float ax = AbsF(x[4 * k + j]);
+      const float xs = Traits::kErr == ErrKind::kExact ? 0.0f : FMul(ax, s.s_enc);
+      q6[j] = RoundE2M1Scaled(FMul(ax, c6.inv));
+      q4[j] = RoundE2M1Scaled(FMul(ax, c4.inv));
+      err6 = Accumulate<Traits>(err6, ErrorTerm<Traits>(q6[j], ax, xs, c6));
+      err4 = Accumulate<Traits>(err4, ErrorTerm<Traits>(q4[j], ax, xs, c4));
+    }
+    const int h = k / 2;
+    const int shift = 16 * (k % 2);
+    w6[2 * h] |= E4M3x2(q6[0], q6[2]) << shift;
+    w6[2 * h + 1] |= E4M3x2(q6[1], q6[3]) << shift;
+    w4[2 * h] |= E4M3x2(q4[0], q4[2]) << shift;
+    w4[2 * h + 1] |= E4M3x2(q4[1], q4[3]) << shift;
   }
   if (IsNan(err6)) return false;   // a NaN element (point 5)
   const bool pick4 = err4 < err6;  // strict: ties keep map-to-6
   out.sf = pick4 ? s4 : s6;
-  // E4M3 bytes (code << 2) of the even and odd elements of each half, then one select per word.
   uint32_t w[4];
   WPUB_UNROLL
-  for (int h = 0; h < 2; ++h) {
-    const int o = 8 * h;
-    const uint32_t even6 = E4M3x2(q6[o], q6[o + 2]) | (E4M3x2(q6[o + 4], q6[o + 6]) << 16);
-    const uint32_t odd6 = E4M3x2(q6[o + 1], q6[o + 3]) | (E4M3x2(q6[o + 5], q6[o + 7]) << 16);
-    const uint32_t even4 = E4M3x2(q4[o], q4[o + 2]) | (E4M3x2(q4[o + 4], q4[o + 6]) << 16);
-    const uint32_t odd4 = E4M3x2(q4[o + 1], q4[o + 3]) | (E4M3x2(q4[o + 5], q4[o + 7]) << 16);
-    w[2 * h] = pick4 ? even4 : even6;
-    w[2 * h + 1] = pick4 ? odd4 : odd6;
-  }
+  for (int j = 0; j < 4; ++j) w[j] = pick4 ? w4[j] : w6[j];
   out.lo = (w[0] >> 2) | (w[1] << 2) | SignNibbles(x);
   out.hi = (w[2] >> 2) | (w[3] << 2) | SignNibbles(x + 8);
   return true;

@@ -20,6 +20,18 @@ namespace wpub::kernels::cuda::detail {
 
 static_assert(kThreads == 256, "kQuantBlocksPerCta assumes 256 threads per CTA");
 
+// The step-for-step block quantizer, packed. Out of line: 4over6 kernels call it only for the
+// rare blocks the cheap path declines, and inlined its registers would cap the occupancy of the
+// whole kernel.
+template <class Traits>
+__device__ __noinline__ PackedBlock QuantizeBlockStepwise(const float (&x)[kBlockSize],
+                                                          const SliceScales& ss) {
+  QuantBlock qb;
+  QuantizeBlockFast<Traits>(x, ss, qb);
+  const uint2 p = PackBlockCodes(qb);
+  return PackedBlock{p.x, p.y, qb.sf};
+}
+
 // One block's packed codes and scale byte: 4over6 blocks through the cheap formulation of
 // fast_4over6.h where it applies (almost every block of bf16/fp16 weights), everything else
 // step for step (QuantizeBlockFast).
@@ -31,6 +43,7 @@ __device__ __forceinline__ PackedBlock QuantizeBlockPackedFast(const float (&x)[
   PackedBlock pb;
   if constexpr (Traits::kFourOverSix) {
     if (QuantizeBlockFourOverSixCheap<Traits>(x, fs, CandidateTable{table}, pb)) return pb;
+    return QuantizeBlockStepwise<Traits>(x, ss);
   }
   QuantBlock qb;
   QuantizeBlockFast<Traits>(x, ss, qb);
