@@ -104,6 +104,8 @@ class ReceiverEndpoint::Impl {
                  });
     server_.Post("/update_weights_from_distributed",
                  [this](const httplib::Request& q, httplib::Response& r) { Update(q, r); });
+    server_.Post("/receive_raw",
+                 [this](const httplib::Request& q, httplib::Response& r) { ReceiveRaw(q, r); });
     server_.Post("/update_weight_version", [this](const httplib::Request& q, httplib::Response& r) {
       json j = json::parse(q.body, nullptr, false);
       const std::string v = j.is_object() ? j.value("new_version", std::string()) : "";
@@ -279,24 +281,73 @@ class ReceiverEndpoint::Impl {
     }
   }
 
+  // Grows the rank's bucket buffer to n bytes.
+  static absl::Status Reserve(Rank& k, uint64_t n) {
+    if (n <= k.buf_bytes) return absl::OkStatus();
+    if (k.buf != nullptr) cudaFree(k.buf);
+    k.buf = nullptr;
+    k.buf_bytes = 0;
+    if (const cudaError_t e = cudaMalloc(&k.buf, n); e != cudaSuccess) {
+      k.buf = nullptr;
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffer of ", n,
+                                                       " bytes on device ", k.device, ": ",
+                                                       cudaGetErrorString(e)));
+    }
+    k.buf_bytes = n;
+    return absl::OkStatus();
+  }
+
+  // Runs fn(rank) for every rank on a thread of its own; the first error.
+  template <typename Fn>
+  absl::Status OnEveryRank(Fn fn) {
+    std::vector<std::future<absl::Status>> jobs;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      jobs.push_back(std::async(std::launch::async, [&fn, i] { return fn(i); }));
+    }
+    absl::Status failed;
+    for (auto& f : jobs) {
+      if (absl::Status s = f.get(); !s.ok() && failed.ok()) failed = s;
+    }
+    return failed;
+  }
+
+  // POST /receive_raw {"nbytes": n, "count": c}: c broadcasts of n bytes from rank 0 back to
+  // back, no decoding and no checksum: the group's transfer limit, for benchmarks that compare a
+  // publication with a plain broadcast of its bytes through the same group.
+  void ReceiveRaw(const httplib::Request& q, httplib::Response& r) {
+    json j = json::parse(q.body, nullptr, false);
+    if (!j.is_object() || !j.contains("nbytes") || !j["nbytes"].is_number_unsigned()) {
+      return Reply(r, absl::InvalidArgumentError("nbytes (a byte count) is required"), "");
+    }
+    const uint64_t n = j["nbytes"].get<uint64_t>();
+    const int64_t count = j.value("count", 1);
+    std::lock_guard lock(mu_);
+    if (!joined_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status s = OnEveryRank([&](size_t i) -> absl::Status {
+      Rank& k = *ranks_[i];
+      WPUB_RETURN_IF_ERROR(UseDevice(k.device));
+      WPUB_RETURN_IF_ERROR(Reserve(k, n));
+      for (int64_t c = 0; c < count; ++c)
+        WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf, n, k.stream));
+      if (const cudaError_t e = cudaStreamSynchronize(k.stream); e != cudaSuccess) {
+        return absl::InternalError(
+            absl::StrCat("raw receive on device ", k.device, ": ", cudaGetErrorString(e)));
+      }
+      return absl::OkStatus();
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Reply(r, s, absl::StrCat("received ", count, " x ", n, " bytes in ", seconds, " s"));
+  }
+
   // One rank's share of a bucket: receive into its buffer, then its checksum (and, for the
   // first rank with copy_to_host, the bytes). Runs on its own thread per rank, so the ranks'
   // broadcasts are enqueued independently (NCCL's multi-device-per-thread rule needs group
   // calls otherwise). Touches only `k` and `bytes`.
   absl::Status ReceiveOnRank(Rank& k, uint64_t n, std::vector<uint8_t>* bytes, uint64_t* checksum) {
     WPUB_RETURN_IF_ERROR(UseDevice(k.device));
-    if (n > k.buf_bytes) {
-      if (k.buf != nullptr) cudaFree(k.buf);
-      k.buf = nullptr;
-      k.buf_bytes = 0;
-      if (const cudaError_t e = cudaMalloc(&k.buf, n); e != cudaSuccess) {
-        k.buf = nullptr;
-        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffer of ", n,
-                                                         " bytes on device ", k.device, ": ",
-                                                         cudaGetErrorString(e)));
-      }
-      k.buf_bytes = n;
-    }
+    WPUB_RETURN_IF_ERROR(Reserve(k, n));
     WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf, n, k.stream));
     cudaError_t e = cudaSuccess;
     unsigned long long sum = 0;
@@ -346,17 +397,10 @@ class ReceiverEndpoint::Impl {
     } advance{this, parsed->sequence >= 0};
     if (!joined_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
     std::vector<uint64_t> sums(ranks_.size(), 0);
-    std::vector<std::future<absl::Status>> jobs;
-    for (size_t i = 0; i < ranks_.size(); ++i) {
+    absl::Status failed = OnEveryRank([&](size_t i) {
       std::vector<uint8_t>* bytes = i == 0 && options_.copy_to_host ? &b.bytes : nullptr;
-      jobs.push_back(std::async(std::launch::async, [this, i, off, bytes, &sums] {
-        return ReceiveOnRank(*ranks_[i], off, bytes, &sums[i]);
-      }));
-    }
-    absl::Status failed;
-    for (auto& f : jobs) {
-      if (absl::Status s = f.get(); !s.ok() && failed.ok()) failed = s;
-    }
+      return ReceiveOnRank(*ranks_[i], off, bytes, &sums[i]);
+    });
     if (!failed.ok()) return Reply(r, failed, "");
     for (size_t i = 1; i < ranks_.size(); ++i) {
       if (sums[i] != sums[0]) {

@@ -2,10 +2,14 @@
 // routes over nccl::GroupMember, the NCCL data path of a C++ receiver) plus GET /stats, so wpub is
 // tested end to end without Python or SGLang. /stats returns
 // {"<version>": {"buckets": n, "bytes": b, "checksums": [...]}} (core/engine/checksum.h).
-// Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device]  (several GPUs: one group
-// rank each, as the TP ranks of one engine)  (where the checksum is computed:
-// after a copy of every bucket to the host (default), or on the device with nothing copied).
+// Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
+//   several GPUs: one group rank each, as the TP ranks of one engine;
+//   host|device: where checksums are computed (after a copy of every bucket to the host, the
+//   default, or on the device with nothing copied);
+//   die_after_buckets: SIGKILL itself after receiving that many buckets (fault tests).
 #include <httplib.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -16,11 +20,14 @@
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
-  if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: %s port gpu[,gpu...] [host|device]\n", argv[0]);
+  if (argc < 3 || argc > 5) {
+    std::fprintf(stderr, "usage: %s port gpu[,gpu...] [host|device] [die_after_buckets]\n",
+                 argv[0]);
     return 2;
   }
-  const std::string mode = argc == 4 ? argv[3] : "host";
+  const std::string mode = argc >= 4 ? argv[3] : "host";
+  // Fault injection: SIGKILL itself once this many buckets (all versions) were received.
+  const long die_after = argc == 5 ? std::atol(argv[4]) : -1;
   if (mode != "host" && mode != "device") {
     std::fprintf(stderr, "checksum mode must be host or device, not %s\n", mode.c_str());
     return 2;
@@ -34,7 +41,16 @@ int main(int argc, char** argv) {
   }
   o.join_timeout = absl::Seconds(60);
   o.copy_to_host = mode == "host";
-  auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, {});
+  wpub::nccl::ReceiverEndpoint::Callbacks callbacks;
+  long received = 0;
+  callbacks.on_bucket = [&](const wpub::nccl::ReceivedBucket&) {
+    if (++received == die_after) {
+      std::printf("dying after %ld buckets\n", received);
+      std::fflush(stdout);
+      ::kill(::getpid(), SIGKILL);
+    }
+  };
+  auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(callbacks));
   if (!endpoint.ok()) {
     std::fprintf(stderr, "%s\n", endpoint.status().ToString().c_str());
     return 3;

@@ -31,6 +31,7 @@
 #include "core/nccl/nccl_transport.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/engine_test_util.h"
+#include "tests/multi_gpu/device_model.h"
 #include "tests/multi_gpu/moe_fixture.h"
 
 namespace wpub::testing {
@@ -209,23 +210,6 @@ TEST_F(MultiGpuTest, EveryByteFromTrainerIpcMemoryReachesTheEngine) {
   EXPECT_TRUE(absl::IsOutOfRange((*cache)->Resolve(src, 16, "beyond").status()));
   (void)(*trainer)->WriteLine("quit");
 }
-
-// Device memory of this process (the backend reads it in place), filled for `seed`.
-struct DeviceModel {
-  explicit DeviceModel(const ModelLayout& layout) : layout(layout) {
-    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
-    EXPECT_EQ(cudaMalloc(&ptr, layout.total_bytes), cudaSuccess);
-  }
-  ~DeviceModel() { cudaFree(ptr); }
-  void Fill(uint64_t seed) {
-    std::vector<uint8_t> host(layout.total_bytes);
-    FillHost(layout, seed, host.data());
-    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  const uint8_t* base() const { return static_cast<const uint8_t*>(ptr); }
-  const ModelLayout& layout;
-  void* ptr = nullptr;
-};
 
 TEST_F(MultiGpuTest, NonFiniteWeightsAreRejectedBeforeAnythingIsSent) {
   const int port = FreePort();
