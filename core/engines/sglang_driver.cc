@@ -3,6 +3,7 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -44,12 +45,22 @@ class SglangDriver::Worker {
     client_.set_tcp_nodelay(true);  // small JSON requests: no Nagle delay per bucket
     thread_ = std::thread([this] { Run(); });
   }
+  // Drops queued requests and aborts the one in flight, so tearing a driver down never waits
+  // out a hung engine's request timeout.
   ~Worker() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
+    std::unique_lock lock(mu_);
+    stop_ = true;
+    queue_.clear();
     cv_.notify_all();
+    // Retried: the worker may be between taking a request and opening its socket, where
+    // stop() has nothing to shut down yet.
+    while (busy_) {
+      lock.unlock();
+      client_.stop();
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    lock.unlock();
     thread_.join();
   }
 

@@ -91,7 +91,9 @@ struct EngineOutcome {
 class SglangDriver {
  public:
   static absl::StatusOr<std::unique_ptr<SglangDriver>> Create(const SglangDriverOptions& options);
-  ~SglangDriver();  // joins the worker threads (requests in flight finish or time out)
+  // Drops queued requests, aborts those in flight and joins the worker threads (callers that
+  // need a request delivered, e.g. Leave's, wait for it with WaitIdle first).
+  ~SglangDriver();
   SglangDriver(const SglangDriver&) = delete;
   SglangDriver& operator=(const SglangDriver&) = delete;
 

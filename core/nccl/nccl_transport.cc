@@ -125,8 +125,9 @@ absl::Status NcclTransport::Form(const std::vector<engines::EngineSpec>& want,
   if (options_.health_endpoint.empty()) {
     alive = want;
   } else {
+    const absl::Duration probe_timeout = std::min(options_.sglang.connect_timeout, timeout);
     const std::vector<bool> up =
-        engines::ProbeEngines(want, options_.health_endpoint, options_.sglang.connect_timeout);
+        engines::ProbeEngines(want, options_.health_endpoint, probe_timeout);
     std::vector<std::string> down;
     for (size_t i = 0; i < want.size(); ++i) {
       if (up[i]) {
@@ -136,10 +137,10 @@ absl::Status NcclTransport::Form(const std::vector<engines::EngineSpec>& want,
       }
     }
     if (strict && !down.empty()) {
-      return absl::UnavailableError(absl::StrCat(
-          down.size() == 1 ? "engine " : "engines ", absl::StrJoin(down, ", "),
-          " did not answer GET ", options_.health_endpoint, " within ",
-          absl::FormatDuration(options_.sglang.connect_timeout), "; no engine group is connected"));
+      return absl::UnavailableError(
+          absl::StrCat(down.size() == 1 ? "engine " : "engines ", absl::StrJoin(down, ", "),
+                       " did not answer GET ", options_.health_endpoint, " within ",
+                       absl::FormatDuration(probe_timeout), "; no engine group is connected"));
     }
   }
   if (alive.empty()) {

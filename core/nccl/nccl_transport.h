@@ -83,8 +83,10 @@ class NcclTransport : public engine::Transport,
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const NcclTransportOptions& options);
   ~NcclTransport() override;
 
-  // ConnectEngines (see the file comment). Blocks for the probes and joins, at most about
-  // request.timeout (0: options.join_timeout) plus the health probe's connect timeout.
+  // ConnectEngines (see the file comment). Blocks for the health probes (at most
+  // min(sglang.connect_timeout, timeout)) and the joins (at most timeout = request.timeout, or
+  // options.join_timeout when 0), plus, on failure, the teardown (destroy requests, at most a
+  // few seconds, or until an engine's pending request ends).
   // Errors: INVALID_ARGUMENT (engine::ValidateEngineConnectRequest); FAILED_PRECONDITION while
   // a publication is in flight; UNAVAILABLE naming an engine that failed its health probe or
   // its join; DEADLINE_EXCEEDED naming the engines that did not answer in time.

@@ -288,5 +288,23 @@ TEST(SglangDriver, TimeoutsAndRefusedConnections) {
   EXPECT_NE(s.message().find("init_weights_update_group"), std::string::npos) << s;
 }
 
+TEST(SglangDriver, DestructionAbortsAHungRequestAndDropsTheQueue) {
+  FakeEngine a;
+  a.SlowOn("/init_weights_update_group", 1500);
+  SglangDriverOptions o = Options({&a}, {1});
+  o.request_timeout = absl::Seconds(60);
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok());
+  (*d)->StartJoin();
+  (*d)->Leave();  // queued behind the hung join
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const absl::Time start = absl::Now();
+  d->reset();
+  // Not the request timeout (60 s) nor the engine's 1.5 s answer.
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(1000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1600));
+  EXPECT_EQ(a.calls(), std::vector<std::string>{"/init_weights_update_group"});
+}
+
 }  // namespace
 }  // namespace wpub::engines
