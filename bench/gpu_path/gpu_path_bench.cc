@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/gpu_path/bench_util.h"
 #include "bench/gpu_path/fill.h"
 #include "core/engines/sglang_driver.h"
 #include "core/gpu/gpu_backend.h"
@@ -44,15 +45,6 @@ namespace wpub::bench {
 namespace {
 
 using json = nlohmann::json;
-
-#define BENCH_OK(expr)                                                                          \
-  do {                                                                                          \
-    const absl::Status s_ = (expr);                                                             \
-    if (!s_.ok()) {                                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, s_.ToString().c_str()); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
 
 struct Args {
   testing::MoeShape shape;
@@ -103,11 +95,6 @@ Args Parse(int argc, char** argv) {
   return a;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
 // Case (e): a Transport with no participants that is also a DeviceBucketSink discarding each
 // bucket after its `ready` event (`done` is recorded right after it on the sink's stream).
 class DiscardSink final : public engine::Transport, public gpu::DeviceBucketSink {
@@ -142,122 +129,9 @@ class DiscardSink final : public engine::Transport, public gpu::DeviceBucketSink
   cudaStream_t stream_ = nullptr;
 };
 
-// (a), (b) or (e): warm-up + iters publications; the report row.
-json RunWpub(const char* label, bool nvfp4, const Args& args, const testing::ModelLayout& layout,
-             const uint8_t* base, gpu::GpuBackend& backend, engine::Transport& transport,
-             uint64_t* version, uint64_t* bytes_out) {
-  std::vector<engine::InputTensor> inputs;
-  std::vector<double> wall, amax, compute, total;
-  uint64_t syncs = 0;
-  size_t buckets = 0;
-  for (int it = -1; it < args.iters; ++it) {
-    auto built = testing::BuildPlan(layout, base, nvfp4, args.bucket_bytes, ++*version, &inputs);
-    BENCH_OK(built.status());
-    testing::PublishResult r = testing::Publish(backend, transport, *built, absl::Seconds(600));
-    BENCH_OK(r.status);
-    *bytes_out = built->bytes_out;
-    buckets = built->manifest.buckets.size();
-    if (it < 0) continue;  // warm-up: group formation, buffer growth, NCCL lazy init
-    const gpu::GpuTiming& t = backend.last_timing();
-    wall.push_back(r.wall_seconds);
-    amax.push_back(t.amax_seconds);
-    compute.push_back(t.compute_seconds);
-    total.push_back(t.total_seconds);
-    syncs = r.host_syncs;
-  }
-  json row = {{"case", label},
-              {"wall_seconds", Median(wall)},
-              {"wall_all", wall},
-              {"device_amax_seconds", Median(amax)},
-              {"device_quantize_pack_seconds", Median(compute)},
-              {"device_total_seconds", Median(total)},
-              {"bytes_in", layout.total_bytes},
-              {"bytes_out", *bytes_out},
-              {"buckets", buckets},
-              {"gbps", *bytes_out / Median(wall) / 1e9},
-              {"host_syncs", syncs}};
-  std::printf(
-      "%-22s wall %8.4f s  amax %7.4f  quant+pack %7.4f  device total %7.4f  %9.1f GB/s"
-      "  %lu B out  %zu buckets  %lu host syncs\n",
-      label, Median(wall), Median(amax), Median(compute), Median(total),
-      *bytes_out / Median(wall) / 1e9, static_cast<unsigned long>(*bytes_out), buckets,
-      static_cast<unsigned long>(syncs));
-  return row;
-}
-
-// (d): plain broadcasts of `bytes` in bucket-sized messages through a group of its own.
-json RunPlainBroadcast(const char* label, uint64_t bytes, const Args& args, int port,
-                       rendezvous::TcpStoreServer& store, int generation) {
-  const uint64_t chunk = std::min(args.bucket_bytes, bytes);
-  const int count = static_cast<int>((bytes + chunk - 1) / chunk);
-  engines::SglangDriverOptions d;
-  d.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
-  d.master_port = store.port();
-  d.group_name = absl::StrCat("wpub_bench_raw_", generation);
-  auto driver = engines::SglangDriver::Create(d);
-  BENCH_OK(driver.status());
-  auto id = nccl::NewUniqueId();
-  BENCH_OK(id.status());
-  store.Set(*rendezvous::UniqueIdKey(rendezvous::kDefaultUniqueIdKeyTemplate, d.group_name, 0),
-            std::vector<uint8_t>(id->begin(), id->end()));
-  nccl::NcclCommOptions co;
-  co.nranks = 2;
-  co.id = *id;
-  auto comm = nccl::NcclComm::Create(co);
-  BENCH_OK(comm.status());
-  (*driver)->StartJoin();
-  BENCH_OK((*driver)->WaitIdle(absl::Now() + absl::Seconds(120)));
-  void* buf = nullptr;
-  cudaMalloc(&buf, chunk);
-  cudaMemset(buf, 1, chunk);
-  cudaStream_t s;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  std::vector<double> wall, device;
-  for (int it = -1; it < args.iters; ++it) {
-    const std::string body =
-        json({{"group_name", d.group_name}, {"nbytes", chunk}, {"count", count}}).dump();
-    absl::Status recv_status;
-    std::thread receiver([&] {
-      recv_status = testing::HttpPost(port, "/bench_recv", body, absl::Seconds(600)).status();
-    });
-    BENCH_OK((*comm)->WaitReady(absl::Now() + absl::Seconds(120), nullptr));
-    const auto t0 = std::chrono::steady_clock::now();
-    cudaEventRecord(e0, s);
-    for (int i = 0; i < count; ++i) BENCH_OK((*comm)->Broadcast(buf, chunk, 0, s));
-    cudaEventRecord(e1, s);
-    cudaEventSynchronize(e1);
-    const double w = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    receiver.join();
-    BENCH_OK(recv_status);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    if (it < 0) continue;
-    wall.push_back(w);
-    device.push_back(ms / 1e3);
-  }
-  const uint64_t moved = chunk * static_cast<uint64_t>(count);
-  json row = {{"case", label},
-              {"wall_seconds", Median(wall)},
-              {"device_seconds", Median(device)},
-              {"bytes", moved},
-              {"messages", count},
-              {"message_bytes", chunk},
-              {"gbps", moved / Median(wall) / 1e9}};
-  std::printf("%-22s wall %8.4f s  device %7.4f s  %9.1f GB/s  %d x %lu B\n", label, Median(wall),
-              Median(device), moved / Median(wall) / 1e9, count, static_cast<unsigned long>(chunk));
-  (*driver)->Leave();
-  (void)(*driver)->WaitIdle(absl::Now() + absl::Seconds(10));
-  comm->reset();
-  cudaFree(buf);
-  cudaStreamDestroy(s);
-  return row;
-}
-
 int Main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
+  const RunSettings run{args.iters, args.bucket_bytes};
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
     std::fprintf(stderr, "gpu_path_bench needs 2 GPUs (found %d)\n", n);
@@ -328,40 +202,43 @@ int Main(int argc, char** argv) {
   {
     auto be = backend_for(to_cpp.get(), true);
     rows.push_back(
-        RunWpub("(a) wpub nvfp4", true, args, layout, base, *be, *to_cpp, &version, &bytes_a));
+        RunWpub("(a) wpub nvfp4", true, run, layout, base, *be, *to_cpp, &version, &bytes_a));
     rows.push_back(
-        RunWpub("(b) wpub bf16", false, args, layout, base, *be, *to_cpp, &version, &bytes_b));
+        RunWpub("(b) wpub bf16", false, run, layout, base, *be, *to_cpp, &version, &bytes_b));
   }
   json a2;
   {
     // (a'): amax pipelined per bucket; a non-finite weight is then rejected after the transfer
     // (before commit) instead of before the first broadcast.
     auto be = backend_for(to_cpp.get(), false);
-    a2 = RunWpub("(a') nvfp4 pipelined", true, args, layout, base, *be, *to_cpp, &version, &unused);
+    a2 = RunWpub("(a') nvfp4 pipelined", true, run, layout, base, *be, *to_cpp, &version, &unused);
   }
   json emu_rows = json::array();
   {
     auto be = backend_for(to_emu.get(), true);
     emu_rows.push_back(
-        RunWpub("(a-emu) nvfp4 -> emu", true, args, layout, base, *be, *to_emu, &version, &unused));
+        RunWpub("(a-emu) nvfp4 -> emu", true, run, layout, base, *be, *to_emu, &version, &unused));
     emu_rows.push_back(
-        RunWpub("(b-emu) bf16 -> emu", false, args, layout, base, *be, *to_emu, &version, &unused));
+        RunWpub("(b-emu) bf16 -> emu", false, run, layout, base, *be, *to_emu, &version, &unused));
   }
   // (e): the same backend work into a discarding sink.
   DiscardSink discard;
   json e_nvfp4, e_bf16;
   {
     auto alone = backend_for(&discard, true);
-    e_nvfp4 = RunWpub("(e) backend only nvfp4", true, args, layout, base, *alone, discard, &version,
+    e_nvfp4 = RunWpub("(e) backend only nvfp4", true, run, layout, base, *alone, discard, &version,
                       &unused);
-    e_bf16 = RunWpub("(e) backend only bf16", false, args, layout, base, *alone, discard, &version,
+    e_bf16 = RunWpub("(e) backend only bf16", false, run, layout, base, *alone, discard, &version,
                      &unused);
   }
   // The plain broadcasts need their own store entry and group (to the emulator's /bench_recv).
   auto raw_store = rendezvous::TcpStoreServer::Create({"127.0.0.1"});
   BENCH_OK(raw_store.status());
-  rows.push_back(RunPlainBroadcast("(d) nccl bcast nvfp4B", bytes_a, args, port, **raw_store, 1));
-  rows.push_back(RunPlainBroadcast("(d') nccl bcast bf16B", bytes_b, args, port, **raw_store, 2));
+  const std::vector<engines::EngineSpec> emu = {{absl::StrCat("http://127.0.0.1:", port), 1}};
+  rows.push_back(
+      RunPlainBroadcast("(d) nccl bcast nvfp4B", bytes_a, run, emu, "/bench_recv", **raw_store, 1));
+  rows.push_back(
+      RunPlainBroadcast("(d') nccl bcast bf16B", bytes_b, run, emu, "/bench_recv", **raw_store, 2));
 
   const double a = rows[0]["wall_seconds"], b = rows[1]["wall_seconds"];
   const double d = rows[2]["wall_seconds"], d2 = rows[3]["wall_seconds"];
