@@ -1,6 +1,7 @@
 // In-process tests of the server-side pieces: status mapping, wire conversions and their
 // errors, loopback detection, safetensors I/O, tensor splitting, and a whole DaemonServer with
 // an in-process wpub-recv Receiver (bearer-token checks included).
+#include <cmath>
 #include <fstream>
 #include <thread>
 
@@ -163,6 +164,57 @@ TEST(Convert, ManifestRoundTrip) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->buckets, m.buckets);
   EXPECT_EQ(back->version, 3u);
+}
+
+TEST(Convert, ConnectEnginesRequestAndGroup) {
+  pb::ConnectEnginesRequest r;
+  r.add_engines()->set_url("http://a:1");  // gpus unset: 1
+  auto* b = r.add_engines();
+  b->set_url("http://b:2");
+  b->set_gpus(4);
+  r.set_group_name("run7");
+  r.set_timeout_seconds(2.5);
+  auto e = FromProto(r);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->engines.size(), 2u);
+  EXPECT_EQ(e->engines[0].gpus, 1);
+  EXPECT_EQ(e->engines[1].gpus, 4);
+  EXPECT_EQ(e->group_name, "run7");
+  EXPECT_EQ(e->timeout, absl::Milliseconds(2500));
+  for (double bad : {-1.0, 1e9, std::nan("")}) {
+    r.set_timeout_seconds(bad);
+    auto s = FromProto(r).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad;
+    EXPECT_NE(s.message().find("timeout_seconds"), std::string::npos) << s;
+  }
+
+  engine::EngineGroupInfo g;
+  g.group_name = "run7_3";
+  g.world_size = 6;
+  g.generation = 3;
+  g.healthy = true;
+  g.store_address = "10.0.0.5:29500";
+  g.engines = {{"http://a:1", 1, 1, engine::ReceiverState::kIdle},
+               {"http://b:2", 4, 2, engine::ReceiverState::kFailed}};
+  pb::EngineGroup status;
+  ToProto(g, &status);
+  EXPECT_EQ(status.group_name(), "run7_3");
+  EXPECT_EQ(status.world_size(), 6u);
+  EXPECT_EQ(status.generation(), 3u);
+  EXPECT_TRUE(status.healthy());
+  EXPECT_EQ(status.store_address(), "10.0.0.5:29500");
+  ASSERT_EQ(status.engines_size(), 2);
+  EXPECT_EQ(status.engines(1).rank_offset(), 2u);
+  EXPECT_EQ(status.engines(1).gpus(), 4u);
+  EXPECT_EQ(status.engines(1).state(), "failed");
+  pb::ConnectEnginesResponse reply;
+  ToProto(g, &reply);
+  EXPECT_EQ(reply.group_name(), "run7_3");
+  EXPECT_EQ(reply.world_size(), 6u);
+  EXPECT_EQ(reply.generation(), 3u);
+  ASSERT_EQ(reply.engines_size(), 2);
+  EXPECT_EQ(reply.engines(0).url(), "http://a:1");
+  EXPECT_EQ(reply.engines(0).rank_offset(), 1u);
 }
 
 TEST(DaemonServer, LoopbackDetection) {
