@@ -31,7 +31,8 @@ for b in "${BINS[@]}"; do
     fi
   done
 done
-if ! "$BUILD/server/wpubd/wpubd" --helpfull 2>/dev/null | grep -q -- '--gpu_path'; then
+HELP=$("$BUILD/server/wpubd/wpubd" --helpfull 2>&1 || true)
+if [[ $HELP != *--gpu_path* ]]; then
   echo "$BUILD/server/wpubd/wpubd has no --gpu_path flag (stale build?)" >&2
   exit 1
 fi
