@@ -65,7 +65,7 @@ absl::StatusOr<policy::PolicySettings> SettingsFromHeader(const PublicationHeade
   return policy::ParsePolicySettings(doc.dump());
 }
 
-// Why `url` is not http(s)://host[:port][/path], or "" when it is.
+// Why `url` is not http(s)://host[:port], or "" when it is.
 std::string UrlProblem(const std::string& url) {
   if (url.empty()) return "the URL is empty";
   for (char c : url) {
@@ -79,7 +79,11 @@ std::string UrlProblem(const std::string& url) {
   } else {
     return "the URL must start with http:// or https://";
   }
-  const std::string rest = url.substr(host, url.find('/', host) - host);
+  const std::string rest = url.substr(host);
+  // The SGLang driver's HTTP client takes scheme://host:port only.
+  if (rest.find_first_of("/?#") != std::string::npos) {
+    return "the URL must be scheme://host[:port], without a path";
+  }
   if (rest.empty() || rest[0] == ':') return "the URL has no host";
   const size_t colon = rest.rfind(':');
   if (colon != std::string::npos && rest.back() != ']') {

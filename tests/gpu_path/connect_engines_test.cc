@@ -110,7 +110,7 @@ PublicationHeader Header(uint64_t version, bool queue = false) {
 
 TEST(ValidateEngineConnectRequest, NamesTheEntry) {
   EXPECT_TRUE(ValidateEngineConnectRequest(
-                  Request({{"http://a:30000", 4}, {"https://b", 1}, {"http://[::1]:8000/x", 2}}))
+                  Request({{"http://a:30000", 4}, {"https://b", 1}, {"http://[::1]:8000", 2}}))
                   .ok());
   struct Case {
     std::vector<EngineEndpoint> engines;
@@ -126,6 +126,8 @@ TEST(ValidateEngineConnectRequest, NamesTheEntry) {
       {{{"http://a:99999", 1}}, "port"},
       {{{"http://a:x", 1}}, "port"},
       {{{"http://a b:1", 1}}, "whitespace"},
+      {{{"http://a:1/", 1}}, "engines[0] 'http://a:1/': the URL must be scheme://host[:port]"},
+      {{{"http://a:1/generate", 1}}, "without a path"},
       {{{"http://a:1", 0}}, "engines[0] 'http://a:1': gpus is 0"},
       {{{"http://a:1", -3}}, "gpus is -3"},
       {{{"http://a:1", 5000}}, "gpus is 5000"},
