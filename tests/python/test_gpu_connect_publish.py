@@ -5,7 +5,8 @@ by CUDA IPC (including tensors assembled from two TP shards living in two differ
 allocations, dim 0 and dim 1) over two versions, reconnecting between them, and every tensor
 wpub-recv wrote must equal the reference bytes (wpub-quantize-ref for quantized experts, the
 input for passed-through tensors) bit for bit. Also: a dead engine URL is UNAVAILABLE naming it
-and leaves no engines connected.
+and leaves no engines connected, and a publication before any engine is connected commits with
+no receivers.
 
 Skips with the reason when torch with two CUDA devices, the binaries (WPUBD, WPUB_RECV,
 WPUB_QUANTIZE_REF) or a wpubd built with the GPU path are missing."""
@@ -202,6 +203,14 @@ class GpuConnectPublishTest(unittest.TestCase):
         self.assertIn(dead, cm.exception.message)
         self.assertEqual(self.pub.status().engines, [])
 
+        # Without engines a publication has no NCCL participants: the GPU backend still runs
+        # (its device buckets only ordered on the comm stream) and it commits to nobody.
+        small = qwen3_batches(seed=30)
+        report = self.pub.publish(1, [(m, [(n, to_cuda(x)) for n, x in ts]) for m, ts in small])
+        self.assertTrue(report.committed, report.summary())
+        self.assertEqual(report.receivers, [])
+        self.assertGreater(report.num_buckets, 0)
+
         type(self).engine = EngineProcess(self.workdir, device=1)
         group = self.pub.connect_engines([(self.engine.url, 1)], timeout=60)
         self.assertEqual(group.world_size, 2)
@@ -214,15 +223,15 @@ class GpuConnectPublishTest(unittest.TestCase):
         self.assertEqual([(r.name, r.transport) for r in s.receivers],
                          [(self.engine.url, "nccl")])
 
-        self.publish_and_check(1, seed=31)
+        self.publish_and_check(2, seed=31)
 
         # Reconnect (as after an engine restart): a new generation under a new base name.
         again = self.pub.connect_engines([{"url": self.engine.url, "gpus": 1}],
                                          group_name="wpub_py_again", timeout=60)
         self.assertGreater(again.generation, group.generation)
         self.assertTrue(again.group_name.startswith("wpub_py_again_"), again.group_name)
-        self.publish_and_check(2, seed=32)
-        self.assertEqual(self.pub.status().committed_version, 2)
+        self.publish_and_check(3, seed=32)
+        self.assertEqual(self.pub.status().committed_version, 3)
 
 
 if __name__ == "__main__":
