@@ -6,6 +6,7 @@
 //       nccl::ReceiverEndpoint, every bucket checksummed on the device);
 //   (a-emu) the same to the SGLang emulator on GPU 1 (Python, torch.distributed as SGLang uses
 //       it, one HTTP request per bucket handled in Python);
+//   (a1) as (a) with one update request in flight per engine (SGLang's protocol) instead of two;
 //   (a') as (a) with the amax pass pipelined per bucket (non-finite weights rejected after the
 //       transfer, before commit);
 //   (b) wpub BF16 passthrough of the same model to the C++ engine; (b-emu) to the emulator;
@@ -174,8 +175,9 @@ int Main(int argc, char** argv) {
     if (tries > 600) BENCH_OK(absl::UnavailableError("the C++ engine did not come up"));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto make_transport = [](int engine_port, const char* group) {
+  auto make_transport = [](int engine_port, const char* group, int in_flight) {
     nccl::NcclTransportOptions to;
+    to.sglang.requests_in_flight = in_flight;
     to.store.bind_address = "127.0.0.1";
     to.sglang.engines = {{absl::StrCat("http://127.0.0.1:", engine_port), 1}};
     to.sglang.group_name = group;
@@ -185,8 +187,10 @@ int Main(int argc, char** argv) {
     BENCH_OK(t.status());
     return *std::move(t);
   };
-  std::unique_ptr<nccl::NcclTransport> to_cpp = make_transport(cpp_port, "wpub_bench_cpp");
-  std::unique_ptr<nccl::NcclTransport> to_emu = make_transport(port, "wpub_bench");
+  // The C++ engine orders requests by wpub_sequence: two in flight, so it decodes bucket k+1's
+  // request while bucket k is on the wire. The emulator, like SGLang, takes one at a time.
+  std::unique_ptr<nccl::NcclTransport> to_cpp = make_transport(cpp_port, "wpub_bench_cpp", 2);
+  std::unique_ptr<nccl::NcclTransport> to_emu = make_transport(port, "wpub_bench", 1);
   auto backend_for = [](gpu::DeviceBucketSink* sink, bool reject_first) {
     gpu::GpuBackendOptions bo;
     bo.sink = sink;
@@ -212,6 +216,16 @@ int Main(int argc, char** argv) {
     // (before commit) instead of before the first broadcast.
     auto be = backend_for(to_cpp.get(), false);
     a2 = RunWpub("(a') nvfp4 pipelined", true, run, layout, base, *be, *to_cpp, &version, &unused);
+  }
+  json a_serial;
+  {
+    // (a1): as (a) with one request in flight (SGLang's protocol) to the same C++ engine; its
+    // group replaces (a)'s, which is not used again.
+    to_cpp.reset();
+    auto serial = make_transport(cpp_port, "wpub_bench_cpp1", 1);
+    auto be = backend_for(serial.get(), true);
+    a_serial =
+        RunWpub("(a1) nvfp4 1 in flight", true, run, layout, base, *be, *serial, &version, &unused);
   }
   json emu_rows = json::array();
   {
@@ -270,6 +284,7 @@ int Main(int argc, char** argv) {
               {"rows", rows},
               {"pipelined", a2},
               {"to_emulator", emu_rows},
+              {"one_request_in_flight", a_serial},
               {"backend_only", {e_nvfp4, e_bf16}},
               {"summary", summary}};
   if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";

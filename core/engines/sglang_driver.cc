@@ -27,41 +27,55 @@ struct Request {
   std::string method;  // "GET" | "POST"
   std::string path;
   std::string body;
+  // An update request that may overlap with other update requests of this engine (when the
+  // driver allows more than one in flight). Every other request waits for the lanes to drain
+  // and holds back what follows it.
+  bool overlappable = false;
 };
 
 }  // namespace
 
-// One engine's ordered request queue and its outcome.
+// One engine's ordered request queue, served by `lanes` connections (each its own thread), and
+// its outcome. With one lane, requests go strictly one after another. With more, consecutive
+// overlappable requests are taken from the queue in order and may be in flight together; a
+// non-overlappable request starts only once every lane is idle, and nothing behind it starts
+// before it is answered.
 class SglangDriver::Worker {
  public:
-  Worker(std::string url, absl::Duration connect_timeout, absl::Duration request_timeout)
-      : url_(std::move(url)), client_(url_) {
+  Worker(std::string url, absl::Duration connect_timeout, absl::Duration request_timeout, int lanes)
+      : url_(std::move(url)) {
     outcome_.url = url_;
     const auto us = [](absl::Duration d) { return absl::ToInt64Microseconds(d); };
-    client_.set_connection_timeout(us(connect_timeout) / 1000000, us(connect_timeout) % 1000000);
-    client_.set_read_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
-    client_.set_write_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
-    client_.set_keep_alive(true);
-    client_.set_tcp_nodelay(true);  // small JSON requests: no Nagle delay per bucket
-    thread_ = std::thread([this] { Run(); });
+    for (int i = 0; i < std::max(1, lanes); ++i) {
+      auto c = std::make_unique<httplib::Client>(url_);
+      c->set_connection_timeout(us(connect_timeout) / 1000000, us(connect_timeout) % 1000000);
+      c->set_read_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
+      c->set_write_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
+      c->set_keep_alive(true);
+      c->set_tcp_nodelay(true);  // small JSON requests: no Nagle delay per bucket
+      clients_.push_back(std::move(c));
+    }
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      threads_.emplace_back([this, i] { Run(*clients_[i]); });
+    }
   }
-  // Drops queued requests and aborts the one in flight, so tearing a driver down never waits
+  // Drops queued requests and aborts those in flight, so tearing a driver down never waits
   // out a hung engine's request timeout.
   ~Worker() {
     std::unique_lock lock(mu_);
     stop_ = true;
     queue_.clear();
     cv_.notify_all();
-    // Retried: the worker may be between taking a request and opening its socket, where
-    // stop() has nothing to shut down yet.
-    while (busy_) {
+    // Retried: a lane may be between taking a request and opening its socket, where stop()
+    // has nothing to shut down yet.
+    while (in_flight_ > 0) {
       lock.unlock();
-      client_.stop();
+      for (auto& c : clients_) c->stop();
       lock.lock();
       cv_.wait_for(lock, std::chrono::milliseconds(20));
     }
     lock.unlock();
-    thread_.join();
+    for (std::thread& t : threads_) t.join();
   }
 
   void Reset() {
@@ -79,9 +93,9 @@ class SglangDriver::Worker {
   // True when every posted request was answered (or skipped) before the deadline.
   bool WaitIdle(absl::Time deadline) {
     std::unique_lock lock(mu_);
-    while (!queue_.empty() || busy_) {
+    while (!queue_.empty() || in_flight_ > 0) {
       if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
-          (!queue_.empty() || busy_)) {
+          (!queue_.empty() || in_flight_ > 0)) {
         return false;
       }
     }
@@ -94,10 +108,17 @@ class SglangDriver::Worker {
   const std::string& url() const { return url_; }
 
  private:
-  void Run() {
+  // Whether the front request may start now (mu_ held, queue non-empty).
+  bool FrontMayStart() const {
+    if (exclusive_in_flight_) return false;
+    if (in_flight_ == 0) return true;
+    return queue_.front().overlappable;
+  }
+
+  void Run(httplib::Client& client) {
     std::unique_lock lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && FrontMayStart()); });
       if (queue_.empty()) return;  // stop_ and drained
       Request r = std::move(queue_.front());
       queue_.pop_front();
@@ -105,11 +126,13 @@ class SglangDriver::Worker {
         cv_.notify_all();
         continue;  // an engine that failed gets no further requests of this publication
       }
-      busy_ = true;
+      ++in_flight_;
+      exclusive_in_flight_ = !r.overlappable;
       lock.unlock();
-      std::string error = Send(r);
+      std::string error = Send(client, r);
       lock.lock();
-      busy_ = false;
+      --in_flight_;
+      if (!r.overlappable) exclusive_in_flight_ = false;
       if (error.empty()) {
         ++outcome_.requests;
       } else if (!outcome_.failed) {
@@ -121,9 +144,9 @@ class SglangDriver::Worker {
   }
 
   // Empty on success, otherwise a sentence naming the engine and call.
-  std::string Send(const Request& r) {
+  std::string Send(httplib::Client& client, const Request& r) {
     httplib::Result res =
-        r.method == "GET" ? client_.Get(r.path) : client_.Post(r.path, r.body, "application/json");
+        r.method == "GET" ? client.Get(r.path) : client.Post(r.path, r.body, "application/json");
     const std::string what = absl::StrCat("engine ", url_, " ", r.method, " ", r.path);
     if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
     if (res->status < 200 || res->status >= 300) {
@@ -140,14 +163,15 @@ class SglangDriver::Worker {
   }
 
   const std::string url_;
-  httplib::Client client_;
-  std::thread thread_;
+  std::vector<std::unique_ptr<httplib::Client>> clients_;  // one per lane
+  std::vector<std::thread> threads_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Request> queue_;  // guarded by mu_
-  bool busy_ = false;          // guarded by mu_
-  bool stop_ = false;          // guarded by mu_
-  EngineOutcome outcome_;      // guarded by mu_
+  std::deque<Request> queue_;         // guarded by mu_
+  int in_flight_ = 0;                 // guarded by mu_
+  bool exclusive_in_flight_ = false;  // guarded by mu_: a non-overlappable request is out
+  bool stop_ = false;                 // guarded by mu_
+  EngineOutcome outcome_;             // guarded by mu_
 };
 
 absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text) {
@@ -236,6 +260,8 @@ std::string UpdateBody(const SglangDriverOptions& o, const engine::BucketManifes
             {"flush_cache", o.flush_cache_on_update},
             {"weight_version", std::to_string(version)}};
   if (!o.endpoints.load_format.empty()) j["load_format"] = o.endpoints.load_format;
+  // Several requests in flight: the engine must receive them in this order (see the option).
+  if (o.requests_in_flight > 1) j["wpub_sequence"] = bucket.index;
   return j.dump();
 }
 
@@ -258,8 +284,8 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
   }
   std::unique_ptr<SglangDriver> d(new SglangDriver(options, *std::move(layout)));
   for (const EngineSpec& e : options.engines) {
-    d->workers_.push_back(
-        std::make_unique<Worker>(e.url, options.connect_timeout, options.request_timeout));
+    d->workers_.push_back(std::make_unique<Worker>(
+        e.url, options.connect_timeout, options.request_timeout, options.requests_in_flight));
   }
   return d;
 }
@@ -309,7 +335,10 @@ void SglangDriver::BeginPublication(uint64_t version) {
 }
 
 void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
-  PostAll("POST", options_.endpoints.update, UpdateBody(options_, bucket, version_));
+  const std::string& path = options_.endpoints.update;
+  if (path.empty()) return;
+  const std::string body = UpdateBody(options_, bucket, version_);
+  for (auto& w : workers_) w->Post(Request{"POST", path, body, /*overlappable=*/true});
 }
 
 void SglangDriver::EndPublication() {

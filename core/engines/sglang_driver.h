@@ -6,11 +6,12 @@
 // end, continue). The NCCL side (the broadcasts) is core/nccl's; the HTTP call of a bucket and
 // its broadcast run concurrently (the engine posts its receive inside the request handler).
 //
-// Threading: each engine has one worker thread that sends that engine's requests strictly in
-// the order they were posted (bucket k+1's request never overtakes bucket k's, since NCCL
-// matches broadcasts by order). Engines proceed independently. Public methods are called by
-// one thread (the publication thread); outcomes() and layout() are thread-safe. An engine
-// whose request failed (HTTP error, success=false, timeout) is marked failed with the reason;
+// Threading: each engine has a worker that sends that engine's requests in the order they were
+// posted, strictly one after another by default (bucket k+1's request never overtakes bucket
+// k's, since NCCL matches broadcasts by order; requests_in_flight is the exception). Engines
+// proceed independently. Public methods are called by one thread (the publication thread);
+// outcomes() and layout() are thread-safe. An engine whose request failed (HTTP error,
+// success=false, timeout) is marked failed with the reason;
 // its later requests of the same publication are skipped; it is never reported committed.
 #pragma once
 
@@ -67,6 +68,13 @@ struct SglangDriverOptions {
   absl::Duration connect_timeout = absl::Seconds(5);
   // Per request (an update request lasts as long as its bucket's broadcast).
   absl::Duration request_timeout = absl::Seconds(120);
+  // Update requests per engine in flight at once. 1 (the default) is what SGLang needs: it
+  // posts a bucket's receive when it handles that bucket's request, in arrival order. With 2
+  // or more, the engine decodes bucket k+1's request while bucket k's broadcast runs, and every
+  // update body carries "wpub_sequence" (the bucket's index in the publication): only for
+  // engines that receive in that order (nccl::ReceiverEndpoint, e.g. wpub-recv), since NCCL
+  // matches broadcasts by order. Lifecycle calls never overlap anything.
+  int requests_in_flight = 1;
 };
 
 // The group as the engines see it.

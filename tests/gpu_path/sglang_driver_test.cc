@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
@@ -23,15 +24,26 @@ class FakeEngine {
     auto record = [this](const httplib::Request& req, httplib::Response& res) {
       int delay_ms = 0;
       bool fail = false, soft_fail = false;
+      const bool update = req.path == "/update_weights_from_distributed";
       {
         std::lock_guard lock(mu_);
         calls_.push_back(req.path);
         bodies_.push_back(req.body);
+        // Concurrency seen by the engine: lifecycle calls must never overlap anything.
+        if (active_ > 0 && (!update || lifecycle_active_ > 0)) lifecycle_overlapped_ = true;
+        ++active_;
+        if (!update) ++lifecycle_active_;
+        max_active_ = std::max(max_active_, active_);
         if (req.path == fail_path_ && ++fail_count_ == fail_on_nth_) fail = true;
         soft_fail = req.path == soft_fail_path_;
         delay_ms = req.path == slow_path_ ? slow_ms_ : 0;
       }
       if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      {
+        std::lock_guard lock(mu_);
+        --active_;
+        if (!update) --lifecycle_active_;
+      }
       if (fail) {
         res.status = 500;
         res.set_content("boom", "text/plain");
@@ -71,6 +83,14 @@ class FakeEngine {
     std::lock_guard lock(mu_);
     soft_fail_path_ = path;
   }
+  int max_active() const {
+    std::lock_guard lock(mu_);
+    return max_active_;
+  }
+  bool lifecycle_overlapped() const {
+    std::lock_guard lock(mu_);
+    return lifecycle_overlapped_;
+  }
   void SlowOn(const std::string& path, int ms) {
     std::lock_guard lock(mu_);
     slow_path_ = path;
@@ -85,6 +105,8 @@ class FakeEngine {
   std::vector<std::string> calls_, bodies_;
   std::string fail_path_, soft_fail_path_, slow_path_;
   int fail_on_nth_ = 0, fail_count_ = 0, slow_ms_ = 0;
+  int active_ = 0, lifecycle_active_ = 0, max_active_ = 0;
+  bool lifecycle_overlapped_ = false;
 };
 
 engine::BucketManifest Bucket(uint32_t index) {
@@ -196,6 +218,8 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
   EXPECT_EQ(u["shapes"][0], json::array());
   EXPECT_EQ(u["shapes"][2], json({2048, 48}));
   EXPECT_EQ(json::parse(a.bodies()[0])["mode"], "retract");
+  EXPECT_FALSE(u.contains("wpub_sequence"));  // one request in flight: SGLang's own protocol
+  EXPECT_EQ(a.max_active(), 1);
   EXPECT_EQ(json::parse(a.bodies()[5])["new_version"], "7");
   for (const EngineOutcome& o : (*d)->outcomes()) {
     EXPECT_FALSE(o.failed) << o.error;
@@ -304,6 +328,38 @@ TEST(SglangDriver, DestructionAbortsAHungRequestAndDropsTheQueue) {
   EXPECT_LT(absl::Now() - start, absl::Milliseconds(1000));
   std::this_thread::sleep_for(std::chrono::milliseconds(1600));
   EXPECT_EQ(a.calls(), std::vector<std::string>{"/init_weights_update_group"});
+}
+
+TEST(SglangDriver, TwoUpdatesInFlightOverlapButLifecycleCallsNever) {
+  FakeEngine a;
+  SglangDriverOptions o = Options({&a}, {1});
+  o.requests_in_flight = 2;
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok());
+  a.SlowOn("/update_weights_from_distributed", 150);
+  (*d)->BeginPublication(9);
+  for (uint32_t i = 0; i < 4; ++i) (*d)->PostBucket(Bucket(i));
+  (*d)->EndPublication();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
+  const std::vector<std::string> calls = a.calls();
+  ASSERT_EQ(calls.size(), 10u);
+  EXPECT_EQ(
+      std::vector<std::string>(calls.begin(), calls.begin() + 3),
+      (std::vector<std::string>{"/pause_generation", "/flush_cache", "/begin_weight_update"}));
+  EXPECT_EQ(std::vector<std::string>(calls.end() - 3, calls.end()),
+            (std::vector<std::string>{"/update_weight_version", "/end_weight_update",
+                                      "/continue_generation"}));
+  // Every bucket once, each naming its place in the publication.
+  std::vector<int> seen;
+  for (size_t i = 3; i < 7; ++i) {
+    EXPECT_EQ(calls[i], "/update_weights_from_distributed");
+    seen.push_back(json::parse(a.bodies()[i])["wpub_sequence"].get<int>());
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(a.max_active(), 2);  // two buckets were in flight together, never three
+  EXPECT_FALSE(a.lifecycle_overlapped());
+  EXPECT_EQ((*d)->outcomes()[0].requests, 10u);
 }
 
 }  // namespace

@@ -100,8 +100,9 @@ class MultiRankTest : public ::testing::Test {
   }
 
   std::unique_ptr<nccl::NcclTransport> Transport(const std::vector<Running>& engines,
-                                                 absl::Duration deadline) {
+                                                 absl::Duration deadline, int in_flight = 1) {
     nccl::NcclTransportOptions o;
+    o.sglang.requests_in_flight = in_flight;
     o.store.bind_address = "127.0.0.1";
     for (const Running& r : engines) {
       o.sglang.engines.push_back(
@@ -131,11 +132,11 @@ class MultiRankTest : public ::testing::Test {
     }
   }
 
-  void PublishVersions(int tp) {
+  void PublishVersions(int tp, int in_flight) {
     const std::vector<std::vector<int>> layout = Engines(devices_, tp);
     std::vector<Running> engines = StartEngines(layout);
     ASSERT_EQ(engines.size(), layout.size());
-    auto transport = Transport(engines, absl::Seconds(60));
+    auto transport = Transport(engines, absl::Seconds(60), in_flight);
     ASSERT_TRUE(transport);
     gpu::GpuBackendOptions bo;
     bo.sink = transport.get();
@@ -153,8 +154,8 @@ class MultiRankTest : public ::testing::Test {
       ASSERT_EQ(r.outcomes.size(), engines.size());
       for (const auto& o : r.outcomes) EXPECT_TRUE(o.committed) << o.name;
       ExpectEveryEngineGot(engines, version, *built, (*backend)->last_checksums());
-      std::printf("TP=%d, %zu engines, world %d: version %lu, %zu buckets, %.3f s\n", tp,
-                  engines.size(), transport->Group().world_size,
+      std::printf("TP=%d, %zu engines, world %d, %d in flight: version %lu, %zu buckets, %.3f s\n",
+                  tp, engines.size(), transport->Group().world_size, in_flight,
                   static_cast<unsigned long>(version), built->manifest.buckets.size(),
                   r.wall_seconds);
     }
@@ -165,11 +166,12 @@ class MultiRankTest : public ::testing::Test {
   MoeShape shape_;
 };
 
-TEST_F(MultiRankTest, EveryEngineOfOneGpuGetsEveryVersion) { PublishVersions(1); }
+// Two update requests in flight per engine: every engine orders them by wpub_sequence.
+TEST_F(MultiRankTest, EveryEngineOfOneGpuGetsEveryVersion) { PublishVersions(1, 2); }
 
 TEST_F(MultiRankTest, EveryTp2EngineGetsEveryVersionOnBothRanks) {
   if (devices_ < 3) GTEST_SKIP() << "a TP=2 engine needs GPUs 1 and 2; found " << devices_;
-  PublishVersions(2);
+  PublishVersions(2, 1);
 }
 
 TEST_F(MultiRankTest, KilledEngineAbortsThenSurvivorsCommit) {

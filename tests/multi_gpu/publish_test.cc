@@ -73,8 +73,10 @@ class MultiGpuTest : public ::testing::Test {
     return e.ok() ? std::move(*e) : nullptr;
   }
 
-  std::unique_ptr<nccl::NcclTransport> Transport(int port, absl::Duration deadline) {
+  std::unique_ptr<nccl::NcclTransport> Transport(int port, absl::Duration deadline,
+                                                 int in_flight = 1) {
     nccl::NcclTransportOptions o;
+    o.sglang.requests_in_flight = in_flight;
     o.device = 0;
     o.store.bind_address = "127.0.0.1";
     o.advertise_address = "127.0.0.1";
@@ -510,7 +512,8 @@ TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
     }
     const ModelLayout layout = LayoutModel(shape_);
     DeviceModel model(layout);
-    auto transport = Transport(port, absl::Seconds(60));
+    // The device-checksum receiver also takes two update requests in flight (wpub_sequence).
+    auto transport = Transport(port, absl::Seconds(60), mode == "device" ? 2 : 1);
     ASSERT_TRUE(transport);
     gpu::GpuBackendOptions bo;
     bo.sink = transport.get();
