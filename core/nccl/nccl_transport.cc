@@ -45,7 +45,11 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
   }
   std::unique_ptr<NcclTransport> t(new NcclTransport(options));
   WPUB_ASSIGN_OR_RETURN(t->store_, rendezvous::TcpStoreServer::Create(options.store));
-  WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  if (const cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL transport: CUDA device ", options.device, " is not usable: ", cudaGetErrorString(e)));
+  }
   WPUB_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&t->comm_stream_, cudaStreamNonBlocking));
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t->host_done_, cudaEventDisableTiming));
   {

@@ -120,6 +120,30 @@ TEST(Wpubctl, ConnectEnginesOnTheCpuPath) {
   EXPECT_NE(out.find("GPU count"), std::string::npos) << out;
 }
 
+// --gpu_path on a device that does not exist: wpubd exits 1 naming it (or, built without CUDA,
+// saying so) instead of serving without its GPU path.
+TEST(Wpubd, GpuPathWithoutTheDeviceExitsNamingIt) {
+  char tmpl[] = "/tmp/wpub-gpu-path-test-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string log = absl::StrCat(tmpl, "/wpubd.log");
+  auto proc = client::ChildProcess::Spawn(
+      {WPUBD_PATH,
+       {"--gpu_path", "--gpu_device=999", "--listen=127.0.0.1:0", "--metrics_listen="},
+       log});
+  ASSERT_TRUE(proc.ok()) << proc.status();
+  auto code = (*proc)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 1);
+  std::ifstream in(log);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string out = ss.str();
+  EXPECT_TRUE(out.find("CUDA device 999") != std::string::npos ||
+              out.find("built without CUDA") != std::string::npos)
+      << out;
+  std::filesystem::remove_all(tmpl);
+}
+
 TEST(Wpubctl, DemoRunsEndToEndAndStopsCleanly) {
   char tmpl[] = "/tmp/wpub-demo-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
