@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
 #include "core/engine/checksum.h"
+#include "core/engine/weight_pieces.h"
 #include "kernels/reference.h"
 
 namespace wpub::engine {
@@ -24,65 +25,12 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-kernels::ElemType ToElemType(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return kernels::ElemType::kF16;
-    case DType::kFloat32:
-      return kernels::ElemType::kF32;
-    default:
-      return kernels::ElemType::kBF16;
-  }
-}
-
-// A kernel-sized view of (part of) a quantized input: `slices` slices starting at slice
-// `slice_offset` of the input.
-struct Piece {
-  kernels::WeightDesc weight;
-  int64_t slice_offset = 0;
-  int64_t slices = 1;
-};
-
-absl::StatusOr<std::vector<Piece>> MakePieces(const InputTensor& in) {
-  const Shape& s = in.desc.shape;
-  const kernels::ElemType type = ToElemType(in.desc.dtype);
-  std::vector<Piece> pieces;
-  const bool stacked = s.size() == 3;
-  if (s.size() != 2 && !stacked) {
-    return absl::InternalError(
-        absl::StrCat("tensor ", in.desc.name, ": rank ", s.size(), " cannot be quantized"));
-  }
-  if (stacked && in.concat_dim == 0) {
-    // Parts split the expert dimension: each part is a stack of its own slices.
-    int64_t offset = 0;
-    for (const PartView& p : in.parts) {
-      Piece piece;
-      piece.weight = kernels::WeightDesc::Stack(p.data, p.shape[0], s[1], s[2], type);
-      piece.slice_offset = offset;
-      piece.slices = p.shape[0];
-      offset += p.shape[0];
-      if (piece.slices > 0) pieces.push_back(piece);
-    }
-    return pieces;
-  }
-  Piece piece;
-  piece.slices = stacked ? s[0] : 1;
-  piece.weight.type = type;
-  piece.weight.num_slices = piece.slices;
-  // Rank 2: dim 0 = rows, dim 1 = cols. Rank 3 split along dim 1: rows of every slice.
-  const bool along_cols = !stacked && in.concat_dim == 1;
-  piece.weight.concat = along_cols ? kernels::ConcatDim::kCols : kernels::ConcatDim::kRows;
-  for (const PartView& p : in.parts) {
-    const int64_t rows = stacked ? p.shape[1] : p.shape[0];
-    const int64_t cols = stacked ? p.shape[2] : p.shape[1];
-    if (!piece.weight.AddPart(p.data, rows, cols)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", in.desc.name, ": ", in.parts.size(),
-                                                     " parts exceed the ", kernels::kMaxWeightParts,
-                                                     " a quantized tensor may have"));
-    }
-  }
-  pieces.push_back(piece);
-  return pieces;
+// The part addresses of an input as the kernels read them (host memory here).
+absl::StatusOr<std::vector<WeightPiece>> MakePieces(const InputTensor& in) {
+  std::vector<const uint8_t*> data;
+  data.reserve(in.parts.size());
+  for (const PartView& p : in.parts) data.push_back(p.data);
+  return SplitIntoWeightPieces(in, data);
 }
 
 absl::Status KernelError(kernels::KernelStatus st, const std::string& what,
@@ -184,7 +132,7 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
   ExecutionResult result;
 
   // Pieces of every quantized input (index = input; empty for passed inputs).
-  std::vector<std::vector<Piece>> pieces(inputs.size());
+  std::vector<std::vector<WeightPiece>> pieces(inputs.size());
   for (const AmaxGroupPlan& g : plan.amax_groups) {
     for (size_t m : g.members) {
       WPUB_ASSIGN_OR_RETURN(pieces[m], MakePieces(inputs[m]));
@@ -206,7 +154,7 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
     for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
       group_amax[g].assign(static_cast<size_t>(plan.amax_groups[g].slices), 0.0f);
       for (size_t m : plan.amax_groups[g].members) {
-        for (const Piece& p : pieces[m]) {
+        for (const WeightPiece& p : pieces[m]) {
           results.push_back(PieceResult{m, g, p.slice_offset,
                                         std::vector<float>(static_cast<size_t>(p.slices)),
                                         std::vector<int64_t>(static_cast<size_t>(p.slices))});
@@ -219,7 +167,7 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
       size_t r = 0;
       for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
         for (size_t m : plan.amax_groups[g].members) {
-          for (const Piece& p : pieces[m]) {
+          for (const WeightPiece& p : pieces[m]) {
             tasks.push_back(kernels::AmaxTask{&p.weight, 1, results[r].amax.data(),
                                               results[r].nonfinite.data()});
             ++r;
@@ -315,7 +263,7 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
       const int64_t cols = s.back();
       const uint64_t packed_stride = static_cast<uint64_t>(rows * cols / 2);
       const uint64_t scale_stride = static_cast<uint64_t>(rows * cols / 16);
-      for (const Piece& p : pieces[slot.input]) {
+      for (const WeightPiece& p : pieces[slot.input]) {
         const uint64_t so = static_cast<uint64_t>(p.slice_offset);
         kernels::QuantizeTask task;
         task.weight = &p.weight;

@@ -9,12 +9,6 @@ namespace wpub::gpu::detail {
 using engine::InputTensor;
 using engine::PartView;
 
-kernels::ElemType ToElemType(DType d) {
-  return d == DType::kFloat16   ? kernels::ElemType::kF16
-         : d == DType::kFloat32 ? kernels::ElemType::kF32
-                                : kernels::ElemType::kBF16;
-}
-
 bool FloatKindOf(DType d, FloatKind* k) {
   switch (d) {
     case DType::kBFloat16:
@@ -32,50 +26,6 @@ bool FloatKindOf(DType d, FloatKind* k) {
     default:
       return false;
   }
-}
-
-// As the CPU backend splits an input, over device part pointers.
-absl::StatusOr<std::vector<Piece>> MakePieces(const InputTensor& in,
-                                              const std::vector<const uint8_t*>& data) {
-  const Shape& s = in.desc.shape;
-  const kernels::ElemType type = ToElemType(in.desc.dtype);
-  const bool stacked = s.size() == 3;
-  if (s.size() != 2 && !stacked) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", in.desc.name, ": rank ", s.size(), " cannot be quantized"));
-  }
-  std::vector<Piece> pieces;
-  if (stacked && in.concat_dim == 0) {
-    int64_t offset = 0;
-    for (size_t i = 0; i < in.parts.size(); ++i) {
-      const PartView& p = in.parts[i];
-      Piece piece;
-      piece.weight = kernels::WeightDesc::Stack(data[i], p.shape[0], s[1], s[2], type);
-      piece.slice_offset = offset;
-      piece.slices = p.shape[0];
-      offset += p.shape[0];
-      if (piece.slices > 0) pieces.push_back(piece);
-    }
-    return pieces;
-  }
-  Piece piece;
-  piece.slices = stacked ? s[0] : 1;
-  piece.weight.type = type;
-  piece.weight.num_slices = piece.slices;
-  const bool along_cols = !stacked && in.concat_dim == 1;
-  piece.weight.concat = along_cols ? kernels::ConcatDim::kCols : kernels::ConcatDim::kRows;
-  for (size_t i = 0; i < in.parts.size(); ++i) {
-    const PartView& p = in.parts[i];
-    const int64_t rows = stacked ? p.shape[1] : p.shape[0];
-    const int64_t cols = stacked ? p.shape[2] : p.shape[1];
-    if (!piece.weight.AddPart(data[i], rows, cols)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", in.desc.name, ": ", in.parts.size(),
-                                                     " parts exceed the ", kernels::kMaxWeightParts,
-                                                     " a quantized tensor may have"));
-    }
-  }
-  pieces.push_back(piece);
-  return pieces;
 }
 
 absl::Status KernelError(kernels::KernelStatus st, const std::string& what,

@@ -1,6 +1,6 @@
-// Internal to core/gpu: the GPU backend's helpers -- alignment, element kinds, the split of a
-// quantized input into kernel weights (as the CPU backend splits it, over device pointers), and
-// buffers whose growth is a counted host synchronization. Not part of the public API.
+// Internal to core/gpu: the GPU backend's helpers -- alignment, element kinds, and buffers whose
+// growth is a counted host synchronization. Not part of the public API. (Quantized inputs are
+// split into kernel weights by engine::SplitIntoWeightPieces, as the CPU backend splits them.)
 #pragma once
 
 #include <cstdint>
@@ -20,20 +20,8 @@ inline constexpr uint64_t kAlign = 256;
 inline uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 inline bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
 
-kernels::ElemType ToElemType(DType d);
 // False for dtypes that cannot hold non-finite values.
 bool FloatKindOf(DType d, FloatKind* k);
-
-// A kernel-sized view of (part of) a quantized input: `slices` slices from `slice_offset`.
-struct Piece {
-  kernels::WeightDesc weight;
-  int64_t slice_offset = 0;
-  int64_t slices = 1;
-};
-
-// Splits a quantized input as the CPU backend does, over device part pointers `data`.
-absl::StatusOr<std::vector<Piece>> MakePieces(const engine::InputTensor& in,
-                                              const std::vector<const uint8_t*>& data);
 
 absl::Status KernelError(kernels::KernelStatus st, const std::string& what, const std::string& msg);
 

@@ -14,6 +14,7 @@
 #include "core/common/status.h"
 #include "core/engine/checksum.h"
 #include "core/engine/planner.h"
+#include "core/engine/weight_pieces.h"
 #include "core/gpu/backend_parts.h"
 #include "core/gpu/host_syncs.h"
 #include "core/gpu/status_kernels.h"
@@ -28,8 +29,6 @@ using detail::FloatKindOf;
 using detail::GrowBuffer;
 using detail::kAlign;
 using detail::KernelError;
-using detail::MakePieces;
-using detail::Piece;
 using engine::BucketLayout;
 using engine::ExecutionPlan;
 using engine::InputTensor;
@@ -212,10 +211,10 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
 
   // 2. Pieces of quantized inputs, amax slots per bucket (a group's slots are assigned in the
   //    bucket that first needs them), passthrough count slots, status block layout.
-  std::vector<std::vector<Piece>> pieces(inputs.size());
+  std::vector<std::vector<engine::WeightPiece>> pieces(inputs.size());
   for (const auto& g : plan.amax_groups) {
     for (size_t m : g.members) {
-      WPUB_ASSIGN_OR_RETURN(pieces[m], MakePieces(inputs[m], dev[m]));
+      WPUB_ASSIGN_OR_RETURN(pieces[m], engine::SplitIntoWeightPieces(inputs[m], dev[m]));
     }
   }
   std::vector<int64_t> group_base(plan.amax_groups.size(), -1);
@@ -291,7 +290,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     std::vector<int64_t> offs;
     for (int g : bucket_groups[b]) {
       for (size_t m : plan.amax_groups[g].members) {
-        for (const Piece& p : pieces[m]) {
+        for (const engine::WeightPiece& p : pieces[m]) {
           ws.push_back(p.weight);
           offs.push_back(group_base[g] - bucket_slot_begin[b] + p.slice_offset);
         }
@@ -456,7 +455,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       const int64_t rows = shp[shp.size() - 2], cols = shp.back();
       const uint64_t packed_stride = static_cast<uint64_t>(rows * cols / 2);
       const uint64_t scale_stride = static_cast<uint64_t>(rows * cols / 16);
-      for (const Piece& p : pieces[q.input]) {
+      for (const engine::WeightPiece& p : pieces[q.input]) {
         const uint64_t so = static_cast<uint64_t>(p.slice_offset);
         kernels::cuda::QuantizeJob job;
         job.weight = p.weight;
