@@ -3,11 +3,13 @@
 # environment check, the GPU-path unit tests and the one-GPU backend test (CPU reference,
 # CUPTI sync count), the multi_gpu tests (wpub GPU 0 -> SGLang emulator GPU 1: byte-exact
 # versions from IPC memory, non-finite rejection, receiver killed mid-publication, host syncs
-# for 8 vs 128 experts), the benchmark (a) (a') (b) (d) on the Qwen3-30B-A3B-shaped model, and
-# the PyTorch baseline (c). About 8 minutes at most.
+# for 8 vs 128 experts, C++ engines with host and device checksums), the multi-rank tests (as
+# many receiving ranks as the machine has GPUs), the benchmark (a) (a1) (a') (b) (d) (e) on the
+# Qwen3-30B-A3B-shaped model, the fan-out benchmark and the PyTorch baseline (c). About 8 minutes
+# at most.
 #
 # Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/gpu_path/ (carried), and
-# writes 6 files to $OUT: summary.log, env.txt, bench.json, baseline.json, results.json and
+# writes 7 files to $OUT: summary.log, env.txt, bench.json, fanout.json, baseline.json, results.json and
 # logs.tar.gz (emulator, trainer, baseline and per-test logs).
 # Usage (from the repository root): bash tests/multi_gpu/run_h200x2.sh
 set -u
@@ -50,10 +52,20 @@ guarded "$(tmo 220 230)" "$BIN/multi_gpu_publish_test" --gtest_color=no >"$LOGS/
 echo "--- multi_gpu_publish_test: exit $?"
 brief "$LOGS/multi_gpu_publish_test.log"
 
+step "multi-rank tests (GPU 0 -> C++ engines on every other GPU)"
+guarded "$(tmo 90 200)" "$BIN/multi_gpu_multi_rank_test" --gtest_color=no >"$LOGS/multi_gpu_multi_rank_test.log" 2>&1
+echo "--- multi_gpu_multi_rank_test: exit $?"
+brief "$LOGS/multi_gpu_multi_rank_test.log"
+
 step "benchmark (a) wpub nvfp4, (a') pipelined amax, (b) wpub bf16, (d) plain NCCL broadcast"
 guarded "$(tmo 180 110)" "$BIN/gpu_path_bench" --iters 3 --bucket_mib 1024 --json "$OUT/bench.json" \
   --log_dir "$LOGS"
 echo "--- gpu_path_bench: exit $?"
+
+step "fan-out benchmark (publication and plain broadcast vs receiving ranks)"
+guarded "$(tmo 60 60)" "$BIN/fanout_bench" --iters 3 --bucket_mib 1024 --json "$OUT/fanout.json" \
+  --log_dir "$LOGS"
+echo "--- fanout_bench: exit $?"
 
 step "benchmark (c) PyTorch per-expert baseline"
 guarded "$(tmo 120 5)" "$PYWRAP" "$ROOT/bench/gpu_path/torch_baseline.py" --max_seconds 60 \

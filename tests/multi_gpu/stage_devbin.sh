@@ -14,11 +14,13 @@ BINS=(
   tests/multi_gpu/multi_gpu_publish_test
   tests/multi_gpu/multi_gpu_ipc_trainer
   tests/multi_gpu/multi_gpu_cpp_receiver
+  tests/multi_gpu/multi_gpu_multi_rank_test
   tests/gpu_path/gpu_path_rendezvous_test
   tests/gpu_path/gpu_path_sglang_driver_test
   tests/gpu_path/gpu_path_ipc_test
   tests/gpu_path/gpu_path_backend_test
   bench/gpu_path/gpu_path_bench
+  bench/gpu_path/fanout_bench
 )
 SKIP='^(libc|libm|libdl|libpthread|librt|libutil|libresolv|ld-linux[^ ]*|linux-vdso|libstdc\+\+|libgcc_s|libnccl|libcuda)\.so'
 rm -rf "$DEST"
