@@ -152,13 +152,14 @@ struct FourOverSixSlice {
   bool ok;  // amax admits the cheap path (and the exact error's identities)
 };
 
-// amax = +0 or 2^-80 <= amax <= 2^100 keeps every intermediate of points 2 and 4 normal and far
-// from overflow; the exact error also needs amax's low 6 mantissa bits clear (<= 18 significant
-// bits, point 4). Anything else (NaN, inf, negative, fp32 amaxes) takes the step-for-step path.
+// 2^-80 <= amax <= 2^100 keeps every intermediate of points 2 and 4 normal and far from
+// overflow, and S_enc <= 2688 * 2^80 (see DivSix); the exact error also needs amax's low 6
+// mantissa bits clear (<= 18 significant bits, point 4). Anything else (0, NaN, inf, negative,
+// fp32 amaxes) takes the step-for-step path.
 template <class Traits>
 WPUB_HD FourOverSixSlice MakeFourOverSixSlice(const TensorScales& ts) {
   const uint32_t bits = FloatBits(ts.amax);
-  bool ok = bits == 0u || (ts.amax >= 0x1p-80f && ts.amax <= 0x1p100f);
+  bool ok = ts.amax >= 0x1p-80f && ts.amax <= 0x1p100f;
   if (Traits::kErr == ErrKind::kExact) ok = ok && (bits & 0x3Fu) == 0u;
   return FourOverSixSlice{ts.amax, ts.s_enc, ts.s_dec, ok};
 }
@@ -191,7 +192,8 @@ template <class Traits>
 WPUB_HD Candidate MakeCandidate(uint32_t byte, const FourOverSixSlice& s) {
   const float sf = E4M3Value(byte);
   Candidate c;
-  c.inv = FMul(MinF(Rcp(FMul(sf, s.s_dec)), FltMax()), kCodeScale);
+  // A slice the cheap path does not admit gets inv' = NaN: every block's saturation test fails.
+  c.inv = s.ok ? FMul(MinF(Rcp(FMul(sf, s.s_dec)), FltMax()), kCodeScale) : BitsFloat(0x7FC00000u);
   if constexpr (Traits::kErr == ErrKind::kExact) {
     const float k = FMul(sf, s.amax);  // exact: <= 4 + 18 significant bits
     const float a = DivSixE<Traits>(k);
@@ -220,8 +222,10 @@ struct CandidateMaker {
 };
 
 // fp32_div(b, 6) by the reciprocal fl32(1/6) and one exact residual (Markstein): the IEEE
-// quotient for b = +0 and 2^-100 <= b <= 2^112 (proven for every such fp32 b by the CPU tests);
-// the block quantizer leaves other bmax values to the step-for-step path.
+// quotient for b = +0 and 2^-100 <= b <= 2^112 (proven for every such fp32 b by the CPU tests).
+// Outside, for the block scales of an admitted slice (S_enc <= 2688 * 2^80) it does not matter:
+// below 2^-100 both quotients times S_enc stay below 2^-10 and both scale bytes are 0 (proven for
+// every such b), above 2^112 both bytes saturate and the block fails the saturation test.
 inline constexpr float kDivSixMin = 0x1p-100f;
 inline constexpr float kDivSixMax = 0x1p112f;
 WPUB_HD float DivSix(float b) {
@@ -251,15 +255,16 @@ WPUB_HD float Accumulate(float err, float d) {
   }
 }
 
-// Sign bits of 8 elements at their code nibbles' bit 3 (element j in nibble j): bytes 3 of the
-// floats gathered with byte permutes.
-WPUB_HD uint32_t SignNibbles(const float* x) {
-  uint32_t b[8];
-  for (int j = 0; j < 8; ++j) b[j] = FloatBits(x[j]);
-  const uint32_t even =
-      BytePerm(BytePerm(b[0], b[2], 0x0073), BytePerm(b[4], b[6], 0x0073), 0x5410);
-  const uint32_t odd = BytePerm(BytePerm(b[1], b[3], 0x0073), BytePerm(b[5], b[7], 0x0073), 0x5410);
-  return ((even >> 4) & 0x08080808u) | (odd & 0x80808080u);
+// Packs 8 codes, element j in nibble j: even / odd hold the E4M3 bytes (code << 2) of elements
+// 0, 2, 4, 6 / 1, 3, 5, 7. The signs are x's (point 1), taken from the E4M3 bytes of x itself
+// (bit 7; x is never NaN here): bits 0-2 and 3 of each byte come from even's codes and signs,
+// bits 4-6 and 7 from odd's.
+WPUB_HD uint32_t PackNibbles(uint32_t even, uint32_t odd, const float* x) {
+  const uint32_t even_signs = E4M3x2(x[0], x[2]) | (E4M3x2(x[4], x[6]) << 16);
+  const uint32_t odd_signs = E4M3x2(x[1], x[3]) | (E4M3x2(x[5], x[7]) << 16);
+  const uint32_t lo = ((even >> 2) & 0x07070707u) | ((even_signs >> 4) & 0x08080808u);
+  const uint32_t hi = ((odd << 2) & 0x70707070u) | (odd_signs & 0x80808080u);
+  return lo | hi;
 }
 
 // One block's outputs: codes of elements 0..7 in lo, 8..15 in hi (element 2i in the low nibble
@@ -290,10 +295,7 @@ WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const F
   const uint32_t s4 = bytes >> 8;
   const Candidate c6 = candidates(s6);
   const Candidate c4 = candidates(s4);
-  const bool div_ok = bmax <= kDivSixMax && (bmax >= kDivSixMin || bmax == 0.0f);
-  if (!(s.ok && div_ok && FMul(bmax, c6.inv) < kSimpleLimit && FMul(bmax, c4.inv) < kSimpleLimit)) {
-    return false;
-  }
+  if (!(FMul(bmax, c6.inv) < kSimpleLimit && FMul(bmax, c4.inv) < kSimpleLimit)) return false;
   // Elements in order (the error sums are sequential), four at a time: their E4M3 bytes
   // (code << 2) go straight into the words of even and odd elements of each half, so the rounded
   // values die early. w6 / w4: {even 0..7, odd 0..7, even 8..15, odd 8..15}.
@@ -327,8 +329,8 @@ WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const F
   uint32_t w[4];
   WPUB_UNROLL
   for (int j = 0; j < 4; ++j) w[j] = pick4 ? w4[j] : w6[j];
-  out.lo = (w[0] >> 2) | (w[1] << 2) | SignNibbles(x);
-  out.hi = (w[2] >> 2) | (w[3] << 2) | SignNibbles(x + 8);
+  out.lo = PackNibbles(w[0], w[1], x);
+  out.hi = PackNibbles(w[2], w[3], x + 8);
   return true;
 }
 
