@@ -70,10 +70,31 @@ struct CountParams {
 };
 static_assert(sizeof(CountParams) < 32764, "kernel parameters are limited to 32764 bytes");
 
+// Counts elements of `count` U values whose exponent bits (kMask) are all ones. The 16-byte
+// aligned middle is read with vector loads (a passed-through view may start at any element
+// boundary); the head and tail element by element.
 template <typename U, U kMask>
 __device__ uint64_t CountRange(const U* data, uint64_t count, uint64_t first, uint64_t stride) {
+  constexpr int kPerVec = 16 / sizeof(U);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(data);
+  uint64_t head = ((16 - addr % 16) % 16) / sizeof(U);      // elements before the aligned middle
+  if (addr % sizeof(U) != 0 || head > count) head = count;  // unaligned elements: scalar only
+  const uint64_t vecs = (count - head) / kPerVec;
   uint64_t c = 0;
-  for (uint64_t i = first; i < count; i += stride) c += (data[i] & kMask) == kMask;
+  const auto* v = reinterpret_cast<const uint4*>(data + head);
+  for (uint64_t i = first; i < vecs; i += stride) {
+    union {
+      uint4 q;
+      U e[kPerVec];
+    } u;
+    u.q = __ldg(v + i);
+#pragma unroll
+    for (int k = 0; k < kPerVec; ++k) c += (u.e[k] & kMask) == kMask;
+  }
+  // Head and tail: at most 2 * kPerVec - 2 elements, taken by the first threads.
+  const uint64_t tail_begin = head + vecs * kPerVec;
+  for (uint64_t i = first; i < head; i += stride) c += (data[i] & kMask) == kMask;
+  for (uint64_t i = tail_begin + first; i < count; i += stride) c += (data[i] & kMask) == kMask;
   return c;
 }
 
@@ -105,6 +126,13 @@ __global__ void CountNonFiniteKernel(const __grid_constant__ CountParams p,
   BlockAtomicAdd<uint64_t>(c, counts + it.slot);
 }
 
+cudaError_t LaunchCountBatch(const CountParams& p, int n, unsigned long long* counts,
+                             cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  CountNonFiniteKernel<<<dim3(kCountBlocksPerItem, n), kThreads, 0, stream>>>(p, counts);
+  return cudaGetLastError();
+}
+
 int Blocks(uint64_t items) {
   return static_cast<int>(std::min<uint64_t>((items + kThreads - 1) / kThreads, kMaxBlocks));
 }
@@ -121,14 +149,30 @@ cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_wo
 
 cudaError_t LaunchCountNonFinite(const CountItem* items, int num_items, unsigned long long* counts,
                                  cudaStream_t stream) {
-  for (int first = 0; first < num_items; first += kCountItemsPerLaunch) {
-    const int n = std::min(kCountItemsPerLaunch, num_items - first);
-    CountParams p{};
-    for (int i = 0; i < n; ++i) p.items[i] = items[first + i];
-    CountNonFiniteKernel<<<dim3(kCountBlocksPerItem, n), kThreads, 0, stream>>>(p, counts);
-    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  // Large items are cut into chunks so that every launch spreads its blocks evenly: an item gets
+  // kCountBlocksPerItem blocks whatever its size (chunks are multiples of 16 bytes, so every
+  // chunk after the first keeps the first one's alignment).
+  constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
+  CountParams p{};
+  int n = 0;
+  auto flush = [&]() -> cudaError_t {
+    const cudaError_t e = LaunchCountBatch(p, n, counts, stream);
+    n = 0;
+    return e;
+  };
+  for (int i = 0; i < num_items; ++i) {
+    const CountItem& it = items[i];
+    for (uint64_t off = 0; off < it.bytes; off += kChunkBytes) {
+      CountItem chunk = it;
+      chunk.data = static_cast<const uint8_t*>(it.data) + off;
+      chunk.bytes = std::min(kChunkBytes, it.bytes - off);
+      p.items[n++] = chunk;
+      if (n == kCountItemsPerLaunch) {
+        if (const cudaError_t e = flush(); e != cudaSuccess) return e;
+      }
+    }
   }
-  return cudaSuccess;
+  return flush();
 }
 
 }  // namespace wpub::gpu

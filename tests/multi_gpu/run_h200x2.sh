@@ -41,7 +41,7 @@ cat "$OUT/env.txt"
 
 step "GPU-path unit tests and the one-GPU backend test (CPU reference, CUPTI sync count)"
 for t in gpu_path_rendezvous_test gpu_path_sglang_driver_test gpu_path_ipc_test \
-  gpu_path_backend_test; do
+  gpu_path_backend_test gpu_path_status_kernels_test; do
   guarded "$(tmo 60 420)" "$BIN/$t" --gtest_color=no >"$LOGS/$t.log" 2>&1
   echo "--- $t: exit $?"
   brief "$LOGS/$t.log"

@@ -19,6 +19,7 @@ BINS=(
   tests/gpu_path/gpu_path_sglang_driver_test
   tests/gpu_path/gpu_path_ipc_test
   tests/gpu_path/gpu_path_backend_test
+  tests/gpu_path/gpu_path_status_kernels_test
   bench/gpu_path/gpu_path_bench
   bench/gpu_path/fanout_bench
 )

@@ -1,0 +1,119 @@
+// The GPU path's status kernels against host arithmetic (label gpu; skips without a device):
+// the non-finite count for every element type, views starting at every element offset within
+// a 16-byte line (the kernel reads the aligned middle with vector loads, the head and tail
+// element by element), items longer than its 8 MiB chunks, and several items sharing a slot;
+// the device checksum against core/engine/checksum.h at word offsets and odd lengths.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/engine/checksum.h"
+#include "core/gpu/status_kernels.h"
+
+namespace wpub::gpu {
+namespace {
+
+class StatusKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  }
+};
+
+struct Kind {
+  FloatKind kind;
+  int size;
+  uint64_t inf_bits;  // an infinity (exponent all ones, mantissa 0)
+};
+
+void Put(std::vector<uint8_t>& b, uint64_t elem, const Kind& k, uint64_t bits) {
+  std::memcpy(b.data() + elem * k.size, &bits, k.size);  // little-endian
+}
+
+TEST_F(StatusKernelsTest, NonFiniteCountMatchesHostAtEveryOffsetAndAcrossChunks) {
+  const Kind kinds[] = {{FloatKind::kBF16, 2, 0x7F80},
+                        {FloatKind::kF16, 2, 0x7C00},
+                        {FloatKind::kF32, 4, 0x7F800000u},
+                        {FloatKind::kF64, 8, 0x7FF0000000000000ull}};
+  std::mt19937_64 rng(7);
+  for (const Kind& k : kinds) {
+    // 9 MiB + a few elements: more than one chunk, with a tail.
+    const uint64_t elems = ((uint64_t{9} << 20) / k.size) + 37;
+    std::vector<uint8_t> host(elems * k.size + 16, 0);
+    // Finite filler (exponent never all ones), then non-finite values at chosen places: the
+    // first 24 elements (heads at any offset), around the chunk boundary, the last 24.
+    for (uint64_t e = 0; e < elems; ++e) Put(host, e, k, rng() & (k.inf_bits >> 1));
+    std::vector<uint64_t> marks;
+    for (uint64_t e = 0; e < 24; ++e) marks.push_back(e);
+    const uint64_t boundary = (uint64_t{8} << 20) / k.size;
+    for (uint64_t e = boundary - 5; e < boundary + 5; ++e) marks.push_back(e);
+    for (uint64_t e = elems - 24; e < elems; ++e) marks.push_back(e);
+    for (int i = 0; i < 1000; ++i) marks.push_back(rng() % elems);
+    for (uint64_t e : marks) Put(host, e, k, k.inf_bits | (rng() & 1));  // inf or NaN
+    void* dev = nullptr;
+    ASSERT_EQ(cudaMalloc(&dev, host.size()), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+    unsigned long long* counts = nullptr;
+    ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&counts), 16 * sizeof(*counts)), cudaSuccess);
+    // Views starting at every element offset of a 16-byte line, with lengths that end anywhere.
+    std::vector<CountItem> items;
+    std::vector<uint64_t> want(16, 0);
+    for (int first = 0; first < 16 / k.size; ++first) {
+      const uint64_t len = elems - first - (rng() % 9);
+      CountItem it;
+      it.data = static_cast<const uint8_t*>(dev) + first * k.size;
+      it.bytes = len * k.size;
+      it.kind = k.kind;
+      it.slot = static_cast<uint32_t>(first % 3);  // slots shared by several items
+      items.push_back(it);
+      for (uint64_t e = first; e < first + len; ++e) {
+        uint64_t bits = 0;
+        std::memcpy(&bits, host.data() + e * k.size, k.size);
+        want[it.slot] += (bits & k.inf_bits) == k.inf_bits;
+      }
+    }
+    ASSERT_EQ(cudaMemset(counts, 0, 16 * sizeof(*counts)), cudaSuccess);
+    ASSERT_EQ(LaunchCountNonFinite(items.data(), static_cast<int>(items.size()), counts, nullptr),
+              cudaSuccess);
+    std::vector<unsigned long long> got(16);
+    ASSERT_EQ(cudaMemcpy(got.data(), counts, 16 * sizeof(*counts), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (int s = 0; s < 16; ++s)
+      EXPECT_EQ(got[s], want[s]) << "element size " << k.size << " slot " << s;
+    cudaFree(counts);
+    cudaFree(dev);
+  }
+}
+
+TEST_F(StatusKernelsTest, DeviceChecksumEqualsTheHostDefinition) {
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> host((uint64_t{3} << 20) + 64);
+  for (auto& b : host) b = static_cast<uint8_t>(rng());
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, host.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  unsigned long long* sum = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&sum), sizeof(*sum)), cudaSuccess);
+  // 4-byte aligned starts (the contract), lengths ending anywhere.
+  for (uint64_t start : {0, 4, 8, 12, 36}) {
+    for (uint64_t n : {uint64_t{1}, uint64_t{7}, uint64_t{8}, uint64_t{4097}, uint64_t{3} << 20}) {
+      ASSERT_EQ(cudaMemset(sum, 0, sizeof(*sum)), cudaSuccess);
+      ASSERT_EQ(LaunchChecksumAdd(static_cast<const uint8_t*>(dev) + start, n, 0, sum, nullptr),
+                cudaSuccess);
+      unsigned long long s = 0;
+      ASSERT_EQ(cudaMemcpy(&s, sum, sizeof(s), cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(engine::ChecksumFinish(s, n), engine::Checksum(host.data() + start, n))
+          << "start " << start << " n " << n;
+    }
+  }
+  cudaFree(sum);
+  cudaFree(dev);
+}
+
+}  // namespace
+}  // namespace wpub::gpu
