@@ -59,13 +59,7 @@ struct Args {
 
 Args Parse(int argc, char** argv) {
   Args a;
-  a.shape.layers = 48;
-  a.shape.experts = 128;
-  a.shape.hidden = 2048;
-  a.shape.inter = 768;
-  a.shape.heads = 32;
-  a.shape.kv_heads = 4;
-  a.shape.head_dim = 128;
+  a.shape = testing::Qwen3MoeShape();
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--layers")

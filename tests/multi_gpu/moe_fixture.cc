@@ -7,6 +7,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -277,6 +278,29 @@ std::string SiblingBinary(const std::string& name) {
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
   std::string self = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
   return self.substr(0, self.rfind('/') + 1) + name;
+}
+
+MoeShape Qwen3MoeShape() {
+  MoeShape s;
+  s.layers = 48;
+  s.experts = 128;
+  s.hidden = 2048;
+  s.inter = 768;
+  s.heads = 32;
+  s.kv_heads = 4;
+  s.head_dim = 128;
+  return s;
+}
+
+std::string TestWorkDir(const std::string& prefix, const std::string& test_name) {
+  if (const char* keep = std::getenv("WPUB_TEST_LOG_DIR")) {
+    ::mkdir(keep, 0755);
+    const std::string dir = absl::StrCat(keep, "/", test_name);
+    ::mkdir(dir.c_str(), 0755);
+    return dir;
+  }
+  std::string tmpl = "/tmp/" + prefix + "XXXXXX";
+  return ::mkdtemp(tmpl.data()) != nullptr ? tmpl : std::string();
 }
 
 int FreePort() {

@@ -49,6 +49,10 @@ struct ModelLayout {
 
 ModelLayout LayoutModel(const MoeShape& shape);
 
+// The benchmarks' model: shaped like Qwen3-30B-A3B (48 layers, 128 routed experts of
+// [768, 2048], hidden 2048, 32 heads, 4 KV heads of 128).
+MoeShape Qwen3MoeShape();
+
 // Deterministic bf16 values for `seed` (a function of seed, tensor and element index).
 void FillHost(const ModelLayout& layout, uint64_t seed, uint8_t* base);
 
@@ -101,6 +105,9 @@ std::string SourceDir();
 std::string Python();
 std::string SiblingBinary(const std::string& name);
 int FreePort();
+// A fresh folder for the running test's files: under WPUB_TEST_LOG_DIR (kept, named after the
+// test) when set, else a new /tmp/<prefix>XXXXXX. Empty when it cannot be made.
+std::string TestWorkDir(const std::string& prefix, const std::string& test_name);
 
 // Starts tests/multi_gpu/sglang_emulator.py on `gpu` and waits for /health.
 absl::StatusOr<std::unique_ptr<Child>> StartEmulator(int port, int gpu,

@@ -51,15 +51,9 @@ class MultiRankTest : public ::testing::Test {
   void SetUp() override {
     devices_ = DeviceCount();
     if (devices_ < 2) GTEST_SKIP() << "needs 2 or more CUDA devices; found " << devices_;
-    char tmpl[] = "/tmp/wpub_multi_rank_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    if (const char* keep = std::getenv("WPUB_TEST_LOG_DIR")) {
-      dir_ =
-          absl::StrCat(keep, "/", ::testing::UnitTest::GetInstance()->current_test_info()->name());
-      ::mkdir(keep, 0755);
-      ::mkdir(dir_.c_str(), 0755);
-    }
+    dir_ = TestWorkDir("wpub_multi_rank_",
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_FALSE(dir_.empty());
     shape_.layers = 2;
     shape_.experts = 8;
     shape_.hidden = 256;

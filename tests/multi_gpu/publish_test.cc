@@ -49,15 +49,9 @@ class MultiGpuTest : public ::testing::Test {
     if (std::system((Python() + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
       GTEST_SKIP() << Python() << " with torch is not available (set WPUB_PYTHON)";
     }
-    char tmpl[] = "/tmp/wpub_multi_gpu_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    if (const char* keep = std::getenv("WPUB_TEST_LOG_DIR")) {
-      dir_ =
-          absl::StrCat(keep, "/", ::testing::UnitTest::GetInstance()->current_test_info()->name());
-      ::mkdir(keep, 0755);
-      ::mkdir(dir_.c_str(), 0755);
-    }
+    dir_ = TestWorkDir("wpub_multi_gpu_",
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    ASSERT_FALSE(dir_.empty());
     shape_.layers = 2;
     shape_.experts = 8;
     shape_.hidden = 256;
