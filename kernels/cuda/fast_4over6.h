@@ -275,15 +275,21 @@ struct PackedBlock {
   uint32_t sf;
 };
 
-// QuantizeBlockPacked<Traits> of nvfp4_math.h for 4over6 Traits, when the block admits the cheap
-// path: returns false (out unspecified) for blocks it leaves to the step-for-step path: the
-// slice is not ok, bmax is outside DivSix's range, some |v'| could saturate (inf elements, tiny
-// or clamped scales), or an element is NaN.
-// candidates(byte) must return MakeCandidate<Traits>(byte, s) (CandidateTable or
+// One block's chosen candidate before packing: the E4M3 bytes (code << 2, unsigned) of elements
+// {0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}, and the scale byte.
+struct CheapBlock {
+  uint32_t w[4];
+  uint32_t sf;
+};
+
+// The 4over6 block quantization (spec steps 1-5) when the block admits the cheap path; returns
+// false (out unspecified) for blocks it leaves to the step-for-step path: the slice is not
+// admitted, some |v'| could saturate (inf elements, tiny or clamped scales), or an element is
+// NaN. candidates(byte) must return MakeCandidate<Traits>(byte, s) (CandidateTable or
 // CandidateMaker).
 template <class Traits, class Candidates>
-WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const FourOverSixSlice& s,
-                                           const Candidates& candidates, PackedBlock& out) {
+WPUB_HD bool FourOverSixCheapCodes(const float (&x)[kBlockSize], const FourOverSixSlice& s,
+                                   const Candidates& candidates, CheapBlock& out) {
   static_assert(Traits::kFourOverSix, "4over6 modes only");
   float bmax = 0.0f;
   WPUB_UNROLL
@@ -326,12 +332,60 @@ WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const F
   if (IsNan(err6)) return false;   // a NaN element (point 5)
   const bool pick4 = err4 < err6;  // strict: ties keep map-to-6
   out.sf = pick4 ? s4 : s6;
-  uint32_t w[4];
   WPUB_UNROLL
-  for (int j = 0; j < 4; ++j) w[j] = pick4 ? w4[j] : w6[j];
-  out.lo = PackNibbles(w[0], w[1], x);
-  out.hi = PackNibbles(w[2], w[3], x + 8);
+  for (int j = 0; j < 4; ++j) out.w[j] = pick4 ? w4[j] : w6[j];
   return true;
+}
+
+// QuantizeBlockPacked<Traits> of nvfp4_math.h for 4over6 Traits, for the blocks
+// FourOverSixCheapCodes admits (false otherwise).
+template <class Traits, class Candidates>
+WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const FourOverSixSlice& s,
+                                           const Candidates& candidates, PackedBlock& out) {
+  CheapBlock cb;
+  if (!FourOverSixCheapCodes<Traits>(x, s, candidates, cb)) return false;
+  out.lo = PackNibbles(cb.w[0], cb.w[1], x);
+  out.hi = PackNibbles(cb.w[2], cb.w[3], x + 8);
+  out.sf = cb.sf;
+  return true;
+}
+
+// Two E4M3 bytes (lo in bits 0-7) to floats, for non-NaN bytes: exact (host E4M3ToFloat; device
+// e4m3x2 -> f16x2 -> f32, all exact).
+WPUB_HD void E4M3x2ToFloats(uint32_t bytes, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__)
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bytes & 0xFFFFu), __NV_E4M3);
+  lo = __half2float(__half(__half_raw{h.x}));
+  hi = __half2float(__half(__half_raw{h.y}));
+#else
+  lo = E4M3ToFloat(static_cast<uint8_t>(bytes & 0xFFu));
+  hi = E4M3ToFloat(static_cast<uint8_t>((bytes >> 8) & 0xFFu));
+#endif
+}
+
+// The fused QDQ's values of a cheap block: DecodeElement(code_i, factor) of the spec (E2M1 value
+// times the decode factor, code 0x8 giving -0.0 * factor) for every element. factor64 is the
+// block's DecodeFactor times 2^6 (exact); the bytes hold q * 2^-6, so q' * factor64 is the same
+// real product as q * factor and rounds the same; the sign is x's (point 1: sign symmetric
+// rounding; x is never NaN in a cheap block).
+WPUB_HD void DecodeCheapBlock(const CheapBlock& cb, const float (&x)[kBlockSize], float factor64,
+                              float (&y)[kBlockSize]) {
+  WPUB_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    WPUB_UNROLL
+    for (int half = 0; half < 2; ++half) {  // bytes 0-1, then 2-3 of the even and odd words
+      float q[4];  // elements 8h + 4 * half + {0, 2} (even word) and {1, 3} (odd word)
+      E4M3x2ToFloats(cb.w[2 * h] >> (16 * half), q[0], q[2]);
+      E4M3x2ToFloats(cb.w[2 * h + 1] >> (16 * half), q[1], q[3]);
+      WPUB_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        const int i = 8 * h + 4 * half + j;
+        const float m = FMul(q[j], factor64);
+        y[i] = BitsFloat(FloatBits(m) | (FloatBits(x[i]) & 0x80000000u));
+      }
+    }
+  }
 }
 
 }  // namespace wpub::kernels::cuda::detail

@@ -51,10 +51,66 @@ __device__ __forceinline__ PackedBlock QuantizeBlockPackedFast(const float (&x)[
   return PackedBlock{p.x, p.y, qb.sf};
 }
 
+// The fused QDQ's step-for-step block (quantize, then DecodeElement with the block's factor). Out
+// of line for 4over6 modes, like QuantizeBlockStepwise.
+template <class Traits>
+__device__ __forceinline__ void QdqBlockInline(const float (&x)[kBlockSize], const SliceScales& ss,
+                                               float (&y)[kBlockSize]) {
+  QuantBlock qb;
+  QuantizeBlockFast<Traits>(x, ss, qb);
+  const float factor = FastDecodeFactor<Traits>(qb.sf, ss.amax);
+#pragma unroll
+  for (int i = 0; i < kBlockSize; ++i) y[i] = __fmul_rn(qb.q[i], factor);  // DecodeElement
+}
+
+template <class Traits>
+__device__ __noinline__ void QdqBlockStepwise(const float (&x)[kBlockSize], const SliceScales& ss,
+                                              float (&y)[kBlockSize]) {
+  QdqBlockInline<Traits>(x, ss, y);
+}
+
+// One block's fused QDQ values: 4over6 blocks through the cheap formulation where it applies.
+template <class Traits>
+__device__ __forceinline__ void QdqBlockFast(const float (&x)[kBlockSize], const SliceScales& ss,
+                                             const FourOverSixSlice& fs, const Candidate* table,
+                                             float (&y)[kBlockSize]) {
+  if constexpr (Traits::kFourOverSix) {
+    CheapBlock cb;
+    if (FourOverSixCheapCodes<Traits>(x, fs, CandidateTable{table}, cb)) {
+      const float factor = FastDecodeFactor<Traits>(static_cast<uint8_t>(cb.sf), ss.amax);
+      DecodeCheapBlock(cb, x, __fmul_rn(factor, 64.0f), y);
+    } else {
+      QdqBlockStepwise<Traits>(x, ss, y);
+    }
+  } else {
+    QdqBlockInline<Traits>(x, ss, y);
+  }
+}
+
+// Builds a 4over6 kernel's table of candidate constants (one entry per scale byte) in shared
+// memory; every thread of the CTA must call it (it synchronizes the CTA).
+template <class Traits>
+__device__ __forceinline__ void BuildCandidateTable(Candidate* table, const FourOverSixSlice& fs) {
+  if constexpr (Traits::kFourOverSix) {
+    if (threadIdx.x < kCandidateTableSize)
+      table[threadIdx.x] = MakeCandidate<Traits>(threadIdx.x, fs);
+    __syncthreads();
+  }
+}
+
+// Kernels on 16-bit inputs are held to 64 registers (4 CTAs of 256 threads per SM): left alone,
+// ptxas gives the 4over6 FP16-error modes 72-75 since the cheap path, and the occupancy would
+// drop to 3 CTAs. fp32 inputs carry twice the raw registers per block: standard is left to ptxas,
+// 4over6 held to 3 CTAs (it would take 128 registers otherwise).
+template <ElemType kIn, class Traits>
+inline constexpr int kQuantMinCtasPerSm = kIn != ElemType::kF32 ? 4
+                                                                : (Traits::kFourOverSix ? 3 : 1);
+
 // One thread = kQuantBlocksPerThread blocks of 16 elements, strided by kThreads blocks so that
 // each warp-wide load covers 32 consecutive blocks (1 KiB of bf16).
 template <ElemType kIn, class Traits>
-__global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant__ QuantParams p) {
+__global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kIn, Traits>)
+    QuantizeKernel(const __grid_constant__ QuantParams p) {
   constexpr int kBpt = kQuantBlocksPerThread<Traits>;
   constexpr uint32_t kInBlockBytes = kBlockSize * ElemSize(kIn);
   const int idx = FindItem(p.cta_begin, p.num_items);
@@ -112,7 +168,8 @@ __global__ void __launch_bounds__(kThreads) QuantizeKernel(const __grid_constant
 // Fused QDQ: quantize one block into registers and decode it straight back; codes and scales
 // never reach global memory.
 template <ElemType kType, class Traits>
-__global__ void __launch_bounds__(kThreads) QdqKernel(const __grid_constant__ QdqParams p) {
+__global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kType, Traits>)
+    QdqKernel(const __grid_constant__ QdqParams p) {
   constexpr int kBpt = kQuantBlocksPerThread<Traits>;
   constexpr uint32_t kBlockBytes = kBlockSize * ElemSize(kType);
   const int idx = FindItem(p.cta_begin, p.num_items);
@@ -127,18 +184,18 @@ __global__ void __launch_bounds__(kThreads) QdqKernel(const __grid_constant__ Qd
     if (b < it.num_blocks) LoadRaw<kType>(in + uint64_t{b} * kBlockBytes, raw[u]);
   }
   const SliceScales ss = MakeSliceScales<Traits>(*it.amax);  // after the loads, see above
+  const FourOverSixSlice fs =
+      MakeFourOverSixSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
+  __shared__ Candidate table[Traits::kFourOverSix ? kCandidateTableSize : 1];
+  BuildCandidateTable<Traits>(table, fs);
 #pragma unroll
   for (int u = 0; u < kBpt; ++u) {
     const uint32_t b = first + u * kThreads;
     if (b >= it.num_blocks) break;
     float x[kBlockSize];
     Unpack<kType>(raw[u], x);
-    QuantBlock qb;
-    QuantizeBlockFast<Traits>(x, ss, qb);
-    const float factor = FastDecodeFactor<Traits>(qb.sf, ss.amax);
     float y[kBlockSize];
-#pragma unroll
-    for (int i = 0; i < kBlockSize; ++i) y[i] = __fmul_rn(qb.q[i], factor);  // DecodeElement
+    QdqBlockFast<Traits>(x, ss, fs, table, y);
     StoreBlock16<kType>(out + uint64_t{b} * kBlockBytes, y);
   }
 }

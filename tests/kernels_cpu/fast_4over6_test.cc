@@ -298,7 +298,19 @@ void CheckBlocks(uint64_t seed, int blocks_per_family) {
         bytes[i] = static_cast<uint8_t>(got.lo >> (8 * i));
         bytes[4 + i] = static_cast<uint8_t>(got.hi >> (8 * i));
       }
-      if (got.sf != want_sf || std::memcmp(bytes, want, 8) != 0) {
+      // The fused QDQ's values of the same block: DecodeElement of the reference codes.
+      CheapBlock cb;
+      ASSERT_TRUE(FourOverSixCheapCodes<Traits>(x, s, CandidateMaker<Traits>{s}, cb));
+      float y[kBlockSize];
+      DecodeCheapBlock(cb, x, FMul(DecodeFactor<Traits>(static_cast<uint8_t>(cb.sf), amax), 0x1p6f),
+                       y);
+      const float factor = DecodeFactor<Traits>(want_sf, amax);
+      bool qdq_ok = true;
+      for (int i = 0; i < kBlockSize; ++i) {
+        const uint8_t code = (want[i / 2] >> (4 * (i % 2))) & 0xF;
+        qdq_ok = qdq_ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
+      }
+      if (!qdq_ok || got.sf != want_sf || std::memcmp(bytes, want, 8) != 0) {
         if (mismatches++ == 0) {
           first = "family " + std::to_string(family) + " amax " + Hex(FloatBits(amax)) + " sf " +
                   std::to_string(got.sf) + " want " + std::to_string(want_sf) + ", x:";
