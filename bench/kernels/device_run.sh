@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs the NVFP4 GPU tests, a compute-sanitizer memcheck subset and the kernel benchmark on a
-# GPU machine from prebuilt binaries in $BIN (default .devbin: kernels_gpu_test,
-# nvfp4_kernels_bench and the non-system shared libraries they need, e.g. libcudart and
-# libcupti). Logs go to $OUT (default ./device-out). Usage: device_run.sh [tests|sanitize|bench]...
+# GPU machine from prebuilt binaries in $BIN (default .devbin/kernels, staged by
+# bench/kernels/stage_devbin.sh: kernels_gpu_test, nvfp4_kernels_bench, libcudart and libcupti).
+# Logs go to $OUT (default ./device-out). Usage: device_run.sh [tests|sanitize|bench]...
 set -uo pipefail
-BIN=${BIN:-.devbin}
+BIN=${BIN:-.devbin/kernels}
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$PWD/$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
