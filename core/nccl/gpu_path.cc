@@ -17,6 +17,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   to.sglang.engines = options.engines;
   to.sglang.group_name = options.group_name;
   to.sglang.request_timeout = options.request_timeout;
+  to.sglang.requests_in_flight = options.requests_in_flight;
   to.publication_deadline = options.publication_deadline;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> transport, NcclTransport::Create(to));
   gpu::GpuBackendOptions bo;

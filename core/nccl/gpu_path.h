@@ -25,6 +25,7 @@ struct GpuPathOptions {
   absl::Duration request_timeout = absl::Seconds(120);
   absl::Duration publication_deadline = absl::Seconds(120);
   bool reject_non_finite_before_send = true;
+  int requests_in_flight = 1;  // engines::SglangDriverOptions::requests_in_flight
 };
 
 // The engine list syntax of --engines (core/engines/sglang_driver.h).

@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   g.advertise_address = options.nccl_advertise_address;
   g.request_timeout = options.engine_deadline;
   g.publication_deadline = options.engine_deadline;
+  g.requests_in_flight = options.engine_requests_in_flight;
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
   absl::StatusOr<wpub::engine::EngineComponents> components = wpub::nccl::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();

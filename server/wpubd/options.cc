@@ -71,6 +71,10 @@ ABSL_FLAG(std::string, nccl_advertise_address, "127.0.0.1",
           "GPU path: the address engines use to reach the TCPStore.");
 ABSL_FLAG(absl::Duration, engine_deadline, absl::Seconds(120),
           "GPU path: every engine must receive a publication within this (else NCCL abort).");
+ABSL_FLAG(int32_t, engine_requests_in_flight, 1,
+          "GPU path: update requests per engine in flight at once. 1 for SGLang; 2 lets an "
+          "engine that orders requests by wpub_sequence (wpub-recv --engine_listen) decode the "
+          "next bucket's request while this one's broadcast runs.");
 ABSL_FLAG(std::string, ready_file, "",
           "Written once serving: JSON with the bound grpc_port, metrics_port and pid.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
@@ -151,6 +155,11 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.nccl_store_listen = absl::GetFlag(FLAGS_nccl_store_listen);
   o.nccl_advertise_address = absl::GetFlag(FLAGS_nccl_advertise_address);
   o.engine_deadline = absl::GetFlag(FLAGS_engine_deadline);
+  o.engine_requests_in_flight = absl::GetFlag(FLAGS_engine_requests_in_flight);
+  if (o.engine_requests_in_flight < 1 || o.engine_requests_in_flight > 8) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--engine_requests_in_flight must be in [1, 8], not ", o.engine_requests_in_flight));
+  }
   if (o.gpu_path && !o.server.insecure_listen && !server::IsLoopbackAddress(o.nccl_store_listen)) {
     return absl::PermissionDeniedError(
         absl::StrCat("--nccl_store_listen '", o.nccl_store_listen,

@@ -120,28 +120,47 @@ TEST(Wpubctl, ConnectEnginesOnTheCpuPath) {
   EXPECT_NE(out.find("GPU count"), std::string::npos) << out;
 }
 
-// --gpu_path on a device that does not exist: wpubd exits 1 naming it (or, built without CUDA,
-// saying so) instead of serving without its GPU path.
-TEST(Wpubd, GpuPathWithoutTheDeviceExitsNamingIt) {
-  char tmpl[] = "/tmp/wpub-gpu-path-test-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
+// Runs wpubd with `args` until it exits (it must within a minute); its exit code and log.
+int RunWpubdToExit(const std::vector<std::string>& args, std::string* out) {
+  char tmpl[] = "/tmp/wpub-wpubd-exit-test-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
   const std::string log = absl::StrCat(tmpl, "/wpubd.log");
-  auto proc = client::ChildProcess::Spawn(
-      {WPUBD_PATH,
-       {"--gpu_path", "--gpu_device=999", "--listen=127.0.0.1:0", "--metrics_listen="},
-       log});
-  ASSERT_TRUE(proc.ok()) << proc.status();
+  auto proc = client::ChildProcess::Spawn({WPUBD_PATH, args, log});
+  EXPECT_TRUE(proc.ok()) << proc.status();
+  if (!proc.ok()) return -1;
   auto code = (*proc)->Wait(absl::Seconds(60));
-  ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 1);
+  EXPECT_TRUE(code.ok()) << code.status();
   std::ifstream in(log);
   std::stringstream ss;
   ss << in.rdbuf();
-  const std::string out = ss.str();
+  *out = ss.str();
+  std::filesystem::remove_all(tmpl);
+  return code.ok() ? *code : -1;
+}
+
+// --gpu_path on a device that does not exist: wpubd exits 1 naming it (or, built without CUDA,
+// saying so) instead of serving without its GPU path.
+TEST(Wpubd, GpuPathWithoutTheDeviceExitsNamingIt) {
+  std::string out;
+  EXPECT_EQ(
+      RunWpubdToExit(
+          {"--gpu_path", "--gpu_device=999", "--listen=127.0.0.1:0", "--metrics_listen="}, &out),
+      1);
   EXPECT_TRUE(out.find("CUDA device 999") != std::string::npos ||
               out.find("built without CUDA") != std::string::npos)
       << out;
-  std::filesystem::remove_all(tmpl);
+}
+
+TEST(Wpubd, RequestsInFlightOutOfRangeIsRefusedNamingTheFlag) {
+  for (const char* bad : {"0", "9", "-1"}) {
+    std::string out;
+    EXPECT_NE(RunWpubdToExit({absl::StrCat("--engine_requests_in_flight=", bad),
+                              "--listen=127.0.0.1:0", "--metrics_listen="},
+                             &out),
+              0)
+        << bad;
+    EXPECT_NE(out.find("--engine_requests_in_flight must be in [1, 8]"), std::string::npos) << out;
+  }
 }
 
 TEST(Wpubctl, DemoRunsEndToEndAndStopsCleanly) {
