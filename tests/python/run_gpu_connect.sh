@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/summary.log") 2>&1
 # NVLink multicast stays off on these machines, also for child processes.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-BIN=$ROOT/.devbin/py_gpu
+BIN=${WPUB_DEVBIN:-$ROOT/.devbin/py_gpu}  # staged binaries (lib/ beside them)
 NCCL_LIB=$(python3 -c "import os, nvidia.nccl as m; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
 if [[ ! -e $NCCL_LIB/libnccl.so.2 ]]; then
   NCCL_LIB=$(dirname "$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)")
