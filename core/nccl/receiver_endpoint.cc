@@ -99,6 +99,8 @@ class ReceiverEndpoint::Impl {
                      k.member.reset();
                    }
                    ++group_epoch_;
+                   sequence_version_.clear();
+                   next_sequence_ = 0;
                    turn_.notify_all();
                    Reply(r, absl::OkStatus(), "destroyed");
                  });
@@ -168,6 +170,8 @@ class ReceiverEndpoint::Impl {
     }
     joined_ = true;
     ++group_epoch_;
+    sequence_version_.clear();
+    next_sequence_ = 0;
     turn_.notify_all();
     Reply(r, absl::OkStatus(),
           absl::StrCat("joined ", o.group_name, " as ranks ", rank_offset, "..",
@@ -251,11 +255,9 @@ class ReceiverEndpoint::Impl {
         return absl::AbortedError(absl::StrCat("version ", version, ": bucket ", sequence,
                                                " dropped: the weight-update group changed"));
       }
+      // Any other (version, sequence) waits: a later bucket of this run, or a bucket of a run
+      // whose sequence 0 has not arrived yet (also a retried version's).
       if (version == sequence_version_ && sequence == next_sequence_) return absl::OkStatus();
-      if (version == sequence_version_ && sequence < next_sequence_) {
-        return absl::InvalidArgumentError(absl::StrCat("version ", version, ": bucket ", sequence,
-                                                       " arrived twice or out of order"));
-      }
       if (turn_.wait_until(lock, deadline) == std::cv_status::timeout) {
         return absl::DeadlineExceededError(absl::StrCat("version ", version, ": bucket ", sequence,
                                                         " waited for bucket ", next_sequence_,
