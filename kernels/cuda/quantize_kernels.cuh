@@ -1,11 +1,12 @@
 // Kernel templates of quantize and fused QDQ, specialized at compile time on the input type
 // and the quantization mode (Traits from nvfp4_math.h). Every block's arithmetic is
 // QuantizeBlockFast (fast_block.cuh: the shared QuantizeBlock of nvfp4_math.h on proven
-// bit-identical primitives) and DecodeFactor, so the kernels are the CPU reference byte for
-// byte. One chunk (kQuantBlocksPerCta blocks of one work item) per CTA: on an H200 this beat
-// both a persistent grid-stride loop and a persistent loop that prefetches its next chunk while
-// computing (by 10-15% on 1 GiB and on 128 experts): the hardware already overlaps one CTA's
-// loads with another's arithmetic. Included by quantize_modes_*.cu only.
+// bit-identical primitives) and DecodeFactor, or for 4over6 blocks that admit it the cheap
+// formulation of fast_4over6.h, so the kernels are the CPU reference byte for byte. One chunk
+// (kQuantBlocksPerCta blocks of one work item) per CTA: on an H200 this beat both a persistent
+// grid-stride loop and a persistent loop that prefetches its next chunk while computing (by 10-15%
+// on 1 GiB and on 128 experts): the hardware already overlaps one CTA's loads with another's
+// arithmetic. Included by quantize_modes_*.cu only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -51,8 +52,7 @@ __device__ __forceinline__ PackedBlock QuantizeBlockPackedFast(const float (&x)[
   return PackedBlock{p.x, p.y, qb.sf};
 }
 
-// The fused QDQ's step-for-step block (quantize, then DecodeElement with the block's factor). Out
-// of line for 4over6 modes, like QuantizeBlockStepwise.
+// The fused QDQ's step-for-step block: quantize, then DecodeElement with the block's factor.
 template <class Traits>
 __device__ __forceinline__ void QdqBlockInline(const float (&x)[kBlockSize], const SliceScales& ss,
                                                float (&y)[kBlockSize]) {
@@ -63,6 +63,7 @@ __device__ __forceinline__ void QdqBlockInline(const float (&x)[kBlockSize], con
   for (int i = 0; i < kBlockSize; ++i) y[i] = __fmul_rn(qb.q[i], factor);  // DecodeElement
 }
 
+// The same out of line, for the blocks the 4over6 cheap path declines (see QuantizeBlockStepwise).
 template <class Traits>
 __device__ __noinline__ void QdqBlockStepwise(const float (&x)[kBlockSize], const SliceScales& ss,
                                               float (&y)[kBlockSize]) {
@@ -133,11 +134,7 @@ __global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kIn, Traits>)
   if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ss.s_dec;
   // 4over6: the candidate constants of every scale byte, once per CTA (see fast_4over6.h).
   __shared__ Candidate table[Traits::kFourOverSix ? kCandidateTableSize : 1];
-  if constexpr (Traits::kFourOverSix) {
-    if (threadIdx.x < kCandidateTableSize)
-      table[threadIdx.x] = MakeCandidate<Traits>(threadIdx.x, fs);
-    __syncthreads();
-  }
+  BuildCandidateTable<Traits>(table, fs);
   const bool dense = it.part_colblks == it.kv;
 #pragma unroll
   for (int u = 0; u < kBpt; ++u) {
