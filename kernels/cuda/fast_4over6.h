@@ -28,6 +28,8 @@
 //    (ErrorValueEqualsSpecDivision).
 // 5. NaN elements are skipped by bmax but make both errors NaN; such blocks (err6 is NaN) go back
 //    to the step-for-step path, so codes here come from finite elements only.
+// 6. Per-slice admission (MakeFourOverSixSlice) and bmax / 6 (DivSix) carry their own ranges;
+//    the fused QDQ decodes the chosen codes with the same factor as the spec (DecodeCheapBlock).
 #pragma once
 
 #include <cmath>
@@ -113,22 +115,6 @@ WPUB_HD uint32_t E4M3x2(float lo, float hi) {
   return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 #else
   return static_cast<uint32_t>(FloatToE4M3(lo)) | (static_cast<uint32_t>(FloatToE4M3(hi)) << 8);
-#endif
-}
-
-// __byte_perm without the sign-replicate mode: byte i of the result is byte (s >> 4i) & 7 of the
-// pair {lo = a, hi = b}.
-WPUB_HD uint32_t BytePerm(uint32_t a, uint32_t b, uint32_t s) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(a, b, s);
-#else
-  const uint64_t pair = (static_cast<uint64_t>(b) << 32) | a;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t sel = (s >> (4 * i)) & 7u;
-    r |= static_cast<uint32_t>((pair >> (8 * sel)) & 0xFFu) << (8 * i);
-  }
-  return r;
 #endif
 }
 
