@@ -2,9 +2,9 @@
 // same run as the baseline, then each kernel's effective bandwidth (every byte it must read and
 // write) as a fraction of it, and as a fraction of a copy moving the same byte count (small
 // inputs are judged against what the memory system gives at their size). Cases: amax; quantize
-// standard and 4over6 (MSE, exact) on bf16 [4096,6144], [7168,2048], [2048,7168], 128 experts
-// [768,2048] in one launch and one 1 GiB tensor; fused QDQ of 8 x [4096,6144] bf16 against our own
-// amax + quantize + dequantize.
+// standard, 4over6 (MSE, exact) and TE's default 4over6 (MAE, E = 256, exact) on bf16 [4096,6144],
+// [7168,2048], [2048,7168], 128 experts [768,2048] in one launch and one 1 GiB tensor; fused QDQ of
+// 8 x [4096,6144] bf16 against our own amax + quantize + dequantize.
 //
 // Timing: CUDA events around every iteration, after warm-up; median over iterations. Inputs
 // rotate over enough buffer sets (>= 512 MiB) that no iteration reads data another left in L2.
@@ -183,7 +183,8 @@ class Bench {
     const std::vector<std::pair<int64_t, int64_t>> shapes = {
         {4096, 6144}, {7168, 2048}, {2048, 7168}};
     const QuantMode modes[] = {QuantMode::Standard(),
-                               QuantMode::FourOverSix(ErrMetric::kMSE, 448, ErrKind::kExact)};
+                               QuantMode::FourOverSix(ErrMetric::kMSE, 448, ErrKind::kExact),
+                               QuantMode::FourOverSixDefault()};  // TE's: MAE, E = 256, exact
     for (const auto& [r, c] : shapes) QuantizeCase(1, r, c, modes);
     QuantizeCase(128, 768, 2048, modes);
     if (!o_.quick) QuantizeCase(1, 32768, 16384, modes);
