@@ -3,6 +3,13 @@
 # libraries for wpub's binaries only, a python3 wrapper that keeps the machine's own), and the
 # helpers tmo (step timeouts within WPUB_RUN_BUDGET_S), guarded (timeout + kill the process
 # group), step (a timestamped heading) and brief (the lines of a gtest log worth reading).
+# The staged binaries travel packed (tests/multi_gpu/stage_devbin.sh): unpacked when the folder
+# is missing or older than the tarball.
+if [[ -f $ROOT/.devbin/gpu_path.tgz && ( ! -d $ROOT/.devbin/gpu_path ||
+  $ROOT/.devbin/gpu_path.tgz -nt $ROOT/.devbin/gpu_path ) ]]; then
+  rm -rf "$ROOT/.devbin/gpu_path"
+  tar -xzf "$ROOT/.devbin/gpu_path.tgz" -C "$ROOT/.devbin" && touch "$ROOT/.devbin/gpu_path"
+fi
 # NVLink multicast stays off on these machines (KINDS.md), also for child processes.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 wheel_lib() {  # the lib folder of an nvidia.* wheel package, or nothing

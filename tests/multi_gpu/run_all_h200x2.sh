@@ -6,12 +6,19 @@
 #      wpubd to wpub-recv on GPU 1, bit-exact ($OUT/python);
 #   3. bench/kernels/device_run.sh tests bench: the NVFP4 GPU tests and kernel benchmark on GPU 0
 #      ($OUT/kernels).
-# Needs `tests/multi_gpu/stage_devbin.sh <build dir> --all` staged in .devbin/gpu_path (carried).
+# Needs `tests/multi_gpu/stage_devbin.sh <build dir> --all` staged (carry .devbin/gpu_path.tgz).
 # Usage (from the repository root): bash tests/multi_gpu/run_all_h200x2.sh
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_device_out}
 BIN=$ROOT/.devbin/gpu_path
+# The staged binaries travel packed (tests/multi_gpu/stage_devbin.sh): unpacked when the folder
+# is missing or older than the tarball.
+if [[ -f $ROOT/.devbin/gpu_path.tgz && ( ! -d $ROOT/.devbin/gpu_path ||
+  $ROOT/.devbin/gpu_path.tgz -nt $ROOT/.devbin/gpu_path ) ]]; then
+  rm -rf "$ROOT/.devbin/gpu_path"
+  tar -xzf "$ROOT/.devbin/gpu_path.tgz" -C "$ROOT/.devbin" && touch "$ROOT/.devbin/gpu_path"
+fi
 START=$(date +%s)
 left() { echo $((${WPUB_RUN_BUDGET_S:-570} - ($(date +%s) - START))); }
 

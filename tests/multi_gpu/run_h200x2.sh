@@ -8,7 +8,7 @@
 # Qwen3-30B-A3B-shaped model, the fan-out benchmark and the PyTorch baseline (c). About 8 minutes
 # at most.
 #
-# Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/gpu_path/ (carried), and
+# Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/gpu_path.tgz (carried), and
 # writes 7 files to $OUT: summary.log, env.txt, bench.json, fanout.json, baseline.json, results.json and
 # logs.tar.gz (emulator, trainer, baseline and per-test logs).
 # Usage (from the repository root): bash tests/multi_gpu/run_h200x2.sh

@@ -3,8 +3,8 @@
 # need that the device image does not provide (found with ldd; glibc, libstdc++, libgcc_s,
 # libnccl and the driver's libcuda are skipped: the device has its own) into
 # .devbin/gpu_path/ (binaries) and .devbin/gpu_path/lib/ at the repository root, stripped of
-# debug info, and checks that folder stays under 60 MB. Other device scripts stage their own
-# binaries elsewhere in .devbin/, so only .devbin/gpu_path is carried for this run.
+# debug info, and packs that folder into .devbin/gpu_path.tgz: the one path to carry (it must
+# stay under 60 MB; the run scripts unpack it on the device).
 # Usage: tests/multi_gpu/stage_devbin.sh [build dir, default build-gpu] [--all]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -61,8 +61,10 @@ if [[ -n $CUPTI ]]; then
 fi
 # Keep the staged folder out of git (it travels as a carried path).
 grep -qx '/.devbin/' "$ROOT/.git/info/exclude" 2>/dev/null || echo '/.devbin/' >>"$ROOT/.git/info/exclude"
-SIZE=$(du -sm "$DEST" | cut -f1)
-echo "staged $(ls "$DEST" | wc -l) binaries and $(ls "$DEST/lib" | wc -l) libraries: ${SIZE} MB in $DEST"
+# Carried as one gzip'd tarball (the run scripts unpack it when the folder is absent).
+tar -czf "$DEST.tgz" -C "$(dirname "$DEST")" "$(basename "$DEST")"
+SIZE=$(du -sm "$DEST.tgz" | cut -f1)
+echo "staged $(ls "$DEST" | wc -l) binaries and $(ls "$DEST/lib" | wc -l) libraries: $(du -sm "$DEST" | cut -f1) MB in $DEST, ${SIZE} MB packed in $DEST.tgz (carry that)"
 if ((SIZE >= 60)); then
   echo "too large for a carried path (>= 60 MB)" >&2
   exit 1
