@@ -228,7 +228,8 @@ WPUB_HD float ErrorTerm(float q, float ax, float xs, const Candidate& c) {
   if constexpr (Traits::kErr == ErrKind::kExact) {
     return FSub(Fma(q, c.a, FMul(q, c.l)), ax);
   } else {
-    return FSub(FMul(q, c.a), xs);
+    // q * sf is exact (at most 6 significant bits), so one fma rounds what FSub(FMul) rounds.
+    return Fma(q, c.a, -xs);
   }
 }
 

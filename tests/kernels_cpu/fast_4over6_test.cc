@@ -195,6 +195,14 @@ TEST(FastFourOverSixTest, Fp16ErrorProductsAreExactInFp16) {
       const float qs = FMul(q, sf);
       EXPECT_EQ(FloatBits(RoundToFp16(qs)), FloatBits(qs)) << q << " x byte " << byte;
       EXPECT_EQ(FloatBits(FMul(FMul(q, kCodeScale), FMul(sf, 0x1p6f))), FloatBits(qs));
+      // Hence the FP16 error's fma equals the spec's subtraction of the rounded product.
+      std::mt19937 rng(byte * 16 + static_cast<uint32_t>(q * 2));
+      for (int j = 0; j < 64; ++j) {
+        const float xs =
+            std::ldexp(static_cast<float>(rng() >> 8), static_cast<int>(rng() % 40) - 40);
+        EXPECT_EQ(FloatBits(Fma(FMul(q, kCodeScale), FMul(sf, 0x1p6f), -xs)),
+                  FloatBits(FSub(RoundToFp16(qs), xs)));
+      }
     }
   }
 }
