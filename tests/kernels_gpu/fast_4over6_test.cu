@@ -1,7 +1,8 @@
 // The device build of kernels/cuda/fast_4over6.h against the shared scalar functions, on the
 // device: the scaled E2M1 rounding for every fp32 input below its limit, DivSix over its whole
 // domain, and fuzzed blocks through the cheap 4over6 path (candidate table built on the device,
-// as the quantize kernel does) against QuantizeBlockPacked in all 8 4over6 modes. The CPU tests
+// as the kernels do) against QuantizeBlockPacked, and their fused-QDQ values against
+// DecodeElement, in all 8 4over6 modes. The CPU tests
 // (tests/kernels_cpu/fast_4over6_test.cc) prove the same source built for the host; this checks
 // that the device intrinsics (e4m3x2 conversion, viaddmax, fminf/fmaxf, rcp) agree.
 #include <gtest/gtest.h>
@@ -113,7 +114,17 @@ __global__ void __launch_bounds__(256)
     ++cheap;
     const uint32_t lo = want[0] | (want[1] << 8) | (want[2] << 16) | (uint32_t{want[3]} << 24);
     const uint32_t hi = want[4] | (want[5] << 8) | (want[6] << 16) | (uint32_t{want[7]} << 24);
-    if (got.sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
+    // The fused QDQ's values from the same codes: DecodeElement with the block's factor.
+    detail::CheapBlock cb;
+    bool ok = detail::FourOverSixCheapCodes<Traits>(x, s, CandidateTable{table}, cb);
+    const float factor = DecodeFactor<Traits>(want_sf, amax);
+    float y[kBlockSize];
+    detail::DecodeCheapBlock(cb, x, FMul(factor, 0x1p6f), y);
+    for (int i = 0; i < kBlockSize; ++i) {
+      const uint8_t code = (want[i / 2] >> (4 * (i % 2))) & 0xF;
+      ok = ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
+    }
+    if (!ok || got.sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
   }
   atomicAdd(&out->cheap, cheap);
 }
