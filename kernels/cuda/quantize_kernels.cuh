@@ -21,12 +21,23 @@ namespace wpub::kernels::cuda::detail {
 
 static_assert(kThreads == 256, "kQuantBlocksPerCta assumes 256 threads per CTA");
 
-// The step-for-step block quantizer, packed. Out of line: 4over6 kernels call it only for the
-// rare blocks the cheap path declines, and inlined its registers would cap the occupancy of the
-// whole kernel.
-template <class Traits>
-__device__ __noinline__ PackedBlock QuantizeBlockStepwise(const float (&x)[kBlockSize],
-                                                          const SliceScales& ss) {
+// Reloads one block of the input (plain load: the streaming load of the same bytes just passed).
+template <ElemType kIn>
+__device__ __forceinline__ void ReloadBlock(const char* block, float (&x)[kBlockSize]) {
+  RawBlock<kIn> raw;
+  const uint4* p = reinterpret_cast<const uint4*>(block);
+#pragma unroll
+  for (int i = 0; i < kVecsPerBlock<kIn>; ++i) raw.v[i] = p[i];
+  Unpack<kIn>(raw, x);
+}
+
+// The step-for-step block quantizer, packed, for the rare blocks the 4over6 cheap path declines.
+// Out of line, so that its registers do not cap the occupancy of the whole kernel, and fed from
+// memory, so that the call site keeps no block data live across the call.
+template <ElemType kIn, class Traits>
+__device__ __noinline__ PackedBlock QuantizeBlockStepwise(const char* block, SliceScales ss) {
+  float x[kBlockSize];
+  ReloadBlock<kIn>(block, x);
   QuantBlock qb;
   QuantizeBlockFast<Traits>(x, ss, qb);
   const uint2 p = PackBlockCodes(qb);
@@ -35,16 +46,17 @@ __device__ __noinline__ PackedBlock QuantizeBlockStepwise(const float (&x)[kBloc
 
 // One block's packed codes and scale byte: 4over6 blocks through the cheap formulation of
 // fast_4over6.h where it applies (almost every block of bf16/fp16 weights), everything else
-// step for step (QuantizeBlockFast).
-template <class Traits>
+// step for step (QuantizeBlockFast). block is x's bytes in the input.
+template <ElemType kIn, class Traits>
 __device__ __forceinline__ PackedBlock QuantizeBlockPackedFast(const float (&x)[kBlockSize],
+                                                               const char* block,
                                                                const SliceScales& ss,
                                                                const FourOverSixSlice& fs,
                                                                const Candidate* table) {
   PackedBlock pb;
   if constexpr (Traits::kFourOverSix) {
     if (QuantizeBlockFourOverSixCheap<Traits>(x, fs, CandidateTable{table}, pb)) return pb;
-    return QuantizeBlockStepwise<Traits>(x, ss);
+    return QuantizeBlockStepwise<kIn, Traits>(block, ss);
   }
   QuantBlock qb;
   QuantizeBlockFast<Traits>(x, ss, qb);
@@ -63,29 +75,37 @@ __device__ __forceinline__ void QdqBlockInline(const float (&x)[kBlockSize], con
   for (int i = 0; i < kBlockSize; ++i) y[i] = __fmul_rn(qb.q[i], factor);  // DecodeElement
 }
 
-// The same out of line, for the blocks the 4over6 cheap path declines (see QuantizeBlockStepwise).
-template <class Traits>
-__device__ __noinline__ void QdqBlockStepwise(const float (&x)[kBlockSize], const SliceScales& ss,
-                                              float (&y)[kBlockSize]) {
+// The same out of line and from memory to memory, for the blocks the 4over6 cheap path declines
+// (see QuantizeBlockStepwise).
+template <ElemType kType, class Traits>
+__device__ __noinline__ void QdqBlockStepwise(const char* in_block, char* out_block,
+                                              SliceScales ss) {
+  float x[kBlockSize];
+  ReloadBlock<kType>(in_block, x);
+  float y[kBlockSize];
   QdqBlockInline<Traits>(x, ss, y);
+  StoreBlock16<kType>(out_block, y);
 }
 
-// One block's fused QDQ values: 4over6 blocks through the cheap formulation where it applies.
-template <class Traits>
-__device__ __forceinline__ void QdqBlockFast(const float (&x)[kBlockSize], const SliceScales& ss,
-                                             const FourOverSixSlice& fs, const Candidate* table,
-                                             float (&y)[kBlockSize]) {
+// One block's fused QDQ: 4over6 blocks through the cheap formulation where it applies. Writes
+// the block's 16 outputs to out_block.
+template <ElemType kType, class Traits>
+__device__ __forceinline__ void QdqBlockFast(const float (&x)[kBlockSize], const char* in_block,
+                                             char* out_block, const SliceScales& ss,
+                                             const FourOverSixSlice& fs, const Candidate* table) {
+  float y[kBlockSize];
   if constexpr (Traits::kFourOverSix) {
     CheapBlock cb;
-    if (FourOverSixCheapCodes<Traits>(x, fs, CandidateTable{table}, cb)) {
-      const float factor = FastDecodeFactor<Traits>(static_cast<uint8_t>(cb.sf), ss.amax);
-      DecodeCheapBlock(cb, x, __fmul_rn(factor, 64.0f), y);
-    } else {
-      QdqBlockStepwise<Traits>(x, ss, y);
+    if (!FourOverSixCheapCodes<Traits>(x, fs, CandidateTable{table}, cb)) {
+      QdqBlockStepwise<kType, Traits>(in_block, out_block, ss);
+      return;
     }
+    const float factor = FastDecodeFactor<Traits>(static_cast<uint8_t>(cb.sf), ss.amax);
+    DecodeCheapBlock(cb, x, __fmul_rn(factor, 64.0f), y);
   } else {
     QdqBlockInline<Traits>(x, ss, y);
   }
+  StoreBlock16<kType>(out_block, y);
 }
 
 // Builds a 4over6 kernel's table of candidate constants (one entry per scale byte) in shared
@@ -142,7 +162,8 @@ __global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kIn, Traits>)
     if (b >= num_blocks) break;
     float x[kBlockSize];
     Unpack<kIn>(raw[u], x);
-    const PackedBlock pb = QuantizeBlockPackedFast<Traits>(x, ss, fs, table);
+    const PackedBlock pb =
+        QuantizeBlockPackedFast<kIn, Traits>(x, in + uint64_t{b} * kInBlockBytes, ss, fs, table);
     const uint8_t sf = static_cast<uint8_t>(pb.sf);
 
     uint64_t ob;  // block index in the slice's [rows, kv] grid
@@ -191,9 +212,8 @@ __global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kType, Traits>)
     if (b >= it.num_blocks) break;
     float x[kBlockSize];
     Unpack<kType>(raw[u], x);
-    float y[kBlockSize];
-    QdqBlockFast<Traits>(x, ss, fs, table, y);
-    StoreBlock16<kType>(out + uint64_t{b} * kBlockBytes, y);
+    QdqBlockFast<kType, Traits>(x, in + uint64_t{b} * kBlockBytes, out + uint64_t{b} * kBlockBytes,
+                                ss, fs, table);
   }
 }
 
