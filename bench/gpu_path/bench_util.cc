@@ -109,7 +109,17 @@ json RunPlainBroadcast(const char* label, uint64_t bytes, const RunSettings& arg
     cudaEventRecord(e0, s);
     for (int i = 0; i < count; ++i) BENCH_OK((*comm)->Broadcast(buf, chunk, 0, s));
     cudaEventRecord(e1, s);
-    cudaEventSynchronize(e1);
+    // Polled with a deadline: a receiver that failed never posts its receives.
+    for (const auto until = t0 + std::chrono::seconds(600);;) {
+      const cudaError_t q = cudaEventQuery(e1);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady || std::chrono::steady_clock::now() > until) {
+        std::fprintf(stderr, "%s: the broadcasts did not complete (%s)\n", label,
+                     cudaGetErrorString(q));
+        std::exit(1);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
     const double w = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     for (std::thread& t : receivers) t.join();
     for (const absl::Status& st : recv_status) BENCH_OK(st);

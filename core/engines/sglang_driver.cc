@@ -83,6 +83,13 @@ class SglangDriver::Worker {
     outcome_ = EngineOutcome();
     outcome_.url = url_;
   }
+  // Forgets requests not yet sent (those of an aborted publication must never reach the engine
+  // after it: each would post a receive that no broadcast matches).
+  void DropQueued() {
+    std::lock_guard lock(mu_);
+    queue_.clear();
+    cv_.notify_all();
+  }
   void Post(Request r) {
     {
       std::lock_guard lock(mu_);
@@ -349,12 +356,18 @@ void SglangDriver::EndPublication() {
 }
 
 void SglangDriver::ResumeAfterAbort() {
-  for (auto& w : workers_) w->Reset();
+  for (auto& w : workers_) {
+    w->DropQueued();
+    w->Reset();
+  }
   PostAll("POST", options_.endpoints.resume, "{}");
 }
 
 void SglangDriver::Leave() {
-  for (auto& w : workers_) w->Reset();
+  for (auto& w : workers_) {
+    w->DropQueued();
+    w->Reset();
+  }
   PostAll("POST", options_.endpoints.destroy_group,
           json({{"group_name", layout_.group_name}}).dump());
 }

@@ -122,10 +122,10 @@ class SglangDriver {
   void PostBucket(const engine::BucketManifest& bucket);
   // Queues version, end, continue.
   void EndPublication();
-  // After an aborted publication: queues continue (engines serve again; their weights may be
-  // partially updated, which the report states).
+  // After an aborted publication: drops the requests not yet sent, then queues continue
+  // (engines serve again; their weights may be partially updated, which the report states).
   void ResumeAfterAbort();
-  // Queues destroy_weights_update_group.
+  // Drops the requests not yet sent, then queues destroy_weights_update_group.
   void Leave();
 
   // Per engine, for the current publication (or join).

@@ -49,6 +49,8 @@ class GroupMember {
   // Enqueues the receive of one bucket of `bytes` into `device_buffer` on `stream`.
   absl::Status Receive(void* device_buffer, uint64_t bytes, cudaStream_t stream);
   void Abort() { comm_->Abort(); }
+  // NcclComm::AsyncError: OK while healthy; any thread.
+  absl::Status AsyncError() { return comm_->AsyncError(); }
   const GroupMemberOptions& options() const { return options_; }
 
  private:

@@ -36,15 +36,17 @@ void Reply(httplib::Response& res, const absl::Status& s, const std::string& ok_
 }  // namespace
 
 class ReceiverEndpoint::Impl {
-  // One per device: its group rank, stream and bucket buffer (guarded by mu_).
+  // One per device: its group rank, stream and bucket buffer. `member` is replaced only with
+  // both mu_ and members_mu_ held; it is used for receives under mu_ and aborted under
+  // members_mu_ alone (so an abort never waits for a receive in progress).
   struct Rank {
     int device = 0;
     std::unique_ptr<GroupMember> member;
-    std::atomic<GroupMember*> active{nullptr};  // member, for Abort without mu_
     cudaStream_t stream = nullptr;
     void* buf = nullptr;
     uint64_t buf_bytes = 0;
-    unsigned long long* sum = nullptr;  // device checksum accumulator
+    unsigned long long* sum = nullptr;       // device checksum accumulator
+    unsigned long long* sum_host = nullptr;  // pinned: its read-back never pages
   };
 
  public:
@@ -52,17 +54,26 @@ class ReceiverEndpoint::Impl {
       : options_(std::move(options)), callbacks_(std::move(callbacks)) {}
 
   ~Impl() {
-    // A handler may be blocked in a receive whose publisher is gone: abort the group first.
+    // Handlers blocked in a receive whose publisher is gone, or waiting for their turn, end
+    // first; then the server stops (it joins its handlers).
+    stopping_ = true;
     AbortAll();
+    {
+      std::lock_guard lock(mu_);
+      ++group_epoch_;
+      turn_.notify_all();
+    }
     server_.stop();
     if (thread_.joinable()) thread_.join();
     std::lock_guard lock(mu_);
+    std::lock_guard members(members_mu_);
     for (auto& rank : ranks_) {
       Rank& k = *rank;
       cudaSetDevice(k.device);
       k.member.reset();
       if (k.buf != nullptr) cudaFree(k.buf);
       if (k.sum != nullptr) cudaFree(k.sum);
+      if (k.sum_host != nullptr) cudaFreeHost(k.sum_host);
       if (k.stream != nullptr) cudaStreamDestroy(k.stream);
     }
   }
@@ -77,7 +88,9 @@ class ReceiverEndpoint::Impl {
       k.device = device;
       if (cudaSetDevice(k.device) != cudaSuccess ||
           cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking) != cudaSuccess ||
-          cudaMalloc(reinterpret_cast<void**>(&k.sum), sizeof(unsigned long long)) != cudaSuccess) {
+          cudaMalloc(reinterpret_cast<void**>(&k.sum), sizeof(unsigned long long)) != cudaSuccess ||
+          cudaMallocHost(reinterpret_cast<void**>(&k.sum_host), sizeof(unsigned long long)) !=
+              cudaSuccess) {
         (void)cudaGetLastError();
         return absl::FailedPreconditionError(
             absl::StrCat("receiver endpoint: CUDA device ", k.device, " is not usable"));
@@ -90,18 +103,10 @@ class ReceiverEndpoint::Impl {
                  [this](const httplib::Request& q, httplib::Response& r) { Join(q, r); });
     server_.Post("/destroy_weights_update_group",
                  [this](const httplib::Request&, httplib::Response& r) {
+                   // A receive blocked on the group being destroyed ends first.
+                   AbortAll();
                    std::lock_guard lock(mu_);
-                   joined_ = false;
-                   for (auto& rank : ranks_) {
-                     Rank& k = *rank;
-                     k.active = nullptr;
-                     (void)UseDevice(k.device);
-                     k.member.reset();
-                   }
-                   ++group_epoch_;
-                   sequence_version_.clear();
-                   next_sequence_ = 0;
-                   turn_.notify_all();
+                   Leave();
                    Reply(r, absl::OkStatus(), "destroyed");
                  });
     server_.Post("/update_weights_from_distributed",
@@ -141,8 +146,10 @@ class ReceiverEndpoint::Impl {
   }
 
  private:
+  // Joins a new group: the old one (if any) is aborted first, so a receive still blocked on it
+  // ends; the new members are created without mu_ (the unique-id lookup may wait up to the join
+  // timeout) and installed under it.
   void Join(const httplib::Request& q, httplib::Response& r) {
-    std::lock_guard lock(mu_);
     json j = json::parse(q.body, nullptr, false);
     if (!j.is_object()) return Reply(r, absl::InvalidArgumentError("body is not JSON"), "");
     GroupMemberOptions o;
@@ -152,6 +159,7 @@ class ReceiverEndpoint::Impl {
     const int rank_offset = j.value("rank_offset", 1);
     o.world_size = j.value("world_size", 2);
     o.timeout = options_.join_timeout;
+    AbortAll();
     // Every rank's communicator init is started before any is awaited (GroupMember::Join only
     // fetches the id and starts a nonblocking init), so the ranks of one engine join together.
     std::vector<std::unique_ptr<GroupMember>> members;
@@ -163,23 +171,48 @@ class ReceiverEndpoint::Impl {
       if (!m.ok()) return Reply(r, m.status(), "");
       members.push_back(*std::move(m));
     }
-    for (size_t i = 0; i < ranks_.size(); ++i) {
-      ranks_[i]->active = nullptr;
-      ranks_[i]->member = std::move(members[i]);
-      ranks_[i]->active = ranks_[i]->member.get();
+    std::lock_guard lock(mu_);
+    Leave();
+    {
+      std::lock_guard guard(members_mu_);
+      for (size_t i = 0; i < ranks_.size(); ++i) ranks_[i]->member = std::move(members[i]);
     }
     joined_ = true;
-    ++group_epoch_;
-    sequence_version_.clear();
-    next_sequence_ = 0;
-    turn_.notify_all();
+    group_name_ = o.group_name;
     Reply(r, absl::OkStatus(),
           absl::StrCat("joined ", o.group_name, " as ranks ", rank_offset, "..",
                        rank_offset + static_cast<int>(ranks_.size()) - 1));
   }
 
+  // Drops the group (mu_ held): members destroyed, request order reset, waiters released.
+  void Leave() {
+    joined_ = false;
+    group_name_.clear();
+    {
+      std::lock_guard guard(members_mu_);
+      for (auto& rank : ranks_) {
+        (void)UseDevice(rank->device);
+        rank->member.reset();
+      }
+    }
+    ++group_epoch_;
+    sequence_version_.clear();
+    next_sequence_ = 0;
+    turn_.notify_all();
+  }
+
+  // Aborts every member's communicator (its kernels end, its pending receives fail); callable
+  // with or without mu_.
+  void AbortAll() {
+    std::lock_guard guard(members_mu_);
+    for (auto& rank : ranks_) {
+      if (rank->member) rank->member->Abort();
+    }
+  }
+
   struct ParsedUpdate {
     ReceivedBucket bucket;  // tensors, version, nbytes
+    std::string group;      // the request's group_name
     int64_t sequence = -1;  // `wpub_sequence`, -1 when absent
   };
 
@@ -196,14 +229,16 @@ class ReceiverEndpoint::Impl {
     }
     ParsedUpdate out;
     ReceivedBucket& b = out.bucket;
+    const auto g = j.find("group_name");
+    if (g != j.end() && g->is_string()) out.group = g->get<std::string>();
     const auto v = j.find("weight_version");
     if (v != j.end() && v->is_string()) b.version = v->get<std::string>();
     const auto seq = j.find("wpub_sequence");
     if (seq != j.end()) {
-      if (!seq->is_number_unsigned()) {
-        return absl::InvalidArgumentError("wpub_sequence must be a non-negative integer");
+      if (!seq->is_number_unsigned() || seq->get<uint64_t>() > (uint64_t{1} << 31)) {
+        return absl::InvalidArgumentError("wpub_sequence must be an integer in [0, 2^31]");
       }
-      out.sequence = seq->get<int64_t>();
+      out.sequence = static_cast<int64_t>(seq->get<uint64_t>());
     }
     b.tensors.reserve(names->size());
     uint64_t off = 0;
@@ -237,33 +272,40 @@ class ReceiverEndpoint::Impl {
 
   // Requests that carry `wpub_sequence` (a publisher with several requests in flight per
   // engine) take their turn in that order within their version: NCCL matches broadcasts by
-  // order, so bucket k's receive must be posted before bucket k + 1's. Sequence 0 of a new
-  // version starts it. Bounded by the join timeout (the publisher's watchdog aborts first).
+  // order, so bucket k's receive must be posted before bucket k + 1's. Sequence 0 starts a
+  // publication (its predecessors were all answered). A group change ends the waiters.
   absl::Status AwaitTurn(const std::string& version, int64_t sequence,
                          std::unique_lock<std::mutex>& lock) {
     const uint64_t epoch = group_epoch_;
-    const auto deadline =
-        std::chrono::steady_clock::now() +
-        std::chrono::microseconds(absl::ToInt64Microseconds(options_.join_timeout));
-    if (sequence == 0) {  // a publication's first bucket: its predecessors were all answered
+    const auto deadline = std::chrono::steady_clock::now() + ToChrono(options_.receive_timeout);
+    if (sequence == 0) {
       sequence_version_ = version;
       next_sequence_ = 0;
       return absl::OkStatus();
     }
     for (;;) {
-      if (group_epoch_ != epoch) {
+      if (group_epoch_ != epoch || stopping_) {
         return absl::AbortedError(absl::StrCat("version ", version, ": bucket ", sequence,
                                                " dropped: the weight-update group changed"));
       }
-      // Any other (version, sequence) waits: a later bucket of this run, or a bucket of a run
-      // whose sequence 0 has not arrived yet (also a retried version's).
-      if (version == sequence_version_ && sequence == next_sequence_) return absl::OkStatus();
+      if (version == sequence_version_) {
+        if (sequence == next_sequence_) return absl::OkStatus();
+        if (sequence < next_sequence_) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("version ", version, ": bucket ", sequence, " arrived twice"));
+        }
+      }
+      // A later bucket of this run, or one whose run's bucket 0 has not arrived yet: wait.
       if (turn_.wait_until(lock, deadline) == std::cv_status::timeout) {
         return absl::DeadlineExceededError(absl::StrCat("version ", version, ": bucket ", sequence,
                                                         " waited for bucket ", next_sequence_,
                                                         " (of version ", sequence_version_, ")"));
       }
     }
+  }
+
+  static std::chrono::microseconds ToChrono(absl::Duration d) {
+    return std::chrono::microseconds(absl::ToInt64Microseconds(d));
   }
 
   // httplib runs each handler on a pool thread whose current device is the process default:
@@ -276,41 +318,74 @@ class ReceiverEndpoint::Impl {
     return absl::OkStatus();
   }
 
-  void AbortAll() {
+  // Grows every rank's bucket buffer to n bytes (mu_ held). Done before any receive is posted:
+  // a cudaMalloc/cudaFree on one device while another device's broadcast is in flight in this
+  // process can deadlock with it.
+  absl::Status ReserveAll(uint64_t n) {
     for (auto& rank : ranks_) {
       Rank& k = *rank;
-      if (GroupMember* m = k.active.load()) m->Abort();
-    }
-  }
-
-  // Grows the rank's bucket buffer to n bytes.
-  static absl::Status Reserve(Rank& k, uint64_t n) {
-    if (n <= k.buf_bytes) return absl::OkStatus();
-    if (k.buf != nullptr) cudaFree(k.buf);
-    k.buf = nullptr;
-    k.buf_bytes = 0;
-    if (const cudaError_t e = cudaMalloc(&k.buf, n); e != cudaSuccess) {
+      if (n <= k.buf_bytes) continue;
+      WPUB_RETURN_IF_ERROR(UseDevice(k.device));
+      if (k.buf != nullptr) cudaFree(k.buf);
       k.buf = nullptr;
-      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffer of ", n,
-                                                       " bytes on device ", k.device, ": ",
-                                                       cudaGetErrorString(e)));
+      k.buf_bytes = 0;
+      if (const cudaError_t e = cudaMalloc(&k.buf, n); e != cudaSuccess) {
+        k.buf = nullptr;
+        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffer of ", n,
+                                                         " bytes on device ", k.device, ": ",
+                                                         cudaGetErrorString(e)));
+      }
+      k.buf_bytes = n;
     }
-    k.buf_bytes = n;
     return absl::OkStatus();
   }
 
-  // Runs fn(rank) for every rank on a thread of its own; the first error.
+  // Waits for everything enqueued on the rank's stream without blocking in CUDA: polls the
+  // stream, the communicator's asynchronous error, the other ranks' failure and the receive
+  // timeout, so a broadcast that never comes cannot hang the handler.
+  absl::Status WaitRank(Rank& k, const std::atomic<bool>& others_failed,
+                        std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      const cudaError_t e = cudaStreamQuery(k.stream);
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) {
+        return absl::InternalError(absl::StrCat("the bucket's receive failed on device ", k.device,
+                                                ": ", cudaGetErrorString(e)));
+      }
+      if (others_failed) return absl::AbortedError("another rank of this engine failed");
+      if (absl::Status s = k.member->AsyncError(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("device ", k.device, ": ", s.message()));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no broadcast completed on device ", k.device, " within ",
+                         absl::FormatDuration(options_.receive_timeout)));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // Runs fn(rank index, failed) for every rank on a thread of its own (the ranks' receives are then
+  // enqueued independently; one thread driving several devices would need NCCL group calls).
+  // The first rank to fail raises `failed` and aborts every member, so the others end at once.
+  // mu_ held. Returns the first error; after one, the group is unusable and is left.
   template <typename Fn>
   absl::Status OnEveryRank(Fn fn) {
+    std::atomic<bool> failed{false};
     std::vector<std::future<absl::Status>> jobs;
     for (size_t i = 0; i < ranks_.size(); ++i) {
-      jobs.push_back(std::async(std::launch::async, [&fn, i] { return fn(i); }));
+      jobs.push_back(std::async(std::launch::async, [&, i] {
+        absl::Status s = fn(i, failed);
+        if (!s.ok() && !failed.exchange(true)) AbortAll();
+        return s;
+      }));
     }
-    absl::Status failed;
+    absl::Status first;
     for (auto& f : jobs) {
-      if (absl::Status s = f.get(); !s.ok() && failed.ok()) failed = s;
+      if (absl::Status s = f.get(); !s.ok() && first.ok()) first = s;
     }
-    return failed;
+    if (!first.ok()) Leave();
+    return first;
   }
 
   // POST /receive_raw {"nbytes": n, "count": c}: c broadcasts of n bytes from rank 0 back to
@@ -318,59 +393,65 @@ class ReceiverEndpoint::Impl {
   // publication with a plain broadcast of its bytes through the same group.
   void ReceiveRaw(const httplib::Request& q, httplib::Response& r) {
     json j = json::parse(q.body, nullptr, false);
-    if (!j.is_object() || !j.contains("nbytes") || !j["nbytes"].is_number_unsigned()) {
-      return Reply(r, absl::InvalidArgumentError("nbytes (a byte count) is required"), "");
+    if (!j.is_object() || !j.contains("nbytes") || !j["nbytes"].is_number_unsigned() ||
+        (j.contains("count") && !j["count"].is_number_unsigned())) {
+      return Reply(r, absl::InvalidArgumentError("nbytes and count must be unsigned integers"), "");
     }
     const uint64_t n = j["nbytes"].get<uint64_t>();
-    const int64_t count = j.value("count", 1);
+    const uint64_t count = j.value("count", uint64_t{1});
+    if (n == 0 || count == 0 || count > (uint64_t{1} << 20)) {
+      return Reply(r, absl::InvalidArgumentError("nbytes must be > 0 and count in [1, 2^20]"), "");
+    }
     std::lock_guard lock(mu_);
     if (!joined_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
+    if (absl::Status s = ReserveAll(n); !s.ok()) return Reply(r, s, "");
     const auto t0 = std::chrono::steady_clock::now();
-    absl::Status s = OnEveryRank([&](size_t i) -> absl::Status {
+    const auto deadline = t0 + ToChrono(options_.receive_timeout);
+    absl::Status s = OnEveryRank([&](size_t i, const std::atomic<bool>& failed) -> absl::Status {
       Rank& k = *ranks_[i];
       WPUB_RETURN_IF_ERROR(UseDevice(k.device));
-      WPUB_RETURN_IF_ERROR(Reserve(k, n));
-      for (int64_t c = 0; c < count; ++c)
+      for (uint64_t c = 0; c < count; ++c) {
         WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf, n, k.stream));
-      if (const cudaError_t e = cudaStreamSynchronize(k.stream); e != cudaSuccess) {
-        return absl::InternalError(
-            absl::StrCat("raw receive on device ", k.device, ": ", cudaGetErrorString(e)));
       }
-      return absl::OkStatus();
+      return WaitRank(k, failed, deadline);
     });
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     Reply(r, s, absl::StrCat("received ", count, " x ", n, " bytes in ", seconds, " s"));
   }
 
-  // One rank's share of a bucket: receive into its buffer, then its checksum (and, for the
-  // first rank with copy_to_host, the bytes). Runs on its own thread per rank, so the ranks'
-  // broadcasts are enqueued independently (NCCL's multi-device-per-thread rule needs group
-  // calls otherwise). Touches only `k` and `bytes`.
-  absl::Status ReceiveOnRank(Rank& k, uint64_t n, std::vector<uint8_t>* bytes, uint64_t* checksum) {
+  // One rank's share of a bucket (buffers already reserved): receive, wait for it, then its
+  // checksum, on the device (read back through pinned memory) or, for `bytes`, on the host after
+  // copying the bucket back.
+  absl::Status ReceiveOnRank(Rank& k, uint64_t n, std::vector<uint8_t>* bytes, uint64_t* checksum,
+                             const std::atomic<bool>& failed,
+                             std::chrono::steady_clock::time_point deadline) {
     WPUB_RETURN_IF_ERROR(UseDevice(k.device));
-    WPUB_RETURN_IF_ERROR(Reserve(k, n));
     WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf, n, k.stream));
-    cudaError_t e = cudaSuccess;
-    unsigned long long sum = 0;
+    WPUB_RETURN_IF_ERROR(WaitRank(k, failed, deadline));
     if (bytes != nullptr) {
       bytes->resize(n);
-      e = cudaMemcpyAsync(bytes->data(), k.buf, n, cudaMemcpyDeviceToHost, k.stream);
-    } else {
-      e = cudaMemsetAsync(k.sum, 0, sizeof(sum), k.stream);
-      if (e == cudaSuccess) {
-        e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf), n, 0, k.sum, k.stream);
+      if (const cudaError_t e = cudaMemcpy(bytes->data(), k.buf, n, cudaMemcpyDeviceToHost);
+          e != cudaSuccess) {
+        return absl::InternalError(absl::StrCat("copying the bucket back from device ", k.device,
+                                                ": ", cudaGetErrorString(e)));
       }
-      if (e == cudaSuccess)
-        e = cudaMemcpyAsync(&sum, k.sum, sizeof(sum), cudaMemcpyDeviceToHost, k.stream);
+      *checksum = engine::Checksum(bytes->data(), bytes->size());
+      return absl::OkStatus();
     }
-    if (e == cudaSuccess) e = cudaStreamSynchronize(k.stream);
+    cudaError_t e = cudaMemsetAsync(k.sum, 0, sizeof(*k.sum), k.stream);
+    if (e == cudaSuccess) {
+      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf), n, 0, k.sum, k.stream);
+    }
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(k.sum_host, k.sum, sizeof(*k.sum), cudaMemcpyDeviceToHost, k.stream);
+    }
     if (e != cudaSuccess) {
-      return absl::InternalError(absl::StrCat("the bucket's receive failed on device ", k.device,
-                                              ": ", cudaGetErrorString(e)));
+      return absl::InternalError(
+          absl::StrCat("the bucket's checksum on device ", k.device, ": ", cudaGetErrorString(e)));
     }
-    *checksum = bytes != nullptr ? engine::Checksum(bytes->data(), bytes->size())
-                                 : engine::ChecksumFinish(sum, n);
+    WPUB_RETURN_IF_ERROR(WaitRank(k, failed, deadline));
+    *checksum = engine::ChecksumFinish(*k.sum_host, n);
     return absl::OkStatus();
   }
 
@@ -382,12 +463,22 @@ class ReceiverEndpoint::Impl {
     ReceivedBucket b = std::move(parsed->bucket);
     const uint64_t off = b.nbytes;
     std::unique_lock lock(mu_);  // one weight update at a time, as SGLang
+    if (stopping_) return Reply(r, absl::UnavailableError("the engine is stopping"), "");
+    // A request of another group (e.g. queued before a re-formation) never takes a turn.
+    if (!parsed->group.empty() && parsed->group != group_name_) {
+      return Reply(r,
+                   absl::FailedPreconditionError(absl::StrCat("request for group '", parsed->group,
+                                                              "'; this engine is in group '",
+                                                              group_name_, "'")),
+                   "");
+    }
     if (parsed->sequence >= 0) {
       if (absl::Status s = AwaitTurn(b.version, parsed->sequence, lock); !s.ok()) {
         return Reply(r, s, "");
       }
     }
-    // Whatever happens below, the next request of this version may go (and fail on its own).
+    // Whatever happens below, the next request of this run may go: after a failure the group is
+    // left (OnEveryRank), so it fails on its own without posting a receive.
     struct Advance {
       Impl* self;
       bool ordered;
@@ -398,10 +489,15 @@ class ReceiverEndpoint::Impl {
       }
     } advance{this, parsed->sequence >= 0};
     if (!joined_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
+    if (absl::Status s = ReserveAll(off); !s.ok()) {
+      Leave();  // nothing was posted, but the publisher's broadcast of this bucket will come
+      return Reply(r, s, "");
+    }
+    const auto deadline = std::chrono::steady_clock::now() + ToChrono(options_.receive_timeout);
     std::vector<uint64_t> sums(ranks_.size(), 0);
-    absl::Status failed = OnEveryRank([&](size_t i) {
+    absl::Status failed = OnEveryRank([&](size_t i, const std::atomic<bool>& others) {
       std::vector<uint8_t>* bytes = i == 0 && options_.copy_to_host ? &b.bytes : nullptr;
-      return ReceiveOnRank(*ranks_[i], off, bytes, &sums[i]);
+      return ReceiveOnRank(*ranks_[i], off, bytes, &sums[i], others, deadline);
     });
     if (!failed.ok()) return Reply(r, failed, "");
     for (size_t i = 1; i < ranks_.size(); ++i) {
@@ -414,6 +510,7 @@ class ReceiverEndpoint::Impl {
       }
     }
     b.checksum = sums[0];
+    if (parsed->sequence == 0) stats_.erase(b.version);  // a retried version starts afresh
     ReceiverVersionStats& st = stats_[b.version];
     b.index = static_cast<uint32_t>(st.buckets);
     ++st.buckets;
@@ -429,9 +526,12 @@ class ReceiverEndpoint::Impl {
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
+  std::atomic<bool> stopping_{false};
   mutable std::mutex mu_;
+  std::mutex members_mu_;                              // after mu_ when both are taken
   std::vector<std::unique_ptr<Rank>> ranks_;           // never resized after Start
   bool joined_ = false;                                // guarded by mu_
+  std::string group_name_;                             // guarded by mu_
   std::map<std::string, ReceiverVersionStats> stats_;  // guarded by mu_
   std::condition_variable turn_;                       // next_sequence_ advanced
   std::string sequence_version_;                       // guarded by mu_

@@ -11,7 +11,11 @@
 // handler thread. A request that carries `wpub_sequence` (a publisher with several update
 // requests in flight per engine, engines::SglangDriverOptions::requests_in_flight) waits for
 // its turn: sequence 0 starts a publication, k + 1 is received after k (NCCL matches broadcasts
-// by order); a group joined or destroyed meanwhile ends the waiters with ABORTED. Public methods
+// by order); a group joined or destroyed meanwhile ends the waiters with ABORTED, and a request
+// naming another group is refused. Receives never block in CUDA: they poll the stream, the
+// communicator's error and receive_timeout; a failure on any rank aborts the engine's members
+// and leaves the group, and joining or destroying a group first aborts a receive still blocked
+// on the old one. Public methods
 // are thread-safe. Destruction stops the server and aborts the group.
 #pragma once
 
@@ -35,6 +39,9 @@ struct ReceiverEndpointOptions {
   // engine join): every bucket is received on every device, and their checksums must agree.
   std::vector<int> devices = {0};
   absl::Duration join_timeout = absl::Seconds(120);
+  // A bucket's broadcast must complete within this (also a request's wait for its turn); the
+  // receive is then abandoned, the group aborted and left (the publisher re-forms it).
+  absl::Duration receive_timeout = absl::Seconds(120);
   // true: ReceivedBucket::bytes holds the bucket (one device-to-host copy per bucket). false:
   // bytes stays empty and only the checksum (computed on the device, 8 bytes read back) arrives.
   bool copy_to_host = true;

@@ -320,6 +320,9 @@ TEST(SglangDriver, DestructionAbortsAHungRequestAndDropsTheQueue) {
   auto d = SglangDriver::Create(o);
   ASSERT_TRUE(d.ok());
   (*d)->StartJoin();
+  for (int i = 0; i < 200 && a.calls().empty(); ++i) {  // the join is in flight (and hangs)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   (*d)->Leave();  // queued behind the hung join
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const absl::Time start = absl::Now();
@@ -360,6 +363,26 @@ TEST(SglangDriver, TwoUpdatesInFlightOverlapButLifecycleCallsNever) {
   EXPECT_EQ(a.max_active(), 2);  // two buckets were in flight together, never three
   EXPECT_FALSE(a.lifecycle_overlapped());
   EXPECT_EQ((*d)->outcomes()[0].requests, 10u);
+}
+
+TEST(SglangDriver, LeaveDropsTheUnsentRequestsOfAnAbortedPublication) {
+  FakeEngine a;
+  auto d = SglangDriver::Create(Options({&a}, {1}));
+  ASSERT_TRUE(d.ok());
+  a.SlowOn("/update_weights_from_distributed", 300);
+  (*d)->BeginPublication(4);
+  for (uint32_t i = 0; i < 3; ++i) (*d)->PostBucket(Bucket(i));
+  // Wait until the first update is in flight, then leave: buckets 1 and 2 must never be sent
+  // (each would post a receive that no broadcast matches).
+  for (int i = 0; i < 200 && a.calls().size() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  (*d)->Leave();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::string> calls = a.calls();
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "/update_weights_from_distributed"), 1);
+  ASSERT_FALSE(calls.empty());
+  EXPECT_EQ(calls.back(), "/destroy_weights_update_group");
 }
 
 }  // namespace

@@ -171,9 +171,10 @@ TEST_F(MultiRankTest, EveryTp2EngineGetsEveryVersionOnBothRanks) {
 TEST_F(MultiRankTest, KilledEngineAbortsThenSurvivorsCommit) {
   if (devices_ < 3) GTEST_SKIP() << "needs 2 receiving GPUs so one survives; found " << devices_;
   const std::vector<std::vector<int>> layout = Engines(devices_, 1);
-  // The last engine dies after 2 buckets of the first publication.
+  // The first engine (GPU 1: next to rank 0 in NCCL's chain, so the others' receives stall
+  // behind it) dies after 2 buckets of the first publication.
   std::vector<long> die(layout.size(), 0);
-  die.back() = 2;
+  die.front() = 2;
   std::vector<Running> engines = StartEngines(layout, die);
   ASSERT_EQ(engines.size(), layout.size());
   const absl::Duration deadline = absl::Seconds(20);
@@ -196,11 +197,12 @@ TEST_F(MultiRankTest, KilledEngineAbortsThenSurvivorsCommit) {
   for (const auto& o : r.outcomes) EXPECT_FALSE(o.committed) << o.name;
   std::printf("%zu engines, one killed: aborted after %.3f s: %s\n", engines.size(), r.wall_seconds,
               r.status.ToString().c_str());
-  EXPECT_FALSE(engines.back().child->Running());
+  EXPECT_FALSE(engines.front().child->Running());
 
-  // The survivors: the next publication re-forms the group without the dead engine.
+  // The survivors: the next publication re-forms the group without the dead engine (their
+  // receives still blocked on the old group end when it is destroyed).
   std::vector<Running> survivors;
-  for (size_t i = 0; i + 1 < engines.size(); ++i) survivors.push_back(std::move(engines[i]));
+  for (size_t i = 1; i < engines.size(); ++i) survivors.push_back(std::move(engines[i]));
   model.Fill(402);
   auto built2 = BuildPlan(model_layout, model.base(), true, 256 << 10, 2, &inputs);
   ASSERT_TRUE(built2.ok());
