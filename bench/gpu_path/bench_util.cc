@@ -27,7 +27,8 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
   uint64_t syncs = 0;
   size_t buckets = 0;
   for (int it = -1; it < args.iters; ++it) {
-    auto built = testing::BuildPlan(layout, base, nvfp4, args.bucket_bytes, ++*version, &inputs);
+    auto built = testing::BuildPlan(layout, base, nvfp4, args.bucket_bytes, ++*version, &inputs,
+                                    engine::PartMemory::kDevice);  // as CUDA IPC parts are
     BENCH_OK(built.status());
     testing::PublishResult r = testing::Publish(backend, transport, *built, absl::Seconds(600));
     BENCH_OK(r.status);

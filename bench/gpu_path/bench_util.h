@@ -36,7 +36,8 @@ struct RunSettings {
 };
 
 // One warm-up (group formation, buffer growth, NCCL lazy init) and `iters` timed publications of
-// the model at `base`; the report row (median wall clock, device phases, GB/s, host syncs). The
+// the model at `base` (device memory of this process, its parts marked so as ingestion marks
+// CUDA IPC parts); the report row (median wall clock, device phases, GB/s, host syncs). The
 // version counter advances by one per publication.
 nlohmann::json RunWpub(const char* label, bool nvfp4, const RunSettings& run,
                        const testing::ModelLayout& layout, const uint8_t* base,

@@ -264,13 +264,16 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
               ") exceeds shared-memory segment '", shm->name, "' of ", size, " bytes"));
         }
         view.data = it->second->data() + shm->offset;
+        view.memory = PartMemory::kHost;
       } else if (const auto* ipc = std::get_if<CudaIpcSource>(&p.source)) {
         WPUB_ASSIGN_OR_RETURN(view.data, resolve_ipc_(*ipc, view.nbytes, t.desc.name));
+        view.memory = PartMemory::kDevice;
       } else {  // inline
         auto buf = std::make_unique<InlineBuffer>();
         buf->size = view.nbytes;
         buf->bytes.reset(new uint8_t[std::max<uint64_t>(view.nbytes, 1)]);
         view.data = buf->bytes.get();
+        view.memory = PartMemory::kHost;
         bufs[j] = std::move(buf);
       }
       in.parts.push_back(std::move(view));

@@ -60,12 +60,18 @@ class IntervalSet {
   std::map<uint64_t, uint64_t> ranges_;  // begin -> end, disjoint, non-adjacent
 };
 
+// Where a part's bytes live, when the ingestion knows it (the GPU backend then needs no pointer
+// query per part): inline buffers and shm mappings are host memory; CUDA IPC mappings are
+// device memory of the GPU backend's device (the IPC cache checks the device).
+enum class PartMemory : uint8_t { kUnknown = 0, kHost, kDevice };
+
 // View of one part: host bytes in an inline buffer or a shm mapping, or device bytes of a
 // CUDA IPC mapping (GPU path).
 struct PartView {
   const uint8_t* data = nullptr;
   Shape shape;
   uint64_t nbytes = 0;
+  PartMemory memory = PartMemory::kUnknown;
 };
 
 // A validated, resolved input tensor.

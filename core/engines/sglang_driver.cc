@@ -23,6 +23,26 @@ namespace {
 
 using json = nlohmann::json;
 
+// A body built on first use by whichever lane sends it first, once for every engine: a bucket's
+// update body (thousands of names, dtypes and shapes) is then encoded off the publication
+// thread, which meanwhile packs the next bucket.
+class LazyBody {
+ public:
+  explicit LazyBody(std::function<std::string()> make) : make_(std::move(make)) {}
+  const std::string& Get() {
+    std::call_once(once_, [this] {
+      body_ = make_();
+      make_ = nullptr;
+    });
+    return body_;
+  }
+
+ private:
+  std::once_flag once_;
+  std::function<std::string()> make_;
+  std::string body_;
+};
+
 struct Request {
   std::string method;  // "GET" | "POST"
   std::string path;
@@ -31,6 +51,7 @@ struct Request {
   // driver allows more than one in flight). Every other request waits for the lanes to drain
   // and holds back what follows it.
   bool overlappable = false;
+  std::shared_ptr<LazyBody> lazy_body;  // when set, the body (shared by every engine)
 };
 
 }  // namespace
@@ -152,8 +173,9 @@ class SglangDriver::Worker {
 
   // Empty on success, otherwise a sentence naming the engine and call.
   std::string Send(httplib::Client& client, const Request& r) {
+    const std::string& body = r.lazy_body ? r.lazy_body->Get() : r.body;
     httplib::Result res =
-        r.method == "GET" ? client.Get(r.path) : client.Post(r.path, r.body, "application/json");
+        r.method == "GET" ? client.Get(r.path) : client.Post(r.path, body, "application/json");
     const std::string what = absl::StrCat("engine ", url_, " ", r.method, " ", r.path);
     if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
     if (res->status < 200 || res->status >= 300) {
@@ -344,8 +366,12 @@ void SglangDriver::BeginPublication(uint64_t version) {
 void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
   const std::string& path = options_.endpoints.update;
   if (path.empty()) return;
-  const std::string body = UpdateBody(options_, bucket, version_);
-  for (auto& w : workers_) w->Post(Request{"POST", path, body, /*overlappable=*/true});
+  // The manifest is copied (the caller's may not outlive the request); the JSON is encoded by
+  // the first lane that sends it. The driver outlives its workers, so options_ does too.
+  auto manifest = std::make_shared<const engine::BucketManifest>(bucket);
+  auto body = std::make_shared<LazyBody>(
+      [this, manifest, version = version_] { return UpdateBody(options_, *manifest, version); });
+  for (auto& w : workers_) w->Post(Request{"POST", path, "", /*overlappable=*/true, body});
 }
 
 void SglangDriver::EndPublication() {

@@ -150,8 +150,14 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       const PartView& part = inputs[i].parts[p];
       dev[i][p] = part.data;
       if (part.nbytes == 0) continue;
+      // Ingestion knows where its parts live (CUDA IPC mappings are on this device, checked by
+      // the IPC cache); only parts of unknown origin cost a pointer query.
+      if (part.memory == engine::PartMemory::kDevice) continue;
       cudaPointerAttributes a{};
-      if (cudaPointerGetAttributes(&a, part.data) != cudaSuccess) (void)cudaGetLastError();
+      if (part.memory == engine::PartMemory::kUnknown &&
+          cudaPointerGetAttributes(&a, part.data) != cudaSuccess) {
+        (void)cudaGetLastError();
+      }
       if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) {
         if (a.type == cudaMemoryTypeDevice && a.device != options.device) {
           return absl::FailedPreconditionError(

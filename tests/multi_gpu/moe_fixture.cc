@@ -94,7 +94,8 @@ void FillHost(const ModelLayout& layout, uint64_t seed, uint8_t* base) {
 
 absl::StatusOr<BuiltPlan> BuildPlan(const ModelLayout& layout, const uint8_t* base, bool nvfp4,
                                     uint64_t bucket_bytes, uint64_t version,
-                                    std::vector<engine::InputTensor>* inputs) {
+                                    std::vector<engine::InputTensor>* inputs,
+                                    engine::PartMemory memory) {
   BuiltPlan b;
   engine::ExecutionPlan& plan = b.plan;
   plan.version = version;
@@ -104,7 +105,7 @@ absl::StatusOr<BuiltPlan> BuildPlan(const ModelLayout& layout, const uint8_t* ba
     const ModelTensor& t = layout.tensors[i];
     engine::InputTensor in;
     in.desc = TensorDesc{t.name, t.dtype, t.shape};
-    in.parts.push_back(engine::PartView{base + t.offset, t.shape, t.nbytes});
+    in.parts.push_back(engine::PartView{base + t.offset, t.shape, t.nbytes, memory});
     in.batch = i;
     inputs->push_back(std::move(in));
   }

@@ -64,9 +64,12 @@ struct BuiltPlan {
   engine::PublicationManifest manifest;
   uint64_t bytes_out = 0;
 };
+// `memory` is what ingestion would know about `base` (kDevice: as CUDA IPC parts are); the
+// default leaves the GPU backend to query every part.
 absl::StatusOr<BuiltPlan> BuildPlan(const ModelLayout& layout, const uint8_t* base, bool nvfp4,
                                     uint64_t bucket_bytes, uint64_t version,
-                                    std::vector<engine::InputTensor>* inputs);
+                                    std::vector<engine::InputTensor>* inputs,
+                                    engine::PartMemory memory = engine::PartMemory::kUnknown);
 
 // One publication as core/engine/session.cc drives it: Begin, Execute (emit -> Send),
 // WaitAcknowledged, Commit; Abort on any failure.
