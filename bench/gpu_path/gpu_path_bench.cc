@@ -7,6 +7,7 @@
 //   (a-emu) the same to the SGLang emulator on GPU 1 (Python, torch.distributed as SGLang uses
 //       it, one HTTP request per bucket handled in Python);
 //   (a1) as (a) with one update request in flight per engine (SGLang's protocol) instead of two;
+//   (a3) with three;
 //   (a') as (a) with the amax pass pipelined per bucket (non-finite weights rejected after the
 //       transfer, before commit);
 //   (b) wpub BF16 passthrough of the same model to the C++ engine; (b-emu) to the emulator;
@@ -211,6 +212,15 @@ int Main(int argc, char** argv) {
     auto be = backend_for(to_cpp.get(), false);
     a2 = RunWpub("(a') nvfp4 pipelined", true, run, layout, base, *be, *to_cpp, &version, &unused);
   }
+  json a_three;
+  {
+    // (a3): as (a) with three requests in flight (the engine decodes two ahead).
+    to_cpp.reset();
+    auto three = make_transport(cpp_port, "wpub_bench_cpp3", 3);
+    auto be = backend_for(three.get(), true);
+    a_three =
+        RunWpub("(a3) nvfp4 3 in flight", true, run, layout, base, *be, *three, &version, &unused);
+  }
   json a_serial;
   {
     // (a1): as (a) with one request in flight (SGLang's protocol) to the same C++ engine; its
@@ -279,6 +289,7 @@ int Main(int argc, char** argv) {
               {"pipelined", a2},
               {"to_emulator", emu_rows},
               {"one_request_in_flight", a_serial},
+              {"three_requests_in_flight", a_three},
               {"backend_only", {e_nvfp4, e_bf16}},
               {"summary", summary}};
   if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";

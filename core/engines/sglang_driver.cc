@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -23,25 +24,10 @@ namespace {
 
 using json = nlohmann::json;
 
-// A body built on first use by whichever lane sends it first, once for every engine: a bucket's
-// update body (thousands of names, dtypes and shapes) is then encoded off the publication
-// thread, which meanwhile packs the next bucket.
-class LazyBody {
- public:
-  explicit LazyBody(std::function<std::string()> make) : make_(std::move(make)) {}
-  const std::string& Get() {
-    std::call_once(once_, [this] {
-      body_ = make_();
-      make_ = nullptr;
-    });
-    return body_;
-  }
-
- private:
-  std::once_flag once_;
-  std::function<std::string()> make_;
-  std::string body_;
-};
+// A bucket's update body (thousands of names, dtypes and shapes), encoded on a thread of its own
+// as soon as the bucket is posted, once for every engine: the publication thread goes on packing
+// the next bucket, and the body is ready by the time a lane can send it.
+using SharedBody = std::shared_future<std::string>;
 
 struct Request {
   std::string method;  // "GET" | "POST"
@@ -51,7 +37,7 @@ struct Request {
   // driver allows more than one in flight). Every other request waits for the lanes to drain
   // and holds back what follows it.
   bool overlappable = false;
-  std::shared_ptr<LazyBody> lazy_body;  // when set, the body (shared by every engine)
+  SharedBody shared_body;  // when valid, the body (shared by every engine)
 };
 
 }  // namespace
@@ -173,7 +159,7 @@ class SglangDriver::Worker {
 
   // Empty on success, otherwise a sentence naming the engine and call.
   std::string Send(httplib::Client& client, const Request& r) {
-    const std::string& body = r.lazy_body ? r.lazy_body->Get() : r.body;
+    const std::string& body = r.shared_body.valid() ? r.shared_body.get() : r.body;
     httplib::Result res =
         r.method == "GET" ? client.Get(r.path) : client.Post(r.path, body, "application/json");
     const std::string what = absl::StrCat("engine ", url_, " ", r.method, " ", r.path);
@@ -326,14 +312,14 @@ SglangDriver::~SglangDriver() = default;
 void SglangDriver::PostAll(const std::string& method, const std::string& path,
                            const std::string& body) {
   if (path.empty()) return;
-  for (auto& w : workers_) w->Post(Request{method, path, body});
+  for (auto& w : workers_) w->Post(Request{method, path, body, false, {}});
 }
 
 void SglangDriver::StartJoin() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->Reset();
-    workers_[i]->Post(
-        Request{"POST", options_.endpoints.init_group, InitGroupBody(options_, layout_, i)});
+    workers_[i]->Post(Request{
+        "POST", options_.endpoints.init_group, InitGroupBody(options_, layout_, i), false, {}});
   }
 }
 
@@ -366,11 +352,12 @@ void SglangDriver::BeginPublication(uint64_t version) {
 void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
   const std::string& path = options_.endpoints.update;
   if (path.empty()) return;
-  // The manifest is copied (the caller's may not outlive the request); the JSON is encoded by
-  // the first lane that sends it. The driver outlives its workers, so options_ does too.
+  // The manifest is copied (the caller's may not outlive the request). The driver outlives its
+  // workers (and so every request holding this body), so options_ does too.
   auto manifest = std::make_shared<const engine::BucketManifest>(bucket);
-  auto body = std::make_shared<LazyBody>(
-      [this, manifest, version = version_] { return UpdateBody(options_, *manifest, version); });
+  SharedBody body = std::async(std::launch::async, [this, manifest, version = version_] {
+                      return UpdateBody(options_, *manifest, version);
+                    }).share();
   for (auto& w : workers_) w->Post(Request{"POST", path, "", /*overlappable=*/true, body});
 }
 
