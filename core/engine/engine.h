@@ -223,6 +223,10 @@ class PublicationSession {
   // Ends the publication (ABORTED, code of `why`), from any thread. A Commit in progress
   // returns an ABORTED report promptly. No-op after it ended.
   void Abort(absl::Status why);
+  // As Abort, but the report (and wpub_publications_total) says FAILED: the caller found the
+  // publication's input bad (e.g. a malformed stream the server rejects), as the engine reports
+  // bad input it finds itself. A Commit already in progress still ends ABORTED.
+  void Fail(absl::Status why);
 
  private:
   friend class Engine;

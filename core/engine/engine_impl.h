@@ -72,6 +72,8 @@ class PublicationSession::State {
                             absl::Span<const uint8_t> bytes);
   absl::StatusOr<PublicationReport> Commit();
   void Abort(absl::Status why);
+  // Abort, reporting `outcome` (kFailed for bad input found by the caller).
+  void Stop(absl::Status why, PublicationStatus outcome);
 
   uint64_t version() const { return header_.version; }
   const std::string& model_id() const { return header_.model_id; }

@@ -381,6 +381,10 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
 }
 
 void PublicationSession::State::Abort(absl::Status why) {
+  Stop(std::move(why), PublicationStatus::kAborted);
+}
+
+void PublicationSession::State::Stop(absl::Status why, PublicationStatus outcome) {
   if (why.ok()) why = absl::AbortedError("aborted without a reason");
   {
     std::lock_guard lock(mu_);
@@ -398,7 +402,7 @@ void PublicationSession::State::Abort(absl::Status why) {
     end_status_ = why;
     state_ = PublicationState::kAborted;
   }
-  engine_->Finish(this, MakeReport(PublicationStatus::kAborted, why));
+  engine_->Finish(this, MakeReport(outcome, why));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -427,5 +431,8 @@ absl::Status PublicationSession::AppendInline(uint64_t batch_index, uint32_t ten
 absl::StatusOr<PublicationReport> PublicationSession::Commit() { return state_->Commit(); }
 
 void PublicationSession::Abort(absl::Status why) { state_->Abort(std::move(why)); }
+void PublicationSession::Fail(absl::Status why) {
+  state_->Stop(std::move(why), PublicationStatus::kFailed);
+}
 
 }  // namespace wpub::engine

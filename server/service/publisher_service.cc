@@ -103,9 +103,14 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
 
   // Any early return below destroys the session, which aborts it (engine contract); an error
   // from the session itself has already ended the publication as FAILED.
+  // Bad input ends the publication FAILED, a cancelled or timed-out stream ABORTED.
   auto fail = [&](absl::Status status) {
     spdlog::warn("publish v{} failed: {}", header->version, status.ToString());
-    session->Abort(status);
+    if (absl::IsCancelled(status) || absl::IsDeadlineExceeded(status)) {
+      session->Abort(status);
+    } else {
+      session->Fail(status);
+    }
     return ToGrpcStatus(status);
   };
   uint64_t messages = 1;

@@ -7,10 +7,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "clients/recv/safetensors.h"
 #include "tests/daemon/harness.h"
 
@@ -106,8 +109,11 @@ class BadInputTest : public ::testing::Test {
 
   // Sends `requests`; expects `code` and every substring in the message; then checks that the
   // daemon still serves and nothing moved.
+  // `reported_failed`: a publication the daemon opened must be reported FAILED (false where the
+  // input is refused by gRPC itself, which the server only sees as a cancelled call: ABORTED).
   void ExpectRejected(const std::vector<pb::PublishRequest>& requests, absl::StatusCode code,
-                      const std::vector<std::string>& substrings) {
+                      const std::vector<std::string>& substrings, bool reported_failed = true) {
+    const int64_t before = absl::ToUnixNanos(absl::Now());
     absl::StatusOr<pb::PublicationReport> report = harness_->client().PublishRaw(requests);
     ASSERT_FALSE(report.ok()) << "accepted: status " << report->status() << " "
                               << report->error_message();
@@ -116,7 +122,23 @@ class BadInputTest : public ::testing::Test {
       EXPECT_NE(report.status().message().find(s), absl::string_view::npos)
           << "message \"" << report.status().message() << "\" does not name \"" << s << "\"";
     }
+    // A publication the daemon had opened is reported FAILED (bad input), never ABORTED.
+    if (std::optional<pb::PublicationReport> r = ReportSince(before)) {
+      EXPECT_EQ(r->status(),
+                reported_failed ? pb::PUBLICATION_STATUS_FAILED : pb::PUBLICATION_STATUS_ABORTED)
+          << r->error_message();
+    }
     ExpectStillServingAtV1();
+  }
+
+  // The newest report when it started at or after `unix_nanos`.
+  static std::optional<pb::PublicationReport> ReportSince(int64_t unix_nanos) {
+    auto reports = harness_->client().ListReports(1);
+    EXPECT_TRUE(reports.ok()) << reports.status();
+    if (!reports.ok() || reports->empty() || reports->front().start_unix_nanos() < unix_nanos) {
+      return std::nullopt;
+    }
+    return reports->front();
   }
 
   void ExpectStillServingAtV1() {
@@ -145,6 +167,23 @@ class BadInputTest : public ::testing::Test {
 };
 
 DaemonHarness* BadInputTest::harness_ = nullptr;
+
+TEST_F(BadInputTest, ServerDetectedBadInputIsReportedFailed) {
+  // Found by the server layer after the publication opened (unknown dtype, a stream that ends
+  // without commit): the report and the metrics say FAILED, as for the engine's own checks.
+  for (const std::vector<pb::PublishRequest>& reqs :
+       {std::vector<pb::PublishRequest>{Header(2), Batch(kFc1, {{kGate, {64, 128}}}, "bfloat17"),
+                                        Commit()},
+        std::vector<pb::PublishRequest>{Header(2), Batch(kFc1, {{kGate, {64, 128}}})}}) {
+    const int64_t before = absl::ToUnixNanos(absl::Now());
+    ASSERT_FALSE(harness_->client().PublishRaw(reqs).ok());
+    std::optional<pb::PublicationReport> r = ReportSince(before);
+    ASSERT_TRUE(r.has_value()) << "no report for the opened publication";
+    EXPECT_EQ(r->version(), 2u);
+    EXPECT_EQ(r->status(), pb::PUBLICATION_STATUS_FAILED) << r->error_message();
+  }
+  ExpectStillServingAtV1();
+}
 
 TEST_F(BadInputTest, UnknownDtype) {
   ExpectRejected({Header(2), Batch(kFc1, {{kGate, {64, 128}}}, "bfloat17"), Commit()},
@@ -275,7 +314,7 @@ TEST_F(BadInputTest, ChunkAboveDaemonLimit) {
 TEST_F(BadInputTest, MessageAboveGrpcLimit) {
   ExpectRejected({Header(2), Batch(kFc1, {{kGate, {4096, 2048}}, {kUp, {4096, 2048}}}),
                   Chunk(0, 0, 0, 9 << 20), Commit()},
-                 absl::StatusCode::kResourceExhausted, {});
+                 absl::StatusCode::kResourceExhausted, {}, /*reported_failed=*/false);
 }
 
 TEST_F(BadInputTest, UnsupportedRecipe) {
