@@ -23,7 +23,7 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
              const testing::ModelLayout& layout, const uint8_t* base, gpu::GpuBackend& backend,
              engine::Transport& transport, uint64_t* version, uint64_t* bytes_out) {
   std::vector<engine::InputTensor> inputs;
-  std::vector<double> wall, amax, compute, total;
+  std::vector<double> wall, amax, compute, total, h_setup, h_checks, h_buckets, h_sink;
   uint64_t syncs = 0;
   size_t buckets = 0;
   for (int it = -1; it < args.iters; ++it) {
@@ -40,6 +40,10 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
     amax.push_back(t.amax_seconds);
     compute.push_back(t.compute_seconds);
     total.push_back(t.total_seconds);
+    h_setup.push_back(t.host_setup_seconds);
+    h_checks.push_back(t.host_checks_seconds);
+    h_buckets.push_back(t.host_buckets_seconds);
+    h_sink.push_back(t.host_sink_seconds);
     syncs = r.host_syncs;
   }
   json row = {{"case", label},
@@ -52,13 +56,19 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
               {"bytes_out", *bytes_out},
               {"buckets", buckets},
               {"gbps", *bytes_out / Median(wall) / 1e9},
-              {"host_syncs", syncs}};
+              {"host_syncs", syncs},
+              {"host_setup_seconds", Median(h_setup)},
+              {"host_checks_seconds", Median(h_checks)},
+              {"host_buckets_seconds", Median(h_buckets)},
+              {"host_sink_seconds", Median(h_sink)}};
   std::printf(
       "%-22s wall %8.4f s  amax %7.4f  quant+pack %7.4f  device total %7.4f  %9.1f GB/s"
       "  %lu B out  %zu buckets  %lu host syncs\n",
       label, Median(wall), Median(amax), Median(compute), Median(total),
       *bytes_out / Median(wall) / 1e9, static_cast<unsigned long>(*bytes_out), buckets,
       static_cast<unsigned long>(syncs));
+  std::printf("%-22s host: setup %7.4f  checks %7.4f  buckets %7.4f  sink %7.4f s\n", "",
+              Median(h_setup), Median(h_checks), Median(h_buckets), Median(h_sink));
   return row;
 }
 

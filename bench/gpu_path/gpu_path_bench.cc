@@ -197,13 +197,28 @@ int Main(int argc, char** argv) {
 
   const auto* base = static_cast<const uint8_t*>(model);
   uint64_t version = 0, bytes_a = 0, bytes_b = 0, unused = 0;
+  // The C++ engine's own account of the row's last publication (sums over its buckets).
+  auto engine_side = [&](json* row) {
+    absl::StatusOr<std::string> body = testing::HttpGet(cpp_port, "/stats");
+    if (!body.ok()) return;
+    const json v = json::parse(*body, nullptr, false)[std::to_string(version)];
+    if (!v.is_object()) return;
+    (*row)["engine_side"] = {{"decode_seconds", v["decode_seconds"]},
+                             {"wait_seconds", v["wait_seconds"]},
+                             {"receive_seconds", v["receive_seconds"]}};
+    std::printf("%-22s engine: decode %7.4f  wait %7.4f  receive %7.4f s (sums over buckets)\n", "",
+                v["decode_seconds"].get<double>(), v["wait_seconds"].get<double>(),
+                v["receive_seconds"].get<double>());
+  };
   json rows = json::array();
   {
     auto be = backend_for(to_cpp.get(), true);
     rows.push_back(
         RunWpub("(a) wpub nvfp4", true, run, layout, base, *be, *to_cpp, &version, &bytes_a));
+    engine_side(&rows.back());
     rows.push_back(
         RunWpub("(b) wpub bf16", false, run, layout, base, *be, *to_cpp, &version, &bytes_b));
+    engine_side(&rows.back());
   }
   json a2;
   {
@@ -211,6 +226,7 @@ int Main(int argc, char** argv) {
     // (before commit) instead of before the first broadcast.
     auto be = backend_for(to_cpp.get(), false);
     a2 = RunWpub("(a') nvfp4 pipelined", true, run, layout, base, *be, *to_cpp, &version, &unused);
+    engine_side(&a2);
   }
   json a_three;
   {
@@ -220,6 +236,7 @@ int Main(int argc, char** argv) {
     auto be = backend_for(three.get(), true);
     a_three =
         RunWpub("(a3) nvfp4 3 in flight", true, run, layout, base, *be, *three, &version, &unused);
+    engine_side(&a_three);
   }
   json a_serial;
   {
@@ -230,6 +247,7 @@ int Main(int argc, char** argv) {
     auto be = backend_for(serial.get(), true);
     a_serial =
         RunWpub("(a1) nvfp4 1 in flight", true, run, layout, base, *be, *serial, &version, &unused);
+    engine_side(&a_serial);
   }
   json emu_rows = json::array();
   {

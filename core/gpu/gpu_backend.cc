@@ -122,6 +122,11 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     const ExecutionPlan& plan, const engine::ExecutionHooks& hooks,
     std::vector<uint64_t>* checksums, GpuTiming* timing) {
   HostSyncs syncs(hooks.syncs);
+  using HostClock = std::chrono::steady_clock;
+  const auto seconds_since = [](HostClock::time_point t0) {
+    return std::chrono::duration<double>(HostClock::now() - t0).count();
+  };
+  const HostClock::time_point host_t0 = HostClock::now();
   const cudaStream_t s = compute;
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   if (dirty) {
@@ -365,8 +370,11 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
 
   engine::ExecutionResult result;
   const bool amax_first = options.reject_before_send && !plan.allow_non_finite;
+  timing->host_setup_seconds = seconds_since(host_t0);
   if (amax_first) {
+    const HostClock::time_point t_checks = HostClock::now();
     for (size_t b = 0; b < num_buckets; ++b) WPUB_RETURN_IF_ERROR(enqueue_checks(b));
+    timing->host_checks_seconds = seconds_since(t_checks);
     WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_amax, s));
     WPUB_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(status_host.ptr, status.ptr, nf_bytes, cudaMemcpyDeviceToHost, s));
@@ -378,6 +386,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
 
   // 3. Buckets.
   for (size_t b = 0; b < num_buckets; ++b) {
+    const HostClock::time_point t_bucket = HostClock::now();
     if (hooks.cancelled && hooks.cancelled()) {
       return absl::CancelledError(absl::StrCat("publication ", plan.version, " was cancelled"));
     }
@@ -509,9 +518,12 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     if (b + 1 == num_buckets) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_packed, s));
 
     const engine::BucketManifest manifest = engine::MakeBucketManifest(layout, plan.outputs);
+    timing->host_buckets_seconds += seconds_since(t_bucket);
     if (options.sink != nullptr) {
-      WPUB_RETURN_IF_ERROR(
-          options.sink->SendDevice(manifest, buf, layout.nbytes, ready[k], done[k]));
+      const HostClock::time_point t_sink = HostClock::now();
+      absl::Status sent = options.sink->SendDevice(manifest, buf, layout.nbytes, ready[k], done[k]);
+      timing->host_sink_seconds += seconds_since(t_sink);
+      WPUB_RETURN_IF_ERROR(sent);
       if (hooks.sent_direct) WPUB_RETURN_IF_ERROR(hooks.sent_direct(manifest));
       // Host-only transports (pull receivers) take part: they need the bytes on the host too.
       if (!hooks.host_buckets_needed) continue;

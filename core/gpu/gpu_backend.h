@@ -52,6 +52,14 @@ struct GpuTiming {
   double compute_seconds = 0;       // first bucket started .. last bucket packed (compute stream)
   double total_seconds = 0;         // first device work .. everything transferred
   double host_staging_seconds = 0;  // host-side copy of shm/inline parts into pinned memory
+  // Host time of the publication thread (wall clock, not device time): resolving parts and
+  // laying out slots before any work is enqueued; enqueueing the amax/non-finite pass; building
+  // and enqueueing each bucket's work; handing buckets to the sink (SendDevice). When their sum
+  // approaches the publication's wall clock, the host, not the device, sets the pace.
+  double host_setup_seconds = 0;
+  double host_checks_seconds = 0;
+  double host_buckets_seconds = 0;
+  double host_sink_seconds = 0;
 };
 
 class GpuBackend : public engine::Backend {

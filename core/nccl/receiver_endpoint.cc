@@ -458,10 +458,12 @@ class ReceiverEndpoint::Impl {
   void Update(const httplib::Request& q, httplib::Response& r) {
     // Decoding the request needs no lock: with several requests in flight the next bucket's
     // is decoded while this one's broadcast is on the wire.
+    const auto t_decode = std::chrono::steady_clock::now();
     absl::StatusOr<ParsedUpdate> parsed = ParseUpdate(q.body);
     if (!parsed.ok()) return Reply(r, parsed.status(), "");
     ReceivedBucket b = std::move(parsed->bucket);
     const uint64_t off = b.nbytes;
+    const auto t_wait = std::chrono::steady_clock::now();
     std::unique_lock lock(mu_);  // one weight update at a time, as SGLang
     if (stopping_) return Reply(r, absl::UnavailableError("the engine is stopping"), "");
     // A request of another group (e.g. queued before a re-formation) never takes a turn.
@@ -493,7 +495,8 @@ class ReceiverEndpoint::Impl {
       Leave();  // nothing was posted, but the publisher's broadcast of this bucket will come
       return Reply(r, s, "");
     }
-    const auto deadline = std::chrono::steady_clock::now() + ToChrono(options_.receive_timeout);
+    const auto t_receive = std::chrono::steady_clock::now();
+    const auto deadline = t_receive + ToChrono(options_.receive_timeout);
     std::vector<uint64_t> sums(ranks_.size(), 0);
     absl::Status failed = OnEveryRank([&](size_t i, const std::atomic<bool>& others) {
       std::vector<uint8_t>* bytes = i == 0 && options_.copy_to_host ? &b.bytes : nullptr;
@@ -512,6 +515,12 @@ class ReceiverEndpoint::Impl {
     b.checksum = sums[0];
     if (parsed->sequence == 0) stats_.erase(b.version);  // a retried version starts afresh
     ReceiverVersionStats& st = stats_[b.version];
+    const auto seconds = [](auto from, auto to) {
+      return std::chrono::duration<double>(to - from).count();
+    };
+    st.decode_seconds += seconds(t_decode, t_wait);
+    st.wait_seconds += seconds(t_wait, t_receive);
+    st.receive_seconds += seconds(t_receive, std::chrono::steady_clock::now());
     b.index = static_cast<uint32_t>(st.buckets);
     ++st.buckets;
     st.bytes += off;

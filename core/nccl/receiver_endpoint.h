@@ -60,6 +60,11 @@ struct ReceiverVersionStats {
   uint64_t buckets = 0;
   uint64_t bytes = 0;
   std::vector<uint64_t> checksums;
+  // Sums over the version's buckets (wall clock): decoding the requests, waiting for the
+  // receive lock and the request's turn, and from posting the receives to the checksums.
+  double decode_seconds = 0;
+  double wait_seconds = 0;
+  double receive_seconds = 0;
 };
 
 class ReceiverEndpoint {

@@ -1,7 +1,8 @@
 // A C++ receiving engine for the multi-GPU tests: nccl::ReceiverEndpoint (SGLang's weight-update
 // routes over nccl::GroupMember, the NCCL data path of a C++ receiver) plus GET /stats, so wpub is
 // tested end to end without Python or SGLang. /stats returns
-// {"<version>": {"buckets": n, "bytes": b, "checksums": [...]}} (core/engine/checksum.h).
+// {"<version>": {"buckets": n, "bytes": b, "checksums": [...], "decode_seconds": ..,
+// "wait_seconds": .., "receive_seconds": ..}} (checksums: core/engine/checksum.h).
 // Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
 //   several GPUs: one group rank each, as the TP ranks of one engine;
 //   host|device: where checksums are computed (after a copy of every bucket to the host, the
@@ -61,7 +62,9 @@ int main(int argc, char** argv) {
   srv.Get("/stats", [&](const httplib::Request&, httplib::Response& res) {
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [v, s] : (*endpoint)->stats()) {
-      j[v] = {{"buckets", s.buckets}, {"bytes", s.bytes}, {"checksums", s.checksums}};
+      j[v] = {{"buckets", s.buckets},           {"bytes", s.bytes},
+              {"checksums", s.checksums},       {"decode_seconds", s.decode_seconds},
+              {"wait_seconds", s.wait_seconds}, {"receive_seconds", s.receive_seconds}};
     }
     res.set_content(j.dump(), "application/json");
   });
