@@ -27,6 +27,11 @@ ABSL_FLAG(uint64_t, exit_after_versions, 0, "Exit 0 after this many commits (0: 
 ABSL_FLAG(uint64_t, chunk_bytes, 0, "PullBucket chunk size (0: the daemon's limit).");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
 ABSL_FLAG(std::string, auth_token_file, "", "File holding the daemon's bearer token.");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA certificate the daemon's TLS certificate must chain to (TLS; empty: plaintext).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM client certificate for a daemon that verifies clients (with --tls_key_file).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 ABSL_FLAG(int64_t, leave_after_buckets, -1,
           "Testing: leave mid-publication after pulling this many buckets (-1: never).");
 ABSL_FLAG(int64_t, corrupt_bucket, -1,
@@ -152,6 +157,9 @@ int main(int argc, char** argv) {
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.leave_after_buckets = absl::GetFlag(FLAGS_leave_after_buckets);
   options.corrupt_bucket = absl::GetFlag(FLAGS_corrupt_bucket);
+  options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
     std::ifstream in(path);
     std::stringstream ss;

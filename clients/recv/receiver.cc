@@ -65,11 +65,12 @@ absl::Status WriteCommittedSafetensors(const CommittedModel& model, const std::s
 
 class Receiver::Impl {
  public:
-  explicit Impl(ReceiverOptions options) : options_(std::move(options)) {
+  Impl(ReceiverOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
+      : options_(std::move(options)) {
     grpc::ChannelArguments args;
     // Chunks are bounded by the daemon (4 MiB by default); leave ample room.
     args.SetMaxReceiveMessageSize(256 << 20);
-    channel_ = grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), args);
+    channel_ = grpc::CreateCustomChannel(options_.target, std::move(credentials), args);
     stub_ = pb::Receivers::NewStub(channel_);
   }
 
@@ -305,7 +306,11 @@ class Receiver::Impl {
 absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions& options) {
   if (options.name.empty()) return absl::InvalidArgumentError("receiver name must not be empty");
   if (options.target.empty()) return absl::InvalidArgumentError("target must not be empty");
-  return std::unique_ptr<Receiver>(new Receiver(std::make_unique<Impl>(options)));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      client::ChannelCredentialsFor(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<Receiver>(
+      new Receiver(std::make_unique<Impl>(options, *std::move(credentials))));
 }
 
 Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/engine/types.h"
+#include "server/client/tls.h"
 
 namespace grpc {
 class ClientContext;
@@ -41,6 +42,7 @@ struct ReceiverOptions {
   // Fault injection for tests: flip one byte of bucket `corrupt_bucket` of every publication
   // after pulling it (its checksum then mismatches). -1 = never.
   int64_t corrupt_bucket = -1;
+  client::ClientTls tls;  // plaintext unless tls.ca_file is set
 };
 
 // The last committed version: the buckets as received and their manifest.

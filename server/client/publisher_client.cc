@@ -101,17 +101,22 @@ void CopyPart(const TensorDesc& desc, absl::Span<const uint8_t> full, int dim, i
   }
 }
 
-PublisherClient::PublisherClient(const ClientOptions& options) : options_(options) {
+PublisherClient::PublisherClient(const ClientOptions& options,
+                                 std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : options_(options) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(options_.max_message_bytes);
   args.SetMaxReceiveMessageSize(64 << 20);
-  channel_ = grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(options_.target, std::move(credentials), args);
   stub_ = pb::Publisher::NewStub(channel_);
 }
 
 absl::StatusOr<std::unique_ptr<PublisherClient>> PublisherClient::Create(
     const ClientOptions& options) {
-  std::unique_ptr<PublisherClient> client(new PublisherClient(options));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      ChannelCredentialsFor(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  std::unique_ptr<PublisherClient> client(new PublisherClient(options, *std::move(credentials)));
   if (!client->channel_->WaitForConnected(
           absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
     return absl::UnavailableError(absl::StrCat("cannot connect to wpubd at '", options.target,

@@ -16,6 +16,7 @@
 #include "absl/types/span.h"
 #include "core/common/tensor.h"
 #include "core/synthetic/synthetic.h"
+#include "server/client/tls.h"
 #include "wpub/v1/publisher.grpc.pb.h"
 
 namespace wpub::client {
@@ -25,6 +26,7 @@ struct ClientOptions {
   std::string auth_token;  // sent as `authorization: Bearer <token>` when non-empty
   absl::Duration connect_timeout = absl::Seconds(10);
   int max_message_bytes = 8 << 20;  // client-side send limit (the daemon enforces its own)
+  ClientTls tls;                    // plaintext unless tls.ca_file is set
 };
 
 // Produces the bytes of one tensor: fills `out` (exactly desc.nbytes() bytes).
@@ -89,7 +91,8 @@ class PublisherClient {
       const wpub::v1::ConnectEnginesRequest& request, absl::Duration rpc_timeout);
 
  private:
-  explicit PublisherClient(const ClientOptions& options);
+  PublisherClient(const ClientOptions& options,
+                  std::shared_ptr<grpc::ChannelCredentials> credentials);
   void Authorize(grpc::ClientContext* context) const;
 
   const ClientOptions options_;

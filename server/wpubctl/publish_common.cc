@@ -10,9 +10,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151", "wpubd gRPC address.");
 ABSL_FLAG(std::string, auth_token_file, "", "File holding wpubd's bearer token, if it has one.");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA certificate the daemon's TLS certificate must chain to (TLS; empty: plaintext).");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "PEM client certificate for a daemon that verifies clients (with --tls_key_file).");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
+ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
 ABSL_FLAG(uint64_t, chunk_bytes, uint64_t{1} << 20,
           "Inline payload chunk size in bytes (the daemon accepts up to its --max_chunk_bytes).");
 ABSL_FLAG(std::string, payload, "inline",
@@ -31,6 +38,10 @@ namespace wpub::wpubctl {
 absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags() {
   client::ClientOptions o;
   o.target = absl::GetFlag(FLAGS_target);
+  o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  o.tls.ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  o.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
     std::ifstream in(path);
     std::stringstream ss;

@@ -1,6 +1,7 @@
 """wpubd's listener security, end to end against real processes: a non-loopback bind needs
 TLS or --insecure_listen; TLS with a CA and certificates made here by openssl (the client
 verifies the server; with --tls_client_ca_file a client without a certificate is refused);
+wpubctl, wpub-recv and the Python client connect over TLS and mutual TLS;
 a missing or wrong bearer token gets UNAUTHENTICATED and changes nothing; a Unix-socket
 listener serves the Python client; the metrics port serves metrics only; message sizes and
 streams per connection are bounded."""
@@ -143,6 +144,68 @@ class SecurityTest(unittest.TestCase):
                 health(ch, timeout=3)
             self.assertIn(cm.exception.code(),
                           (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
+
+    def tool(self, name: str, *args, ok: bool = True) -> str:
+        r = subprocess.run([binary(name), *args], capture_output=True, text=True, timeout=60)
+        out = r.stdout + r.stderr
+        if ok:
+            self.assertEqual(r.returncode, 0, out)
+        else:
+            self.assertNotEqual(r.returncode, 0, out)
+        return out
+
+    def test_tools_and_python_client_over_tls(self):
+        """wpubctl, wpub-recv and wpub.Publisher speak TLS (and mutual TLS) to the daemon: a
+        publication reaches the receiver; a client without the daemon's CA gets nowhere."""
+        make_pki(self.dir)
+        d = self.daemon(f"--tls_cert_file={self.dir}/server.crt",
+                        f"--tls_key_file={self.dir}/server.key",
+                        f"--tls_client_ca_file={self.dir}/ca.crt", listen="0.0.0.0:0")
+        target = f"127.0.0.1:{d.port}"
+        tls = [f"--tls_ca_file={self.dir}/ca.crt", f"--tls_cert_file={self.dir}/client.crt",
+               f"--tls_key_file={self.dir}/client.key"]
+        out = self.tool("WPUBCTL", "status", f"--target={target}", *tls)
+        self.assertIn("serving", out)
+        # Plaintext, the wrong CA, or no client certificate: refused.
+        self.tool("WPUBCTL", "status", f"--target={target}", "--connect_timeout=2s", ok=False)
+        self.tool("WPUBCTL", "status", f"--target={target}", "--connect_timeout=2s",
+                  f"--tls_ca_file={self.dir}/rogue-ca.crt", ok=False)
+        # A certificate without its key, or an unreadable CA, is a clear error.
+        out = self.tool("WPUBCTL", "status", f"--target={target}",
+                        f"--tls_ca_file={self.dir}/ca.crt",
+                        f"--tls_cert_file={self.dir}/client.crt", ok=False)
+        self.assertIn("certificate and key go together", out)
+        out = self.tool("WPUBCTL", "status", f"--target={target}",
+                        f"--tls_ca_file={self.dir}/missing.crt", ok=False)
+        self.assertIn("missing.crt", out)
+
+        output = os.path.join(self.dir, "recv.safetensors")
+        recv = subprocess.Popen([binary("WPUB_RECV"), f"--target={target}", "--name=tls-recv",
+                                 f"--output={output}", "--exit_after_versions=1", *tls],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            pub = wpub.Publisher(target, tls_ca_file=f"{self.dir}/ca.crt",
+                                 tls_cert_file=f"{self.dir}/client.crt",
+                                 tls_key_file=f"{self.dir}/client.key")
+            try:
+                deadline = time.monotonic() + 20
+                while not pub.status().receivers and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                report = pub.publish(1, tiny_batches(seed=3))
+                self.assertTrue(report.committed, report.summary())
+            finally:
+                pub.close()
+            self.assertEqual(recv.wait(timeout=30), 0, recv.stdout.read())
+        finally:
+            if recv.poll() is None:
+                recv.kill()
+        with open(output, "rb") as f:
+            self.assertGreater(len(f.read()), 0)
+        # The Python client refuses half a client identity before connecting.
+        with self.assertRaises(ValueError) as cm:
+            wpub.Publisher(target, tls_ca_file=f"{self.dir}/ca.crt",
+                           tls_cert_file=f"{self.dir}/client.crt")
+        self.assertIn("tls_key_file", str(cm.exception))
 
     def test_bearer_token(self):
         token = os.path.join(self.dir, "token")

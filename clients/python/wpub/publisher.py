@@ -153,6 +153,34 @@ def _sync_cuda(devices) -> None:
         torch.cuda.current_stream(d).synchronize()
 
 
+def _read_pem(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"{what} '{path}': {e.strerror}") from None
+    if not data:
+        raise ValueError(f"{what} '{path}' is empty")
+    return data
+
+
+def _tls_credentials(ca_file: Optional[str], cert_file: Optional[str],
+                     key_file: Optional[str]) -> Optional["grpc.ChannelCredentials"]:
+    """TLS credentials from PEM files (None: plaintext). ValueError naming the argument."""
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("tls_cert_file and tls_key_file go together: give both or neither")
+    if not ca_file:
+        if cert_file:
+            raise ValueError("tls_cert_file needs tls_ca_file (the CA of the daemon's certificate)")
+        return None
+    ca = _read_pem(ca_file, "tls_ca_file")
+    if not cert_file:
+        return grpc.ssl_channel_credentials(root_certificates=ca)
+    return grpc.ssl_channel_credentials(root_certificates=ca,
+                                        private_key=_read_pem(key_file, "tls_key_file"),
+                                        certificate_chain=_read_pem(cert_file, "tls_cert_file"))
+
+
 class Publisher:
     """A connection to one wpubd. Thread-safety: one publish() at a time per Publisher (the
     daemon allows one publication at a time anyway); cancel(), status(), list_reports() and
@@ -169,6 +197,10 @@ class Publisher:
     after every report.
     cuda_sync: synchronize each device's current stream before sharing its tensors.
     max_queued_messages: messages buffered ahead of gRPC (bounds client memory).
+    tls_ca_file: PEM CA certificate the daemon's TLS certificate must chain to (wpubd
+    --tls_cert_file); the channel is then TLS, else plaintext. tls_cert_file / tls_key_file: a
+    client certificate and key, for a daemon that verifies clients (--tls_client_ca_file).
+    credentials: any grpc.ChannelCredentials instead of the three files.
     """
 
     def __init__(self, target: str, token: Optional[str] = None,
@@ -176,11 +208,16 @@ class Publisher:
                  shm_threshold_bytes: Optional[int] = 1 << 20, chunk_bytes: int = 1 << 20,
                  shm_prefix: str = "wpub", reuse_shm: bool = True, cuda_sync: bool = True,
                  max_queued_messages: int = 8, max_message_bytes: int = 8 << 20,
-                 channel_options: Sequence[Tuple[str, Any]] = ()):
+                 channel_options: Sequence[Tuple[str, Any]] = (),
+                 tls_ca_file: Optional[str] = None, tls_cert_file: Optional[str] = None,
+                 tls_key_file: Optional[str] = None,
+                 credentials: Optional[grpc.ChannelCredentials] = None):
         if chunk_bytes <= 0 or chunk_bytes > max_message_bytes - 4096:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be in (0, max_message_bytes - 4096]")
         if "/" in shm_prefix:
             raise ValueError(f"shm_prefix '{shm_prefix}' must not contain '/'")
+        if credentials is None:
+            credentials = _tls_credentials(tls_ca_file, tls_cert_file, tls_key_file)
         self.target = target
         self.timeout = timeout
         self.rpc_timeout = rpc_timeout
@@ -198,7 +235,9 @@ class Publisher:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
         options = [("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.max_receive_message_length", 64 << 20), *channel_options]
-        self._channel = grpc.insecure_channel(target, options=options)
+        self._channel = (grpc.secure_channel(target, credentials, options=options)
+                         if credentials is not None
+                         else grpc.insecure_channel(target, options=options))
         # Generic method handles: no generated _pb2_grpc code (see _proto.py).
         self._publish = self._channel.stream_unary(
             _SERVICE + "Publish", request_serializer=None,
