@@ -317,7 +317,9 @@ TEST(EngineBadInputTest, EveryCaseFailsCleanlyAndTheEngineKeepsServing) {
     EXPECT_EQ((*receiver)->committed_version(), 1u);
   }
   EXPECT_TRUE((*receiver)->committed_tensors() == v1);
-  // Failures that reached the transport were discarded by the receiver.
+  // Failures that reached the transport were discarded by the receiver (its abort event arrives
+  // on the receiver's own thread: wait for it).
+  EXPECT_TRUE((*receiver)->WaitForOutcome(2, absl::Seconds(10)));
   const auto aborted = (*receiver)->aborted_versions();
   EXPECT_EQ(std::count(aborted.begin(), aborted.end(), 2u), 1);  // the non-finite case
 
