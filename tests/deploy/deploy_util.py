@@ -2,7 +2,6 @@
 free loopback ports, and a wpubd child process that reports its bound ports."""
 
 import os
-import socket
 import sys
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -11,13 +10,7 @@ sys.path.insert(0, os.path.join(REPO, "clients", "python"))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 
 import harness  # noqa: E402  (the one wpubd child-process helper)
-from harness import binary  # noqa: E402,F401  (re-exported for the deployment tests)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from harness import binary, free_port  # noqa: E402,F401  (re-exported for the deployment tests)
 
 
 class Daemon(harness.Daemon):

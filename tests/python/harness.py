@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -27,10 +28,48 @@ def binary(var: str) -> str:
     return path
 
 
-class Daemon:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 at the time of the call."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ChildProcess:
+    """A child process whose stdout and stderr go to `log_path`; `stop()` sends SIGTERM, kills
+    it after `stop_grace` seconds, and returns its exit code."""
+
+    stop_grace = 20.0
+    log_tail = 4000
+
+    def _start(self, args, log_path: str) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-self.log_tail:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Daemon(ChildProcess):
     """A wpubd child process; waits for its --ready_file and records the bound ports (`port`,
     `metrics_port`, `target`). `stop()` sends SIGTERM and returns the exit code. Shared by the
     Python client tests and the deployment tests."""
+
+    stop_grace = 30.0
+    log_tail = 6000
 
     def __init__(self, workdir: str, *flags: str, token: str = "", listen: str = "127.0.0.1:0",
                  metrics: str = "", timeout: float = 20.0, log_level: str = "warn",
@@ -46,9 +85,7 @@ class Daemon:
             with open(tf, "w") as f:
                 f.write(token)
             args.append(f"--auth_token_file={tf}")
-        self.log_path = os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.log")
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self._start(args, os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.log"))
         deadline = time.monotonic() + timeout
         while not os.path.exists(ready):
             if self.proc.poll() is not None:
@@ -64,44 +101,15 @@ class Daemon:
         self.metrics_port = info.get("metrics_port", 0)
         self.target = listen if listen.startswith("unix:") else f"127.0.0.1:{self.port}"
 
-    def log(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-6000:]
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
-
-
-class Receiver:
+class Receiver(ChildProcess):
     """A wpub-recv child process writing every committed version to `output`."""
 
     def __init__(self, daemon: Daemon, name: str, *flags: str):
         self.output = os.path.join(daemon.workdir, f"{name}.safetensors")
-        self.log_path = os.path.join(daemon.workdir, f"{name}.log")
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [binary("WPUB_RECV"), f"--target={daemon.target}", f"--name={name}",
-             f"--output={self.output}", "--log_level=warn", *flags],
-            stdout=self._log, stderr=subprocess.STDOUT)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
+        self._start([binary("WPUB_RECV"), f"--target={daemon.target}", f"--name={name}",
+                     f"--output={self.output}", "--log_level=warn", *flags],
+                    os.path.join(daemon.workdir, f"{name}.log"))
 
 
 def wait_for_receivers(pub: "wpub.Publisher", n: int, timeout: float = 20.0) -> None:

@@ -13,9 +13,6 @@ WPUB_QUANTIZE_REF) or a wpubd built with the GPU path are missing."""
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import tempfile
 import time
 import unittest
@@ -23,7 +20,8 @@ import urllib.request
 
 import numpy as np
 
-from harness import Daemon, bf16, binary, qwen3_batches, read_safetensors, reference
+from harness import (ChildProcess, Daemon, bf16, binary, free_port, qwen3_batches,
+                     read_safetensors, reference)
 
 import wpub
 
@@ -34,18 +32,12 @@ except ImportError:
     torch, GPUS = None, 0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def to_cuda(a: np.ndarray):
     """A uint16 bf16 array as a torch bfloat16 tensor of its own on GPU 0 (the daemon's)."""
     return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to("cuda:0")
 
 
-class EngineProcess:
+class EngineProcess(ChildProcess):
     """wpub-recv serving SGLang's weight-update routes on GPU 1, writing each applied version
     to `output`."""
 
@@ -53,12 +45,9 @@ class EngineProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.output = os.path.join(workdir, "engine.safetensors")
-        self.log_path = os.path.join(workdir, "engine.log")
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [binary("WPUB_RECV"), f"--engine_listen=127.0.0.1:{self.port}",
-             f"--gpu_device={device}", f"--output={self.output}", "--log_level=info"],
-            stdout=self._log, stderr=subprocess.STDOUT)
+        self._start([binary("WPUB_RECV"), f"--engine_listen=127.0.0.1:{self.port}",
+                     f"--gpu_device={device}", f"--output={self.output}", "--log_level=info"],
+                    os.path.join(workdir, "engine.log"))
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
@@ -72,21 +61,6 @@ class EngineProcess:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"wpub-recv did not serve /health: {self.log()}")
             time.sleep(0.1)
-
-    def log(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-4000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def model(seed: int):
