@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs gpu_path_nccl_connect_test and tests/python/test_gpu_connect_publish.py (plus the
 # client's fake-service and protobuf-compatibility tests) on a two-GPU host (e.g.
-# nvidia-h200-x2) with the binaries staged by tests/python/stage_gpu_connect.sh in
-# .devbin/py_gpu/ (carried). The binaries get the staged libraries (and torch's NCCL wheel)
+# nvidia-h200-x2) with the binaries staged by `tests/multi_gpu/stage_devbin.sh <build> --all`
+# (carry .devbin/gpu_path.tgz). The binaries get the staged libraries (and torch's NCCL wheel)
 # through small wrapper scripts, so the Python process itself keeps the host's own libraries.
 # Writes summary.log and the tests' work folders (wpubd and engine logs, no safetensors) as
 # logs.tar.gz to $OUT. Exit status: the Python tests'.
@@ -14,7 +14,8 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/summary.log") 2>&1
 # NVLink multicast stays off on these machines, also for child processes.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-BIN=${WPUB_DEVBIN:-$ROOT/.devbin/py_gpu}  # staged binaries (lib/ beside them)
+BIN=${WPUB_DEVBIN:-$ROOT/.devbin/gpu_path}  # staged binaries (lib/ beside them)
+if [[ ! -d $BIN && -f $BIN.tgz ]]; then tar -xzf "$BIN.tgz" -C "$(dirname "$BIN")"; fi
 NCCL_LIB=$(python3 -c "import os, nvidia.nccl as m; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
 if [[ ! -e $NCCL_LIB/libnccl.so.2 ]]; then
   NCCL_LIB=$(dirname "$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)")
