@@ -54,10 +54,6 @@ class MultiRankTest : public ::testing::Test {
     dir_ = TestWorkDir("wpub_multi_rank_",
                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_FALSE(dir_.empty());
-    shape_.layers = 2;
-    shape_.experts = 8;
-    shape_.hidden = 256;
-    shape_.inter = 128;
   }
 
   struct Running {
@@ -157,7 +153,7 @@ class MultiRankTest : public ::testing::Test {
 
   int devices_ = 0;
   std::string dir_;
-  MoeShape shape_;
+  MoeShape shape_;  // the defaults: 2 layers, 8 experts of [128, 256], hidden 256
 };
 
 // Two update requests in flight per engine: every engine orders them by wpub_sequence.

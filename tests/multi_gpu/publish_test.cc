@@ -52,10 +52,6 @@ class MultiGpuTest : public ::testing::Test {
     dir_ = TestWorkDir("wpub_multi_gpu_",
                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_FALSE(dir_.empty());
-    shape_.layers = 2;
-    shape_.experts = 8;
-    shape_.hidden = 256;
-    shape_.inter = 128;
   }
 
   std::unique_ptr<Child> Emulator(int port, std::vector<std::string> extra) {
@@ -110,6 +106,20 @@ class MultiGpuTest : public ::testing::Test {
     return sums;
   }
 
+  // The expected bytes of every tensor of `version`, by name, where the emulator looks for them
+  // (<dir>/v<version>/tensors/<name>.bin).
+  template <typename Tensors>
+  void WriteExpectedTensors(uint64_t version, const Tensors& expected) {
+    const std::string tdir = absl::StrCat(dir_, "/v", version);
+    ::mkdir(tdir.c_str(), 0755);
+    ::mkdir((tdir + "/tensors").c_str(), 0755);
+    for (const auto& [name, bytes] : expected) {
+      std::ofstream(tdir + "/tensors/" + name + ".bin", std::ios::binary)
+          .write(reinterpret_cast<const char*>(bytes.data()),
+                 static_cast<std::streamsize>(bytes.size()));
+    }
+  }
+
   // The emulator's record of `version`.
   json Stats(int port, uint64_t version) {
     auto body = HttpGet(port, "/stats");
@@ -130,7 +140,7 @@ class MultiGpuTest : public ::testing::Test {
   }
 
   std::string dir_;
-  MoeShape shape_;
+  MoeShape shape_;  // the defaults: 2 layers, 8 experts of [128, 256], hidden 256
 };
 
 TEST_F(MultiGpuTest, EveryByteFromTrainerIpcMemoryReachesTheEngine) {
@@ -353,14 +363,7 @@ TEST_F(MultiGpuTest, EngineWithGpuComponentsPublishesEveryTensorToTheEngine) {
     }
     const auto expected =
         et::ExpectedOutputs(batches, *et::PlainPolicy(), kernels::QuantMode::Standard());
-    const std::string tdir = absl::StrCat(dir_, "/v", version);
-    ::mkdir(tdir.c_str(), 0755);
-    ::mkdir((tdir + "/tensors").c_str(), 0755);
-    for (const auto& [name, bytes] : expected) {
-      std::ofstream(tdir + "/tensors/" + name + ".bin", std::ios::binary)
-          .write(reinterpret_cast<const char*>(bytes.data()),
-                 static_cast<std::streamsize>(bytes.size()));
-    }
+    WriteExpectedTensors(version, expected);
     auto session = (*eng)->Open(et::Header(version));
     ASSERT_TRUE(session.ok()) << session.status();
     ASSERT_TRUE(et::Send(**session, batches).ok());
@@ -443,14 +446,7 @@ TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
   const auto expected =
       et::ExpectedOutputs(batches, *et::PlainPolicy(), kernels::QuantMode::Standard());
   for (uint64_t version = 1; version <= 2; ++version) {
-    const std::string tdir = absl::StrCat(dir_, "/v", version);
-    ::mkdir(tdir.c_str(), 0755);
-    ::mkdir((tdir + "/tensors").c_str(), 0755);
-    for (const auto& [name, bytes] : expected) {
-      std::ofstream(tdir + "/tensors/" + name + ".bin", std::ios::binary)
-          .write(reinterpret_cast<const char*>(bytes.data()),
-                 static_cast<std::streamsize>(bytes.size()));
-    }
+    WriteExpectedTensors(version, expected);
     auto session = (*eng)->Open(et::Header(version));
     ASSERT_TRUE(session.ok()) << session.status();
     for (size_t bi = 0; bi < batches.size(); ++bi) {
