@@ -152,7 +152,7 @@ int Main(int argc, char** argv) {
       nccl::NcclTransportOptions to;
       to.store.bind_address = "127.0.0.1";
       to.sglang.engines = specs;
-      to.sglang.requests_in_flight = 2;  // the C++ engines order requests by wpub_sequence
+      to.sglang.requests_in_flight = 3;  // the C++ engines order requests by wpub_sequence
       to.sglang.group_name = absl::StrCat("wpub_fanout_", generation);
       to.sglang.request_timeout = absl::Seconds(600);
       to.publication_deadline = absl::Seconds(600);

@@ -36,17 +36,22 @@ void Reply(httplib::Response& res, const absl::Status& s, const std::string& ok_
 }  // namespace
 
 class ReceiverEndpoint::Impl {
-  // One per device: its group rank, stream and bucket buffer. `member` is replaced only with
-  // both mu_ and members_mu_ held; it is used for receives under mu_ and aborted under
-  // members_mu_ alone (so an abort never waits for a receive in progress).
+  // One per device: its group rank, streams and two bucket slots (with device checksums,
+  // bucket k+1 is received into one slot while bucket k's checksum is computed from the other).
+  // `member` is replaced only with both mu_ and members_mu_ held; receives are enqueued under
+  // mu_, aborts take members_mu_ alone (an abort never waits for a receive in progress), and a
+  // verification outside mu_ holds its own reference.
   struct Rank {
     int device = 0;
-    std::unique_ptr<GroupMember> member;
-    cudaStream_t stream = nullptr;
-    void* buf = nullptr;
-    uint64_t buf_bytes = 0;
-    unsigned long long* sum = nullptr;       // device checksum accumulator
-    unsigned long long* sum_host = nullptr;  // pinned: its read-back never pages
+    std::shared_ptr<GroupMember> member;
+    cudaStream_t stream = nullptr;  // receives (and copies to the host)
+    cudaStream_t verify = nullptr;  // checksums of received buckets
+    void* buf[2] = {nullptr, nullptr};
+    uint64_t buf_bytes = 0;                                // of each slot
+    unsigned long long* sum[2] = {nullptr, nullptr};       // device checksum accumulators
+    unsigned long long* sum_host[2] = {nullptr, nullptr};  // pinned: read-back never pages
+    cudaEvent_t received[2] = {nullptr, nullptr};
+    cudaEvent_t verified[2] = {nullptr, nullptr};
   };
 
  public:
@@ -62,6 +67,7 @@ class ReceiverEndpoint::Impl {
       std::lock_guard lock(mu_);
       ++group_epoch_;
       turn_.notify_all();
+      slot_free_.notify_all();
     }
     server_.stop();
     if (thread_.joinable()) thread_.join();
@@ -71,10 +77,15 @@ class ReceiverEndpoint::Impl {
       Rank& k = *rank;
       cudaSetDevice(k.device);
       k.member.reset();
-      if (k.buf != nullptr) cudaFree(k.buf);
-      if (k.sum != nullptr) cudaFree(k.sum);
-      if (k.sum_host != nullptr) cudaFreeHost(k.sum_host);
+      for (int slot = 0; slot < 2; ++slot) {
+        if (k.buf[slot] != nullptr) cudaFree(k.buf[slot]);
+        if (k.sum[slot] != nullptr) cudaFree(k.sum[slot]);
+        if (k.sum_host[slot] != nullptr) cudaFreeHost(k.sum_host[slot]);
+        if (k.received[slot] != nullptr) cudaEventDestroy(k.received[slot]);
+        if (k.verified[slot] != nullptr) cudaEventDestroy(k.verified[slot]);
+      }
       if (k.stream != nullptr) cudaStreamDestroy(k.stream);
+      if (k.verify != nullptr) cudaStreamDestroy(k.verify);
     }
   }
 
@@ -86,11 +97,18 @@ class ReceiverEndpoint::Impl {
       ranks_.push_back(std::make_unique<Rank>());
       Rank& k = *ranks_.back();
       k.device = device;
-      if (cudaSetDevice(k.device) != cudaSuccess ||
-          cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking) != cudaSuccess ||
-          cudaMalloc(reinterpret_cast<void**>(&k.sum), sizeof(unsigned long long)) != cudaSuccess ||
-          cudaMallocHost(reinterpret_cast<void**>(&k.sum_host), sizeof(unsigned long long)) !=
-              cudaSuccess) {
+      bool ok = cudaSetDevice(k.device) == cudaSuccess &&
+                cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking) == cudaSuccess &&
+                cudaStreamCreateWithFlags(&k.verify, cudaStreamNonBlocking) == cudaSuccess;
+      for (int slot = 0; ok && slot < 2; ++slot) {
+        ok = cudaMalloc(reinterpret_cast<void**>(&k.sum[slot]), sizeof(unsigned long long)) ==
+                 cudaSuccess &&
+             cudaMallocHost(reinterpret_cast<void**>(&k.sum_host[slot]),
+                            sizeof(unsigned long long)) == cudaSuccess &&
+             cudaEventCreateWithFlags(&k.received[slot], cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreateWithFlags(&k.verified[slot], cudaEventDisableTiming) == cudaSuccess;
+      }
+      if (!ok) {
         (void)cudaGetLastError();
         return absl::FailedPreconditionError(
             absl::StrCat("receiver endpoint: CUDA device ", k.device, " is not usable"));
@@ -318,26 +336,95 @@ class ReceiverEndpoint::Impl {
     return absl::OkStatus();
   }
 
-  // Grows every rank's bucket buffer to n bytes (mu_ held). Done before any receive is posted:
-  // a cudaMalloc/cudaFree on one device while another device's broadcast is in flight in this
-  // process can deadlock with it.
-  absl::Status ReserveAll(uint64_t n) {
+  // Grows every rank's two bucket slots to n bytes (mu_ held, through `lock`). Done before any
+  // receive is posted (a cudaMalloc/cudaFree on one device while another device's broadcast is
+  // in flight in this process can deadlock with it), and only once no slot is being verified.
+  absl::Status ReserveAll(uint64_t n, std::unique_lock<std::mutex>& lock,
+                          std::chrono::steady_clock::time_point deadline) {
+    bool grow = false;
+    for (auto& rank : ranks_) grow = grow || n > rank->buf_bytes;
+    if (!grow) return absl::OkStatus();
+    for (int slot = 0; slot < 2; ++slot) WPUB_RETURN_IF_ERROR(AwaitSlot(slot, lock, deadline));
     for (auto& rank : ranks_) {
       Rank& k = *rank;
       if (n <= k.buf_bytes) continue;
       WPUB_RETURN_IF_ERROR(UseDevice(k.device));
-      if (k.buf != nullptr) cudaFree(k.buf);
-      k.buf = nullptr;
       k.buf_bytes = 0;
-      if (const cudaError_t e = cudaMalloc(&k.buf, n); e != cudaSuccess) {
-        k.buf = nullptr;
-        return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffer of ", n,
-                                                         " bytes on device ", k.device, ": ",
-                                                         cudaGetErrorString(e)));
+      for (int slot = 0; slot < 2; ++slot) {
+        if (k.buf[slot] != nullptr) cudaFree(k.buf[slot]);
+        k.buf[slot] = nullptr;
+        if (const cudaError_t e = cudaMalloc(&k.buf[slot], n); e != cudaSuccess) {
+          k.buf[slot] = nullptr;
+          return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffers of ",
+                                                           n, " bytes on device ", k.device, ": ",
+                                                           cudaGetErrorString(e)));
+        }
       }
       k.buf_bytes = n;
     }
     return absl::OkStatus();
+  }
+
+  // Waits (mu_ held, released while waiting) until `slot`'s previous bucket is verified.
+  absl::Status AwaitSlot(int slot, std::unique_lock<std::mutex>& lock,
+                         std::chrono::steady_clock::time_point deadline) {
+    while (slot_busy_[slot]) {
+      if (stopping_) return absl::UnavailableError("the engine is stopping");
+      if (slot_free_.wait_until(lock, deadline) == std::cv_status::timeout && slot_busy_[slot]) {
+        return absl::DeadlineExceededError("the previous bucket's verification did not finish");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Enqueues one rank's share of a bucket into `slot` (device checksums): the receive on the
+  // rank's stream, then on its verify stream the checksum and its read-back. Never waits: the
+  // next bucket's receive can be posted right behind this one.
+  static absl::Status EnqueueReceive(Rank& k, int slot, uint64_t n) {
+    WPUB_RETURN_IF_ERROR(UseDevice(k.device));
+    cudaError_t e = cudaStreamWaitEvent(k.stream, k.verified[slot], 0);
+    if (e != cudaSuccess) return CudaStatus("ordering the receive", k.device, e);
+    WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf[slot], n, k.stream));
+    e = cudaEventRecord(k.received[slot], k.stream);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(k.verify, k.received[slot], 0);
+    if (e == cudaSuccess) e = cudaMemsetAsync(k.sum[slot], 0, sizeof(*k.sum[slot]), k.verify);
+    if (e == cudaSuccess) {
+      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf[slot]), n, 0, k.sum[slot],
+                                 k.verify);
+    }
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(k.sum_host[slot], k.sum[slot], sizeof(*k.sum[slot]),
+                          cudaMemcpyDeviceToHost, k.verify);
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(k.verified[slot], k.verify);
+    if (e != cudaSuccess) return CudaStatus("enqueueing the bucket's checksum", k.device, e);
+    return absl::OkStatus();
+  }
+
+  static absl::Status CudaStatus(const char* what, int device, cudaError_t e) {
+    return absl::InternalError(
+        absl::StrCat(what, " on device ", device, ": ", cudaGetErrorString(e)));
+  }
+
+  // Polls `event` of a rank (mu_ not held): done, a CUDA error, the member's asynchronous error,
+  // the endpoint stopping, or the deadline.
+  absl::Status WaitEvent(const Rank& k, cudaEvent_t event, GroupMember& member,
+                         std::chrono::steady_clock::time_point deadline) {
+    for (;;) {
+      const cudaError_t e = cudaEventQuery(event);
+      if (e == cudaSuccess) return absl::OkStatus();
+      if (e != cudaErrorNotReady) return CudaStatus("the bucket's receive", k.device, e);
+      if (stopping_) return absl::UnavailableError("the engine is stopping");
+      if (absl::Status s = member.AsyncError(); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("device ", k.device, ": ", s.message()));
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no broadcast completed on device ", k.device, " within ",
+                         absl::FormatDuration(options_.receive_timeout)));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
   }
 
   // Waits for everything enqueued on the rank's stream without blocking in CUDA: polls the
@@ -402,16 +489,19 @@ class ReceiverEndpoint::Impl {
     if (n == 0 || count == 0 || count > (uint64_t{1} << 20)) {
       return Reply(r, absl::InvalidArgumentError("nbytes must be > 0 and count in [1, 2^20]"), "");
     }
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     if (!joined_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
-    if (absl::Status s = ReserveAll(n); !s.ok()) return Reply(r, s, "");
     const auto t0 = std::chrono::steady_clock::now();
     const auto deadline = t0 + ToChrono(options_.receive_timeout);
+    for (int slot = 0; slot < 2; ++slot) {
+      if (absl::Status s = AwaitSlot(slot, lock, deadline); !s.ok()) return Reply(r, s, "");
+    }
+    if (absl::Status s = ReserveAll(n, lock, deadline); !s.ok()) return Reply(r, s, "");
     absl::Status s = OnEveryRank([&](size_t i, const std::atomic<bool>& failed) -> absl::Status {
       Rank& k = *ranks_[i];
       WPUB_RETURN_IF_ERROR(UseDevice(k.device));
       for (uint64_t c = 0; c < count; ++c) {
-        WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf, n, k.stream));
+        WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf[0], n, k.stream));
       }
       return WaitRank(k, failed, deadline);
     });
@@ -420,39 +510,49 @@ class ReceiverEndpoint::Impl {
     Reply(r, s, absl::StrCat("received ", count, " x ", n, " bytes in ", seconds, " s"));
   }
 
-  // One rank's share of a bucket (buffers already reserved): receive, wait for it, then its
-  // checksum, on the device (read back through pinned memory) or, for `bytes`, on the host after
-  // copying the bucket back.
+  // Copying to the host: one rank's share of a bucket (slot 0, buffers reserved), received and
+  // waited for under mu_; rank 0 copies the bucket back and checksums it on the host, the other
+  // ranks checksum on the device.
   absl::Status ReceiveOnRank(Rank& k, uint64_t n, std::vector<uint8_t>* bytes, uint64_t* checksum,
                              const std::atomic<bool>& failed,
                              std::chrono::steady_clock::time_point deadline) {
     WPUB_RETURN_IF_ERROR(UseDevice(k.device));
-    WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf, n, k.stream));
+    WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf[0], n, k.stream));
     WPUB_RETURN_IF_ERROR(WaitRank(k, failed, deadline));
     if (bytes != nullptr) {
       bytes->resize(n);
-      if (const cudaError_t e = cudaMemcpy(bytes->data(), k.buf, n, cudaMemcpyDeviceToHost);
+      if (const cudaError_t e = cudaMemcpy(bytes->data(), k.buf[0], n, cudaMemcpyDeviceToHost);
           e != cudaSuccess) {
-        return absl::InternalError(absl::StrCat("copying the bucket back from device ", k.device,
-                                                ": ", cudaGetErrorString(e)));
+        return CudaStatus("copying the bucket back", k.device, e);
       }
       *checksum = engine::Checksum(bytes->data(), bytes->size());
       return absl::OkStatus();
     }
-    cudaError_t e = cudaMemsetAsync(k.sum, 0, sizeof(*k.sum), k.stream);
+    cudaError_t e = cudaMemsetAsync(k.sum[0], 0, sizeof(*k.sum[0]), k.stream);
     if (e == cudaSuccess) {
-      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf), n, 0, k.sum, k.stream);
+      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf[0]), n, 0, k.sum[0], k.stream);
     }
     if (e == cudaSuccess) {
-      e = cudaMemcpyAsync(k.sum_host, k.sum, sizeof(*k.sum), cudaMemcpyDeviceToHost, k.stream);
+      e = cudaMemcpyAsync(k.sum_host[0], k.sum[0], sizeof(*k.sum[0]), cudaMemcpyDeviceToHost,
+                          k.stream);
     }
-    if (e != cudaSuccess) {
-      return absl::InternalError(
-          absl::StrCat("the bucket's checksum on device ", k.device, ": ", cudaGetErrorString(e)));
-    }
+    if (e != cudaSuccess) return CudaStatus("the bucket's checksum", k.device, e);
     WPUB_RETURN_IF_ERROR(WaitRank(k, failed, deadline));
-    *checksum = engine::ChecksumFinish(*k.sum_host, n);
+    *checksum = engine::ChecksumFinish(*k.sum_host[0], n);
     return absl::OkStatus();
+  }
+
+  // Per rank checksums must agree; the engine's checksum of the bucket.
+  absl::StatusOr<uint64_t> AgreedChecksum(const std::vector<uint64_t>& sums,
+                                          const std::string& version) const {
+    for (size_t i = 1; i < ranks_.size(); ++i) {
+      if (sums[i] != sums[0]) {
+        return absl::DataLossError(
+            absl::StrCat("version ", version, ": the bucket's checksum on device ",
+                         ranks_[i]->device, " differs from device ", ranks_[0]->device, "'s"));
+      }
+    }
+    return sums[0];
   }
 
   void Update(const httplib::Request& q, httplib::Response& r) {
@@ -464,7 +564,8 @@ class ReceiverEndpoint::Impl {
     ReceivedBucket b = std::move(parsed->bucket);
     const uint64_t off = b.nbytes;
     const auto t_wait = std::chrono::steady_clock::now();
-    std::unique_lock lock(mu_);  // one weight update at a time, as SGLang
+    const auto deadline = t_wait + ToChrono(options_.receive_timeout);
+    std::unique_lock lock(mu_);  // receives are posted one bucket at a time, in order
     if (stopping_) return Reply(r, absl::UnavailableError("the engine is stopping"), "");
     // A request of another group (e.g. queued before a re-formation) never takes a turn.
     if (!parsed->group.empty() && parsed->group != group_name_) {
@@ -479,52 +580,101 @@ class ReceiverEndpoint::Impl {
         return Reply(r, s, "");
       }
     }
-    // Whatever happens below, the next request of this run may go: after a failure the group is
-    // left (OnEveryRank), so it fails on its own without posting a receive.
+    // Whatever happens below, the next request of this run may go once this one has posted its
+    // receive (or failed: the group is then left, so the next one fails without posting).
     struct Advance {
       Impl* self;
       bool ordered;
-      ~Advance() {
+      void Now() {
         if (!ordered) return;
+        ordered = false;
         ++self->next_sequence_;
         self->turn_.notify_all();
       }
+      ~Advance() { Now(); }
     } advance{this, parsed->sequence >= 0};
     if (!joined_) return Reply(r, absl::FailedPreconditionError("no weight-update group"), "");
-    if (absl::Status s = ReserveAll(off); !s.ok()) {
-      Leave();  // nothing was posted, but the publisher's broadcast of this bucket will come
+    if (absl::Status s = ReserveAll(off, lock, deadline); !s.ok()) {
+      AbortAll();  // nothing was posted, but the publisher's broadcast of this bucket will come
+      Leave();
       return Reply(r, s, "");
     }
     const auto t_receive = std::chrono::steady_clock::now();
-    const auto deadline = t_receive + ToChrono(options_.receive_timeout);
     std::vector<uint64_t> sums(ranks_.size(), 0);
-    absl::Status failed = OnEveryRank([&](size_t i, const std::atomic<bool>& others) {
-      std::vector<uint8_t>* bytes = i == 0 && options_.copy_to_host ? &b.bytes : nullptr;
-      return ReceiveOnRank(*ranks_[i], off, bytes, &sums[i], others, deadline);
-    });
-    if (!failed.ok()) return Reply(r, failed, "");
-    for (size_t i = 1; i < ranks_.size(); ++i) {
-      if (sums[i] != sums[0]) {
-        return Reply(r,
-                     absl::DataLossError(absl::StrCat(
-                         "version ", b.version, ": the bucket's checksum on device ",
-                         ranks_[i]->device, " differs from device ", ranks_[0]->device, "'s")),
-                     "");
-      }
-    }
-    b.checksum = sums[0];
     if (parsed->sequence == 0) stats_.erase(b.version);  // a retried version starts afresh
-    ReceiverVersionStats& st = stats_[b.version];
     const auto seconds = [](auto from, auto to) {
       return std::chrono::duration<double>(to - from).count();
     };
-    st.decode_seconds += seconds(t_decode, t_wait);
-    st.wait_seconds += seconds(t_wait, t_receive);
-    st.receive_seconds += seconds(t_receive, std::chrono::steady_clock::now());
-    b.index = static_cast<uint32_t>(st.buckets);
-    ++st.buckets;
-    st.bytes += off;
-    st.checksums.push_back(b.checksum);
+    if (options_.copy_to_host) {
+      absl::Status failed = OnEveryRank([&](size_t i, const std::atomic<bool>& others) {
+        return ReceiveOnRank(*ranks_[i], off, i == 0 ? &b.bytes : nullptr, &sums[i], others,
+                             deadline);
+      });
+      if (!failed.ok()) return Reply(r, failed, "");
+      absl::StatusOr<uint64_t> sum = AgreedChecksum(sums, b.version);
+      if (!sum.ok()) return Reply(r, sum.status(), "");
+      b.checksum = *sum;
+      ReceiverVersionStats& st = stats_[b.version];
+      st.decode_seconds += seconds(t_decode, t_wait);
+      st.wait_seconds += seconds(t_wait, t_receive);
+      st.receive_seconds += seconds(t_receive, std::chrono::steady_clock::now());
+      b.index = static_cast<uint32_t>(st.buckets);
+      ++st.buckets;
+      st.bytes += off;
+      st.checksums.push_back(b.checksum);
+      if (callbacks_.on_bucket) callbacks_.on_bucket(b);
+      return Reply(r, absl::OkStatus(),
+                   absl::StrCat("bucket ", b.index, ": ", b.tensors.size(), " tensors"));
+    }
+
+    // Device checksums: post this bucket's receives into the next slot, let the next request
+    // post its own right behind them, and verify this one without the lock.
+    const int slot = next_slot_;
+    if (absl::Status s = AwaitSlot(slot, lock, deadline); !s.ok()) return Reply(r, s, "");
+    absl::Status posted = OnEveryRank(
+        [&](size_t i, const std::atomic<bool>&) { return EnqueueReceive(*ranks_[i], slot, off); });
+    if (!posted.ok()) return Reply(r, posted, "");
+    next_slot_ ^= 1;
+    slot_busy_[slot] = true;
+    ReceiverVersionStats& registered = stats_[b.version];
+    b.index = static_cast<uint32_t>(registered.buckets);
+    ++registered.buckets;
+    registered.bytes += off;
+    registered.checksums.push_back(0);  // filled in below, in order whatever finishes first
+    const uint64_t epoch = group_epoch_;
+    std::vector<std::shared_ptr<GroupMember>> members;
+    for (auto& rank : ranks_) members.push_back(rank->member);
+    advance.Now();
+    lock.unlock();
+
+    absl::Status verified = absl::OkStatus();
+    for (size_t i = 0; i < ranks_.size() && verified.ok(); ++i) {
+      verified = WaitEvent(*ranks_[i], ranks_[i]->verified[slot], *members[i], deadline);
+      if (verified.ok()) sums[i] = engine::ChecksumFinish(*ranks_[i]->sum_host[slot], off);
+    }
+    absl::StatusOr<uint64_t> sum =
+        verified.ok() ? AgreedChecksum(sums, b.version) : absl::StatusOr<uint64_t>(verified);
+
+    lock.lock();
+    slot_busy_[slot] = false;
+    slot_free_.notify_all();
+    if (!sum.ok()) {
+      if (group_epoch_ == epoch) {  // the group this bucket was received on is unusable
+        AbortAll();
+        Leave();
+      }
+      return Reply(r, sum.status(), "");
+    }
+    b.checksum = *sum;
+    if (auto it = stats_.find(b.version);
+        it != stats_.end() && b.index < it->second.checksums.size()) {
+      ReceiverVersionStats& st = it->second;
+      st.checksums[b.index] = b.checksum;
+      st.decode_seconds += seconds(t_decode, t_wait);
+      st.wait_seconds += seconds(t_wait, t_receive);
+      st.receive_seconds += seconds(t_receive, std::chrono::steady_clock::now());
+    }
+    lock.unlock();
     if (callbacks_.on_bucket) callbacks_.on_bucket(b);
     Reply(r, absl::OkStatus(),
           absl::StrCat("bucket ", b.index, ": ", b.tensors.size(), " tensors"));
@@ -546,6 +696,9 @@ class ReceiverEndpoint::Impl {
   std::string sequence_version_;                       // guarded by mu_
   int64_t next_sequence_ = 0;                          // guarded by mu_
   uint64_t group_epoch_ = 0;  // guarded by mu_: bumped by join/destroy, ends stale waiters
+  int next_slot_ = 0;         // guarded by mu_: the slot of the next bucket
+  bool slot_busy_[2] = {false, false};  // guarded by mu_: a bucket in the slot is being verified
+  std::condition_variable slot_free_;   // a slot's verification finished
 };
 
 absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> ReceiverEndpoint::Start(

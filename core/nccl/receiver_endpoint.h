@@ -15,8 +15,11 @@
 // naming another group is refused. Receives never block in CUDA: they poll the stream, the
 // communicator's error and receive_timeout; a failure on any rank aborts the engine's members
 // and leaves the group, and joining or destroying a group first aborts a receive still blocked
-// on the old one. Public methods
-// are thread-safe. Destruction stops the server and aborts the group.
+// on the old one. With device checksums the receive path is pipelined two deep: a bucket's
+// receives are posted under the lock, its checksum is computed on a second stream and awaited
+// without the lock, so the next bucket's receive is posted right behind it (each rank has two
+// bucket buffers); callbacks may then run out of order, the version stats keep bucket order. Public
+// methods are thread-safe. Destruction stops the server and aborts the group.
 #pragma once
 
 #include <cstdint>
