@@ -7,6 +7,7 @@ find_package(gRPC CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)
+find_package(simdjson CONFIG REQUIRED)
 find_package(PkgConfig REQUIRED)
 # RE2 and cpp-httplib ship only pkg-config files in Debian 12.
 pkg_check_modules(RE2 REQUIRED IMPORTED_TARGET re2)

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
-  libspdlog-dev libfmt-dev prometheus-cpp-dev nlohmann-json3-dev libcpp-httplib-dev libre2-dev
+  libspdlog-dev libfmt-dev prometheus-cpp-dev nlohmann-json3-dev libsimdjson-dev libcpp-httplib-dev libre2-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-yaml
   prometheus openssl

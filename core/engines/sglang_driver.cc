@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/engines/update_request.h"
 #include "nlohmann/json.hpp"
 
 namespace wpub::engines {
@@ -262,22 +263,14 @@ std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, si
 
 std::string UpdateBody(const SglangDriverOptions& o, const engine::BucketManifest& bucket,
                        uint64_t version) {
-  json names = json::array(), dtypes = json::array(), shapes = json::array();
-  for (const engine::ManifestTensor& t : bucket.tensors) {
-    names.push_back(t.name);
-    dtypes.push_back(std::string(DTypeName(t.dtype)));
-    shapes.push_back(t.shape);
-  }
-  json j = {{"names", names},
-            {"dtypes", dtypes},
-            {"shapes", shapes},
-            {"group_name", o.group_name},
-            {"flush_cache", o.flush_cache_on_update},
-            {"weight_version", std::to_string(version)}};
-  if (!o.endpoints.load_format.empty()) j["load_format"] = o.endpoints.load_format;
+  UpdateRequestFields f;
+  f.group_name = o.group_name;
+  f.flush_cache = o.flush_cache_on_update;
+  f.weight_version = std::to_string(version);
+  f.load_format = o.endpoints.load_format;
   // Several requests in flight: the engine must receive them in this order (see the option).
-  if (o.requests_in_flight > 1) j["wpub_sequence"] = bucket.index;
-  return j.dump();
+  if (o.requests_in_flight > 1) f.sequence = bucket.index;
+  return EncodeUpdateRequest(bucket.tensors, f);
 }
 
 absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(

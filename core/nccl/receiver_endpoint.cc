@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
 #include "core/engine/checksum.h"
+#include "core/engines/update_request.h"
 #include "core/gpu/status_kernels.h"
 #include "core/nccl/group_member.h"
 #include "nlohmann/json.hpp"
@@ -236,55 +237,14 @@ class ReceiverEndpoint::Impl {
 
   // The flattened-bucket request: names, dtypes and shapes laid back to back.
   static absl::StatusOr<ParsedUpdate> ParseUpdate(const std::string& body) {
-    json j = json::parse(body, nullptr, false);
-    if (!j.is_object()) return absl::InvalidArgumentError("the request body is not JSON");
-    const auto names = j.find("names"), dtypes = j.find("dtypes"), shapes = j.find("shapes");
-    if (names == j.end() || dtypes == j.end() || shapes == j.end() || !names->is_array() ||
-        !dtypes->is_array() || !shapes->is_array() || names->size() != dtypes->size() ||
-        names->size() != shapes->size()) {
-      return absl::InvalidArgumentError(
-          "names, dtypes and shapes are required: arrays of one length");
-    }
+    absl::StatusOr<engines::UpdateRequest> request = engines::DecodeUpdateRequest(body);
+    if (!request.ok()) return request.status();
     ParsedUpdate out;
-    ReceivedBucket& b = out.bucket;
-    const auto g = j.find("group_name");
-    if (g != j.end() && g->is_string()) out.group = g->get<std::string>();
-    const auto v = j.find("weight_version");
-    if (v != j.end() && v->is_string()) b.version = v->get<std::string>();
-    const auto seq = j.find("wpub_sequence");
-    if (seq != j.end()) {
-      if (!seq->is_number_unsigned() || seq->get<uint64_t>() > (uint64_t{1} << 31)) {
-        return absl::InvalidArgumentError("wpub_sequence must be an integer in [0, 2^31]");
-      }
-      out.sequence = static_cast<int64_t>(seq->get<uint64_t>());
-    }
-    b.tensors.reserve(names->size());
-    uint64_t off = 0;
-    for (size_t i = 0; i < names->size(); ++i) {
-      const json &n = (*names)[i], &d = (*dtypes)[i], &sh = (*shapes)[i];
-      if (!n.is_string() || !d.is_string() || !sh.is_array()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tensor ", i, ": name and dtype must be strings, shape an array"));
-      }
-      engine::ManifestTensor t;
-      t.name = n.get<std::string>();
-      absl::StatusOr<DType> dt = ParseDType(d.get_ref<const std::string&>());
-      if (!dt.ok())
-        return absl::InvalidArgumentError(absl::StrCat(t.name, ": ", dt.status().message()));
-      t.dtype = *dt;
-      for (const json& e : sh) {
-        if (!e.is_number_integer() || e.get<int64_t>() < 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(t.name, ": shape ", sh.dump(), " is not a list of sizes"));
-        }
-        t.shape.push_back(e.get<int64_t>());
-      }
-      t.offset = off;
-      t.nbytes = static_cast<uint64_t>(NumElements(t.shape) * DTypeSize(t.dtype));
-      off += t.nbytes;
-      b.tensors.push_back(std::move(t));
-    }
-    b.nbytes = off;
+    out.group = std::move(request->fields.group_name);
+    out.sequence = request->fields.sequence;
+    out.bucket.version = std::move(request->fields.weight_version);
+    out.bucket.tensors = std::move(request->tensors);
+    out.bucket.nbytes = request->nbytes;
     return out;
   }
 
