@@ -18,6 +18,8 @@
 #include "core/gpu/backend_parts.h"
 #include "core/gpu/host_syncs.h"
 #include "core/gpu/status_kernels.h"
+#include "core/gpu/sm_partition.h"
+#include "core/gpu/streams.h"
 #include "kernels/cuda/nvfp4_cuda.h"
 
 namespace wpub::gpu {
@@ -49,6 +51,7 @@ class GpuBackend::Impl {
  public:
   GpuBackendOptions options;
   cudaStream_t compute = nullptr;
+  std::unique_ptr<PartitionedStream> partition;  // owns `compute` when compute_sms is set
   cudaEvent_t ready[2] = {nullptr, nullptr};
   cudaEvent_t done[2] = {nullptr, nullptr};
   cudaEvent_t status_ready = nullptr;  // non-finite counts copied (amax-first mode)
@@ -70,7 +73,7 @@ class GpuBackend::Impl {
                           t_amax, t_packed, t_end, bounce_ready}) {
       if (e != nullptr) cudaEventDestroy(e);
     }
-    if (compute != nullptr) cudaStreamDestroy(compute);
+    if (compute != nullptr && !partition) cudaStreamDestroy(compute);
   }
 
   absl::StatusOr<engine::ExecutionResult> Execute(const ExecutionPlan& plan,
@@ -89,7 +92,15 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
-  WPUB_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&impl->compute, cudaStreamNonBlocking));
+  if (options.compute_sms > 0) {
+    int least = 0, greatest = 0;
+    WPUB_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    WPUB_ASSIGN_OR_RETURN(impl->partition,
+                          PartitionedStream::Create(options.device, options.compute_sms, least));
+    impl->compute = impl->partition->stream();
+  } else {
+    WPUB_CUDA_RETURN_IF_ERROR(CreateStream(StreamRole::kCompute, &impl->compute));
+  }
   for (cudaEvent_t* e : {&impl->ready[0], &impl->ready[1], &impl->done[0], &impl->done[1],
                          &impl->status_ready, &impl->finished, &impl->bounce_ready}) {
     WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));

@@ -44,6 +44,10 @@ struct GpuBackendOptions {
   // false, amax is pipelined per bucket and a rejection happens after the transfer, before
   // commit (engines that apply buckets immediately, like SGLang, would then hold them).
   bool reject_before_send = true;
+  // > 0: the compute stream (amax, quantize, pack) runs on this many of the device's SMs (a
+  // green context, core/gpu/sm_partition.h; rounded up to the partition granularity), leaving
+  // the others to the sink's broadcast kernels. 0: every SM.
+  int compute_sms = 0;
 };
 
 // Device-measured phases of the last publication (CUDA events; read after completion).

@@ -26,6 +26,7 @@ struct GpuPathOptions {
   absl::Duration publication_deadline = absl::Seconds(120);
   bool reject_non_finite_before_send = true;
   int requests_in_flight = 1;  // engines::SglangDriverOptions::requests_in_flight
+  int compute_sms = 0;         // gpu::GpuBackendOptions::compute_sms (0: every SM)
 };
 
 // The engine list syntax of --engines (core/engines/sglang_driver.h).

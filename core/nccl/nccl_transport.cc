@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
 #include "core/gpu/host_syncs.h"
+#include "core/gpu/streams.h"
 
 namespace wpub::nccl {
 namespace {
@@ -50,7 +51,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     return absl::FailedPreconditionError(absl::StrCat(
         "NCCL transport: CUDA device ", options.device, " is not usable: ", cudaGetErrorString(e)));
   }
-  WPUB_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&t->comm_stream_, cudaStreamNonBlocking));
+  WPUB_CUDA_RETURN_IF_ERROR(gpu::CreateStream(gpu::StreamRole::kCommunication, &t->comm_stream_));
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&t->host_done_, cudaEventDisableTiming));
   {
     std::lock_guard lock(t->connect_mu_);
@@ -75,6 +76,7 @@ NcclTransport::~NcclTransport() {
   if (comm_stream_ != nullptr) cudaStreamSynchronize(comm_stream_);
   if (host_staging_ != nullptr) cudaFree(host_staging_);
   if (host_done_ != nullptr) cudaEventDestroy(host_done_);
+  for (cudaEvent_t e : bcast_events_) cudaEventDestroy(e);
   if (comm_stream_ != nullptr) cudaStreamDestroy(comm_stream_);
 }
 
@@ -270,6 +272,7 @@ absl::StatusOr<std::vector<std::string>> NcclTransport::Begin(
   }
   version_ = m.version;
   in_flight_ = true;
+  bcast_count_ = 0;
   publication_deadline_ = absl::Now() + options_.publication_deadline;
   driver_->BeginPublication(m.version);
   StartWatchdog();
@@ -301,13 +304,38 @@ absl::Status NcclTransport::SendDevice(const engine::BucketManifest& manifest, c
     }
   }
   WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(comm_stream_, ready, 0));
+  while (bcast_events_.size() < 2 * (bcast_count_ + 1)) {
+    cudaEvent_t e = nullptr;
+    WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    bcast_events_.push_back(e);
+  }
+  const size_t timed = bcast_count_++;
+  WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(bcast_events_[2 * timed], comm_stream_));
   if (absl::Status s = comm_->Broadcast(const_cast<void*>(data), nbytes, 0, comm_stream_);
       !s.ok()) {
     Fail(absl::AbortedError(absl::StrCat("bucket ", manifest.index, ": ", s.message())));
     return failure();
   }
+  WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(bcast_events_[2 * timed + 1], comm_stream_));
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, comm_stream_));
   return absl::OkStatus();
+}
+
+NcclTransport::BroadcastTiming NcclTransport::last_broadcast_timing() const {
+  BroadcastTiming t;
+  for (size_t i = 0; i < bcast_count_; ++i) {
+    float busy = 0, idle = 0;
+    if (cudaEventElapsedTime(&busy, bcast_events_[2 * i], bcast_events_[2 * i + 1]) !=
+            cudaSuccess ||
+        (i > 0 &&
+         cudaEventElapsedTime(&idle, bcast_events_[2 * i - 1], bcast_events_[2 * i]) != cudaSuccess)) {
+      (void)cudaGetLastError();
+      return BroadcastTiming();
+    }
+    t.busy.push_back(busy / 1e3);
+    if (i > 0) t.idle.push_back(idle / 1e3);
+  }
+  return t;
 }
 
 absl::Status NcclTransport::Send(std::shared_ptr<const engine::Bucket> bucket) {

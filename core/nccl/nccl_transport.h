@@ -110,6 +110,15 @@ class NcclTransport : public engine::Transport,
 
   cudaStream_t comm_stream() const { return comm_stream_; }
 
+  // Device time of the last publication's broadcasts, from CUDA events around each on the comm
+  // stream (read once they completed, e.g. after WaitAcknowledged): busy[i] is broadcast i's
+  // kernel (including any wait for the engines' receives), idle[i] the gap before it since the
+  // previous one ended (the stream waiting for the bucket to be packed). Empty without engines.
+  struct BroadcastTiming {
+    std::vector<double> busy, idle;
+  };
+  BroadcastTiming last_broadcast_timing() const;
+
  private:
   explicit NcclTransport(NcclTransportOptions options);
   void StartWatchdog();
@@ -134,6 +143,8 @@ class NcclTransport : public engine::Transport,
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t host_done_ = nullptr;
+  std::vector<cudaEvent_t> bcast_events_;  // 2 per broadcast (start, end), grown on demand
+  size_t bcast_count_ = 0;                 // broadcasts of the current publication
   void* host_staging_ = nullptr;  // device buffer for host buckets
   uint64_t host_staging_bytes_ = 0;
 

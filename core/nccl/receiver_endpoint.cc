@@ -18,6 +18,7 @@
 #include "core/engine/checksum.h"
 #include "core/engines/update_request.h"
 #include "core/gpu/status_kernels.h"
+#include "core/gpu/streams.h"
 #include "core/nccl/group_member.h"
 #include "nlohmann/json.hpp"
 
@@ -53,6 +54,8 @@ class ReceiverEndpoint::Impl {
     unsigned long long* sum_host[2] = {nullptr, nullptr};  // pinned: read-back never pages
     cudaEvent_t received[2] = {nullptr, nullptr};
     cudaEvent_t verified[2] = {nullptr, nullptr};
+    cudaEvent_t posted[2] = {nullptr, nullptr};  // timing: the receive's kernel start and end
+    cudaEvent_t landed[2] = {nullptr, nullptr};
   };
 
  public:
@@ -84,6 +87,8 @@ class ReceiverEndpoint::Impl {
         if (k.sum_host[slot] != nullptr) cudaFreeHost(k.sum_host[slot]);
         if (k.received[slot] != nullptr) cudaEventDestroy(k.received[slot]);
         if (k.verified[slot] != nullptr) cudaEventDestroy(k.verified[slot]);
+        if (k.posted[slot] != nullptr) cudaEventDestroy(k.posted[slot]);
+        if (k.landed[slot] != nullptr) cudaEventDestroy(k.landed[slot]);
       }
       if (k.stream != nullptr) cudaStreamDestroy(k.stream);
       if (k.verify != nullptr) cudaStreamDestroy(k.verify);
@@ -99,15 +104,17 @@ class ReceiverEndpoint::Impl {
       Rank& k = *ranks_.back();
       k.device = device;
       bool ok = cudaSetDevice(k.device) == cudaSuccess &&
-                cudaStreamCreateWithFlags(&k.stream, cudaStreamNonBlocking) == cudaSuccess &&
-                cudaStreamCreateWithFlags(&k.verify, cudaStreamNonBlocking) == cudaSuccess;
+                gpu::CreateStream(gpu::StreamRole::kCommunication, &k.stream) == cudaSuccess &&
+                gpu::CreateStream(gpu::StreamRole::kCompute, &k.verify) == cudaSuccess;
       for (int slot = 0; ok && slot < 2; ++slot) {
         ok = cudaMalloc(reinterpret_cast<void**>(&k.sum[slot]), sizeof(unsigned long long)) ==
                  cudaSuccess &&
              cudaMallocHost(reinterpret_cast<void**>(&k.sum_host[slot]),
                             sizeof(unsigned long long)) == cudaSuccess &&
              cudaEventCreateWithFlags(&k.received[slot], cudaEventDisableTiming) == cudaSuccess &&
-             cudaEventCreateWithFlags(&k.verified[slot], cudaEventDisableTiming) == cudaSuccess;
+             cudaEventCreateWithFlags(&k.verified[slot], cudaEventDisableTiming) == cudaSuccess &&
+             cudaEventCreate(&k.posted[slot]) == cudaSuccess &&
+             cudaEventCreate(&k.landed[slot]) == cudaSuccess;
       }
       if (!ok) {
         (void)cudaGetLastError();
@@ -344,8 +351,11 @@ class ReceiverEndpoint::Impl {
     WPUB_RETURN_IF_ERROR(UseDevice(k.device));
     cudaError_t e = cudaStreamWaitEvent(k.stream, k.verified[slot], 0);
     if (e != cudaSuccess) return CudaStatus("ordering the receive", k.device, e);
+    e = cudaEventRecord(k.posted[slot], k.stream);
+    if (e != cudaSuccess) return CudaStatus("timing the receive", k.device, e);
     WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf[slot], n, k.stream));
-    e = cudaEventRecord(k.received[slot], k.stream);
+    e = cudaEventRecord(k.landed[slot], k.stream);
+    if (e == cudaSuccess) e = cudaEventRecord(k.received[slot], k.stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(k.verify, k.received[slot], 0);
     if (e == cudaSuccess) e = cudaMemsetAsync(k.sum[slot], 0, sizeof(*k.sum[slot]), k.verify);
     if (e == cudaSuccess) {
@@ -419,17 +429,22 @@ class ReceiverEndpoint::Impl {
   template <typename Fn>
   absl::Status OnEveryRank(Fn fn) {
     std::atomic<bool> failed{false};
-    std::vector<std::future<absl::Status>> jobs;
-    for (size_t i = 0; i < ranks_.size(); ++i) {
-      jobs.push_back(std::async(std::launch::async, [&, i] {
-        absl::Status s = fn(i, failed);
-        if (!s.ok() && !failed.exchange(true)) AbortAll();
-        return s;
-      }));
-    }
+    auto run = [&](size_t i) {
+      absl::Status s = fn(i, failed);
+      if (!s.ok() && !failed.exchange(true)) AbortAll();
+      return s;
+    };
     absl::Status first;
-    for (auto& f : jobs) {
-      if (absl::Status s = f.get(); !s.ok() && first.ok()) first = s;
+    if (ranks_.size() == 1) {
+      first = run(0);  // one GPU: no thread to start per bucket
+    } else {
+      std::vector<std::future<absl::Status>> jobs;
+      for (size_t i = 0; i < ranks_.size(); ++i) {
+        jobs.push_back(std::async(std::launch::async, run, i));
+      }
+      for (auto& f : jobs) {
+        if (absl::Status s = f.get(); !s.ok() && first.ok()) first = s;
+      }
     }
     if (!first.ok()) Leave();
     return first;
@@ -608,9 +623,16 @@ class ReceiverEndpoint::Impl {
     lock.unlock();
 
     absl::Status verified = absl::OkStatus();
+    float device_ms = 0;
     for (size_t i = 0; i < ranks_.size() && verified.ok(); ++i) {
       verified = WaitEvent(*ranks_[i], ranks_[i]->verified[slot], *members[i], deadline);
       if (verified.ok()) sums[i] = engine::ChecksumFinish(*ranks_[i]->sum_host[slot], off);
+      if (verified.ok() && i == 0 &&
+          cudaEventElapsedTime(&device_ms, ranks_[0]->posted[slot], ranks_[0]->landed[slot]) !=
+              cudaSuccess) {
+        (void)cudaGetLastError();
+        device_ms = 0;
+      }
     }
     absl::StatusOr<uint64_t> sum =
         verified.ok() ? AgreedChecksum(sums, b.version) : absl::StatusOr<uint64_t>(verified);
@@ -633,6 +655,7 @@ class ReceiverEndpoint::Impl {
       st.decode_seconds += seconds(t_decode, t_wait);
       st.wait_seconds += seconds(t_wait, t_receive);
       st.receive_seconds += seconds(t_receive, std::chrono::steady_clock::now());
+      st.receive_device_seconds += device_ms / 1e3;
     }
     lock.unlock();
     if (callbacks_.on_bucket) callbacks_.on_bucket(b);

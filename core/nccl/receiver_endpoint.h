@@ -68,6 +68,9 @@ struct ReceiverVersionStats {
   double decode_seconds = 0;
   double wait_seconds = 0;
   double receive_seconds = 0;
+  // With device checksums: the receive kernels' device time on the first GPU (CUDA events),
+  // including any wait for the publisher's broadcast to start.
+  double receive_device_seconds = 0;
 };
 
 class ReceiverEndpoint {

@@ -75,6 +75,10 @@ ABSL_FLAG(int32_t, engine_requests_in_flight, 1,
           "GPU path: update requests per engine in flight at once. 1 for SGLang; 2 lets an "
           "engine that orders requests by wpub_sequence (wpub-recv --engine_listen) decode the "
           "next bucket's request while this one's broadcast runs.");
+ABSL_FLAG(int32_t, gpu_compute_sms, 0,
+          "GPU path: run quantize/pack on this many SMs (a CUDA green context), leaving the "
+          "others to the bucket broadcasts; 0: every SM. On H200 112-120 of 132 shortened a "
+          "publication by about 5%.");
 ABSL_FLAG(std::string, ready_file, "",
           "Written once serving: JSON with the bound grpc_port, metrics_port and pid.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
@@ -159,6 +163,11 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   if (o.engine_requests_in_flight < 1 || o.engine_requests_in_flight > 8) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--engine_requests_in_flight must be in [1, 8], not ", o.engine_requests_in_flight));
+  }
+  o.gpu_compute_sms = absl::GetFlag(FLAGS_gpu_compute_sms);
+  if (o.gpu_compute_sms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_compute_sms must be >= 0, not ", o.gpu_compute_sms));
   }
   if (o.gpu_path && !o.server.insecure_listen && !server::IsLoopbackAddress(o.nccl_store_listen)) {
     return absl::PermissionDeniedError(

@@ -42,6 +42,8 @@ struct DaemonOptions {
   absl::Duration engine_deadline = absl::Seconds(120);
   // engines::SglangDriverOptions::requests_in_flight (1: SGLang's protocol).
   int engine_requests_in_flight = 1;
+  // gpu::GpuBackendOptions::compute_sms: quantize/pack on this many SMs (0: all).
+  int gpu_compute_sms = 0;
 };
 
 // Reads the parsed absl flags. INVALID_ARGUMENT naming the flag for a bad value;

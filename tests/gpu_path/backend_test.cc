@@ -15,6 +15,7 @@
 #include "core/engine/cpu_backend.h"
 #include "core/engine/planner.h"
 #include "core/gpu/gpu_backend.h"
+#include "core/gpu/sm_partition.h"
 #include "tests/kernels_gpu/cupti_sync_counter.h"
 
 namespace wpub::gpu {
@@ -301,6 +302,51 @@ TEST_P(GpuBackendTest, HostBucketsEqualCpuReference) {
 INSTANTIATE_TEST_SUITE_P(BucketSizes, GpuBackendTest,
                          ::testing::Values(uint64_t{2} << 10, uint64_t{64} << 10,
                                            uint64_t{16} << 20));
+
+// The compute stream on an SM partition (a green context): the same bytes, amax first or
+// pipelined; the partition's size is checked and reported.
+TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  int total = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&total, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  EXPECT_EQ(PartitionedStream::Create(0, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PartitionedStream::Create(0, total + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const int sms : {16, total}) {
+    auto p = PartitionedStream::Create(0, sms);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_GE((*p)->sms(), sms);
+    EXPECT_LE((*p)->sms(), total);
+  }
+  Model m;
+  BuildMixed(m);
+  const uint64_t bucket = uint64_t{64} << 10;
+  const auto want = Reference(m, bucket);
+  for (const bool reject_first : {true, false}) {
+    CopySink sink(64 << 20);
+    GpuBackendOptions o;
+    o.sink = &sink;
+    o.compute_sms = 16;
+    o.reject_before_send = reject_first;
+    auto backend = GpuBackend::Create(o);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    std::vector<InputTensor> inputs;
+    engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
+    engine::SyncCounter syncs;
+    engine::ExecutionHooks hooks;
+    hooks.syncs = &syncs;
+    auto r = (*backend)->Execute(plan, hooks);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const auto got = sink.Received();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t b = 0; b < got.size(); ++b) {
+      EXPECT_EQ(got[b], want[b]->bytes) << "bucket " << b << " reject_first " << reject_first;
+    }
+  }
+  GpuBackendOptions bad;
+  bad.compute_sms = total + 1;
+  EXPECT_EQ(GpuBackend::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
 
 TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";

@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
     for (const auto& [v, s] : (*endpoint)->stats()) {
       j[v] = {{"buckets", s.buckets},           {"bytes", s.bytes},
               {"checksums", s.checksums},       {"decode_seconds", s.decode_seconds},
-              {"wait_seconds", s.wait_seconds}, {"receive_seconds", s.receive_seconds}};
+              {"wait_seconds", s.wait_seconds}, {"receive_seconds", s.receive_seconds},
+              {"receive_device_seconds", s.receive_device_seconds}};
     }
     res.set_content(j.dump(), "application/json");
   });
