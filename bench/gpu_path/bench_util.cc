@@ -24,6 +24,7 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
              engine::Transport& transport, uint64_t* version, uint64_t* bytes_out) {
   std::vector<engine::InputTensor> inputs;
   std::vector<double> wall, amax, compute, total, h_setup, h_checks, h_buckets, h_sink;
+  std::vector<double> p_begin, p_execute, p_ack, p_commit;
   uint64_t syncs = 0;
   size_t buckets = 0;
   for (int it = -1; it < args.iters; ++it) {
@@ -37,6 +38,10 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
     if (it < 0) continue;  // warm-up: group formation, buffer growth, NCCL lazy init
     const gpu::GpuTiming& t = backend.last_timing();
     wall.push_back(r.wall_seconds);
+    p_begin.push_back(r.begin_seconds);
+    p_execute.push_back(r.execute_seconds);
+    p_ack.push_back(r.acknowledge_seconds);
+    p_commit.push_back(r.commit_seconds);
     amax.push_back(t.amax_seconds);
     compute.push_back(t.compute_seconds);
     total.push_back(t.total_seconds);
@@ -60,7 +65,12 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
               {"host_setup_seconds", Median(h_setup)},
               {"host_checks_seconds", Median(h_checks)},
               {"host_buckets_seconds", Median(h_buckets)},
-              {"host_sink_seconds", Median(h_sink)}};
+              {"host_sink_seconds", Median(h_sink)},
+              {"publication_phases",
+               {{"begin_seconds", Median(p_begin)},
+                {"execute_seconds", Median(p_execute)},
+                {"acknowledge_seconds", Median(p_ack)},
+                {"commit_seconds", Median(p_commit)}}}};
   std::printf(
       "%-22s wall %8.4f s  amax %7.4f  quant+pack %7.4f  device total %7.4f  %9.1f GB/s"
       "  %lu B out  %zu buckets  %lu host syncs\n",
@@ -69,6 +79,8 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
       static_cast<unsigned long>(syncs));
   std::printf("%-22s host: setup %7.4f  checks %7.4f  buckets %7.4f  sink %7.4f s\n", "",
               Median(h_setup), Median(h_checks), Median(h_buckets), Median(h_sink));
+  std::printf("%-22s phases: begin %7.4f  execute %7.4f  acknowledged %7.4f  commit %7.4f s\n", "",
+              Median(p_begin), Median(p_execute), Median(p_ack), Median(p_commit));
   return row;
 }
 

@@ -162,7 +162,14 @@ PublishResult Publish(engine::Backend& backend, engine::Transport& transport,
     r.outcomes = transport.Outcomes();
     return r;
   };
+  auto lap = [last = t0]() mutable {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - last).count();
+    last = now;
+    return s;
+  };
   if (auto b = transport.Begin(built.manifest); !b.ok()) return finish(b.status());
+  r.begin_seconds = lap();
   engine::ExecutionHooks hooks;
   hooks.syncs = &syncs;
   hooks.emit = [&](std::shared_ptr<const engine::Bucket> bucket) {
@@ -170,11 +177,15 @@ PublishResult Publish(engine::Backend& backend, engine::Transport& transport,
   };
   hooks.cancelled = [] { return false; };
   auto executed = backend.Execute(built.plan, hooks);
+  r.execute_seconds = lap();
   if (!executed.ok()) return finish(executed.status());
   if (absl::Status s = transport.WaitAcknowledged(absl::Now() + ack_deadline); !s.ok()) {
     return finish(s);
   }
-  return finish(transport.Commit());
+  r.acknowledge_seconds = lap();
+  absl::Status committed = transport.Commit();
+  r.commit_seconds = lap();
+  return finish(committed);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -76,6 +76,8 @@ absl::StatusOr<BuiltPlan> BuildPlan(const ModelLayout& layout, const uint8_t* ba
 struct PublishResult {
   absl::Status status;
   double wall_seconds = 0;
+  // Where the wall clock went: Transport::Begin, Backend::Execute, WaitAcknowledged, Commit.
+  double begin_seconds = 0, execute_seconds = 0, acknowledge_seconds = 0, commit_seconds = 0;
   uint64_t host_syncs = 0;
   std::vector<engine::ReceiverOutcome> outcomes;
 };
