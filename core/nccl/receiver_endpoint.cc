@@ -376,50 +376,39 @@ class ReceiverEndpoint::Impl {
         absl::StrCat(what, " on device ", device, ": ", cudaGetErrorString(e)));
   }
 
-  // Polls `event` of a rank (mu_ not held): done, a CUDA error, the member's asynchronous error,
-  // the endpoint stopping, or the deadline.
-  absl::Status WaitEvent(const Rank& k, cudaEvent_t event, GroupMember& member,
-                         std::chrono::steady_clock::time_point deadline) {
+  // Waits for `query` (cudaStreamQuery or cudaEventQuery of a rank's work) to report success
+  // without blocking in CUDA: polls it, the endpoint stopping, the other ranks' failure (when
+  // given), the member's asynchronous error and the receive deadline, so a broadcast that never
+  // comes cannot hang a handler. Callable with or without mu_.
+  template <typename Query>
+  absl::Status Poll(Query query, int device, GroupMember& member,
+                    const std::atomic<bool>* others_failed,
+                    std::chrono::steady_clock::time_point deadline) {
     for (;;) {
-      const cudaError_t e = cudaEventQuery(event);
+      const cudaError_t e = query();
       if (e == cudaSuccess) return absl::OkStatus();
-      if (e != cudaErrorNotReady) return CudaStatus("the bucket's receive", k.device, e);
+      if (e != cudaErrorNotReady) return CudaStatus("the bucket's receive", device, e);
       if (stopping_) return absl::UnavailableError("the engine is stopping");
+      if (others_failed != nullptr && *others_failed) {
+        return absl::AbortedError("another rank of this engine failed");
+      }
       if (absl::Status s = member.AsyncError(); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("device ", k.device, ": ", s.message()));
+        return absl::Status(s.code(), absl::StrCat("device ", device, ": ", s.message()));
       }
       if (std::chrono::steady_clock::now() > deadline) {
         return absl::DeadlineExceededError(
-            absl::StrCat("no broadcast completed on device ", k.device, " within ",
+            absl::StrCat("no broadcast completed on device ", device, " within ",
                          absl::FormatDuration(options_.receive_timeout)));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
-  // Waits for everything enqueued on the rank's stream without blocking in CUDA: polls the
-  // stream, the communicator's asynchronous error, the other ranks' failure and the receive
-  // timeout, so a broadcast that never comes cannot hang the handler.
+  // Everything enqueued on the rank's stream (mu_ held).
   absl::Status WaitRank(Rank& k, const std::atomic<bool>& others_failed,
                         std::chrono::steady_clock::time_point deadline) {
-    for (;;) {
-      const cudaError_t e = cudaStreamQuery(k.stream);
-      if (e == cudaSuccess) return absl::OkStatus();
-      if (e != cudaErrorNotReady) {
-        return absl::InternalError(absl::StrCat("the bucket's receive failed on device ", k.device,
-                                                ": ", cudaGetErrorString(e)));
-      }
-      if (others_failed) return absl::AbortedError("another rank of this engine failed");
-      if (absl::Status s = k.member->AsyncError(); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("device ", k.device, ": ", s.message()));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("no broadcast completed on device ", k.device, " within ",
-                         absl::FormatDuration(options_.receive_timeout)));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    return Poll([&] { return cudaStreamQuery(k.stream); }, k.device, *k.member, &others_failed,
+                deadline);
   }
 
   // Runs fn(rank index, failed) for every rank on a thread of its own (the ranks' receives are then
@@ -625,7 +614,9 @@ class ReceiverEndpoint::Impl {
     absl::Status verified = absl::OkStatus();
     float device_ms = 0;
     for (size_t i = 0; i < ranks_.size() && verified.ok(); ++i) {
-      verified = WaitEvent(*ranks_[i], ranks_[i]->verified[slot], *members[i], deadline);
+      const cudaEvent_t done = ranks_[i]->verified[slot];
+      verified = Poll([done] { return cudaEventQuery(done); }, ranks_[i]->device, *members[i],
+                      nullptr, deadline);
       if (verified.ok()) sums[i] = engine::ChecksumFinish(*ranks_[i]->sum_host[slot], off);
       if (verified.ok() && i == 0 &&
           cudaEventElapsedTime(&device_ms, ranks_[0]->posted[slot], ranks_[0]->landed[slot]) !=
