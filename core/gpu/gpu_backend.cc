@@ -423,6 +423,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
 
     std::vector<QuantSlot> slots;
     std::unordered_map<size_t, size_t> slot_of;  // input -> index into slots
+    std::vector<CopyItem> copies;  // passed-through parts: one gather-copy launch per bucket
     for (const PlacedTensor& t : layout.tensors) {
       const auto& src = plan.sources[t.output];
       if (src.kind == OutputKind::kPassthrough) {
@@ -432,8 +433,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
           uint64_t off = 0;
           for (size_t p = 0; p < in.parts.size(); ++p) {
             if (in.parts[p].nbytes) {
-              WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-                  buf + t.offset + off, parts[p], in.parts[p].nbytes, cudaMemcpyDeviceToDevice, s));
+              copies.push_back(CopyItem{buf + t.offset + off, parts[p], in.parts[p].nbytes});
             }
             off += in.parts[p].nbytes;
           }
@@ -460,6 +460,8 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       if (src.kind == OutputKind::kScales) it->scales = t.offset;
       if (src.kind == OutputKind::kDecodeScale) it->decode = t.offset;
     }
+
+    WPUB_CUDA_RETURN_IF_ERROR(LaunchGatherCopy(copies.data(), static_cast<int>(copies.size()), s));
 
     // Quantize jobs; a job whose packed output is misaligned for the kernels' 16-byte stores
     // writes into aligned scratch, copied into the bucket on the same stream.

@@ -137,7 +137,76 @@ int Blocks(uint64_t items) {
   return static_cast<int>(std::min<uint64_t>((items + kThreads - 1) / kThreads, kMaxBlocks));
 }
 
+constexpr int kCopyItemsPerLaunch = 1024;
+constexpr int kCopyBlocksPerItem = 16;
+
+struct CopyParams {
+  CopyItem items[kCopyItemsPerLaunch];
+};
+static_assert(sizeof(CopyParams) < 32764, "kernel parameters are limited to 32764 bytes");
+
+// Copies n bytes with T-sized words where dst and src share their offset modulo sizeof(T): the
+// bytes before dst's first aligned word and after its last one byte by byte.
+template <typename T>
+__device__ void CopyRange(uint8_t* dst, const uint8_t* src, uint64_t n, uint64_t first,
+                          uint64_t stride) {
+  const uint64_t misalign = reinterpret_cast<uintptr_t>(dst) % sizeof(T);
+  const uint64_t to_aligned = (sizeof(T) - misalign) % sizeof(T);
+  const uint64_t head = to_aligned < n ? to_aligned : n;
+  const uint64_t words = (n - head) / sizeof(T);
+  auto* d = reinterpret_cast<T*>(dst + head);
+  const auto* s = reinterpret_cast<const T*>(src + head);
+  for (uint64_t i = first; i < words; i += stride) d[i] = s[i];
+  for (uint64_t i = first; i < head; i += stride) dst[i] = src[i];
+  for (uint64_t i = head + words * sizeof(T) + first; i < n; i += stride) dst[i] = src[i];
+}
+
+// grid = (kCopyBlocksPerItem, items): blockIdx.y picks the item, x strides inside it.
+__global__ void GatherCopyKernel(const __grid_constant__ CopyParams p) {
+  const CopyItem& it = p.items[blockIdx.y];
+  const uint64_t first = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  auto* dst = static_cast<uint8_t*>(it.dst);
+  const auto* src = static_cast<const uint8_t*>(it.src);
+  const uintptr_t shared = reinterpret_cast<uintptr_t>(dst) ^ reinterpret_cast<uintptr_t>(src);
+  if (shared % 16 == 0) {
+    CopyRange<uint4>(dst, src, it.bytes, first, stride);
+  } else if (shared % 4 == 0) {
+    CopyRange<uint32_t>(dst, src, it.bytes, first, stride);
+  } else if (shared % 2 == 0) {
+    CopyRange<uint16_t>(dst, src, it.bytes, first, stride);
+  } else {
+    CopyRange<uint8_t>(dst, src, it.bytes, first, stride);
+  }
+}
+
 }  // namespace
+
+cudaError_t LaunchGatherCopy(const CopyItem* items, int num_items, cudaStream_t stream) {
+  // Large items are cut into chunks of equal size (multiples of 16 bytes: every chunk keeps the
+  // item's alignment), so each launch spreads its blocks evenly.
+  constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
+  CopyParams p{};
+  int n = 0;
+  auto flush = [&]() -> cudaError_t {
+    if (n == 0) return cudaSuccess;
+    GatherCopyKernel<<<dim3(kCopyBlocksPerItem, n), kThreads, 0, stream>>>(p);
+    n = 0;
+    return cudaGetLastError();
+  };
+  for (int i = 0; i < num_items; ++i) {
+    const CopyItem& it = items[i];
+    for (uint64_t off = 0; off < it.bytes; off += kChunkBytes) {
+      p.items[n++] = CopyItem{static_cast<uint8_t*>(it.dst) + off,
+                              static_cast<const uint8_t*>(it.src) + off,
+                              std::min(kChunkBytes, it.bytes - off)};
+      if (n == kCopyItemsPerLaunch) {
+        if (const cudaError_t e = flush(); e != cudaSuccess) return e;
+      }
+    }
+  }
+  return flush();
+}
 
 cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_word,
                               unsigned long long* sum, cudaStream_t stream) {

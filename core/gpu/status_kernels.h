@@ -1,7 +1,8 @@
 // Device-side bookkeeping kernels of the GPU publication path, writing into the publication's
 // status block so that the host reads it once: the bucket checksum of core/engine/checksum.h
 // (partial sums over words, added atomically mod 2^64) and the count of non-finite elements of
-// passed-through floating-point tensors. Launch contract: asynchronous on `stream`, no host
+// passed-through floating-point tensors; and the gather copy that lays a bucket's passed-through
+// tensors into it. Launch contract: asynchronous on `stream`, no host
 // synchronization, capturable in a CUDA graph; returns the launch error (cudaSuccess when
 // nothing needed launching).
 #pragma once
@@ -34,5 +35,18 @@ struct CountItem {
 // publication with thousands of passed-through tensors costs a handful of launches.
 cudaError_t LaunchCountNonFinite(const CountItem* items, int num_items, unsigned long long* counts,
                                  cudaStream_t stream);
+
+// One device-to-device copy of `bytes` (any alignment; the regions must not overlap).
+struct CopyItem {
+  void* dst = nullptr;
+  const void* src = nullptr;
+  uint64_t bytes = 0;
+};
+
+// Every item's copy, items in kernel parameters: a bucket's hundreds of passed-through tensors
+// in one or a few launches instead of one cudaMemcpyAsync each (each costs the host several
+// microseconds). 16-byte vectors where source and destination share their offset in a 16-byte
+// line, else the widest word they share.
+cudaError_t LaunchGatherCopy(const CopyItem* items, int num_items, cudaStream_t stream);
 
 }  // namespace wpub::gpu

@@ -2,7 +2,9 @@
 // the non-finite count for every element type, views starting at every element offset within
 // a 16-byte line (the kernel reads the aligned middle with vector loads, the head and tail
 // element by element), items longer than its 8 MiB chunks, and several items sharing a slot;
-// the device checksum against core/engine/checksum.h at word offsets and odd lengths.
+// the device checksum against core/engine/checksum.h at word offsets and odd lengths; the gather
+// copy at every source and destination offset within a 16-byte line, lengths around the word
+// sizes, items longer than its chunks, and many items per launch.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -113,6 +115,52 @@ TEST_F(StatusKernelsTest, DeviceChecksumEqualsTheHostDefinition) {
   }
   cudaFree(sum);
   cudaFree(dev);
+}
+
+TEST_F(StatusKernelsTest, GatherCopyEqualsMemcpyAtEveryAlignment) {
+  const uint64_t lengths[] = {0, 1, 2, 3, 15, 16, 17, 31, 33, 4095, 4097, (uint64_t{9} << 20) + 7};
+  std::vector<CopyItem> items;
+  std::vector<std::pair<uint64_t, uint64_t>> where;  // (dst offset, src offset) per item
+  uint64_t src_bytes = 0, dst_bytes = 0;
+  for (int so = 0; so < 16; ++so) {
+    for (int d = 0; d < 16; ++d) {
+      for (const uint64_t n : lengths) {
+        if (n > 4097 && (so + d) % 5 != 0) continue;  // the long one at some offsets only
+        src_bytes = (src_bytes + 15) / 16 * 16 + so;
+        dst_bytes = (dst_bytes + 15) / 16 * 16 + d;
+        where.push_back({dst_bytes, src_bytes});
+        items.push_back(CopyItem{nullptr, nullptr, n});
+        src_bytes += n;
+        dst_bytes += n + 3;  // a gap the copy must leave untouched
+      }
+    }
+  }
+  ASSERT_GT(items.size(), 1024u);  // more than one launch
+  std::vector<uint8_t> src(src_bytes), want(dst_bytes, 0xA5);
+  std::mt19937_64 rng(7);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  uint8_t *d_src = nullptr, *d_dst = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_src), src_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&d_dst), dst_bytes), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_src, src.data(), src_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_dst, want.data(), dst_bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  for (size_t i = 0; i < items.size(); ++i) {
+    items[i].dst = d_dst + where[i].first;
+    items[i].src = d_src + where[i].second;
+    std::memcpy(want.data() + where[i].first, src.data() + where[i].second, items[i].bytes);
+  }
+  ASSERT_EQ(LaunchGatherCopy(items.data(), static_cast<int>(items.size()), nullptr), cudaSuccess);
+  std::vector<uint8_t> got(dst_bytes);
+  ASSERT_EQ(cudaMemcpy(got.data(), d_dst, dst_bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      ADD_FAILURE() << "first difference at destination byte " << i;
+      break;
+    }
+  }
+  EXPECT_EQ(LaunchGatherCopy(nullptr, 0, nullptr), cudaSuccess);
+  cudaFree(d_src);
+  cudaFree(d_dst);
 }
 
 }  // namespace
