@@ -194,6 +194,9 @@ absl::StatusOr<UpdateRequest> DecodeUpdateRequest(std::string_view body) {
       out.fields.sequence = static_cast<int64_t>(n);
     }
   }
+  if (const char* rest = nullptr; !doc.current_location().get(rest)) {
+    return absl::InvalidArgumentError("the request body has content after its JSON object");
+  }
   if (!have_names || !have_dtypes || !have_shapes || names.size() != dtypes.size() ||
       names.size() != shapes.size()) {
     return absl::InvalidArgumentError(

@@ -87,6 +87,10 @@ TEST(UpdateRequest, DecodeInvertsEncode) {
   EXPECT_EQ(r->fields.load_format, "flattened_bucket");
 }
 
+TEST(UpdateRequest, TrailingWhitespaceIsAccepted) {
+  EXPECT_TRUE(DecodeUpdateRequest("{\"names\": [], \"dtypes\": [], \"shapes\": []} \n ").ok());
+}
+
 TEST(UpdateRequest, DecodeAcceptsAnyFieldOrderAndIgnoresUnknownFields) {
   absl::StatusOr<UpdateRequest> r = DecodeUpdateRequest(
       R"({"extra": {"nested": [1, 2, {"x": null}]}, "shapes": [[2, 8]], "dtypes": ["torch.bfloat16"],
@@ -123,6 +127,7 @@ TEST(UpdateRequest, MalformedBodiesAreRefusedNamingTheFieldOrTensor) {
       {R"({"names": [], "dtypes": [], "shapes": [], "wpub_sequence": 4294967296})",
        "wpub_sequence"},
       {R"({"names": ["a"], "dtypes": ["uint8"], "shapes": [[1]],)", "not valid JSON"},
+      {R"({"names": [], "dtypes": [], "shapes": []} {})", "content after its JSON object"},
   };
   for (const auto& c : cases) {
     absl::StatusOr<UpdateRequest> r = DecodeUpdateRequest(c.body);
