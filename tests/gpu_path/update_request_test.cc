@@ -121,6 +121,10 @@ TEST(UpdateRequest, MalformedBodiesAreRefusedNamingTheFieldOrTensor) {
       {R"({"names": ["w"], "dtypes": ["uint8"], "shapes": [[-1]]})", "tensor 0 (w): the shape"},
       {R"({"names": ["w"], "dtypes": ["uint8"], "shapes": [[1.5]]})", "tensor 0 (w): the shape"},
       {R"({"names": ["w"], "dtypes": ["uint8"], "shapes": [7]})", "tensor 0 (w): the shape"},
+      // A bad shape followed by more shapes and fields: the reader skips the rest of it.
+      {R"({"names": ["w", "v"], "dtypes": ["uint8", "uint8"],
+           "shapes": [[-1, 5, [7]], [2]], "weight_version": "9"})",
+       "tensor 0 (w): the shape"},
       {R"({"names": ["w"], "dtypes": ["float64"], "shapes": [[4611686018427387904, 8]]})",
        "overflows"},
       {R"({"names": [], "dtypes": [], "shapes": [], "wpub_sequence": -1})", "wpub_sequence"},
