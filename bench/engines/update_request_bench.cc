@@ -23,9 +23,10 @@ std::vector<engine::ManifestTensor> Bucket() {
   std::vector<engine::ManifestTensor> ts;
   for (int e = 0; e < 1100; ++e) {
     const std::string base = "model.layers." + std::to_string(17 + e / 384) + ".mlp.experts." +
-                             std::to_string(e % 128) + (e % 3 == 0   ? ".gate_proj."
-                                                        : e % 3 == 1 ? ".up_proj."
-                                                                     : ".down_proj.");
+                             std::to_string(e % 128) +
+                             (e % 3 == 0   ? ".gate_proj."
+                              : e % 3 == 1 ? ".up_proj."
+                                           : ".down_proj.");
     ts.push_back({base + "weight", DType::kUInt8, {2048, 384}, 0, 0});
     ts.push_back({base + "weight_scale", DType::kFloat8E4M3, {2048, 48}, 0, 0});
     ts.push_back({base + "weight_scale_2", DType::kFloat32, {}, 0, 0});
@@ -55,9 +56,9 @@ std::string EncodeDom(const std::vector<engine::ManifestTensor>& ts, const Updat
     dtypes.push_back(std::string(DTypeName(t.dtype)));
     shapes.push_back(t.shape);
   }
-  json j = {{"names", std::move(names)},     {"dtypes", std::move(dtypes)},
-            {"shapes", std::move(shapes)},   {"group_name", f.group_name},
-            {"flush_cache", f.flush_cache},  {"weight_version", f.weight_version},
+  json j = {{"names", std::move(names)},    {"dtypes", std::move(dtypes)},
+            {"shapes", std::move(shapes)},  {"group_name", f.group_name},
+            {"flush_cache", f.flush_cache}, {"weight_version", f.weight_version},
             {"load_format", f.load_format}, {"wpub_sequence", f.sequence}};
   return j.dump();
 }

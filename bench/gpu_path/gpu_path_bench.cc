@@ -55,9 +55,9 @@ struct Args {
   int iters = 3;
   std::string json_path;
   std::string log_dir = "/tmp";
-  double copy_gbps = 4293;   // D2D copy (read + write) on the lent H200, engines spec
-  std::string cpp_receiver;  // default: multi_gpu_cpp_receiver next to this binary
-  int compute_sms = 0;       // GpuBackendOptions::compute_sms of every wpub case
+  double copy_gbps = 4293;    // D2D copy (read + write) on the lent H200, engines spec
+  std::string cpp_receiver;   // default: multi_gpu_cpp_receiver next to this binary
+  int compute_sms = 0;        // GpuBackendOptions::compute_sms of every wpub case
   std::vector<int> sm_sweep;  // extra (a)/(a') rows with the compute stream on this many SMs
 };
 

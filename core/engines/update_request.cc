@@ -29,8 +29,8 @@ void AppendString(std::string& out, std::string_view s) {
     out += '"';
     return;
   }
-  out += nlohmann::json(std::string(s)).dump(-1, ' ', false,
-                                             nlohmann::json::error_handler_t::replace);
+  out +=
+      nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 void AppendInt(std::string& out, int64_t v) {

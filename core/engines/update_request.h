@@ -1,11 +1,11 @@
 // The flattened-bucket weight-update request: the body of SGLang's
-// `/update_weights_from_distributed` with `load_format: "flattened_bucket"` (docs/specs/engines.md):
-// the bucket's tensors as three parallel arrays (names, dtypes, shapes), laid back to back in
-// the broadcast buffer in that order, plus the request's scalar fields. The publisher encodes
-// one per bucket (thousands of tensors each, 56,000 per publication of a 30B MoE model) and a C++
-// engine (nccl::ReceiverEndpoint) decodes it before it posts its receive, so both sides are on
-// the per-bucket critical path: encoding writes the JSON text directly (strings that need
-// escaping go through nlohmann::json), decoding uses simdjson's on-demand parser.
+// `/update_weights_from_distributed` with `load_format: "flattened_bucket"`
+// (docs/specs/engines.md): the bucket's tensors as three parallel arrays (names, dtypes, shapes),
+// laid back to back in the broadcast buffer in that order, plus the request's scalar fields. The
+// publisher encodes one per bucket (thousands of tensors each, 56,000 per publication of a 30B MoE
+// model) and a C++ engine (nccl::ReceiverEndpoint) decodes it before it posts its receive, so both
+// sides are on the per-bucket critical path: encoding writes the JSON text directly (strings that
+// need escaping go through nlohmann::json), decoding uses simdjson's on-demand parser.
 #pragma once
 
 #include <cstdint>

@@ -17,8 +17,8 @@
 #include "core/engine/weight_pieces.h"
 #include "core/gpu/backend_parts.h"
 #include "core/gpu/host_syncs.h"
-#include "core/gpu/status_kernels.h"
 #include "core/gpu/sm_partition.h"
+#include "core/gpu/status_kernels.h"
 #include "core/gpu/streams.h"
 #include "kernels/cuda/nvfp4_cuda.h"
 

@@ -22,35 +22,35 @@ struct PartitionedStream::Driver {
   const char* missing = nullptr;  // the first entry point not found
 
   static Driver Load() {
-      Driver x;
-      // The versions of this toolkit (green-context streams arrived in CUDA 12.5).
-      auto find = [&x](const char* name, auto* fn) {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q{};
-        if (cudaGetDriverEntryPointByVersion(name, &p, CUDA_VERSION, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess) {
-          (void)cudaGetLastError();
-          x.missing = name;
-          return false;
-        }
-        *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
-        return true;
-      };
-      x.ok = find("cuDeviceGet", &x.device_get) &&
-             find("cuDeviceGetDevResource", &x.get_resource) &&
-             find("cuDevSmResourceSplitByCount", &x.split_by_count) &&
-             find("cuDevResourceGenerateDesc", &x.generate_desc) &&
-             find("cuGreenCtxCreate", &x.ctx_create) && find("cuGreenCtxDestroy", &x.ctx_destroy) &&
-             find("cuGreenCtxStreamCreate", &x.stream_create) &&
-             find("cuGetErrorString", &x.get_error_string);
-      return x;
+    Driver x;
+    // The versions of this toolkit (green-context streams arrived in CUDA 12.5).
+    auto find = [&x](const char* name, auto* fn) {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q{};
+      if (cudaGetDriverEntryPointByVersion(name, &p, CUDA_VERSION, cudaEnableDefault, &q) !=
+              cudaSuccess ||
+          q != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        x.missing = name;
+        return false;
+      }
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
+      return true;
+    };
+    x.ok = find("cuDeviceGet", &x.device_get) && find("cuDeviceGetDevResource", &x.get_resource) &&
+           find("cuDevSmResourceSplitByCount", &x.split_by_count) &&
+           find("cuDevResourceGenerateDesc", &x.generate_desc) &&
+           find("cuGreenCtxCreate", &x.ctx_create) && find("cuGreenCtxDestroy", &x.ctx_destroy) &&
+           find("cuGreenCtxStreamCreate", &x.stream_create) &&
+           find("cuGetErrorString", &x.get_error_string);
+    return x;
   }
 
   std::string Error(const char* call, CUresult r) const {
     const char* s = nullptr;
     if (get_error_string == nullptr || get_error_string(r, &s) != CUDA_SUCCESS) s = nullptr;
-    return absl::StrCat(call, ": CUresult ", static_cast<int>(r), s ? absl::StrCat(" (", s, ")") : "");
+    return absl::StrCat(call, ": CUresult ", static_cast<int>(r),
+                        s ? absl::StrCat(" (", s, ")") : "");
   }
 };
 
@@ -95,9 +95,9 @@ absl::StatusOr<std::unique_ptr<PartitionedStream>> PartitionedStream::Create(int
     if (CUresult r = d.split_by_count(&group, &groups, &all, &rest, 0, static_cast<unsigned>(sms));
         r != CUDA_SUCCESS || groups != 1) {
       return absl::FailedPreconditionError(
-          r != CUDA_SUCCESS ? d.Error("cuDevSmResourceSplitByCount", r)
-                            : absl::StrCat("SM partition: no group of ", sms, " SMs on device ",
-                                           device));
+          r != CUDA_SUCCESS
+              ? d.Error("cuDevSmResourceSplitByCount", r)
+              : absl::StrCat("SM partition: no group of ", sms, " SMs on device ", device));
     }
     if (CUresult r = d.generate_desc(&desc, &group, 1); r != CUDA_SUCCESS) {
       return absl::FailedPreconditionError(d.Error("cuDevResourceGenerateDesc", r));
@@ -110,8 +110,7 @@ absl::StatusOr<std::unique_ptr<PartitionedStream>> PartitionedStream::Create(int
   }
   p->context_ = ctx;
   CUstream s = nullptr;
-  if (CUresult r = d.stream_create(&s, ctx, CU_STREAM_NON_BLOCKING, priority);
-      r != CUDA_SUCCESS) {
+  if (CUresult r = d.stream_create(&s, ctx, CU_STREAM_NON_BLOCKING, priority); r != CUDA_SUCCESS) {
     return absl::FailedPreconditionError(d.Error("cuGreenCtxStreamCreate", r));
   }
   p->stream_ = reinterpret_cast<cudaStream_t>(s);

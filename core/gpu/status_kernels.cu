@@ -197,9 +197,9 @@ cudaError_t LaunchGatherCopy(const CopyItem* items, int num_items, cudaStream_t 
   for (int i = 0; i < num_items; ++i) {
     const CopyItem& it = items[i];
     for (uint64_t off = 0; off < it.bytes; off += kChunkBytes) {
-      p.items[n++] = CopyItem{static_cast<uint8_t*>(it.dst) + off,
-                              static_cast<const uint8_t*>(it.src) + off,
-                              std::min(kChunkBytes, it.bytes - off)};
+      p.items[n++] =
+          CopyItem{static_cast<uint8_t*>(it.dst) + off, static_cast<const uint8_t*>(it.src) + off,
+                   std::min(kChunkBytes, it.bytes - off)};
       if (n == kCopyItemsPerLaunch) {
         if (const cudaError_t e = flush(); e != cudaSuccess) return e;
       }

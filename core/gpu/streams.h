@@ -17,8 +17,7 @@ enum class StreamRole { kCommunication, kCompute };
 // A non-blocking stream on the current device with the priority of `role`.
 inline cudaError_t CreateStream(StreamRole role, cudaStream_t* stream) {
   int least = 0, greatest = 0;
-  if (const cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-      e != cudaSuccess) {
+  if (const cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest); e != cudaSuccess) {
     return e;
   }
   return cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking,

@@ -327,8 +327,8 @@ NcclTransport::BroadcastTiming NcclTransport::last_broadcast_timing() const {
     float busy = 0, idle = 0;
     if (cudaEventElapsedTime(&busy, bcast_events_[2 * i], bcast_events_[2 * i + 1]) !=
             cudaSuccess ||
-        (i > 0 &&
-         cudaEventElapsedTime(&idle, bcast_events_[2 * i - 1], bcast_events_[2 * i]) != cudaSuccess)) {
+        (i > 0 && cudaEventElapsedTime(&idle, bcast_events_[2 * i - 1], bcast_events_[2 * i]) !=
+                      cudaSuccess)) {
       (void)cudaGetLastError();
       return BroadcastTiming();
     }

@@ -145,7 +145,7 @@ class NcclTransport : public engine::Transport,
   cudaEvent_t host_done_ = nullptr;
   std::vector<cudaEvent_t> bcast_events_;  // 2 per broadcast (start, end), grown on demand
   size_t bcast_count_ = 0;                 // broadcasts of the current publication
-  void* host_staging_ = nullptr;  // device buffer for host buckets
+  void* host_staging_ = nullptr;           // device buffer for host buckets
   uint64_t host_staging_bytes_ = 0;
 
   // Group state (publication thread, or a Connect under connect_mu_).

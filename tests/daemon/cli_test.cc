@@ -165,9 +165,9 @@ TEST(Wpubd, RequestsInFlightOutOfRangeIsRefusedNamingTheFlag) {
 
 TEST(Wpubd, NegativeComputeSmsIsRefusedNamingTheFlag) {
   std::string out;
-  EXPECT_NE(RunWpubdToExit({"--gpu_compute_sms=-4", "--listen=127.0.0.1:0", "--metrics_listen="},
-                           &out),
-            0);
+  EXPECT_NE(
+      RunWpubdToExit({"--gpu_compute_sms=-4", "--listen=127.0.0.1:0", "--metrics_listen="}, &out),
+      0);
   EXPECT_NE(out.find("--gpu_compute_sms must be >= 0"), std::string::npos) << out;
 }
 

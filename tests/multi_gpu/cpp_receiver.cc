@@ -62,9 +62,12 @@ int main(int argc, char** argv) {
   srv.Get("/stats", [&](const httplib::Request&, httplib::Response& res) {
     nlohmann::json j = nlohmann::json::object();
     for (const auto& [v, s] : (*endpoint)->stats()) {
-      j[v] = {{"buckets", s.buckets},           {"bytes", s.bytes},
-              {"checksums", s.checksums},       {"decode_seconds", s.decode_seconds},
-              {"wait_seconds", s.wait_seconds}, {"receive_seconds", s.receive_seconds},
+      j[v] = {{"buckets", s.buckets},
+              {"bytes", s.bytes},
+              {"checksums", s.checksums},
+              {"decode_seconds", s.decode_seconds},
+              {"wait_seconds", s.wait_seconds},
+              {"receive_seconds", s.receive_seconds},
               {"receive_device_seconds", s.receive_device_seconds}};
     }
     res.set_content(j.dump(), "application/json");
