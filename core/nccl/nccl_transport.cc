@@ -309,7 +309,7 @@ absl::Status NcclTransport::SendDevice(const engine::BucketManifest& manifest, c
     WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
     bcast_events_.push_back(e);
   }
-  const size_t timed = bcast_count_++;
+  const size_t timed = bcast_count_;  // counted once both of its events are recorded
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(bcast_events_[2 * timed], comm_stream_));
   if (absl::Status s = comm_->Broadcast(const_cast<void*>(data), nbytes, 0, comm_stream_);
       !s.ok()) {
@@ -317,6 +317,7 @@ absl::Status NcclTransport::SendDevice(const engine::BucketManifest& manifest, c
     return failure();
   }
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(bcast_events_[2 * timed + 1], comm_stream_));
+  ++bcast_count_;
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, comm_stream_));
   return absl::OkStatus();
 }
@@ -373,33 +374,23 @@ absl::Status NcclTransport::WaitAcknowledged(absl::Time deadline) {
       return failure();
     }
   }
-  // And rank 0's side of every broadcast is complete (polled, no blocking wait).
-  cudaEvent_t e = nullptr;
-  WPUB_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  absl::Status result = absl::OkStatus();
-  if (cudaError_t err = cudaEventRecord(e, comm_stream_); err != cudaSuccess) {
-    result = absl::InternalError(cudaGetErrorString(err));
-  }
-  while (result.ok()) {
-    const cudaError_t q = cudaEventQuery(e);
-    if (q == cudaSuccess) break;
+  // And rank 0's side of every broadcast is complete: the last one's end event, polled (no
+  // blocking wait).
+  if (bcast_count_ == 0) return absl::OkStatus();
+  const cudaEvent_t last = bcast_events_[2 * bcast_count_ - 1];
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(last);
+    if (q == cudaSuccess) return absl::OkStatus();
     if (q != cudaErrorNotReady) {
-      result = absl::InternalError(absl::StrCat("comm stream: ", cudaGetErrorString(q)));
-      break;
+      return absl::InternalError(absl::StrCat("comm stream: ", cudaGetErrorString(q)));
     }
-    if (!failure().ok()) {
-      result = failure();
-      break;
-    }
+    WPUB_RETURN_IF_ERROR(failure());
     if (absl::Now() >= d) {
       Fail(absl::DeadlineExceededError("broadcasts did not complete before the deadline"));
-      result = failure();
-      break;
+      return failure();
     }
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
-  cudaEventDestroy(e);
-  return result;
 }
 
 absl::Status NcclTransport::Commit() {

@@ -143,8 +143,10 @@ class NcclTransport : public engine::Transport,
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t host_done_ = nullptr;
-  std::vector<cudaEvent_t> bcast_events_;  // 2 per broadcast (start, end), grown on demand
-  size_t bcast_count_ = 0;                 // broadcasts of the current publication
+  // 2 per broadcast (start, end), grown on demand: the timing of last_broadcast_timing, and the
+  // last end event is what WaitAcknowledged polls for rank 0's side to be complete.
+  std::vector<cudaEvent_t> bcast_events_;
+  size_t bcast_count_ = 0;  // broadcasts of the current publication
   void* host_staging_ = nullptr;           // device buffer for host buckets
   uint64_t host_staging_bytes_ = 0;
 
