@@ -52,10 +52,11 @@ class ReceiverEndpoint::Impl {
     uint64_t buf_bytes = 0;                                // of each slot
     unsigned long long* sum[2] = {nullptr, nullptr};       // device checksum accumulators
     unsigned long long* sum_host[2] = {nullptr, nullptr};  // pinned: read-back never pages
-    cudaEvent_t received[2] = {nullptr, nullptr};
-    cudaEvent_t verified[2] = {nullptr, nullptr};
-    cudaEvent_t posted[2] = {nullptr, nullptr};  // timing: the receive's kernel start and end
+    // The receive's start and end on `stream` (timed; the verify stream waits for `landed`), and
+    // the end of its checksum's read-back on `verify`.
+    cudaEvent_t posted[2] = {nullptr, nullptr};
     cudaEvent_t landed[2] = {nullptr, nullptr};
+    cudaEvent_t verified[2] = {nullptr, nullptr};
   };
 
  public:
@@ -85,7 +86,6 @@ class ReceiverEndpoint::Impl {
         if (k.buf[slot] != nullptr) cudaFree(k.buf[slot]);
         if (k.sum[slot] != nullptr) cudaFree(k.sum[slot]);
         if (k.sum_host[slot] != nullptr) cudaFreeHost(k.sum_host[slot]);
-        if (k.received[slot] != nullptr) cudaEventDestroy(k.received[slot]);
         if (k.verified[slot] != nullptr) cudaEventDestroy(k.verified[slot]);
         if (k.posted[slot] != nullptr) cudaEventDestroy(k.posted[slot]);
         if (k.landed[slot] != nullptr) cudaEventDestroy(k.landed[slot]);
@@ -111,7 +111,6 @@ class ReceiverEndpoint::Impl {
                  cudaSuccess &&
              cudaMallocHost(reinterpret_cast<void**>(&k.sum_host[slot]),
                             sizeof(unsigned long long)) == cudaSuccess &&
-             cudaEventCreateWithFlags(&k.received[slot], cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreateWithFlags(&k.verified[slot], cudaEventDisableTiming) == cudaSuccess &&
              cudaEventCreate(&k.posted[slot]) == cudaSuccess &&
              cudaEventCreate(&k.landed[slot]) == cudaSuccess;
@@ -355,20 +354,27 @@ class ReceiverEndpoint::Impl {
     if (e != cudaSuccess) return CudaStatus("timing the receive", k.device, e);
     WPUB_RETURN_IF_ERROR(k.member->Receive(k.buf[slot], n, k.stream));
     e = cudaEventRecord(k.landed[slot], k.stream);
-    if (e == cudaSuccess) e = cudaEventRecord(k.received[slot], k.stream);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(k.verify, k.received[slot], 0);
-    if (e == cudaSuccess) e = cudaMemsetAsync(k.sum[slot], 0, sizeof(*k.sum[slot]), k.verify);
-    if (e == cudaSuccess) {
-      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf[slot]), n, 0, k.sum[slot],
-                                 k.verify);
-    }
-    if (e == cudaSuccess) {
-      e = cudaMemcpyAsync(k.sum_host[slot], k.sum[slot], sizeof(*k.sum[slot]),
-                          cudaMemcpyDeviceToHost, k.verify);
-    }
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(k.verify, k.landed[slot], 0);
+    if (e == cudaSuccess) e = EnqueueChecksum(k, slot, n, k.verify);
     if (e == cudaSuccess) e = cudaEventRecord(k.verified[slot], k.verify);
     if (e != cudaSuccess) return CudaStatus("enqueueing the bucket's checksum", k.device, e);
     return absl::OkStatus();
+  }
+
+  // On `stream`: the checksum of the n bytes in `slot`'s buffer into its device accumulator,
+  // read back into its pinned word (ChecksumFinish(*k.sum_host[slot], n) once the stream is
+  // past it).
+  static cudaError_t EnqueueChecksum(Rank& k, int slot, uint64_t n, cudaStream_t stream) {
+    cudaError_t e = cudaMemsetAsync(k.sum[slot], 0, sizeof(*k.sum[slot]), stream);
+    if (e == cudaSuccess) {
+      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf[slot]), n, 0, k.sum[slot],
+                                 stream);
+    }
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(k.sum_host[slot], k.sum[slot], sizeof(*k.sum[slot]),
+                          cudaMemcpyDeviceToHost, stream);
+    }
+    return e;
   }
 
   static absl::Status CudaStatus(const char* what, int device, cudaError_t e) {
@@ -492,15 +498,9 @@ class ReceiverEndpoint::Impl {
       *checksum = engine::Checksum(bytes->data(), bytes->size());
       return absl::OkStatus();
     }
-    cudaError_t e = cudaMemsetAsync(k.sum[0], 0, sizeof(*k.sum[0]), k.stream);
-    if (e == cudaSuccess) {
-      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf[0]), n, 0, k.sum[0], k.stream);
+    if (const cudaError_t e = EnqueueChecksum(k, 0, n, k.stream); e != cudaSuccess) {
+      return CudaStatus("the bucket's checksum", k.device, e);
     }
-    if (e == cudaSuccess) {
-      e = cudaMemcpyAsync(k.sum_host[0], k.sum[0], sizeof(*k.sum[0]), cudaMemcpyDeviceToHost,
-                          k.stream);
-    }
-    if (e != cudaSuccess) return CudaStatus("the bucket's checksum", k.device, e);
     WPUB_RETURN_IF_ERROR(WaitRank(k, failed, deadline));
     *checksum = engine::ChecksumFinish(*k.sum_host[0], n);
     return absl::OkStatus();
