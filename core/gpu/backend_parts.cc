@@ -1,6 +1,9 @@
 // The GPU backend's helpers (backend_parts.h).
 #include "core/gpu/backend_parts.h"
 
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
 
@@ -8,6 +11,18 @@ namespace wpub::gpu::detail {
 
 using engine::InputTensor;
 using engine::PartView;
+
+void* DriverEntryPoint(const char* name) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult q{};
+  if (cudaGetDriverEntryPointByVersion(name, &fn, CUDA_VERSION, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return fn;
+}
 
 bool FloatKindOf(DType d, FloatKind* k) {
   switch (d) {

@@ -1,6 +1,7 @@
-// Internal to core/gpu: the GPU backend's helpers -- alignment, element kinds, and buffers whose
-// growth is a counted host synchronization. Not part of the public API. (Quantized inputs are
-// split into kernel weights by engine::SplitIntoWeightPieces, as the CPU backend splits them.)
+// Internal to core/gpu: the GPU backend's helpers -- alignment, element kinds, buffers whose
+// growth is a counted host synchronization, and CUDA driver functions looked up at run time. Not
+// part of the public API. (Quantized inputs are split into kernel weights by
+// engine::SplitIntoWeightPieces, as the CPU backend splits them.)
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,15 @@ inline bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintpt
 bool FloatKindOf(DType d, FloatKind* k);
 
 absl::Status KernelError(kernels::KernelStatus st, const std::string& what, const std::string& msg);
+
+// The CUDA driver function `name` (this toolkit's version of it) through the runtime's
+// entry-point lookup, so that nothing links libcuda and binaries load on machines without a
+// driver; nullptr when the driver has none.
+void* DriverEntryPoint(const char* name);
+template <typename Fn>
+Fn DriverFunction(const char* name) {
+  return reinterpret_cast<Fn>(DriverEntryPoint(name));
+}
 
 // A growable buffer whose (re)allocation is a counted host synchronization.
 struct GrowBuffer {

@@ -93,10 +93,10 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
   impl->options = options;
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   if (options.compute_sms > 0) {
-    int least = 0, greatest = 0;
-    WPUB_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    int priority = 0;
+    WPUB_CUDA_RETURN_IF_ERROR(StreamPriority(StreamRole::kCompute, &priority));
     WPUB_ASSIGN_OR_RETURN(impl->partition,
-                          PartitionedStream::Create(options.device, options.compute_sms, least));
+                          PartitionedStream::Create(options.device, options.compute_sms, priority));
     impl->compute = impl->partition->stream();
   } else {
     WPUB_CUDA_RETURN_IF_ERROR(CreateStream(StreamRole::kCompute, &impl->compute));
@@ -466,12 +466,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     // Quantize jobs; a job whose packed output is misaligned for the kernels' 16-byte stores
     // writes into aligned scratch, copied into the bucket on the same stream.
     std::vector<kernels::cuda::QuantizeJob> jobs;
-    struct CopyOut {
-      uint8_t* dst;
-      const uint8_t* src;
-      uint64_t n;
-    };
-    std::vector<CopyOut> copy_out;
+    std::vector<CopyItem> copy_out;
     uint64_t scratch_need = 0;
     struct Pending {
       size_t job;
@@ -521,9 +516,8 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
         return KernelError(st, absl::StrCat("quantize of bucket ", b), msg);
       }
     }
-    for (const CopyOut& c : copy_out) {
-      WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(c.dst, c.src, c.n, cudaMemcpyDeviceToDevice, s));
-    }
+    WPUB_CUDA_RETURN_IF_ERROR(
+        LaunchGatherCopy(copy_out.data(), static_cast<int>(copy_out.size()), s));
     // Checksum of the packed bucket; the sum stays on the device until the final read.
     if (!Aligned(buf, 4)) return absl::InternalError("bucket staging lost its 4-byte alignment");
     WPUB_CUDA_RETURN_IF_ERROR(LaunchChecksumAdd(buf, layout.nbytes, 0, sum_dev + b, s));

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "core/gpu/backend_parts.h"
 
 namespace wpub::gpu {
 namespace {
@@ -22,20 +23,8 @@ int HexValue(char c) {
   return -1;
 }
 
-// cuMemGetAddressRange through the runtime's driver entry point, so that nothing links
-// libcuda directly (binaries then load on machines without a driver, e.g. for test listing).
+// cuMemGetAddressRange, looked up at run time (nothing links libcuda).
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-GetAddressRangeFn AddressRangeFn() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult q{};
-  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000, cudaEnableDefault, &q) !=
-          cudaSuccess ||
-      q != cudaDriverEntryPointSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  return reinterpret_cast<GetAddressRangeFn>(fn);
-}
 
 std::string CudaName(cudaError_t e) {
   return absl::StrCat(cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
@@ -150,7 +139,8 @@ absl::StatusOr<const uint8_t*> IpcCache::Resolve(const engine::CudaIpcSource& so
     }
     CUdeviceptr range_base = 0;
     size_t range_size = 0;
-    static const GetAddressRangeFn get_range = AddressRangeFn();
+    static const GetAddressRangeFn get_range =
+        detail::DriverFunction<GetAddressRangeFn>("cuMemGetAddressRange");
     if (get_range == nullptr ||
         get_range(&range_base, &range_size, reinterpret_cast<CUdeviceptr>(base)) != CUDA_SUCCESS) {
       cudaIpcCloseMemHandle(base);

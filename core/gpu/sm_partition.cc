@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/gpu/backend_parts.h"
 
 namespace wpub::gpu {
 
@@ -18,31 +19,22 @@ struct PartitionedStream::Driver {
   CUresult (*ctx_destroy)(CUgreenCtx) = nullptr;
   CUresult (*stream_create)(CUstream*, CUgreenCtx, unsigned int, int) = nullptr;
   CUresult (*get_error_string)(CUresult, const char**) = nullptr;
-  bool ok = false;
-  const char* missing = nullptr;  // the first entry point not found
+  const char* missing = nullptr;  // the first entry point not found; nullptr: all found
 
   static Driver Load() {
     Driver x;
-    // The versions of this toolkit (green-context streams arrived in CUDA 12.5).
     auto find = [&x](const char* name, auto* fn) {
-      void* p = nullptr;
-      cudaDriverEntryPointQueryResult q{};
-      if (cudaGetDriverEntryPointByVersion(name, &p, CUDA_VERSION, cudaEnableDefault, &q) !=
-              cudaSuccess ||
-          q != cudaDriverEntryPointSuccess) {
-        (void)cudaGetLastError();
-        x.missing = name;
-        return false;
-      }
-      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(p);
-      return true;
+      *fn = detail::DriverFunction<std::remove_pointer_t<decltype(fn)>>(name);
+      if (*fn == nullptr) x.missing = name;
+      return *fn != nullptr;
     };
-    x.ok = find("cuDeviceGet", &x.device_get) && find("cuDeviceGetDevResource", &x.get_resource) &&
+    // Green-context streams arrived in CUDA 12.5; DriverFunction asks for this toolkit's versions.
+    (void)(find("cuDeviceGet", &x.device_get) && find("cuDeviceGetDevResource", &x.get_resource) &&
            find("cuDevSmResourceSplitByCount", &x.split_by_count) &&
            find("cuDevResourceGenerateDesc", &x.generate_desc) &&
            find("cuGreenCtxCreate", &x.ctx_create) && find("cuGreenCtxDestroy", &x.ctx_destroy) &&
            find("cuGreenCtxStreamCreate", &x.stream_create) &&
-           find("cuGetErrorString", &x.get_error_string);
+           find("cuGetErrorString", &x.get_error_string));
     return x;
   }
 
@@ -58,7 +50,7 @@ absl::StatusOr<std::unique_ptr<PartitionedStream>> PartitionedStream::Create(int
                                                                              int priority) {
   auto loaded = std::make_unique<const Driver>(Driver::Load());
   const Driver& d = *loaded;
-  if (!d.ok) {
+  if (d.missing != nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("SM partition: this CUDA driver has no ", d.missing, " (green contexts)"));
   }

@@ -126,11 +126,31 @@ __global__ void CountNonFiniteKernel(const __grid_constant__ CountParams p,
   BlockAtomicAdd<uint64_t>(c, counts + it.slot);
 }
 
-cudaError_t LaunchCountBatch(const CountParams& p, int n, unsigned long long* counts,
-                             cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
-  CountNonFiniteKernel<<<dim3(kCountBlocksPerItem, n), kThreads, 0, stream>>>(p, counts);
-  return cudaGetLastError();
+// Items travel in kernel parameters, a Params' worth per launch: launch(params, count) launches
+// one batch. Each item is cut into chunks of at most chunk_bytes (a multiple of 16: every chunk
+// keeps its item's alignment), so that a launch, which gives every chunk the same blocks,
+// spreads its work evenly; cut(item, offset, bytes) makes a chunk.
+template <typename Params, typename Item, typename Cut, typename Launch>
+cudaError_t LaunchChunked(const Item* items, int num_items, uint64_t chunk_bytes, Cut cut,
+                          Launch launch) {
+  constexpr int kPerLaunch = sizeof(Params::items) / sizeof(Params::items[0]);
+  Params p{};
+  int n = 0;
+  auto flush = [&]() -> cudaError_t {
+    if (n == 0) return cudaSuccess;
+    launch(p, n);
+    n = 0;
+    return cudaGetLastError();
+  };
+  for (int i = 0; i < num_items; ++i) {
+    for (uint64_t off = 0; off < items[i].bytes; off += chunk_bytes) {
+      p.items[n++] = cut(items[i], off, std::min(chunk_bytes, items[i].bytes - off));
+      if (n == kPerLaunch) {
+        if (const cudaError_t e = flush(); e != cudaSuccess) return e;
+      }
+    }
+  }
+  return flush();
 }
 
 int Blocks(uint64_t items) {
@@ -183,29 +203,15 @@ __global__ void GatherCopyKernel(const __grid_constant__ CopyParams p) {
 }  // namespace
 
 cudaError_t LaunchGatherCopy(const CopyItem* items, int num_items, cudaStream_t stream) {
-  // Large items are cut into chunks of equal size (multiples of 16 bytes: every chunk keeps the
-  // item's alignment), so each launch spreads its blocks evenly.
-  constexpr uint64_t kChunkBytes = uint64_t{4} << 20;
-  CopyParams p{};
-  int n = 0;
-  auto flush = [&]() -> cudaError_t {
-    if (n == 0) return cudaSuccess;
-    GatherCopyKernel<<<dim3(kCopyBlocksPerItem, n), kThreads, 0, stream>>>(p);
-    n = 0;
-    return cudaGetLastError();
-  };
-  for (int i = 0; i < num_items; ++i) {
-    const CopyItem& it = items[i];
-    for (uint64_t off = 0; off < it.bytes; off += kChunkBytes) {
-      p.items[n++] =
-          CopyItem{static_cast<uint8_t*>(it.dst) + off, static_cast<const uint8_t*>(it.src) + off,
-                   std::min(kChunkBytes, it.bytes - off)};
-      if (n == kCopyItemsPerLaunch) {
-        if (const cudaError_t e = flush(); e != cudaSuccess) return e;
-      }
-    }
-  }
-  return flush();
+  return LaunchChunked<CopyParams>(
+      items, num_items, uint64_t{4} << 20,
+      [](const CopyItem& it, uint64_t off, uint64_t bytes) {
+        return CopyItem{static_cast<uint8_t*>(it.dst) + off,
+                        static_cast<const uint8_t*>(it.src) + off, bytes};
+      },
+      [stream](const CopyParams& p, int n) {
+        GatherCopyKernel<<<dim3(kCopyBlocksPerItem, n), kThreads, 0, stream>>>(p);
+      });
 }
 
 cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_word,
@@ -218,30 +224,17 @@ cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_wo
 
 cudaError_t LaunchCountNonFinite(const CountItem* items, int num_items, unsigned long long* counts,
                                  cudaStream_t stream) {
-  // Large items are cut into chunks so that every launch spreads its blocks evenly: an item gets
-  // kCountBlocksPerItem blocks whatever its size (chunks are multiples of 16 bytes, so every
-  // chunk after the first keeps the first one's alignment).
-  constexpr uint64_t kChunkBytes = uint64_t{8} << 20;
-  CountParams p{};
-  int n = 0;
-  auto flush = [&]() -> cudaError_t {
-    const cudaError_t e = LaunchCountBatch(p, n, counts, stream);
-    n = 0;
-    return e;
-  };
-  for (int i = 0; i < num_items; ++i) {
-    const CountItem& it = items[i];
-    for (uint64_t off = 0; off < it.bytes; off += kChunkBytes) {
-      CountItem chunk = it;
-      chunk.data = static_cast<const uint8_t*>(it.data) + off;
-      chunk.bytes = std::min(kChunkBytes, it.bytes - off);
-      p.items[n++] = chunk;
-      if (n == kCountItemsPerLaunch) {
-        if (const cudaError_t e = flush(); e != cudaSuccess) return e;
-      }
-    }
-  }
-  return flush();
+  return LaunchChunked<CountParams>(
+      items, num_items, uint64_t{8} << 20,
+      [](const CountItem& it, uint64_t off, uint64_t bytes) {
+        CountItem chunk = it;
+        chunk.data = static_cast<const uint8_t*>(it.data) + off;
+        chunk.bytes = bytes;
+        return chunk;
+      },
+      [counts, stream](const CountParams& p, int n) {
+        CountNonFiniteKernel<<<dim3(kCountBlocksPerItem, n), kThreads, 0, stream>>>(p, counts);
+      });
 }
 
 }  // namespace wpub::gpu

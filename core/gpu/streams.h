@@ -14,14 +14,19 @@ namespace wpub::gpu {
 
 enum class StreamRole { kCommunication, kCompute };
 
+// The current device's stream priority for `role`.
+inline cudaError_t StreamPriority(StreamRole role, int* priority) {
+  int least = 0, greatest = 0;
+  const cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest);
+  *priority = role == StreamRole::kCommunication ? greatest : least;
+  return e;
+}
+
 // A non-blocking stream on the current device with the priority of `role`.
 inline cudaError_t CreateStream(StreamRole role, cudaStream_t* stream) {
-  int least = 0, greatest = 0;
-  if (const cudaError_t e = cudaDeviceGetStreamPriorityRange(&least, &greatest); e != cudaSuccess) {
-    return e;
-  }
-  return cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking,
-                                      role == StreamRole::kCommunication ? greatest : least);
+  int priority = 0;
+  if (const cudaError_t e = StreamPriority(role, &priority); e != cudaSuccess) return e;
+  return cudaStreamCreateWithPriority(stream, cudaStreamNonBlocking, priority);
 }
 
 }  // namespace wpub::gpu
