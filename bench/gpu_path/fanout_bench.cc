@@ -24,6 +24,7 @@
 #include "bench/gpu_path/bench_util.h"
 #include "bench/gpu_path/fill.h"
 #include "core/nccl/nccl_transport.h"
+#include "tests/multi_gpu/loopback_transport.h"
 
 namespace wpub::bench {
 namespace {
@@ -149,14 +150,9 @@ int Main(int argc, char** argv) {
     uint64_t bytes = 0;
     json pub;
     {
-      nccl::NcclTransportOptions to;
-      to.store.bind_address = "127.0.0.1";
-      to.sglang.engines = specs;
-      to.sglang.requests_in_flight = 3;  // the C++ engines order requests by wpub_sequence
-      to.sglang.group_name = absl::StrCat("wpub_fanout_", generation);
-      to.sglang.request_timeout = absl::Seconds(600);
-      to.publication_deadline = absl::Seconds(600);
-      auto transport = nccl::NcclTransport::Create(to);
+      // Three requests in flight: the C++ engines order them by wpub_sequence.
+      auto transport = nccl::NcclTransport::Create(testing::LoopbackTransportOptions(
+          specs, absl::StrCat("wpub_fanout_", generation), 3, absl::Seconds(600)));
       BENCH_OK(transport.status());
       gpu::GpuBackendOptions bo;
       bo.sink = transport->get();

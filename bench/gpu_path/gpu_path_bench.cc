@@ -42,6 +42,7 @@
 #include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "nlohmann/json.hpp"
+#include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
 
 namespace wpub::bench {
@@ -179,14 +180,9 @@ int Main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   auto make_transport = [](int engine_port, const char* group, int in_flight) {
-    nccl::NcclTransportOptions to;
-    to.sglang.requests_in_flight = in_flight;
-    to.store.bind_address = "127.0.0.1";
-    to.sglang.engines = {{absl::StrCat("http://127.0.0.1:", engine_port), 1}};
-    to.sglang.group_name = group;
-    to.sglang.request_timeout = absl::Seconds(600);
-    to.publication_deadline = absl::Seconds(600);
-    auto t = nccl::NcclTransport::Create(to);
+    auto t = nccl::NcclTransport::Create(
+        testing::LoopbackTransportOptions({{absl::StrCat("http://127.0.0.1:", engine_port), 1}},
+                                          group, in_flight, absl::Seconds(600)));
     BENCH_OK(t.status());
     return *std::move(t);
   };
@@ -235,57 +231,42 @@ int Main(int argc, char** argv) {
         "", v["decode_seconds"].get<double>(), v["wait_seconds"].get<double>(),
         v["receive_seconds"].get<double>(), v.value("receive_device_seconds", 0.0));
   };
+  // One row to the C++ engine, with both sides' account of its last publication.
+  auto to_engine = [&](const std::string& label, bool nvfp4, gpu::GpuBackend& be,
+                       nccl::NcclTransport& t, uint64_t* bytes_out) {
+    json row = RunWpub(label.c_str(), nvfp4, run, layout, base, be, t, &version, bytes_out);
+    engine_side(&row, t);
+    return row;
+  };
   json rows = json::array();
   {
     auto be = backend_for(to_cpp.get(), true);
-    rows.push_back(
-        RunWpub("(a) wpub nvfp4", true, run, layout, base, *be, *to_cpp, &version, &bytes_a));
-    engine_side(&rows.back(), *to_cpp);
-    rows.push_back(
-        RunWpub("(b) wpub bf16", false, run, layout, base, *be, *to_cpp, &version, &bytes_b));
-    engine_side(&rows.back(), *to_cpp);
+    rows.push_back(to_engine("(a) wpub nvfp4", true, *be, *to_cpp, &bytes_a));
+    rows.push_back(to_engine("(b) wpub bf16", false, *be, *to_cpp, &bytes_b));
   }
-  json a2;
-  {
-    // (a'): amax pipelined per bucket; a non-finite weight is then rejected after the transfer
-    // (before commit) instead of before the first broadcast.
-    auto be = backend_for(to_cpp.get(), false);
-    a2 = RunWpub("(a') nvfp4 pipelined", true, run, layout, base, *be, *to_cpp, &version, &unused);
-    engine_side(&a2, *to_cpp);
-  }
+  // (a'): amax pipelined per bucket; a non-finite weight is then rejected after the transfer
+  // (before commit) instead of before the first broadcast.
+  json a2 =
+      to_engine("(a') nvfp4 pipelined", true, *backend_for(to_cpp.get(), false), *to_cpp, &unused);
   // The compute stream on part of the SMs (a green context), the others left to the broadcast.
   json sweep = json::array();
   for (const int sms : args.sm_sweep) {
     for (const bool reject_first : {true, false}) {
-      auto be = backend_for(to_cpp.get(), reject_first, sms);
-      const std::string label = absl::StrCat(reject_first ? "(a)" : "(a')", " compute on ", sms);
-      sweep.push_back(
-          RunWpub(label.c_str(), true, run, layout, base, *be, *to_cpp, &version, &unused));
+      sweep.push_back(to_engine(absl::StrCat(reject_first ? "(a)" : "(a')", " compute on ", sms),
+                                true, *backend_for(to_cpp.get(), reject_first, sms), *to_cpp,
+                                &unused));
       sweep.back()["compute_sms"] = sms;
-      engine_side(&sweep.back(), *to_cpp);
     }
   }
-  json a_two;
-  {
-    // (a2): as (a) with two requests in flight (the engine decodes one ahead).
+  // (a2), (a1): as (a) with two requests in flight (the engine decodes one ahead) and with one
+  // (SGLang's protocol), each through a group of its own that replaces the previous one.
+  auto fewer_in_flight = [&](int in_flight, const char* label, const char* group) {
     to_cpp.reset();
-    auto two = make_transport(cpp_port, "wpub_bench_cpp2", 2);
-    auto be = backend_for(two.get(), true);
-    a_two =
-        RunWpub("(a2) nvfp4 2 in flight", true, run, layout, base, *be, *two, &version, &unused);
-    engine_side(&a_two, *two);
-  }
-  json a_serial;
-  {
-    // (a1): as (a) with one request in flight (SGLang's protocol) to the same C++ engine; its
-    // group replaces (a)'s, which is not used again.
-    to_cpp.reset();
-    auto serial = make_transport(cpp_port, "wpub_bench_cpp1", 1);
-    auto be = backend_for(serial.get(), true);
-    a_serial =
-        RunWpub("(a1) nvfp4 1 in flight", true, run, layout, base, *be, *serial, &version, &unused);
-    engine_side(&a_serial, *serial);
-  }
+    auto t = make_transport(cpp_port, group, in_flight);
+    return to_engine(label, true, *backend_for(t.get(), true), *t, &unused);
+  };
+  json a_two = fewer_in_flight(2, "(a2) nvfp4 2 in flight", "wpub_bench_cpp2");
+  json a_serial = fewer_in_flight(1, "(a1) nvfp4 1 in flight", "wpub_bench_cpp1");
   json emu_rows = json::array();
   {
     auto be = backend_for(to_emu.get(), true);

@@ -23,6 +23,7 @@
 #include "core/nccl/nccl_transport.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/device_model.h"
+#include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
 
 namespace wpub::testing {
@@ -91,17 +92,13 @@ class MultiRankTest : public ::testing::Test {
 
   std::unique_ptr<nccl::NcclTransport> Transport(const std::vector<Running>& engines,
                                                  absl::Duration deadline, int in_flight = 1) {
-    nccl::NcclTransportOptions o;
-    o.sglang.requests_in_flight = in_flight;
-    o.store.bind_address = "127.0.0.1";
+    std::vector<engines::EngineSpec> specs;
     for (const Running& r : engines) {
-      o.sglang.engines.push_back(
-          {absl::StrCat("http://127.0.0.1:", r.port), static_cast<int>(r.gpus.size())});
+      specs.push_back({absl::StrCat("http://127.0.0.1:", r.port), static_cast<int>(r.gpus.size())});
     }
-    o.sglang.group_name = "wpub_multi_rank";
-    o.sglang.request_timeout = deadline;
+    nccl::NcclTransportOptions o =
+        LoopbackTransportOptions(std::move(specs), "wpub_multi_rank", in_flight, deadline);
     o.join_timeout = absl::Seconds(60);
-    o.publication_deadline = deadline;
     auto t = nccl::NcclTransport::Create(o);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;

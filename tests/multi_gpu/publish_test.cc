@@ -32,6 +32,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/engine/engine_test_util.h"
 #include "tests/multi_gpu/device_model.h"
+#include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
 
 namespace wpub::testing {
@@ -65,16 +66,9 @@ class MultiGpuTest : public ::testing::Test {
 
   std::unique_ptr<nccl::NcclTransport> Transport(int port, absl::Duration deadline,
                                                  int in_flight = 1) {
-    nccl::NcclTransportOptions o;
-    o.sglang.requests_in_flight = in_flight;
-    o.device = 0;
-    o.store.bind_address = "127.0.0.1";
-    o.advertise_address = "127.0.0.1";
-    o.sglang.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
-    o.sglang.group_name = "wpub_test";
-    o.sglang.request_timeout = deadline;
+    nccl::NcclTransportOptions o = LoopbackTransportOptions(
+        {{absl::StrCat("http://127.0.0.1:", port), 1}}, "wpub_test", in_flight, deadline);
     o.join_timeout = absl::Seconds(60);
-    o.publication_deadline = deadline;
     auto t = nccl::NcclTransport::Create(o);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
