@@ -2,7 +2,8 @@
 // routes over nccl::GroupMember, the NCCL data path of a C++ receiver) plus GET /stats, so wpub is
 // tested end to end without Python or SGLang. /stats returns
 // {"<version>": {"buckets": n, "bytes": b, "checksums": [...], "decode_seconds": ..,
-// "wait_seconds": .., "receive_seconds": ..}} (checksums: core/engine/checksum.h).
+// "wait_seconds": .., "receive_seconds": .., "receive_device_seconds": ..}} (checksums:
+// core/engine/checksum.h; the rest: nccl::ReceiverVersionStats).
 // Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
 //   several GPUs: one group rank each, as the TP ranks of one engine;
 //   host|device: where checksums are computed (after a copy of every bucket to the host, the
