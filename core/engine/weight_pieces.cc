@@ -16,8 +16,8 @@ kernels::ElemType KernelElemType(DType dtype) {
   }
 }
 
-absl::StatusOr<std::vector<WeightPiece>> SplitIntoWeightPieces(
-    const InputTensor& in, std::span<const uint8_t* const> part_data) {
+absl::Status AppendWeightPieces(const InputTensor& in, std::span<const uint8_t* const> part_data,
+                                std::vector<WeightPiece>* out) {
   const Shape& s = in.desc.shape;
   const kernels::ElemType type = KernelElemType(in.desc.dtype);
   const bool stacked = s.size() == 3;
@@ -30,7 +30,6 @@ absl::StatusOr<std::vector<WeightPiece>> SplitIntoWeightPieces(
                                                    " part addresses for ", in.parts.size(),
                                                    " parts"));
   }
-  std::vector<WeightPiece> pieces;
   if (stacked && in.concat_dim == 0) {
     // Parts split the expert dimension: each part is a stack of its own slices.
     int64_t offset = 0;
@@ -41,9 +40,9 @@ absl::StatusOr<std::vector<WeightPiece>> SplitIntoWeightPieces(
       piece.slice_offset = offset;
       piece.slices = p.shape[0];
       offset += p.shape[0];
-      if (piece.slices > 0) pieces.push_back(piece);
+      if (piece.slices > 0) out->push_back(piece);
     }
-    return pieces;
+    return absl::OkStatus();
   }
   WeightPiece piece;
   piece.slices = stacked ? s[0] : 1;
@@ -62,7 +61,14 @@ absl::StatusOr<std::vector<WeightPiece>> SplitIntoWeightPieces(
                                                      " a quantized tensor may have"));
     }
   }
-  pieces.push_back(piece);
+  out->push_back(piece);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<WeightPiece>> SplitIntoWeightPieces(
+    const InputTensor& in, std::span<const uint8_t* const> part_data) {
+  std::vector<WeightPiece> pieces;
+  if (absl::Status st = AppendWeightPieces(in, part_data, &pieces); !st.ok()) return st;
   return pieces;
 }
 

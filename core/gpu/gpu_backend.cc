@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -38,6 +39,24 @@ using engine::OutputKind;
 using engine::PartView;
 using engine::PlacedTensor;
 
+// Per-input tables of one publication, flat (one entry per part and per weight piece, found
+// through per-input offsets) and kept by the backend between publications: a publication of
+// tens of thousands of tensors then allocates (and page-faults) nothing for them once warm.
+struct InputTables {
+  std::vector<uint32_t> part_begin;      // [input] -> its first part entry; inputs + 1 entries
+  std::vector<const uint8_t*> part_ptr;  // where the kernels read each part (device memory)
+  std::vector<char> part_staged;         // 1: a host part, staged through pinned memory
+  std::vector<uint32_t> piece_begin;     // [input] -> its first piece; inputs + 1 entries
+  std::vector<engine::WeightPiece> pieces;
+
+  std::span<const uint8_t* const> parts(size_t input) const {
+    return {part_ptr.data() + part_begin[input], part_begin[input + 1] - part_begin[input]};
+  }
+  std::span<const engine::WeightPiece> pieces_of(size_t input) const {
+    return {pieces.data() + piece_begin[input], piece_begin[input + 1] - piece_begin[input]};
+  }
+};
+
 // Where one quantized input's three outputs sit in a bucket.
 struct QuantSlot {
   size_t input = 0;
@@ -61,6 +80,7 @@ class GpuBackend::Impl {
   GrowBuffer staging[2], scratch, amax, status, arena;
   GrowBuffer status_host{nullptr, 0, true}, host_stage{nullptr, 0, true}, bounce{nullptr, 0, true};
   bool dirty = false;  // device work of a failed Execute may still run
+  InputTables tables;  // rebuilt by every Execute, capacity kept
 
   ~Impl() {
     if (compute != nullptr) cudaStreamSynchronize(compute);
@@ -150,21 +170,28 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   // 1. Resolve every used part to a device pointer; host parts go through pinned staging.
   std::vector<char> used(inputs.size(), 0);
   for (const auto& src : plan.sources) used[src.input] = 1;
-  std::vector<std::vector<const uint8_t*>> dev(inputs.size());
+  InputTables& tab = tables;
+  tab.part_begin.resize(inputs.size() + 1);
+  tab.part_ptr.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    tab.part_begin[i] = static_cast<uint32_t>(tab.part_ptr.size());
+    for (const PartView& part : inputs[i].parts) tab.part_ptr.push_back(part.data);
+  }
+  tab.part_begin[inputs.size()] = static_cast<uint32_t>(tab.part_ptr.size());
+  tab.part_staged.assign(tab.part_ptr.size(), 0);
+  auto part_ptr = [&](size_t i, size_t p) -> const uint8_t*& {
+    return tab.part_ptr[tab.part_begin[i] + p];
+  };
   struct HostPart {
     size_t input, part;
     uint64_t offset;
   };
   std::vector<HostPart> host_parts;
-  std::vector<std::vector<char>> staged(inputs.size());  // [input][part]: a host part
   uint64_t host_bytes = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!used[i]) continue;
-    dev[i].resize(inputs[i].parts.size());
-    staged[i].assign(inputs[i].parts.size(), 0);
     for (size_t p = 0; p < inputs[i].parts.size(); ++p) {
       const PartView& part = inputs[i].parts[p];
-      dev[i][p] = part.data;
       if (part.nbytes == 0) continue;
       // Ingestion knows where its parts live (CUDA IPC mappings are on this device, checked by
       // the IPC cache); only parts of unknown origin cost a pointer query.
@@ -184,7 +211,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       }
       const uint64_t off = AlignUp(host_bytes, kAlign);
       host_parts.push_back({i, p, off});
-      staged[i][p] = 1;
+      tab.part_staged[tab.part_begin[i] + p] = 1;
       host_bytes = off + part.nbytes;
     }
   }
@@ -203,7 +230,10 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!used[i] || !quantized[i]) continue;
     for (size_t p = 0; p < inputs[i].parts.size(); ++p) {
-      if (staged[i][p] || Aligned(dev[i][p], 16) || inputs[i].parts[p].nbytes == 0) continue;
+      if (tab.part_staged[tab.part_begin[i] + p] || Aligned(part_ptr(i, p), 16) ||
+          inputs[i].parts[p].nbytes == 0) {
+        continue;
+      }
       const uint64_t off = AlignUp(arena_bytes, kAlign);
       relocations.push_back({i, p, off});
       arena_bytes = off + inputs[i].parts[p].nbytes;
@@ -220,25 +250,28 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     for (const HostPart& h : host_parts) {
       const PartView& part = inputs[h.input].parts[h.part];
       std::memcpy(host_stage.bytes() + h.offset, part.data, part.nbytes);
-      dev[h.input][h.part] = arena.bytes() + h.offset;
+      part_ptr(h.input, h.part) = arena.bytes() + h.offset;
     }
     timing->host_staging_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   std::vector<std::pair<const uint8_t*, const Relocation*>> relocate_from;
   for (const Relocation& r : relocations) {
-    relocate_from.push_back({dev[r.input][r.part], &r});
-    dev[r.input][r.part] = arena.bytes() + r.offset;
+    relocate_from.push_back({part_ptr(r.input, r.part), &r});
+    part_ptr(r.input, r.part) = arena.bytes() + r.offset;
   }
 
   // 2. Pieces of quantized inputs, amax slots per bucket (a group's slots are assigned in the
   //    bucket that first needs them), passthrough count slots, status block layout.
-  std::vector<std::vector<engine::WeightPiece>> pieces(inputs.size());
-  for (const auto& g : plan.amax_groups) {
-    for (size_t m : g.members) {
-      WPUB_ASSIGN_OR_RETURN(pieces[m], engine::SplitIntoWeightPieces(inputs[m], dev[m]));
+  tab.piece_begin.resize(inputs.size() + 1);
+  tab.pieces.clear();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    tab.piece_begin[i] = static_cast<uint32_t>(tab.pieces.size());
+    if (quantized[i]) {
+      WPUB_RETURN_IF_ERROR(engine::AppendWeightPieces(inputs[i], tab.parts(i), &tab.pieces));
     }
   }
+  tab.piece_begin[inputs.size()] = static_cast<uint32_t>(tab.pieces.size());
   std::vector<int64_t> group_base(plan.amax_groups.size(), -1);
   std::vector<std::vector<int>> bucket_groups(num_buckets);
   std::vector<int64_t> bucket_slot_begin(num_buckets + 1, 0);
@@ -312,7 +345,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     std::vector<int64_t> offs;
     for (int g : bucket_groups[b]) {
       for (size_t m : plan.amax_groups[g].members) {
-        for (const engine::WeightPiece& p : pieces[m]) {
+        for (const engine::WeightPiece& p : tab.pieces_of(m)) {
           ws.push_back(p.weight);
           offs.push_back(group_base[g] - bucket_slot_begin[b] + p.slice_offset);
         }
@@ -336,7 +369,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       FloatKindOf(in.desc.dtype, &item.kind);
       item.slot = pass_slot[t.output];
       for (size_t p = 0; p < in.parts.size(); ++p) {
-        item.data = dev[plan.sources[t.output].input][p];
+        item.data = part_ptr(plan.sources[t.output].input, p);
         item.bytes = in.parts[p].nbytes;
         if (item.bytes) items.push_back(item);
       }
@@ -428,7 +461,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       const auto& src = plan.sources[t.output];
       if (src.kind == OutputKind::kPassthrough) {
         const InputTensor& in = inputs[src.input];
-        const std::vector<const uint8_t*>& parts = dev[src.input];
+        const std::span<const uint8_t* const> parts = tab.parts(src.input);
         if (in.parts.size() == 1 || in.concat_dim == 0) {
           uint64_t off = 0;
           for (size_t p = 0; p < in.parts.size(); ++p) {
@@ -478,7 +511,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       const int64_t rows = shp[shp.size() - 2], cols = shp.back();
       const uint64_t packed_stride = static_cast<uint64_t>(rows * cols / 2);
       const uint64_t scale_stride = static_cast<uint64_t>(rows * cols / 16);
-      for (const engine::WeightPiece& p : pieces[q.input]) {
+      for (const engine::WeightPiece& p : tab.pieces_of(q.input)) {
         const uint64_t so = static_cast<uint64_t>(p.slice_offset);
         kernels::cuda::QuantizeJob job;
         job.weight = p.weight;
