@@ -340,6 +340,12 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   WPUB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status.ptr, 0, status_bytes, s));
 
   // Amax of the groups first needed by bucket b, and non-finite counts of its passed floats.
+  const bool amax_first = options.reject_before_send && !plan.allow_non_finite;
+  // Kernels that run beside a broadcast take the occupancy cap; the amax-first pass runs alone.
+  kernels::cuda::LaunchLimits beside_broadcast;
+  if (options.sink != nullptr) beside_broadcast.max_ctas_per_sm = options.overlap_ctas_per_sm;
+  const kernels::cuda::LaunchLimits amax_limits =
+      amax_first ? kernels::cuda::LaunchLimits{} : beside_broadcast;
   auto enqueue_checks = [&](size_t b) -> absl::Status {
     std::vector<kernels::WeightDesc> ws;
     std::vector<int64_t> offs;
@@ -356,7 +362,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       std::string msg;
       const kernels::KernelStatus st = kernels::cuda::LaunchAmax(
           ws.data(), static_cast<int>(ws.size()), offs.data(), n_slots,
-          amax_dev + bucket_slot_begin[b], nf_slots + bucket_slot_begin[b], s, &msg);
+          amax_dev + bucket_slot_begin[b], nf_slots + bucket_slot_begin[b], s, &msg, amax_limits);
       if (st != kernels::KernelStatus::kOk) {
         return KernelError(st, absl::StrCat("amax of bucket ", b), msg);
       }
@@ -413,7 +419,6 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   };
 
   engine::ExecutionResult result;
-  const bool amax_first = options.reject_before_send && !plan.allow_non_finite;
   timing->host_setup_seconds = seconds_since(host_t0);
   if (amax_first) {
     const HostClock::time_point t_checks = HostClock::now();
@@ -544,7 +549,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     if (!jobs.empty()) {
       std::string msg;
       const kernels::KernelStatus st = kernels::cuda::LaunchQuantize(
-          jobs.data(), static_cast<int>(jobs.size()), plan.mode, s, &msg);
+          jobs.data(), static_cast<int>(jobs.size()), plan.mode, s, &msg, beside_broadcast);
       if (st != kernels::KernelStatus::kOk) {
         return KernelError(st, absl::StrCat("quantize of bucket ", b), msg);
       }

@@ -48,6 +48,12 @@ struct GpuBackendOptions {
   // green context, core/gpu/sm_partition.h; rounded up to the partition granularity), leaving
   // the others to the sink's broadcast kernels. 0: every SM.
   int compute_sms = 0;
+  // > 0 and a sink: the quantize kernels (and the amax kernels when pipelined per bucket) run
+  // at most this many CTAs per SM (kernels::cuda::LaunchLimits), because they run while the sink
+  // broadcasts the previous bucket. Measured on 2 x H200 (bench/RESULTS.md): a 1 GiB broadcast
+  // takes 2.9 ms alone, 4.1-4.3 ms beside the uncapped kernels, ~3.6 ms beside capped ones; a
+  // publication (a') 0.081 -> 0.071 s with 3. 0: no cap. The bytes never depend on it.
+  int overlap_ctas_per_sm = 3;
 };
 
 // Device-measured phases of the last publication (CUDA events; read after completion).

@@ -25,6 +25,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   bo.sink = transport.get();
   bo.reject_before_send = options.reject_non_finite_before_send;
   bo.compute_sms = options.compute_sms;
+  bo.overlap_ctas_per_sm = options.overlap_ctas_per_sm;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuBackend> backend, gpu::GpuBackend::Create(bo));
   gpu::IpcCacheOptions io;
   io.device = options.device;

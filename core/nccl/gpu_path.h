@@ -25,8 +25,9 @@ struct GpuPathOptions {
   absl::Duration request_timeout = absl::Seconds(120);
   absl::Duration publication_deadline = absl::Seconds(120);
   bool reject_non_finite_before_send = true;
-  int requests_in_flight = 1;  // engines::SglangDriverOptions::requests_in_flight
-  int compute_sms = 0;         // gpu::GpuBackendOptions::compute_sms (0: every SM)
+  int requests_in_flight = 1;   // engines::SglangDriverOptions::requests_in_flight
+  int compute_sms = 0;          // gpu::GpuBackendOptions::compute_sms (0: every SM)
+  int overlap_ctas_per_sm = 3;  // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap)
 };
 
 // The engine list syntax of --engines (core/engines/sglang_driver.h).

@@ -108,21 +108,27 @@ __global__ void GlobalScalesKernel(const float* amax, int64_t n, float e4m3_max,
   }
 }
 
-KernelStatus LaunchAmaxParams(ElemType type, const AmaxParams& params, cudaStream_t stream,
-                              std::string* message) {
-  const dim3 grid(params.cta_begin[params.num_items]);
+template <ElemType kType>
+KernelStatus LaunchAmaxOf(const AmaxParams& params, const LaunchLimits& limits, cudaStream_t stream,
+                          std::string* message) {
+  size_t smem = 0;
+  const KernelStatus st = PrepareOccupancyCap(AmaxKernel<kType>, limits, &smem, message);
+  if (st != KernelStatus::kOk) return st;
+  AmaxKernel<kType><<<dim3(params.cta_begin[params.num_items]), kThreads, smem, stream>>>(params);
+  return CheckLaunch("amax kernel launch", message);
+}
+
+KernelStatus LaunchAmaxParams(ElemType type, const AmaxParams& params, const LaunchLimits& limits,
+                              cudaStream_t stream, std::string* message) {
   switch (type) {
     case ElemType::kBF16:
-      AmaxKernel<ElemType::kBF16><<<grid, kThreads, 0, stream>>>(params);
-      break;
+      return LaunchAmaxOf<ElemType::kBF16>(params, limits, stream, message);
     case ElemType::kF16:
-      AmaxKernel<ElemType::kF16><<<grid, kThreads, 0, stream>>>(params);
-      break;
+      return LaunchAmaxOf<ElemType::kF16>(params, limits, stream, message);
     case ElemType::kF32:
-      AmaxKernel<ElemType::kF32><<<grid, kThreads, 0, stream>>>(params);
-      break;
+      return LaunchAmaxOf<ElemType::kF32>(params, limits, stream, message);
   }
-  return CheckLaunch("amax kernel launch", message);
+  return Invalid(message, "amax: unknown input type");
 }
 
 }  // namespace
@@ -130,7 +136,7 @@ KernelStatus LaunchAmaxParams(ElemType type, const AmaxParams& params, cudaStrea
 
 KernelStatus LaunchAmax(const WeightDesc* weights, int num_weights, const int64_t* slot_offsets,
                         int64_t num_slots, float* amax, int64_t* nonfinite, cudaStream_t stream,
-                        std::string* message) {
+                        std::string* message, const LaunchLimits& limits) {
   using namespace detail;
   if (num_weights < 0 || (num_weights > 0 && weights == nullptr)) {
     return Invalid(message, "amax: null or negative weight list");
@@ -170,7 +176,7 @@ KernelStatus LaunchAmax(const WeightDesc* weights, int num_weights, const int64_
     auto flush = [&]() -> KernelStatus {
       if (params.num_items == 0) return KernelStatus::kOk;
       params.cta_begin[params.num_items] = ctas;
-      const KernelStatus s = LaunchAmaxParams(type, params, stream, message);
+      const KernelStatus s = LaunchAmaxParams(type, params, limits, stream, message);
       params.num_items = 0;
       ctas = 0;
       return s;

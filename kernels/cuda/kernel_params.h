@@ -78,9 +78,11 @@ template <class Traits>
 inline constexpr uint32_t kQuantBlocksPerCta = kQuantBlocksPerThread<Traits> * 256;
 inline constexpr uint32_t kDequantBlocksPerCta = kDequantBlocksPerThread * 256;
 
-// Enqueue one kernel for a prepared parameter block (grid = cta_begin[num_items]).
+// Enqueue one kernel for a prepared parameter block (grid = cta_begin[num_items]); quantize under
+// an occupancy cap (LaunchLimits).
 template <class Traits>
-KernelStatus LaunchQuantizeKernel(ElemType in_type, const QuantParams& params, cudaStream_t stream,
+KernelStatus LaunchQuantizeKernel(ElemType in_type, const QuantParams& params,
+                                  const LaunchLimits& limits, cudaStream_t stream,
                                   std::string* message);
 template <class Traits>
 KernelStatus LaunchQdqKernel(ElemType type, const QdqParams& params, cudaStream_t stream,

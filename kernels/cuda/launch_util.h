@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/nvfp4_cuda.h"
 #include "kernels/nvfp4.h"
 
 namespace wpub::kernels::cuda::detail {
@@ -105,6 +106,59 @@ inline const void* PartSlice(const WeightDesc& w, int p, int64_t s) {
   const WeightPart& part = w.parts[p];
   return static_cast<const uint8_t*>(part.data) +
          s * part.rows * part.cols * static_cast<int64_t>(ElemSize(w.type));
+}
+
+// Dynamic shared memory that holds a kernel with `static_smem` bytes of static shared memory to
+// at most `max_ctas` CTAs per SM, on an SM of `sm_smem` bytes of shared memory that reserves
+// `reserved` bytes per CTA: (max_ctas + 1) CTAs no longer fit, max_ctas still do. 0 when
+// max_ctas <= 0 or when no padding is needed for the cap. Pure arithmetic (tested against
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor).
+inline size_t OccupancyCapSharedMemory(int max_ctas, size_t sm_smem, size_t reserved,
+                                       size_t static_smem) {
+  if (max_ctas <= 0) return 0;
+  const size_t per_cta = sm_smem / static_cast<size_t>(max_ctas + 1) + 1;
+  const size_t fixed = reserved + static_smem;
+  return per_cta > fixed ? per_cta - fixed : 0;
+}
+
+// Prepares `kernel` for a launch under `limits` on the current device: the dynamic shared memory
+// to pass to the launch (0 without a cap), with the kernel's attributes set to allow it.
+template <class Kernel>
+KernelStatus PrepareOccupancyCap(Kernel kernel, const LaunchLimits& limits, size_t* smem,
+                                 std::string* message) {
+  *smem = 0;
+  if (limits.max_ctas_per_sm <= 0) return KernelStatus::kOk;
+  int device = 0, sm_smem = 0, reserved = 0, optin = 0;
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+  }
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  }
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  if (err == cudaSuccess) err = cudaFuncGetAttributes(&attr, fn);
+  KernelStatus st = CheckCuda(err, "occupancy cap: device and kernel attributes", message);
+  if (st != KernelStatus::kOk) return st;
+  size_t pad = OccupancyCapSharedMemory(limits.max_ctas_per_sm, static_cast<size_t>(sm_smem),
+                                        static_cast<size_t>(reserved), attr.sharedSizeBytes);
+  if (pad + attr.sharedSizeBytes > static_cast<size_t>(optin)) {
+    pad = static_cast<size_t>(optin) - attr.sharedSizeBytes;  // a cap of 1 on small SMs
+  }
+  if (pad == 0) return KernelStatus::kOk;
+  err =
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pad));
+  if (err == cudaSuccess) {
+    err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+  }
+  st = CheckCuda(err, "occupancy cap: kernel shared-memory attributes", message);
+  if (st == KernelStatus::kOk) *smem = pad;
+  return st;
 }
 
 inline constexpr unsigned kAllInputTypes = 0b111;

@@ -63,9 +63,10 @@ KernelStatus CheckModeForType(QuantMode mode, std::string* message) {
 // Quantize jobs of one input type, one mode.
 template <class Traits>
 KernelStatus EnqueueQuantize(const QuantizeJob* jobs, int num_jobs, ElemType type,
-                             cudaStream_t stream, std::string* message) {
+                             const LaunchLimits& limits, cudaStream_t stream,
+                             std::string* message) {
   auto launch = [&](const detail::QuantParams& p) {
-    return detail::LaunchQuantizeKernel<Traits>(type, p, stream, message);
+    return detail::LaunchQuantizeKernel<Traits>(type, p, limits, stream, message);
   };
   ItemBatcher<detail::QuantParams, decltype(launch)> batch(launch);
   for (int i = 0; i < num_jobs; ++i) {
@@ -173,7 +174,7 @@ int64_t TotalSlices(const QdqJob* jobs, int num_jobs) {
 }  // namespace
 
 KernelStatus LaunchQuantize(const QuantizeJob* jobs, int num_jobs, QuantMode mode,
-                            cudaStream_t stream, std::string* message) {
+                            cudaStream_t stream, std::string* message, const LaunchLimits& limits) {
   KernelStatus st = CheckModeForType(mode, message);
   if (st != KernelStatus::kOk) return st;
   if (num_jobs < 0 || (num_jobs > 0 && jobs == nullptr)) {
@@ -206,7 +207,7 @@ KernelStatus LaunchQuantize(const QuantizeJob* jobs, int num_jobs, QuantMode mod
   }
   for (ElemType type : {ElemType::kBF16, ElemType::kF16, ElemType::kF32}) {
     st = DispatchQuantMode(mode, [&]<class Traits>() {
-      return EnqueueQuantize<Traits>(jobs, num_jobs, type, stream, message);
+      return EnqueueQuantize<Traits>(jobs, num_jobs, type, limits, stream, message);
     });
     if (st != KernelStatus::kOk) return st;
   }

@@ -25,6 +25,8 @@
 //  - Thread-safety: launchers keep no state; concurrent calls on different streams are safe.
 //  - Modes are compile-time kernel specializations chosen through DispatchQuantMode; an
 //    invalid mode is kInvalidArgument.
+//  - LaunchAmax and LaunchQuantize take optional LaunchLimits: an occupancy cap for work that
+//    shares the GPU with another stream's kernels. The bytes written never depend on it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,6 +42,16 @@ namespace wpub::kernels::cuda {
 // Work items (one per weight slice and part) that one launch carries in its parameters.
 inline constexpr int kMaxItemsPerLaunch = 128;
 
+// How many of a kernel's CTAs may sit on one SM at once (max_ctas_per_sm > 0; 0: as many as
+// fit), for work that shares the GPU with another stream's kernels. Applied by requesting unused
+// dynamic shared memory, with the kernel's carveout set to prefer shared memory. Measured on an
+// H200 beside NCCL broadcasts of the previous bucket (bench/RESULTS.md): at full occupancy the
+// quantize and amax kernels stretched each 1 GiB broadcast from 2.9 to 4.1-4.3 ms; at 3 CTAs per
+// SM to ~3.6 ms, while the kernels themselves lose little.
+struct LaunchLimits {
+  int max_ctas_per_sm = 0;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Amax.
 //
@@ -52,7 +64,7 @@ inline constexpr int kMaxItemsPerLaunch = 128;
 // with order-independent atomics, so the result is deterministic. Parts are read in place.
 KernelStatus LaunchAmax(const WeightDesc* weights, int num_weights, const int64_t* slot_offsets,
                         int64_t num_slots, float* amax, int64_t* nonfinite, cudaStream_t stream,
-                        std::string* message = nullptr);
+                        std::string* message = nullptr, const LaunchLimits& limits = {});
 
 // One weight (a rank-2 tensor: one slot; a rank-3 stack: num_slices slots).
 KernelStatus LaunchAmax(const WeightDesc& weight, float* amax, int64_t* nonfinite,
@@ -86,7 +98,8 @@ struct QuantizeJob {
 // swizzled scales (out.swizzled != nullptr; padding is zeroed), and weight_scale_2 per slice.
 // The global scales are derived on the device from *amax.
 KernelStatus LaunchQuantize(const QuantizeJob* jobs, int num_jobs, QuantMode mode,
-                            cudaStream_t stream, std::string* message = nullptr);
+                            cudaStream_t stream, std::string* message = nullptr,
+                            const LaunchLimits& limits = {});
 
 // ---------------------------------------------------------------------------------------------
 // Dequantize.

@@ -217,22 +217,31 @@ __global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kType, Traits>)
   }
 }
 
+// One quantize launch under `limits` (PrepareOccupancyCap).
+template <ElemType kIn, class Traits>
+KernelStatus LaunchQuantizeKernelOf(const QuantParams& params, const LaunchLimits& limits,
+                                    cudaStream_t stream, std::string* message) {
+  size_t smem = 0;
+  const KernelStatus st = PrepareOccupancyCap(QuantizeKernel<kIn, Traits>, limits, &smem, message);
+  if (st != KernelStatus::kOk) return st;
+  QuantizeKernel<kIn, Traits>
+      <<<dim3(params.cta_begin[params.num_items]), kThreads, smem, stream>>>(params);
+  return CheckLaunch("quantize kernel launch", message);
+}
+
 template <class Traits>
-KernelStatus LaunchQuantizeKernel(ElemType in_type, const QuantParams& params, cudaStream_t stream,
+KernelStatus LaunchQuantizeKernel(ElemType in_type, const QuantParams& params,
+                                  const LaunchLimits& limits, cudaStream_t stream,
                                   std::string* message) {
-  const dim3 grid(params.cta_begin[params.num_items]);
   switch (in_type) {
     case ElemType::kBF16:
-      QuantizeKernel<ElemType::kBF16, Traits><<<grid, kThreads, 0, stream>>>(params);
-      break;
+      return LaunchQuantizeKernelOf<ElemType::kBF16, Traits>(params, limits, stream, message);
     case ElemType::kF16:
-      QuantizeKernel<ElemType::kF16, Traits><<<grid, kThreads, 0, stream>>>(params);
-      break;
+      return LaunchQuantizeKernelOf<ElemType::kF16, Traits>(params, limits, stream, message);
     case ElemType::kF32:
-      QuantizeKernel<ElemType::kF32, Traits><<<grid, kThreads, 0, stream>>>(params);
-      break;
+      return LaunchQuantizeKernelOf<ElemType::kF32, Traits>(params, limits, stream, message);
   }
-  return CheckLaunch("quantize kernel launch", message);
+  return Invalid(message, "quantize: unknown input type");
 }
 
 template <class Traits>
@@ -253,10 +262,10 @@ KernelStatus LaunchQdqKernel(ElemType type, const QdqParams& params, cudaStream_
 }
 
 // Explicit instantiation of both launchers for one mode.
-#define WPUB_INSTANTIATE_QUANT_MODE(TRAITS)                                                      \
-  template KernelStatus LaunchQuantizeKernel<TRAITS>(ElemType, const QuantParams&, cudaStream_t, \
-                                                     std::string*);                              \
-  template KernelStatus LaunchQdqKernel<TRAITS>(ElemType, const QdqParams&, cudaStream_t,        \
+#define WPUB_INSTANTIATE_QUANT_MODE(TRAITS)                                               \
+  template KernelStatus LaunchQuantizeKernel<TRAITS>(                                     \
+      ElemType, const QuantParams&, const LaunchLimits&, cudaStream_t, std::string*);     \
+  template KernelStatus LaunchQdqKernel<TRAITS>(ElemType, const QdqParams&, cudaStream_t, \
                                                 std::string*)
 
 }  // namespace wpub::kernels::cuda::detail

@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   g.publication_deadline = options.engine_deadline;
   g.requests_in_flight = options.engine_requests_in_flight;
   g.compute_sms = options.gpu_compute_sms;
+  g.overlap_ctas_per_sm = options.gpu_overlap_ctas_per_sm;
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
   absl::StatusOr<wpub::engine::EngineComponents> components = wpub::nccl::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();

@@ -44,6 +44,8 @@ struct DaemonOptions {
   int engine_requests_in_flight = 1;
   // gpu::GpuBackendOptions::compute_sms: quantize/pack on this many SMs (0: all).
   int gpu_compute_sms = 0;
+  // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap).
+  int gpu_overlap_ctas_per_sm = 3;
 };
 
 // Reads the parsed absl flags. INVALID_ARGUMENT naming the flag for a bad value;

@@ -163,12 +163,14 @@ TEST(Wpubd, RequestsInFlightOutOfRangeIsRefusedNamingTheFlag) {
   }
 }
 
-TEST(Wpubd, NegativeComputeSmsIsRefusedNamingTheFlag) {
-  std::string out;
-  EXPECT_NE(
-      RunWpubdToExit({"--gpu_compute_sms=-4", "--listen=127.0.0.1:0", "--metrics_listen="}, &out),
-      0);
-  EXPECT_NE(out.find("--gpu_compute_sms must be >= 0"), std::string::npos) << out;
+TEST(Wpubd, NegativeGpuTuningIsRefusedNamingTheFlag) {
+  for (const char* flag : {"--gpu_compute_sms", "--gpu_overlap_ctas_per_sm"}) {
+    std::string out;
+    EXPECT_NE(RunWpubdToExit(
+                  {absl::StrCat(flag, "=-4"), "--listen=127.0.0.1:0", "--metrics_listen="}, &out),
+              0);
+    EXPECT_NE(out.find(absl::StrCat(flag, " must be >= 0")), std::string::npos) << out;
+  }
 }
 
 TEST(Wpubctl, DemoRunsEndToEndAndStopsCleanly) {

@@ -303,8 +303,9 @@ INSTANTIATE_TEST_SUITE_P(BucketSizes, GpuBackendTest,
                          ::testing::Values(uint64_t{2} << 10, uint64_t{64} << 10,
                                            uint64_t{16} << 20));
 
-// The compute stream on an SM partition (a green context): the same bytes, amax first or
-// pipelined; the partition's size is checked and reported.
+// The compute stream on an SM partition (a green context), its kernels capped at one CTA per SM
+// (the other tests run the default cap of 3, or none without a sink): the same bytes, amax first
+// or pipelined; the partition's size is checked and reported.
 TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   int total = 0;
@@ -327,6 +328,7 @@ TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
     GpuBackendOptions o;
     o.sink = &sink;
     o.compute_sms = 16;
+    o.overlap_ctas_per_sm = 1;  // and the quantize/amax kernels at one CTA per SM
     o.reject_before_send = reject_first;
     auto backend = GpuBackend::Create(o);
     ASSERT_TRUE(backend.ok()) << backend.status();

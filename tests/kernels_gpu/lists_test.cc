@@ -34,7 +34,7 @@ const QuantMode kSomeModes[] = {
 void CheckQuantizeList(const std::vector<WeightDesc>& host, const std::vector<DeviceWeight>& dev,
                        const std::vector<const float*>& d_amax,
                        const std::vector<std::vector<float>>& cpu_amax, QuantMode mode,
-                       bool swizzled, cudaStream_t stream) {
+                       bool swizzled, cudaStream_t stream, const LaunchLimits& limits = {}) {
   std::string msg;
   std::vector<DeviceQuantized> outs(host.size());
   std::vector<QuantizeJob> jobs(host.size());
@@ -44,7 +44,8 @@ void CheckQuantizeList(const std::vector<WeightDesc>& host, const std::vector<De
     jobs[i].out = outs[i].Output();
     jobs[i].amax = d_amax[i];
   }
-  WPUB_KERNEL_OK(LaunchQuantize(jobs.data(), static_cast<int>(jobs.size()), mode, stream, &msg));
+  WPUB_KERNEL_OK(
+      LaunchQuantize(jobs.data(), static_cast<int>(jobs.size()), mode, stream, &msg, limits));
   WPUB_CUDA_OK(cudaStreamSynchronize(stream));
   for (size_t i = 0; i < host.size(); ++i) {
     HostQuantized want;
@@ -202,6 +203,41 @@ TEST_F(ListTest, QuantizeAndQdqListsOf1_3_8_64_200Weights) {
         ASSERT_EQ(FakeQuantize({&task, 1}, mode), KernelStatus::kOk);
         ASSERT_EQ(FirstMismatch(Download<uint16_t>(outs[i].data(), want.size()), want), "")
             << "QDQ weight " << i;
+      }
+    }
+  }
+}
+
+// An occupancy cap (LaunchLimits) changes where CTAs run, never a byte: amax and quantize of a
+// list under caps of 1, 2 and 3 CTAs per SM equal the CPU reference.
+TEST_F(ListTest, OccupancyCapLeavesAmaxAndQuantizeBytesUnchanged) {
+  constexpr int kCount = 8;
+  for (const int cap : {1, 2, 3}) {
+    SCOPED_TRACE("at most " + std::to_string(cap) + " CTAs per SM");
+    for (bool fp32 : {true, false}) {
+      const std::vector<TestTensor> tensors = MakeList(kCount, fp32);
+      std::vector<WeightDesc> host, dev_descs;
+      std::vector<DeviceWeight> dev(kCount);
+      for (int i = 0; i < kCount; ++i) {
+        host.push_back(tensors[i].desc());
+        ASSERT_TRUE(dev[i].Init(host[i]));
+        dev_descs.push_back(dev[i].desc());
+      }
+      DeviceBuffer d_amax = Poisoned(kCount * sizeof(float));
+      DeviceBuffer d_bad = Poisoned(kCount * sizeof(int64_t));
+      WPUB_KERNEL_OK(LaunchAmax(dev_descs.data(), kCount, nullptr, kCount, d_amax.as<float>(),
+                                d_bad.as<int64_t>(), stream_.get(), &msg, LaunchLimits{cap}));
+      std::vector<std::vector<float>> cpu(kCount, std::vector<float>(1));
+      std::vector<const float*> d_ptrs;
+      for (int i = 0; i < kCount; ++i) {
+        ASSERT_EQ(ComputeAmax(host[i], cpu[i].data()), KernelStatus::kOk);
+        d_ptrs.push_back(d_amax.as<float>() + i);
+      }
+      WPUB_CUDA_OK(stream_.Synchronize());
+      const std::vector<float> got = Download<float>(d_amax.data(), kCount);
+      for (int i = 0; i < kCount; ++i) ASSERT_EQ(FloatBitsOf({got[i]}), FloatBitsOf(cpu[i])) << i;
+      for (QuantMode mode : kSomeModes) {
+        CheckQuantizeList(host, dev, d_ptrs, cpu, mode, true, stream_.get(), LaunchLimits{cap});
       }
     }
   }
