@@ -20,7 +20,8 @@
 // (bytes published / wall, GB = 1e9), host syncs, and the ratios. JSON with --json.
 // Usage: gpu_path_bench [--layers 48] [--experts 128] [--hidden 2048] [--inter 768]
 //        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
-//        [--cpp_receiver PATH] [--compute_sms N] [--sm_sweep N,N,...]
+//        [--cpp_receiver PATH] [--compute_sms N] [--sm_sweep N,N,...] [--kernel_trace 1]
+//        [--ctas_per_sm N] [--ctas_sweep N,N,...]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,14 +29,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/gpu_path/bench_util.h"
 #include "bench/gpu_path/fill.h"
+#include "bench/gpu_path/kernel_trace.h"
 #include "core/engines/sglang_driver.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/nccl/nccl_comm.h"
@@ -56,10 +60,13 @@ struct Args {
   int iters = 3;
   std::string json_path;
   std::string log_dir = "/tmp";
-  double copy_gbps = 4293;    // D2D copy (read + write) on the lent H200, engines spec
-  std::string cpp_receiver;   // default: multi_gpu_cpp_receiver next to this binary
-  int compute_sms = 0;        // GpuBackendOptions::compute_sms of every wpub case
-  std::vector<int> sm_sweep;  // extra (a)/(a') rows with the compute stream on this many SMs
+  double copy_gbps = 4293;      // D2D copy (read + write) on the lent H200, engines spec
+  std::string cpp_receiver;     // default: multi_gpu_cpp_receiver next to this binary
+  int compute_sms = 0;          // GpuBackendOptions::compute_sms of every wpub case
+  std::vector<int> sm_sweep;    // extra (a)/(a') rows with the compute stream on this many SMs
+  bool kernel_trace = false;    // extra traced publications: what runs beside each broadcast
+  int ctas_per_sm = 3;          // GpuBackendOptions::overlap_ctas_per_sm of every wpub case
+  std::vector<int> ctas_sweep;  // extra (a)/(a') rows with that cap (0: none)
 };
 
 Args Parse(int argc, char** argv) {
@@ -92,6 +99,13 @@ Args Parse(int argc, char** argv) {
     else if (k == "--sm_sweep")
       for (absl::string_view n : absl::StrSplit(v, ',', absl::SkipEmpty()))
         a.sm_sweep.push_back(std::atoi(std::string(n).c_str()));
+    else if (k == "--ctas_per_sm")
+      a.ctas_per_sm = std::atoi(v.c_str());
+    else if (k == "--ctas_sweep")
+      for (absl::string_view n : absl::StrSplit(v, ',', absl::SkipEmpty()))
+        a.ctas_sweep.push_back(std::atoi(std::string(n).c_str()));
+    else if (k == "--kernel_trace")
+      a.kernel_trace = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -191,11 +205,13 @@ int Main(int argc, char** argv) {
   // time.
   std::unique_ptr<nccl::NcclTransport> to_cpp = make_transport(cpp_port, "wpub_bench_cpp", 3);
   std::unique_ptr<nccl::NcclTransport> to_emu = make_transport(port, "wpub_bench", 1);
-  auto backend_for = [&args](gpu::DeviceBucketSink* sink, bool reject_first, int sms = -1) {
+  auto backend_for = [&args](gpu::DeviceBucketSink* sink, bool reject_first, int sms = -1,
+                             int ctas = -1) {
     gpu::GpuBackendOptions bo;
     bo.sink = sink;
     bo.reject_before_send = reject_first;
     bo.compute_sms = sms >= 0 ? sms : args.compute_sms;
+    bo.overlap_ctas_per_sm = ctas >= 0 ? ctas : args.ctas_per_sm;
     auto b = gpu::GpuBackend::Create(bo);
     BENCH_OK(b.status());
     return *std::move(b);
@@ -258,6 +274,15 @@ int Main(int argc, char** argv) {
       sweep.back()["compute_sms"] = sms;
     }
   }
+  // The quantize/amax kernels beside the broadcasts at other occupancy caps (0: none).
+  for (const int ctas : args.ctas_sweep) {
+    for (const bool reject_first : {true, false}) {
+      sweep.push_back(to_engine(absl::StrCat(reject_first ? "(a)" : "(a')", " ", ctas, " CTAs/SM"),
+                                true, *backend_for(to_cpp.get(), reject_first, -1, ctas), *to_cpp,
+                                &unused));
+      sweep.back()["overlap_ctas_per_sm"] = ctas;
+    }
+  }
   // (a2), (a1): as (a) with two requests in flight (the engine decodes one ahead) and with one
   // (SGLang's protocol), each through a group of its own that replaces the previous one.
   auto fewer_in_flight = [&](int in_flight, const char* label, const char* group) {
@@ -294,6 +319,62 @@ int Main(int argc, char** argv) {
   rows.push_back(
       RunPlainBroadcast("(d') nccl bcast bf16B", bytes_b, run, emu, "/bench_recv", **raw_store, 2));
 
+  // Traced publications (not timed): the broadcast kernels on GPU 0 and what overlapped them.
+  json traces = json::array();
+  if (args.kernel_trace) {
+    const RunSettings once{1, run.bucket_bytes};
+    auto traced = [&](const std::string& label, const std::function<void()>& publish) {
+      KernelTrace trace;
+      std::string err;
+      if (!trace.Start(&err)) {
+        std::printf("kernel trace unavailable: %s\n", err.c_str());
+        return;
+      }
+      publish();
+      const BroadcastNeighbours n = SummarizeBroadcasts(trace.Stop(), 0);
+      json overlap = json::object();
+      std::string line;
+      for (const auto& [cls, sec] : n.overlap_seconds) {
+        overlap[cls] = sec / std::max(n.broadcasts, 1);
+        line += absl::StrFormat(" %s %.2f", cls, 1e3 * sec / std::max(n.broadcasts, 1));
+      }
+      traces.push_back({{"case", label},
+                        {"broadcast_kernels", n.broadcasts},
+                        {"mean_seconds", n.mean_seconds},
+                        {"min_seconds", n.min_seconds},
+                        {"max_seconds", n.max_seconds},
+                        {"grid", n.grid},
+                        {"block", n.block},
+                        {"registers", n.registers},
+                        {"cluster", n.cluster},
+                        {"overlap_seconds_per_broadcast", overlap}});
+      std::printf(
+          "trace %-22s %3d broadcast kernels: mean %.3f ms (min %.3f, max %.3f), %d CTAs x %d "
+          "threads x %u regs, clusters of %d; overlapped per broadcast (ms):%s\n",
+          label.c_str(), n.broadcasts, 1e3 * n.mean_seconds, 1e3 * n.min_seconds,
+          1e3 * n.max_seconds, n.grid, n.block, n.registers, n.cluster, line.c_str());
+    };
+    auto to_cpp_traced = make_transport(cpp_port, "wpub_bench_trace", 3);
+    for (const bool reject_first : {true, false}) {
+      std::vector<int> sm_counts = {0};
+      sm_counts.insert(sm_counts.end(), args.sm_sweep.begin(), args.sm_sweep.end());
+      for (const int sms : sm_counts) {
+        const std::string label = absl::StrCat(reject_first ? "(a)" : "(a')",
+                                               sms ? absl::StrCat(" on ", sms, " SMs") : "");
+        auto be = backend_for(to_cpp_traced.get(), reject_first, sms);
+        traced(label, [&] {
+          RunWpub(label.c_str(), true, once, layout, base, *be, *to_cpp_traced, &version, &unused);
+        });
+      }
+    }
+    traced("(b)", [&] {
+      auto be = backend_for(to_cpp_traced.get(), true);
+      RunWpub("(b)", false, once, layout, base, *be, *to_cpp_traced, &version, &unused);
+    });
+    traced("(d)",
+           [&] { RunPlainBroadcast("(d)", bytes_a, once, emu, "/bench_recv", **raw_store, 3); });
+  }
+
   const double a = rows[0]["wall_seconds"], b = rows[1]["wall_seconds"];
   const double d = rows[2]["wall_seconds"], d2 = rows[3]["wall_seconds"];
   const double roofline = (layout.total_bytes + bytes_a) / (args.copy_gbps * 1e9);
@@ -328,7 +409,9 @@ int Main(int argc, char** argv) {
               {"one_request_in_flight", a_serial},
               {"two_requests_in_flight", a_two},
               {"compute_sms", args.compute_sms},
+              {"overlap_ctas_per_sm", args.ctas_per_sm},
               {"sm_sweep", sweep},
+              {"kernel_trace", traces},
               {"backend_only", {e_nvfp4, e_bf16}},
               {"summary", summary}};
   if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";

@@ -58,7 +58,7 @@ echo "--- multi_gpu_multi_rank_test: exit $?"
 brief "$LOGS/multi_gpu_multi_rank_test.log"
 
 step "benchmark (a) wpub nvfp4, (a') pipelined amax, (b) wpub bf16, (d) plain NCCL broadcast"
-guarded "$(tmo 180 110)" "$BIN/gpu_path_bench" --iters 3 --bucket_mib 1024 --sm_sweep 112 --json "$OUT/bench.json" \
+guarded "$(tmo 180 110)" "$BIN/gpu_path_bench" --iters 3 --bucket_mib 1024 --sm_sweep 112 --ctas_sweep 0,2 --kernel_trace 1 --json "$OUT/bench.json" \
   --log_dir "$LOGS"
 echo "--- gpu_path_bench: exit $?"
 
