@@ -122,7 +122,9 @@ inline size_t OccupancyCapSharedMemory(int max_ctas, size_t sm_smem, size_t rese
 }
 
 // Prepares `kernel` for a launch under `limits` on the current device: the dynamic shared memory
-// to pass to the launch (0 without a cap), with the kernel's attributes set to allow it.
+// to pass to the launch (0 without a cap), with the kernel's attributes set to allow it (the
+// maximum dynamic shared memory, and the carveout preferring shared memory; both persist on the
+// kernel function, and the carveout preference also applies to its later uncapped launches).
 template <class Kernel>
 KernelStatus PrepareOccupancyCap(Kernel kernel, const LaunchLimits& limits, size_t* smem,
                                  std::string* message) {
@@ -150,8 +152,10 @@ KernelStatus PrepareOccupancyCap(Kernel kernel, const LaunchLimits& limits, size
     pad = static_cast<size_t>(optin) - attr.sharedSizeBytes;  // a cap of 1 on small SMs
   }
   if (pad == 0) return KernelStatus::kOk;
-  err =
-      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(pad));
+  // The attributes are the same for every capped launch of this kernel (the largest dynamic
+  // shared memory allowed, not this cap's), so concurrent launches with other caps stay valid.
+  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             optin - static_cast<int>(attr.sharedSizeBytes));
   if (err == cudaSuccess) {
     err = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);

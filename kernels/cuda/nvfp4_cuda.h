@@ -22,7 +22,9 @@
 //    alignment.
 //  - Lists are processed in as few launches as the kernel parameter space allows
 //    (kMaxItemsPerLaunch work items per launch; an item is one (weight, slice, part)).
-//  - Thread-safety: launchers keep no state; concurrent calls on different streams are safe.
+//  - Thread-safety: launchers keep no state of their own; concurrent calls on different streams
+//    are safe. (A capped launch sets two attributes of its kernel function, always to the same
+//    values; see LaunchLimits.)
 //  - Modes are compile-time kernel specializations chosen through DispatchQuantMode; an
 //    invalid mode is kInvalidArgument.
 //  - LaunchAmax and LaunchQuantize take optional LaunchLimits: an occupancy cap for work that
