@@ -57,6 +57,37 @@ void CheckQuantizeList(const std::vector<WeightDesc>& host, const std::vector<De
   }
 }
 
+// One amax launch over a list's device weights (under `limits`), checked bit for bit against the
+// CPU reference; keeps the CPU amax per weight and the device amax pointers for quantize jobs.
+struct ListAmax {
+  DeviceBuffer d_amax, d_bad;
+  std::vector<std::vector<float>> cpu;
+  std::vector<const float*> d_ptrs;
+};
+
+void AmaxOfList(const std::vector<WeightDesc>& host, const std::vector<DeviceWeight>& dev,
+                cudaStream_t stream, const LaunchLimits& limits, ListAmax* out) {
+  const int count = static_cast<int>(host.size());
+  std::vector<WeightDesc> dev_descs;
+  for (const DeviceWeight& d : dev) dev_descs.push_back(d.desc());
+  out->d_amax = Poisoned(count * sizeof(float));
+  out->d_bad = Poisoned(count * sizeof(int64_t));
+  std::string msg;
+  WPUB_KERNEL_OK(LaunchAmax(dev_descs.data(), count, nullptr, count, out->d_amax.as<float>(),
+                            out->d_bad.as<int64_t>(), stream, &msg, limits));
+  out->cpu.assign(count, std::vector<float>(1));
+  out->d_ptrs.clear();
+  for (int i = 0; i < count; ++i) {
+    ASSERT_EQ(ComputeAmax(host[i], out->cpu[i].data()), KernelStatus::kOk);
+    out->d_ptrs.push_back(out->d_amax.as<float>() + i);
+  }
+  WPUB_CUDA_OK(cudaStreamSynchronize(stream));
+  const std::vector<float> got = Download<float>(out->d_amax.data(), count);
+  for (int i = 0; i < count; ++i) {
+    ASSERT_EQ(FloatBitsOf({got[i]}), FloatBitsOf(out->cpu[i])) << "amax of weight " << i;
+  }
+}
+
 class ListTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -162,23 +193,11 @@ TEST_F(ListTest, QuantizeAndQdqListsOf1_3_8_64_200Weights) {
         ASSERT_TRUE(dev[i].Init(host[i]));
       }
       // One amax call for the whole list.
-      std::vector<WeightDesc> dev_descs;
-      for (const DeviceWeight& d : dev) dev_descs.push_back(d.desc());
-      DeviceBuffer d_amax = Poisoned(count * sizeof(float));
-      DeviceBuffer d_bad = Poisoned(count * sizeof(int64_t));
-      WPUB_KERNEL_OK(LaunchAmax(dev_descs.data(), count, nullptr, count, d_amax.as<float>(),
-                                d_bad.as<int64_t>(), stream_.get(), &msg));
-      std::vector<std::vector<float>> cpu(count, std::vector<float>(1));
-      std::vector<const float*> d_ptrs;
-      for (int i = 0; i < count; ++i) {
-        ASSERT_EQ(ComputeAmax(host[i], cpu[i].data()), KernelStatus::kOk);
-        d_ptrs.push_back(d_amax.as<float>() + i);
-      }
-      WPUB_CUDA_OK(stream_.Synchronize());
-      const std::vector<float> got = Download<float>(d_amax.data(), count);
-      for (int i = 0; i < count; ++i) ASSERT_EQ(FloatBitsOf({got[i]}), FloatBitsOf(cpu[i])) << i;
+      ListAmax amax;
+      ASSERT_NO_FATAL_FAILURE(AmaxOfList(host, dev, stream_.get(), {}, &amax));
+      const std::vector<std::vector<float>>& cpu = amax.cpu;
       for (QuantMode mode : kSomeModes) {
-        CheckQuantizeList(host, dev, d_ptrs, cpu, mode, count <= 8, stream_.get());
+        CheckQuantizeList(host, dev, amax.d_ptrs, cpu, mode, count <= 8, stream_.get());
       }
       if (fp32) continue;
       // Fused QDQ of the whole list with the amax computed inside the call.
@@ -216,28 +235,17 @@ TEST_F(ListTest, OccupancyCapLeavesAmaxAndQuantizeBytesUnchanged) {
     SCOPED_TRACE("at most " + std::to_string(cap) + " CTAs per SM");
     for (bool fp32 : {true, false}) {
       const std::vector<TestTensor> tensors = MakeList(kCount, fp32);
-      std::vector<WeightDesc> host, dev_descs;
+      std::vector<WeightDesc> host;
       std::vector<DeviceWeight> dev(kCount);
       for (int i = 0; i < kCount; ++i) {
         host.push_back(tensors[i].desc());
         ASSERT_TRUE(dev[i].Init(host[i]));
-        dev_descs.push_back(dev[i].desc());
       }
-      DeviceBuffer d_amax = Poisoned(kCount * sizeof(float));
-      DeviceBuffer d_bad = Poisoned(kCount * sizeof(int64_t));
-      WPUB_KERNEL_OK(LaunchAmax(dev_descs.data(), kCount, nullptr, kCount, d_amax.as<float>(),
-                                d_bad.as<int64_t>(), stream_.get(), &msg, LaunchLimits{cap}));
-      std::vector<std::vector<float>> cpu(kCount, std::vector<float>(1));
-      std::vector<const float*> d_ptrs;
-      for (int i = 0; i < kCount; ++i) {
-        ASSERT_EQ(ComputeAmax(host[i], cpu[i].data()), KernelStatus::kOk);
-        d_ptrs.push_back(d_amax.as<float>() + i);
-      }
-      WPUB_CUDA_OK(stream_.Synchronize());
-      const std::vector<float> got = Download<float>(d_amax.data(), kCount);
-      for (int i = 0; i < kCount; ++i) ASSERT_EQ(FloatBitsOf({got[i]}), FloatBitsOf(cpu[i])) << i;
+      ListAmax amax;
+      ASSERT_NO_FATAL_FAILURE(AmaxOfList(host, dev, stream_.get(), LaunchLimits{cap}, &amax));
       for (QuantMode mode : kSomeModes) {
-        CheckQuantizeList(host, dev, d_ptrs, cpu, mode, true, stream_.get(), LaunchLimits{cap});
+        CheckQuantizeList(host, dev, amax.d_ptrs, amax.cpu, mode, true, stream_.get(),
+                          LaunchLimits{cap});
       }
     }
   }

@@ -53,8 +53,9 @@ void ExpectCaps(Kernel kernel, const char* name) {
 TEST(OccupancyCapTest, PaddingHoldsKernelsToTheCap) {
   const std::string reason = NoCudaReason();
   if (!reason.empty()) GTEST_SKIP() << "no CUDA device: " << reason;
-  ExpectCaps(PlainKernel, "plain kernel");
-  ExpectCaps(StaticSmemKernel, "kernel with 8 KiB of static shared memory");
+  ASSERT_NO_FATAL_FAILURE(ExpectCaps(PlainKernel, "plain kernel"));
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectCaps(StaticSmemKernel, "kernel with 8 KiB of static shared memory"));
 }
 
 TEST(OccupancyCapTest, ArithmeticOnAnH100SizedSm) {
