@@ -146,8 +146,8 @@ class NcclTransport : public engine::Transport,
   // 2 per broadcast (start, end), grown on demand: the timing of last_broadcast_timing, and the
   // last end event is what WaitAcknowledged polls for rank 0's side to be complete.
   std::vector<cudaEvent_t> bcast_events_;
-  size_t bcast_count_ = 0;  // broadcasts of the current publication
-  void* host_staging_ = nullptr;           // device buffer for host buckets
+  size_t bcast_count_ = 0;        // broadcasts of the current publication
+  void* host_staging_ = nullptr;  // device buffer for host buckets
   uint64_t host_staging_bytes_ = 0;
 
   // Group state (publication thread, or a Connect under connect_mu_).
