@@ -339,13 +339,13 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   }
   WPUB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status.ptr, 0, status_bytes, s));
 
-  // Amax of the groups first needed by bucket b, and non-finite counts of its passed floats.
   const bool amax_first = options.reject_before_send && !plan.allow_non_finite;
   // Kernels that run beside a broadcast take the occupancy cap; the amax-first pass runs alone.
   kernels::cuda::LaunchLimits beside_broadcast;
   if (options.sink != nullptr) beside_broadcast.max_ctas_per_sm = options.overlap_ctas_per_sm;
   const kernels::cuda::LaunchLimits amax_limits =
       amax_first ? kernels::cuda::LaunchLimits{} : beside_broadcast;
+  // Amax of the groups first needed by bucket b, and non-finite counts of its passed floats.
   auto enqueue_checks = [&](size_t b) -> absl::Status {
     std::vector<kernels::WeightDesc> ws;
     std::vector<int64_t> offs;
