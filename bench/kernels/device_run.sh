@@ -26,7 +26,7 @@ for step in "${steps[@]}"; do
     sanitize)
       timeout 200 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
         "$BIN/kernels_gpu_test" --gtest_brief=1 \
-        --gtest_filter='Spec/StrictMatrixTest.*/bfloat16_31x128_*:Spec/StrictMatrixTest.*/float16_3x48_*:ListTest.MultiPart*:ListTest.Rank3*:ListTest.RejectsBad*:ListTest.GateUp*' \
+        --gtest_filter='Spec/StrictMatrixTest.*/bfloat16_31x128_*:Spec/StrictMatrixTest.*/float16_3x48_*:ListTest.MultiPart*:ListTest.Rank3*:ListTest.RejectsBad*:ListTest.GateUp*:ListTest.QdqComputeAmaxResident*' \
         > "$OUT/sanitize.log" 2>&1
       r=$?; tail -15 "$OUT/sanitize.log"; echo "sanitize rc=$r"; [ $r -ne 0 ] && rc=1 ;;
     bench)

@@ -33,28 +33,6 @@ struct AmaxParams {
 static_assert(sizeof(AmaxParams) < 32764, "kernel parameters are limited to 32764 bytes");
 
 template <ElemType kType>
-__device__ __forceinline__ void Accumulate(const uint4& v, float& m, uint32_t& bad) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    // fmaxf(m, |x|) == MaxSkipNan(m, FAbs(x)): m is never NaN and both are >= +0.
-    if constexpr (kType == ElemType::kF32) {
-      const float x = __uint_as_float(w[j]);
-      m = fmaxf(m, fabsf(x));
-      bad += (w[j] & 0x7F800000u) == 0x7F800000u;
-    } else {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t bits = h == 0 ? (w[j] & 0xFFFFu) : (w[j] >> 16);
-        m = fmaxf(m, fabsf(Widen<kType>(bits)));
-        constexpr uint32_t kExpMask = kType == ElemType::kBF16 ? 0x7F80u : 0x7C00u;
-        bad += (bits & kExpMask) == kExpMask;
-      }
-    }
-  }
-}
-
-template <ElemType kType>
 __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ AmaxParams p) {
   const int idx = FindItem(p.cta_begin, p.num_items);
   const AmaxItem& item = p.items[idx];
@@ -70,7 +48,7 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ A
   float m = 0.0f;
   uint32_t bad = 0;
 #pragma unroll
-  for (int u = 0; u < kAmaxVecsPerThread; ++u) Accumulate<kType>(v[u], m, bad);
+  for (int u = 0; u < kAmaxVecsPerThread; ++u) AccumulateAmax<kType>(v[u], m, bad);
 
     // Warp, then CTA reduction; one atomic per CTA. |x| >= +0 and NaN never enters m, so the max
     // of the bit patterns as unsigned integers is the float max: order-independent, deterministic.

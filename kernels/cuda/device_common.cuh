@@ -70,6 +70,30 @@ __device__ __forceinline__ void Unpack(const RawBlock<kType>& raw, float (&x)[kB
   }
 }
 
+// Folds the elements of one 16-byte vector into a running amax m (NaN skipped) and a count of
+// non-finite elements (inf and NaN).
+template <ElemType kType>
+__device__ __forceinline__ void AccumulateAmax(const uint4& v, float& m, uint32_t& bad) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    // fmaxf(m, |x|) == MaxSkipNan(m, FAbs(x)): m is never NaN and both are >= +0.
+    if constexpr (kType == ElemType::kF32) {
+      const float x = __uint_as_float(w[j]);
+      m = fmaxf(m, fabsf(x));
+      bad += (w[j] & 0x7F800000u) == 0x7F800000u;
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t bits = h == 0 ? (w[j] & 0xFFFFu) : (w[j] >> 16);
+        m = fmaxf(m, fabsf(Widen<kType>(bits)));
+        constexpr uint32_t kExpMask = kType == ElemType::kBF16 ? 0x7F80u : 0x7C00u;
+        bad += (bits & kExpMask) == kExpMask;
+      }
+    }
+  }
+}
+
 // FloatToBf16 / FloatToFp16 through the conversion instructions (RNE, NaN -> 0x7FFF);
 // fast_math_test.cu checks all 2^32 inputs.
 template <ElemType kType>

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -52,6 +53,27 @@ struct QdqParams {
 };
 static_assert(sizeof(QdqParams) < 32764, "kernel parameters are limited to 32764 bytes");
 
+// One slice of a resident fused-QDQ launch (qdq_resident.cuh): dense, in and out share the
+// layout; its amax and non-finite count go to slot `slot` of the launch's arrays.
+struct QdqResidentItem {
+  const void* in;
+  void* out;
+  uint32_t num_blocks;
+  uint32_t slot;
+};
+
+struct QdqResidentParams {
+  QdqResidentItem items[kMaxItemsPerLaunch];
+  uint32_t round_begin[kMaxItemsPerLaunch + 1];  // rounds of items (PlanRounds)
+  int num_rounds;
+  uint32_t stash_blocks;            // blocks each CTA keeps in shared memory
+  float* amax;                      // zeroed before the launch
+  unsigned long long* nonfinite;    // zeroed before the launch
+  unsigned int* barrier;            // grid barrier counter, zeroed before the call's first launch
+  uint32_t barrier_base;            // its value when this launch starts
+};
+static_assert(sizeof(QdqResidentParams) < 32764, "kernel parameters are limited to 32764 bytes");
+
 // One slice of a dequantize launch.
 struct DequantItem {
   const uint8_t* packed;
@@ -87,6 +109,25 @@ KernelStatus LaunchQuantizeKernel(ElemType in_type, const QuantParams& params,
 template <class Traits>
 KernelStatus LaunchQdqKernel(ElemType type, const QdqParams& params, cudaStream_t stream,
                              std::string* message);
+// The resident fused QDQ's launch shape on the current device for one mode and type: grid of
+// `ctas` cooperative CTAs, each keeping `stash_blocks` blocks (dynamic shared memory `smem`).
+struct ResidentLaunch {
+  uint32_t ctas = 0;
+  uint32_t stash_blocks = 0;
+  size_t smem = 0;
+};
+
+// Fills `out` for CTAs that keep at most `cta_bytes` of input each (<= 0: as much as fits);
+// kUnsupported when the device has no cooperative launch or the kernel cannot be resident.
+// Sets the kernel's largest dynamic shared memory (always to the same value).
+template <class Traits>
+KernelStatus PrepareQdqResident(ElemType type, int64_t cta_bytes, ResidentLaunch* out,
+                                std::string* message);
+// Enqueues one cooperative launch of `launch`'s shape.
+template <class Traits>
+KernelStatus LaunchQdqResidentKernel(ElemType type, const QdqResidentParams& params,
+                                     const ResidentLaunch& launch, cudaStream_t stream,
+                                     std::string* message);
 KernelStatus LaunchDequantizeKernel(ElemType out_type, int e4m3_max, const DequantParams& params,
                                     cudaStream_t stream, std::string* message);
 

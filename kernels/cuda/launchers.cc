@@ -9,6 +9,7 @@
 #include "kernels/cuda/kernel_params.h"
 #include "kernels/cuda/launch_util.h"
 #include "kernels/cuda/nvfp4_cuda.h"
+#include "kernels/cuda/resident_plan.h"
 
 namespace wpub::kernels::cuda {
 namespace {
@@ -171,6 +172,113 @@ int64_t TotalSlices(const QdqJob* jobs, int num_jobs) {
   return n;
 }
 
+// The resident fused QDQ (qdq_resident.cuh) of every job, one cooperative launch per element type
+// and per kMaxItemsPerLaunch slices. Zeroes the whole workspace (amax, counts, barrier) first.
+// kUnsupported, with nothing enqueued, where the device cannot run it.
+template <class Traits>
+KernelStatus RunQdqResident(const QdqJob* jobs, int num_jobs, int64_t cta_bytes, float* amax,
+                            int64_t* counts, unsigned int* barrier, size_t workspace_bytes,
+                            cudaStream_t stream, std::string* message) {
+  detail::ResidentLaunch shape[2];
+  const ElemType types[2] = {ElemType::kBF16, ElemType::kF16};
+  for (int t = 0; t < 2; ++t) {
+    bool used = false;
+    for (int i = 0; i < num_jobs; ++i) used = used || jobs[i].weight.type == types[t];
+    if (!used) continue;
+    std::string why;
+    const KernelStatus st = detail::PrepareQdqResident<Traits>(types[t], cta_bytes, &shape[t], &why);
+    if (st != KernelStatus::kOk) {
+      if (message != nullptr) *message = why;
+      return st;
+    }
+  }
+  KernelStatus st = CheckCuda(cudaMemsetAsync(amax, 0, workspace_bytes, stream),
+                              "QDQ: zeroing the workspace", message);
+  if (st != KernelStatus::kOk) return st;
+  uint32_t arrivals = 0;  // barrier arrivals of the launches before this one
+  for (int t = 0; t < 2; ++t) {
+    const detail::ResidentLaunch& rl = shape[t];
+    detail::QdqResidentParams params{};
+    params.stash_blocks = rl.stash_blocks;
+    params.amax = amax;
+    params.nonfinite = reinterpret_cast<unsigned long long*>(counts);
+    params.barrier = barrier;
+    int items = 0;
+    auto flush = [&]() -> KernelStatus {
+      if (items == 0) return KernelStatus::kOk;
+      uint64_t blocks[kMaxItemsPerLaunch];
+      for (int i = 0; i < items; ++i) blocks[i] = params.items[i].num_blocks;
+      params.num_rounds = detail::PlanRounds(blocks, items, uint64_t{rl.ctas} * rl.stash_blocks,
+                                             params.round_begin);
+      params.barrier_base = arrivals;
+      arrivals += static_cast<uint32_t>(params.num_rounds) * rl.ctas;
+      items = 0;
+      return detail::LaunchQdqResidentKernel<Traits>(types[t], params, rl, stream, message);
+    };
+    int64_t slot = 0;
+    for (int i = 0; i < num_jobs; ++i) {
+      const WeightDesc& w = jobs[i].weight;
+      const int64_t slice_elems = w.rows() * w.cols();
+      if (w.type != types[t]) {
+        slot += w.num_slices;
+        continue;
+      }
+      for (int64_t s = 0; s < w.num_slices; ++s, ++slot) {
+        if (items == kMaxItemsPerLaunch) {
+          st = flush();
+          if (st != KernelStatus::kOk) return st;
+        }
+        detail::QdqResidentItem& item = params.items[items++];
+        item.in = detail::PartSlice(w, 0, s);
+        item.out = static_cast<uint8_t*>(jobs[i].out) + s * slice_elems * 2;
+        item.num_blocks = static_cast<uint32_t>(slice_elems / kBlockSize);
+        item.slot = static_cast<uint32_t>(slot);
+      }
+    }
+    st = flush();
+    if (st != KernelStatus::kOk) return st;
+  }
+  return KernelStatus::kOk;
+}
+
+// The two-pass fused QDQ: per group of at most group_bytes of input (<= 0: one group), one amax
+// launch, then the group's QDQ. Measured on an H200, per-weight groups meant to reuse L2 between
+// the two passes were slower than one group (8 x 48 MiB bf16: 400 us vs 320 us).
+KernelStatus RunQdqTwoPass(const QdqJob* jobs, int num_jobs, QuantMode mode, int64_t group_bytes,
+                           float* amax, int64_t* counts, cudaStream_t stream,
+                           std::string* message) {
+  if (group_bytes <= 0) group_bytes = INT64_MAX;
+  constexpr int kChunk = 64;
+  WeightDesc weights[kChunk];
+  int64_t offsets[kChunk];
+  const float* amax_ptrs[kChunk];
+  int64_t slot = 0;
+  int begin = 0;
+  while (begin < num_jobs) {
+    int n = 0;
+    int64_t in_group = 0;
+    const int64_t first_slot = slot;
+    while (begin + n < num_jobs && n < kChunk) {
+      const WeightDesc& w = jobs[begin + n].weight;
+      const int64_t bytes = w.num_slices * w.rows() * w.cols() * 2;
+      if (n > 0 && in_group + bytes > group_bytes) break;
+      weights[n] = w;
+      offsets[n] = slot - first_slot;
+      amax_ptrs[n] = amax + slot;
+      slot += w.num_slices;
+      in_group += bytes;
+      ++n;
+    }
+    KernelStatus st = LaunchAmax(weights, n, offsets, slot - first_slot, amax + first_slot,
+                                 counts + first_slot, stream, message);
+    if (st != KernelStatus::kOk) return st;
+    st = RunQdq(jobs + begin, n, amax_ptrs, mode, stream, message);
+    if (st != KernelStatus::kOk) return st;
+    begin += n;
+  }
+  return KernelStatus::kOk;
+}
+
 }  // namespace
 
 KernelStatus LaunchQuantize(const QuantizeJob* jobs, int num_jobs, QuantMode mode,
@@ -294,14 +402,23 @@ size_t QdqWorkspaceCountOffset(const QdqJob* jobs, int num_jobs) {
   return AlignUp256(static_cast<size_t>(TotalSlices(jobs, num_jobs)) * sizeof(float));
 }
 
-size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs) {
+namespace {
+
+// The grid-barrier counter of the resident path sits after the non-finite counts.
+size_t QdqWorkspaceBarrierOffset(const QdqJob* jobs, int num_jobs) {
   return QdqWorkspaceCountOffset(jobs, num_jobs) +
          AlignUp256(static_cast<size_t>(TotalSlices(jobs, num_jobs)) * sizeof(int64_t));
 }
 
+}  // namespace
+
+size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs) {
+  return QdqWorkspaceBarrierOffset(jobs, num_jobs) + 256;
+}
+
 KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mode, void* workspace,
                                   size_t workspace_bytes, cudaStream_t stream, std::string* message,
-                                  int64_t group_bytes) {
+                                  const QdqAmaxOptions& options) {
   KernelStatus st = CheckModeForType(mode, message);
   if (st != KernelStatus::kOk) return st;
   st = ValidateQdqJobs(jobs, num_jobs, /*need_amax=*/false, message);
@@ -316,43 +433,19 @@ KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mo
     return KernelStatus::kWorkspaceTooSmall;
   }
   if (!detail::Aligned(workspace, 256)) return Invalid(message, "QDQ: workspace not 256-aligned");
+  auto* base = static_cast<uint8_t*>(workspace);
   float* amax = static_cast<float*>(workspace);
-  auto* counts = reinterpret_cast<int64_t*>(static_cast<uint8_t*>(workspace) +
-                                            QdqWorkspaceCountOffset(jobs, num_jobs));
+  auto* counts = reinterpret_cast<int64_t*>(base + QdqWorkspaceCountOffset(jobs, num_jobs));
+  auto* barrier = reinterpret_cast<unsigned int*>(base + QdqWorkspaceBarrierOffset(jobs, num_jobs));
 
-  // Jobs go in groups of at most group_bytes of input: one amax launch for the group, then its
-  // QDQ. The default is one group (all amax first): measured on an H200, per-weight groups meant
-  // to reuse L2 between the two passes were slower (8 x 48 MiB bf16: 400 us vs 320 us).
-  if (group_bytes <= 0) group_bytes = INT64_MAX;
-  constexpr int kChunk = 64;
-  WeightDesc weights[kChunk];
-  int64_t offsets[kChunk];
-  const float* amax_ptrs[kChunk];
-  int64_t slot = 0;
-  int begin = 0;
-  while (begin < num_jobs) {
-    int n = 0;
-    int64_t in_group = 0;
-    const int64_t first_slot = slot;
-    while (begin + n < num_jobs && n < kChunk) {
-      const WeightDesc& w = jobs[begin + n].weight;
-      const int64_t bytes = w.num_slices * w.rows() * w.cols() * 2;
-      if (n > 0 && in_group + bytes > group_bytes) break;
-      weights[n] = w;
-      offsets[n] = slot - first_slot;
-      amax_ptrs[n] = amax + slot;
-      slot += w.num_slices;
-      in_group += bytes;
-      ++n;
-    }
-    st = LaunchAmax(weights, n, offsets, slot - first_slot, amax + first_slot, counts + first_slot,
-                    stream, message);
-    if (st != KernelStatus::kOk) return st;
-    st = RunQdq(jobs + begin, n, amax_ptrs, mode, stream, message);
-    if (st != KernelStatus::kOk) return st;
-    begin += n;
+  if (options.path != QdqAmaxPath::kTwoPass) {
+    st = DispatchQuantMode(mode, [&]<class Traits>() {
+      return RunQdqResident<Traits>(jobs, num_jobs, options.resident_cta_bytes, amax, counts,
+                                    barrier, need, stream, message);
+    });
+    if (st != KernelStatus::kUnsupported || options.path == QdqAmaxPath::kResident) return st;
   }
-  return KernelStatus::kOk;
+  return RunQdqTwoPass(jobs, num_jobs, mode, options.group_bytes, amax, counts, stream, message);
 }
 
 }  // namespace wpub::kernels::cuda

@@ -134,19 +134,41 @@ KernelStatus LaunchQdq(const QdqJob* jobs, int num_jobs, QuantMode mode, cudaStr
                        std::string* message = nullptr);
 
 // Bytes of workspace LaunchQdqComputeAmax needs for these jobs: one amax and one non-finite
-// count per weight slice, in two 256-byte aligned sub-buffers.
+// count per weight slice, and a grid-barrier counter, in 256-byte aligned sub-buffers.
 size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs);
 
-// Computes each job's amax into `workspace`, then runs the fused QDQ; jobs[i].amax is ignored.
-// Jobs go in groups of at most `group_bytes` of input (<= 0: one group; a larger job is a group
-// of its own): one amax launch per group, then the group's QDQ. One group is the fastest on an
-// H200 (see bench/RESULTS.md); the knob exists for measurements. `workspace` is a device buffer of
-// at least QdqComputeAmaxWorkspaceBytes(jobs, num_jobs) bytes, 256-byte aligned; once the stream
-// has run this work it holds the amax per slice (floats at offset 0, job after job) and the int64
+// How LaunchQdqComputeAmax runs.
+enum class QdqAmaxPath {
+  kAuto,      // resident where the device has cooperative launch, else two-pass
+  kResident,  // kUnsupported where the device has no cooperative launch
+  kTwoPass,
+};
+
+struct QdqAmaxOptions {
+  QdqAmaxPath path = QdqAmaxPath::kAuto;
+  // Resident: input bytes each CTA keeps in shared memory (<= 0: as much as fits; smaller values
+  // make small inputs take several rounds and spill, for tests).
+  int64_t resident_cta_bytes = 0;
+  // Two-pass: jobs go in groups of at most this many input bytes (<= 0: one group), one amax
+  // launch then one QDQ launch per group.
+  int64_t group_bytes = 0;
+};
+
+// Computes each job's amax into `workspace`, then fake-quantizes with it; jobs[i].amax is
+// ignored. Two ways, the same bytes:
+//  - resident (default): one cooperative launch that keeps each weight in the SMs' shared memory
+//    between its amax and its QDQ (qdq_resident.cuh), so the input is read once where it fits
+//    (on an H200 about 29 MB per round) and the rest twice; weights are taken in rounds of
+//    consecutive slices, with a grid barrier in each;
+//  - two-pass: an amax launch, then the QDQ launch (the input is read twice).
+// Bad jobs are rejected before anything is enqueued. `workspace` is a device buffer of at least
+// QdqComputeAmaxWorkspaceBytes(jobs, num_jobs) bytes, 256-byte aligned; once the stream has run
+// this work it holds the amax per slice (floats at offset 0, job after job) and the int64
 // non-finite counts (at QdqWorkspaceCountOffset(jobs, num_jobs)).
 KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mode, void* workspace,
                                   size_t workspace_bytes, cudaStream_t stream,
-                                  std::string* message = nullptr, int64_t group_bytes = 0);
+                                  std::string* message = nullptr,
+                                  const QdqAmaxOptions& options = {});
 
 // Byte offset of the non-finite counts inside the LaunchQdqComputeAmax workspace.
 size_t QdqWorkspaceCountOffset(const QdqJob* jobs, int num_jobs);

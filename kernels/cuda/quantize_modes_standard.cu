@@ -1,9 +1,10 @@
 // Instantiates quantize and fused QDQ for standard NVFP4, and the dequantize kernels.
-#include "kernels/cuda/quantize_kernels.cuh"
+#include "kernels/cuda/qdq_resident.cuh"
 
 namespace wpub::kernels::cuda::detail {
 
 WPUB_INSTANTIATE_QUANT_MODE(StandardTraits);
+WPUB_INSTANTIATE_QDQ_RESIDENT(StandardTraits);
 
 namespace {
 

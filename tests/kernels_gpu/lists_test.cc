@@ -227,6 +227,106 @@ TEST_F(ListTest, QuantizeAndQdqListsOf1_3_8_64_200Weights) {
   }
 }
 
+// The two ways of LaunchQdqComputeAmax give the reference's bytes, amax and non-finite counts:
+// the resident path with CTAs that keep 1 KiB, 4 KiB or all the shared memory they can (small
+// stashes make these small weights take many rounds, spill past the grid's shared memory, and
+// need several launches for 200 slices), and the two-pass path. The lists mix bf16 and fp16
+// (one launch per type, one barrier counter across them), hold a rank-3 stack (one round item
+// per slice), a weight fake-quantized in place, and a weight with inf and NaN elements.
+TEST_F(ListTest, QdqComputeAmaxResidentRoundsSpillsAndTwoPassAgree) {
+  struct Case {
+    int count;
+    QuantMode mode;
+  };
+  const Case cases[] = {
+      {9, QuantMode::Standard()},
+      {9, QuantMode::FourOverSix(ErrMetric::kMSE, 448, ErrKind::kExact)},
+      {9, QuantMode::FourOverSix(ErrMetric::kMAE, 256, ErrKind::kFP16)},
+      {200, QuantMode::Standard()},
+  };
+  for (const Case& c : cases) {
+    std::vector<TestTensor> tensors = MakeList(c.count, /*include_fp32=*/false);
+    // A stack of 3 slices, and a weight larger than a 1 KiB-per-CTA grid holds (132 KiB on an
+    // H200): 512 x 512 bf16 = 512 KiB.
+    tensors[1] = MakeTestTensor(DataFamily::kRandom, ElemType::kF16, 40, 96, 21, /*slices=*/3);
+    tensors[2] = MakeRandomTensor(ElemType::kBF16, 512, 512, 22, 0.02);
+    // inf and NaN in weight 3 (bf16 bits), counted by the amax pass.
+    uint16_t* bits3 = reinterpret_cast<uint16_t*>(tensors[3].bytes.data());
+    if (tensors[3].type == ElemType::kF16) {
+      bits3[5] = 0x7C00;  // +inf
+      bits3[9] = 0xFE00;  // NaN
+    } else {
+      bits3[5] = 0xFF80;  // -inf
+      bits3[9] = 0x7FC1;  // NaN
+    }
+    const int count = c.count;
+    std::vector<WeightDesc> host;
+    std::vector<DeviceWeight> dev(count);
+    int64_t slices = 0;
+    for (int i = 0; i < count; ++i) {
+      host.push_back(tensors[i].desc());
+      ASSERT_TRUE(dev[i].Init(host[i]));
+      slices += host[i].num_slices;
+    }
+    // The CPU reference: amax and non-finite count per slice, then the fake quantization.
+    std::vector<float> want_amax;
+    std::vector<int64_t> want_bad;
+    std::vector<std::vector<uint16_t>> want(count);
+    for (int i = 0; i < count; ++i) {
+      std::vector<float> a(host[i].num_slices);
+      std::vector<int64_t> b(host[i].num_slices);
+      ASSERT_EQ(ComputeAmax(host[i], a.data(), b.data()), KernelStatus::kOk);
+      want_amax.insert(want_amax.end(), a.begin(), a.end());
+      want_bad.insert(want_bad.end(), b.begin(), b.end());
+      want[i].resize(tensors[i].numel());
+      QdqTask task{&host[i], a.data(), want[i].data()};
+      ASSERT_EQ(FakeQuantize({&task, 1}, c.mode), KernelStatus::kOk);
+    }
+    ASSERT_EQ(want_bad[host[0].num_slices + host[1].num_slices + host[2].num_slices], 2);
+
+    struct Run {
+      QdqAmaxPath path;
+      int64_t cta_bytes;
+    };
+    for (const Run run : {Run{QdqAmaxPath::kResident, 1024}, Run{QdqAmaxPath::kResident, 4096},
+                          Run{QdqAmaxPath::kResident, 0}, Run{QdqAmaxPath::kTwoPass, 0}}) {
+      SCOPED_TRACE(std::string(c.mode.Name()) + ", " + std::to_string(count) + " weights, " +
+                   (run.path == QdqAmaxPath::kTwoPass ? "two-pass"
+                                                      : "resident, " +
+                                                            std::to_string(run.cta_bytes) +
+                                                            " bytes per CTA"));
+      // Weight 0 in place: its output is its input (refilled for every run).
+      ASSERT_TRUE(dev[0].Refill(host[0]));
+      std::vector<QdqJob> jobs(count);
+      std::vector<DeviceBuffer> outs(count);
+      for (int i = 0; i < count; ++i) {
+        jobs[i].weight = dev[i].desc();
+        if (i == 0) {
+          jobs[i].out = const_cast<void*>(dev[i].desc().parts[0].data);
+        } else {
+          outs[i] = Poisoned(tensors[i].numel() * 2);
+          jobs[i].out = outs[i].data();
+        }
+      }
+      const size_t ws_bytes = QdqComputeAmaxWorkspaceBytes(jobs.data(), count);
+      DeviceBuffer ws = Poisoned(ws_bytes);
+      QdqAmaxOptions opt;
+      opt.path = run.path;
+      opt.resident_cta_bytes = run.cta_bytes;
+      WPUB_KERNEL_OK(LaunchQdqComputeAmax(jobs.data(), count, c.mode, ws.data(), ws_bytes,
+                                          stream_.get(), &msg, opt));
+      WPUB_CUDA_OK(stream_.Synchronize());
+      ASSERT_EQ(FloatBitsOf(Download<float>(ws.data(), slices)), FloatBitsOf(want_amax));
+      const size_t count_at = QdqWorkspaceCountOffset(jobs.data(), count);
+      ASSERT_EQ(Download<int64_t>(static_cast<uint8_t*>(ws.data()) + count_at, slices), want_bad);
+      for (int i = 0; i < count; ++i) {
+        ASSERT_EQ(FirstMismatch(Download<uint16_t>(jobs[i].out, want[i].size()), want[i]), "")
+            << "weight " << i;
+      }
+    }
+  }
+}
+
 // An occupancy cap (LaunchLimits) changes where CTAs run, never a byte: amax and quantize of a
 // list under caps of 1, 2 and 3 CTAs per SM equal the CPU reference.
 TEST_F(ListTest, OccupancyCapLeavesAmaxAndQuantizeBytesUnchanged) {
