@@ -65,7 +65,8 @@ __device__ __forceinline__ void ForEachSegment(const QdqResidentParams& p, int i
   }
 }
 
-// Pass 1 over blocks [b0, b1) of one slice: amax and non-finite count into the slice's slots;
+// Pass 1 over blocks [b0, b1) of one slice: amax and non-finite count into the slice's slots
+// (every thread of the CTA must call it);
 // with kStash the raw blocks also go to the stash planes (block b at index b - b0; two planes
 // of 16-byte vectors keep the warp's shared-memory stores free of bank conflicts).
 template <ElemType kType, bool kStash, int kCtaThreads>
@@ -98,13 +99,30 @@ __device__ __forceinline__ void AmaxPass(const char* in, uint32_t b0, uint32_t b
       }
     }
   }
+  // Warp, then CTA reduction, one atomic per CTA and slice (per-warp atomics on one address
+  // queue up at its L2 slice). |x| >= +0 and NaN never enters m, so the unsigned max of the bits
+  // is the float max: order independent, deterministic.
+  __shared__ float warp_max[kCtaThreads / 32];
+  __shared__ uint32_t warp_bad[kCtaThreads / 32];
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
   bad = __reduce_add_sync(0xFFFFFFFFu, bad);
-  // |x| >= +0 and NaN never enters m: the unsigned max of the bits is the float max.
+  __syncthreads();  // the previous slice's partials were read
   if (threadIdx.x % 32 == 0) {
-    if (m != 0.0f) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
-    if (bad != 0 && bad_count != nullptr) atomicAdd(bad_count, bad);
+    warp_max[threadIdx.x / 32] = m;
+    warp_bad[threadIdx.x / 32] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < kCtaThreads / 32 ? warp_max[threadIdx.x] : 0.0f;
+    bad = threadIdx.x < kCtaThreads / 32 ? warp_bad[threadIdx.x] : 0u;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+    bad = __reduce_add_sync(0xFFFFFFFFu, bad);
+    if (threadIdx.x == 0) {
+      if (m != 0.0f) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
+      if (bad != 0 && bad_count != nullptr) atomicAdd(bad_count, bad);
+    }
   }
 }
 
