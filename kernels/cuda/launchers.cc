@@ -172,24 +172,36 @@ int64_t TotalSlices(const QdqJob* jobs, int num_jobs) {
   return n;
 }
 
+// Largest slice, in grid stashes, for which kAuto takes the resident path: measured on an H200,
+// 48 MiB bf16 slices (1.6 stashes) gain from it (283 vs 326 us for 8), while a slice much larger
+// than the stash is read almost twice anyway.
+constexpr uint64_t kAutoMaxStashes = 2;
+
 // The resident fused QDQ (qdq_resident.cuh) of every job, one cooperative launch per element type
 // and per kMaxItemsPerLaunch slices. Zeroes the whole workspace (amax, counts, barrier) first.
-// kUnsupported, with nothing enqueued, where the device cannot run it.
+// kUnsupported, with nothing enqueued, where the device cannot run it, or with `only_if_fits`
+// where a slice exceeds kAutoMaxStashes grid stashes.
 template <class Traits>
-KernelStatus RunQdqResident(const QdqJob* jobs, int num_jobs, int64_t cta_bytes, float* amax,
-                            int64_t* counts, unsigned int* barrier, size_t workspace_bytes,
-                            cudaStream_t stream, std::string* message) {
+KernelStatus RunQdqResident(const QdqJob* jobs, int num_jobs, int64_t cta_bytes, bool only_if_fits,
+                            float* amax, int64_t* counts, unsigned int* barrier,
+                            size_t workspace_bytes, cudaStream_t stream, std::string* message) {
   detail::ResidentLaunch shape[2];
   const ElemType types[2] = {ElemType::kBF16, ElemType::kF16};
   for (int t = 0; t < 2; ++t) {
     bool used = false;
     for (int i = 0; i < num_jobs; ++i) used = used || jobs[i].weight.type == types[t];
     if (!used) continue;
-    std::string why;
-    const KernelStatus st = detail::PrepareQdqResident<Traits>(types[t], cta_bytes, &shape[t], &why);
-    if (st != KernelStatus::kOk) {
-      if (message != nullptr) *message = why;
-      return st;
+    const KernelStatus st =
+        detail::PrepareQdqResident<Traits>(types[t], cta_bytes, &shape[t], message);
+    if (st != KernelStatus::kOk) return st;
+    if (!only_if_fits) continue;
+    const uint64_t stash = uint64_t{shape[t].ctas} * shape[t].stash_blocks;
+    for (int i = 0; i < num_jobs; ++i) {
+      const WeightDesc& w = jobs[i].weight;
+      const uint64_t blocks = static_cast<uint64_t>(w.rows() * w.cols() / kBlockSize);
+      if (w.type == types[t] && blocks > kAutoMaxStashes * stash) {
+        return Unsupported(message, "resident QDQ: a slice exceeds the stashes kAuto takes");
+      }
     }
   }
   KernelStatus st = CheckCuda(cudaMemsetAsync(amax, 0, workspace_bytes, stream),
@@ -438,12 +450,21 @@ KernelStatus LaunchQdqComputeAmax(const QdqJob* jobs, int num_jobs, QuantMode mo
   auto* counts = reinterpret_cast<int64_t*>(base + QdqWorkspaceCountOffset(jobs, num_jobs));
   auto* barrier = reinterpret_cast<unsigned int*>(base + QdqWorkspaceBarrierOffset(jobs, num_jobs));
 
-  if (options.path != QdqAmaxPath::kTwoPass) {
+  // kAuto takes the resident path where it measured faster (bench/RESULTS.md): standard NVFP4,
+  // which is memory-bound, on slices up to kAutoMaxStashes grid stashes. The 4over6 modes are
+  // bound by their arithmetic, which the resident kernel runs at 1 CTA per SM and not beside the
+  // loads: two-pass is faster for them.
+  const bool forced = options.path == QdqAmaxPath::kResident;
+  if (forced || (options.path == QdqAmaxPath::kAuto && mode.algo == QuantAlgo::kStandard)) {
+    std::string why;
     st = DispatchQuantMode(mode, [&]<class Traits>() {
-      return RunQdqResident<Traits>(jobs, num_jobs, options.resident_cta_bytes, amax, counts,
-                                    barrier, need, stream, message);
+      return RunQdqResident<Traits>(jobs, num_jobs, options.resident_cta_bytes, !forced, amax,
+                                    counts, barrier, need, stream, &why);
     });
-    if (st != KernelStatus::kUnsupported || options.path == QdqAmaxPath::kResident) return st;
+    if (st != KernelStatus::kUnsupported || forced) {
+      if (st != KernelStatus::kOk && message != nullptr) *message = why;
+      return st;
+    }
   }
   return RunQdqTwoPass(jobs, num_jobs, mode, options.group_bytes, amax, counts, stream, message);
 }

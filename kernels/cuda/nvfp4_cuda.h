@@ -139,8 +139,9 @@ size_t QdqComputeAmaxWorkspaceBytes(const QdqJob* jobs, int num_jobs);
 
 // How LaunchQdqComputeAmax runs.
 enum class QdqAmaxPath {
-  kAuto,      // resident where the device has cooperative launch, else two-pass
-  kResident,  // kUnsupported where the device has no cooperative launch
+  kAuto,      // resident for standard NVFP4 on slices up to two grid stashes (where it measured
+              // faster), where the device has cooperative launch; two-pass otherwise
+  kResident,  // every mode; kUnsupported where the device has no cooperative launch
   kTwoPass,
 };
 
@@ -155,11 +156,11 @@ struct QdqAmaxOptions {
 };
 
 // Computes each job's amax into `workspace`, then fake-quantizes with it; jobs[i].amax is
-// ignored. Two ways, the same bytes:
-//  - resident (default): one cooperative launch that keeps each weight in the SMs' shared memory
-//    between its amax and its QDQ (qdq_resident.cuh), so the input is read once where it fits
-//    (on an H200 about 29 MB per round) and the rest twice; weights are taken in rounds of
-//    consecutive slices, with a grid barrier in each;
+// ignored. Two ways, the same bytes (QdqAmaxOptions::path):
+//  - resident: one cooperative launch that keeps each weight in the SMs' shared memory between
+//    its amax and its QDQ (qdq_resident.cuh), so the input is read once where it fits (on an
+//    H200 about 30 MB per round, one CTA per SM) and the rest twice; weights are taken in rounds
+//    of consecutive slices, with a grid barrier in each;
 //  - two-pass: an amax launch, then the QDQ launch (the input is read twice).
 // Bad jobs are rejected before anything is enqueued. `workspace` is a device buffer of at least
 // QdqComputeAmaxWorkspaceBytes(jobs, num_jobs) bytes, 256-byte aligned; once the stream has run

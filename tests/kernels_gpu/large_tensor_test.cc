@@ -92,6 +92,20 @@ TEST(LargeTensorTest, OneGiBTensorComparedInFull) {
   ASSERT_EQ(FakeQuantize({&task, 1}, mode, AllCores()), KernelStatus::kOk);
   WPUB_CUDA_OK(stream.Synchronize());
   ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_out.data(), data.size()), want), "");
+
+  // The resident fused QDQ with its amax computed: one slice of 2^25 blocks, most of it spilled
+  // past the grid's shared memory and read twice.
+  DeviceBuffer d_out2 = Poisoned(data.size() * 2);
+  qj.out = d_out2.data();
+  DeviceBuffer ws;
+  WPUB_CUDA_OK(DeviceBuffer::Create(QdqComputeAmaxWorkspaceBytes(&qj, 1), &ws));
+  QdqAmaxOptions resident;
+  resident.path = QdqAmaxPath::kResident;
+  WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg,
+                                      resident));
+  WPUB_CUDA_OK(stream.Synchronize());
+  ASSERT_EQ(FloatBitsOf(Download<float>(ws.data(), 1)), FloatBitsOf({cpu_amax}));
+  ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_out2.data(), data.size()), want), "");
 }
 
 }  // namespace

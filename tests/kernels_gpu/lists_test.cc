@@ -227,7 +227,8 @@ TEST_F(ListTest, QuantizeAndQdqListsOf1_3_8_64_200Weights) {
   }
 }
 
-// The two ways of LaunchQdqComputeAmax give the reference's bytes, amax and non-finite counts:
+// The two ways of LaunchQdqComputeAmax give the reference's bytes, amax and non-finite counts in
+// every mode:
 // the resident path with CTAs that keep 1 KiB, 4 KiB or all the shared memory they can (small
 // stashes make these small weights take many rounds, spill past the grid's shared memory, and
 // need several launches for 200 slices), and the two-pass path. The lists mix bf16 and fp16
@@ -238,12 +239,9 @@ TEST_F(ListTest, QdqComputeAmaxResidentRoundsSpillsAndTwoPassAgree) {
     int count;
     QuantMode mode;
   };
-  const Case cases[] = {
-      {9, QuantMode::Standard()},
-      {9, QuantMode::FourOverSix(ErrMetric::kMSE, 448, ErrKind::kExact)},
-      {9, QuantMode::FourOverSix(ErrMetric::kMAE, 256, ErrKind::kFP16)},
-      {200, QuantMode::Standard()},
-  };
+  std::vector<Case> cases;
+  for (int mi = 0; mi < kNumQuantModes; ++mi) cases.push_back({9, QuantMode::FromIndex(mi)});
+  cases.push_back({200, QuantMode::Standard()});
   for (const Case& c : cases) {
     std::vector<TestTensor> tensors = MakeList(c.count, /*include_fp32=*/false);
     // A stack of 3 slices, and a weight larger than a 1 KiB-per-CTA grid holds (132 KiB on an

@@ -106,6 +106,8 @@ TEST_P(StrictMatrixTest, AllModesMatchCpuReference) {
     std::vector<uint16_t> want_qdq;
     DeviceBuffer d_qdq = Poisoned(n * 2);
     DeviceBuffer d_qdq2 = Poisoned(n * 2);
+    DeviceBuffer d_qdq3 = Poisoned(n * 2);
+    DeviceBuffer d_qdq4 = Poisoned(n * 2);
     if (type != ElemType::kF32) {
       QdqJob qj;
       qj.weight = dev.desc();
@@ -117,6 +119,17 @@ TEST_P(StrictMatrixTest, AllModesMatchCpuReference) {
       DeviceBuffer ws;
       WPUB_CUDA_OK(DeviceBuffer::Create(QdqComputeAmaxWorkspaceBytes(&qj, 1), &ws));
       WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg));
+      // Both ways of computing the amax inside the call (kAuto takes one of them per mode).
+      qj.out = d_qdq3.data();
+      QdqAmaxOptions resident;
+      resident.path = QdqAmaxPath::kResident;
+      WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg,
+                                          resident));
+      qj.out = d_qdq4.data();
+      QdqAmaxOptions two_pass;
+      two_pass.path = QdqAmaxPath::kTwoPass;
+      WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg,
+                                          two_pass));
       want_qdq.resize(n);
       QdqTask task;
       task.weight = &host;
@@ -131,6 +144,10 @@ TEST_P(StrictMatrixTest, AllModesMatchCpuReference) {
       ASSERT_EQ(FirstMismatch(got_qdq, want_qdq), "") << "fused QDQ, given amax";
       ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_qdq2.data(), n), want_qdq), "")
           << "fused QDQ, computed amax";
+      ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_qdq3.data(), n), want_qdq), "")
+          << "fused QDQ, computed amax, resident";
+      ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_qdq4.data(), n), want_qdq), "")
+          << "fused QDQ, computed amax, two-pass";
       // The contract itself, on the device: qdq(x) == dequantize(quantize(x)).
       ASSERT_EQ(FirstMismatch(got_qdq, Download<uint16_t>(d_deq.data(), n)), "")
           << "qdq != dequantize(quantize)";
