@@ -8,7 +8,8 @@
 //
 // Timing: CUDA events around every iteration, after warm-up; median over iterations. Inputs
 // rotate over enough buffer sets (>= 512 MiB) that no iteration reads data another left in L2.
-// Usage: nvfp4_kernels_bench [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only] [--qdq_rows N]
+// Usage: nvfp4_kernels_bench [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only]
+// [--qdq_rows N]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -52,7 +53,7 @@ struct Options {
   int warmup = 5;
   std::string json;
   bool quick = false;
-  bool qdq_only = false;  // the fused-QDQ case alone
+  bool qdq_only = false;    // the fused-QDQ case alone
   int64_t qdq_rows = 4096;  // rows of the fused-QDQ case's 8 weights (cols 6144)
 };
 
@@ -404,7 +405,10 @@ int main(int argc, char** argv) {
     } else if (a == "--qdq_rows" && i + 1 < argc) {
       o.qdq_rows = std::atoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only] [--qdq_rows N]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only] "
+                   "[--qdq_rows N]\n",
+                   argv[0]);
       return 2;
     }
   }

@@ -1,6 +1,7 @@
 // 4over6 block quantization in few instructions per element, for the blocks where that is
-// provably the same as the spec (docs/specs/nvfp4.md, "4over6"); every other block is left to
-// the step-for-step path of fast_block.cuh. Host and device compile the same source, so the CPU
+// provably the same as the spec (docs/specs/nvfp4.md, "4over6"), and the standard block on the
+// same primitives (points 2, 3 and 7 below); every other block is left to the step-for-step path
+// of fast_block.cuh. Host and device compile the same source, so the CPU
 // tests (tests/kernels_cpu/fast_4over6_test.cc) prove the formulation exhaustively over the
 // domains stated below, and the GPU tests compare the device build with the CPU reference.
 //
@@ -9,7 +10,7 @@
 //    and |d| is the same for (x, q) and (|x|, |q|): both errors are computed on |x|, and the
 //    code's sign bit is x's (NaN elements never reach the packing, see 5).
 // 2. Scaled grid. With inv' = inv * 2^-6 (exact: inv' stays normal for the slices admitted by
-//    FourOverSixSlice), v' = RN(|x| * inv') = RN(|x| * inv) * 2^-6 unless both are far below
+//    CheapSlice), v' = RN(|x| * inv') = RN(|x| * inv) * 2^-6 unless both are far below
 //    the first E2M1 boundary. The E2M1 grid times 2^-6 is the E4M3 grid's subset whose E4M3
 //    bytes are (code << 2): one E4M3x2 conversion packs two codes.
 // 3. Rounding. In a block where RN(bmax * inv') < 7 * 2^-6 (checked per block; monotone in |x|)
@@ -28,8 +29,12 @@
 //    (ErrorValueEqualsSpecDivision).
 // 5. NaN elements are skipped by bmax but make both errors NaN; such blocks (err6 is NaN) go back
 //    to the step-for-step path, so codes here come from finite elements only.
-// 6. Per-slice admission (MakeFourOverSixSlice) and bmax / 6 (DivSix) carry their own ranges;
+// 6. Per-slice admission (MakeCheapSlice) and bmax / 6 (DivSix) carry their own ranges;
 //    the fused QDQ decodes the chosen codes with the same factor as the spec (DecodeCheapBlock).
+// 7. Standard blocks (StandardCheapValues): the spec's scale byte and inv, then points 2 and 3 on
+//    inv' = inv * 2^-6 (normal for an admitted slice: inv >= 6 / amax). A NaN element makes the
+//    NaN-keeping bmax NaN and the block fails the saturation test; the fused QDQ multiplies q'
+//    by the decode factor times 2^6, the same real product as the spec's (DecodeStandardCheap).
 #pragma once
 
 #include <cmath>
@@ -89,6 +94,18 @@ WPUB_HD float MaxAbsSkipNan(float acc, float x) {
 #endif
 }
 
+// Running max of |x| that turns NaN for good once an element is NaN (max.NaN.f32 on the device).
+WPUB_HD float MaxAbsKeepNan(float acc, float x) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(acc), "f"(fabsf(x)));
+  return r;
+#else
+  if (IsNan(acc) || IsNan(x)) return BitsFloat(0x7FFFFFFFu);
+  return acc > FAbs(x) ? acc : FAbs(x);
+#endif
+}
+
 // FDiv(1, x): the IEEE round-to-nearest reciprocal on the device.
 WPUB_HD float Rcp(float x) {
 #if defined(__CUDA_ARCH__)
@@ -131,23 +148,23 @@ WPUB_HD float RoundE2M1Scaled(float v) {
 }
 
 // Per-slice values of the cheap path; ok is uniform over a slice.
-struct FourOverSixSlice {
+struct CheapSlice {
   float amax;
   float s_enc;
   float s_dec;
   bool ok;  // amax admits the cheap path (and the exact error's identities)
 };
 
-// 2^-80 <= amax <= 2^100 keeps every intermediate of points 2 and 4 normal and far from
-// overflow, and S_enc <= 2688 * 2^80 (see DivSix); the exact error also needs amax's low 6
+// 2^-80 <= amax <= 2^100 keeps every intermediate of points 2, 4 and 7 normal and far from
+// overflow, and S_enc <= 2688 * 2^80 (see DivSix); the 4over6 exact error also needs amax's low 6
 // mantissa bits clear (<= 18 significant bits, point 4). Anything else (0, NaN, inf, negative,
 // fp32 amaxes) takes the step-for-step path.
 template <class Traits>
-WPUB_HD FourOverSixSlice MakeFourOverSixSlice(const TensorScales& ts) {
+WPUB_HD CheapSlice MakeCheapSlice(const TensorScales& ts) {
   const uint32_t bits = FloatBits(ts.amax);
   bool ok = ts.amax >= 0x1p-80f && ts.amax <= 0x1p100f;
-  if (Traits::kErr == ErrKind::kExact) ok = ok && (bits & 0x3Fu) == 0u;
-  return FourOverSixSlice{ts.amax, ts.s_enc, ts.s_dec, ok};
+  if (Traits::kFourOverSix && Traits::kErr == ErrKind::kExact) ok = ok && (bits & 0x3Fu) == 0u;
+  return CheapSlice{ts.amax, ts.s_enc, ts.s_dec, ok};
 }
 
 // fp32_div(k, 6E) by the reciprocal and one exact residual (Markstein); within the admitted
@@ -175,7 +192,7 @@ struct alignas(16) Candidate {
 inline constexpr int kCandidateTableSize = 128;  // scale bytes 0..0x7E (0x7F is NaN, unused)
 
 template <class Traits>
-WPUB_HD Candidate MakeCandidate(uint32_t byte, const FourOverSixSlice& s) {
+WPUB_HD Candidate MakeCandidate(uint32_t byte, const CheapSlice& s) {
   const float sf = E4M3Value(byte);
   Candidate c;
   // A slice the cheap path does not admit gets inv' = NaN: every block's saturation test fails.
@@ -203,7 +220,7 @@ struct CandidateTable {
 // Computes candidates on the fly (host tests).
 template <class Traits>
 struct CandidateMaker {
-  FourOverSixSlice s;
+  CheapSlice s;
   WPUB_HD Candidate operator()(uint32_t byte) const { return MakeCandidate<Traits>(byte, s); }
 };
 
@@ -275,7 +292,7 @@ struct CheapBlock {
 // NaN. candidates(byte) must return MakeCandidate<Traits>(byte, s) (CandidateTable or
 // CandidateMaker).
 template <class Traits, class Candidates>
-WPUB_HD bool FourOverSixCheapCodes(const float (&x)[kBlockSize], const FourOverSixSlice& s,
+WPUB_HD bool FourOverSixCheapCodes(const float (&x)[kBlockSize], const CheapSlice& s,
                                    const Candidates& candidates, CheapBlock& out) {
   static_assert(Traits::kFourOverSix, "4over6 modes only");
   float bmax = 0.0f;
@@ -327,7 +344,7 @@ WPUB_HD bool FourOverSixCheapCodes(const float (&x)[kBlockSize], const FourOverS
 // QuantizeBlockPacked<Traits> of nvfp4_math.h for 4over6 Traits, for the blocks
 // FourOverSixCheapCodes admits (false otherwise).
 template <class Traits, class Candidates>
-WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const FourOverSixSlice& s,
+WPUB_HD bool QuantizeBlockFourOverSixCheap(const float (&x)[kBlockSize], const CheapSlice& s,
                                            const Candidates& candidates, PackedBlock& out) {
   CheapBlock cb;
   if (!FourOverSixCheapCodes<Traits>(x, s, candidates, cb)) return false;
@@ -372,6 +389,60 @@ WPUB_HD void DecodeCheapBlock(const CheapBlock& cb, const float (&x)[kBlockSize]
         y[i] = BitsFloat(FloatBits(m) | (FloatBits(x[i]) & 0x80000000u));
       }
     }
+  }
+}
+
+// --- standard NVFP4 on the same primitives (point 7) ----------------------------------------
+
+// Spec "Standard block quantization" for the blocks that admit the cheap path: q[i] =
+// E2M1val(q_i) * 2^-6 >= 0 (magnitudes; the signs are x's) and the scale byte sf. False (outputs
+// unspecified) when the slice is not admitted (s.ok), an element is NaN or inf, or some |v'|
+// could saturate (a clamped or zero scale).
+WPUB_HD bool StandardCheapValues(const float (&x)[kBlockSize], const CheapSlice& s,
+                                 float (&q)[kBlockSize], uint32_t& sf) {
+  float bmax = 0.0f;
+  WPUB_UNROLL
+  for (int i = 0; i < kBlockSize; ++i) bmax = MaxAbsKeepNan(bmax, x[i]);
+  // Steps 2-4; MinF turns a NaN bmax into FLT_MAX here, the saturation test below rejects it.
+  const float mult = FMul(s.s_enc, BitsFloat(kOneSixthBits));  // S_enc * fl32(1/6) first
+  const uint32_t byte = E4M3x2(MinF(FMul(bmax, mult), FltMax()), 0.0f) & 0xFFu;
+  const float inv = s.ok ? FMul(MinF(Rcp(FMul(E4M3Value(byte), s.s_dec)), FltMax()), kCodeScale)
+                         : BitsFloat(0x7FC00000u);
+  if (!(FMul(bmax, inv) < kSimpleLimit)) return false;
+  WPUB_UNROLL
+  for (int i = 0; i < kBlockSize; ++i) q[i] = RoundE2M1Scaled(FMul(AbsF(x[i]), inv));
+  sf = byte;
+  return true;
+}
+
+// The standard block's packed codes (QuantizeBlockPacked<StandardTraits>) where
+// StandardCheapValues admits it.
+WPUB_HD bool QuantizeBlockStandardCheap(const float (&x)[kBlockSize], const CheapSlice& s,
+                                        PackedBlock& out) {
+  float q[kBlockSize];
+  uint32_t sf;
+  if (!StandardCheapValues(x, s, q, sf)) return false;
+  // E4M3 bytes (code << 2) of elements {0,2,4,6}, {1,3,5,7}, {8,...}, {9,...}, as in
+  // FourOverSixCheapCodes.
+  uint32_t w[4];
+  WPUB_UNROLL
+  for (int h = 0; h < 2; ++h) {
+    w[2 * h] = E4M3x2(q[8 * h], q[8 * h + 2]) | (E4M3x2(q[8 * h + 4], q[8 * h + 6]) << 16);
+    w[2 * h + 1] = E4M3x2(q[8 * h + 1], q[8 * h + 3]) | (E4M3x2(q[8 * h + 5], q[8 * h + 7]) << 16);
+  }
+  out.lo = PackNibbles(w[0], w[1], x);
+  out.hi = PackNibbles(w[2], w[3], x + 8);
+  out.sf = sf;
+  return true;
+}
+
+// The fused QDQ's values of a standard cheap block: DecodeElement(code_i, factor) with factor64 =
+// the block's DecodeFactor times 2^6 (exact) and the sign of x_i (x is never NaN here).
+WPUB_HD void DecodeStandardCheap(const float (&q)[kBlockSize], const float (&x)[kBlockSize],
+                                 float factor64, float (&y)[kBlockSize]) {
+  WPUB_UNROLL
+  for (int i = 0; i < kBlockSize; ++i) {
+    y[i] = BitsFloat(FloatBits(FMul(q[i], factor64)) | (FloatBits(x[i]) & 0x80000000u));
   }
 }
 

@@ -66,11 +66,11 @@ struct QdqResidentParams {
   QdqResidentItem items[kMaxItemsPerLaunch];
   uint32_t round_begin[kMaxItemsPerLaunch + 1];  // rounds of items (PlanRounds)
   int num_rounds;
-  uint32_t stash_blocks;            // blocks each CTA keeps in shared memory
-  float* amax;                      // zeroed before the launch
-  unsigned long long* nonfinite;    // zeroed before the launch
-  unsigned int* barrier;            // grid barrier counter, zeroed before the call's first launch
-  uint32_t barrier_base;            // its value when this launch starts
+  uint32_t stash_blocks;          // blocks each CTA keeps in shared memory
+  float* amax;                    // zeroed before the launch
+  unsigned long long* nonfinite;  // zeroed before the launch
+  unsigned int* barrier;          // grid barrier counter, zeroed before the call's first launch
+  uint32_t barrier_base;          // its value when this launch starts
 };
 static_assert(sizeof(QdqResidentParams) < 32764, "kernel parameters are limited to 32764 bytes");
 

@@ -16,8 +16,8 @@
 // Included by quantize_modes_*.cu only.
 #pragma once
 
-#include <cuda/atomic>
 #include <cuda_runtime.h>
+#include <cuda/atomic>
 
 #include "kernels/cuda/quantize_kernels.cuh"
 #include "kernels/cuda/resident_plan.h"
@@ -71,7 +71,8 @@ __device__ __forceinline__ void ForEachSegment(const QdqResidentParams& p, int i
 // of 16-byte vectors keep the warp's shared-memory stores free of bank conflicts).
 template <ElemType kType, bool kStash, int kCtaThreads>
 __device__ __forceinline__ void AmaxPass(const char* in, uint32_t b0, uint32_t b1, uint4* plane0,
-                                         uint4* plane1, float* amax, unsigned long long* bad_count) {
+                                         uint4* plane1, float* amax,
+                                         unsigned long long* bad_count) {
   constexpr uint32_t kBlockBytes = kBlockSize * ElemSize(kType);
   float m = 0.0f;
   uint32_t bad = 0;
@@ -85,7 +86,8 @@ __device__ __forceinline__ void AmaxPass(const char* in, uint32_t b0, uint32_t b
       // Stashed blocks are not read from memory again (streaming, evict first); spilled ones are
       // (default caching, so the QDQ pass finds them in L2).
 #pragma unroll
-      for (int v = 0; v < kVecsPerBlock<kType>; ++v) raw[u].v[v] = kStash ? __ldcs(src + v) : src[v];
+      for (int v = 0; v < kVecsPerBlock<kType>; ++v)
+        raw[u].v[v] = kStash ? __ldcs(src + v) : src[v];
     }
 #pragma unroll
     for (int u = 0; u < kResidentUnroll; ++u) {
@@ -136,8 +138,7 @@ __device__ __forceinline__ void QdqPass(const char* in, char* out, uint32_t b0, 
   constexpr uint32_t kBlockBytes = kBlockSize * ElemSize(kType);
   constexpr int kUnroll = kQuantBlocksPerThread<Traits>;
   const SliceScales ss = MakeSliceScales<Traits>(amax);
-  const FourOverSixSlice fs =
-      MakeFourOverSixSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
+  const CheapSlice fs = MakeCheapSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
   if constexpr (Traits::kFourOverSix) __syncthreads();  // the previous slice's readers are done
   BuildCandidateTable<Traits>(table, fs);
   for (uint32_t base = b0 + threadIdx.x; base < b1; base += kUnroll * kResidentThreads<Traits>) {
@@ -159,8 +160,8 @@ __device__ __forceinline__ void QdqPass(const char* in, char* out, uint32_t b0, 
       if (b >= b1) break;
       float x[kBlockSize];
       Unpack<kType>(raw[u], x);
-      QdqBlockFast<kType, Traits>(x, in + uint64_t{b} * kBlockBytes, out + uint64_t{b} * kBlockBytes, ss,
-                                  fs, table);
+      QdqBlockFast<kType, Traits>(x, in + uint64_t{b} * kBlockBytes,
+                                  out + uint64_t{b} * kBlockBytes, ss, fs, table);
     }
   }
 }
@@ -190,16 +191,16 @@ __global__ void __launch_bounds__(kResidentThreads<Traits>, 1)
       return p.nonfinite != nullptr ? p.nonfinite + p.items[i].slot : nullptr;
     };
 
-    ForEachSegment(p, i0, i1, stash_begin, stash_end,
-                   [&](int i, uint32_t b0, uint32_t b1, uint32_t flat) {
-                     const uint32_t at = flat - stash_begin;
-                     AmaxPass<kType, true, kResidentThreads<Traits>>(in_of(i), b0, b1, plane0 + at, plane1 + at,
-                                           p.amax + p.items[i].slot, bad_of(i));
-                   });
+    ForEachSegment(
+        p, i0, i1, stash_begin, stash_end, [&](int i, uint32_t b0, uint32_t b1, uint32_t flat) {
+          const uint32_t at = flat - stash_begin;
+          AmaxPass<kType, true, kResidentThreads<Traits>>(
+              in_of(i), b0, b1, plane0 + at, plane1 + at, p.amax + p.items[i].slot, bad_of(i));
+        });
     ForEachSegment(p, i0, i1, spill_begin, spill_end,
                    [&](int i, uint32_t b0, uint32_t b1, uint32_t) {
-                     AmaxPass<kType, false, kResidentThreads<Traits>>(in_of(i), b0, b1, nullptr, nullptr,
-                                            p.amax + p.items[i].slot, bad_of(i));
+                     AmaxPass<kType, false, kResidentThreads<Traits>>(
+                         in_of(i), b0, b1, nullptr, nullptr, p.amax + p.items[i].slot, bad_of(i));
                    });
     target += gridDim.x;
     GridBarrier(p.barrier, target);
@@ -208,13 +209,12 @@ __global__ void __launch_bounds__(kResidentThreads<Traits>, 1)
                      QdqPass<kType, Traits, false>(in_of(i), out_of(i), b0, b1, nullptr, nullptr,
                                                    __ldcg(p.amax + p.items[i].slot), table);
                    });
-    ForEachSegment(p, i0, i1, stash_begin, stash_end,
-                   [&](int i, uint32_t b0, uint32_t b1, uint32_t flat) {
-                     const uint32_t at = flat - stash_begin;
-                     QdqPass<kType, Traits, true>(in_of(i), out_of(i), b0, b1, plane0 + at,
-                                                  plane1 + at, __ldcg(p.amax + p.items[i].slot),
-                                                  table);
-                   });
+    ForEachSegment(
+        p, i0, i1, stash_begin, stash_end, [&](int i, uint32_t b0, uint32_t b1, uint32_t flat) {
+          const uint32_t at = flat - stash_begin;
+          QdqPass<kType, Traits, true>(in_of(i), out_of(i), b0, b1, plane0 + at, plane1 + at,
+                                       __ldcg(p.amax + p.items[i].slot), table);
+        });
     __syncthreads();  // the stash is refilled by the next round
   }
 }
@@ -243,12 +243,13 @@ KernelStatus PrepareQdqResidentOf(int64_t cta_bytes, ResidentLaunch* out, std::s
   if (blocks < int64_t{kResidentAlign}) {
     return Unsupported(message, "resident QDQ: less than one stash share of shared memory");
   }
-  err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(most));
+  err =
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
   int per_sm = 0;
   const size_t smem = static_cast<size_t>(blocks * kStashBlockBytes);
   if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kResidentThreads<Traits>, smem);
+    err =
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kResidentThreads<Traits>, smem);
   }
   st = CheckCuda(err, "resident QDQ: shared memory and occupancy", message);
   if (st != KernelStatus::kOk) return st;
@@ -306,10 +307,10 @@ KernelStatus LaunchQdqResidentKernel(ElemType type, const QdqResidentParams& par
 }
 
 // Explicit instantiation of the resident launchers for one mode.
-#define WPUB_INSTANTIATE_QDQ_RESIDENT(TRAITS)                                                   \
-  template KernelStatus PrepareQdqResident<TRAITS>(ElemType, int64_t, ResidentLaunch*,          \
-                                                   std::string*);                               \
-  template KernelStatus LaunchQdqResidentKernel<TRAITS>(                                        \
+#define WPUB_INSTANTIATE_QDQ_RESIDENT(TRAITS)                                          \
+  template KernelStatus PrepareQdqResident<TRAITS>(ElemType, int64_t, ResidentLaunch*, \
+                                                   std::string*);                      \
+  template KernelStatus LaunchQdqResidentKernel<TRAITS>(                               \
       ElemType, const QdqResidentParams&, const ResidentLaunch&, cudaStream_t, std::string*)
 
 }  // namespace wpub::kernels::cuda::detail

@@ -1,12 +1,12 @@
 // Kernel templates of quantize and fused QDQ, specialized at compile time on the input type
 // and the quantization mode (Traits from nvfp4_math.h). Every block's arithmetic is
+// the cheap formulation of fast_4over6.h (standard and 4over6) where a block admits it, else
 // QuantizeBlockFast (fast_block.cuh: the shared QuantizeBlock of nvfp4_math.h on proven
-// bit-identical primitives) and DecodeFactor, or for 4over6 blocks that admit it the cheap
-// formulation of fast_4over6.h, so the kernels are the CPU reference byte for byte. One chunk
-// (kQuantBlocksPerCta blocks of one work item) per CTA: on an H200 this beat both a persistent
-// grid-stride loop and a persistent loop that prefetches its next chunk while computing (by 10-15%
-// on 1 GiB and on 128 experts): the hardware already overlaps one CTA's loads with another's
-// arithmetic. Included by quantize_modes_*.cu only.
+// bit-identical primitives) and DecodeFactor, so the kernels are the CPU reference byte for byte.
+// One chunk (kQuantBlocksPerCta blocks of one work item) per CTA: on an H200 this beat both a
+// persistent grid-stride loop and a persistent loop that prefetches its next chunk while computing
+// (by 10-15% on 1 GiB and on 128 experts): the hardware already overlaps one CTA's loads with
+// another's arithmetic. Included by quantize_modes_*.cu only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -44,24 +44,22 @@ __device__ __noinline__ PackedBlock QuantizeBlockStepwise(const char* block, Sli
   return PackedBlock{p.x, p.y, qb.sf};
 }
 
-// One block's packed codes and scale byte: 4over6 blocks through the cheap formulation of
-// fast_4over6.h where it applies (almost every block of bf16/fp16 weights), everything else
-// step for step (QuantizeBlockFast). block is x's bytes in the input.
+// One block's packed codes and scale byte through the cheap formulations of fast_4over6.h where
+// they apply (almost every block of real weights), everything else step for step
+// (QuantizeBlockFast, out of line). block is x's bytes in the input.
 template <ElemType kIn, class Traits>
 __device__ __forceinline__ PackedBlock QuantizeBlockPackedFast(const float (&x)[kBlockSize],
                                                                const char* block,
                                                                const SliceScales& ss,
-                                                               const FourOverSixSlice& fs,
+                                                               const CheapSlice& fs,
                                                                const Candidate* table) {
   PackedBlock pb;
   if constexpr (Traits::kFourOverSix) {
     if (QuantizeBlockFourOverSixCheap<Traits>(x, fs, CandidateTable{table}, pb)) return pb;
-    return QuantizeBlockStepwise<kIn, Traits>(block, ss);
+  } else {
+    if (QuantizeBlockStandardCheap(x, fs, pb)) return pb;
   }
-  QuantBlock qb;
-  QuantizeBlockFast<Traits>(x, ss, qb);
-  const uint2 p = PackBlockCodes(qb);
-  return PackedBlock{p.x, p.y, qb.sf};
+  return QuantizeBlockStepwise<kIn, Traits>(block, ss);
 }
 
 // The fused QDQ's step-for-step block: quantize, then DecodeElement with the block's factor.
@@ -87,12 +85,12 @@ __device__ __noinline__ void QdqBlockStepwise(const char* in_block, char* out_bl
   StoreBlock16<kType>(out_block, y);
 }
 
-// One block's fused QDQ: 4over6 blocks through the cheap formulation where it applies. Writes
-// the block's 16 outputs to out_block.
+// One block's fused QDQ through the cheap formulations where they apply, else step for step (out
+// of line). Writes the block's 16 outputs to out_block.
 template <ElemType kType, class Traits>
 __device__ __forceinline__ void QdqBlockFast(const float (&x)[kBlockSize], const char* in_block,
                                              char* out_block, const SliceScales& ss,
-                                             const FourOverSixSlice& fs, const Candidate* table) {
+                                             const CheapSlice& fs, const Candidate* table) {
   float y[kBlockSize];
   if constexpr (Traits::kFourOverSix) {
     CheapBlock cb;
@@ -103,7 +101,14 @@ __device__ __forceinline__ void QdqBlockFast(const float (&x)[kBlockSize], const
     const float factor = FastDecodeFactor<Traits>(static_cast<uint8_t>(cb.sf), ss.amax);
     DecodeCheapBlock(cb, x, __fmul_rn(factor, 64.0f), y);
   } else {
-    QdqBlockInline<Traits>(x, ss, y);
+    float q[kBlockSize];
+    uint32_t sf;
+    if (!StandardCheapValues(x, fs, q, sf)) {
+      QdqBlockStepwise<kType, Traits>(in_block, out_block, ss);
+      return;
+    }
+    const float factor = FastDecodeFactor<Traits>(static_cast<uint8_t>(sf), ss.amax);
+    DecodeStandardCheap(q, x, __fmul_rn(factor, 64.0f), y);
   }
   StoreBlock16<kType>(out_block, y);
 }
@@ -111,7 +116,7 @@ __device__ __forceinline__ void QdqBlockFast(const float (&x)[kBlockSize], const
 // Builds a 4over6 kernel's table of candidate constants (one entry per scale byte) in shared
 // memory; every thread of the CTA must call it (it synchronizes the CTA).
 template <class Traits>
-__device__ __forceinline__ void BuildCandidateTable(Candidate* table, const FourOverSixSlice& fs) {
+__device__ __forceinline__ void BuildCandidateTable(Candidate* table, const CheapSlice& fs) {
   if constexpr (Traits::kFourOverSix) {
     if (threadIdx.x < kCandidateTableSize)
       table[threadIdx.x] = MakeCandidate<Traits>(threadIdx.x, fs);
@@ -149,8 +154,7 @@ __global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kIn, Traits>)
     if (b < num_blocks) LoadRaw<kIn>(in + uint64_t{b} * kInBlockBytes, raw[u]);
   }
   const SliceScales ss = MakeSliceScales<Traits>(*it.amax);
-  const FourOverSixSlice fs =
-      MakeFourOverSixSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
+  const CheapSlice fs = MakeCheapSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
   if (first == 0 && it.decode_scale != nullptr) *it.decode_scale = ss.s_dec;
   // 4over6: the candidate constants of every scale byte, once per CTA (see fast_4over6.h).
   __shared__ Candidate table[Traits::kFourOverSix ? kCandidateTableSize : 1];
@@ -202,8 +206,7 @@ __global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kType, Traits>)
     if (b < it.num_blocks) LoadRaw<kType>(in + uint64_t{b} * kBlockBytes, raw[u]);
   }
   const SliceScales ss = MakeSliceScales<Traits>(*it.amax);  // after the loads, see above
-  const FourOverSixSlice fs =
-      MakeFourOverSixSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
+  const CheapSlice fs = MakeCheapSlice<Traits>(TensorScales{ss.amax, ss.s_enc, ss.s_dec});
   __shared__ Candidate table[Traits::kFourOverSix ? kCandidateTableSize : 1];
   BuildCandidateTable<Traits>(table, fs);
 #pragma unroll

@@ -79,7 +79,7 @@ TEST(FastFourOverSixTest, RoundE2M1ScaledEqualsSpecRoundingForEveryInputBelowThe
 template <class Traits>
 void CheckErrorValue(float amax, Failures& f) {
   const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
-  const FourOverSixSlice s = MakeFourOverSixSlice<Traits>(ts);
+  const CheapSlice s = MakeCheapSlice<Traits>(ts);
   if (!s.ok) {
     f.Add(FloatBits(amax));  // the caller only passes admitted amaxes
     return;
@@ -171,7 +171,7 @@ TEST(FastFourOverSixTest, SliceAdmission) {
   using Fp16 = FourOverSixTraits<ErrMetric::kMAE, 448, ErrKind::kFP16>;
   auto ok = [](auto traits, float amax) {
     using T = decltype(traits);
-    return MakeFourOverSixSlice<T>(MakeTensorScales(amax, T::kE4M3Max)).ok;
+    return MakeCheapSlice<T>(MakeTensorScales(amax, T::kE4M3Max)).ok;
   };
   EXPECT_FALSE(ok(Exact{}, 0.0f));  // S_enc = FLT_MAX: tiny blocks could get nonzero scales
   EXPECT_TRUE(ok(Exact{}, 3.5f));
@@ -298,7 +298,7 @@ void CheckBlocks(uint64_t seed, int blocks_per_family) {
       uint8_t want[kBlockSize / 2];
       const uint8_t want_sf = QuantizeBlockPacked<Traits>(x, ts, want);
       PackedBlock got;
-      const FourOverSixSlice s = MakeFourOverSixSlice<Traits>(ts);
+      const CheapSlice s = MakeCheapSlice<Traits>(ts);
       if (!QuantizeBlockFourOverSixCheap<Traits>(x, s, CandidateMaker<Traits>{s}, got)) continue;
       if (bf16_like) ++cheap[family];
       uint8_t bytes[8];
@@ -365,6 +365,92 @@ TEST(FastFourOverSixTest, BlocksEqualReferenceMse256Exact) {
 }
 TEST(FastFourOverSixTest, BlocksEqualReferenceMse256Fp16) {
   CheckMode<FourOverSixTraits<ErrMetric::kMSE, 256, ErrKind::kFP16>>();
+}
+
+// Standard NVFP4 through the same primitives (point 7): packed codes, scale byte and the fused
+// QDQ's values equal the spec's for every block the cheap path admits, and it admits ordinary
+// data.
+TEST(FastStandardTest, BlocksEqualReference) {
+  using Traits = StandardTraits;
+  for (uint64_t seed : {2000u, 2001u, 2002u}) {
+    BlockGen gen(seed);
+    int cheap[6] = {0, 0, 0, 0, 0, 0};
+    int64_t mismatches = 0;
+    std::string first;
+    constexpr int kBlocksPerFamily = 40000;
+    for (int family = 0; family < 6; ++family) {
+      for (int n = 0; n < kBlocksPerFamily; ++n) {
+        float x[kBlockSize];
+        float amax;
+        gen.Make(family, x, amax, /*bf16_like=*/(n & 3) != 0);
+        const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
+        uint8_t want[kBlockSize / 2];
+        const uint8_t want_sf = QuantizeBlockPacked<Traits>(x, ts, want);
+        const CheapSlice s = MakeCheapSlice<Traits>(ts);
+        PackedBlock got;
+        if (!QuantizeBlockStandardCheap(x, s, got)) continue;
+        ++cheap[family];
+        uint8_t bytes[8];
+        for (int i = 0; i < 4; ++i) {
+          bytes[i] = static_cast<uint8_t>(got.lo >> (8 * i));
+          bytes[4 + i] = static_cast<uint8_t>(got.hi >> (8 * i));
+        }
+        float q[kBlockSize];
+        uint32_t sf = 0;
+        ASSERT_TRUE(StandardCheapValues(x, s, q, sf));
+        float y[kBlockSize];
+        DecodeStandardCheap(q, x,
+                            FMul(DecodeFactor<Traits>(static_cast<uint8_t>(sf), amax), 0x1p6f), y);
+        const float factor = DecodeFactor<Traits>(want_sf, amax);
+        bool qdq_ok = true;
+        for (int i = 0; i < kBlockSize; ++i) {
+          const uint8_t code = (want[i / 2] >> (4 * (i % 2))) & 0xF;
+          qdq_ok = qdq_ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
+        }
+        if (!qdq_ok || got.sf != want_sf || sf != want_sf || std::memcmp(bytes, want, 8) != 0) {
+          if (mismatches++ == 0) {
+            first = "family " + std::to_string(family) + " amax " + Hex(FloatBits(amax)) + " sf " +
+                    std::to_string(got.sf) + " want " + std::to_string(want_sf) + ", x:";
+            for (float v : x) first += " " + Hex(FloatBits(v));
+          }
+        }
+      }
+    }
+    EXPECT_EQ(mismatches, 0) << first;
+    EXPECT_GT(cheap[0], kBlocksPerFamily * 9 / 10);  // normal values, every amax
+    EXPECT_GT(cheap[1], kBlocksPerFamily / 2);       // E2M1 boundaries and ties
+    EXPECT_GT(cheap[4], 0);                          // tiny blocks under an admitted amax
+    EXPECT_GT(cheap[5], kBlocksPerFamily * 9 / 10);  // zeros of both signs
+  }
+}
+
+// A NaN anywhere in a block keeps it off the cheap path (the NaN-keeping block max); an inf
+// too (it saturates); a block of zeros stays on it with -0.0 codes where x is -0.0.
+TEST(FastStandardTest, SpecialsLeaveTheCheapPath) {
+  const TensorScales ts = MakeTensorScales(3.0f, 448);
+  const CheapSlice s = MakeCheapSlice<StandardTraits>(ts);
+  ASSERT_TRUE(s.ok);
+  float q[kBlockSize];
+  uint32_t sf;
+  for (int pos : {0, 7, 15}) {
+    float x[kBlockSize];
+    for (int i = 0; i < kBlockSize; ++i) x[i] = 0.25f * static_cast<float>(i % 5) - 0.5f;
+    x[pos] = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_FALSE(StandardCheapValues(x, s, q, sf)) << "NaN at " << pos;
+    x[pos] = -std::numeric_limits<float>::infinity();
+    EXPECT_FALSE(StandardCheapValues(x, s, q, sf)) << "inf at " << pos;
+  }
+  float zeros[kBlockSize];
+  for (int i = 0; i < kBlockSize; ++i) zeros[i] = (i % 2) ? -0.0f : 0.0f;
+  PackedBlock pb;
+  ASSERT_TRUE(QuantizeBlockStandardCheap(zeros, s, pb));
+  EXPECT_EQ(pb.sf, 0u);
+  EXPECT_EQ(pb.lo, 0x80808080u);  // element 2i+1 (-0.0) in the high nibble: code 0x8
+  EXPECT_EQ(pb.hi, 0x80808080u);
+  // A slice the path does not admit (amax 0) never takes it.
+  const CheapSlice zero_slice = MakeCheapSlice<StandardTraits>(MakeTensorScales(0.0f, 448));
+  EXPECT_FALSE(zero_slice.ok);
+  EXPECT_FALSE(StandardCheapValues(zeros, zero_slice, q, sf));
 }
 
 }  // namespace

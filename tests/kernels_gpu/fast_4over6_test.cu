@@ -19,7 +19,7 @@ namespace {
 
 using detail::Candidate;
 using detail::CandidateTable;
-using detail::FourOverSixSlice;
+using detail::CheapSlice;
 using detail::PackedBlock;
 
 struct Counts {
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(256)
   const float scale = ldexpf(1.0f, e);
   const float amax = Bf16Round(scale * 6.0f);
   const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
-  const FourOverSixSlice s = detail::MakeFourOverSixSlice<Traits>(ts);
+  const CheapSlice s = detail::MakeCheapSlice<Traits>(ts);
   __shared__ Candidate table[detail::kCandidateTableSize];
   if (threadIdx.x < detail::kCandidateTableSize) {
     table[threadIdx.x] = detail::MakeCandidate<Traits>(threadIdx.x, s);
@@ -125,6 +125,44 @@ __global__ void __launch_bounds__(256)
       ok = ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
     }
     if (!ok || got.sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
+  }
+  atomicAdd(&out->cheap, cheap);
+}
+
+// Standard NVFP4 through the same primitives on the device (StandardCheapValues: max.NaN.f32 for
+// the block max): packed codes, scale byte and fused-QDQ values against the shared reference.
+__global__ void __launch_bounds__(256)
+    StandardBlockKernel(uint64_t salt, int blocks_per_thread, Counts* out) {
+  using Traits = StandardTraits;
+  const int e = static_cast<int>(Mix(blockIdx.x ^ salt) % 64) - 40;
+  const float scale = ldexpf(1.0f, e);
+  // The tensor amax: the blocks' own scale times 6, or up to 2^8 times more (tiny block scales).
+  const float amax = Bf16Round(scale * 6.0f * static_cast<float>(1u << (blockIdx.x % 9)));
+  const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
+  const CheapSlice s = detail::MakeCheapSlice<Traits>(ts);
+  unsigned long long cheap = 0;
+  for (int k = 0; k < blocks_per_thread; ++k) {
+    const uint64_t id = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) * blocks_per_thread + k;
+    float x[kBlockSize];
+    FuzzBlock(id ^ salt, scale, x);
+    uint8_t want[kBlockSize / 2];
+    const uint8_t want_sf = QuantizeBlockPacked<Traits>(x, ts, want);
+    PackedBlock got;
+    if (!detail::QuantizeBlockStandardCheap(x, s, got)) continue;
+    ++cheap;
+    const uint32_t lo = want[0] | (want[1] << 8) | (want[2] << 16) | (uint32_t{want[3]} << 24);
+    const uint32_t hi = want[4] | (want[5] << 8) | (want[6] << 16) | (uint32_t{want[7]} << 24);
+    float q[kBlockSize];
+    uint32_t sf = 0;
+    bool ok = detail::StandardCheapValues(x, s, q, sf);
+    const float factor = DecodeFactor<Traits>(want_sf, amax);
+    float y[kBlockSize];
+    detail::DecodeStandardCheap(q, x, FMul(factor, 0x1p6f), y);
+    for (int i = 0; i < kBlockSize; ++i) {
+      const uint8_t code = (want[i / 2] >> (4 * (i % 2))) & 0xF;
+      ok = ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
+    }
+    if (!ok || got.sf != want_sf || sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
   }
   atomicAdd(&out->cheap, cheap);
 }
@@ -189,6 +227,19 @@ TEST_F(FastFourOverSixDeviceTest, CheapBlocksEqualReferenceInAll4over6Modes) {
                                 << " blocks differ, first block id " << c.first;
     // The fuzzed data is mostly ordinary: the cheap path must carry most of it.
     EXPECT_GT(c.cheap, kBlocks / 2) << mode.Name();
+  }
+}
+
+TEST_F(FastFourOverSixDeviceTest, CheapStandardBlocksEqualReference) {
+  constexpr uint64_t kBlocks = uint64_t{132} * 8 * 256 * 16;  // 4.3M blocks
+  for (uint64_t salt : {0x51ull, 0xC0FFEEull}) {
+    Reset();
+    StandardBlockKernel<<<132 * 8, 256>>>(salt, 16, dev());
+    WPUB_CUDA_OK(cudaGetLastError());
+    WPUB_CUDA_OK(cudaDeviceSynchronize());
+    const Counts c = Read();
+    EXPECT_EQ(c.mismatches, 0u) << c.mismatches << " blocks differ, first block id " << c.first;
+    EXPECT_GT(c.cheap, kBlocks / 2);
   }
 }
 

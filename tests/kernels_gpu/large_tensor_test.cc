@@ -101,8 +101,8 @@ TEST(LargeTensorTest, OneGiBTensorComparedInFull) {
   WPUB_CUDA_OK(DeviceBuffer::Create(QdqComputeAmaxWorkspaceBytes(&qj, 1), &ws));
   QdqAmaxOptions resident;
   resident.path = QdqAmaxPath::kResident;
-  WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg,
-                                      resident));
+  WPUB_KERNEL_OK(
+      LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg, resident));
   WPUB_CUDA_OK(stream.Synchronize());
   ASSERT_EQ(FloatBitsOf(Download<float>(ws.data(), 1)), FloatBitsOf({cpu_amax}));
   ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_out2.data(), data.size()), want), "");

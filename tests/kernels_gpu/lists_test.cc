@@ -289,10 +289,9 @@ TEST_F(ListTest, QdqComputeAmaxResidentRoundsSpillsAndTwoPassAgree) {
     for (const Run run : {Run{QdqAmaxPath::kResident, 1024}, Run{QdqAmaxPath::kResident, 4096},
                           Run{QdqAmaxPath::kResident, 0}, Run{QdqAmaxPath::kTwoPass, 0}}) {
       SCOPED_TRACE(std::string(c.mode.Name()) + ", " + std::to_string(count) + " weights, " +
-                   (run.path == QdqAmaxPath::kTwoPass ? "two-pass"
-                                                      : "resident, " +
-                                                            std::to_string(run.cta_bytes) +
-                                                            " bytes per CTA"));
+                   (run.path == QdqAmaxPath::kTwoPass
+                        ? "two-pass"
+                        : "resident, " + std::to_string(run.cta_bytes) + " bytes per CTA"));
       // Weight 0 in place: its output is its input (refilled for every run).
       ASSERT_TRUE(dev[0].Refill(host[0]));
       std::vector<QdqJob> jobs(count);

@@ -123,13 +123,13 @@ TEST_P(StrictMatrixTest, AllModesMatchCpuReference) {
       qj.out = d_qdq3.data();
       QdqAmaxOptions resident;
       resident.path = QdqAmaxPath::kResident;
-      WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg,
-                                          resident));
+      WPUB_KERNEL_OK(
+          LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg, resident));
       qj.out = d_qdq4.data();
       QdqAmaxOptions two_pass;
       two_pass.path = QdqAmaxPath::kTwoPass;
-      WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg,
-                                          two_pass));
+      WPUB_KERNEL_OK(
+          LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg, two_pass));
       want_qdq.resize(n);
       QdqTask task;
       task.weight = &host;
