@@ -21,7 +21,8 @@
 // Usage: gpu_path_bench [--layers 48] [--experts 128] [--hidden 2048] [--inter 768]
 //        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
 //        [--cpp_receiver PATH] [--compute_sms N] [--sm_sweep N,N,...] [--kernel_trace 1]
-//        [--ctas_per_sm N] [--ctas_sweep N,N,...]
+//        [--ctas_per_sm N] [--ctas_sweep N,N,...] [--backend_only 1]
+// --backend_only 1 runs case (e) alone, which needs one GPU.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -67,6 +68,7 @@ struct Args {
   bool kernel_trace = false;    // extra traced publications: what runs beside each broadcast
   int ctas_per_sm = 3;          // GpuBackendOptions::overlap_ctas_per_sm of every wpub case
   std::vector<int> ctas_sweep;  // extra (a)/(a') rows with that cap (0: none)
+  bool backend_only = false;    // case (e) alone, on one GPU
 };
 
 Args Parse(int argc, char** argv) {
@@ -106,6 +108,8 @@ Args Parse(int argc, char** argv) {
         a.ctas_sweep.push_back(std::atoi(std::string(n).c_str()));
     else if (k == "--kernel_trace")
       a.kernel_trace = v != "0";
+    else if (k == "--backend_only")
+      a.backend_only = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -152,8 +156,9 @@ int Main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
   const RunSettings run{args.iters, args.bucket_bytes};
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
-    std::fprintf(stderr, "gpu_path_bench needs 2 GPUs (found %d)\n", n);
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n < (args.backend_only ? 1 : 2)) {
+    std::fprintf(stderr, "gpu_path_bench needs %d GPUs (found %d)\n", args.backend_only ? 1 : 2,
+                 n);
     return 1;
   }
   cudaDeviceProp prop{};
@@ -175,6 +180,27 @@ int Main(int argc, char** argv) {
   }
   if (FillBf16(model, layout.total_bytes / 2, 2026, nullptr) != cudaSuccess) return 1;
   cudaDeviceSynchronize();
+  if (args.backend_only) {
+    // (e) only: the backend's own speed into a discarding sink, on GPU 0.
+    DiscardSink discard;
+    gpu::GpuBackendOptions bo;
+    bo.sink = &discard;
+    bo.compute_sms = args.compute_sms;
+    bo.overlap_ctas_per_sm = args.ctas_per_sm;
+    auto alone = gpu::GpuBackend::Create(bo);
+    BENCH_OK(alone.status());
+    uint64_t version = 0, unused = 0;
+    json out = {{"device", prop.name},
+                {"rows", json::array({RunWpub("(e) backend only nvfp4", true, run, layout,
+                                              static_cast<const uint8_t*>(model), **alone,
+                                              discard, &version, &unused),
+                                      RunWpub("(e) backend only bf16", false, run, layout,
+                                              static_cast<const uint8_t*>(model), **alone,
+                                              discard, &version, &unused)})}};
+    if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
+    cudaFree(model);
+    return 0;
+  }
 
   // The two engines on GPU 1: the SGLang emulator (also the receiver of the plain broadcasts)
   // and the C++ engine. Each gets its own NCCL transport (own store, own group).
