@@ -9,7 +9,7 @@
 // Timing: CUDA events around every iteration, after warm-up; median over iterations. Inputs
 // rotate over enough buffer sets (>= 512 MiB) that no iteration reads data another left in L2.
 // Usage: nvfp4_kernels_bench [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only]
-// [--qdq_rows N]
+// [--qdq_count N] [--qdq_rows N] [--qdq_cols N]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -54,7 +54,10 @@ struct Options {
   std::string json;
   bool quick = false;
   bool qdq_only = false;    // the fused-QDQ case alone
-  int64_t qdq_rows = 4096;  // rows of the fused-QDQ case's 8 weights (cols 6144)
+  // The fused-QDQ case's list: qdq_count weights of [qdq_rows, qdq_cols] bf16.
+  int qdq_count = 8;
+  int64_t qdq_rows = 4096;
+  int64_t qdq_cols = 6144;
 };
 
 struct Row {
@@ -292,16 +295,16 @@ class Bench {
 
   template <size_t N>
   void QdqCase(const QuantMode (&modes)[N]) {
-    constexpr int kCount = 8;
+    const int kCount = o_.qdq_count;
     const int64_t kRows = o_.qdq_rows;
-    constexpr int64_t kCols = 6144;
-    const int sets = 2;  // 2 x 8 x 48 MiB: 768 MiB of inputs
+    const int64_t kCols = o_.qdq_cols;
+    const int sets = 2;  // by default 2 x 8 x 48 MiB: 768 MiB of inputs
     std::vector<WeightSet> s;
     for (int i = 0; i < sets; ++i) s.push_back(MakeSet(kCount, kRows, kCols, 50 + i, true));
     const double elems = static_cast<double>(kCount) * kRows * kCols;
     for (QuantMode mode : modes) {
-      const std::string tag =
-          std::string(mode.Name()) + " 8 x [" + std::to_string(kRows) + ",6144] bf16";
+      const std::string tag = std::string(mode.Name()) + " " + std::to_string(kCount) + " x [" +
+                              std::to_string(kRows) + "," + std::to_string(kCols) + "] bf16";
       auto fused_on = [&](QdqAmaxPath path) {
         QdqAmaxOptions opt;
         opt.path = path;
@@ -404,10 +407,14 @@ int main(int argc, char** argv) {
       o.qdq_only = true;
     } else if (a == "--qdq_rows" && i + 1 < argc) {
       o.qdq_rows = std::atoll(argv[++i]);
+    } else if (a == "--qdq_cols" && i + 1 < argc) {
+      o.qdq_cols = std::atoll(argv[++i]);
+    } else if (a == "--qdq_count" && i + 1 < argc) {
+      o.qdq_count = std::atoi(argv[++i]);
     } else {
       std::fprintf(stderr,
                    "usage: %s [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only] "
-                   "[--qdq_rows N]\n",
+                   "[--qdq_count N] [--qdq_rows N] [--qdq_cols N]\n",
                    argv[0]);
       return 2;
     }

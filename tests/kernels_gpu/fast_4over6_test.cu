@@ -87,6 +87,23 @@ __device__ void FuzzBlock(uint64_t seed, float scale, float (&x)[kBlockSize]) {
   }
 }
 
+// The reference's 8 packed bytes as two words (byte i at bits 8 * (i % 4)).
+__device__ void PackedWords(const uint8_t (&want)[kBlockSize / 2], uint32_t& lo, uint32_t& hi) {
+  lo = want[0] | (want[1] << 8) | (want[2] << 16) | (uint32_t{want[3]} << 24);
+  hi = want[4] | (want[5] << 8) | (want[6] << 16) | (uint32_t{want[7]} << 24);
+}
+
+// Whether y holds DecodeElement(code, factor) of every reference code, bit for bit.
+__device__ bool DecodesTo(const float (&y)[kBlockSize], const uint8_t (&want)[kBlockSize / 2],
+                          float factor) {
+  bool ok = true;
+  for (int i = 0; i < kBlockSize; ++i) {
+    const uint8_t code = (want[i / 2] >> (4 * (i % 2))) & 0xF;
+    ok = ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
+  }
+  return ok;
+}
+
 // One CTA = one slice: its amax is the bf16 value scale * 6 (a tensor amax at least as large as
 // every ordinary element), its candidate table built by its threads like QuantizeKernel's.
 template <class Traits>
@@ -112,18 +129,15 @@ __global__ void __launch_bounds__(256)
     PackedBlock got;
     if (!detail::QuantizeBlockFourOverSixCheap<Traits>(x, s, CandidateTable{table}, got)) continue;
     ++cheap;
-    const uint32_t lo = want[0] | (want[1] << 8) | (want[2] << 16) | (uint32_t{want[3]} << 24);
-    const uint32_t hi = want[4] | (want[5] << 8) | (want[6] << 16) | (uint32_t{want[7]} << 24);
+    uint32_t lo, hi;
+    PackedWords(want, lo, hi);
     // The fused QDQ's values from the same codes: DecodeElement with the block's factor.
     detail::CheapBlock cb;
     bool ok = detail::FourOverSixCheapCodes<Traits>(x, s, CandidateTable{table}, cb);
     const float factor = DecodeFactor<Traits>(want_sf, amax);
     float y[kBlockSize];
     detail::DecodeCheapBlock(cb, x, FMul(factor, 0x1p6f), y);
-    for (int i = 0; i < kBlockSize; ++i) {
-      const uint8_t code = (want[i / 2] >> (4 * (i % 2))) & 0xF;
-      ok = ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
-    }
+    ok = ok && DecodesTo(y, want, factor);
     if (!ok || got.sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
   }
   atomicAdd(&out->cheap, cheap);
@@ -150,18 +164,15 @@ __global__ void __launch_bounds__(256)
     PackedBlock got;
     if (!detail::QuantizeBlockStandardCheap(x, s, got)) continue;
     ++cheap;
-    const uint32_t lo = want[0] | (want[1] << 8) | (want[2] << 16) | (uint32_t{want[3]} << 24);
-    const uint32_t hi = want[4] | (want[5] << 8) | (want[6] << 16) | (uint32_t{want[7]} << 24);
+    uint32_t lo, hi;
+    PackedWords(want, lo, hi);
     float q[kBlockSize];
     uint32_t sf = 0;
     bool ok = detail::StandardCheapValues(x, s, q, sf);
     const float factor = DecodeFactor<Traits>(want_sf, amax);
     float y[kBlockSize];
     detail::DecodeStandardCheap(q, x, FMul(factor, 0x1p6f), y);
-    for (int i = 0; i < kBlockSize; ++i) {
-      const uint8_t code = (want[i / 2] >> (4 * (i % 2))) & 0xF;
-      ok = ok && FloatBits(y[i]) == FloatBits(DecodeElement(code, factor));
-    }
+    ok = ok && DecodesTo(y, want, factor);
     if (!ok || got.sf != want_sf || sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
   }
   atomicAdd(&out->cheap, cheap);
