@@ -157,8 +157,7 @@ int Main(int argc, char** argv) {
   const RunSettings run{args.iters, args.bucket_bytes};
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < (args.backend_only ? 1 : 2)) {
-    std::fprintf(stderr, "gpu_path_bench needs %d GPUs (found %d)\n", args.backend_only ? 1 : 2,
-                 n);
+    std::fprintf(stderr, "gpu_path_bench needs %d GPUs (found %d)\n", args.backend_only ? 1 : 2, n);
     return 1;
   }
   cudaDeviceProp prop{};
@@ -192,11 +191,11 @@ int Main(int argc, char** argv) {
     uint64_t version = 0, unused = 0;
     json out = {{"device", prop.name},
                 {"rows", json::array({RunWpub("(e) backend only nvfp4", true, run, layout,
-                                              static_cast<const uint8_t*>(model), **alone,
-                                              discard, &version, &unused),
+                                              static_cast<const uint8_t*>(model), **alone, discard,
+                                              &version, &unused),
                                       RunWpub("(e) backend only bf16", false, run, layout,
-                                              static_cast<const uint8_t*>(model), **alone,
-                                              discard, &version, &unused)})}};
+                                              static_cast<const uint8_t*>(model), **alone, discard,
+                                              &version, &unused)})}};
     if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
     cudaFree(model);
     return 0;

@@ -53,7 +53,7 @@ struct Options {
   int warmup = 5;
   std::string json;
   bool quick = false;
-  bool qdq_only = false;    // the fused-QDQ case alone
+  bool qdq_only = false;  // the fused-QDQ case alone
   // The fused-QDQ case's list: qdq_count weights of [qdq_rows, qdq_cols] bf16.
   int qdq_count = 8;
   int64_t qdq_rows = 4096;

@@ -16,8 +16,7 @@ namespace wpub::kernels::cuda::detail {
 
 template <class Traits, int kN>
 __global__ void ProbeCheap(const char* in, uint2* packed, uint8_t* scales, const float* amax) {
-  const CheapSlice fs =
-      MakeCheapSlice<Traits>(MakeTensorScales(*amax, Traits::kE4M3Max));
+  const CheapSlice fs = MakeCheapSlice<Traits>(MakeTensorScales(*amax, Traits::kE4M3Max));
   __shared__ Candidate table[kCandidateTableSize];
   if (threadIdx.x < kCandidateTableSize)
     table[threadIdx.x] = MakeCandidate<Traits>(threadIdx.x, fs);
