@@ -122,6 +122,9 @@ class BadInputTest : public ::testing::Test {
       EXPECT_NE(report.status().message().find(s), absl::string_view::npos)
           << "message \"" << report.status().message() << "\" does not name \"" << s << "\"";
     }
+    // A call refused by gRPC itself reaches the daemon as a cancellation, after the client has
+    // its error: the daemon aborts the publication it had opened asynchronously.
+    WaitForNoActivePublication(absl::Seconds(10));
     // A publication the daemon had opened is reported FAILED (bad input), never ABORTED.
     if (std::optional<pb::PublicationReport> r = ReportSince(before)) {
       EXPECT_EQ(r->status(),
@@ -129,6 +132,17 @@ class BadInputTest : public ::testing::Test {
           << r->error_message();
     }
     ExpectStillServingAtV1();
+  }
+
+  // Polls GetStatus until no publication is active (at most `timeout`; the caller's checks then
+  // report what is left).
+  static void WaitForNoActivePublication(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      absl::StatusOr<pb::GetStatusResponse> s = harness_->client().GetStatus();
+      if (s.ok() && !s->has_active()) return;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
   }
 
   // The newest report when it started at or after `unix_nanos`.
