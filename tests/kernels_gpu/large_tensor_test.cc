@@ -106,6 +106,14 @@ TEST(LargeTensorTest, OneGiBTensorComparedInFull) {
   WPUB_CUDA_OK(stream.Synchronize());
   ASSERT_EQ(FloatBitsOf(Download<float>(ws.data(), 1)), FloatBitsOf({cpu_amax}));
   ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_out2.data(), data.size()), want), "");
+
+  // kAuto on a slice of many grid stashes takes the two-pass path: the same bytes again.
+  DeviceBuffer d_out3 = Poisoned(data.size() * 2);
+  qj.out = d_out3.data();
+  WPUB_KERNEL_OK(LaunchQdqComputeAmax(&qj, 1, mode, ws.data(), ws.size(), stream.get(), &msg));
+  WPUB_CUDA_OK(stream.Synchronize());
+  ASSERT_EQ(FloatBitsOf(Download<float>(ws.data(), 1)), FloatBitsOf({cpu_amax}));
+  ASSERT_EQ(FirstMismatch(Download<uint16_t>(d_out3.data(), data.size()), want), "");
 }
 
 }  // namespace
