@@ -66,9 +66,9 @@ __device__ __forceinline__ void ForEachSegment(const QdqResidentParams& p, int i
 }
 
 // Pass 1 over blocks [b0, b1) of one slice: amax and non-finite count into the slice's slots
-// (every thread of the CTA must call it);
-// with kStash the raw blocks also go to the stash planes (block b at index b - b0; two planes
-// of 16-byte vectors keep the warp's shared-memory stores free of bank conflicts).
+// (every thread of the CTA must call it: the reduction synchronizes the CTA). With kStash the raw
+// blocks also go to the stash planes, block b at index b - b0 (two planes of 16-byte vectors keep
+// the warp's shared-memory stores free of bank conflicts).
 template <ElemType kType, bool kStash, int kCtaThreads>
 __device__ __forceinline__ void AmaxPass(const char* in, uint32_t b0, uint32_t b1, uint4* plane0,
                                          uint4* plane1, float* amax,
