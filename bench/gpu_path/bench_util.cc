@@ -102,6 +102,7 @@ json RunPlainBroadcast(const char* label, uint64_t bytes, const RunSettings& arg
   nccl::NcclCommOptions co;
   co.nranks = (*driver)->layout().world_size;
   co.id = *id;
+  co.ctas = args.nccl_ctas;
   auto comm = nccl::NcclComm::Create(co);
   BENCH_OK(comm.status());
   (*driver)->StartJoin();

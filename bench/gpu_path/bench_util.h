@@ -33,6 +33,7 @@ double Median(std::vector<double> v);
 struct RunSettings {
   int iters = 3;  // timed runs after one warm-up
   uint64_t bucket_bytes = uint64_t{1} << 30;
+  int nccl_ctas = 0;  // NcclCommOptions::ctas of the plain broadcasts' communicator
 };
 
 // One warm-up (group formation, buffer growth, NCCL lazy init) and `iters` timed publications of

@@ -21,7 +21,10 @@
 // Usage: gpu_path_bench [--layers 48] [--experts 128] [--hidden 2048] [--inter 768]
 //        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
 //        [--cpp_receiver PATH] [--compute_sms N] [--sm_sweep N,N,...] [--kernel_trace 1]
-//        [--ctas_per_sm N] [--ctas_sweep N,N,...] [--backend_only 1]
+//        [--ctas_per_sm N] [--ctas_sweep N,N,...] [--backend_only 1] [--nccl_ctas N]
+// --nccl_ctas N sets NCCL's channel count on both sides of every group (wpub's communicators and
+// the C++ engine's; not the emulator's, which takes NCCL_MIN_CTAS/NCCL_MAX_CTAS from the
+// environment).
 // --backend_only 1 runs case (e) alone, which needs one GPU.
 #include <cuda_runtime_api.h>
 
@@ -69,6 +72,7 @@ struct Args {
   int ctas_per_sm = 3;          // GpuBackendOptions::overlap_ctas_per_sm of every wpub case
   std::vector<int> ctas_sweep;  // extra (a)/(a') rows with that cap (0: none)
   bool backend_only = false;    // case (e) alone, on one GPU
+  int nccl_ctas = 0;            // NcclCommOptions::ctas on both sides (0: NCCL's choice)
 };
 
 Args Parse(int argc, char** argv) {
@@ -101,6 +105,8 @@ Args Parse(int argc, char** argv) {
     else if (k == "--sm_sweep")
       for (absl::string_view n : absl::StrSplit(v, ',', absl::SkipEmpty()))
         a.sm_sweep.push_back(std::atoi(std::string(n).c_str()));
+    else if (k == "--nccl_ctas")
+      a.nccl_ctas = std::atoi(v.c_str());
     else if (k == "--ctas_per_sm")
       a.ctas_per_sm = std::atoi(v.c_str());
     else if (k == "--ctas_sweep")
@@ -154,7 +160,7 @@ class DiscardSink final : public engine::Transport, public gpu::DeviceBucketSink
 
 int Main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
-  const RunSettings run{args.iters, args.bucket_bytes};
+  const RunSettings run{args.iters, args.bucket_bytes, args.nccl_ctas};
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n < (args.backend_only ? 1 : 2)) {
     std::fprintf(stderr, "gpu_path_bench needs %d GPUs (found %d)\n", args.backend_only ? 1 : 2, n);
@@ -211,17 +217,19 @@ int Main(int argc, char** argv) {
   auto cpp_engine = testing::Child::Spawn(
       {args.cpp_receiver.empty() ? testing::SiblingBinary("multi_gpu_cpp_receiver")
                                  : args.cpp_receiver,
-       std::to_string(cpp_port), "1", "device"},
+       std::to_string(cpp_port), "1", "device", "-1", std::to_string(args.nccl_ctas)},
       absl::StrCat(args.log_dir, "/bench_cpp_engine.log"), false);
   BENCH_OK(cpp_engine.status());
   for (int tries = 0; !testing::HttpGet(cpp_port, "/health").ok(); ++tries) {
     if (tries > 600) BENCH_OK(absl::UnavailableError("the C++ engine did not come up"));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  auto make_transport = [](int engine_port, const char* group, int in_flight) {
-    auto t = nccl::NcclTransport::Create(
+  auto make_transport = [&args](int engine_port, const char* group, int in_flight) {
+    nccl::NcclTransportOptions to =
         testing::LoopbackTransportOptions({{absl::StrCat("http://127.0.0.1:", engine_port), 1}},
-                                          group, in_flight, absl::Seconds(600)));
+                                          group, in_flight, absl::Seconds(600));
+    to.nccl_ctas = args.nccl_ctas;
+    auto t = nccl::NcclTransport::Create(to);
     BENCH_OK(t.status());
     return *std::move(t);
   };
@@ -435,6 +443,7 @@ int Main(int argc, char** argv) {
               {"two_requests_in_flight", a_two},
               {"compute_sms", args.compute_sms},
               {"overlap_ctas_per_sm", args.ctas_per_sm},
+              {"nccl_ctas", args.nccl_ctas},
               {"sm_sweep", sweep},
               {"kernel_trace", traces},
               {"backend_only", {e_nvfp4, e_bf16}},

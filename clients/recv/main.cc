@@ -45,6 +45,10 @@ ABSL_FLAG(std::vector<std::string>, gpu_devices, {},
           "NCCL data path: several CUDA devices, one group rank each (an engine with TP ranks: "
           "rank_offset + i); overrides --gpu_device.");
 
+ABSL_FLAG(int32_t, nccl_ctas, 0,
+          "NCCL data path: NCCL channels (CTAs) of every rank's communicator, in [0, 64]; 0: "
+          "NCCL's choice. Takes effect when the publisher sets the same (wpubd --nccl_ctas).");
+
 #ifdef WPUB_WITH_GPU_PATH
 #include <map>
 #include <mutex>
@@ -52,6 +56,7 @@ ABSL_FLAG(std::vector<std::string>, gpu_devices, {},
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "clients/recv/safetensors.h"
+#include "core/nccl/nccl_comm.h"
 #include "core/nccl/receiver_endpoint.h"
 
 namespace {
@@ -109,6 +114,12 @@ int RunEngineEndpoint(const sigset_t& signals) {
   }
   // Without --output the bytes are only verified: checksum on the device, nothing copied back.
   o.copy_to_host = !output.empty();
+  o.nccl_ctas = absl::GetFlag(FLAGS_nccl_ctas);
+  if (o.nccl_ctas < 0 || o.nccl_ctas > wpub::nccl::kMaxCtas) {
+    std::fprintf(stderr, "wpub-recv: --nccl_ctas must be in [0, %d], not %d\n",
+                 wpub::nccl::kMaxCtas, o.nccl_ctas);
+    return 2;
+  }
   auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(cb));
   if (!endpoint.ok()) {
     std::fprintf(stderr, "wpub-recv: %s\n", endpoint.status().ToString().c_str());

@@ -16,20 +16,35 @@ kernels::ElemType KernelElemType(DType dtype) {
   }
 }
 
-absl::Status AppendWeightPieces(const InputTensor& in, std::span<const uint8_t* const> part_data,
-                                std::vector<WeightPiece>* out) {
+absl::Status CheckWeightPieces(const InputTensor& in, size_t num_part_data) {
   const Shape& s = in.desc.shape;
-  const kernels::ElemType type = KernelElemType(in.desc.dtype);
   const bool stacked = s.size() == 3;
   if (s.size() != 2 && !stacked) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", in.desc.name, ": rank ", s.size(), " cannot be quantized"));
   }
-  if (part_data.size() != in.parts.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", in.desc.name, ": ", part_data.size(),
+  if (num_part_data != in.parts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", in.desc.name, ": ", num_part_data,
                                                    " part addresses for ", in.parts.size(),
                                                    " parts"));
   }
+  // A stack split along its expert dimension becomes one piece per part; every other input is
+  // one weight, which holds at most kMaxWeightParts parts.
+  if (!(stacked && in.concat_dim == 0) &&
+      in.parts.size() > static_cast<size_t>(kernels::kMaxWeightParts)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", in.desc.name, ": ", in.parts.size(),
+                                                   " parts exceed the ", kernels::kMaxWeightParts,
+                                                   " a quantized tensor may have"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AppendWeightPieces(const InputTensor& in, std::span<const uint8_t* const> part_data,
+                                std::vector<WeightPiece>* out) {
+  if (absl::Status st = CheckWeightPieces(in, part_data.size()); !st.ok()) return st;
+  const Shape& s = in.desc.shape;
+  const kernels::ElemType type = KernelElemType(in.desc.dtype);
+  const bool stacked = s.size() == 3;
   if (stacked && in.concat_dim == 0) {
     // Parts split the expert dimension: each part is a stack of its own slices.
     int64_t offset = 0;
@@ -44,7 +59,8 @@ absl::Status AppendWeightPieces(const InputTensor& in, std::span<const uint8_t* 
     }
     return absl::OkStatus();
   }
-  WeightPiece piece;
+  // Built in place: a piece is ~420 bytes and a publication appends one per expert.
+  WeightPiece& piece = out->emplace_back();
   piece.slices = stacked ? s[0] : 1;
   piece.weight.type = type;
   piece.weight.num_slices = piece.slices;
@@ -55,13 +71,11 @@ absl::Status AppendWeightPieces(const InputTensor& in, std::span<const uint8_t* 
     const PartView& p = in.parts[i];
     const int64_t rows = stacked ? p.shape[1] : p.shape[0];
     const int64_t cols = stacked ? p.shape[2] : p.shape[1];
-    if (!piece.weight.AddPart(part_data[i], rows, cols)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor ", in.desc.name, ": ", in.parts.size(),
-                                                     " parts exceed the ", kernels::kMaxWeightParts,
-                                                     " a quantized tensor may have"));
+    if (!piece.weight.AddPart(part_data[i], rows, cols)) {  // excluded by CheckWeightPieces
+      out->pop_back();
+      return absl::InternalError(absl::StrCat("tensor ", in.desc.name, ": part ", i, " not added"));
     }
   }
-  out->push_back(piece);
   return absl::OkStatus();
 }
 

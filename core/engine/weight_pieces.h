@@ -36,7 +36,13 @@ absl::StatusOr<std::vector<WeightPiece>> SplitIntoWeightPieces(
 
 // The same pieces appended to *out (nothing appended on error): a caller splitting thousands of
 // inputs per publication keeps one vector and its capacity instead of one allocation each.
+// Fails exactly when CheckWeightPieces(in, part_data.size()) fails.
 absl::Status AppendWeightPieces(const InputTensor& in, std::span<const uint8_t* const> part_data,
                                 std::vector<WeightPiece>* out);
+
+// The errors AppendWeightPieces would return for `in` with `num_part_data` part addresses,
+// without building anything (reads only the shapes): a caller that builds pieces lazily, after
+// device work has started, validates every input with this first.
+absl::Status CheckWeightPieces(const InputTensor& in, size_t num_part_data);
 
 }  // namespace wpub::engine

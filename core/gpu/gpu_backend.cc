@@ -42,18 +42,35 @@ using engine::PlacedTensor;
 // Per-input tables of one publication, flat (one entry per part and per weight piece, found
 // through per-input offsets) and kept by the backend between publications: a publication of
 // tens of thousands of tensors then allocates (and page-faults) nothing for them once warm.
+// Weight pieces (~420 bytes each, one per expert) are built when a bucket first needs them, so
+// that building them overlaps the device work of earlier buckets instead of delaying the first
+// launch; every quantized input is checked up front (engine::CheckWeightPieces), so building one
+// later cannot fail on bad input.
 struct InputTables {
+  static constexpr uint32_t kNotBuilt = UINT32_MAX;
   std::vector<uint32_t> part_begin;      // [input] -> its first part entry; inputs + 1 entries
   std::vector<const uint8_t*> part_ptr;  // where the kernels read each part (device memory)
   std::vector<char> part_staged;         // 1: a host part, staged through pinned memory
-  std::vector<uint32_t> piece_begin;     // [input] -> its first piece; inputs + 1 entries
+  std::vector<uint32_t> piece_begin;     // [input] -> its first piece, kNotBuilt until built
+  std::vector<uint32_t> piece_end;       // [input] -> one past its last piece
   std::vector<engine::WeightPiece> pieces;
 
   std::span<const uint8_t* const> parts(size_t input) const {
     return {part_ptr.data() + part_begin[input], part_begin[input + 1] - part_begin[input]};
   }
-  std::span<const engine::WeightPiece> pieces_of(size_t input) const {
-    return {pieces.data() + piece_begin[input], piece_begin[input + 1] - piece_begin[input]};
+  // The pieces of a quantized input, built on first use. The span stays valid until the next
+  // call (building may grow `pieces`).
+  absl::StatusOr<std::span<const engine::WeightPiece>> pieces_of(
+      const std::vector<InputTensor>& inputs, size_t input) {
+    if (piece_begin[input] == kNotBuilt) {
+      const auto first = static_cast<uint32_t>(pieces.size());
+      absl::Status st = engine::AppendWeightPieces(inputs[input], parts(input), &pieces);
+      if (!st.ok()) return absl::InternalError(absl::StrCat("after its check: ", st.message()));
+      piece_begin[input] = first;
+      piece_end[input] = static_cast<uint32_t>(pieces.size());
+    }
+    return std::span<const engine::WeightPiece>(pieces.data() + piece_begin[input],
+                                                piece_end[input] - piece_begin[input]);
   }
 };
 
@@ -261,17 +278,17 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     part_ptr(r.input, r.part) = arena.bytes() + r.offset;
   }
 
-  // 2. Pieces of quantized inputs, amax slots per bucket (a group's slots are assigned in the
-  //    bucket that first needs them), passthrough count slots, status block layout.
-  tab.piece_begin.resize(inputs.size() + 1);
+  // 2. Quantized inputs checked (their pieces are built per bucket, InputTables), amax slots per
+  //    bucket (a group's slots are assigned in the bucket that first needs them), passthrough
+  //    count slots, status block layout.
+  tab.piece_begin.assign(inputs.size(), InputTables::kNotBuilt);
+  tab.piece_end.assign(inputs.size(), 0);
   tab.pieces.clear();
   for (size_t i = 0; i < inputs.size(); ++i) {
-    tab.piece_begin[i] = static_cast<uint32_t>(tab.pieces.size());
     if (quantized[i]) {
-      WPUB_RETURN_IF_ERROR(engine::AppendWeightPieces(inputs[i], tab.parts(i), &tab.pieces));
+      WPUB_RETURN_IF_ERROR(engine::CheckWeightPieces(inputs[i], tab.parts(i).size()));
     }
   }
-  tab.piece_begin[inputs.size()] = static_cast<uint32_t>(tab.pieces.size());
   std::vector<int64_t> group_base(plan.amax_groups.size(), -1);
   std::vector<std::vector<int>> bucket_groups(num_buckets);
   std::vector<int64_t> bucket_slot_begin(num_buckets + 1, 0);
@@ -351,7 +368,9 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     std::vector<int64_t> offs;
     for (int g : bucket_groups[b]) {
       for (size_t m : plan.amax_groups[g].members) {
-        for (const engine::WeightPiece& p : tab.pieces_of(m)) {
+        WPUB_ASSIGN_OR_RETURN(const std::span<const engine::WeightPiece> pieces,
+                              tab.pieces_of(inputs, m));
+        for (const engine::WeightPiece& p : pieces) {
           ws.push_back(p.weight);
           offs.push_back(group_base[g] - bucket_slot_begin[b] + p.slice_offset);
         }
@@ -420,25 +439,13 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
 
   engine::ExecutionResult result;
   timing->host_setup_seconds = seconds_since(host_t0);
-  if (amax_first) {
-    const HostClock::time_point t_checks = HostClock::now();
-    for (size_t b = 0; b < num_buckets; ++b) WPUB_RETURN_IF_ERROR(enqueue_checks(b));
-    timing->host_checks_seconds = seconds_since(t_checks);
-    WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_amax, s));
-    WPUB_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(status_host.ptr, status.ptr, nf_bytes, cudaMemcpyDeviceToHost, s));
-    WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(status_ready, s));
-    WPUB_RETURN_IF_ERROR(syncs.EventSynchronize(status_ready, "non-finite check before sending"));
-    uint64_t total = 0;
-    WPUB_RETURN_IF_ERROR(check_non_finite(status_host.bytes(), &total));
-  }
 
-  // 3. Buckets.
-  for (size_t b = 0; b < num_buckets; ++b) {
+  // 3. Buckets. build_bucket enqueues bucket b's device work (amax when pipelined, gather
+  //    copies, quantize, checksum) into staging[b % 2] and records ready[b % 2]; send_bucket
+  //    hands it to the sink (and/or copies it to the host). Nothing is sent before the
+  //    non-finite check in amax-first mode.
+  auto build_bucket = [&](size_t b) -> absl::StatusOr<uint8_t*> {
     const HostClock::time_point t_bucket = HostClock::now();
-    if (hooks.cancelled && hooks.cancelled()) {
-      return absl::CancelledError(absl::StrCat("publication ", plan.version, " was cancelled"));
-    }
     const BucketLayout& layout = plan.buckets[b];
     const int k = static_cast<int>(b % 2);
     // Reuse of this staging buffer waits (on the device) for its previous broadcast.
@@ -516,7 +523,9 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       const int64_t rows = shp[shp.size() - 2], cols = shp.back();
       const uint64_t packed_stride = static_cast<uint64_t>(rows * cols / 2);
       const uint64_t scale_stride = static_cast<uint64_t>(rows * cols / 16);
-      for (const engine::WeightPiece& p : tab.pieces_of(q.input)) {
+      WPUB_ASSIGN_OR_RETURN(const std::span<const engine::WeightPiece> pieces,
+                            tab.pieces_of(inputs, q.input));
+      for (const engine::WeightPiece& p : pieces) {
         const uint64_t so = static_cast<uint64_t>(p.slice_offset);
         kernels::cuda::QuantizeJob job;
         job.weight = p.weight;
@@ -561,7 +570,14 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     WPUB_CUDA_RETURN_IF_ERROR(LaunchChecksumAdd(buf, layout.nbytes, 0, sum_dev + b, s));
     WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready[k], s));
     if (b + 1 == num_buckets) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_packed, s));
+    timing->host_buckets_seconds += seconds_since(t_bucket);
+    return buf;
+  };
 
+  auto send_bucket = [&](size_t b, uint8_t* buf) -> absl::Status {
+    const HostClock::time_point t_bucket = HostClock::now();
+    const BucketLayout& layout = plan.buckets[b];
+    const int k = static_cast<int>(b % 2);
     const engine::BucketManifest manifest = engine::MakeBucketManifest(layout, plan.outputs);
     timing->host_buckets_seconds += seconds_since(t_bucket);
     if (options.sink != nullptr) {
@@ -571,7 +587,7 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       WPUB_RETURN_IF_ERROR(sent);
       if (hooks.sent_direct) WPUB_RETURN_IF_ERROR(hooks.sent_direct(manifest));
       // Host-only transports (pull receivers) take part: they need the bytes on the host too.
-      if (!hooks.host_buckets_needed) continue;
+      if (!hooks.host_buckets_needed) return absl::OkStatus();
     }
     // Host buckets: one device-to-host copy (bucket bytes + its checksum sum) per bucket.
     WPUB_CUDA_RETURN_IF_ERROR(
@@ -588,7 +604,39 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     std::memcpy(&sum, bounce.bytes() + AlignUp(layout.nbytes, 8), 8);
     bucket->manifest.checksum = engine::ChecksumFinish(sum, layout.nbytes);
     bucket->sent_direct = options.sink != nullptr;
-    WPUB_RETURN_IF_ERROR(hooks.emit(std::move(bucket)));
+    return hooks.emit(std::move(bucket));
+  };
+
+  std::vector<uint8_t*> built;  // staging address of each bucket whose device work is enqueued
+  built.reserve(num_buckets);
+  if (amax_first) {
+    const HostClock::time_point t_checks = HostClock::now();
+    for (size_t b = 0; b < num_buckets; ++b) WPUB_RETURN_IF_ERROR(enqueue_checks(b));
+    timing->host_checks_seconds = seconds_since(t_checks);
+    WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_amax, s));
+    WPUB_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(status_host.ptr, status.ptr, nf_bytes, cudaMemcpyDeviceToHost, s));
+    WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(status_ready, s));
+    // The first two buckets' device work goes in behind the status read: the device packs them
+    // while the host waits for and checks the counts, so the first broadcast can start right
+    // after the check. Nothing leaves the device before it passes.
+    while (built.size() < std::min<size_t>(2, num_buckets)) {
+      WPUB_ASSIGN_OR_RETURN(uint8_t * buf, build_bucket(built.size()));
+      built.push_back(buf);
+    }
+    WPUB_RETURN_IF_ERROR(syncs.EventSynchronize(status_ready, "non-finite check before sending"));
+    uint64_t total = 0;
+    WPUB_RETURN_IF_ERROR(check_non_finite(status_host.bytes(), &total));
+  }
+  for (size_t b = 0; b < num_buckets; ++b) {
+    if (hooks.cancelled && hooks.cancelled()) {
+      return absl::CancelledError(absl::StrCat("publication ", plan.version, " was cancelled"));
+    }
+    if (b == built.size()) {
+      WPUB_ASSIGN_OR_RETURN(uint8_t * buf, build_bucket(b));
+      built.push_back(buf);
+    }
+    WPUB_RETURN_IF_ERROR(send_bucket(b, built[b]));
   }
   if (num_buckets == 0) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_packed, s));
 

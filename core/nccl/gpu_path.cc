@@ -19,6 +19,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   to.sglang.request_timeout = options.request_timeout;
   to.sglang.requests_in_flight = options.requests_in_flight;
   to.publication_deadline = options.publication_deadline;
+  to.nccl_ctas = options.nccl_ctas;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclTransport> transport, NcclTransport::Create(to));
   gpu::GpuBackendOptions bo;
   bo.device = options.device;

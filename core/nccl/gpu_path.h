@@ -28,6 +28,7 @@ struct GpuPathOptions {
   int requests_in_flight = 1;   // engines::SglangDriverOptions::requests_in_flight
   int compute_sms = 0;          // gpu::GpuBackendOptions::compute_sms (0: every SM)
   int overlap_ctas_per_sm = 3;  // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap)
+  int nccl_ctas = 0;            // NcclTransportOptions::nccl_ctas (0: NCCL's choice)
 };
 
 // The engine list syntax of --engines (core/engines/sglang_driver.h).

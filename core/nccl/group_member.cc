@@ -63,6 +63,7 @@ absl::StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMember
   co.nranks = options.world_size;
   co.rank = options.rank;
   co.id = id;
+  co.ctas = options.ctas;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(co));
   return std::unique_ptr<GroupMember>(new GroupMember(options, std::move(comm), deadline));
 }

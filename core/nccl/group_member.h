@@ -32,6 +32,7 @@ struct GroupMemberOptions {
   std::vector<std::string> unique_id_key_templates = {
       std::string(rendezvous::kDefaultUniqueIdKeyTemplate), "/{group}/{group}/{index}"};
   absl::Duration timeout = absl::Seconds(120);  // store connect + id lookup + NCCL init
+  int ctas = 0;                                 // NcclCommOptions::ctas (0: NCCL's choice)
 };
 
 // Reads the ncclUniqueId of `options.group_name` from the store (the first template whose key

@@ -36,12 +36,20 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions
     return absl::InvalidArgumentError(
         absl::StrCat("NCCL: rank ", options.rank, " outside [0, ", options.nranks, ")"));
   }
+  if (options.ctas < 0 || options.ctas > kMaxCtas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NCCL: ctas must be in [0, ", kMaxCtas, "], not ", options.ctas));
+  }
   if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
     return absl::FailedPreconditionError(
         absl::StrCat("NCCL: cudaSetDevice(", options.device, "): ", cudaGetErrorString(e)));
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  if (options.ctas > 0) {
+    config.minCTAs = options.ctas;
+    config.maxCTAs = options.ctas;
+  }
   ncclUniqueId id;
   std::memcpy(&id, options.id.data(), sizeof(id));
   ncclComm_t comm = nullptr;

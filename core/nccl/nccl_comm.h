@@ -25,6 +25,7 @@
 namespace wpub::nccl {
 
 using UniqueId = std::array<uint8_t, 128>;  // ncclUniqueId bytes, as stored in the TCPStore
+inline constexpr int kMaxCtas = 64;         // the largest NcclCommOptions::ctas accepted
 
 // ncclGetUniqueId (rank 0 only; it starts NCCL's bootstrap listener).
 absl::StatusOr<UniqueId> NewUniqueId();
@@ -34,12 +35,19 @@ struct NcclCommOptions {
   int nranks = 2;
   int rank = 0;
   UniqueId id{};
+  // > 0: ncclConfig_t minCTAs = maxCTAs = ctas (NCCL's channels; NCCL clamps to its own
+  // maximum); 0: NCCL's choice
+  // (or NCCL_MIN_CTAS / NCCL_MAX_CTAS from the environment). NCCL settles on the fewest channels
+  // any rank allows, so a count takes effect only when every rank of the group sets it (engines
+  // whose communicators wpub does not create take it from the environment).
+  int ctas = 0;
 };
 
 class NcclComm {
  public:
   // Starts ncclCommInitRankConfig (nonblocking) on `options.device`; returns while the other
-  // ranks may not have joined yet. INVALID_ARGUMENT for a rank outside [0, nranks).
+  // ranks may not have joined yet. INVALID_ARGUMENT (before any device call) for a rank outside
+  // [0, nranks) or ctas outside [0, kMaxCtas).
   static absl::StatusOr<std::unique_ptr<NcclComm>> Create(const NcclCommOptions& options);
   // Aborts the communicator (ncclCommAbort never waits for peers), unless already aborted.
   ~NcclComm();

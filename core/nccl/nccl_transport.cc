@@ -174,6 +174,7 @@ absl::Status NcclTransport::Form(const std::vector<engines::EngineSpec>& want,
   co.nranks = driver->layout().world_size;
   co.rank = 0;
   co.id = id;
+  co.ctas = options_.nccl_ctas;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(co));
   driver_ = std::move(driver);
   {

@@ -72,6 +72,9 @@ struct NcclTransportOptions {
   // Watchdog: from Begin, every bucket must be transferred and answered within this.
   absl::Duration publication_deadline = absl::Seconds(120);
   absl::Duration watchdog_interval = absl::Milliseconds(2);
+  // NcclCommOptions::ctas of wpub's rank (0: NCCL's choice). Effective only when the engines'
+  // communicators allow as many channels (NCCL_MIN_CTAS / NCCL_MAX_CTAS in their environment).
+  int nccl_ctas = 0;
 };
 
 class NcclTransport : public engine::Transport,

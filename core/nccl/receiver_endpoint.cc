@@ -184,6 +184,7 @@ class ReceiverEndpoint::Impl {
     const int rank_offset = j.value("rank_offset", 1);
     o.world_size = j.value("world_size", 2);
     o.timeout = options_.join_timeout;
+    o.ctas = options_.nccl_ctas;
     AbortAll();
     // Every rank's communicator init is started before any is awaited (GroupMember::Join only
     // fetches the id and starts a nonblocking init), so the ranks of one engine join together.

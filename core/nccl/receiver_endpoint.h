@@ -48,6 +48,7 @@ struct ReceiverEndpointOptions {
   // true: ReceivedBucket::bytes holds the bucket (one device-to-host copy per bucket). false:
   // bytes stays empty and only the checksum (computed on the device, 8 bytes read back) arrives.
   bool copy_to_host = true;
+  int nccl_ctas = 0;  // NcclCommOptions::ctas of every rank (0: NCCL's choice)
 };
 
 struct ReceivedBucket {

@@ -29,6 +29,8 @@
 #ifdef WPUB_WITH_GPU_PATH
 #include "absl/strings/numbers.h"
 #include "core/nccl/gpu_path.h"
+#include "core/nccl/nccl_comm.h"
+static_assert(wpub::wpubd::kMaxNcclCtas == wpub::nccl::kMaxCtas);
 #endif
 
 namespace {
@@ -65,6 +67,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   g.requests_in_flight = options.engine_requests_in_flight;
   g.compute_sms = options.gpu_compute_sms;
   g.overlap_ctas_per_sm = options.gpu_overlap_ctas_per_sm;
+  g.nccl_ctas = options.nccl_ctas;
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
   absl::StatusOr<wpub::engine::EngineComponents> components = wpub::nccl::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();

@@ -12,6 +12,8 @@
 
 namespace wpub::wpubd {
 
+inline constexpr int kMaxNcclCtas = 64;  // equals nccl::kMaxCtas
+
 struct DaemonOptions {
   engine::EngineOptions engine;
   server::DaemonServerOptions server;
@@ -46,6 +48,9 @@ struct DaemonOptions {
   int gpu_compute_sms = 0;
   // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap).
   int gpu_overlap_ctas_per_sm = 3;
+  // nccl::GpuPathOptions::nccl_ctas: NCCL channels of wpub's rank (0: NCCL's choice), at most
+  // kMaxNcclCtas (nccl::kMaxCtas; wpubd's options build without NCCL too).
+  int nccl_ctas = 0;
 };
 
 // Reads the parsed absl flags. INVALID_ARGUMENT naming the flag for a bad value;

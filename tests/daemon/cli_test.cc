@@ -163,6 +163,14 @@ TEST(Wpubd, RequestsInFlightOutOfRangeIsRefusedNamingTheFlag) {
   }
 }
 
+TEST(Wpubd, NcclCtasOutsideItsRangeIsRefusedNamingTheFlag) {
+  for (const char* bad : {"--nccl_ctas=-1", "--nccl_ctas=65"}) {
+    std::string out;
+    EXPECT_NE(RunWpubdToExit({bad, "--listen=127.0.0.1:0", "--metrics_listen="}, &out), 0) << bad;
+    EXPECT_NE(out.find("--nccl_ctas must be in [0, 64]"), std::string::npos) << out;
+  }
+}
+
 TEST(Wpubd, NegativeGpuTuningIsRefusedNamingTheFlag) {
   for (const char* flag : {"--gpu_compute_sms", "--gpu_overlap_ctas_per_sm"}) {
     std::string out;

@@ -68,5 +68,39 @@ TEST(WeightPieces, BadInputNamesTheTensorAndAppendsNothing) {
   EXPECT_EQ(out.size(), 1u);
 }
 
+// CheckWeightPieces is the up-front check of a caller that builds pieces later: it must fail
+// exactly when AppendWeightPieces would, with the same error, and never for a good input (a
+// stack split by expert may have any number of parts).
+TEST(WeightPieces, CheckFailsExactlyWhenAppendWould) {
+  std::vector<Shape> many(kernels::kMaxWeightParts + 1, Shape{4, 32});
+  std::vector<Shape> many_slices(kernels::kMaxWeightParts + 1, Shape{1, 4, 32});
+  const int64_t n = static_cast<int64_t>(many.size());
+  const std::vector<InputTensor> cases = {
+      Input("ok.dense", DType::kBFloat16, {64, 256}, {{32, 256}, {32, 256}}, 0),
+      Input("ok.cols", DType::kFloat16, {64, 32}, {{64, 16}, {64, 16}}, 1),
+      Input("ok.stack_rows", DType::kBFloat16, {2, 64, 32}, {{2, 32, 32}, {2, 32, 32}}, 1),
+      Input("ok.stack_by_expert", DType::kBFloat16, {n, 4, 32}, many_slices, 0),
+      Input("bad.rank1", DType::kBFloat16, {64}, {{64}}, 0),
+      Input("bad.rank4", DType::kBFloat16, {1, 1, 4, 32}, {{1, 1, 4, 32}}, 0),
+      Input("bad.too_many_rows", DType::kBFloat16, {4 * n, 32}, many, 0),
+      Input("bad.stack_too_many_rows", DType::kBFloat16, {1, 4 * n, 32}, many_slices, 1),
+  };
+  for (const InputTensor& in : cases) {
+    const bool good = in.desc.name.rfind("ok.", 0) == 0;
+    for (size_t addresses : {in.parts.size(), in.parts.size() + 1}) {
+      const std::vector<const uint8_t*> at(addresses, Addr(0x1000));
+      std::vector<WeightPiece> out;
+      const absl::Status appended = AppendWeightPieces(in, at, &out);
+      const absl::Status checked = CheckWeightPieces(in, addresses);
+      EXPECT_EQ(checked, appended) << in.desc.name << " with " << addresses << " addresses";
+      EXPECT_EQ(checked.ok(), good && addresses == in.parts.size()) << in.desc.name << checked;
+      if (!checked.ok()) {
+        EXPECT_NE(checked.message().find(in.desc.name), std::string::npos) << checked;
+        EXPECT_TRUE(out.empty()) << in.desc.name;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace wpub::engine

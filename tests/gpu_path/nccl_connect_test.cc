@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/nccl/nccl_comm.h"
 #include "core/nccl/nccl_transport.h"
 
 namespace wpub::nccl {
@@ -96,6 +97,20 @@ class NcclConnectTest : public ::testing::Test {
 
   std::unique_ptr<NcclTransport> transport_;
 };
+
+// The channel count is checked before any device call (runs without a GPU too).
+TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
+  for (int ctas : {-1, kMaxCtas + 1}) {
+    NcclCommOptions o;
+    o.nranks = 2;
+    o.ctas = ctas;
+    absl::StatusOr<std::unique_ptr<NcclComm>> c = NcclComm::Create(o);
+    ASSERT_FALSE(c.ok()) << ctas;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+    EXPECT_NE(c.status().message().find("ctas must be in [0, 64]"), std::string::npos)
+        << c.status();
+  }
+}
 
 TEST_F(NcclConnectTest, StartsWithoutEngines) {
   ExpectNoEngines();

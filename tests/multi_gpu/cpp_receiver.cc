@@ -5,10 +5,12 @@
 // "wait_seconds": .., "receive_seconds": .., "receive_device_seconds": ..}} (checksums:
 // core/engine/checksum.h; the rest: nccl::ReceiverVersionStats).
 // Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
+//                               [nccl_ctas]
 //   several GPUs: one group rank each, as the TP ranks of one engine;
 //   host|device: where checksums are computed (after a copy of every bucket to the host, the
 //   default, or on the device with nothing copied);
-//   die_after_buckets: SIGKILL itself after receiving that many buckets (fault tests).
+//   die_after_buckets: SIGKILL itself after receiving that many buckets (fault tests; -1: never);
+//   nccl_ctas: ReceiverEndpointOptions::nccl_ctas (0, the default: NCCL's choice).
 #include <httplib.h>
 #include <signal.h>
 #include <unistd.h>
@@ -22,14 +24,15 @@
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
-  if (argc < 3 || argc > 5) {
-    std::fprintf(stderr, "usage: %s port gpu[,gpu...] [host|device] [die_after_buckets]\n",
+  if (argc < 3 || argc > 6) {
+    std::fprintf(stderr,
+                 "usage: %s port gpu[,gpu...] [host|device] [die_after_buckets] [nccl_ctas]\n",
                  argv[0]);
     return 2;
   }
   const std::string mode = argc >= 4 ? argv[3] : "host";
   // Fault injection: SIGKILL itself once this many buckets (all versions) were received.
-  const long die_after = argc == 5 ? std::atol(argv[4]) : -1;
+  const long die_after = argc >= 5 ? std::atol(argv[4]) : -1;
   if (mode != "host" && mode != "device") {
     std::fprintf(stderr, "checksum mode must be host or device, not %s\n", mode.c_str());
     return 2;
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
   }
   o.join_timeout = absl::Seconds(60);
   o.copy_to_host = mode == "host";
+  o.nccl_ctas = argc == 6 ? std::atoi(argv[5]) : 0;
   wpub::nccl::ReceiverEndpoint::Callbacks callbacks;
   long received = 0;
   callbacks.on_bucket = [&](const wpub::nccl::ReceivedBucket&) {

@@ -65,10 +65,11 @@ class MultiGpuTest : public ::testing::Test {
   }
 
   std::unique_ptr<nccl::NcclTransport> Transport(int port, absl::Duration deadline,
-                                                 int in_flight = 1) {
+                                                 int in_flight = 1, int nccl_ctas = 0) {
     nccl::NcclTransportOptions o = LoopbackTransportOptions(
         {{absl::StrCat("http://127.0.0.1:", port), 1}}, "wpub_test", in_flight, deadline);
     o.join_timeout = absl::Seconds(60);
+    o.nccl_ctas = nccl_ctas;
     auto t = nccl::NcclTransport::Create(o);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
@@ -482,13 +483,20 @@ TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
 
 TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
   // Both receiver modes: every bucket copied to the host and checksummed there, and checksummed
-  // on the receiving device with nothing copied (what the benchmark's C++ engine does).
-  for (const std::string mode : {"host", "device"}) {
-    SCOPED_TRACE("checksums on the " + mode);
+  // on the receiving device with nothing copied (what the benchmark's C++ engine does); the
+  // latter also with 32 NCCL channels set in both sides' communicator configs (--nccl_ctas).
+  struct Case {
+    std::string mode;
+    int nccl_ctas;
+  };
+  for (const Case& c : {Case{"host", 0}, Case{"device", 0}, Case{"device", 32}}) {
+    const std::string& mode = c.mode;
+    SCOPED_TRACE("checksums on the " + mode + ", nccl_ctas " + std::to_string(c.nccl_ctas));
     const int port = FreePort();
     auto receiver =
-        Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1", mode},
-                     dir_ + "/cpp_receiver_" + mode + ".log", false);
+        Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1", mode,
+                      "-1", std::to_string(c.nccl_ctas)},
+                     absl::StrCat(dir_, "/cpp_receiver_", mode, "_", c.nccl_ctas, ".log"), false);
     ASSERT_TRUE(receiver.ok()) << receiver.status();
     const absl::Time until = absl::Now() + absl::Seconds(30);
     while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
@@ -497,7 +505,7 @@ TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
     const ModelLayout layout = LayoutModel(shape_);
     DeviceModel model(layout);
     // The device-checksum receiver also takes two update requests in flight (wpub_sequence).
-    auto transport = Transport(port, absl::Seconds(60), mode == "device" ? 2 : 1);
+    auto transport = Transport(port, absl::Seconds(60), mode == "device" ? 2 : 1, c.nccl_ctas);
     ASSERT_TRUE(transport);
     gpu::GpuBackendOptions bo;
     bo.sink = transport.get();
