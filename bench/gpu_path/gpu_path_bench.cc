@@ -22,9 +22,9 @@
 //        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
 //        [--cpp_receiver PATH] [--compute_sms N] [--sm_sweep N,N,...] [--kernel_trace 1]
 //        [--ctas_per_sm N] [--ctas_sweep N,N,...] [--backend_only 1] [--nccl_ctas N]
-// --nccl_ctas N sets NCCL's channel count on both sides of every group (wpub's communicators and
-// the C++ engine's; not the emulator's, which takes NCCL_MIN_CTAS/NCCL_MAX_CTAS from the
-// environment).
+// --nccl_ctas N sets NCCL's channel count on both sides of every group: wpub's communicators and
+// the C++ engine's through their configs, the emulator's through NCCL_MIN_CTAS/NCCL_MAX_CTAS in
+// its environment.
 // --backend_only 1 runs case (e) alone, which needs one GPU.
 #include <cuda_runtime_api.h>
 
@@ -210,8 +210,17 @@ int Main(int argc, char** argv) {
   // The two engines on GPU 1: the SGLang emulator (also the receiver of the plain broadcasts)
   // and the C++ engine. Each gets its own NCCL transport (own store, own group).
   const int port = testing::FreePort();
+  // The emulator's torch.distributed takes NCCL's channel bounds from its environment only: it
+  // gets --nccl_ctas there (ranks of one group must agree on them, or a broadcast never ends),
+  // and this process keeps setting its own through the communicator config.
+  if (args.nccl_ctas > 0) {
+    setenv("NCCL_MIN_CTAS", std::to_string(args.nccl_ctas).c_str(), 1);
+    setenv("NCCL_MAX_CTAS", std::to_string(args.nccl_ctas).c_str(), 1);
+  }
   auto emulator =
       testing::StartEmulator(port, 1, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"));
+  unsetenv("NCCL_MIN_CTAS");
+  unsetenv("NCCL_MAX_CTAS");
   BENCH_OK(emulator.status());
   const int cpp_port = testing::FreePort();
   auto cpp_engine = testing::Child::Spawn(

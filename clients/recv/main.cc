@@ -47,7 +47,8 @@ ABSL_FLAG(std::vector<std::string>, gpu_devices, {},
 
 ABSL_FLAG(int32_t, nccl_ctas, 0,
           "NCCL data path: NCCL channels (CTAs) of every rank's communicator, in [0, 64]; 0: "
-          "NCCL's choice. Takes effect when the publisher sets the same (wpubd --nccl_ctas).");
+          "NCCL's choice. Must equal the publisher's (wpubd --nccl_ctas), else NCCL fails the "
+          "broadcasts.");
 
 #ifdef WPUB_WITH_GPU_PATH
 #include <map>

@@ -36,10 +36,12 @@ struct NcclCommOptions {
   int rank = 0;
   UniqueId id{};
   // > 0: ncclConfig_t minCTAs = maxCTAs = ctas (NCCL's channels; NCCL clamps to its own
-  // maximum); 0: NCCL's choice
-  // (or NCCL_MIN_CTAS / NCCL_MAX_CTAS from the environment). NCCL settles on the fewest channels
-  // any rank allows, so a count takes effect only when every rank of the group sets it (engines
-  // whose communicators wpub does not create take it from the environment).
+  // maximum); 0: NCCL's choice (NCCL_MIN_CTAS / NCCL_MAX_CTAS in the environment override both).
+  // Every rank of a group must end up with the same bounds: NCCL applies each rank's own after
+  // the ranks agree on a topology, and ranks with different channel counts split a broadcast
+  // differently, which NCCL reports as an error ("Message truncated") -- measured on 2 x H200,
+  // tests/multi_gpu/publish_test.cc. Engines whose communicators wpub does not create take the
+  // same count from their environment.
   int ctas = 0;
 };
 

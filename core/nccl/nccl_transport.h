@@ -72,8 +72,9 @@ struct NcclTransportOptions {
   // Watchdog: from Begin, every bucket must be transferred and answered within this.
   absl::Duration publication_deadline = absl::Seconds(120);
   absl::Duration watchdog_interval = absl::Milliseconds(2);
-  // NcclCommOptions::ctas of wpub's rank (0: NCCL's choice). Effective only when the engines'
-  // communicators allow as many channels (NCCL_MIN_CTAS / NCCL_MAX_CTAS in their environment).
+  // NcclCommOptions::ctas of wpub's rank (0: NCCL's choice). The engines' communicators must have
+  // the same bounds (NCCL_MIN_CTAS = NCCL_MAX_CTAS = nccl_ctas in their environment), else every
+  // broadcast fails and the publication is aborted (see NcclCommOptions::ctas).
   int nccl_ctas = 0;
 };
 

@@ -84,10 +84,10 @@ ABSL_FLAG(int32_t, gpu_overlap_ctas_per_sm, 3,
           "that run while the previous bucket is broadcast, so that NCCL keeps its pace; 0: no "
           "cap. On 2 x H200, 3 shortened a publication by 5-12%.");
 ABSL_FLAG(int32_t, nccl_ctas, 0,
-          "GPU path: NCCL channels (CTAs) of the weight-update group's broadcasts, in [0, 64]; "
-          "0: NCCL's choice. NCCL uses the fewest any rank allows, so engines need the same "
-          "count (NCCL_MIN_CTAS and NCCL_MAX_CTAS in their environment; wpub-recv --nccl_ctas). "
-          "On 2 x H200, 32 shortened a publication by 5-7%.");
+          "GPU path: NCCL channels (CTAs) of wpub's rank in the weight-update group, in [0, 64]; "
+          "0: NCCL's choice. Every engine rank must use the same count (NCCL_MIN_CTAS and "
+          "NCCL_MAX_CTAS in its environment; wpub-recv --nccl_ctas), else NCCL fails every "
+          "broadcast and publications abort. On 2 x H200, 32 shortened a publication by 5-7%.");
 ABSL_FLAG(std::string, ready_file, "",
           "Written once serving: JSON with the bound grpc_port, metrics_port and pid.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");

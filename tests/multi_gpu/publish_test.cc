@@ -532,5 +532,60 @@ TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
   }
 }
 
+// NCCL applies each rank's own channel bounds after the ranks agree on a topology, so ranks
+// configured with different channel counts split a broadcast differently: NCCL fails it
+// (measured on 2 x H200: "Message truncated : received 12288 bytes instead of 1024") or, had it
+// not noticed, the watchdog's deadline would. Either way the publication must end aborted within
+// the deadline with nothing committed, and the engine must take the next group and commit.
+TEST_F(MultiGpuTest, MismatchedChannelCountsAbortWithinTheDeadlineAndTheNextGroupCommits) {
+  const int port = FreePort();
+  auto receiver =
+      Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1", "device"},
+                   dir_ + "/cpp_receiver_mismatch.log", false);
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const ModelLayout layout = LayoutModel(shape_);
+  DeviceModel model(layout);
+  model.Fill(300);
+  std::vector<engine::InputTensor> inputs;
+  auto built = BuildPlan(layout, model.base(), true, 256 << 10, 1, &inputs);
+  ASSERT_TRUE(built.ok());
+  const absl::Duration deadline = absl::Seconds(8);
+  {
+    // wpub's rank on 2 channels, the receiver on NCCL's default (more than 2 on NVLink).
+    auto mismatched = Transport(port, deadline, 1, /*nccl_ctas=*/2);
+    ASSERT_TRUE(mismatched);
+    gpu::GpuBackendOptions bo;
+    bo.sink = mismatched.get();
+    auto backend = gpu::GpuBackend::Create(bo);
+    ASSERT_TRUE(backend.ok());
+    PublishResult r = Publish(**backend, *mismatched, *built, absl::Seconds(60));
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_LT(r.wall_seconds, absl::ToDoubleSeconds(deadline) + 5) << r.status;
+    for (const auto& o : r.outcomes) EXPECT_FALSE(o.committed);
+    std::printf("mismatched channel counts: %s after %.2f s\n", r.status.ToString().c_str(),
+                r.wall_seconds);
+  }
+  // The same engine, a group whose ranks agree: the next version commits, every checksum equal.
+  auto transport = Transport(port, absl::Seconds(60), 1);
+  ASSERT_TRUE(transport);
+  gpu::GpuBackendOptions bo;
+  bo.sink = transport.get();
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok());
+  auto built2 = BuildPlan(layout, model.base(), true, 256 << 10, 2, &inputs);
+  ASSERT_TRUE(built2.ok());
+  PublishResult r = Publish(**backend, *transport, *built2, absl::Seconds(60));
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  auto body = HttpGet(port, "/stats");
+  ASSERT_TRUE(body.ok()) << body.status();
+  json s = json::parse(*body)["2"];
+  ASSERT_FALSE(s.is_null()) << *body;
+  EXPECT_EQ(s["checksums"].get<std::vector<uint64_t>>(), (*backend)->last_checksums());
+}
+
 }  // namespace
 }  // namespace wpub::testing
