@@ -75,6 +75,23 @@ class MultiGpuTest : public ::testing::Test {
     return t.ok() ? std::move(*t) : nullptr;
   }
 
+  // multi_gpu_cpp_receiver serving `port` on GPU 1, `args` after its port and GPU list; returns
+  // once it answers /health (or after 30 s, leaving the test's requests to fail).
+  absl::StatusOr<std::unique_ptr<Child>> StartCppReceiver(int port,
+                                                          const std::vector<std::string>& args,
+                                                          const std::string& log) {
+    std::vector<std::string> argv = {SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port),
+                                     "1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    absl::StatusOr<std::unique_ptr<Child>> child = Child::Spawn(argv, log, false);
+    if (!child.ok()) return child.status();
+    const absl::Time until = absl::Now() + absl::Seconds(30);
+    while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return child;
+  }
+
   // The CPU reference's buckets for `seed`, written where the emulator looks for them.
   std::vector<uint64_t> WriteExpected(const ModelLayout& layout, uint64_t seed, uint64_t version,
                                       uint64_t bucket_bytes) {
@@ -494,14 +511,9 @@ TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
     SCOPED_TRACE("checksums on the " + mode + ", nccl_ctas " + std::to_string(c.nccl_ctas));
     const int port = FreePort();
     auto receiver =
-        Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1", mode,
-                      "-1", std::to_string(c.nccl_ctas)},
-                     absl::StrCat(dir_, "/cpp_receiver_", mode, "_", c.nccl_ctas, ".log"), false);
+        StartCppReceiver(port, {mode, "-1", std::to_string(c.nccl_ctas)},
+                         absl::StrCat(dir_, "/cpp_receiver_", mode, "_", c.nccl_ctas, ".log"));
     ASSERT_TRUE(receiver.ok()) << receiver.status();
-    const absl::Time until = absl::Now() + absl::Seconds(30);
-    while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
     const ModelLayout layout = LayoutModel(shape_);
     DeviceModel model(layout);
     // The device-checksum receiver also takes two update requests in flight (wpub_sequence).
@@ -539,14 +551,8 @@ TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
 // the deadline with nothing committed, and the engine must take the next group and commit.
 TEST_F(MultiGpuTest, MismatchedChannelCountsAbortWithinTheDeadlineAndTheNextGroupCommits) {
   const int port = FreePort();
-  auto receiver =
-      Child::Spawn({SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port), "1", "device"},
-                   dir_ + "/cpp_receiver_mismatch.log", false);
+  auto receiver = StartCppReceiver(port, {"device"}, dir_ + "/cpp_receiver_mismatch.log");
   ASSERT_TRUE(receiver.ok()) << receiver.status();
-  const absl::Time until = absl::Now() + absl::Seconds(30);
-  while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
   const ModelLayout layout = LayoutModel(shape_);
   DeviceModel model(layout);
   model.Fill(300);
