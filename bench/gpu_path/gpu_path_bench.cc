@@ -34,8 +34,10 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -210,17 +212,26 @@ int Main(int argc, char** argv) {
   // The two engines on GPU 1: the SGLang emulator (also the receiver of the plain broadcasts)
   // and the C++ engine. Each gets its own NCCL transport (own store, own group).
   const int port = testing::FreePort();
-  // The emulator's torch.distributed takes NCCL's channel bounds from its environment only: it
-  // gets --nccl_ctas there (ranks of one group must agree on them, or a broadcast never ends),
-  // and this process keeps setting its own through the communicator config.
+  // The emulator's torch.distributed takes NCCL's channel bounds from its environment only: with
+  // --nccl_ctas it gets that count there (the ranks of a group must agree on them, or NCCL fails
+  // the broadcasts), and the environment is put back before this process's first communicator.
+  std::vector<std::pair<const char*, std::optional<std::string>>> saved_env;
   if (args.nccl_ctas > 0) {
-    setenv("NCCL_MIN_CTAS", std::to_string(args.nccl_ctas).c_str(), 1);
-    setenv("NCCL_MAX_CTAS", std::to_string(args.nccl_ctas).c_str(), 1);
+    for (const char* name : {"NCCL_MIN_CTAS", "NCCL_MAX_CTAS"}) {
+      const char* was = std::getenv(name);
+      saved_env.emplace_back(name, was ? std::optional<std::string>(was) : std::nullopt);
+      setenv(name, std::to_string(args.nccl_ctas).c_str(), 1);
+    }
   }
   auto emulator =
       testing::StartEmulator(port, 1, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"));
-  unsetenv("NCCL_MIN_CTAS");
-  unsetenv("NCCL_MAX_CTAS");
+  for (const auto& [name, was] : saved_env) {
+    if (was) {
+      setenv(name, was->c_str(), 1);
+    } else {
+      unsetenv(name);
+    }
+  }
   BENCH_OK(emulator.status());
   const int cpp_port = testing::FreePort();
   auto cpp_engine = testing::Child::Spawn(
@@ -364,7 +375,8 @@ int Main(int argc, char** argv) {
   // Traced publications (not timed): the broadcast kernels on GPU 0 and what overlapped them.
   json traces = json::array();
   if (args.kernel_trace) {
-    const RunSettings once{1, run.bucket_bytes};
+    RunSettings once = run;
+    once.iters = 1;
     auto traced = [&](const std::string& label, const std::function<void()>& publish) {
       KernelTrace trace;
       std::string err;

@@ -448,8 +448,10 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     const HostClock::time_point t_bucket = HostClock::now();
     const BucketLayout& layout = plan.buckets[b];
     const int k = static_cast<int>(b % 2);
-    // Reuse of this staging buffer waits (on the device) for its previous broadcast.
-    if (b >= 2 && options.sink != nullptr) {
+    // Reuse of this staging buffer waits (on the device) for its previous broadcast: bucket b-2's,
+    // or for b < 2 the last one of an earlier publication that failed with a broadcast still
+    // reading it (a wait on a completed or never-recorded event is free).
+    if (options.sink != nullptr) {
       WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, done[k], 0));
     }
     if (!amax_first) WPUB_RETURN_IF_ERROR(enqueue_checks(b));
@@ -626,7 +628,14 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     }
     WPUB_RETURN_IF_ERROR(syncs.EventSynchronize(status_ready, "non-finite check before sending"));
     uint64_t total = 0;
-    WPUB_RETURN_IF_ERROR(check_non_finite(status_host.bytes(), &total));
+    if (absl::Status nf = check_non_finite(status_host.bytes(), &total); !nf.ok()) {
+      // A rejection returns with nothing in flight: the packed buckets read the inputs in place
+      // (CUDA IPC mappings the engine may close as soon as this returns).
+      WPUB_RETURN_IF_ERROR(
+          syncs.StreamSynchronize(s, "drain the packed buckets of a rejected publication"));
+      dirty = false;
+      return nf;
+    }
   }
   for (size_t b = 0; b < num_buckets; ++b) {
     if (hooks.cancelled && hooks.cancelled()) {

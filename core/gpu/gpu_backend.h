@@ -11,7 +11,8 @@
 // Host synchronizations per publication (all through HostSyncs, counted in hooks.syncs):
 //  - with a sink: exactly 2 when non-finite weights are rejected (the status read after the
 //    amax pass, before anything is sent; then the final completion, which also carries the
-//    checksums), 1 when the plan allows non-finite weights (amax is then pipelined per bucket);
+//    checksums; a publication rejected there drains the buckets already packed instead), 1
+//    when the plan allows non-finite weights (amax is then pipelined per bucket);
 //  - plus, only when a buffer must grow (first publication, larger buckets or host inputs):
 //    one per allocation or free;
 //  - without a sink (host buckets for the pull transport), or with one while pull receivers

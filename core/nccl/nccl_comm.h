@@ -49,7 +49,7 @@ class NcclComm {
  public:
   // Starts ncclCommInitRankConfig (nonblocking) on `options.device`; returns while the other
   // ranks may not have joined yet. INVALID_ARGUMENT (before any device call) for a rank outside
-  // [0, nranks) or ctas outside [0, kMaxCtas).
+  // [0, nranks) or ctas outside [0, kMaxCtas].
   static absl::StatusOr<std::unique_ptr<NcclComm>> Create(const NcclCommOptions& options);
   // Aborts the communicator (ncclCommAbort never waits for peers), unless already aborted.
   ~NcclComm();

@@ -678,6 +678,10 @@ class ReceiverEndpoint::Impl {
 
 absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> ReceiverEndpoint::Start(
     const ReceiverEndpointOptions& options, Callbacks callbacks) {
+  if (options.nccl_ctas < 0 || options.nccl_ctas > kMaxCtas) {
+    return absl::InvalidArgumentError(absl::StrCat("receiver endpoint: nccl_ctas must be in [0, ",
+                                                   kMaxCtas, "], not ", options.nccl_ctas));
+  }
   auto impl = std::make_unique<Impl>(options, std::move(callbacks));
   if (absl::Status s = impl->Start(); !s.ok()) return s;
   return std::unique_ptr<ReceiverEndpoint>(new ReceiverEndpoint(std::move(impl)));

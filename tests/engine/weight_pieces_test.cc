@@ -80,6 +80,8 @@ TEST(WeightPieces, CheckFailsExactlyWhenAppendWould) {
       Input("ok.cols", DType::kFloat16, {64, 32}, {{64, 16}, {64, 16}}, 1),
       Input("ok.stack_rows", DType::kBFloat16, {2, 64, 32}, {{2, 32, 32}, {2, 32, 32}}, 1),
       Input("ok.stack_by_expert", DType::kBFloat16, {n, 4, 32}, many_slices, 0),
+      Input("ok.max_parts", DType::kBFloat16, {4 * (n - 1), 32},
+            std::vector<Shape>(kernels::kMaxWeightParts, Shape{4, 32}), 0),
       Input("bad.rank1", DType::kBFloat16, {64}, {{64}}, 0),
       Input("bad.rank4", DType::kBFloat16, {1, 1, 4, 32}, {{1, 1, 4, 32}}, 0),
       Input("bad.too_many_rows", DType::kBFloat16, {4 * n, 32}, many, 0),

@@ -374,6 +374,17 @@ TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {
   r = (*backend)->Execute(plan, hooks);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->non_finite, 1u);
+  // Warm now: a rejection costs exactly the status read and the drain of the buckets packed
+  // behind it (they read the inputs in place), and returns with nothing in flight.
+  plan.allow_non_finite = false;
+  sink.Reset();
+  engine::SyncCounter rejected;
+  hooks.syncs = &rejected;
+  r = (*backend)->Execute(plan, hooks);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_TRUE(sink.Received().empty()) << "a bucket was sent before the rejection";
+  EXPECT_EQ(rejected.count(), 2u) << "the status read and the drain";
+  EXPECT_EQ(cudaStreamQuery((*backend)->compute_stream()), cudaSuccess);
 }
 
 TEST(GpuBackend, CuptiCountsMatchTheAccountingAndDoNotGrowWithExperts) {

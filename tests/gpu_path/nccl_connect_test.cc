@@ -109,6 +109,13 @@ TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
     EXPECT_NE(c.status().message().find("ctas must be in [0, 64]"), std::string::npos)
         << c.status();
+    NcclTransportOptions to;
+    to.nccl_ctas = ctas;
+    absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Create(to);
+    ASSERT_FALSE(t.ok()) << ctas;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
+    EXPECT_NE(t.status().message().find("nccl_ctas must be in [0, 64]"), std::string::npos)
+        << t.status();
   }
 }
 
