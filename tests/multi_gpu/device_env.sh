@@ -30,10 +30,13 @@ export WPUB_SOURCE_DIR=$ROOT WPUB_PYTHON=$PYWRAP WPUB_TEST_LOG_DIR=$LOGS
 BIN=$ROOT/.devbin/gpu_path
 START=$(date +%s)
 # Every step's timeout fits a total of WPUB_RUN_BUDGET_S seconds (default 570): min(its cap,
-# what is left minus what the later steps are guaranteed).
+# what is left minus what the later steps are guaranteed). Reserves are written for the default
+# budget and scale with a smaller or larger one, so a short budget shortens every step alike
+# instead of starving the first ones.
 tmo() {
-  local cap=$1 reserve=$2 left
-  left=$((${WPUB_RUN_BUDGET_S:-570} - ($(date +%s) - START) - reserve))
+  local cap=$1 budget=${WPUB_RUN_BUDGET_S:-570} reserve left
+  reserve=$(($2 * budget / 570))
+  left=$((budget - ($(date +%s) - START) - reserve))
   ((left < 10)) && left=10
   ((cap < left)) && echo "$cap" || echo "$left"
 }

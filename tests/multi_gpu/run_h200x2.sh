@@ -43,28 +43,28 @@ cat "$OUT/env.txt"
 step "GPU-path unit tests and the one-GPU backend test (CPU reference, CUPTI sync count)"
 for t in gpu_path_rendezvous_test gpu_path_sglang_driver_test gpu_path_ipc_test \
   gpu_path_backend_test gpu_path_status_kernels_test; do
-  guarded "$(tmo 60 420)" "$BIN/$t" --gtest_color=no >"$LOGS/$t.log" 2>&1
+  guarded "$(tmo 60 440)" "$BIN/$t" --gtest_color=no >"$LOGS/$t.log" 2>&1
   echo "--- $t: exit $?"
   brief "$LOGS/$t.log"
 done
 
 step "multi_gpu tests (GPU 0 -> SGLang emulator on GPU 1)"
-guarded "$(tmo 220 230)" "$BIN/multi_gpu_publish_test" --gtest_color=no >"$LOGS/multi_gpu_publish_test.log" 2>&1
+guarded "$(tmo 220 320)" "$BIN/multi_gpu_publish_test" --gtest_color=no >"$LOGS/multi_gpu_publish_test.log" 2>&1
 echo "--- multi_gpu_publish_test: exit $?"
 brief "$LOGS/multi_gpu_publish_test.log"
 
 step "multi-rank tests (GPU 0 -> C++ engines on every other GPU)"
-guarded "$(tmo 90 200)" "$BIN/multi_gpu_multi_rank_test" --gtest_color=no >"$LOGS/multi_gpu_multi_rank_test.log" 2>&1
+guarded "$(tmo 90 240)" "$BIN/multi_gpu_multi_rank_test" --gtest_color=no >"$LOGS/multi_gpu_multi_rank_test.log" 2>&1
 echo "--- multi_gpu_multi_rank_test: exit $?"
 brief "$LOGS/multi_gpu_multi_rank_test.log"
 
 step "benchmark (a) wpub nvfp4, (a') pipelined amax, (b) wpub bf16, (d) plain NCCL broadcast"
-guarded "$(tmo 180 110)" "$BIN/gpu_path_bench" --iters 3 --bucket_mib 1024 --sm_sweep 112 --ctas_sweep 0,2 --kernel_trace 1 --json "$OUT/bench.json" \
+guarded "$(tmo 180 140)" "$BIN/gpu_path_bench" --iters 3 --bucket_mib 1024 --sm_sweep 112 --ctas_sweep 0,2 --kernel_trace 1 --json "$OUT/bench.json" \
   --log_dir "$LOGS"
 echo "--- gpu_path_bench: exit $?"
 
 step "benchmark with the recommended NCCL settings on every rank (P2P reads, 16 MiB buffers, 32 channels)"
-guarded "$(tmo 120 100)" env NCCL_P2P_READ_ENABLE=1 NCCL_BUFFSIZE=16777216 "$BIN/gpu_path_bench" \
+guarded "$(tmo 120 80)" env NCCL_P2P_READ_ENABLE=1 NCCL_BUFFSIZE=16777216 "$BIN/gpu_path_bench" \
   --iters 3 --bucket_mib 1024 --nccl_ctas 32 --json "$OUT/bench_tuned.json" --log_dir "$LOGS"
 echo "--- gpu_path_bench (tuned NCCL): exit $?"
 
