@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/common/status.h"
 
 ABSL_FLAG(std::string, config, "",
           "File of flags, one `--name=value` per line (absl flagfile syntax); flags given after "
@@ -93,6 +95,20 @@ ABSL_FLAG(std::string, ready_file, "",
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
 
 namespace wpub::wpubd {
+namespace {
+
+// INVALID_ARGUMENT naming --flag and its value unless lo <= value <= hi ("must be in [lo, hi]",
+// or "must be >= lo" without an upper bound).
+absl::Status IntFlagInRange(absl::string_view flag, int value, int lo,
+                            int hi = std::numeric_limits<int>::max()) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  const std::string range = hi == std::numeric_limits<int>::max()
+                                ? absl::StrCat(">= ", lo)
+                                : absl::StrCat("in [", lo, ", ", hi, "]");
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", range, ", not ", value));
+}
+
+}  // namespace
 
 absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   DaemonOptions o;
@@ -169,25 +185,14 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.nccl_advertise_address = absl::GetFlag(FLAGS_nccl_advertise_address);
   o.engine_deadline = absl::GetFlag(FLAGS_engine_deadline);
   o.engine_requests_in_flight = absl::GetFlag(FLAGS_engine_requests_in_flight);
-  if (o.engine_requests_in_flight < 1 || o.engine_requests_in_flight > 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--engine_requests_in_flight must be in [1, 8], not ", o.engine_requests_in_flight));
-  }
+  WPUB_RETURN_IF_ERROR(
+      IntFlagInRange("engine_requests_in_flight", o.engine_requests_in_flight, 1, 8));
   o.gpu_compute_sms = absl::GetFlag(FLAGS_gpu_compute_sms);
-  if (o.gpu_compute_sms < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu_compute_sms must be >= 0, not ", o.gpu_compute_sms));
-  }
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("gpu_compute_sms", o.gpu_compute_sms, 0));
   o.gpu_overlap_ctas_per_sm = absl::GetFlag(FLAGS_gpu_overlap_ctas_per_sm);
-  if (o.gpu_overlap_ctas_per_sm < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--gpu_overlap_ctas_per_sm must be >= 0, not ", o.gpu_overlap_ctas_per_sm));
-  }
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("gpu_overlap_ctas_per_sm", o.gpu_overlap_ctas_per_sm, 0));
   o.nccl_ctas = absl::GetFlag(FLAGS_nccl_ctas);
-  if (o.nccl_ctas < 0 || o.nccl_ctas > kMaxNcclCtas) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--nccl_ctas must be in [0, ", kMaxNcclCtas, "], not ", o.nccl_ctas));
-  }
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("nccl_ctas", o.nccl_ctas, 0, kMaxNcclCtas));
   if (o.gpu_path && !o.server.insecure_listen && !server::IsLoopbackAddress(o.nccl_store_listen)) {
     return absl::PermissionDeniedError(
         absl::StrCat("--nccl_store_listen '", o.nccl_store_listen,

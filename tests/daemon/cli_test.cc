@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -151,33 +152,22 @@ TEST(Wpubd, GpuPathWithoutTheDeviceExitsNamingIt) {
       << out;
 }
 
-TEST(Wpubd, RequestsInFlightOutOfRangeIsRefusedNamingTheFlag) {
-  for (const char* bad : {"0", "9", "-1"}) {
+// Every GPU-path tuning flag out of its range: wpubd exits naming the flag, its range and the
+// value given.
+TEST(Wpubd, GpuPathFlagsOutOfRangeAreRefusedNamingTheFlag) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--engine_requests_in_flight=0", "--engine_requests_in_flight must be in [1, 8], not 0"},
+      {"--engine_requests_in_flight=9", "--engine_requests_in_flight must be in [1, 8], not 9"},
+      {"--engine_requests_in_flight=-1", "--engine_requests_in_flight must be in [1, 8], not -1"},
+      {"--gpu_compute_sms=-4", "--gpu_compute_sms must be >= 0, not -4"},
+      {"--gpu_overlap_ctas_per_sm=-4", "--gpu_overlap_ctas_per_sm must be >= 0, not -4"},
+      {"--nccl_ctas=-1", "--nccl_ctas must be in [0, 64], not -1"},
+      {"--nccl_ctas=65", "--nccl_ctas must be in [0, 64], not 65"},
+  };
+  for (const auto& [flag, message] : cases) {
     std::string out;
-    EXPECT_NE(RunWpubdToExit({absl::StrCat("--engine_requests_in_flight=", bad),
-                              "--listen=127.0.0.1:0", "--metrics_listen="},
-                             &out),
-              0)
-        << bad;
-    EXPECT_NE(out.find("--engine_requests_in_flight must be in [1, 8]"), std::string::npos) << out;
-  }
-}
-
-TEST(Wpubd, NcclCtasOutsideItsRangeIsRefusedNamingTheFlag) {
-  for (const char* bad : {"--nccl_ctas=-1", "--nccl_ctas=65"}) {
-    std::string out;
-    EXPECT_NE(RunWpubdToExit({bad, "--listen=127.0.0.1:0", "--metrics_listen="}, &out), 0) << bad;
-    EXPECT_NE(out.find("--nccl_ctas must be in [0, 64]"), std::string::npos) << out;
-  }
-}
-
-TEST(Wpubd, NegativeGpuTuningIsRefusedNamingTheFlag) {
-  for (const char* flag : {"--gpu_compute_sms", "--gpu_overlap_ctas_per_sm"}) {
-    std::string out;
-    EXPECT_NE(RunWpubdToExit(
-                  {absl::StrCat(flag, "=-4"), "--listen=127.0.0.1:0", "--metrics_listen="}, &out),
-              0);
-    EXPECT_NE(out.find(absl::StrCat(flag, " must be >= 0")), std::string::npos) << out;
+    EXPECT_NE(RunWpubdToExit({flag, "--listen=127.0.0.1:0", "--metrics_listen="}, &out), 0) << flag;
+    EXPECT_NE(out.find(message), std::string::npos) << flag << ": " << out;
   }
 }
 
