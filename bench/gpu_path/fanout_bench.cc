@@ -88,25 +88,27 @@ Args Parse(int argc, char** argv) {
 std::vector<engines::EngineSpec> StartEngines(const Args& args, int k, int generation,
                                               std::vector<std::unique_ptr<testing::Child>>* out) {
   std::vector<engines::EngineSpec> specs;
+  struct Started {
+    testing::Child* child;
+    int port;
+    std::string log;
+  };
+  std::vector<Started> started;  // all spawned first, so the engines start together
   for (int g = 1; g <= k; g += args.tp) {
     std::vector<int> gpus;
     for (int i = g; i <= std::min(k, g + args.tp - 1); ++i) gpus.push_back(i);
     const int port = testing::FreePort();
-    auto c = testing::Child::Spawn(
-        {args.cpp_receiver.empty() ? testing::SiblingBinary("multi_gpu_cpp_receiver")
-                                   : args.cpp_receiver,
-         std::to_string(port), absl::StrJoin(gpus, ","), "device"},
-        absl::StrCat(args.log_dir, "/fanout_", generation, "_engine", g, ".log"), false);
+    const std::string log =
+        absl::StrCat(args.log_dir, "/fanout_", generation, "_engine", g, ".log");
+    auto c = testing::SpawnCppReceiver(port, gpus, {"device"}, log, args.cpp_receiver);
     BENCH_OK(c.status());
     out->push_back(*std::move(c));
+    started.push_back({out->back().get(), port, log});
     specs.push_back({absl::StrCat("http://127.0.0.1:", port), static_cast<int>(gpus.size())});
   }
-  for (const engines::EngineSpec& e : specs) {
-    const int port = std::atoi(e.url.substr(e.url.rfind(':') + 1).c_str());
-    for (int tries = 0; !testing::HttpGet(port, "/health").ok(); ++tries) {
-      if (tries > 600) BENCH_OK(absl::UnavailableError(e.url + " did not come up"));
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+  for (size_t i = 0; i < started.size(); ++i) {
+    BENCH_OK(testing::WaitForHealth(*started[i].child, started[i].port, absl::Seconds(30),
+                                    specs[i].url, started[i].log));
   }
   return specs;
 }

@@ -77,6 +77,15 @@ struct Args {
   int nccl_ctas = 0;            // NcclCommOptions::ctas on both sides (0: NCCL's choice)
 };
 
+// "4,8,16" -> {4, 8, 16}.
+std::vector<int> IntList(const std::string& v) {
+  std::vector<int> out;
+  for (absl::string_view n : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+    out.push_back(std::atoi(std::string(n).c_str()));
+  }
+  return out;
+}
+
 Args Parse(int argc, char** argv) {
   Args a;
   a.shape = testing::Qwen3MoeShape();
@@ -105,15 +114,13 @@ Args Parse(int argc, char** argv) {
     else if (k == "--compute_sms")
       a.compute_sms = std::atoi(v.c_str());
     else if (k == "--sm_sweep")
-      for (absl::string_view n : absl::StrSplit(v, ',', absl::SkipEmpty()))
-        a.sm_sweep.push_back(std::atoi(std::string(n).c_str()));
+      a.sm_sweep = IntList(v);
     else if (k == "--nccl_ctas")
       a.nccl_ctas = std::atoi(v.c_str());
     else if (k == "--ctas_per_sm")
       a.ctas_per_sm = std::atoi(v.c_str());
     else if (k == "--ctas_sweep")
-      for (absl::string_view n : absl::StrSplit(v, ',', absl::SkipEmpty()))
-        a.ctas_sweep.push_back(std::atoi(std::string(n).c_str()));
+      a.ctas_sweep = IntList(v);
     else if (k == "--kernel_trace")
       a.kernel_trace = v != "0";
     else if (k == "--backend_only")
@@ -234,16 +241,12 @@ int Main(int argc, char** argv) {
   }
   BENCH_OK(emulator.status());
   const int cpp_port = testing::FreePort();
-  auto cpp_engine = testing::Child::Spawn(
-      {args.cpp_receiver.empty() ? testing::SiblingBinary("multi_gpu_cpp_receiver")
-                                 : args.cpp_receiver,
-       std::to_string(cpp_port), "1", "device", "-1", std::to_string(args.nccl_ctas)},
-      absl::StrCat(args.log_dir, "/bench_cpp_engine.log"), false);
+  const std::string cpp_log = absl::StrCat(args.log_dir, "/bench_cpp_engine.log");
+  auto cpp_engine = testing::SpawnCppReceiver(
+      cpp_port, {1}, {"device", "-1", std::to_string(args.nccl_ctas)}, cpp_log, args.cpp_receiver);
   BENCH_OK(cpp_engine.status());
-  for (int tries = 0; !testing::HttpGet(cpp_port, "/health").ok(); ++tries) {
-    if (tries > 600) BENCH_OK(absl::UnavailableError("the C++ engine did not come up"));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  BENCH_OK(
+      testing::WaitForHealth(**cpp_engine, cpp_port, absl::Seconds(30), "the C++ engine", cpp_log));
   auto make_transport = [&args](int engine_port, const char* group, int in_flight) {
     nccl::NcclTransportOptions to =
         testing::LoopbackTransportOptions({{absl::StrCat("http://127.0.0.1:", engine_port), 1}},

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/common/status.h"
 #include "core/engine/planner.h"
 
@@ -384,16 +385,35 @@ absl::StatusOr<std::unique_ptr<Child>> StartEmulator(int port, int gpu,
                                    "--gpu",  std::to_string(gpu)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<Child> c, Child::Spawn(argv, log_path, false));
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  WPUB_RETURN_IF_ERROR(
+      WaitForHealth(*c, port, absl::Seconds(120), "the SGLang emulator", log_path));
+  return c;
+}
+
+absl::Status WaitForHealth(Child& child, int port, absl::Duration timeout, const std::string& what,
+                           const std::string& log_path) {
+  const absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
-    if (HttpGet(port, "/health").ok()) return c;
-    if (!c->Running()) {
+    if (HttpGet(port, "/health").ok()) return absl::OkStatus();
+    if (!child.Running()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("the SGLang emulator exited at startup; see ", log_path));
+          absl::StrCat(what, " exited at startup; see ", log_path));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return absl::DeadlineExceededError("the SGLang emulator did not answer /health in 120 s");
+  return absl::DeadlineExceededError(absl::StrCat(
+      what, " on port ", port, " did not answer /health in ", absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<std::unique_ptr<Child>> SpawnCppReceiver(int port, const std::vector<int>& gpus,
+                                                        const std::vector<std::string>& args,
+                                                        const std::string& log_path,
+                                                        const std::string& binary) {
+  std::vector<std::string> argv = {
+      binary.empty() ? SiblingBinary("multi_gpu_cpp_receiver") : binary, std::to_string(port),
+      absl::StrJoin(gpus, ",")};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return Child::Spawn(argv, log_path, false);
 }
 
 }  // namespace wpub::testing

@@ -114,6 +114,20 @@ int FreePort();
 // test) when set, else a new /tmp/<prefix>XXXXXX. Empty when it cannot be made.
 std::string TestWorkDir(const std::string& prefix, const std::string& test_name);
 
+// Polls `port`'s /health until it answers (OK), `child` exits first (FAILED_PRECONDITION naming
+// `what` and `log_path`) or `timeout` passes (DEADLINE_EXCEEDED naming `what`).
+absl::Status WaitForHealth(Child& child, int port, absl::Duration timeout, const std::string& what,
+                           const std::string& log_path);
+
+// Spawns tests/multi_gpu/cpp_receiver.cc's binary (`binary`, or multi_gpu_cpp_receiver next to
+// the running one when empty) serving `port` with one group rank per GPU of `gpus`, `args` after
+// them (checksum mode, die_after_buckets, nccl_ctas). Returns at once, so several engines start
+// together: wait for each with WaitForHealth.
+absl::StatusOr<std::unique_ptr<Child>> SpawnCppReceiver(int port, const std::vector<int>& gpus,
+                                                        const std::vector<std::string>& args,
+                                                        const std::string& log_path,
+                                                        const std::string& binary = "");
+
 // Starts tests/multi_gpu/sglang_emulator.py on `gpu` and waits for /health.
 absl::StatusOr<std::unique_ptr<Child>> StartEmulator(int port, int gpu,
                                                      const std::vector<std::string>& extra,

@@ -71,21 +71,19 @@ class MultiRankTest : public ::testing::Test {
       Running r;
       r.gpus = layout[i];
       r.port = FreePort();
-      std::vector<std::string> argv = {SiblingBinary("multi_gpu_cpp_receiver"),
-                                       std::to_string(r.port), absl::StrJoin(r.gpus, ","),
-                                       "device"};
-      if (i < die_after.size() && die_after[i] > 0) argv.push_back(std::to_string(die_after[i]));
-      auto c = Child::Spawn(argv, absl::StrCat(dir_, "/engine", i, ".log"), false);
+      std::vector<std::string> args = {"device"};
+      if (i < die_after.size() && die_after[i] > 0) args.push_back(std::to_string(die_after[i]));
+      auto c = SpawnCppReceiver(r.port, r.gpus, args, absl::StrCat(dir_, "/engine", i, ".log"));
       EXPECT_TRUE(c.ok()) << c.status();
       if (!c.ok()) return {};
       r.child = std::move(*c);
       out.push_back(std::move(r));
     }
-    const absl::Time until = absl::Now() + absl::Seconds(30);
-    for (Running& r : out) {
-      while (!HttpGet(r.port, "/health").ok() && absl::Now() < until) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      }
+    for (size_t i = 0; i < out.size(); ++i) {
+      const absl::Status up =
+          WaitForHealth(*out[i].child, out[i].port, absl::Seconds(30), absl::StrCat("engine ", i),
+                        absl::StrCat(dir_, "/engine", i, ".log"));
+      EXPECT_TRUE(up.ok()) << up;
     }
     return out;
   }

@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status.h"
 #include "core/engine/cpu_backend.h"
 #include "core/engine/engine.h"
 #include "core/gpu/gpu_backend.h"
@@ -75,20 +76,12 @@ class MultiGpuTest : public ::testing::Test {
     return t.ok() ? std::move(*t) : nullptr;
   }
 
-  // multi_gpu_cpp_receiver serving `port` on GPU 1, `args` after its port and GPU list; returns
-  // once it answers /health (or after 30 s, leaving the test's requests to fail).
+  // A C++ engine serving `port` on GPU 1 (SpawnCppReceiver's `args`), answering /health.
   absl::StatusOr<std::unique_ptr<Child>> StartCppReceiver(int port,
                                                           const std::vector<std::string>& args,
                                                           const std::string& log) {
-    std::vector<std::string> argv = {SiblingBinary("multi_gpu_cpp_receiver"), std::to_string(port),
-                                     "1"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    absl::StatusOr<std::unique_ptr<Child>> child = Child::Spawn(argv, log, false);
-    if (!child.ok()) return child.status();
-    const absl::Time until = absl::Now() + absl::Seconds(30);
-    while (!HttpGet(port, "/health").ok() && absl::Now() < until) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    WPUB_ASSIGN_OR_RETURN(std::unique_ptr<Child> child, SpawnCppReceiver(port, {1}, args, log));
+    WPUB_RETURN_IF_ERROR(WaitForHealth(*child, port, absl::Seconds(30), "the C++ engine", log));
     return child;
   }
 
