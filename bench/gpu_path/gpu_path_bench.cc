@@ -34,10 +34,8 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
-#include <optional>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -221,24 +219,14 @@ int Main(int argc, char** argv) {
   const int port = testing::FreePort();
   // The emulator's torch.distributed takes NCCL's channel bounds from its environment only: with
   // --nccl_ctas it gets that count there (the ranks of a group must agree on them, or NCCL fails
-  // the broadcasts), and the environment is put back before this process's first communicator.
-  std::vector<std::pair<const char*, std::optional<std::string>>> saved_env;
+  // the broadcasts).
+  std::vector<std::string> emulator_env;
   if (args.nccl_ctas > 0) {
-    for (const char* name : {"NCCL_MIN_CTAS", "NCCL_MAX_CTAS"}) {
-      const char* was = std::getenv(name);
-      saved_env.emplace_back(name, was ? std::optional<std::string>(was) : std::nullopt);
-      setenv(name, std::to_string(args.nccl_ctas).c_str(), 1);
-    }
+    emulator_env = {absl::StrCat("NCCL_MIN_CTAS=", args.nccl_ctas),
+                    absl::StrCat("NCCL_MAX_CTAS=", args.nccl_ctas)};
   }
-  auto emulator =
-      testing::StartEmulator(port, 1, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"));
-  for (const auto& [name, was] : saved_env) {
-    if (was) {
-      setenv(name, was->c_str(), 1);
-    } else {
-      unsetenv(name);
-    }
-  }
+  auto emulator = testing::StartEmulator(
+      port, 1, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"), emulator_env);
   BENCH_OK(emulator.status());
   const int cpp_port = testing::FreePort();
   const std::string cpp_log = absl::StrCat(args.log_dir, "/bench_cpp_engine.log");

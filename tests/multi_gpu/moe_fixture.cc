@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -192,7 +194,8 @@ PublishResult Publish(engine::Backend& backend, engine::Transport& transport,
 // ---------------------------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::vector<std::string>& argv,
-                                                    const std::string& log_path, bool pipes) {
+                                                    const std::string& log_path, bool pipes,
+                                                    const std::vector<std::string>& env) {
   int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
   if (pipes && (::pipe2(in_pipe, O_CLOEXEC) != 0 || ::pipe2(out_pipe, O_CLOEXEC) != 0)) {
     return absl::InternalError("pipe() failed");
@@ -200,6 +203,19 @@ absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::vector<std::strin
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The child's environment, built here: between fork and exec only async-signal-safe calls.
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    const std::string_view name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(env.begin(), env.end(), [&](const std::string& set) {
+      return set.size() > name.size() && set.compare(0, name.size(), name) == 0 &&
+             set[name.size()] == '=';
+    });
+    if (!replaced) envp.push_back(*e);
+  }
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) return absl::InternalError("fork() failed");
   if (pid == 0) {
@@ -214,7 +230,7 @@ absl::StatusOr<std::unique_ptr<Child>> Child::Spawn(const std::vector<std::strin
         ::dup2(fd, 2);
       }
     }
-    ::execvp(args[0], args.data());
+    ::execvpe(args[0], args.data(), envp.data());
     _exit(127);
   }
   std::unique_ptr<Child> c(new Child());
@@ -379,12 +395,13 @@ absl::StatusOr<std::string> HttpPost(int port, const std::string& path, const st
 
 absl::StatusOr<std::unique_ptr<Child>> StartEmulator(int port, int gpu,
                                                      const std::vector<std::string>& extra,
-                                                     const std::string& log_path) {
+                                                     const std::string& log_path,
+                                                     const std::vector<std::string>& env) {
   std::vector<std::string> argv = {Python(), SourceDir() + "/tests/multi_gpu/sglang_emulator.py",
                                    "--port", std::to_string(port),
                                    "--gpu",  std::to_string(gpu)};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<Child> c, Child::Spawn(argv, log_path, false));
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<Child> c, Child::Spawn(argv, log_path, false, env));
   WPUB_RETURN_IF_ERROR(
       WaitForHealth(*c, port, absl::Seconds(120), "the SGLang emulator", log_path));
   return c;

@@ -84,11 +84,13 @@ struct PublishResult {
 PublishResult Publish(engine::Backend& backend, engine::Transport& transport,
                       const BuiltPlan& built, absl::Duration ack_deadline);
 
-// A child process with stdin/stdout pipes (stderr inherited, or to `log_path`).
+// A child process with stdin/stdout pipes (stderr inherited, or to `log_path`), in this
+// process's environment with the "NAME=value" entries of `env` set or replaced.
 class Child {
  public:
   static absl::StatusOr<std::unique_ptr<Child>> Spawn(const std::vector<std::string>& argv,
-                                                      const std::string& log_path, bool pipes);
+                                                      const std::string& log_path, bool pipes,
+                                                      const std::vector<std::string>& env = {});
   ~Child();  // SIGKILL if still running, then reaps
   pid_t pid() const { return pid_; }
   absl::Status WriteLine(const std::string& line);
@@ -128,10 +130,12 @@ absl::StatusOr<std::unique_ptr<Child>> SpawnCppReceiver(int port, const std::vec
                                                         const std::string& log_path,
                                                         const std::string& binary = "");
 
-// Starts tests/multi_gpu/sglang_emulator.py on `gpu` and waits for /health.
+// Starts tests/multi_gpu/sglang_emulator.py on `gpu` (with `extra` arguments and the "NAME=value"
+// entries of `env` in its environment) and waits for /health.
 absl::StatusOr<std::unique_ptr<Child>> StartEmulator(int port, int gpu,
                                                      const std::vector<std::string>& extra,
-                                                     const std::string& log_path);
+                                                     const std::string& log_path,
+                                                     const std::vector<std::string>& env = {});
 // GET `path` on 127.0.0.1:port; the body.
 absl::StatusOr<std::string> HttpGet(int port, const std::string& path);
 // POST a JSON body; the response body (any HTTP status; OK only for 200).
