@@ -116,9 +116,8 @@ int RunEngineEndpoint(const sigset_t& signals) {
   // Without --output the bytes are only verified: checksum on the device, nothing copied back.
   o.copy_to_host = !output.empty();
   o.nccl_ctas = absl::GetFlag(FLAGS_nccl_ctas);
-  if (o.nccl_ctas < 0 || o.nccl_ctas > wpub::nccl::kMaxCtas) {
-    std::fprintf(stderr, "wpub-recv: --nccl_ctas must be in [0, %d], not %d\n",
-                 wpub::nccl::kMaxCtas, o.nccl_ctas);
+  if (absl::Status s = wpub::nccl::CheckCtas(o.nccl_ctas, "--nccl_ctas"); !s.ok()) {
+    std::fprintf(stderr, "wpub-recv: %s\n", std::string(s.message()).c_str());
     return 2;
   }
   auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(cb));

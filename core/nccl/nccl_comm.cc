@@ -20,6 +20,12 @@ absl::Status NcclError(ncclResult_t r, const char* what, ncclComm_t comm) {
 
 }  // namespace
 
+absl::Status CheckCtas(int ctas, absl::string_view field) {
+  if (ctas >= 0 && ctas <= kMaxCtas) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " must be in [0, ", kMaxCtas, "], not ", ctas));
+}
+
 absl::StatusOr<UniqueId> NewUniqueId() {
   ncclUniqueId id;
   if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
@@ -36,10 +42,7 @@ absl::StatusOr<std::unique_ptr<NcclComm>> NcclComm::Create(const NcclCommOptions
     return absl::InvalidArgumentError(
         absl::StrCat("NCCL: rank ", options.rank, " outside [0, ", options.nranks, ")"));
   }
-  if (options.ctas < 0 || options.ctas > kMaxCtas) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("NCCL: ctas must be in [0, ", kMaxCtas, "], not ", options.ctas));
-  }
+  if (absl::Status s = CheckCtas(options.ctas, "NCCL: ctas"); !s.ok()) return s;
   if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
     return absl::FailedPreconditionError(
         absl::StrCat("NCCL: cudaSetDevice(", options.device, "): ", cudaGetErrorString(e)));

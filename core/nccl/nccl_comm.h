@@ -20,12 +20,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace wpub::nccl {
 
 using UniqueId = std::array<uint8_t, 128>;  // ncclUniqueId bytes, as stored in the TCPStore
 inline constexpr int kMaxCtas = 64;         // the largest NcclCommOptions::ctas accepted
+
+// OK for a channel count in [0, kMaxCtas]; else INVALID_ARGUMENT "<field> must be in [0, 64], not
+// <ctas>". Every option that carries a count into NcclCommOptions::ctas checks it with this.
+absl::Status CheckCtas(int ctas, absl::string_view field);
 
 // ncclGetUniqueId (rank 0 only; it starts NCCL's bootstrap listener).
 absl::StatusOr<UniqueId> NewUniqueId();

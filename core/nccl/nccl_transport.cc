@@ -30,10 +30,7 @@ engine::ReceiverFailure Classify(const std::string& error) {
 
 absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
     const NcclTransportOptions& options) {
-  if (options.nccl_ctas < 0 || options.nccl_ctas > kMaxCtas) {
-    return absl::InvalidArgumentError(absl::StrCat("NCCL transport: nccl_ctas must be in [0, ",
-                                                   kMaxCtas, "], not ", options.nccl_ctas));
-  }
+  WPUB_RETURN_IF_ERROR(CheckCtas(options.nccl_ctas, "NCCL transport: nccl_ctas"));
   if (!options.sglang.engines.empty()) {
     // The initial set obeys the same rules as a ConnectEngines request.
     engine::EngineConnectRequest r;

@@ -678,9 +678,8 @@ class ReceiverEndpoint::Impl {
 
 absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> ReceiverEndpoint::Start(
     const ReceiverEndpointOptions& options, Callbacks callbacks) {
-  if (options.nccl_ctas < 0 || options.nccl_ctas > kMaxCtas) {
-    return absl::InvalidArgumentError(absl::StrCat("receiver endpoint: nccl_ctas must be in [0, ",
-                                                   kMaxCtas, "], not ", options.nccl_ctas));
+  if (absl::Status s = CheckCtas(options.nccl_ctas, "receiver endpoint: nccl_ctas"); !s.ok()) {
+    return s;
   }
   auto impl = std::make_unique<Impl>(options, std::move(callbacks));
   if (absl::Status s = impl->Start(); !s.ok()) return s;

@@ -13,6 +13,7 @@
 
 #include "core/nccl/nccl_comm.h"
 #include "core/nccl/nccl_transport.h"
+#include "core/nccl/receiver_endpoint.h"
 
 namespace wpub::nccl {
 namespace {
@@ -116,7 +117,15 @@ TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
     EXPECT_NE(t.status().message().find("nccl_ctas must be in [0, 64]"), std::string::npos)
         << t.status();
+    ReceiverEndpointOptions eo;
+    eo.nccl_ctas = ctas;
+    absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> e = ReceiverEndpoint::Start(eo, {});
+    ASSERT_FALSE(e.ok()) << ctas;
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << e.status();
+    EXPECT_NE(e.status().message().find("nccl_ctas must be in [0, 64]"), std::string::npos)
+        << e.status();
   }
+  for (int ctas : {0, kMaxCtas}) EXPECT_TRUE(CheckCtas(ctas, "ctas").ok()) << ctas;
 }
 
 TEST_F(NcclConnectTest, StartsWithoutEngines) {
