@@ -50,30 +50,8 @@ __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ A
 #pragma unroll
   for (int u = 0; u < kAmaxVecsPerThread; ++u) AccumulateAmax<kType>(v[u], m, bad);
 
-    // Warp, then CTA reduction; one atomic per CTA. |x| >= +0 and NaN never enters m, so the max
-    // of the bit patterns as unsigned integers is the float max: order-independent, deterministic.
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-  bad = __reduce_add_sync(0xFFFFFFFFu, bad);
-  __shared__ float warp_max[kThreads / 32];
-  __shared__ uint32_t warp_bad[kThreads / 32];
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) {
-    warp_max[warp] = m;
-    warp_bad[warp] = bad;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float cta_max = 0.0f;
-    unsigned long long cta_bad = 0;
-#pragma unroll
-    for (int w = 0; w < kThreads / 32; ++w) {
-      cta_max = MaxSkipNan(cta_max, warp_max[w]);
-      cta_bad += warp_bad[w];
-    }
-    atomicMax(reinterpret_cast<unsigned int*>(p.amax + item.slot), __float_as_uint(cta_max));
-    if (cta_bad != 0 && p.nonfinite != nullptr) atomicAdd(p.nonfinite + item.slot, cta_bad);
-  }
+  CtaAmaxAtomics<kThreads>(m, bad, p.amax + item.slot,
+                           p.nonfinite != nullptr ? p.nonfinite + item.slot : nullptr);
 }
 
 __global__ void GlobalScalesKernel(const float* amax, int64_t n, float e4m3_max, float* s_enc,

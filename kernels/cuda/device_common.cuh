@@ -94,6 +94,41 @@ __device__ __forceinline__ void AccumulateAmax(const uint4& v, float& m, uint32_
   }
 }
 
+// Folds every thread's running amax m (never NaN, >= +0: AccumulateAmax's) and non-finite count
+// into *amax and *nonfinite (may be null) with one atomic each per CTA, none when there is
+// nothing to add (the slots start at zero): warp shuffles, the warps' partials in shared memory,
+// warp 0 combines them. NaN never enters m, so the unsigned max of the float bit patterns is the
+// float max: order independent, deterministic. Every thread of the CTA (kCtaThreads, a multiple
+// of 32) must call it; the same CTA may call it again (it waits until the previous call's
+// partials were read).
+template <int kCtaThreads>
+__device__ __forceinline__ void CtaAmaxAtomics(float m, uint32_t bad, float* amax,
+                                               unsigned long long* nonfinite) {
+  static_assert(kCtaThreads % 32 == 0 && kCtaThreads <= 1024, "whole warps, one CTA");
+  __shared__ float warp_max[kCtaThreads / 32];
+  __shared__ uint32_t warp_bad[kCtaThreads / 32];
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  bad = __reduce_add_sync(0xFFFFFFFFu, bad);
+  __syncthreads();  // a previous call's partials were read
+  if (threadIdx.x % 32 == 0) {
+    warp_max[threadIdx.x / 32] = m;
+    warp_bad[threadIdx.x / 32] = bad;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < kCtaThreads / 32 ? warp_max[threadIdx.x] : 0.0f;
+    bad = threadIdx.x < kCtaThreads / 32 ? warp_bad[threadIdx.x] : 0u;
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+    bad = __reduce_add_sync(0xFFFFFFFFu, bad);
+    if (threadIdx.x == 0) {
+      if (m != 0.0f) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
+      if (bad != 0 && nonfinite != nullptr) atomicAdd(nonfinite, bad);
+    }
+  }
+}
+
 // FloatToBf16 / FloatToFp16 through the conversion instructions (RNE, NaN -> 0x7FFF);
 // fast_math_test.cu checks all 2^32 inputs.
 template <ElemType kType>

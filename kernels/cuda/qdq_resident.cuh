@@ -101,31 +101,8 @@ __device__ __forceinline__ void AmaxPass(const char* in, uint32_t b0, uint32_t b
       }
     }
   }
-  // Warp, then CTA reduction, one atomic per CTA and slice (per-warp atomics on one address
-  // queue up at its L2 slice). |x| >= +0 and NaN never enters m, so the unsigned max of the bits
-  // is the float max: order independent, deterministic.
-  __shared__ float warp_max[kCtaThreads / 32];
-  __shared__ uint32_t warp_bad[kCtaThreads / 32];
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-  bad = __reduce_add_sync(0xFFFFFFFFu, bad);
-  __syncthreads();  // the previous slice's partials were read
-  if (threadIdx.x % 32 == 0) {
-    warp_max[threadIdx.x / 32] = m;
-    warp_bad[threadIdx.x / 32] = bad;
-  }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    m = threadIdx.x < kCtaThreads / 32 ? warp_max[threadIdx.x] : 0.0f;
-    bad = threadIdx.x < kCtaThreads / 32 ? warp_bad[threadIdx.x] : 0u;
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) m = MaxSkipNan(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
-    bad = __reduce_add_sync(0xFFFFFFFFu, bad);
-    if (threadIdx.x == 0) {
-      if (m != 0.0f) atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(m));
-      if (bad != 0 && bad_count != nullptr) atomicAdd(bad_count, bad);
-    }
-  }
+  // One atomic per CTA and slice (per-warp atomics on one address queue up at its L2 slice).
+  CtaAmaxAtomics<kCtaThreads>(m, bad, amax, bad_count);
 }
 
 // Pass 2 over blocks [b0, b1) of one slice with its complete amax: fused QDQ (QdqBlockFast) of

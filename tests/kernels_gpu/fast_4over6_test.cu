@@ -104,6 +104,67 @@ __device__ bool DecodesTo(const float (&y)[kBlockSize], const uint8_t (&want)[kB
   return ok;
 }
 
+// The cheap 4over6 path of one slice, for FuzzSlice: the candidate table built by the CTA's
+// threads like QuantizeKernel's (every thread must construct it: it synchronizes the CTA).
+template <class Traits>
+struct FourOverSixPath {
+  CheapSlice s;
+  const Candidate* table;
+  __device__ bool Codes(const float (&x)[kBlockSize], PackedBlock& got) const {
+    return detail::QuantizeBlockFourOverSixCheap<Traits>(x, s, CandidateTable{table}, got);
+  }
+  // The fused QDQ's values of the same block (false if the path declines it).
+  __device__ bool Values(const float (&x)[kBlockSize], float factor64,
+                         float (&y)[kBlockSize]) const {
+    detail::CheapBlock cb;
+    if (!detail::FourOverSixCheapCodes<Traits>(x, s, CandidateTable{table}, cb)) return false;
+    detail::DecodeCheapBlock(cb, x, factor64, y);
+    return true;
+  }
+};
+
+// Standard NVFP4 on the same primitives (StandardCheapValues: max.NaN.f32 for the block max).
+struct StandardPath {
+  CheapSlice s;
+  __device__ bool Codes(const float (&x)[kBlockSize], PackedBlock& got) const {
+    return detail::QuantizeBlockStandardCheap(x, s, got);
+  }
+  __device__ bool Values(const float (&x)[kBlockSize], float factor64,
+                         float (&y)[kBlockSize]) const {
+    float q[kBlockSize];
+    uint32_t sf = 0;
+    if (!detail::StandardCheapValues(x, s, q, sf)) return false;
+    detail::DecodeStandardCheap(q, x, factor64, y);
+    return true;
+  }
+};
+
+// blocks_per_thread fuzzed blocks per thread of one slice (tensor scales ts, blocks of magnitude
+// `scale`) through `path`: every block it takes must give the reference's packed codes and scale
+// byte (QuantizeBlockPacked), and the fused QDQ's values DecodeElement of the reference codes.
+template <class Traits, class Path>
+__device__ void FuzzSlice(const Path& path, const TensorScales& ts, float scale, uint64_t salt,
+                          int blocks_per_thread, Counts* out) {
+  unsigned long long cheap = 0;
+  for (int k = 0; k < blocks_per_thread; ++k) {
+    const uint64_t id = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) * blocks_per_thread + k;
+    float x[kBlockSize];
+    FuzzBlock(id ^ salt, scale, x);
+    uint8_t want[kBlockSize / 2];
+    const uint8_t want_sf = QuantizeBlockPacked<Traits>(x, ts, want);
+    PackedBlock got;
+    if (!path.Codes(x, got)) continue;
+    ++cheap;
+    uint32_t lo, hi;
+    PackedWords(want, lo, hi);
+    const float factor = DecodeFactor<Traits>(want_sf, ts.amax);
+    float y[kBlockSize];
+    const bool ok = path.Values(x, FMul(factor, 0x1p6f), y) && DecodesTo(y, want, factor);
+    if (!ok || got.sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
+  }
+  atomicAdd(&out->cheap, cheap);
+}
+
 // One CTA = one slice: its amax is the bf16 value scale * 6 (a tensor amax at least as large as
 // every ordinary element), its candidate table built by its threads like QuantizeKernel's.
 template <class Traits>
@@ -111,71 +172,26 @@ __global__ void __launch_bounds__(256)
     BlockKernel(uint64_t salt, int blocks_per_thread, Counts* out) {
   const int e = static_cast<int>(Mix(blockIdx.x ^ salt) % 64) - 40;
   const float scale = ldexpf(1.0f, e);
-  const float amax = Bf16Round(scale * 6.0f);
-  const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
+  const TensorScales ts = MakeTensorScales(Bf16Round(scale * 6.0f), Traits::kE4M3Max);
   const CheapSlice s = detail::MakeCheapSlice<Traits>(ts);
   __shared__ Candidate table[detail::kCandidateTableSize];
   if (threadIdx.x < detail::kCandidateTableSize) {
     table[threadIdx.x] = detail::MakeCandidate<Traits>(threadIdx.x, s);
   }
   __syncthreads();
-  unsigned long long cheap = 0;
-  for (int k = 0; k < blocks_per_thread; ++k) {
-    const uint64_t id = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) * blocks_per_thread + k;
-    float x[kBlockSize];
-    FuzzBlock(id ^ salt, scale, x);
-    uint8_t want[kBlockSize / 2];
-    const uint8_t want_sf = QuantizeBlockPacked<Traits>(x, ts, want);
-    PackedBlock got;
-    if (!detail::QuantizeBlockFourOverSixCheap<Traits>(x, s, CandidateTable{table}, got)) continue;
-    ++cheap;
-    uint32_t lo, hi;
-    PackedWords(want, lo, hi);
-    // The fused QDQ's values from the same codes: DecodeElement with the block's factor.
-    detail::CheapBlock cb;
-    bool ok = detail::FourOverSixCheapCodes<Traits>(x, s, CandidateTable{table}, cb);
-    const float factor = DecodeFactor<Traits>(want_sf, amax);
-    float y[kBlockSize];
-    detail::DecodeCheapBlock(cb, x, FMul(factor, 0x1p6f), y);
-    ok = ok && DecodesTo(y, want, factor);
-    if (!ok || got.sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
-  }
-  atomicAdd(&out->cheap, cheap);
+  FuzzSlice<Traits>(FourOverSixPath<Traits>{s, table}, ts, scale, salt, blocks_per_thread, out);
 }
 
-// Standard NVFP4 through the same primitives on the device (StandardCheapValues: max.NaN.f32 for
-// the block max): packed codes, scale byte and fused-QDQ values against the shared reference.
+// Standard NVFP4 through the same primitives on the device, against the shared reference.
 __global__ void __launch_bounds__(256)
     StandardBlockKernel(uint64_t salt, int blocks_per_thread, Counts* out) {
-  using Traits = StandardTraits;
   const int e = static_cast<int>(Mix(blockIdx.x ^ salt) % 64) - 40;
   const float scale = ldexpf(1.0f, e);
   // The tensor amax: the blocks' own scale times 6, or up to 2^8 times more (tiny block scales).
   const float amax = Bf16Round(scale * 6.0f * static_cast<float>(1u << (blockIdx.x % 9)));
-  const TensorScales ts = MakeTensorScales(amax, Traits::kE4M3Max);
-  const CheapSlice s = detail::MakeCheapSlice<Traits>(ts);
-  unsigned long long cheap = 0;
-  for (int k = 0; k < blocks_per_thread; ++k) {
-    const uint64_t id = (uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) * blocks_per_thread + k;
-    float x[kBlockSize];
-    FuzzBlock(id ^ salt, scale, x);
-    uint8_t want[kBlockSize / 2];
-    const uint8_t want_sf = QuantizeBlockPacked<Traits>(x, ts, want);
-    PackedBlock got;
-    if (!detail::QuantizeBlockStandardCheap(x, s, got)) continue;
-    ++cheap;
-    uint32_t lo, hi;
-    PackedWords(want, lo, hi);
-    float q[kBlockSize];
-    uint32_t sf = 0;
-    bool ok = detail::StandardCheapValues(x, s, q, sf);
-    const float factor = DecodeFactor<Traits>(want_sf, amax);
-    float y[kBlockSize];
-    detail::DecodeStandardCheap(q, x, FMul(factor, 0x1p6f), y);
-    ok = ok && DecodesTo(y, want, factor);
-    if (!ok || got.sf != want_sf || sf != want_sf || got.lo != lo || got.hi != hi) Fail(out, id);
-  }
-  atomicAdd(&out->cheap, cheap);
+  const TensorScales ts = MakeTensorScales(amax, StandardTraits::kE4M3Max);
+  FuzzSlice<StandardTraits>(StandardPath{detail::MakeCheapSlice<StandardTraits>(ts)}, ts, scale,
+                            salt, blocks_per_thread, out);
 }
 
 class FastFourOverSixDeviceTest : public ::testing::Test {
