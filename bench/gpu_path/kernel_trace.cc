@@ -9,6 +9,8 @@
 #include <map>
 #include <mutex>
 
+#include "tests/kernels_gpu/cupti_library.h"
+
 namespace wpub::bench {
 namespace {
 
@@ -71,14 +73,8 @@ const Cupti* LoadCupti(std::string* error) {
   static Cupti cupti;
   static bool loaded = false;
   if (loaded) return &cupti;
-  // Never unloaded: CUPTI hooks into the driver once used.
-  void* lib = dlopen("libcupti.so", RTLD_NOW | RTLD_NODELETE);
-  if (lib == nullptr) lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_NODELETE);
-  if (lib == nullptr) lib = dlopen("libcupti.so.12", RTLD_NOW | RTLD_NODELETE);
-  if (lib == nullptr) {
-    *error = "libcupti not found";
-    return nullptr;
-  }
+  void* lib = kernels::cuda::testing::OpenCupti(error);
+  if (lib == nullptr) return nullptr;
   cupti.register_callbacks =
       reinterpret_cast<RegisterFn>(dlsym(lib, "cuptiActivityRegisterCallbacks"));
   cupti.enable = reinterpret_cast<KindFn>(dlsym(lib, "cuptiActivityEnable"));

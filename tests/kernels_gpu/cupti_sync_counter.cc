@@ -6,6 +6,8 @@
 
 #include <set>
 
+#include "tests/kernels_gpu/cupti_library.h"
+
 namespace wpub::kernels::cuda::testing {
 namespace {
 
@@ -81,14 +83,8 @@ bool SyncCounter::Start(std::string* error) {
     return false;
   }
   if (lib_ == nullptr) {
-    for (const char* name : {"libcupti.so.13", "libcupti.so.12", "libcupti.so"}) {
-      lib_ = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-      if (lib_ != nullptr) break;
-    }
-    if (lib_ == nullptr) {
-      *error = std::string("cannot load libcupti: ") + dlerror();
-      return false;
-    }
+    lib_ = OpenCupti(error);
+    if (lib_ == nullptr) return false;
   }
   auto subscribe = reinterpret_cast<SubscribeFn>(dlsym(lib_, "cuptiSubscribe"));
   auto enable = reinterpret_cast<EnableDomainFn>(dlsym(lib_, "cuptiEnableDomain"));
