@@ -99,31 +99,28 @@ class NcclConnectTest : public ::testing::Test {
   std::unique_ptr<NcclTransport> transport_;
 };
 
+// `made` was refused for a channel count out of range, naming `field`.
+template <class T>
+void ExpectCtasRefused(const absl::StatusOr<T>& made, const std::string& field, int ctas) {
+  ASSERT_FALSE(made.ok()) << field << " = " << ctas;
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument) << made.status();
+  EXPECT_NE(made.status().message().find(field + " must be in [0, 64]"), std::string::npos)
+      << made.status();
+}
+
 // The channel count is checked before any device call (runs without a GPU too).
 TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
   for (int ctas : {-1, kMaxCtas + 1}) {
     NcclCommOptions o;
     o.nranks = 2;
     o.ctas = ctas;
-    absl::StatusOr<std::unique_ptr<NcclComm>> c = NcclComm::Create(o);
-    ASSERT_FALSE(c.ok()) << ctas;
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
-    EXPECT_NE(c.status().message().find("ctas must be in [0, 64]"), std::string::npos)
-        << c.status();
+    ExpectCtasRefused(NcclComm::Create(o), "ctas", ctas);
     NcclTransportOptions to;
     to.nccl_ctas = ctas;
-    absl::StatusOr<std::unique_ptr<NcclTransport>> t = NcclTransport::Create(to);
-    ASSERT_FALSE(t.ok()) << ctas;
-    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << t.status();
-    EXPECT_NE(t.status().message().find("nccl_ctas must be in [0, 64]"), std::string::npos)
-        << t.status();
+    ExpectCtasRefused(NcclTransport::Create(to), "nccl_ctas", ctas);
     ReceiverEndpointOptions eo;
     eo.nccl_ctas = ctas;
-    absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> e = ReceiverEndpoint::Start(eo, {});
-    ASSERT_FALSE(e.ok()) << ctas;
-    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << e.status();
-    EXPECT_NE(e.status().message().find("nccl_ctas must be in [0, 64]"), std::string::npos)
-        << e.status();
+    ExpectCtasRefused(ReceiverEndpoint::Start(eo, {}), "nccl_ctas", ctas);
   }
   for (int ctas : {0, kMaxCtas}) EXPECT_TRUE(CheckCtas(ctas, "ctas").ok()) << ctas;
 }
