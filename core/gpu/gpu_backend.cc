@@ -357,11 +357,12 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
   WPUB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(status.ptr, 0, status_bytes, s));
 
   const bool amax_first = options.reject_before_send && !plan.allow_non_finite;
-  // Kernels that run beside a broadcast take the occupancy cap; the amax-first pass runs alone.
-  kernels::cuda::LaunchLimits beside_broadcast;
-  if (options.sink != nullptr) beside_broadcast.max_ctas_per_sm = options.overlap_ctas_per_sm;
-  const kernels::cuda::LaunchLimits amax_limits =
-      amax_first ? kernels::cuda::LaunchLimits{} : beside_broadcast;
+  // Kernels that run beside a broadcast take the occupancy cap. The amax-first pass and the
+  // first bucket run before any broadcast (the first bucket's broadcast waits for them), so they
+  // take the whole GPU.
+  kernels::cuda::LaunchLimits capped;
+  if (options.sink != nullptr) capped.max_ctas_per_sm = options.overlap_ctas_per_sm;
+  const auto limits_of = [&](size_t b) { return b == 0 ? kernels::cuda::LaunchLimits{} : capped; };
   // Amax of the groups first needed by bucket b, and non-finite counts of its passed floats.
   auto enqueue_checks = [&](size_t b) -> absl::Status {
     std::vector<kernels::WeightDesc> ws;
@@ -381,7 +382,8 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
       std::string msg;
       const kernels::KernelStatus st = kernels::cuda::LaunchAmax(
           ws.data(), static_cast<int>(ws.size()), offs.data(), n_slots,
-          amax_dev + bucket_slot_begin[b], nf_slots + bucket_slot_begin[b], s, &msg, amax_limits);
+          amax_dev + bucket_slot_begin[b], nf_slots + bucket_slot_begin[b], s, &msg,
+          amax_first ? kernels::cuda::LaunchLimits{} : limits_of(b));
       if (st != kernels::KernelStatus::kOk) {
         return KernelError(st, absl::StrCat("amax of bucket ", b), msg);
       }
@@ -448,13 +450,14 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     const HostClock::time_point t_bucket = HostClock::now();
     const BucketLayout& layout = plan.buckets[b];
     const int k = static_cast<int>(b % 2);
+    // The pipelined amax reads only the inputs: it goes in before the wait below.
+    if (!amax_first) WPUB_RETURN_IF_ERROR(enqueue_checks(b));
     // Reuse of this staging buffer waits (on the device) for its previous broadcast: bucket b-2's,
     // or for b < 2 the last one of an earlier publication that failed with a broadcast still
     // reading it (a wait on a completed or never-recorded event is free).
     if (options.sink != nullptr) {
       WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, done[k], 0));
     }
-    if (!amax_first) WPUB_RETURN_IF_ERROR(enqueue_checks(b));
     // Shift the bucket inside its staging buffer so that the first 1-byte tensor (the packed
     // codes, which the quantize kernels write with 16-byte stores) starts 16-byte aligned
     // whenever that keeps the 4-byte outputs aligned; other cases go through scratch below.
@@ -560,17 +563,20 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     if (!jobs.empty()) {
       std::string msg;
       const kernels::KernelStatus st = kernels::cuda::LaunchQuantize(
-          jobs.data(), static_cast<int>(jobs.size()), plan.mode, s, &msg, beside_broadcast);
+          jobs.data(), static_cast<int>(jobs.size()), plan.mode, s, &msg, limits_of(b));
       if (st != kernels::KernelStatus::kOk) {
         return KernelError(st, absl::StrCat("quantize of bucket ", b), msg);
       }
     }
     WPUB_CUDA_RETURN_IF_ERROR(
         LaunchGatherCopy(copy_out.data(), static_cast<int>(copy_out.size()), s));
-    // Checksum of the packed bucket; the sum stays on the device until the final read.
+    // The bucket is packed: its broadcast may start. The checksum reads it beside the broadcast
+    // (both only read; the buffer's next writer waits for `done`, recorded after the broadcast,
+    // and runs behind this checksum on the same stream); the sum stays on the device until the
+    // final read.
+    WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready[k], s));
     if (!Aligned(buf, 4)) return absl::InternalError("bucket staging lost its 4-byte alignment");
     WPUB_CUDA_RETURN_IF_ERROR(LaunchChecksumAdd(buf, layout.nbytes, 0, sum_dev + b, s));
-    WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready[k], s));
     if (b + 1 == num_buckets) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(t_packed, s));
     timing->host_buckets_seconds += seconds_since(t_bucket);
     return buf;

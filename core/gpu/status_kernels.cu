@@ -7,7 +7,6 @@ namespace wpub::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 132 * 8;  // a few waves on an H200; the loops stride the rest
 static_assert(kThreads % 32 == 0, "whole warps");
 
 __device__ __forceinline__ uint64_t Mix(uint64_t z) {
@@ -38,26 +37,88 @@ __device__ void BlockAtomicAdd(T v, unsigned long long* out) {
   }
 }
 
-// Words are read as two 32-bit halves: a bucket inside its staging buffer is only guaranteed
-// 4-byte alignment (the backend shifts it to align the packed codes).
+// The words of the checksum, loaded as the widest vector the start of `data` allows: a bucket
+// inside its staging buffer is only guaranteed 4-byte alignment (the backend shifts it to align
+// the packed codes). Vec<16> and Vec<8> hold whole words; Vec<4> is one word read as two 32-bit
+// halves.
+template <int kBytes>
+struct Vec;
+template <>
+struct Vec<16> {
+  static constexpr int kWords = 2;
+  uint4 v;
+  __device__ void Load(const uint8_t* data, uint64_t unit) {
+    v = reinterpret_cast<const uint4*>(data)[unit];
+  }
+  __device__ uint64_t Word(int k) const {
+    return k == 0 ? (static_cast<uint64_t>(v.y) << 32 | v.x)
+                  : (static_cast<uint64_t>(v.w) << 32 | v.z);
+  }
+};
+template <>
+struct Vec<8> {
+  static constexpr int kWords = 1;
+  uint2 v;
+  __device__ void Load(const uint8_t* data, uint64_t unit) {
+    v = reinterpret_cast<const uint2*>(data)[unit];
+  }
+  __device__ uint64_t Word(int) const { return static_cast<uint64_t>(v.y) << 32 | v.x; }
+};
+template <>
+struct Vec<4> {
+  static constexpr int kWords = 1;
+  uint32_t lo, hi;
+  __device__ void Load(const uint8_t* data, uint64_t unit) {
+    const auto* halves = reinterpret_cast<const uint32_t*>(data);
+    lo = halves[2 * unit];
+    hi = halves[2 * unit + 1];
+  }
+  __device__ uint64_t Word(int) const { return static_cast<uint64_t>(hi) << 32 | lo; }
+};
+
+// Each thread keeps kChecksumBytesInFlight bytes of loads in flight before mixing them: the sum
+// is cheap, so the kernel is paced by how many bytes are outstanding per SM (with 8 bytes per
+// thread it read a 1 GiB bucket at ~2.2 TB/s beside a broadcast).
+constexpr int kChecksumBytesInFlight = 64;
+constexpr int kChecksumCtasPerSm = 4;
+
+template <int kBytes>
 __global__ void ChecksumKernel(const uint8_t* data, uint64_t n, uint64_t first_word,
                                unsigned long long* sum) {
+  using V = Vec<kBytes>;
+  constexpr int kUnroll = kChecksumBytesInFlight / (8 * V::kWords);
   const uint64_t full_words = n / 8;
-  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-  const auto* halves = reinterpret_cast<const uint32_t*>(data);
+  const uint64_t units = full_words / V::kWords;
+  const uint64_t step = static_cast<uint64_t>(gridDim.x) * blockDim.x * kUnroll;
   uint64_t acc = 0;
-  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < full_words;
-       i += stride) {
-    const uint64_t w = static_cast<uint64_t>(halves[2 * i]) |
-                       (static_cast<uint64_t>(halves[2 * i + 1]) << 32);  // little-endian
-    acc += Mix(w ^ ((first_word + i) * 0x9E3779B97F4A7C15ull));
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0 && n % 8 != 0) {
-    uint64_t w = 0;  // the zero-padded last word, little-endian
-    for (uint64_t b = full_words * 8; b < n; ++b) {
-      w |= static_cast<uint64_t>(data[b]) << (8 * (b % 8));
+  for (uint64_t base = static_cast<uint64_t>(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x;
+       base < units; base += step) {
+    V v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint64_t unit = base + static_cast<uint64_t>(u) * blockDim.x;
+      if (unit < units) v[u].Load(data, unit);
     }
-    acc += Mix(w ^ ((first_word + full_words) * 0x9E3779B97F4A7C15ull));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const uint64_t unit = base + static_cast<uint64_t>(u) * blockDim.x;
+      if (unit >= units) break;
+#pragma unroll
+      for (int k = 0; k < V::kWords; ++k) {
+        const uint64_t i = unit * V::kWords + k;
+        acc += Mix(v[u].Word(k) ^ ((first_word + i) * 0x9E3779B97F4A7C15ull));
+      }
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    // The words after the last whole vector, the last one zero-padded (little-endian).
+    for (uint64_t i = units * V::kWords; i < (n + 7) / 8; ++i) {
+      uint64_t w = 0;
+      for (uint64_t b = 8 * i; b < n && b < 8 * i + 8; ++b) {
+        w |= static_cast<uint64_t>(data[b]) << (8 * (b % 8));
+      }
+      acc += Mix(w ^ ((first_word + i) * 0x9E3779B97F4A7C15ull));
+    }
   }
   BlockAtomicAdd<uint64_t>(acc, sum);
 }
@@ -153,10 +214,6 @@ cudaError_t LaunchChunked(const Item* items, int num_items, uint64_t chunk_bytes
   return flush();
 }
 
-int Blocks(uint64_t items) {
-  return static_cast<int>(std::min<uint64_t>((items + kThreads - 1) / kThreads, kMaxBlocks));
-}
-
 constexpr int kCopyItemsPerLaunch = 1024;
 constexpr int kCopyBlocksPerItem = 16;
 
@@ -217,8 +274,25 @@ cudaError_t LaunchGatherCopy(const CopyItem* items, int num_items, cudaStream_t 
 cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_word,
                               unsigned long long* sum, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  ChecksumKernel<<<Blocks(std::max<uint64_t>(n / 8, 1)), kThreads, 0, stream>>>(data, n, first_word,
-                                                                                sum);
+  // A few CTAs per SM hold enough bytes in flight (kChecksumBytesInFlight per thread) and
+  // leave the rest of each SM to what runs beside (a broadcast's kernels).
+  int device = 0, sms = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      e != cudaSuccess) {
+    return e;
+  }
+  const uint64_t per_cta = uint64_t{kThreads} * kChecksumBytesInFlight;
+  const int blocks = static_cast<int>(
+      std::clamp<uint64_t>((n + per_cta - 1) / per_cta, 1, uint64_t(kChecksumCtasPerSm) * sms));
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(data);
+  if (addr % 16 == 0) {
+    ChecksumKernel<16><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
+  } else if (addr % 8 == 0) {
+    ChecksumKernel<8><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
+  } else {
+    ChecksumKernel<4><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
+  }
   return cudaGetLastError();
 }
 

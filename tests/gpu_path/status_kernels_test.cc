@@ -94,24 +94,40 @@ TEST_F(StatusKernelsTest, NonFiniteCountMatchesHostAtEveryOffsetAndAcrossChunks)
 
 TEST_F(StatusKernelsTest, DeviceChecksumEqualsTheHostDefinition) {
   std::mt19937_64 rng(11);
-  std::vector<uint8_t> host((uint64_t{3} << 20) + 64);
+  std::vector<uint8_t> host((uint64_t{40} << 20) + 64);
   for (auto& b : host) b = static_cast<uint8_t>(rng());
   void* dev = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, host.size()), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(dev, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
   unsigned long long* sum = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&sum), sizeof(*sum)), cudaSuccess);
-  // 4-byte aligned starts (the contract), lengths ending anywhere.
+  const auto device_sum = [&](uint64_t start, uint64_t n, uint64_t first_word) {
+    EXPECT_EQ(cudaMemset(sum, 0, sizeof(*sum)), cudaSuccess);
+    EXPECT_EQ(
+        LaunchChecksumAdd(static_cast<const uint8_t*>(dev) + start, n, first_word, sum, nullptr),
+        cudaSuccess);
+    unsigned long long s = 0;
+    EXPECT_EQ(cudaMemcpy(&s, sum, sizeof(s), cudaMemcpyDeviceToHost), cudaSuccess);
+    return static_cast<uint64_t>(s);
+  };
+  // 4-byte aligned starts (the contract: each picks its own load width), lengths ending
+  // anywhere, from one byte to several grid strides of the kernel (a 1 GiB bucket is ~120).
+  const uint64_t lengths[] = {
+      1, 7, 8, 15, 16, 24, 4097, 8191, 8200, 65543, uint64_t{3} << 20, (uint64_t{40} << 20) - 13};
   for (uint64_t start : {0, 4, 8, 12, 36}) {
-    for (uint64_t n : {uint64_t{1}, uint64_t{7}, uint64_t{8}, uint64_t{4097}, uint64_t{3} << 20}) {
-      ASSERT_EQ(cudaMemset(sum, 0, sizeof(*sum)), cudaSuccess);
-      ASSERT_EQ(LaunchChecksumAdd(static_cast<const uint8_t*>(dev) + start, n, 0, sum, nullptr),
-                cudaSuccess);
-      unsigned long long s = 0;
-      ASSERT_EQ(cudaMemcpy(&s, sum, sizeof(s), cudaMemcpyDeviceToHost), cudaSuccess);
-      EXPECT_EQ(engine::ChecksumFinish(s, n), engine::Checksum(host.data() + start, n))
+    for (uint64_t n : lengths) {
+      EXPECT_EQ(engine::ChecksumFinish(device_sum(start, n, 0), n),
+                engine::Checksum(host.data() + start, n))
           << "start " << start << " n " << n;
     }
+  }
+  // Partial sums of word ranges (first_word > 0) add up to the whole buffer's.
+  for (uint64_t start : {0, 4}) {
+    const uint64_t n = (uint64_t{9} << 20) + 5, split_word = (uint64_t{5} << 17) + 3;
+    const uint64_t parts = device_sum(start, 8 * split_word, 0) +
+                           device_sum(start + 8 * split_word, n - 8 * split_word, split_word);
+    EXPECT_EQ(engine::ChecksumFinish(parts, n), engine::Checksum(host.data() + start, n))
+        << "start " << start;
   }
   cudaFree(sum);
   cudaFree(dev);
