@@ -27,6 +27,9 @@ namespace {
 
 using json = nlohmann::json;
 
+// Requests one connection may carry before the server closes it (httplib's default is 5).
+constexpr size_t kKeepAliveRequests = size_t{1} << 20;
+
 void Reply(httplib::Response& res, const absl::Status& s, const std::string& ok_message) {
   res.status = s.ok() ? 200 : 400;
   res.set_content(
@@ -144,6 +147,21 @@ class ReceiverEndpoint::Impl {
       if (callbacks_.on_version) callbacks_.on_version(v);
       Reply(r, absl::OkStatus(), "version " + v);
     });
+    // The engine's own account of every version it received (ReceiverVersionStats), for
+    // tests and benchmarks that compare both sides of a publication.
+    server_.Get("/stats", [this](const httplib::Request&, httplib::Response& r) {
+      json j = json::object();
+      for (const auto& [v, st] : stats()) {
+        j[v] = {{"buckets", st.buckets},
+                {"bytes", st.bytes},
+                {"checksums", st.checksums},
+                {"decode_seconds", st.decode_seconds},
+                {"wait_seconds", st.wait_seconds},
+                {"receive_seconds", st.receive_seconds},
+                {"receive_device_seconds", st.receive_device_seconds}};
+      }
+      r.set_content(j.dump(), "application/json");
+    });
     for (const char* path : {"/pause_generation", "/flush_cache", "/begin_weight_update",
                              "/end_weight_update", "/continue_generation"}) {
       auto ok = [](const httplib::Request&, httplib::Response& r) {
@@ -153,6 +171,10 @@ class ReceiverEndpoint::Impl {
       server_.Get(path, ok);
     }
     server_.set_tcp_nodelay(true);
+    // A publisher keeps one connection per request lane for a whole publication (17+ update
+    // requests and the lifecycle calls); httplib's default closes a connection after 5
+    // requests, and each reconnection delayed the request behind it.
+    server_.set_keep_alive_max_count(kKeepAliveRequests);
     port_ = options_.port == 0
                 ? server_.bind_to_any_port(options_.host)
                 : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);

@@ -20,6 +20,10 @@
 // without the lock, so the next bucket's receive is posted right behind it (each rank has two
 // bucket buffers); callbacks may then run out of order, the version stats keep bucket order. Public
 // methods are thread-safe. Destruction stops the server and aborts the group.
+//
+// Besides SGLang's routes it serves GET /stats: {"<version>": {"buckets": n, "bytes": b,
+// "checksums": [...], "decode_seconds": .., "wait_seconds": .., "receive_seconds": ..,
+// "receive_device_seconds": ..}} (ReceiverVersionStats; checksums: core/engine/checksum.h).
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,6 @@
 // A C++ receiving engine for the multi-GPU tests: nccl::ReceiverEndpoint (SGLang's weight-update
-// routes over nccl::GroupMember, the NCCL data path of a C++ receiver) plus GET /stats, so wpub is
-// tested end to end without Python or SGLang. /stats returns
-// {"<version>": {"buckets": n, "bytes": b, "checksums": [...], "decode_seconds": ..,
-// "wait_seconds": .., "receive_seconds": .., "receive_device_seconds": ..}} (checksums:
-// core/engine/checksum.h; the rest: nccl::ReceiverVersionStats).
+// routes over nccl::GroupMember, the NCCL data path of a C++ receiver, and GET /stats), so wpub
+// is tested end to end without Python or SGLang.
 // Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
 //                               [nccl_ctas]
 //   several GPUs: one group rank each, as the TP ranks of one engine;
@@ -11,7 +8,6 @@
 //   default, or on the device with nothing copied);
 //   die_after_buckets: SIGKILL itself after receiving that many buckets (fault tests; -1: never);
 //   nccl_ctas: ReceiverEndpointOptions::nccl_ctas (0, the default: NCCL's choice).
-#include <httplib.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,7 +17,6 @@
 
 #include "absl/strings/str_split.h"
 #include "core/nccl/receiver_endpoint.h"
-#include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
   if (argc < 3 || argc > 6) {
@@ -39,7 +34,7 @@ int main(int argc, char** argv) {
   }
   const int port = std::atoi(argv[1]);
   wpub::nccl::ReceiverEndpointOptions o;
-  o.port = 0;  // the routes; /stats is served on `port` below with them proxied there
+  o.port = port;
   o.devices.clear();
   for (const absl::string_view d : absl::StrSplit(argv[2], ',')) {
     o.devices.push_back(std::atoi(std::string(d).c_str()));
@@ -61,41 +56,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", endpoint.status().ToString().c_str());
     return 3;
   }
-  // One public port: /stats here, every other route forwarded to the endpoint.
-  const int inner = (*endpoint)->port();
-  httplib::Server srv;
-  srv.Get("/stats", [&](const httplib::Request&, httplib::Response& res) {
-    nlohmann::json j = nlohmann::json::object();
-    for (const auto& [v, s] : (*endpoint)->stats()) {
-      j[v] = {{"buckets", s.buckets},
-              {"bytes", s.bytes},
-              {"checksums", s.checksums},
-              {"decode_seconds", s.decode_seconds},
-              {"wait_seconds", s.wait_seconds},
-              {"receive_seconds", s.receive_seconds},
-              {"receive_device_seconds", s.receive_device_seconds}};
-    }
-    res.set_content(j.dump(), "application/json");
-  });
-  auto forward = [inner](const httplib::Request& req, httplib::Response& res) {
-    httplib::Client c("127.0.0.1", inner);
-    c.set_tcp_nodelay(true);
-    c.set_read_timeout(600, 0);
-    httplib::Result r =
-        req.method == "GET" ? c.Get(req.path) : c.Post(req.path, req.body, "application/json");
-    if (!r) {
-      res.status = 502;
-      return;
-    }
-    res.status = r->status;
-    res.set_content(r->body, "application/json");
-  };
-  srv.Get(R"(/(?!stats).*)", forward);
-  srv.Post(R"(/.*)", forward);
-  srv.set_tcp_nodelay(true);
-  std::printf("cpp receiver on :%d (endpoint :%d) gpus %s, checksums on the %s\n", port, inner,
-              argv[2], mode.c_str());
+  std::printf("cpp receiver on :%d gpus %s, checksums on the %s\n", (*endpoint)->port(), argv[2],
+              mode.c_str());
   std::fflush(stdout);
-  srv.listen("127.0.0.1", port);
-  return 0;
+  for (;;) ::pause();  // serves until killed
 }
