@@ -8,7 +8,9 @@
 // the sink's stream after the transfer, so the backend can reuse the staging buffer (it makes
 // its compute stream wait on `done`, on the device) and await completion once at the end.
 // SendDevice may block only while the group is forming (bounded by its deadline) and never
-// synchronizes the device. A non-OK status stops the backend's Execute.
+// synchronizes the device. A non-OK status stops the backend's Execute. The sink only reads
+// `data`: the backend's compute stream may still read the bucket after `ready` (its checksum
+// runs beside the transfer).
 #pragma once
 
 #include <cuda_runtime_api.h>

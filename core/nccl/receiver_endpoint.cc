@@ -29,6 +29,10 @@ using json = nlohmann::json;
 
 // Requests one connection may carry before the server closes it (httplib's default is 5).
 constexpr size_t kKeepAliveRequests = size_t{1} << 20;
+// Server threads. httplib gives each open connection a thread until it has been idle for its
+// keep-alive timeout (5 s); a publisher holds up to 8 (wpubd --engine_requests_in_flight), plus
+// probes and /stats readers, whatever the host's core count (httplib's default pool).
+constexpr size_t kServerThreads = 32;
 
 void Reply(httplib::Response& res, const absl::Status& s, const std::string& ok_message) {
   res.status = s.ok() ? 200 : 400;
@@ -175,6 +179,7 @@ class ReceiverEndpoint::Impl {
     // requests and the lifecycle calls); httplib's default closes a connection after 5
     // requests, and each reconnection delayed the request behind it.
     server_.set_keep_alive_max_count(kKeepAliveRequests);
+    server_.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
     port_ = options_.port == 0
                 ? server_.bind_to_any_port(options_.host)
                 : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);

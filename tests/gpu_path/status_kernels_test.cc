@@ -121,13 +121,16 @@ TEST_F(StatusKernelsTest, DeviceChecksumEqualsTheHostDefinition) {
           << "start " << start << " n " << n;
     }
   }
-  // Partial sums of word ranges (first_word > 0) add up to the whole buffer's.
+  // Partial sums of word ranges (first_word > 0) add up to the whole buffer's; the second
+  // range starts at every load width (16-, 8- and 4-byte aligned).
   for (uint64_t start : {0, 4}) {
-    const uint64_t n = (uint64_t{9} << 20) + 5, split_word = (uint64_t{5} << 17) + 3;
-    const uint64_t parts = device_sum(start, 8 * split_word, 0) +
-                           device_sum(start + 8 * split_word, n - 8 * split_word, split_word);
-    EXPECT_EQ(engine::ChecksumFinish(parts, n), engine::Checksum(host.data() + start, n))
-        << "start " << start;
+    for (uint64_t split_word : {(uint64_t{5} << 17) + 3, (uint64_t{5} << 17) + 4}) {
+      const uint64_t n = (uint64_t{9} << 20) + 5;
+      const uint64_t parts = device_sum(start, 8 * split_word, 0) +
+                             device_sum(start + 8 * split_word, n - 8 * split_word, split_word);
+      EXPECT_EQ(engine::ChecksumFinish(parts, n), engine::Checksum(host.data() + start, n))
+          << "start " << start << " split at word " << split_word;
+    }
   }
   cudaFree(sum);
   cudaFree(dev);
