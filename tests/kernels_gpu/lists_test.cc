@@ -181,8 +181,10 @@ std::vector<TestTensor> MakeList(int count, bool include_fp32) {
   return out;
 }
 
-TEST_F(ListTest, QuantizeAndQdqListsOf1_3_8_64_200Weights) {
-  for (int count : {1, 3, 8, 64, 200}) {
+// 200 and 1100 weights take several launches (kMaxItemsPerLaunch items per quantize and QDQ
+// launch, 8x that per amax launch).
+TEST_F(ListTest, QuantizeAndQdqListsOf1To1100Weights) {
+  for (int count : {1, 3, 8, 64, 200, 1100}) {
     SCOPED_TRACE("list of " + std::to_string(count));
     for (bool fp32 : {true, false}) {
       const std::vector<TestTensor> tensors = MakeList(count, fp32);
