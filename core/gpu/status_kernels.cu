@@ -39,33 +39,21 @@ __device__ void BlockAtomicAdd(T v, unsigned long long* out) {
 
 // The words of the checksum, loaded as the widest vector the start of `data` allows: a bucket
 // inside its staging buffer is only guaranteed 4-byte alignment (the backend shifts it to align
-// the packed codes). Vec<16> and Vec<8> hold whole words; Vec<4> is one word read as two 32-bit
-// halves.
-template <int kBytes>
-struct Vec;
-template <>
-struct Vec<16> {
-  static constexpr int kWords = 2;
-  uint4 v;
+// the packed codes). WordVec<uint4> and WordVec<uint2> hold whole words; HalfWords is one word
+// read as two 32-bit halves.
+template <typename T>
+struct WordVec {
+  static constexpr int kWords = sizeof(T) / 8;
+  T v;
   __device__ void Load(const uint8_t* data, uint64_t unit) {
-    v = reinterpret_cast<const uint4*>(data)[unit];
+    v = reinterpret_cast<const T*>(data)[unit];
   }
   __device__ uint64_t Word(int k) const {
-    return k == 0 ? (static_cast<uint64_t>(v.y) << 32 | v.x)
-                  : (static_cast<uint64_t>(v.w) << 32 | v.z);
+    const uint2 w = reinterpret_cast<const uint2*>(&v)[k];
+    return static_cast<uint64_t>(w.y) << 32 | w.x;  // little-endian
   }
 };
-template <>
-struct Vec<8> {
-  static constexpr int kWords = 1;
-  uint2 v;
-  __device__ void Load(const uint8_t* data, uint64_t unit) {
-    v = reinterpret_cast<const uint2*>(data)[unit];
-  }
-  __device__ uint64_t Word(int) const { return static_cast<uint64_t>(v.y) << 32 | v.x; }
-};
-template <>
-struct Vec<4> {
+struct HalfWords {
   static constexpr int kWords = 1;
   uint32_t lo, hi;
   __device__ void Load(const uint8_t* data, uint64_t unit) {
@@ -82,10 +70,9 @@ struct Vec<4> {
 constexpr int kChecksumBytesInFlight = 64;
 constexpr int kChecksumCtasPerSm = 4;
 
-template <int kBytes>
+template <typename V>
 __global__ void ChecksumKernel(const uint8_t* data, uint64_t n, uint64_t first_word,
                                unsigned long long* sum) {
-  using V = Vec<kBytes>;
   constexpr int kUnroll = kChecksumBytesInFlight / (8 * V::kWords);
   const uint64_t full_words = n / 8;
   const uint64_t units = full_words / V::kWords;
@@ -287,11 +274,11 @@ cudaError_t LaunchChecksumAdd(const uint8_t* data, uint64_t n, uint64_t first_wo
       std::clamp<uint64_t>((n + per_cta - 1) / per_cta, 1, uint64_t(kChecksumCtasPerSm) * sms));
   const uintptr_t addr = reinterpret_cast<uintptr_t>(data);
   if (addr % 16 == 0) {
-    ChecksumKernel<16><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
+    ChecksumKernel<WordVec<uint4>><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
   } else if (addr % 8 == 0) {
-    ChecksumKernel<8><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
+    ChecksumKernel<WordVec<uint2>><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
   } else {
-    ChecksumKernel<4><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
+    ChecksumKernel<HalfWords><<<blocks, kThreads, 0, stream>>>(data, n, first_word, sum);
   }
   return cudaGetLastError();
 }
