@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -582,11 +583,15 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     return buf;
   };
 
+  // The first bucket's manifest, made while the host waits for the non-finite counts.
+  std::optional<engine::BucketManifest> first_manifest;
   auto send_bucket = [&](size_t b, uint8_t* buf) -> absl::Status {
     const HostClock::time_point t_bucket = HostClock::now();
     const BucketLayout& layout = plan.buckets[b];
     const int k = static_cast<int>(b % 2);
-    const engine::BucketManifest manifest = engine::MakeBucketManifest(layout, plan.outputs);
+    const engine::BucketManifest manifest = b == 0 && first_manifest.has_value()
+                                                ? *std::move(first_manifest)
+                                                : engine::MakeBucketManifest(layout, plan.outputs);
     timing->host_buckets_seconds += seconds_since(t_bucket);
     if (options.sink != nullptr) {
       const HostClock::time_point t_sink = HostClock::now();
@@ -625,17 +630,22 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Impl::Execute(
     WPUB_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(status_host.ptr, status.ptr, nf_bytes, cudaMemcpyDeviceToHost, s));
     WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(status_ready, s));
-    // The first two buckets' device work goes in behind the status read: the device packs them
-    // while the host waits for and checks the counts, so the first broadcast can start right
-    // after the check. Nothing leaves the device before it passes.
-    while (built.size() < std::min<size_t>(2, num_buckets)) {
-      WPUB_ASSIGN_OR_RETURN(uint8_t * buf, build_bucket(built.size()));
+    // The first bucket's device work goes in behind the status read, and its manifest is made:
+    // the device packs it while the host waits for and checks the counts, so its broadcast can
+    // start right after the check. Nothing leaves the device before it passes. The second
+    // bucket's kernels go in after the first broadcast (they would otherwise hold the SMs its
+    // kernel needs to start).
+    if (num_buckets > 0) {
+      WPUB_ASSIGN_OR_RETURN(uint8_t * buf, build_bucket(0));
       built.push_back(buf);
+      const HostClock::time_point t_manifest = HostClock::now();
+      first_manifest = engine::MakeBucketManifest(plan.buckets[0], plan.outputs);
+      timing->host_buckets_seconds += seconds_since(t_manifest);
     }
     WPUB_RETURN_IF_ERROR(syncs.EventSynchronize(status_ready, "non-finite check before sending"));
     uint64_t total = 0;
     if (absl::Status nf = check_non_finite(status_host.bytes(), &total); !nf.ok()) {
-      // A rejection returns with nothing in flight: the packed buckets read the inputs in place
+      // A rejection returns with nothing in flight: the packed bucket reads the inputs in place
       // (CUDA IPC mappings the engine may close as soon as this returns).
       WPUB_RETURN_IF_ERROR(
           syncs.StreamSynchronize(s, "drain the packed buckets of a rejected publication"));

@@ -5,8 +5,8 @@
 // mappings, see ipc_cache.h) directly, host parts (shm, inline) after one async copy through a
 // pinned staging area. Global amax and scales never leave the device; the non-finite counts
 // and bucket checksums land in a small device status block read once. When non-finite weights
-// are checked before sending, the first two buckets are packed right behind the amax pass while
-// the host reads the counts; none reaches the sink before the check passes.
+// are checked before sending, the first bucket is packed right behind the amax pass while the
+// host reads the counts; nothing reaches the sink before the check passes.
 //
 // Host synchronizations per publication (all through HostSyncs, counted in hooks.syncs):
 //  - with a sink: exactly 2 when non-finite weights are rejected (the status read after the
