@@ -383,15 +383,7 @@ int Main(int argc, char** argv) {
         overlap[cls] = sec / std::max(n.broadcasts, 1);
         line += absl::StrFormat(" %s %.2f", cls, 1e3 * sec / std::max(n.broadcasts, 1));
       }
-      json lead = json::object();
-      std::string lead_line;
-      for (const auto& [cls, sec] : n.lead_in_kernel_seconds) {
-        lead[cls] = sec;
-        lead_line += absl::StrFormat(" %s %.2f", cls, 1e3 * sec);
-      }
       traces.push_back({{"case", label},
-                        {"lead_in_seconds", n.lead_in_seconds},
-                        {"lead_in_kernel_seconds", lead},
                         {"broadcast_kernels", n.broadcasts},
                         {"mean_seconds", n.mean_seconds},
                         {"min_seconds", n.min_seconds},
@@ -406,9 +398,6 @@ int Main(int argc, char** argv) {
           "threads x %u regs, clusters of %d; overlapped per broadcast (ms):%s\n",
           label.c_str(), n.broadcasts, 1e3 * n.mean_seconds, 1e3 * n.min_seconds,
           1e3 * n.max_seconds, n.grid, n.block, n.registers, n.cluster, line.c_str());
-      std::printf(
-          "trace %-22s first broadcast %.3f ms after the amax kernels; kernels between (ms):%s\n",
-          label.c_str(), 1e3 * n.lead_in_seconds, lead_line.c_str());
     };
     auto to_cpp_traced = make_transport(cpp_port, "wpub_bench_trace", 3);
     for (const bool reject_first : {true, false}) {

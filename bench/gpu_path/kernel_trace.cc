@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 
 #include "tests/kernels_gpu/cupti_library.h"
 
@@ -170,32 +169,6 @@ BroadcastNeighbours SummarizeBroadcasts(const std::vector<TracedKernel>& kernels
   }
   if (s.broadcasts > 0) s.mean_seconds = sum / s.broadcasts;
   s.overlap_seconds.assign(overlap.begin(), overlap.end());
-
-  // The lead-in of the broadcast that waited longest after the previous one.
-  uint64_t prev_end = 0, best_gap = 0, lo = 0, hi = 0;
-  for (const TracedKernel& b : kernels) {
-    if (b.device != device || b.name.find("nccl") == std::string::npos) continue;
-    if (b.start_ns > prev_end && b.start_ns - prev_end > best_gap) {
-      best_gap = b.start_ns - prev_end;
-      lo = prev_end;
-      for (const TracedKernel& k : kernels) {
-        if (k.device == device && std::string_view(ClassOf(k.name)) == "Amax" &&
-            k.end_ns <= b.start_ns) {
-          lo = std::max(lo, k.end_ns);
-        }
-      }
-      hi = b.start_ns;
-    }
-    prev_end = std::max(prev_end, b.end_ns);
-  }
-  std::map<std::string, double> lead;
-  for (const TracedKernel& k : kernels) {
-    if (hi <= lo || k.device != device) continue;
-    const uint64_t a = std::max(k.start_ns, lo), z = std::min(k.end_ns, hi);
-    if (z > a) lead[ClassOf(k.name)] += (z - a) * 1e-9;
-  }
-  s.lead_in_seconds = hi > lo ? (hi - lo) * 1e-9 : 0;
-  s.lead_in_kernel_seconds.assign(lead.begin(), lead.end());
   return s;
 }
 

@@ -52,11 +52,6 @@ struct BroadcastNeighbours {
   int32_t grid = 0, block = 0, cluster = 0;
   uint16_t registers = 0;
   std::vector<std::pair<std::string, double>> overlap_seconds;  // per class, summed
-  // The longest wait of a broadcast after the previous one (the first broadcast of a
-  // publication): from the end of the last amax kernel before it (or of the previous broadcast,
-  // whichever is later) to its start, and the time each kernel class ran in that window.
-  double lead_in_seconds = 0;
-  std::vector<std::pair<std::string, double>> lead_in_kernel_seconds;
 };
 BroadcastNeighbours SummarizeBroadcasts(const std::vector<TracedKernel>& kernels, uint32_t device);
 
