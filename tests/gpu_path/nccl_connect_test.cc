@@ -2,10 +2,15 @@
 // skips without a CUDA device): a daemon started without engines, an engine that is down, one
 // whose join fails and one that does not answer in time (each named, each leaving NO engines and
 // the half-formed group destroyed on the engine), Connect refused while a publication is in
-// flight, and a publication without engines (no participants, buffers still ordered).
+// flight, and a publication without engines (no participants, buffers still ordered); the
+// receiver endpoint's HTTP connections and /stats.
+#include <arpa/inet.h>
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <mutex>
@@ -123,6 +128,63 @@ TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
     ExpectCtasRefused(ReceiverEndpoint::Start(eo, {}), "nccl_ctas", ctas);
   }
   for (int ctas : {0, kMaxCtas}) EXPECT_TRUE(CheckCtas(ctas, "ctas").ok()) << ctas;
+}
+
+// A publisher keeps one connection per request lane for a whole publication (17+ update
+// requests and the lifecycle calls): the receiver endpoint answers all of them on that connection
+// (httplib's default would close it after 5) and serves its own /stats.
+TEST_F(NcclConnectTest, ReceiverEndpointKeepsAConnectionForAPublicationsRequests) {
+  ReceiverEndpointOptions eo;
+  eo.devices = {0};
+  auto endpoint = ReceiverEndpoint::Start(eo, {});
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*endpoint)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  // One response: headers, then Content-Length bytes of body.
+  auto exchange = [fd](const std::string& request, std::string* headers, std::string* body) {
+    if (::send(fd, request.data(), request.size(), 0) != static_cast<ssize_t>(request.size())) {
+      return false;
+    }
+    std::string got;
+    char buf[4096];
+    size_t end = std::string::npos, length = 0;
+    for (;;) {
+      if (end == std::string::npos && (end = got.find("\r\n\r\n")) != std::string::npos) {
+        *headers = got.substr(0, end);
+        const size_t at = headers->find("Content-Length: ");
+        if (at == std::string::npos) return false;
+        length = std::stoul(headers->substr(at + 16));
+      }
+      if (end != std::string::npos && got.size() >= end + 4 + length) {
+        *body = got.substr(end + 4, length);
+        return true;
+      }
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) return false;  // the server closed the connection
+      got.append(buf, static_cast<size_t>(n));
+    }
+  };
+  const std::string version = R"({"new_version": "7"})";
+  for (int i = 0; i < 24; ++i) {
+    std::string headers, body;
+    const std::string request =
+        i % 2 == 0 ? "GET /health HTTP/1.1\r\nHost: engine\r\n\r\n"
+                   : "POST /update_weight_version HTTP/1.1\r\nHost: engine\r\nContent-Type: "
+                     "application/json\r\nContent-Length: " +
+                         std::to_string(version.size()) + "\r\n\r\n" + version;
+    ASSERT_TRUE(exchange(request, &headers, &body)) << "request " << i << " on one connection";
+    EXPECT_EQ(headers.rfind("HTTP/1.1 200", 0), 0u) << headers;
+    EXPECT_EQ(headers.find("Connection: close"), std::string::npos) << "request " << i;
+  }
+  std::string headers, body;
+  ASSERT_TRUE(exchange("GET /stats HTTP/1.1\r\nHost: engine\r\n\r\n", &headers, &body));
+  EXPECT_EQ(body, "{}");  // no version received yet
+  ::close(fd);
 }
 
 TEST_F(NcclConnectTest, StartsWithoutEngines) {
