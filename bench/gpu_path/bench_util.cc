@@ -26,6 +26,7 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
   std::vector<double> wall, amax, compute, total, h_setup, h_checks, h_buckets, h_sink;
   std::vector<double> p_begin, p_execute, p_ack, p_commit;
   uint64_t syncs = 0;
+  int64_t executed_ns = 0;  // the last publication's (testing::PublishResult::executed_ns)
   size_t buckets = 0;
   for (int it = -1; it < args.iters; ++it) {
     auto built = testing::BuildPlan(layout, base, nvfp4, args.bucket_bytes, ++*version, &inputs,
@@ -50,6 +51,7 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
     h_buckets.push_back(t.host_buckets_seconds);
     h_sink.push_back(t.host_sink_seconds);
     syncs = r.host_syncs;
+    executed_ns = r.executed_ns;
   }
   json row = {{"case", label},
               {"wall_seconds", Median(wall)},
@@ -70,7 +72,8 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
                {{"begin_seconds", Median(p_begin)},
                 {"execute_seconds", Median(p_execute)},
                 {"acknowledge_seconds", Median(p_ack)},
-                {"commit_seconds", Median(p_commit)}}}};
+                {"commit_seconds", Median(p_commit)}}},
+              {"last_executed_ns", executed_ns}};
   std::printf(
       "%-22s wall %8.4f s  amax %7.4f  quant+pack %7.4f  device total %7.4f  %9.1f GB/s"
       "  %lu B out  %zu buckets  %lu host syncs\n",

@@ -286,6 +286,15 @@ int Main(int argc, char** argv) {
                              {"wait_seconds", v["wait_seconds"]},
                              {"receive_seconds", v["receive_seconds"]},
                              {"receive_device_seconds", v.value("receive_device_seconds", 0.0)}};
+    // The engine's last bucket verified, against the publisher's Execute return (both
+    // steady_clock on this host): how much of the acknowledgement phase is the engine's.
+    const int64_t verified = v.value("last_verified_ns", int64_t{0});
+    const int64_t executed = row->value("last_executed_ns", int64_t{0});
+    if (verified > 0 && executed > 0) {
+      (*row)["engine_side"]["last_verified_after_execute_seconds"] = (verified - executed) * 1e-9;
+      std::printf("%-22s engine: last bucket verified %+.3f ms after the publisher's Execute\n", "",
+                  (verified - executed) * 1e-6);
+    }
     std::printf(
         "%-22s engine: decode %7.4f  wait %7.4f  receive %7.4f  receive kernels %7.4f s (sums)\n",
         "", v["decode_seconds"].get<double>(), v["wait_seconds"].get<double>(),

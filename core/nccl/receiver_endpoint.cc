@@ -27,6 +27,10 @@ namespace {
 
 using json = nlohmann::json;
 
+int64_t SteadyNanos(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 // Requests one connection may carry before the server closes it (httplib's default is 5).
 constexpr size_t kKeepAliveRequests = size_t{1} << 20;
 // Server threads. httplib gives each open connection a thread until it has been idle for its
@@ -162,7 +166,8 @@ class ReceiverEndpoint::Impl {
                 {"decode_seconds", st.decode_seconds},
                 {"wait_seconds", st.wait_seconds},
                 {"receive_seconds", st.receive_seconds},
-                {"receive_device_seconds", st.receive_device_seconds}};
+                {"receive_device_seconds", st.receive_device_seconds},
+                {"last_verified_ns", st.last_verified_ns}};
       }
       r.set_content(j.dump(), "application/json");
     });
@@ -609,7 +614,9 @@ class ReceiverEndpoint::Impl {
       ReceiverVersionStats& st = stats_[b.version];
       st.decode_seconds += seconds(t_decode, t_wait);
       st.wait_seconds += seconds(t_wait, t_receive);
-      st.receive_seconds += seconds(t_receive, std::chrono::steady_clock::now());
+      const auto t_verified = std::chrono::steady_clock::now();
+      st.receive_seconds += seconds(t_receive, t_verified);
+      st.last_verified_ns = std::max(st.last_verified_ns, SteadyNanos(t_verified));
       b.index = static_cast<uint32_t>(st.buckets);
       ++st.buckets;
       st.bytes += off;
@@ -653,6 +660,7 @@ class ReceiverEndpoint::Impl {
         device_ms = 0;
       }
     }
+    const auto t_verified = std::chrono::steady_clock::now();
     absl::StatusOr<uint64_t> sum =
         verified.ok() ? AgreedChecksum(sums, b.version) : absl::StatusOr<uint64_t>(verified);
 
@@ -673,8 +681,9 @@ class ReceiverEndpoint::Impl {
       st.checksums[b.index] = b.checksum;
       st.decode_seconds += seconds(t_decode, t_wait);
       st.wait_seconds += seconds(t_wait, t_receive);
-      st.receive_seconds += seconds(t_receive, std::chrono::steady_clock::now());
+      st.receive_seconds += seconds(t_receive, t_verified);
       st.receive_device_seconds += device_ms / 1e3;
+      st.last_verified_ns = std::max(st.last_verified_ns, SteadyNanos(t_verified));
     }
     lock.unlock();
     if (callbacks_.on_bucket) callbacks_.on_bucket(b);

@@ -23,7 +23,8 @@
 //
 // Besides SGLang's routes it serves GET /stats: {"<version>": {"buckets": n, "bytes": b,
 // "checksums": [...], "decode_seconds": .., "wait_seconds": .., "receive_seconds": ..,
-// "receive_device_seconds": ..}} (ReceiverVersionStats; checksums: core/engine/checksum.h).
+// "receive_device_seconds": .., "last_verified_ns": ..}} (ReceiverVersionStats; checksums:
+// core/engine/checksum.h).
 #pragma once
 
 #include <cstdint>
@@ -76,6 +77,10 @@ struct ReceiverVersionStats {
   // With device checksums: the receive kernels' device time on the first GPU (CUDA events),
   // including any wait for the publisher's broadcast to start.
   double receive_device_seconds = 0;
+  // When the version's latest bucket so far was verified (its checksum read on the host):
+  // std::chrono::steady_clock nanoseconds, which on Linux (CLOCK_MONOTONIC) compare across the
+  // processes of one host, e.g. with the publisher's end of its transfers.
+  int64_t last_verified_ns = 0;
 };
 
 class ReceiverEndpoint {

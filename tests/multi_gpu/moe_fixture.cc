@@ -181,6 +181,9 @@ PublishResult Publish(engine::Backend& backend, engine::Transport& transport,
   hooks.cancelled = [] { return false; };
   auto executed = backend.Execute(built.plan, hooks);
   r.execute_seconds = lap();
+  r.executed_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now().time_since_epoch())
+                      .count();
   if (!executed.ok()) return finish(executed.status());
   if (absl::Status s = transport.WaitAcknowledged(absl::Now() + ack_deadline); !s.ok()) {
     return finish(s);

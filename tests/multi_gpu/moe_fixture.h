@@ -78,6 +78,9 @@ struct PublishResult {
   double wall_seconds = 0;
   // Where the wall clock went: Transport::Begin, Backend::Execute, WaitAcknowledged, Commit.
   double begin_seconds = 0, execute_seconds = 0, acknowledge_seconds = 0, commit_seconds = 0;
+  // std::chrono::steady_clock nanoseconds when Execute returned (every broadcast complete on this
+  // side), to compare with a receiver's timestamps on the same host.
+  int64_t executed_ns = 0;
   uint64_t host_syncs = 0;
   std::vector<engine::ReceiverOutcome> outcomes;
 };
