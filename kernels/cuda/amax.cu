@@ -14,8 +14,13 @@ namespace {
 
 // 16-byte vectors each thread loads before reducing: 8 x 16 B = 128 B in flight per thread.
 constexpr int kAmaxVecsPerThread = 8;
-constexpr uint32_t kAmaxVecsPerCta = kAmaxVecsPerThread * kThreads;
-static_assert(kAmaxVecsPerCta * 16 == 32768, "one amax CTA reads 32 KiB");
+constexpr uint32_t kAmaxVecsPerChunk = kAmaxVecsPerThread * kThreads;
+static_assert(kAmaxVecsPerChunk * 16 == 32768, "one amax chunk is 32 KiB");
+// Chunks per CTA, reduced once. Alone on the GPU one chunk per CTA reads fastest; under an
+// occupancy cap (beside a broadcast) the CTAs are few and each one's start, reduction and
+// atomics pace the kernel, so they are paid per 4 chunks (128 KiB).
+constexpr uint32_t kAmaxChunksPerCtaCapped = 4;
+constexpr uint32_t kAmaxMaxVecsPerCta = kAmaxVecsPerChunk * kAmaxChunksPerCtaCapped;
 
 struct AmaxItem {
   const uint4* data;
@@ -34,6 +39,7 @@ struct AmaxParams {
   int num_items;
   float* amax;
   unsigned long long* nonfinite;
+  uint32_t chunks_per_cta;  // 1 or kAmaxChunksPerCtaCapped
 };
 static_assert(sizeof(AmaxParams) < 32764, "kernel parameters are limited to 32764 bytes");
 
@@ -41,19 +47,24 @@ template <ElemType kType>
 __global__ void __launch_bounds__(kThreads) AmaxKernel(const __grid_constant__ AmaxParams p) {
   const int idx = FindItem(p.cta_begin, p.num_items);
   const AmaxItem& item = p.items[idx];
-  const uint32_t first = (blockIdx.x - p.cta_begin[idx]) * kAmaxVecsPerCta + threadIdx.x;
+  const uint32_t first =
+      (blockIdx.x - p.cta_begin[idx]) * (kAmaxVecsPerChunk * p.chunks_per_cta) + threadIdx.x;
 
-  uint4 v[kAmaxVecsPerThread];
-#pragma unroll
-  for (int u = 0; u < kAmaxVecsPerThread; ++u) {
-    const uint32_t i = first + u * kThreads;
-    // Default caching (not streaming): a fused QDQ right after may find the data in L2.
-    v[u] = i < item.num_vecs ? __ldg(item.data + i) : make_uint4(0, 0, 0, 0);
-  }
   float m = 0.0f;
   uint32_t bad = 0;
+  for (uint32_t c = 0; c < p.chunks_per_cta; ++c) {
+    const uint32_t base = first + c * kAmaxVecsPerChunk;
+    if (base >= item.num_vecs) break;
+    uint4 v[kAmaxVecsPerThread];
 #pragma unroll
-  for (int u = 0; u < kAmaxVecsPerThread; ++u) AccumulateAmax<kType>(v[u], m, bad);
+    for (int u = 0; u < kAmaxVecsPerThread; ++u) {
+      const uint32_t i = base + u * kThreads;
+      // Default caching (not streaming): a fused QDQ right after may find the data in L2.
+      v[u] = i < item.num_vecs ? __ldg(item.data + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kAmaxVecsPerThread; ++u) AccumulateAmax<kType>(v[u], m, bad);
+  }
 
   CtaAmaxAtomics<kThreads>(m, bad, p.amax + item.slot,
                            p.nonfinite != nullptr ? p.nonfinite + item.slot : nullptr);
@@ -133,6 +144,7 @@ KernelStatus LaunchAmax(const WeightDesc* weights, int num_weights, const int64_
     AmaxParams params{};
     params.amax = amax;
     params.nonfinite = reinterpret_cast<unsigned long long*>(nonfinite);
+    params.chunks_per_cta = limits.max_ctas_per_sm > 0 ? kAmaxChunksPerCtaCapped : 1;
     uint32_t ctas = 0;
     auto flush = [&]() -> KernelStatus {
       if (params.num_items == 0) return KernelStatus::kOk;
@@ -153,10 +165,11 @@ KernelStatus LaunchAmax(const WeightDesc* weights, int num_weights, const int64_
           const int64_t bytes =
               w.parts[p].rows * w.parts[p].cols * static_cast<int64_t>(ElemSize(type));
           const int64_t vecs = bytes / 16;  // cols % 16 == 0: always whole vectors
-          if (vecs >= (int64_t{1} << 32) - kAmaxVecsPerCta) {
+          if (vecs >= (int64_t{1} << 32) - kAmaxMaxVecsPerCta) {
             return Unsupported(message, "weight " + std::to_string(i) + ": a part over 64 GiB");
           }
-          const uint32_t need = static_cast<uint32_t>(CeilDiv(vecs, kAmaxVecsPerCta));
+          const uint32_t need =
+              static_cast<uint32_t>(CeilDiv(vecs, kAmaxVecsPerChunk * params.chunks_per_cta));
           if (params.num_items == kAmaxItemsPerLaunch || ctas + uint64_t{need} >= (1u << 31)) {
             st = flush();
             if (st != KernelStatus::kOk) return st;
