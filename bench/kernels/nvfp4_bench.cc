@@ -8,8 +8,9 @@
 //
 // Timing: CUDA events around every iteration, after warm-up; median over iterations. Inputs
 // rotate over enough buffer sets (>= 512 MiB) that no iteration reads data another left in L2.
+// --all_modes adds the six other 4over6 modes' quantize on 128 experts and on 1 GiB.
 // Usage: nvfp4_kernels_bench [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only]
-// [--qdq_count N] [--qdq_rows N] [--qdq_cols N]
+// [--all_modes] [--qdq_count N] [--qdq_rows N] [--qdq_cols N]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -54,6 +55,7 @@ struct Options {
   std::string json;
   bool quick = false;
   bool qdq_only = false;  // the fused-QDQ case alone
+  bool all_modes = false;  // quantize in the six other 4over6 modes too
   // The fused-QDQ case's list: qdq_count weights of [qdq_rows, qdq_cols] bf16.
   int qdq_count = 8;
   int64_t qdq_rows = 4096;
@@ -195,6 +197,16 @@ class Bench {
       for (const auto& [r, c] : shapes) QuantizeCase(1, r, c, modes);
       QuantizeCase(128, 768, 2048, modes);
       if (!o_.quick) QuantizeCase(1, 32768, 16384, modes);
+    }
+    if (!o_.qdq_only && o_.all_modes) {
+      const QuantMode others[] = {QuantMode::FourOverSix(ErrMetric::kMAE, 448, ErrKind::kExact),
+                                  QuantMode::FourOverSix(ErrMetric::kMSE, 256, ErrKind::kExact),
+                                  QuantMode::FourOverSix(ErrMetric::kMAE, 448, ErrKind::kFP16),
+                                  QuantMode::FourOverSix(ErrMetric::kMAE, 256, ErrKind::kFP16),
+                                  QuantMode::FourOverSix(ErrMetric::kMSE, 448, ErrKind::kFP16),
+                                  QuantMode::FourOverSix(ErrMetric::kMSE, 256, ErrKind::kFP16)};
+      QuantizeCase(128, 768, 2048, others);
+      if (!o_.quick) QuantizeCase(1, 32768, 16384, others);
     }
     const QuantMode qdq_modes[] = {QuantMode::Standard(),
                                    QuantMode::FourOverSix(ErrMetric::kMAE, 448, ErrKind::kFP16),
@@ -405,6 +417,8 @@ int main(int argc, char** argv) {
       o.quick = true;
     } else if (a == "--qdq_only") {
       o.qdq_only = true;
+    } else if (a == "--all_modes") {
+      o.all_modes = true;
     } else if (a == "--qdq_rows" && i + 1 < argc) {
       o.qdq_rows = std::atoll(argv[++i]);
     } else if (a == "--qdq_cols" && i + 1 < argc) {
@@ -414,7 +428,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: %s [--iters N] [--warmup N] [--json FILE] [--quick] [--qdq_only] "
-                   "[--qdq_count N] [--qdq_rows N] [--qdq_cols N]\n",
+                   "[--all_modes] [--qdq_count N] [--qdq_rows N] [--qdq_cols N]\n",
                    argv[0]);
       return 2;
     }

@@ -124,13 +124,23 @@ __device__ __forceinline__ void BuildCandidateTable(Candidate* table, const Chea
   }
 }
 
-// Kernels on 16-bit inputs are held to 64 registers (4 CTAs of 256 threads per SM): left alone,
-// ptxas gives the 4over6 FP16-error modes 72-75 since the cheap path, and the occupancy would
-// drop to 3 CTAs. fp32 inputs carry twice the raw registers per block: standard is left to ptxas,
-// 4over6 held to 3 CTAs (it would take 128 registers otherwise).
+// Fused QDQ kernels (16-bit inputs only) are held to 64 registers (4 CTAs of 256 threads per SM):
+// left alone, ptxas gives the 4over6 FP16-error modes 72-75 since the cheap path, and the
+// occupancy would drop to 3 CTAs.
+inline constexpr int kQdqMinCtasPerSm = 4;
+
+// Quantize kernels: standard and the 4over6 FP16-error modes on 16-bit inputs as the QDQ kernels;
+// the 4over6 exact-error modes on 16-bit inputs held to 48 registers (5 CTAs): ptxas then keeps
+// 84-88 bytes per thread in local memory, but the fifth CTA hides more of each CTA's prologue
+// (slice scales, candidate table, barrier). Measured on an H200 (bench/RESULTS.md, tenth
+// session): exact modes 1-4% faster at 5 CTAs, FP16-error modes 6-10% slower on 1 GiB, every
+// QDQ kernel slower; 6 CTAs (40 registers) lost everywhere. fp32 inputs carry twice the raw
+// registers per block: standard is left to ptxas, 4over6 held to 3 CTAs (it would take 128
+// registers otherwise).
 template <ElemType kIn, class Traits>
-inline constexpr int kQuantMinCtasPerSm = kIn != ElemType::kF32 ? 4
-                                                                : (Traits::kFourOverSix ? 3 : 1);
+inline constexpr int kQuantMinCtasPerSm =
+    kIn == ElemType::kF32 ? (Traits::kFourOverSix ? 3 : 1)
+                          : (Traits::kFourOverSix && Traits::kErr == ErrKind::kExact ? 5 : 4);
 
 // One thread = kQuantBlocksPerThread blocks of 16 elements, strided by kThreads blocks so that
 // each warp-wide load covers 32 consecutive blocks (1 KiB of bf16).
@@ -190,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kIn, Traits>)
 // Fused QDQ: quantize one block into registers and decode it straight back; codes and scales
 // never reach global memory.
 template <ElemType kType, class Traits>
-__global__ void __launch_bounds__(kThreads, kQuantMinCtasPerSm<kType, Traits>)
+__global__ void __launch_bounds__(kThreads, kQdqMinCtasPerSm)
     QdqKernel(const __grid_constant__ QdqParams p) {
   constexpr int kBpt = kQuantBlocksPerThread<Traits>;
   constexpr uint32_t kBlockBytes = kBlockSize * ElemSize(kType);
