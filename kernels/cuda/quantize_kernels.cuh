@@ -134,9 +134,9 @@ inline constexpr int kQdqMinCtasPerSm = 4;
 // 84-88 bytes per thread in local memory, but the fifth CTA hides more of each CTA's prologue
 // (slice scales, candidate table, barrier). Measured on an H200 (bench/RESULTS.md, tenth
 // session): exact modes 1-4% faster at 5 CTAs, FP16-error modes 6-10% slower on 1 GiB, every
-// QDQ kernel slower; 6 CTAs (40 registers) lost everywhere. fp32 inputs carry twice the raw
-// registers per block: standard is left to ptxas, 4over6 held to 3 CTAs (it would take 128
-// registers otherwise).
+// QDQ kernel slower; 6 CTAs (40 registers, one block per thread) slower on 1 GiB and on 128
+// experts. fp32 inputs carry twice the raw registers per block: standard is left to ptxas, 4over6
+// held to 3 CTAs (it would take 128 registers otherwise).
 template <ElemType kIn, class Traits>
 inline constexpr int kQuantMinCtasPerSm =
     kIn == ElemType::kF32 ? (Traits::kFourOverSix ? 3 : 1)
