@@ -54,7 +54,7 @@ struct Options {
   int warmup = 5;
   std::string json;
   bool quick = false;
-  bool qdq_only = false;  // the fused-QDQ case alone
+  bool qdq_only = false;   // the fused-QDQ case alone
   bool all_modes = false;  // quantize in the six other 4over6 modes too
   // The fused-QDQ case's list: qdq_count weights of [qdq_rows, qdq_cols] bf16.
   int qdq_count = 8;

@@ -140,7 +140,7 @@ inline constexpr int kQdqMinCtasPerSm = 4;
 template <ElemType kIn, class Traits>
 inline constexpr int kQuantMinCtasPerSm =
     kIn == ElemType::kF32 ? (Traits::kFourOverSix ? 3 : 1)
-                          : (Traits::kFourOverSix && Traits::kErr == ErrKind::kExact ? 5 : 4);
+                          : (Traits::kErr == ErrKind::kExact && Traits::kFourOverSix ? 5 : 4);
 
 // One thread = kQuantBlocksPerThread blocks of 16 elements, strided by kThreads blocks so that
 // each warp-wide load covers 32 consecutive blocks (1 KiB of bf16).
