@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Runs the NVFP4 GPU tests, a compute-sanitizer memcheck subset and the kernel benchmark on a
-# GPU machine from prebuilt binaries in $BIN (default .devbin/kernels, staged by
-# bench/kernels/stage_devbin.sh: kernels_gpu_test, nvfp4_kernels_bench, libcudart and libcupti).
-# Logs go to $OUT (default ./device-out). Usage: device_run.sh [tests|sanitize|bench]...
+# Runs the NVFP4 GPU tests, a compute-sanitizer memcheck subset, the kernel benchmark and the L2
+# reuse probe on a GPU machine from prebuilt binaries in $BIN (default .devbin/kernels, staged by
+# bench/kernels/stage_devbin.sh: kernels_gpu_test, nvfp4_kernels_bench, l2_reuse_bench, libcudart
+# and libcupti).
+# Logs go to $OUT (default ./device-out). Usage: device_run.sh [tests|sanitize|bench|l2]...
 set -uo pipefail
 BIN=${BIN:-.devbin/kernels}
 OUT=${OUT:-device-out}
@@ -33,6 +34,9 @@ for step in "${steps[@]}"; do
       timeout 300 "$BIN/nvfp4_kernels_bench" --iters 50 --warmup 5 --json "$OUT/bench.json" \
         2>&1 | tee "$OUT/bench.log"
       r=${PIPESTATUS[0]}; echo "bench rc=$r"; [ $r -ne 0 ] && rc=1 ;;
+    l2)
+      timeout 120 "$BIN/l2_reuse_bench" 2>&1 | tee "$OUT/l2_reuse.log"
+      r=${PIPESTATUS[0]}; echo "l2 rc=$r"; [ $r -ne 0 ] && rc=1 ;;
   esac
 done
 exit $rc

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Builds the NVFP4 GPU tests and kernel benchmark and stages them, stripped, with their non-system
-# shared libraries (libcudart, and libcupti for the CUPTI test's dlopen) into one folder to carry
-# to a GPU machine (default .devbin/kernels, git-ignored), where device_run.sh runs them.
+# Builds the NVFP4 GPU tests, the kernel benchmark and the L2 reuse probe and stages them,
+# stripped, with their non-system shared libraries (libcudart, and libcupti for the CUPTI test's
+# dlopen) into one folder to carry to a GPU machine (default .devbin/kernels, git-ignored), where
+# device_run.sh runs them.
 # Usage: bench/kernels/stage_devbin.sh [BUILD_DIR] [DEST]   (from the repository root)
 set -euo pipefail
 BUILD=${1:-build-k}
 DEST=${2:-.devbin/kernels}
 CUDA=${CUDA_HOME:-/usr/local/cuda}
-cmake --build "$BUILD" --target kernels_gpu_test nvfp4_kernels_bench -j2
+cmake --build "$BUILD" --target kernels_gpu_test nvfp4_kernels_bench l2_reuse_bench -j2
 rm -rf "$DEST"
 mkdir -p "$DEST"
-cp "$BUILD/tests/kernels_gpu/kernels_gpu_test" "$BUILD/bench/kernels/nvfp4_kernels_bench" "$DEST/"
-strip "$DEST/kernels_gpu_test" "$DEST/nvfp4_kernels_bench"
+cp "$BUILD/tests/kernels_gpu/kernels_gpu_test" "$BUILD/bench/kernels/nvfp4_kernels_bench" \
+  "$BUILD/bench/kernels/l2_reuse_bench" "$DEST/"
+strip "$DEST/kernels_gpu_test" "$DEST/nvfp4_kernels_bench" "$DEST/l2_reuse_bench"
 # Every resolved library except the C runtime, libstdc++/libgcc (the GPU image's are newer and
 # compatible) and the CUDA driver (it comes with the machine).
-for bin in "$DEST/kernels_gpu_test" "$DEST/nvfp4_kernels_bench"; do
+for bin in "$DEST/kernels_gpu_test" "$DEST/nvfp4_kernels_bench" "$DEST/l2_reuse_bench"; do
   ldd "$bin" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda)\.so' \
   | while read -r lib; do cp -L "$lib" "$DEST/"; done
