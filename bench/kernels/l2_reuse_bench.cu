@@ -20,18 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernels/bench_check.h"
 #include "kernels/cuda/cuda_raii.h"
 
 namespace {
-
-#define PROBE_CHECK(expr)                                                                        \
-  do {                                                                                           \
-    const cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 constexpr int kThreads = 256;
 constexpr int kCtasPerSm = 4;
@@ -116,25 +108,25 @@ int main(int argc, char** argv) {
   using wpub::kernels::cuda::Event;
   const Options opt = Parse(argc, argv);
   int device = 0, sms = 0, l2 = 0;
-  PROBE_CHECK(cudaGetDevice(&device));
-  PROBE_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  PROBE_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
+  BENCH_CHECK(cudaGetDevice(&device));
+  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  BENCH_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
   cudaDeviceProp prop{};
-  PROBE_CHECK(cudaGetDeviceProperties(&prop, device));
+  BENCH_CHECK(cudaGetDeviceProperties(&prop, device));
   const int max_mib = *std::max_element(opt.sizes_mib.begin(), opt.sizes_mib.end());
   const size_t max_bytes = size_t{static_cast<size_t>(max_mib)} << 20;
   constexpr size_t kEvictBytes = size_t{512} << 20;
   DeviceBuffer in, out, evict_src, evict_dst, sink;
-  PROBE_CHECK(DeviceBuffer::Create(max_bytes, &in));
-  PROBE_CHECK(DeviceBuffer::Create(max_bytes, &out));
-  PROBE_CHECK(DeviceBuffer::Create(kEvictBytes, &evict_src));
-  PROBE_CHECK(DeviceBuffer::Create(kEvictBytes, &evict_dst));
-  PROBE_CHECK(DeviceBuffer::Create(sizeof(unsigned), &sink));
-  PROBE_CHECK(cudaMemset(in.data(), 0x5A, max_bytes));
-  PROBE_CHECK(cudaMemset(evict_src.data(), 0x3C, kEvictBytes));
+  BENCH_CHECK(DeviceBuffer::Create(max_bytes, &in));
+  BENCH_CHECK(DeviceBuffer::Create(max_bytes, &out));
+  BENCH_CHECK(DeviceBuffer::Create(kEvictBytes, &evict_src));
+  BENCH_CHECK(DeviceBuffer::Create(kEvictBytes, &evict_dst));
+  BENCH_CHECK(DeviceBuffer::Create(sizeof(unsigned), &sink));
+  BENCH_CHECK(cudaMemset(in.data(), 0x5A, max_bytes));
+  BENCH_CHECK(cudaMemset(evict_src.data(), 0x3C, kEvictBytes));
   Event start, stop;
-  PROBE_CHECK(Event::Create(/*timing=*/true, &start));
-  PROBE_CHECK(Event::Create(/*timing=*/true, &stop));
+  BENCH_CHECK(Event::Create(/*timing=*/true, &start));
+  BENCH_CHECK(Event::Create(/*timing=*/true, &stop));
   const dim3 grid(static_cast<unsigned>(sms * kCtasPerSm));
   auto launch = [&](uint64_t vecs, bool write, bool keep) {
     uint4* dst = write ? out.as<uint4>() : nullptr;
@@ -143,22 +135,22 @@ int main(int argc, char** argv) {
     } else {
       ShareKernel<false><<<grid, kThreads>>>(in.as<const uint4>(), dst, vecs, sink.as<unsigned>());
     }
-    PROBE_CHECK(cudaGetLastError());
+    BENCH_CHECK(cudaGetLastError());
   };
   enum class Before { kEvicted, kRead, kReadKeep };
   // Median time (us) of the measured launch after evicting L2 and then `before`.
   auto time_one = [&](uint64_t vecs, bool write, Before before) {
     std::vector<float> t;
     for (int r = 0; r < opt.iters; ++r) {
-      PROBE_CHECK(cudaMemcpyAsync(evict_dst.data(), evict_src.data(), kEvictBytes,
+      BENCH_CHECK(cudaMemcpyAsync(evict_dst.data(), evict_src.data(), kEvictBytes,
                                   cudaMemcpyDeviceToDevice));
       if (before != Before::kEvicted) launch(vecs, /*write=*/false, before == Before::kReadKeep);
-      PROBE_CHECK(cudaEventRecord(start.get()));
+      BENCH_CHECK(cudaEventRecord(start.get()));
       launch(vecs, write, /*keep=*/false);
-      PROBE_CHECK(cudaEventRecord(stop.get()));
-      PROBE_CHECK(cudaEventSynchronize(stop.get()));
+      BENCH_CHECK(cudaEventRecord(stop.get()));
+      BENCH_CHECK(cudaEventSynchronize(stop.get()));
       float ms = 0.0f;
-      PROBE_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+      BENCH_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
       t.push_back(ms * 1e3f);
     }
     std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());

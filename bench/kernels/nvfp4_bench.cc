@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/kernels/bench_check.h"
 #include "kernels/cuda/cuda_raii.h"
 #include "kernels/cuda/nvfp4_cuda.h"
 
@@ -28,15 +29,6 @@ namespace wpub::kernels::cuda::bench {
 namespace {
 
 constexpr int64_t kRotateBytes = int64_t{512} << 20;
-
-#define BENCH_CHECK(expr)                                                                        \
-  do {                                                                                           \
-    const cudaError_t e_ = (expr);                                                               \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
 
 // Inside Bench members: the launcher's message lands in m_.
 #define BENCH_KERNEL(expr)                                                                         \
