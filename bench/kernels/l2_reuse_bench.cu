@@ -98,6 +98,10 @@ Options Parse(int argc, char** argv) {
       std::exit(2);
     }
   }
+  if (o.sizes_mib.empty()) {
+    std::fprintf(stderr, "l2_reuse_bench: --sizes names no size\n");
+    std::exit(2);
+  }
   return o;
 }
 
@@ -107,12 +111,11 @@ int main(int argc, char** argv) {
   using wpub::kernels::cuda::DeviceBuffer;
   using wpub::kernels::cuda::Event;
   const Options opt = Parse(argc, argv);
-  int device = 0, sms = 0, l2 = 0;
+  int device = 0;
   BENCH_CHECK(cudaGetDevice(&device));
-  BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  BENCH_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, device));
+  const int sms = prop.multiProcessorCount;
   const int max_mib = *std::max_element(opt.sizes_mib.begin(), opt.sizes_mib.end());
   const size_t max_bytes = size_t{static_cast<size_t>(max_mib)} << 20;
   constexpr size_t kEvictBytes = size_t{512} << 20;
@@ -157,7 +160,7 @@ int main(int argc, char** argv) {
     return t[t.size() / 2];
   };
   std::printf("%s, %d SMs, L2 %d MiB; grid %u x %d threads; median of %d\n", prop.name, sms,
-              l2 >> 20, grid.x, kThreads, opt.iters);
+              prop.l2CacheSize >> 20, grid.x, kThreads, opt.iters);
   std::printf("%5s | %23s | %23s | %23s\n", "", "read: cold us", "read+write: cold us",
               "read+write after keep");
   std::printf("%5s | %23s | %23s | %23s\n", "MiB", "reread us (ratio)", "reread us (ratio)",
