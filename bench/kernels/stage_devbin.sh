@@ -8,16 +8,16 @@ set -euo pipefail
 BUILD=${1:-build-k}
 DEST=${2:-.devbin/kernels}
 CUDA=${CUDA_HOME:-/usr/local/cuda}
-cmake --build "$BUILD" --target kernels_gpu_test nvfp4_kernels_bench l2_reuse_bench -j2
+BINS=(tests/kernels_gpu/kernels_gpu_test bench/kernels/nvfp4_kernels_bench
+  bench/kernels/l2_reuse_bench)
+cmake --build "$BUILD" --target "${BINS[@]##*/}" -j2
 rm -rf "$DEST"
 mkdir -p "$DEST"
-cp "$BUILD/tests/kernels_gpu/kernels_gpu_test" "$BUILD/bench/kernels/nvfp4_kernels_bench" \
-  "$BUILD/bench/kernels/l2_reuse_bench" "$DEST/"
-strip "$DEST/kernels_gpu_test" "$DEST/nvfp4_kernels_bench" "$DEST/l2_reuse_bench"
+for bin in "${BINS[@]}"; do cp "$BUILD/$bin" "$DEST/"; strip "$DEST/${bin##*/}"; done
 # Every resolved library except the C runtime, libstdc++/libgcc (the GPU image's are newer and
 # compatible) and the CUDA driver (it comes with the machine).
-for bin in "$DEST/kernels_gpu_test" "$DEST/nvfp4_kernels_bench" "$DEST/l2_reuse_bench"; do
-  ldd "$bin" | awk '$3 ~ /^\// {print $3}'
+for bin in "${BINS[@]}"; do
+  ldd "$DEST/${bin##*/}" | awk '$3 ~ /^\// {print $3}'
 done | sort -u | grep -v -E '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*|libstdc\+\+|libgcc_s|libcuda)\.so' \
   | while read -r lib; do cp -L "$lib" "$DEST/"; done
 cupti=$(ls "$CUDA"/lib/libcupti.so.1[0-9]* "$CUDA"/lib64/libcupti.so.1[0-9]* \
