@@ -33,6 +33,7 @@ if [[ ${2:-} == --all ]]; then
     tests/gpu_path/gpu_path_nccl_connect_test
     tests/kernels_gpu/kernels_gpu_test
     bench/kernels/nvfp4_kernels_bench
+    bench/kernels/l2_reuse_bench
     bench/engines/driver_bench
   )
 fi
