@@ -2,8 +2,6 @@
 // optional queueing), status, report history, metrics upkeep and shutdown.
 #include "core/engine/engine.h"
 
-#include <nlohmann/json.hpp>
-
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -21,48 +19,6 @@ std::chrono::steady_clock::time_point SteadyIn(absl::Duration d) {
   if (d <= absl::ZeroDuration()) return std::chrono::steady_clock::now();
   if (d > absl::Hours(24 * 365)) return std::chrono::steady_clock::time_point::max();
   return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(d);
-}
-
-// Merges the header's recipe, quantization config and precision exceptions into the policy
-// settings document ParsePolicySettings reads, so its validation (and its field-naming errors)
-// apply unchanged.
-absl::StatusOr<policy::PolicySettings> SettingsFromHeader(const PublicationHeader& header,
-                                                          const ParsedRecipe& recipe) {
-  nlohmann::json doc = nlohmann::json::object();
-  if (!header.policy_json.empty()) {
-    doc = nlohmann::json::parse(header.policy_json, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded() || !doc.is_object()) {
-      return absl::InvalidArgumentError("policy_json: not a JSON object");
-    }
-  }
-  const std::string recipe_name(policy::RecipeName(recipe.recipe));
-  if (doc.contains("recipe")) {
-    if (!doc["recipe"].is_string()) {
-      return absl::InvalidArgumentError("policy_json.recipe: must be a string");
-    }
-    absl::StatusOr<policy::Recipe> r = policy::ParseRecipe(doc["recipe"].get<std::string>());
-    if (!r.ok() || *r != recipe.recipe) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("policy_json.recipe '", doc["recipe"].get<std::string>(),
-                       "' conflicts with recipe '", header.recipe, "'"));
-    }
-  }
-  doc["recipe"] = recipe_name;
-  if (!header.quantization_config_json.empty()) {
-    if (doc.contains("quantization_config")) {
-      return absl::InvalidArgumentError(
-          "quantization_config given both in quantization_config_json and in policy_json");
-    }
-    nlohmann::json qc = nlohmann::json::parse(header.quantization_config_json, nullptr, false);
-    if (qc.is_discarded() || !qc.is_object()) {
-      return absl::InvalidArgumentError("quantization_config_json: not a JSON object");
-    }
-    doc["quantization_config"] = std::move(qc);
-  } else if (!doc.contains("quantization_config") && policy::IsNvfp4(recipe.recipe)) {
-    // A trainer that sends no config gets the plain NVFP4 one (no ignore rules).
-    doc["quantization_config"] = {{"quant_algo", "NVFP4"}, {"quant_method", "modelopt"}};
-  }
-  return policy::ParsePolicySettings(doc.dump());
 }
 
 // Why `url` is not http(s)://host[:port], or "" when it is.
@@ -153,6 +109,30 @@ void Engine::Impl::Finish(const PublicationSession::State* state, const Publicat
   }
 }
 
+absl::Status Engine::Impl::CheckVersionFloor(uint64_t version,
+                                             const std::optional<EngineGroupInfo>& group) const {
+  uint64_t floor = committed_version;
+  if (group.has_value()) {
+    if (version <= group->highest_engine_version) {
+      std::string who;
+      for (const ConnectedEngine& e : group->engines) {
+        if (e.weight_version == group->highest_engine_version) who = e.url;
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version: ", version, " is not greater than version ", group->highest_engine_version,
+          " that engine ", who.empty() ? std::string("(left the group)") : who,
+          " serves; a restarted daemon must publish beyond what its engines hold"));
+    }
+    floor = std::max(floor, group->highest_engine_version);
+  }
+  if (version - floor > options.max_version_step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "version: ", version, " is more than ", options.max_version_step, " above ", floor,
+        " (the version to exceed); a jump that large would use up the version space"));
+  }
+  return absl::OkStatus();
+}
+
 void Engine::Impl::RefreshMetrics() {
   if (!metrics) return;
   metrics->SetIgnoreCacheCounters(cache->hits(), cache->misses());
@@ -183,6 +163,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     return absl::InvalidArgumentError("ack_deadline must be positive");
   }
   if (options.cpu_threads < 1) return absl::InvalidArgumentError("cpu_threads must be >= 1");
+  if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   WPUB_ASSIGN_OR_RETURN(impl->cache, policy::IgnoreSnapshotCache::Create({}));
@@ -241,6 +222,11 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
   if (header.version == 0) {
     return absl::InvalidArgumentError("version: must be >= 1 (0 means nothing committed)");
   }
+  if (header.version > impl_->options.max_version) {
+    return absl::InvalidArgumentError(absl::StrCat("version: ", header.version,
+                                                   " exceeds the largest version allowed, ",
+                                                   impl_->options.max_version));
+  }
   WPUB_ASSIGN_OR_RETURN(ParsedRecipe recipe, ParseRecipeString(header.recipe));
   const uint64_t bucket_bytes =
       header.bucket_bytes == 0 ? impl_->options.bucket_bytes : header.bucket_bytes;
@@ -250,7 +236,8 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
                                                    impl_->options.min_bucket_bytes, ", ",
                                                    impl_->options.max_bucket_bytes, "]"));
   }
-  absl::StatusOr<policy::PolicySettings> settings = SettingsFromHeader(header, recipe);
+  absl::StatusOr<policy::PolicySettings> settings = policy::ParseHeaderSettings(
+      header.policy_json, header.quantization_config_json, recipe.recipe);
   if (!settings.ok()) {
     return absl::Status(settings.status().code(),
                         absl::StrCat("policy: ", settings.status().message()));
@@ -263,6 +250,8 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
                         absl::StrCat("policy: ", policy.status().message()));
   }
 
+  // Read before taking the engine lock (it is never held while calling into a transport).
+  const std::optional<EngineGroupInfo> group = EngineGroup();
   std::shared_ptr<PublicationSession::State> state;
   {
     std::unique_lock lock(impl_->mu);
@@ -292,6 +281,7 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
           absl::StrCat("version: ", header.version, " is not greater than the committed version ",
                        impl_->committed_version));
     }
+    WPUB_RETURN_IF_ERROR(impl_->CheckVersionFloor(header.version, group));
     if (impl_->cuda_ipc) {
       // The previous publication ended (its Execute returned before it released the slot).
       std::lock_guard ipc_lock(impl_->ipc_mu);

@@ -46,11 +46,22 @@ struct EngineOptions {
   size_t min_receivers = 0;
   // Upper bound of the bytes one publication may stage in inline buffers (OUT_OF_RANGE beyond).
   uint64_t max_inline_bytes = uint64_t{64} << 30;
+  // Versions: a header's version must be at most max_version (2^53 by default, exact in every
+  // JSON, Python and Prometheus consumer) and at most max_version_step above the version the
+  // engine must exceed, so that no single publication can use up the version space.
+  uint64_t max_version = uint64_t{1} << 53;
+  uint64_t max_version_step = uint64_t{1} << 32;
   // Reports kept for RecentReports / EngineStatus::last_reports.
   size_t report_history = 64;
   size_t status_reports = 8;
   // Worker threads of the CPU backend's quantizer (>= 1).
   int cpu_threads = 1;
+  // Transfers of one version within one Commit (>= 1). An attempt that fails after receivers
+  // that apply on receipt (TransportCapabilities::applies_on_receipt) got some of its bytes
+  // leaves them dirty; while attempts remain, the engine transfers the version again from the
+  // inputs it still holds (the transports re-form what failed) so they end with a complete
+  // version. Failures that left nobody dirty, bad input and abort requests are not retried.
+  int max_attempts = 3;
   PullTransportOptions pull;
 };
 
@@ -72,6 +83,8 @@ struct ConnectedEngine {
   int gpus = 1;
   int rank_offset = 0;  // first rank; the publisher is rank 0
   ReceiverState state = ReceiverState::kIdle;
+  // The weight version it reported serving when it joined (0: none or unknown).
+  uint64_t weight_version = 0;
 };
 
 // The weight-update group (GPU path).
@@ -82,6 +95,9 @@ struct EngineGroupInfo {
   bool healthy = false;  // formed, and no failure seen since
   std::vector<ConnectedEngine> engines;
   std::string store_address;  // "host:port" engines rendezvous at
+  // The highest weight version any engine reported when it joined: Open refuses versions at
+  // or below it (a restarted daemon must not publish backwards).
+  uint64_t highest_engine_version = 0;
 };
 
 // INVALID_ARGUMENT naming the entry ("engines[2] 'ftp://x': ...") for: no engines, a URL that
@@ -140,8 +156,12 @@ class Engine {
   // Opens publication `header.version`. Errors (the engine state is unchanged by them):
   // - FAILED_PRECONDITION naming the active version when one is open (header.queue == false);
   //   with header.queue, blocks until it ends (DEADLINE_EXCEEDED after header.queue_timeout);
-  // - FAILED_PRECONDITION for a version <= the committed version (naming both);
-  // - INVALID_ARGUMENT naming the field for version 0, an unknown recipe, a bucket size out of
+  // - FAILED_PRECONDITION for a version <= the committed version (naming both), or <= the
+  //   highest version a connected engine reported serving when it joined (naming it: a
+  //   restarted daemon never publishes backwards);
+  // - INVALID_ARGUMENT naming the field for version 0, a version above
+  //   EngineOptions::max_version or more than max_version_step above that floor, an unknown
+  //   recipe, a bucket size out of
   //   range, invalid quantization_config_json / policy_json (e.g. an invalid regex rule);
   // - UNAVAILABLE after BeginShutdown.
   absl::StatusOr<std::unique_ptr<PublicationSession>> Open(const PublicationHeader& header);

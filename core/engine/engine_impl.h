@@ -58,6 +58,11 @@ class Engine::Impl {
   // committed version on success, releases the active slot and updates metrics.
   void Finish(const PublicationSession::State* state, const PublicationReport& report);
   void RefreshMetrics();
+  // Beyond the committed version (checked by the caller, under mu): the versions the
+  // connected engines reported serving, and at most max_version_step above all of them.
+  // `group` is the connector's group (nullopt without one). Requires mu.
+  absl::Status CheckVersionFloor(uint64_t version,
+                                 const std::optional<EngineGroupInfo>& group) const;
 };
 
 class PublicationSession::State {
@@ -95,6 +100,11 @@ class PublicationSession::State {
   absl::StatusOr<ExecutionPlan> BuildPlan(std::vector<uint32_t>* unit_sizes);
   // The ABORTED report after a transport/receiver failure or an abort request.
   PublicationReport AbortedReport(absl::Status why);
+  // One attempt at the transfer: Begin on every transport, the backend's quantize/pack/emit,
+  // every acknowledgement. OK when every participant holds every bucket; otherwise why not,
+  // with *bad_input set when the backend found the trainer's input bad (non-finite weights).
+  absl::Status Transfer(const ExecutionPlan& plan, const PublicationManifest& manifest,
+                        bool* bad_input);
 
   // Shared so a session may outlive the Engine; Impl::active points back while this publication
   // is active (the cycle ends when Finish releases the slot).
@@ -115,6 +125,8 @@ class PublicationSession::State {
   uint64_t bytes_out_ = 0;
   std::map<std::string, uint64_t> bytes_by_format_;
   uint32_t num_buckets_ = 0;
+  int attempts_ = 0;                       // transfers begun
+  std::vector<std::string> retry_errors_;  // why each attempt before the last failed
   SyncCounter syncs_;
 
   mutable std::mutex mu_;

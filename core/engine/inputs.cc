@@ -8,7 +8,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +44,18 @@ absl::StatusOr<uint64_t> ByteSize(const Shape& shape, DType dtype, absl::string_
   return n;
 }
 
+// MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
+int64_t AvailableHostMemory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
+}
+
 }  // namespace
 
 absl::Status ValidateShmName(absl::string_view name, absl::string_view tensor) {
@@ -61,11 +75,42 @@ absl::Status ValidateShmName(absl::string_view name, absl::string_view tensor) {
 
 // ---------------------------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Open(absl::string_view name,
+absl::StatusOr<HostBuffer> HostBuffer::Allocate(uint64_t bytes, absl::string_view tensor) {
+  // A zero-byte part still gets a page, so its view is never null.
+  void* p = mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tensor ", tensor, ": cannot reserve ", bytes,
+                     " bytes of host memory: ", std::strerror(err)));
+  }
+  return HostBuffer(static_cast<uint8_t*>(p), bytes);
+}
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) munmap(data_, std::max<uint64_t>(size_, 1));
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() {
+  if (data_ != nullptr) munmap(data_, std::max<uint64_t>(size_, 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(absl::string_view name,
                                                              absl::string_view tensor) {
   WPUB_RETURN_IF_ERROR(ValidateShmName(name, tensor));
   const std::string path = name.front() == '/' ? std::string(name) : absl::StrCat("/", name);
-  const int fd = shm_open(path.c_str(), O_RDONLY, 0);
+  const int fd = shm_open(path.c_str(), O_RDONLY | O_CLOEXEC, 0);
   if (fd < 0) {
     const int err = errno;
     const std::string msg = absl::StrCat("tensor ", tensor, ": shared-memory segment '", name,
@@ -81,23 +126,35 @@ absl::StatusOr<std::unique_ptr<ShmMapping>> ShmMapping::Open(absl::string_view n
     return absl::InternalError(
         absl::StrCat("tensor ", tensor, ": fstat of segment '", name, "': ", std::strerror(err)));
   }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size == 0) {
-    close(fd);
-    return std::unique_ptr<ShmMapping>(new ShmMapping(nullptr, 0));
-  }
-  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);  // the mapping keeps the segment alive
-  if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("tensor ", tensor, ": mmap of segment '", name, "' (",
-                                            size, " bytes): ", std::strerror(err)));
-  }
-  return std::unique_ptr<ShmMapping>(new ShmMapping(static_cast<const uint8_t*>(p), size));
+  return std::unique_ptr<ShmSegment>(
+      new ShmSegment(fd, static_cast<uint64_t>(st.st_size), std::string(name)));
 }
 
-ShmMapping::~ShmMapping() {
-  if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
+ShmSegment::~ShmSegment() { close(fd_); }
+
+absl::Status ShmSegment::ReadAt(uint64_t offset, absl::Span<uint8_t> dst,
+                                absl::string_view tensor) const {
+  uint64_t done = 0;
+  while (done < dst.size()) {
+    // pread takes at most 2 GiB - 4 KiB per call on Linux.
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(dst.size() - done, 1u << 30));
+    const ssize_t n = pread(fd_, dst.data() + done, want, static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      return absl::InternalError(absl::StrCat("tensor ", tensor,
+                                              ": reading shared-memory segment '", name_,
+                                              "': ", std::strerror(err)));
+    }
+    if (n == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", tensor, ": shared-memory segment '", name_, "' ends at byte ",
+                       offset + done, " while [", offset, ", +", dst.size(),
+                       ") was being read (it was truncated after it was named)"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -209,6 +266,9 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
   }
   // Validate everything first so a failure leaves the store unchanged.
   uint64_t new_inline = 0;
+  const int64_t available = AvailableHostMemory();
+  const uint64_t pending =
+      inline_declared_ > inline_received_ ? inline_declared_ - inline_received_ : 0;
   std::unordered_map<std::string, size_t> in_batch;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorInput& t = tensors[i];
@@ -223,17 +283,30 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
           absl::StrCat("duplicate tensor name ", t.desc.name, " within batch ", batch));
     }
     for (const TensorPart& p : t.parts) {
-      if (std::holds_alternative<InlineSource>(p.source)) {
+      if (!std::holds_alternative<CudaIpcSource>(p.source)) {
         new_inline += static_cast<uint64_t>(NumElements(p.shape) * DTypeSize(t.desc.dtype));
       }
     }
+    // A declaration the host cannot hold fails here, naming the tensor, instead of as the
+    // bytes arrive (the kernel's OOM killer) or as an allocation failure. Bytes already
+    // received are in `available`'s complement; those still to come are not.
+    if (available >= 0 && pending + new_inline > static_cast<uint64_t>(available)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tensor ", t.desc.name, ": batch ", batch, " declares ", new_inline,
+                       " bytes of host staging (", pending, " more still to arrive); the host has ",
+                       available, " bytes available"));
+    }
   }
   if (inline_bytes_ + new_inline > max_inline_bytes_) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "batch ", batch, " needs ", new_inline, " inline bytes; the publication's limit is ",
-        max_inline_bytes_, " (", inline_bytes_, " already used)"));
+    return absl::OutOfRangeError(
+        absl::StrCat("batch ", batch, " needs ", new_inline,
+                     " inline bytes (inline and shared-memory parts); the publication's limit is ",
+                     max_inline_bytes_, " (", inline_bytes_, " already used)"));
   }
-  // Map shm segments (kept even when a later check fails: they are reused by name).
+  // Open shm segments (kept even when a later check fails: they are reused by name) and copy
+  // their ranges.
+  std::vector<HostBuffer> copies;
+  uint64_t copied = 0;
   std::vector<InputTensor> resolved;
   std::vector<std::vector<std::unique_ptr<InlineBuffer>>> buffers;
   resolved.reserve(tensors.size());
@@ -254,8 +327,8 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
         const std::string key(absl::StripPrefix(shm->name, "/"));
         auto it = shm_.find(key);
         if (it == shm_.end()) {
-          WPUB_ASSIGN_OR_RETURN(auto mapping, ShmMapping::Open(shm->name, t.desc.name));
-          it = shm_.emplace(key, std::move(mapping)).first;
+          WPUB_ASSIGN_OR_RETURN(auto segment, ShmSegment::Open(shm->name, t.desc.name));
+          it = shm_.emplace(key, std::move(segment)).first;
         }
         const uint64_t size = it->second->size();
         if (shm->offset > size || shm->length > size - shm->offset) {
@@ -263,16 +336,20 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
               "tensor ", t.desc.name, " part ", j, ": range [", shm->offset, ", +", shm->length,
               ") exceeds shared-memory segment '", shm->name, "' of ", size, " bytes"));
         }
-        view.data = it->second->data() + shm->offset;
+        WPUB_ASSIGN_OR_RETURN(HostBuffer copy, HostBuffer::Allocate(view.nbytes, t.desc.name));
+        WPUB_RETURN_IF_ERROR(
+            it->second->ReadAt(shm->offset, absl::MakeSpan(copy.data(), view.nbytes), t.desc.name));
+        view.data = copy.data();
         view.memory = PartMemory::kHost;
+        copied += view.nbytes;
+        copies.push_back(std::move(copy));
       } else if (const auto* ipc = std::get_if<CudaIpcSource>(&p.source)) {
         WPUB_ASSIGN_OR_RETURN(view.data, resolve_ipc_(*ipc, view.nbytes, t.desc.name));
         view.memory = PartMemory::kDevice;
       } else {  // inline
         auto buf = std::make_unique<InlineBuffer>();
-        buf->size = view.nbytes;
-        buf->bytes.reset(new uint8_t[std::max<uint64_t>(view.nbytes, 1)]);
-        view.data = buf->bytes.get();
+        WPUB_ASSIGN_OR_RETURN(buf->bytes, HostBuffer::Allocate(view.nbytes, t.desc.name));
+        view.data = buf->bytes.data();
         view.memory = PartMemory::kHost;
         bufs[j] = std::move(buf);
       }
@@ -288,7 +365,9 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
     tensors_.push_back(std::move(resolved[i]));
     inline_.push_back(std::move(buffers[i]));
   }
+  for (HostBuffer& c : copies) shm_copies_.push_back(std::move(c));
   inline_bytes_ += new_inline;
+  inline_declared_ += new_inline - copied;
   return absl::OkStatus();
 }
 
@@ -314,12 +393,14 @@ absl::Status InputStore::AppendInline(uint64_t batch, uint32_t tensor, uint32_t 
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", name, " part ", part, " is not an inline part"));
   }
-  if (offset > buf->size || bytes.size() > buf->size - offset) {
+  const uint64_t size = buf->bytes.size();
+  if (offset > size || bytes.size() > size - offset) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", name, " part ", part, ": chunk overflow: [", offset, ", ", offset,
-                     " + ", bytes.size(), ") exceeds the part's ", buf->size, " bytes"));
+                     " + ", bytes.size(), ") exceeds the part's ", size, " bytes"));
   }
-  if (!bytes.empty()) std::memcpy(buf->bytes.get() + offset, bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(buf->bytes.data() + offset, bytes.data(), bytes.size());
+  inline_received_ += bytes.size();
   buf->written.Add(offset, offset + bytes.size());
   return absl::OkStatus();
 }
@@ -329,11 +410,12 @@ absl::Status InputStore::CheckComplete() const {
     for (size_t p = 0; p < inline_[t].size(); ++p) {
       const InlineBuffer* buf = inline_[t][p].get();
       if (buf == nullptr) continue;
-      const uint64_t gap = buf->written.FirstGap(buf->size);
-      if (gap != buf->size) {
+      const uint64_t size = buf->bytes.size();
+      const uint64_t gap = buf->written.FirstGap(size);
+      if (gap != size) {
         return absl::InvalidArgumentError(absl::StrCat("tensor ", tensors_[t].desc.name, " part ",
                                                        p, ": inline bytes missing from offset ",
-                                                       gap, " (", buf->size, " expected)"));
+                                                       gap, " (", size, " expected)"));
       }
     }
   }

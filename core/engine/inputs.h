@@ -1,6 +1,6 @@
 // Ingestion of a publication's tensors on the host: validation of tensor inputs against their
-// descriptors, read-only POSIX shared-memory mappings, inline buffers filled chunk by chunk with
-// coverage tracking, and the resolved host views the quantizer reads in place.
+// descriptors, copies of POSIX shared-memory ranges, inline buffers filled chunk by chunk with
+// coverage tracking, and the resolved views the quantizer reads in place.
 // Thread-compatible: an InputStore belongs to one publication and is driven by its one
 // producer thread; after CheckComplete it is only read.
 #pragma once
@@ -26,25 +26,59 @@ namespace wpub::engine {
 // no "..", no NUL. INVALID_ARGUMENT naming `tensor` otherwise.
 absl::Status ValidateShmName(absl::string_view name, absl::string_view tensor);
 
-// A read-only mapping of a whole POSIX shared-memory segment (shm_open O_RDONLY + mmap
-// PROT_READ, MAP_SHARED). Unmapped on destruction. Not copyable.
-class ShmMapping {
+// Host memory the daemon owns for one part: an anonymous private mapping reserved without
+// swap accounting (MAP_NORESERVE), so a declaration costs address space only and physical pages
+// arrive with the bytes written into them. Zero-filled. Movable, not copyable; unmapped on
+// destruction.
+class HostBuffer {
  public:
-  // NOT_FOUND naming the tensor and segment when it does not exist; PERMISSION_DENIED or
-  // INTERNAL for other failures.
-  static absl::StatusOr<std::unique_ptr<ShmMapping>> Open(absl::string_view name,
-                                                          absl::string_view tensor);
-  ~ShmMapping();
-  ShmMapping(const ShmMapping&) = delete;
-  ShmMapping& operator=(const ShmMapping&) = delete;
+  // RESOURCE_EXHAUSTED naming `tensor` when the address space cannot be reserved.
+  static absl::StatusOr<HostBuffer> Allocate(uint64_t bytes, absl::string_view tensor);
+  HostBuffer() = default;
+  HostBuffer(HostBuffer&& other) noexcept;
+  HostBuffer& operator=(HostBuffer&& other) noexcept;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer();
 
-  const uint8_t* data() const { return data_; }
+  uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
 
  private:
-  ShmMapping(const uint8_t* data, uint64_t size) : data_(data), size_(size) {}
-  const uint8_t* data_;
+  HostBuffer(uint8_t* data, uint64_t size) : data_(data), size_(size) {}
+  uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// An open POSIX shared-memory segment (shm_open O_RDONLY), read with pread: the trainer owns
+// the segment and may truncate or rewrite it at any time, which would turn a read through a
+// mapping into SIGBUS (a dead daemon) or a torn publication. A pread past the segment's end is
+// a short read instead, reported as an error. Closed on destruction. Not copyable.
+class ShmSegment {
+ public:
+  // NOT_FOUND naming the tensor and segment when it does not exist; PERMISSION_DENIED or
+  // INTERNAL for other failures.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(absl::string_view name,
+                                                          absl::string_view tensor);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  // The size when it was opened.
+  uint64_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+
+  // Copies [offset, offset + dst.size()) into dst. INVALID_ARGUMENT naming `tensor` and the
+  // segment when the segment no longer holds that range (it was truncated); INTERNAL for other
+  // read errors. Blocks for the copy only.
+  absl::Status ReadAt(uint64_t offset, absl::Span<uint8_t> dst, absl::string_view tensor) const;
+
+ private:
+  ShmSegment(int fd, uint64_t size, std::string name)
+      : fd_(fd), size_(size), name_(std::move(name)) {}
+  int fd_;
   uint64_t size_;
+  std::string name_;
 };
 
 // Byte ranges written so far into one inline part (overlaps merge).
@@ -61,12 +95,12 @@ class IntervalSet {
 };
 
 // Where a part's bytes live, when the ingestion knows it (the GPU backend then needs no pointer
-// query per part): inline buffers and shm mappings are host memory; CUDA IPC mappings are
+// query per part): inline buffers and shm copies are host memory; CUDA IPC mappings are
 // device memory of the GPU backend's device (the IPC cache checks the device).
 enum class PartMemory : uint8_t { kUnknown = 0, kHost, kDevice };
 
-// View of one part: host bytes in an inline buffer or a shm mapping, or device bytes of a
-// CUDA IPC mapping (GPU path).
+// View of one part: host bytes the daemon owns (an inline buffer, or the copy of a shm range
+// made at AddBatch), or device bytes of a CUDA IPC mapping (GPU path).
 struct PartView {
   const uint8_t* data = nullptr;
   Shape shape;
@@ -101,8 +135,11 @@ class InputStore {
       : max_inline_bytes_(max_inline_bytes), resolve_ipc_(std::move(resolve_ipc)) {}
 
   // Validates and resolves every tensor of batch `batch` (which must be the next batch index):
-  // maps shm segments (once per segment per publication, bounds-checked against the segment
-  // size) and allocates inline buffers. All or nothing: on error nothing of the batch is kept.
+  // copies shm ranges into buffers of its own (segments opened once per publication, ranges
+  // bounds-checked against the segment size; the trainer may reuse a segment once its batch
+  // was added) and reserves inline buffers. Host staging (inline + shm bytes) is bounded by
+  // `max_inline_bytes` (OUT_OF_RANGE) and by the host's available memory (RESOURCE_EXHAUSTED
+  // naming the tensor). All or nothing: on error nothing of the batch is kept.
   absl::Status AddBatch(uint64_t batch, absl::Span<const TensorInput> tensors);
 
   // Copies a chunk into an inline part (see PublicationSession::AppendInline).
@@ -117,12 +154,12 @@ class InputStore {
   // Flat index of tensor `tensor` of batch `batch`.
   size_t FlatIndex(uint64_t batch, uint32_t tensor) const { return batch_first_[batch] + tensor; }
   uint64_t bytes_in() const { return bytes_in_; }
+  // Host bytes staged (inline parts and shm copies).
   uint64_t inline_bytes() const { return inline_bytes_; }
 
  private:
   struct InlineBuffer {
-    std::unique_ptr<uint8_t[]> bytes;
-    uint64_t size = 0;
+    HostBuffer bytes;
     IntervalSet written;
   };
 
@@ -132,10 +169,14 @@ class InputStore {
   std::vector<size_t> batch_first_;
   // Parallel to tensors_: one entry per part, null for non-inline parts.
   std::vector<std::vector<std::unique_ptr<InlineBuffer>>> inline_;
-  std::unordered_map<std::string, std::unique_ptr<ShmMapping>> shm_;
+  // The copies of shm parts (views point into them).
+  std::vector<HostBuffer> shm_copies_;
+  std::unordered_map<std::string, std::unique_ptr<ShmSegment>> shm_;
   std::unordered_map<std::string, uint64_t> names_;  // tensor name -> batch
   uint64_t bytes_in_ = 0;
   uint64_t inline_bytes_ = 0;
+  uint64_t inline_declared_ = 0;  // inline parts' sizes
+  uint64_t inline_received_ = 0;  // chunk bytes copied (overlaps counted twice)
 };
 
 }  // namespace wpub::engine

@@ -80,6 +80,7 @@ PublicationReport PublicationSession::State::MakeReport(PublicationStatus outcom
   r.tensors_passthrough = tensors_passthrough_.load();
   r.tensors_ignored = tensors_ignored_.load();
   r.bytes_in = bytes_in_.load();
+  r.attempts = static_cast<uint32_t>(attempts_);
   return r;
 }
 
@@ -125,6 +126,7 @@ PublicationReport PublicationSession::State::AbortedReport(absl::Status why) {
   report.buckets = num_buckets_;
   report.host_syncs = syncs_.count();
   report.receivers = std::move(outcomes);
+  report.retry_errors = retry_errors_;
   engine_->Finish(this, report);
   return report;
 }
@@ -251,6 +253,67 @@ absl::StatusOr<ExecutionPlan> PublicationSession::State::BuildPlan(
   return plan;
 }
 
+absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
+                                                  const PublicationManifest& manifest,
+                                                  bool* bad_input) {
+  Transport* transport = engine_->transports.get();
+  {
+    std::lock_guard lock(mu_);
+    if (abort_requested_) return end_status_;
+    transport_begun_ = true;
+  }
+  bytes_out_ = 0;
+  auto t0 = Clock::now();
+  if (absl::Status s = transport->Begin(manifest).status(); !s.ok()) return s;
+  phases_.transfer += Since(t0);
+  {
+    std::lock_guard lock(mu_);
+    if (abort_requested_) return end_status_;
+  }
+
+  ExecutionHooks hooks;
+  hooks.syncs = &syncs_;
+  hooks.host_buckets_needed = engine_->transports->host_only_participants();
+  hooks.emit = [&](std::shared_ptr<const Bucket> bucket) {
+    const auto t = Clock::now();
+    // A bucket the backend also sent directly was counted by sent_direct.
+    if (!bucket->sent_direct) bytes_out_ += bucket->manifest.nbytes;
+    absl::Status s = transport->Send(std::move(bucket));
+    phases_.transfer += Since(t);
+    return s;
+  };
+  hooks.sent_direct = [&](const BucketManifest& manifest) {
+    bytes_out_ += manifest.nbytes;
+    return absl::OkStatus();
+  };
+  hooks.cancelled = [&] {
+    {
+      std::lock_guard lock(mu_);
+      if (abort_requested_) return true;
+    }
+    return !FailureFromOutcomes(transport->Outcomes()).ok();
+  };
+  absl::StatusOr<ExecutionResult> executed = engine_->backend->Execute(plan, hooks);
+  if (!executed.ok()) {
+    // INVALID_ARGUMENT is the trainer's input (e.g. non-finite weights): the caller fails the
+    // publication; anything else is the transfer's.
+    if (absl::IsInvalidArgument(executed.status())) {
+      *bad_input = true;
+      return executed.status();
+    }
+    absl::Status why = FailureFromOutcomes(transport->Outcomes());
+    return why.ok() ? executed.status() : why;
+  }
+  phases_.quantize += executed->quantize_seconds;
+  phases_.pack += executed->pack_seconds;
+  non_finite_ = executed->non_finite;
+
+  t0 = Clock::now();
+  absl::Status acked = transport->WaitAcknowledged(absl::Now() + engine_->options.ack_deadline);
+  phases_.transfer += Since(t0);
+  return acked;
+}
+
 absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   {
     std::lock_guard lock(mu_);
@@ -292,57 +355,32 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
         absl::StrCat("publication ", header_.version, " needs at least ",
                      engine_->options.min_receivers, " receivers, ", n, " connected")));
   }
-  {
-    std::lock_guard lock(mu_);
-    if (abort_requested_) return AbortedReport(end_status_);
-    transport_begun_ = true;
-  }
-  t0 = Clock::now();
-  if (absl::Status s = transport->Begin(manifest).status(); !s.ok()) return AbortedReport(s);
-  phases_.transfer += Since(t0);
-  {
-    std::lock_guard lock(mu_);
-    if (abort_requested_) return AbortedReport(end_status_);
-  }
-
-  ExecutionHooks hooks;
-  hooks.syncs = &syncs_;
-  hooks.host_buckets_needed = engine_->transports->host_only_participants();
-  hooks.emit = [&](std::shared_ptr<const Bucket> bucket) {
-    const auto t = Clock::now();
-    // A bucket the backend also sent directly was counted by sent_direct.
-    if (!bucket->sent_direct) bytes_out_ += bucket->manifest.nbytes;
-    absl::Status s = transport->Send(std::move(bucket));
-    phases_.transfer += Since(t);
-    return s;
-  };
-  hooks.sent_direct = [&](const BucketManifest& manifest) {
-    bytes_out_ += manifest.nbytes;
-    return absl::OkStatus();
-  };
-  hooks.cancelled = [&] {
+  // The transfer, retried while an aborted attempt left receivers that apply on receipt dirty
+  // (their live weights may mix two versions) and the inputs are still held here.
+  for (;;) {
+    ++attempts_;
+    bool bad_input = false;
+    absl::Status sent = Transfer(*plan, manifest, &bad_input);
+    if (sent.ok()) break;
+    if (bad_input) return End(PublicationStatus::kFailed, sent);
+    std::vector<std::string> dirty;
+    for (const ReceiverOutcome& o : transport->Outcomes()) {
+      if (o.dirty) dirty.push_back(o.name);
+    }
+    bool stop;
     {
       std::lock_guard lock(mu_);
-      if (abort_requested_) return true;
+      stop = abort_requested_;
     }
-    return !FailureFromOutcomes(transport->Outcomes()).ok();
-  };
-  absl::StatusOr<ExecutionResult> executed = engine_->backend->Execute(*plan, hooks);
-  if (!executed.ok()) {
-    if (absl::IsInvalidArgument(executed.status())) {
-      return End(PublicationStatus::kFailed, executed.status());
+    if (stop || dirty.empty() || attempts_ >= engine_->options.max_attempts) {
+      return AbortedReport(sent);
     }
-    absl::Status why = FailureFromOutcomes(transport->Outcomes());
-    return AbortedReport(why.ok() ? executed.status() : why);
+    // Ends this attempt on every transport (the next Begin re-forms what failed).
+    transport->Abort(absl::StrCat("attempt ", attempts_, " failed (", sent.message(),
+                                  "); retrying for the dirty receivers ",
+                                  absl::StrJoin(dirty, ", ")));
+    retry_errors_.push_back(std::string(sent.message()));
   }
-  phases_.quantize += executed->quantize_seconds;
-  phases_.pack += executed->pack_seconds;
-  non_finite_ = executed->non_finite;
-
-  t0 = Clock::now();
-  absl::Status acked = transport->WaitAcknowledged(absl::Now() + engine_->options.ack_deadline);
-  phases_.transfer += Since(t0);
-  if (!acked.ok()) return AbortedReport(acked);
 
   t0 = Clock::now();
   {
@@ -363,6 +401,7 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   if (!committing_) return AbortedReport(end_status_);
   PublicationReport report = MakeReport(PublicationStatus::kCommitted, absl::OkStatus());
   report.receivers = transport->Outcomes();
+  report.retry_errors = retry_errors_;
   {
     std::lock_guard lock(mu_);
     ended_ = true;

@@ -55,6 +55,10 @@ struct TransportCapabilities {
   bool receiver_paced = false;
   // Receivers acknowledge each bucket with its checksum (the engine verifies end to end).
   bool acknowledges_checksums = true;
+  // Receivers load each bucket into their live weights as it arrives and cannot roll back
+  // (SGLang, vLLM): an abort after any bucket reached one leaves it dirty (ReceiverOutcome::
+  // dirty), and the engine retries the version while it still holds the inputs.
+  bool applies_on_receipt = false;
   // Largest bucket accepted; 0 = no limit.
   uint64_t max_bucket_bytes = 0;
 };

@@ -15,6 +15,8 @@ const char* ReceiverStateName(ReceiverState state) {
       return "failed";
     case ReceiverState::kLeft:
       return "left";
+    case ReceiverState::kDirty:
+      return "dirty";
   }
   return "unknown";
 }

@@ -183,8 +183,13 @@ enum class ReceiverState : uint8_t {
   kStaged,     // acknowledged every bucket of the active publication
   kFailed,     // failed the active or last publication (bad checksum, timeout); still connected
   kLeft,       // disconnected (kept in reports only)
+  // Received bytes of a version that then aborted, and applies bytes on receipt (SGLang,
+  // vLLM): its live weights may be a mix, so it stays paused (serves nothing) until a complete
+  // version is applied to it.
+  kDirty,
 };
-// "idle", "receiving", "staged", "failed", "left" (the wpub_engines{state} label values).
+// "idle", "receiving", "staged", "failed", "left", "dirty" (the wpub_engines{state} label
+// values).
 const char* ReceiverStateName(ReceiverState state);
 
 struct ReceiverInfo {
@@ -212,6 +217,10 @@ struct ReceiverOutcome {
   bool committed = false;                      // it was told to apply the version
   ReceiverFailure failure = ReceiverFailure::kNone;
   std::string error;  // empty on success
+  // The receiver applies bytes on receipt and holds some of a version that has not committed:
+  // an abort left it paused and kDirty until a complete version reaches it, or (while the
+  // publication is in flight) it would be if the publication ended now.
+  bool dirty = false;
 };
 
 enum class PublicationStatus : uint8_t {
@@ -262,6 +271,10 @@ struct PublicationReport {
   uint64_t non_finite = 0;           // non-finite input elements seen
   uint32_t buckets = 0;
   std::vector<ReceiverOutcome> receivers;
+  // Transfers of the version (1 unless an attempt that left receivers dirty was retried;
+  // EngineOptions::max_attempts) and why each attempt before the last one failed.
+  uint32_t attempts = 0;
+  std::vector<std::string> retry_errors;
 };
 
 // The active publication, as GetStatus shows it.

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/common/json_bounds.h"
 #include "core/engines/update_request.h"
 #include "nlohmann/json.hpp"
 
@@ -34,6 +35,10 @@ struct Request {
   // driver allows more than one in flight). Every other request waits for the lanes to drain
   // and holds back what follows it.
   bool overlappable = false;
+  // A bucket's update request: once it is sent the engine may have loaded some of the bucket.
+  bool update = false;
+  // Sent even to an engine that failed this publication (resuming one after an abort).
+  bool always = false;
 };
 
 }  // namespace
@@ -132,10 +137,13 @@ class SglangDriver::Worker {
       if (queue_.empty()) return;  // stop_ and drained
       Request r = std::move(queue_.front());
       queue_.pop_front();
-      if (outcome_.failed) {
+      if (outcome_.failed && !r.always) {
         cv_.notify_all();
         continue;  // an engine that failed gets no further requests of this publication
       }
+      // Counted before it is sent, under the lock DropQueued takes: once an abort dropped the
+      // queue, updates_sent says exactly which engines may hold bytes of the aborted version.
+      if (r.update) ++outcome_.updates_sent;
       ++in_flight_;
       exclusive_in_flight_ = !r.overlappable;
       lock.unlock();
@@ -162,7 +170,11 @@ class SglangDriver::Worker {
     if (res->status < 200 || res->status >= 300) {
       return absl::StrCat(what, ": HTTP ", res->status, ": ", res->body.substr(0, 300));
     }
-    // SGLang answers {"success": bool, "message": str} on the weight-update routes.
+    // SGLang answers {"success": bool, "message": str} on the weight-update routes. An answer
+    // beyond the bounds is not one (and would cost the daemon its stack or memory to parse).
+    if (absl::Status bounded = CheckJsonBounds(res->body, "answer"); !bounded.ok()) {
+      return absl::StrCat(what, ": ", bounded.message());
+    }
     json j = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("success") && j["success"].is_boolean() &&
         !j["success"].get<bool>()) {
@@ -245,6 +257,35 @@ std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std
   return std::vector<bool>(alive.begin(), alive.end());
 }
 
+std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
+                                          const std::string& path, absl::Duration timeout) {
+  std::vector<uint64_t> versions(engines.size(), 0);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    threads.emplace_back([&, i] {
+      httplib::Client c(engines[i].url);
+      const int64_t us = absl::ToInt64Microseconds(timeout);
+      c.set_connection_timeout(us / 1000000, us % 1000000);
+      c.set_read_timeout(us / 1000000, us % 1000000);
+      httplib::Result r = c.Get(path);
+      if (!r || r->status < 200 || r->status >= 300) return;
+      if (!CheckJsonBounds(r->body, "answer").ok()) return;
+      json j = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_object()) return;
+      auto it = j.find("weight_version");
+      if (it == j.end()) return;
+      uint64_t v = 0;
+      if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) {
+        versions[i] = v;
+      } else if (it->is_number_unsigned()) {
+        versions[i] = it->get<uint64_t>();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return versions;
+}
+
 std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, size_t engine) {
   json j = {{"master_address", o.master_address},
             {"master_port", o.master_port},
@@ -300,7 +341,9 @@ void SglangDriver::PostAll(const std::string& method, const std::string& path,
                            const std::string& body) {
   if (path.empty()) return;
   auto shared = std::make_shared<const std::string>(body);
-  for (auto& w : workers_) w->Post(Request{method, path, shared, /*overlappable=*/false});
+  for (auto& w : workers_) {
+    w->Post(Request{method, path, shared, /*overlappable=*/false, /*update=*/false});
+  }
 }
 
 void SglangDriver::StartJoin() {
@@ -331,7 +374,9 @@ absl::Status SglangDriver::WaitIdle(absl::Time deadline) {
 }
 
 void SglangDriver::BeginPublication(uint64_t version) {
+  std::lock_guard lock(post_mu_);
   version_ = version;
+  closed_ = false;
   for (auto& w : workers_) w->Reset();
   const SglangEndpoints& e = options_.endpoints;
   PostAll("POST", e.pause, json({{"mode", e.pause_mode}}).dump());
@@ -342,28 +387,48 @@ void SglangDriver::BeginPublication(uint64_t version) {
 void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
   const std::string& path = options_.endpoints.update;
   if (path.empty()) return;
+  std::lock_guard lock(post_mu_);
+  if (closed_) return;  // aborted: no engine may receive more of this version
   // Encoded here, once for every engine: a 3,300-tensor body takes ~0.3 ms
   // (bench/engines/update_request_bench), less than copying the manifest for another thread.
   auto body = std::make_shared<const std::string>(UpdateBody(options_, bucket, version_));
-  for (auto& w : workers_) w->Post(Request{"POST", path, body, /*overlappable=*/true});
+  for (auto& w : workers_) {
+    w->Post(Request{"POST", path, body, /*overlappable=*/true, /*update=*/true});
+  }
 }
 
 void SglangDriver::EndPublication() {
+  std::lock_guard lock(post_mu_);
+  if (closed_) return;
+  closed_ = true;
   const SglangEndpoints& e = options_.endpoints;
   PostAll("POST", e.version, json({{"new_version", std::to_string(version_)}}).dump());
   PostAll("POST", e.end, "{}");
   PostAll("POST", e.resume, "{}");
 }
 
-void SglangDriver::ResumeAfterAbort() {
-  for (auto& w : workers_) {
-    w->DropQueued();
-    w->Reset();
+std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& still_dirty) {
+  std::lock_guard lock(post_mu_);
+  std::vector<bool> dirty(workers_.size(), false);
+  for (size_t i = 0; i < workers_.size(); ++i) dirty[i] = still_dirty.count(workers_[i]->url()) > 0;
+  if (closed_) return dirty;  // already ended (committed, or resumed by an earlier call)
+  closed_ = true;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i]->DropQueued();
+    // After the drop no further update can start, so this is final for the publication.
+    dirty[i] = dirty[i] || workers_[i]->outcome().updates_sent > 0;
+    if (!dirty[i] && !options_.endpoints.resume.empty()) {
+      workers_[i]->Post(Request{"POST", options_.endpoints.resume,
+                                std::make_shared<const std::string>("{}"),
+                                /*overlappable=*/false, /*update=*/false, /*always=*/true});
+    }
   }
-  PostAll("POST", options_.endpoints.resume, "{}");
+  return dirty;
 }
 
 void SglangDriver::Leave() {
+  std::lock_guard lock(post_mu_);
+  closed_ = true;
   for (auto& w : workers_) {
     w->DropQueued();
     w->Reset();

@@ -9,14 +9,23 @@
 // Threading: each engine has a worker that sends that engine's requests in the order they were
 // posted, strictly one after another by default (bucket k+1's request never overtakes bucket
 // k's, since NCCL matches broadcasts by order; requests_in_flight is the exception). Engines
-// proceed independently. Public methods are called by one thread (the publication thread);
-// outcomes() and layout() are thread-safe. An engine whose request failed (HTTP error,
-// success=false, timeout) is marked failed with the reason;
-// its later requests of the same publication are skipped; it is never reported committed.
+// proceed independently. Public methods are called by one thread (the publication thread),
+// except ResumeAfterAbort, which may race with PostBucket/EndPublication from another thread
+// (an abort): once it ran, nothing more of the publication is posted. outcomes() and layout()
+// are thread-safe.
+//
+// Engines load each bucket into their live weights as its request is handled and cannot roll
+// back ("partially updated ... discard the whole weights"). After an abort, an engine that was
+// sent any bucket's request may serve a mix of two versions: it is dirty and must stay paused
+// until a complete version is applied; ResumeAfterAbort resumes only the others. An engine whose
+// request failed (HTTP error, success=false, timeout) is marked failed with the reason; its later
+// requests of the same publication are skipped; it is never reported committed.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -94,6 +103,9 @@ struct EngineOutcome {
   bool failed = false;
   std::string error;      // the first failure of the current publication (or join)
   uint64_t requests = 0;  // requests answered successfully in the current publication
+  // Bucket update requests sent to the engine (answered or not) in the current publication:
+  // more than 0 means it may hold bytes of it.
+  uint64_t updates_sent = 0;
 };
 
 class SglangDriver {
@@ -122,9 +134,13 @@ class SglangDriver {
   void PostBucket(const engine::BucketManifest& bucket);
   // Queues version, end, continue.
   void EndPublication();
-  // After an aborted publication: drops the requests not yet sent, then queues continue
-  // (engines serve again; their weights may be partially updated, which the report states).
-  void ResumeAfterAbort();
+  // After an aborted publication: drops the requests not yet sent and ends the publication
+  // (later PostBucket/EndPublication calls are ignored), then queues continue for every
+  // engine that is clean: sent no bucket request of this publication and not in `dirty`
+  // (engine URLs left dirty by earlier aborts, which the caller keeps across groups). Returns,
+  // per engine, whether it is dirty now: those stay paused. No-op returning `dirty`'s verdicts
+  // after EndPublication or a first call. Thread-safe against the publication thread's calls.
+  std::vector<bool> ResumeAfterAbort(const std::set<std::string>& dirty = {});
   // Drops the requests not yet sent, then queues destroy_weights_update_group.
   void Leave();
 
@@ -139,7 +155,10 @@ class SglangDriver {
 
   const SglangDriverOptions options_;
   const GroupLayout layout_;
-  uint64_t version_ = 0;
+  // Orders the posts of a publication against an abort's ResumeAfterAbort.
+  std::mutex post_mu_;
+  uint64_t version_ = 0;  // guarded by post_mu_
+  bool closed_ = true;    // guarded by post_mu_: the publication ended (or none began)
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 
@@ -147,6 +166,14 @@ class SglangDriver {
 // `timeout`. Used to leave dead engines out when (re-)forming a group.
 std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
                                absl::Duration timeout);
+
+// GETs `path` (SGLang's /get_model_info) on every engine concurrently and reads the
+// "weight_version" field of each answer: the version the engine serves, as wpub set it with
+// update_weight_version. 0 where the engine did not answer in time, answered without the field
+// (SGLang before weight versions), or with something that is not a decimal version (a
+// checkpoint's own name). Answers are bounded like every engine answer.
+std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
+                                          const std::string& path, absl::Duration timeout);
 
 // JSON bodies (exposed for tests).
 std::string InitGroupBody(const SglangDriverOptions& options, const GroupLayout& layout,

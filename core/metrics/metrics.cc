@@ -83,7 +83,7 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
                         .Register(*registry);
     for (auto s : {engine::ReceiverState::kIdle, engine::ReceiverState::kReceiving,
                    engine::ReceiverState::kStaged, engine::ReceiverState::kFailed,
-                   engine::ReceiverState::kLeft}) {
+                   engine::ReceiverState::kLeft, engine::ReceiverState::kDirty}) {
       const std::string name = engine::ReceiverStateName(s);
       m->engines_[name] = &engines.Add({{"state", name}});
     }

@@ -3,6 +3,8 @@
 // deadline, and re-formation at the next Begin.
 #include "core/nccl/nccl_transport.h"
 
+#include <set>
+
 #include <chrono>
 #include <cstring>
 
@@ -119,6 +121,13 @@ void NcclTransport::PublishInfo() {
     }
   }
   std::lock_guard lock(info_mu_);
+  for (engine::ConnectedEngine& e : g.engines) {
+    auto it = weight_versions_.find(e.url);
+    e.weight_version = it == weight_versions_.end() ? 0 : it->second;
+  }
+  for (const auto& [url, v] : weight_versions_) {
+    g.highest_engine_version = std::max(g.highest_engine_version, v);
+  }
   info_ = std::move(g);
 }
 
@@ -191,6 +200,16 @@ absl::Status NcclTransport::Form(const std::vector<engines::EngineSpec>& want,
                                        : absl::UnavailableError(why);
   }
   group_healthy_ = true;
+  if (!options_.model_info_endpoint.empty()) {
+    // What each engine serves now: a daemon that restarted learns the version to go beyond.
+    const std::vector<uint64_t> versions = engines::FetchWeightVersions(
+        alive, options_.model_info_endpoint, std::min(options_.sglang.connect_timeout, timeout));
+    std::lock_guard lock(info_mu_);
+    for (size_t i = 0; i < alive.size(); ++i) {
+      uint64_t& v = weight_versions_[alive[i].url];
+      v = std::max(v, versions[i]);
+    }
+  }
   PublishInfo();
   return absl::OkStatus();
 }
@@ -227,11 +246,20 @@ engine::EngineGroupInfo NcclTransport::Group() const {
   }
   // Live state: a failure or an abort since the snapshot marks the group down.
   g.healthy = g.healthy && group_healthy_;
+  std::set<std::string> dirty;
+  {
+    std::lock_guard lock(info_mu_);
+    dirty = dirty_;
+  }
   for (engine::ConnectedEngine& e : g.engines) {
     if (e.state == engine::ReceiverState::kLeft) continue;
     e.state = !g.healthy   ? engine::ReceiverState::kFailed
               : in_flight_ ? engine::ReceiverState::kReceiving
                            : engine::ReceiverState::kIdle;
+    // Paused with a possible mix of versions until a complete one reaches it.
+    if (dirty.count(e.url) && e.state != engine::ReceiverState::kReceiving) {
+      e.state = engine::ReceiverState::kDirty;
+    }
   }
   return g;
 }
@@ -243,6 +271,7 @@ engine::TransportCapabilities NcclTransport::capabilities() const {
   c.device_buckets = true;
   c.receiver_paced = false;
   c.acknowledges_checksums = false;
+  c.applies_on_receipt = true;  // SGLang loads each bucket into its live weights
   return c;
 }
 
@@ -277,6 +306,7 @@ absl::StatusOr<std::vector<std::string>> NcclTransport::Begin(
   bcast_count_ = 0;
   publication_deadline_ = absl::Now() + options_.publication_deadline;
   driver_->BeginPublication(m.version);
+  resume_pending_ = true;
   StartWatchdog();
   std::vector<std::string> names;
   for (const auto& e : driver_->options().engines) names.push_back(e.url);
@@ -404,9 +434,23 @@ absl::Status NcclTransport::Commit() {
     return absl::OkStatus();
   }
   driver_->EndPublication();
+  resume_pending_ = false;
   absl::Status s = driver_->WaitIdle(absl::Now() + options_.sglang.request_timeout);
-  last_outcomes_ = Outcomes();
+  {
+    // An engine that applied the whole version is clean again; one whose end calls failed
+    // may have applied part of it and stays dirty.
+    std::lock_guard lock(info_mu_);
+    for (const engines::EngineOutcome& o : driver_->outcomes()) {
+      if (o.failed) {
+        dirty_.insert(o.url);
+      } else {
+        dirty_.erase(o.url);
+        weight_versions_[o.url] = version_;
+      }
+    }
+  }
   in_flight_ = false;
+  last_outcomes_ = Outcomes();
   return s;
 }
 
@@ -416,7 +460,31 @@ void NcclTransport::Abort(absl::string_view reason) {
     std::lock_guard lock(mu_);
     last_outcomes_.clear();
   }
+  ResumeCleanEngines();
   in_flight_ = false;
+}
+
+void NcclTransport::ResumeCleanEngines() {
+  // Begin (which replaces driver_) holds connect_mu_ for as long as it forms a group: an abort
+  // arriving then leaves the resume to the publication thread's own Abort, which follows.
+  std::unique_lock connect_lock(connect_mu_, std::try_to_lock);
+  if (!connect_lock.owns_lock() || !driver_ || !resume_pending_.exchange(false)) return;
+  std::set<std::string> still_dirty;
+  {
+    std::lock_guard lock(info_mu_);
+    still_dirty = dirty_;
+  }
+  const std::vector<bool> dirty = driver_->ResumeAfterAbort(still_dirty);
+  const auto& engines = driver_->options().engines;
+  std::lock_guard lock(info_mu_);
+  for (size_t i = 0; i < dirty.size() && i < engines.size(); ++i) {
+    if (dirty[i]) dirty_.insert(engines[i].url);
+  }
+}
+
+std::vector<std::string> NcclTransport::dirty_engines() const {
+  std::lock_guard lock(info_mu_);
+  return std::vector<std::string>(dirty_.begin(), dirty_.end());
 }
 
 void NcclTransport::Fail(absl::Status why) {
@@ -480,9 +548,17 @@ std::vector<engine::ReceiverOutcome> NcclTransport::Outcomes() const {
   std::vector<engine::ReceiverOutcome> out;
   bool any_engine_failed = false;
   for (const auto& o : driver_->outcomes()) any_engine_failed |= o.failed;
+  std::set<std::string> dirty;
+  {
+    std::lock_guard lock(info_mu_);
+    dirty = dirty_;
+  }
   for (const auto& o : driver_->outcomes()) {
     engine::ReceiverOutcome r;
     r.name = o.url;
+    // Holds part of a version that has not committed: left dirty by an abort, or (in flight)
+    // it would be if this attempt ended now.
+    r.dirty = dirty.count(o.url) > 0 || (in_flight_ && o.updates_sent > 0);
     if (o.failed || (!f.ok() && !any_engine_failed)) {
       r.state = engine::ReceiverState::kFailed;
       r.error = o.failed ? o.error : std::string(f.message());
@@ -502,6 +578,16 @@ std::vector<engine::ReceiverInfo> NcclTransport::Receivers() const {
     engine::ReceiverInfo r;
     r.name = e.url;
     r.state = e.state == engine::ReceiverState::kFailed ? engine::ReceiverState::kLeft : e.state;
+    out.push_back(std::move(r));
+  }
+  // Dirty engines no longer in the group (it re-formed without them) are still paused.
+  std::set<std::string> listed;
+  for (const auto& r : out) listed.insert(r.name);
+  for (const std::string& url : dirty_engines()) {
+    if (listed.count(url)) continue;
+    engine::ReceiverInfo r;
+    r.name = url;
+    r.state = engine::ReceiverState::kDirty;
     out.push_back(std::move(r));
   }
   return out;

@@ -23,6 +23,11 @@
 // mutex; Connect refuses while a publication is in flight. Group/Receivers read a snapshot and
 // never block on a Connect.
 //
+// Dirty engines: SGLang loads each bucket into its live weights on receipt. When a publication
+// aborts, the engines that were sent no bucket are resumed at once (continue_generation); the
+// others are dirty: left paused, reported with state "dirty" (Receivers, Group, Outcomes) until
+// a publication commits on them (the engine's retry of the same version, or the next one).
+//
 // Transport contract (core/engine/transport.h) with these specifics: participants are the
 // engine URLs; acknowledgements are the engines' HTTP answers (SGLang reports no checksums, so
 // acknowledges_checksums is false); Commit sends version/end/continue. Thread-safety: as the
@@ -34,7 +39,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <memory>
+#include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +69,9 @@ struct NcclTransportOptions {
   engines::SglangDriverOptions sglang;
   // GET before (re-)forming a group; engines that fail it are left out. Empty: no probe.
   std::string health_endpoint = "/health";
+  // GET after a group formed, for the "weight_version" each engine serves (SGLang's
+  // /get_model_info); versions at or below the highest are refused. Empty: not asked.
+  std::string model_info_endpoint = "/get_model_info";
   // Keys the ncclUniqueId is stored under (each template as rendezvous::UniqueIdKey takes it):
   // torch 2.11's layout first, then the one of torch versions without the device-type layer.
   std::vector<std::string> unique_id_key_templates = {
@@ -113,6 +123,8 @@ class NcclTransport : public engine::Transport,
   std::vector<engine::ReceiverInfo> Receivers() const override;
 
   cudaStream_t comm_stream() const { return comm_stream_; }
+  // Engines left paused by an aborted publication (see the file comment).
+  std::vector<std::string> dirty_engines() const;
 
   // Device time of the last publication's broadcasts, from CUDA events around each on the comm
   // stream (read once they completed, e.g. after WaitAcknowledged): busy[i] is broadcast i's
@@ -135,6 +147,8 @@ class NcclTransport : public engine::Transport,
                     absl::Duration timeout, bool strict);
   void TearDownGroup();
   void PublishInfo();  // refreshes info_ from the group state (requires connect_mu_)
+  // After an abort: resumes the engines that got no bucket, records the others as dirty.
+  void ResumeCleanEngines();
 
   NcclTransportOptions options_;
   // Serializes Connect and Begin; guards engines_ and base_group_.
@@ -144,6 +158,8 @@ class NcclTransport : public engine::Transport,
   // What Group and Receivers show (written under connect_mu_ too).
   mutable std::mutex info_mu_;
   engine::EngineGroupInfo info_;  // guarded by info_mu_
+  std::set<std::string> dirty_;   // guarded by info_mu_: engine URLs left dirty
+  std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
   cudaStream_t comm_stream_ = nullptr;
   cudaEvent_t host_done_ = nullptr;
@@ -160,6 +176,8 @@ class NcclTransport : public engine::Transport,
   std::atomic<int> generation_{0};
   std::atomic<bool> group_healthy_{false};  // cleared by Abort/Fail from any thread
   std::atomic<bool> in_flight_{false};
+  // Begin posted the lifecycle calls; the abort path still owes the clean engines a resume.
+  std::atomic<bool> resume_pending_{false};
   uint64_t version_ = 0;
   absl::Time publication_deadline_ = absl::InfiniteFuture();
   std::vector<engine::ReceiverOutcome> last_outcomes_;

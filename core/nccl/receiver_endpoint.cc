@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/json_bounds.h"
 #include "core/common/status.h"
 #include "core/engine/checksum.h"
 #include "core/engines/update_request.h"
@@ -37,6 +38,18 @@ constexpr size_t kKeepAliveRequests = size_t{1} << 20;
 // keep-alive timeout (5 s); a publisher holds up to 8 (wpubd --engine_requests_in_flight), plus
 // probes and /stats readers, whatever the host's core count (httplib's default pool).
 constexpr size_t kServerThreads = 32;
+// Largest request body: an update request carries one bucket's names, dtypes and shapes.
+constexpr size_t kMaxRequestBytes = size_t{64} << 20;
+
+// A request body as JSON, or a discarded value when it is not JSON or exceeds the bounds of
+// client JSON (core/common/json_bounds.h): the callers answer "not JSON" either way.
+nlohmann::json ParseBody(const std::string& body) {
+  constexpr JsonBounds kBounds{kMaxRequestBytes, kClientJsonBounds.max_depth};
+  if (!CheckJsonBounds(body, "body", kBounds).ok()) {
+    return nlohmann::json(nlohmann::json::value_t::discarded);
+  }
+  return nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+}
 
 void Reply(httplib::Response& res, const absl::Status& s, const std::string& ok_message) {
   res.status = s.ok() ? 200 : 400;
@@ -150,7 +163,7 @@ class ReceiverEndpoint::Impl {
     server_.Post("/receive_raw",
                  [this](const httplib::Request& q, httplib::Response& r) { ReceiveRaw(q, r); });
     server_.Post("/update_weight_version", [this](const httplib::Request& q, httplib::Response& r) {
-      json j = json::parse(q.body, nullptr, false);
+      json j = ParseBody(q.body);
       const std::string v = j.is_object() ? j.value("new_version", std::string()) : "";
       if (callbacks_.on_version) callbacks_.on_version(v);
       Reply(r, absl::OkStatus(), "version " + v);
@@ -180,6 +193,8 @@ class ReceiverEndpoint::Impl {
       server_.Get(path, ok);
     }
     server_.set_tcp_nodelay(true);
+    // Update requests carry one bucket's names, dtypes and shapes; nothing legitimate is larger.
+    server_.set_payload_max_length(kMaxRequestBytes);
     // A publisher keeps one connection per request lane for a whole publication (17+ update
     // requests and the lifecycle calls); httplib's default closes a connection after 5
     // requests, and each reconnection delayed the request behind it.
@@ -207,7 +222,7 @@ class ReceiverEndpoint::Impl {
   // ends; the new members are created without mu_ (the unique-id lookup may wait up to the join
   // timeout) and installed under it.
   void Join(const httplib::Request& q, httplib::Response& r) {
-    json j = json::parse(q.body, nullptr, false);
+    json j = ParseBody(q.body);
     if (!j.is_object()) return Reply(r, absl::InvalidArgumentError("body is not JSON"), "");
     GroupMemberOptions o;
     o.master_address = j.value("master_address", std::string("127.0.0.1"));
@@ -482,7 +497,7 @@ class ReceiverEndpoint::Impl {
   // back, no decoding and no checksum: the group's transfer limit, for benchmarks that compare a
   // publication with a plain broadcast of its bytes through the same group.
   void ReceiveRaw(const httplib::Request& q, httplib::Response& r) {
-    json j = json::parse(q.body, nullptr, false);
+    json j = ParseBody(q.body);
     if (!j.is_object() || !j.contains("nbytes") || !j["nbytes"].is_number_unsigned() ||
         (j.contains("count") && !j["count"].is_number_unsigned())) {
       return Reply(r, absl::InvalidArgumentError("nbytes and count must be unsigned integers"), "");

@@ -82,6 +82,8 @@ absl::StatusOr<RegexIgnoreRules> RegexIgnoreRules::Create(std::vector<std::strin
   out.compiled_.resize(out.rules_.size());
   RE2::Options options;
   options.set_log_errors(false);
+  // RE2's default budget is 8 MiB per pattern (program and lazily built DFA).
+  options.set_max_mem(kRegexRuleMaxMem);
   for (size_t i = 0; i < out.rules_.size(); ++i) {
     const std::string& rule = out.rules_[i];
     if (!IsRegexRule(rule)) continue;
@@ -96,6 +98,8 @@ absl::StatusOr<RegexIgnoreRules> RegexIgnoreRules::Create(std::vector<std::strin
       return absl::InvalidArgumentError(
           absl::StrCat("ignore rule [", i, "] \"", rule, "\" does not compile: ", re->error()));
     }
+    // The object and its program (RE2 keeps forward and reverse programs, ~16 B/instruction).
+    out.compiled_bytes_ += sizeof(RE2) + 1024 + 2 * 16 * static_cast<size_t>(re->ProgramSize());
     out.compiled_[i] = std::move(re);
   }
   return out;
@@ -119,6 +123,24 @@ IgnoreMatcher::IgnoreMatcher(std::vector<std::string> rules,
     : rules_(std::move(rules)), impl_(std::move(impl)) {}
 
 absl::StatusOr<IgnoreMatcher> IgnoreMatcher::Create(std::vector<std::string> rules) {
+  if (rules.size() > kMaxIgnoreRules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rules.size(), " ignore rules exceed the limit of ", kMaxIgnoreRules));
+  }
+  size_t regex = 0;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (rules[i].size() > kMaxIgnoreRuleBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("ignore rule [", i, "] is ", rules[i].size(),
+                                                     " bytes long; the limit is ",
+                                                     kMaxIgnoreRuleBytes));
+    }
+    regex += IsRegexRule(rules[i]) ? 1 : 0;
+  }
+  if (regex > kMaxRegexIgnoreRules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(regex, " `re:` ignore rules exceed the limit of ", kMaxRegexIgnoreRules,
+                     " (literal rules are not limited this way)"));
+  }
   absl::StatusOr<LiteralRuleList> literal = LiteralRuleList::Create(rules);
   if (literal.ok()) {
     return IgnoreMatcher(std::move(rules), LiteralIgnoreSnapshot(*literal));
@@ -129,6 +151,18 @@ absl::StatusOr<IgnoreMatcher> IgnoreMatcher::Create(std::vector<std::string> rul
 
 bool IgnoreMatcher::IsIgnored(absl::string_view name) const {
   return std::visit([name](const auto& impl) { return impl.Matches(name); }, impl_);
+}
+
+size_t IgnoreMatcher::footprint_bytes() const {
+  // Each rule is held by the list and by the snapshot's set (or the scan's list).
+  size_t bytes = sizeof(*this);
+  for (const std::string& r : rules_) bytes += 2 * (sizeof(std::string) + r.size());
+  if (const auto* scan = std::get_if<RegexIgnoreRules>(&impl_)) {
+    bytes += scan->compiled_bytes();
+  } else {
+    bytes += 65536 / 8;  // the snapshot's filter
+  }
+  return bytes;
 }
 
 bool IgnoreMatcher::uses_snapshot() const {
@@ -144,12 +178,21 @@ absl::StatusOr<std::unique_ptr<IgnoreSnapshotCache>> IgnoreSnapshotCache::Create
   if (options.capacity < 1) {
     return absl::InvalidArgumentError("IgnoreSnapshotCache capacity must be >= 1");
   }
-  return std::unique_ptr<IgnoreSnapshotCache>(new IgnoreSnapshotCache(options.capacity));
+  if (options.max_bytes < 1) {
+    return absl::InvalidArgumentError("IgnoreSnapshotCache max_bytes must be >= 1");
+  }
+  return std::unique_ptr<IgnoreSnapshotCache>(
+      new IgnoreSnapshotCache(options.capacity, options.max_bytes));
 }
 
 size_t IgnoreSnapshotCache::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return lru_.size();
+}
+
+size_t IgnoreSnapshotCache::bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
 }
 
 absl::StatusOr<std::shared_ptr<const IgnoreMatcher>> IgnoreSnapshotCache::Get(
@@ -160,7 +203,7 @@ absl::StatusOr<std::shared_ptr<const IgnoreMatcher>> IgnoreSnapshotCache::Get(
     if (auto it = index_.find(key); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
       hits_.fetch_add(1, std::memory_order_relaxed);
-      return it->second->second;
+      return it->second->matcher;
     }
   }
   misses_.fetch_add(1, std::memory_order_relaxed);
@@ -169,16 +212,21 @@ absl::StatusOr<std::shared_ptr<const IgnoreMatcher>> IgnoreSnapshotCache::Get(
   WPUB_ASSIGN_OR_RETURN(IgnoreMatcher built, IgnoreMatcher::Create(key));
   auto matcher = std::make_shared<const IgnoreMatcher>(std::move(built));
 
+  size_t entry_bytes = matcher->footprint_bytes();
+  for (const std::string& r : key) entry_bytes += sizeof(std::string) + r.size();
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = index_.find(key); it != index_.end()) {
     // Another thread built the same list meanwhile; keep one copy.
     lru_.splice(lru_.begin(), lru_, it->second);
-    return it->second->second;
+    return it->second->matcher;
   }
-  lru_.emplace_front(key, matcher);
+  if (entry_bytes > max_bytes_) return matcher;  // used by this publication, not kept
+  lru_.push_front(Entry{key, matcher, entry_bytes});
   index_.emplace(std::move(key), lru_.begin());
-  if (lru_.size() > capacity_) {
-    index_.erase(lru_.back().first);
+  bytes_ += entry_bytes;
+  while (lru_.size() > capacity_ || bytes_ > max_bytes_) {
+    bytes_ -= lru_.back().bytes;
+    index_.erase(lru_.back().key);
     lru_.pop_back();
   }
   return matcher;

@@ -6,7 +6,12 @@
 //  - RegexIgnoreRules: the ordered scan (literal and `re:` rules, first match wins), RE2
 //    anchored at the start of the name (Python `re.match` semantics: a prefix match).
 // IgnoreMatcher holds exactly one of them, chosen from the rule list. IgnoreSnapshotCache keeps
-// the 16 most recently used matchers keyed by rule-list content.
+// the most recently used matchers keyed by rule-list content, bounded by count and by their
+// estimated memory.
+//
+// Rule lists come from clients, so their cost is bounded: at most kMaxIgnoreRules rules of at
+// most kMaxIgnoreRuleBytes bytes each, of which at most kMaxRegexIgnoreRules are `re:` rules
+// (each compiled with a memory budget of kRegexRuleMaxMem bytes). INVALID_ARGUMENT beyond.
 //
 // Literal rule r matches name n iff n == r or n starts with r + ".". Names and rules are byte
 // strings (UTF-8 in practice); matching is case-sensitive.
@@ -34,6 +39,11 @@ class RE2;
 }
 
 namespace wpub::policy {
+
+inline constexpr size_t kMaxIgnoreRules = 65536;
+inline constexpr size_t kMaxIgnoreRuleBytes = 1024;
+inline constexpr size_t kMaxRegexIgnoreRules = 1024;
+inline constexpr int64_t kRegexRuleMaxMem = int64_t{1} << 20;
 
 // The prefix that marks a regex rule.
 inline constexpr absl::string_view kRegexRulePrefix = "re:";
@@ -101,9 +111,12 @@ class RegexIgnoreRules {
   bool Matches(absl::string_view name) const { return FirstMatch(name).has_value(); }
 
   const std::vector<std::string>& rules() const { return rules_; }
+  // Estimated memory of the compiled rules (RE2 objects and programs), in bytes.
+  size_t compiled_bytes() const { return compiled_bytes_; }
 
  private:
   explicit RegexIgnoreRules(std::vector<std::string> rules);
+  size_t compiled_bytes_ = 0;
   std::vector<std::string> rules_;
   // compiled_[i] is set iff rules_[i] is a `re:` rule.
   std::vector<std::unique_ptr<re2::RE2>> compiled_;
@@ -113,7 +126,8 @@ class RegexIgnoreRules {
 // the ordered scan otherwise. Immutable; thread-safe for concurrent calls.
 class IgnoreMatcher {
  public:
-  // Picks the evaluator from the content of `rules`; fails only for a bad `re:` pattern.
+  // Picks the evaluator from the content of `rules`. INVALID_ARGUMENT for a bad `re:` pattern
+  // and for a list beyond the bounds above (naming the bound and the count or the rule).
   static absl::StatusOr<IgnoreMatcher> Create(std::vector<std::string> rules);
 
   bool IsIgnored(absl::string_view name) const;
@@ -121,6 +135,8 @@ class IgnoreMatcher {
   bool uses_snapshot() const;
   // The rule list, in order.
   const std::vector<std::string>& rules() const { return rules_; }
+  // Estimated memory this matcher holds (rules, hash set or compiled regexes), in bytes.
+  size_t footprint_bytes() const;
 
  private:
   IgnoreMatcher(std::vector<std::string> rules,
@@ -138,6 +154,10 @@ class IgnoreSnapshotCache {
  public:
   struct Options {
     size_t capacity = 16;  // entries; must be >= 1
+    // Sum of the cached matchers' footprint_bytes (and of their keys); least recently used
+    // entries are evicted beyond it, and a matcher larger than it alone is returned without
+    // being cached. Must be >= 1.
+    size_t max_bytes = size_t{64} << 20;
   };
 
   static absl::StatusOr<std::unique_ptr<IgnoreSnapshotCache>> Create(const Options& options);
@@ -151,17 +171,26 @@ class IgnoreSnapshotCache {
   uint64_t misses() const { return misses_.load(std::memory_order_relaxed); }
   size_t size() const;
   size_t capacity() const { return capacity_; }
+  // Estimated bytes held by the cached entries (<= Options::max_bytes).
+  size_t bytes() const;
 
  private:
-  explicit IgnoreSnapshotCache(size_t capacity) : capacity_(capacity) {}
+  IgnoreSnapshotCache(size_t capacity, size_t max_bytes)
+      : capacity_(capacity), max_bytes_(max_bytes) {}
 
   struct KeyHash {
     size_t operator()(const std::vector<std::string>& key) const;
   };
-  using Entry = std::pair<std::vector<std::string>, std::shared_ptr<const IgnoreMatcher>>;
+  struct Entry {
+    std::vector<std::string> key;
+    std::shared_ptr<const IgnoreMatcher> matcher;
+    size_t bytes = 0;  // key and matcher
+  };
 
   const size_t capacity_;
+  const size_t max_bytes_;
   mutable std::mutex mu_;
+  size_t bytes_ = 0;      // guarded by mu_
   std::list<Entry> lru_;  // front = most recently used; guarded by mu_
   std::unordered_map<std::vector<std::string>, std::list<Entry>::iterator, KeyHash>
       index_;  // guarded by mu_

@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/json_bounds.h"
 #include "core/common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -18,6 +19,9 @@ namespace {
 using Json = nlohmann::json;
 
 absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
+  // Depth and size first: the documents come from clients, and nesting bounds the recursion
+  // of everything that walks a Json afterwards.
+  WPUB_RETURN_IF_ERROR(CheckJsonBounds(text, what));
   // nlohmann reports malformed input by exception; keep it inside this function.
   try {
     return Json::parse(text.begin(), text.end());
@@ -198,8 +202,10 @@ absl::Status ValidatePolicySettings(const PolicySettings& settings) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PolicySettings> ParsePolicySettings(absl::string_view json_text) {
-  WPUB_ASSIGN_OR_RETURN(Json doc, ParseJson(json_text, "policy settings"));
+namespace {
+
+// The settings of a parsed document (ParsePolicySettings' and ParseHeaderSettings' common part).
+absl::StatusOr<PolicySettings> SettingsFromDocument(const Json& doc) {
   if (!doc.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("policy settings must be a JSON object, got ", doc.type_name()));
@@ -239,6 +245,51 @@ absl::StatusOr<PolicySettings> ParsePolicySettings(absl::string_view json_text) 
                         OptionalInt(doc, "num_layers_at_end_in_bf16", 0));
   WPUB_RETURN_IF_ERROR(ValidatePolicySettings(settings));
   return settings;
+}
+
+}  // namespace
+
+absl::StatusOr<PolicySettings> ParsePolicySettings(absl::string_view json_text) {
+  WPUB_ASSIGN_OR_RETURN(Json doc, ParseJson(json_text, "policy settings"));
+  return SettingsFromDocument(doc);
+}
+
+absl::StatusOr<PolicySettings> ParseHeaderSettings(absl::string_view policy_json,
+                                                   absl::string_view quantization_config_json,
+                                                   Recipe recipe) {
+  Json doc = Json::object();
+  if (!policy_json.empty()) {
+    WPUB_ASSIGN_OR_RETURN(doc, ParseJson(policy_json, "policy_json"));
+    if (!doc.is_object()) return absl::InvalidArgumentError("policy_json: not a JSON object");
+  }
+  const std::string recipe_name(RecipeName(recipe));
+  if (auto it = doc.find("recipe"); it != doc.end()) {
+    if (!it->is_string()) {
+      return absl::InvalidArgumentError("policy_json.recipe: must be a string");
+    }
+    absl::StatusOr<Recipe> r = ParseRecipe(it->get<std::string>());
+    if (!r.ok() || *r != recipe) {
+      return absl::InvalidArgumentError(absl::StrCat("policy_json.recipe '", it->get<std::string>(),
+                                                     "' conflicts with recipe '", recipe_name,
+                                                     "'"));
+    }
+  }
+  doc["recipe"] = recipe_name;
+  if (!quantization_config_json.empty()) {
+    if (doc.contains("quantization_config")) {
+      return absl::InvalidArgumentError(
+          "quantization_config given both in quantization_config_json and in policy_json");
+    }
+    WPUB_ASSIGN_OR_RETURN(Json qc, ParseJson(quantization_config_json, "quantization_config_json"));
+    if (!qc.is_object()) {
+      return absl::InvalidArgumentError("quantization_config_json: not a JSON object");
+    }
+    doc["quantization_config"] = std::move(qc);
+  } else if (!doc.contains("quantization_config") && IsNvfp4(recipe)) {
+    // A trainer that sends no config gets the plain NVFP4 one (no ignore rules).
+    doc["quantization_config"] = {{"quant_algo", "NVFP4"}, {"quant_method", "modelopt"}};
+  }
+  return SettingsFromDocument(doc);
 }
 
 }  // namespace wpub::policy

@@ -84,4 +84,14 @@ absl::Status ValidatePolicySettings(const PolicySettings& settings);
 // Unknown keys are errors (a misspelt exception must not be silently ignored).
 absl::StatusOr<PolicySettings> ParsePolicySettings(absl::string_view json_text);
 
+// The settings of a publication header: `policy_json` (a ParsePolicySettings document or
+// empty) merged with the header's `recipe` (policy_json's own "recipe", if any, must name the
+// same one) and `quantization_config_json` (a ParseQuantizationConfig document or empty; it may
+// not also be given inside policy_json). Without any config an NVFP4 recipe gets the plain
+// NVFP4 one (no ignore rules). Errors name the header field. Every JSON text goes through
+// CheckJsonBounds (core/common/json_bounds.h) before it is parsed.
+absl::StatusOr<PolicySettings> ParseHeaderSettings(absl::string_view policy_json,
+                                                   absl::string_view quantization_config_json,
+                                                   Recipe recipe);
+
 }  // namespace wpub::policy

@@ -192,9 +192,12 @@ void ToProto(const engine::PublicationReport& r, pb::PublicationReport* out) {
     ro->set_error(o.error);
     ro->set_committed(o.committed);
     ro->set_failure(engine::ReceiverFailureName(o.failure));
+    ro->set_dirty(o.dirty);
   }
   out->set_start_unix_nanos(UnixNanos(r.started_at));
   out->set_num_buckets(r.buckets);
+  out->set_attempts(r.attempts);
+  for (const std::string& e : r.retry_errors) out->add_retry_errors(e);
 }
 
 void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {

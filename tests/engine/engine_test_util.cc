@@ -109,6 +109,13 @@ ShmSegment::~ShmSegment() {
   shm_unlink(name_.c_str());
 }
 
+void ShmSegment::Truncate(size_t size) {
+  const int fd = shm_open(name_.c_str(), O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
+  close(fd);
+}
+
 void ShmSegment::Place(TestTensor& t, uint64_t offset) {
   ASSERT_LE(offset + t.full.size(), size_);
   std::memcpy(data_ + offset, t.full.data(), t.full.size());

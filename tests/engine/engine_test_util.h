@@ -50,6 +50,9 @@ class ShmSegment {
   const std::string& name() const { return name_; }
   // Moves `t` into the segment at `offset` as a single shm part.
   void Place(TestTensor& t, uint64_t offset);
+  // Shrinks the segment to `size` bytes, as a trainer may at any time (bytes beyond it must
+  // not be touched through data() afterwards).
+  void Truncate(size_t size);
 
  private:
   ShmSegment(std::string name, uint8_t* data, size_t size)

@@ -53,7 +53,7 @@ TEST(ShmNameTest, RejectsTraversalAndSlashes) {
   }
 }
 
-TEST(ShmMappingTest, MapsAnExistingSegmentReadOnly) {
+TEST(ShmSegmentTest, ReadsAnExistingSegment) {
   const std::string name = "/wpub_engine_test_" + std::to_string(getpid());
   int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
   ASSERT_GE(fd, 0);
@@ -61,14 +61,16 @@ TEST(ShmMappingTest, MapsAnExistingSegmentReadOnly) {
   void* p = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ASSERT_NE(p, MAP_FAILED);
   std::memset(p, 0x5A, 4096);
-  auto m = ShmMapping::Open(name, "t");
+  auto m = ShmSegment::Open(name, "t");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ((*m)->size(), 4096u);
-  EXPECT_EQ((*m)->data()[4095], 0x5A);
+  uint8_t last = 0;
+  ASSERT_TRUE((*m)->ReadAt(4095, absl::MakeSpan(&last, 1), "t").ok());
+  EXPECT_EQ(last, 0x5A);
   munmap(p, 4096);
   close(fd);
   shm_unlink(name.c_str());
-  auto missing = ShmMapping::Open("wpub_no_such_segment_xyz", "model.w");
+  auto missing = ShmSegment::Open("wpub_no_such_segment_xyz", "model.w");
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("model.w"), std::string::npos);

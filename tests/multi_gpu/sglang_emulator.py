@@ -10,9 +10,18 @@ NCCL broadcasts are exercised against torch itself. Each `/update_weights_from_d
 byte with the expected bucket file `<dir>/v<version>/bucket<index>.bin` (written by the test from
 the CPU reference); results are served on GET /stats.
 
+As SGLang does, every bucket is loaded into the live weights the moment it arrives (there is no
+staging and no roll back), `/pause_generation` stops serving and `/continue_generation` serves
+whatever the live weights hold: `served` in /stats counts each resume with the versions the
+weights held then, and `mixed_resumes` counts resumes on a mix of versions (a wpub defect).
+`/get_model_info` reports `weight_version` as SGLang does; `/generate` answers with the versions
+the live weights hold (HTTP 503 while paused).
+
 Test-only extras: GET /health, GET /stats, POST /bench_recv (receive `count` broadcasts of `nbytes`
 for the plain-NCCL baseline), --die-at-bucket N (SIGKILL itself when bucket N's request arrives:
-a receiver dying mid-publication).
+a receiver dying mid-publication), --fail-at-bucket N (receive bucket N of the first version
+that reaches it, load half of its tensors, then answer success=false: SGLang's "partially
+updated" failure).
 """
 import argparse
 import json
@@ -69,8 +78,10 @@ class Engine:
         torch.cuda.set_device(self.device)
         self.groups = {}
         self.lock = threading.Lock()
-        self.stats = {"versions": {}, "weight_version": None, "calls": [], "errors": []}
+        self.stats = {"versions": {}, "weight_version": None, "calls": [], "errors": [],
+                      "serving": True, "served": [], "mixed_resumes": 0, "failed_once": False}
         self.weights = {}
+        self.live_versions = {}  # tensor name -> version of the bytes the live weights hold
 
     # -- helpers -----------------------------------------------------------------------------
     def record(self, version, **kw):
@@ -133,6 +144,8 @@ class Engine:
         if self.args.die_at_bucket is not None and index == self.args.die_at_bucket:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        fail_here = (self.args.fail_at_bucket is not None and index == self.args.fail_at_bucket
+                     and not self.stats["failed_once"])
         if req.get("load_format") != "flattened_bucket":
             raise ValueError("this emulator takes load_format=flattened_bucket only")
         sizes = []
@@ -153,8 +166,11 @@ class Engine:
         by_name = expected is None and self.args.expect_dir
         off = 0
         host = buf.cpu() if (expected is not None or by_name) else None
-        for name, dt, shp, n in zip(names, dtypes, shapes, sizes):
+        for k, (name, dt, shp, n) in enumerate(zip(names, dtypes, shapes, sizes)):
+            if fail_here and k >= len(names) // 2:
+                break  # loaded half of the bucket, then failed
             t = buf[off:off + n].view(DTYPES[dt]).reshape(shp)  # SGLang's decode
+            self.live_versions[name] = version  # loaded into the live weights on receipt
             want = expected[off:off + n] if expected is not None else (
                 self.expected_tensor(version, name) if by_name else None)
             if by_name and want is None:
@@ -178,7 +194,27 @@ class Engine:
                               f"file has {len(expected)}")
         self.record(version, buckets=1, tensors=len(names), bytes=total, checked=checked,
                     mismatches=mismatches, recv_seconds=recv)
+        if fail_here:
+            self.stats["failed_once"] = True
+            return {"success": False,
+                    "message": "Failed to update weights: partially updated. Please discard the "
+                               "whole weights."}
         return {"success": True, "message": f"bucket {index}: {len(names)} tensors"}
+
+    def held_versions(self):
+        return sorted({str(v) for v in self.live_versions.values()})
+
+    def pause(self, req):
+        self.stats["serving"] = False
+        return {"success": True, "message": "paused"}
+
+    def resume(self, req):
+        held = self.held_versions()
+        self.stats["serving"] = True
+        self.stats["served"].append(held)
+        if len(held) > 1:
+            self.stats["mixed_resumes"] += 1
+        return {"success": True, "message": "continued"}
 
     def bench_recv(self, req):
         pg = self.groups[req["group_name"]]
@@ -193,7 +229,14 @@ class Engine:
         if path == "/health":
             return 200, {"ok": True}
         if path == "/stats":
-            return 200, self.stats
+            return 200, dict(self.stats, held_versions=self.held_versions())
+        if path == "/get_model_info":
+            return 200, {"model_path": "wpub-emulator", "is_generation": True,
+                         "weight_version": self.stats["weight_version"]}
+        if path == "/generate":
+            if not self.stats["serving"]:
+                return 503, {"error": "paused"}
+            return 200, {"text": "", "weight_versions": self.held_versions()}
         req = json.loads(body) if body else {}
         routes = {
             "/init_weights_update_group": self.init_group,
@@ -212,8 +255,11 @@ class Engine:
         if path == "/update_weight_version":
             self.stats["weight_version"] = req.get("new_version")
             return 200, {"success": True, "message": "ok"}
-        if path in ("/pause_generation", "/flush_cache", "/begin_weight_update",
-                    "/end_weight_update", "/continue_generation"):
+        if path == "/pause_generation":
+            return 200, self.pause(req)
+        if path == "/continue_generation":
+            return 200, self.resume(req)
+        if path in ("/flush_cache", "/begin_weight_update", "/end_weight_update"):
             return 200, {"success": True, "message": "ok"}
         return 404, {"success": False, "message": f"no route {path}"}
 
@@ -224,6 +270,7 @@ def main():
     p.add_argument("--gpu", type=int, default=1)
     p.add_argument("--expect-dir", default="")
     p.add_argument("--die-at-bucket", type=int, default=None)
+    p.add_argument("--fail-at-bucket", type=int, default=None)
     p.add_argument("--eager-init", action="store_true", help="pass device_id (eager NCCL init)")
     p.add_argument("--keep", action="store_true", help="keep received tensors (as weights)")
     p.add_argument("--nccl-timeout", type=float, default=120)

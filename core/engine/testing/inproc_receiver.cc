@@ -1,6 +1,8 @@
 // In-process pull receiver (see inproc_receiver.h).
 #include "core/engine/testing/inproc_receiver.h"
 
+#include <algorithm>
+
 #include <variant>
 
 #include "core/engine/checksum.h"
@@ -104,6 +106,20 @@ bool InprocReceiver::WaitForOutcome(uint64_t version, absl::Duration timeout) {
       if (v == version) return true;
     }
     return left_;
+  });
+}
+
+bool InprocReceiver::WaitForCommitted(uint64_t version, absl::Duration timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                      [&] { return committed_version_ == version; });
+}
+
+bool InprocReceiver::WaitForAborts(uint64_t version, size_t count, absl::Duration timeout) {
+  std::unique_lock lock(mu_);
+  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+    return left_ ||
+           static_cast<size_t>(std::count(aborted_.begin(), aborted_.end(), version)) >= count;
   });
 }
 

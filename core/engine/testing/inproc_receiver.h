@@ -42,6 +42,10 @@ class InprocReceiver {
   // Blocks until the receiver applied (committed) `version` or discarded it (aborted); true
   // when the outcome was seen before `timeout`.
   bool WaitForOutcome(uint64_t version, absl::Duration timeout);
+  // Exact states, for tests where a version is aborted and then retried: true once `version`
+  // is the committed one, or once `count` aborts of `version` were seen (or it left).
+  bool WaitForCommitted(uint64_t version, absl::Duration timeout);
+  bool WaitForAborts(uint64_t version, size_t count, absl::Duration timeout);
 
   uint64_t committed_version() const;
   std::vector<uint64_t> aborted_versions() const;
