@@ -115,8 +115,3 @@ def project(data, model, layout, design, *, publishers_per_node=1, wire="nvfp4",
     ingest = len(mine) * number(data["client"]["ipc_describe_per_tensor_s"]["value"])
     return Result(design, P, S, per_gpu, sent, bound, what, stages, c, ingest,
                   stages.wall + c)
-
-
-def model_summary(data, model):
-    t = shapes.totals(shapes.model_units(data["models"][model]))
-    return t
