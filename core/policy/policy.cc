@@ -54,8 +54,8 @@ absl::Status CheckQuantizableShape(const TensorDesc& t) {
   }
   if (t.shape.size() > 3) {
     return absl::InvalidArgumentError(
-        absl::StrCat("NVFP4 quantizes rank-2 [M, K] or stacked rank-3 [E, M, K] tensors; ",
-                     t.name, " has shape ", ShapeString(t.shape)));
+        absl::StrCat("NVFP4 quantizes rank-2 [M, K] or stacked rank-3 [E, M, K] tensors; ", t.name,
+                     " has shape ", ShapeString(t.shape)));
   }
   return absl::OkStatus();
 }

@@ -15,8 +15,8 @@ using testing::MakePolicy;
 using testing::Nvfp4Settings;
 
 std::string Expert(int layer, int expert, const std::string& leaf) {
-  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) +
-         "." + leaf;
+  return "model.layers." + std::to_string(layer) + ".mlp.experts." + std::to_string(expert) + "." +
+         leaf;
 }
 
 TEST(PolicyHfNames, RoutedExpertPairAndDownAreQuantizedUnderAnHfBatchName) {
@@ -68,10 +68,9 @@ TEST(PolicyHfNames, SharedExpertsAndNonExpertTensorsOfAnHfBatchPassWithOfflineRe
   };
   auto plan = policy->PlanBatch("model.layers.4.mlp", in);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const std::vector<Reason> want = {Reason::kQuantized,       Reason::kQuantized,
-                                    Reason::kNotWeight,       Reason::kSharedExpert,
-                                    Reason::kNotExpertGemm,   Reason::kUnsupportedDType,
-                                    Reason::kRankBelow2};
+  const std::vector<Reason> want = {
+      Reason::kQuantized,     Reason::kQuantized,        Reason::kNotWeight, Reason::kSharedExpert,
+      Reason::kNotExpertGemm, Reason::kUnsupportedDType, Reason::kRankBelow2};
   for (size_t i = 0; i < in.size(); ++i) {
     EXPECT_EQ(plan->tensors[i].reason, want[i])
         << in[i].name << ": " << ReasonName(plan->tensors[i].reason);
@@ -160,11 +159,11 @@ std::vector<BatchPlan> PlanAll(
 TEST(PolicyCoverage, AQuantizingRecipeThatQuantizesNothingNamesTheRecipeAndTensors) {
   auto policy = MakePolicy(Nvfp4Settings());
   // A converter that left its own names on the experts: nothing matches either road.
-  const auto plans =
-      PlanAll(*policy, {{"model.embed_tokens.weight", {Bf16("model.embed_tokens.weight", {64, 64})}},
-                        {"layers.0.moe.w_in.3", {Bf16("layers.0.moe.expert3.w_in", {32, 64})}},
-                        {"layers.0.moe.w_out.3", {Bf16("layers.0.moe.expert3.w_out", {64, 32})}},
-                        {"layers.0.norm", {Bf16("layers.0.norm.weight", {64})}}});
+  const auto plans = PlanAll(
+      *policy, {{"model.embed_tokens.weight", {Bf16("model.embed_tokens.weight", {64, 64})}},
+                {"layers.0.moe.w_in.3", {Bf16("layers.0.moe.expert3.w_in", {32, 64})}},
+                {"layers.0.moe.w_out.3", {Bf16("layers.0.moe.expert3.w_out", {64, 32})}},
+                {"layers.0.norm", {Bf16("layers.0.norm.weight", {64})}}});
   ASSERT_EQ(plans.size(), 4u);
   const absl::Status s = CheckQuantizesAnything(policy->settings(), plans);
   ASSERT_FALSE(s.ok());
@@ -172,8 +171,9 @@ TEST(PolicyCoverage, AQuantizingRecipeThatQuantizesNothingNamesTheRecipeAndTenso
   EXPECT_TRUE(HasSubstr(s, "recipe nvfp4")) << s;
   EXPECT_TRUE(HasSubstr(s, "4 tensors")) << s;
   // Names that mention experts come first; three at most.
-  EXPECT_TRUE(HasSubstr(s, "'layers.0.moe.expert3.w_in' in batch 'layers.0.moe.w_in.3': "
-                           "not_in_layer"))
+  EXPECT_TRUE(HasSubstr(s,
+                        "'layers.0.moe.expert3.w_in' in batch 'layers.0.moe.w_in.3': "
+                        "not_in_layer"))
       << s;
   EXPECT_TRUE(HasSubstr(s, "layers.0.moe.expert3.w_out")) << s;
   EXPECT_TRUE(HasSubstr(s, "model.embed_tokens.weight")) << s;

@@ -102,13 +102,14 @@ def conversion_batches(source, converter: Optional[Converter] = None, *,
                 raise TensorError(f"converter returned None for {name} (return a list of "
                                   "(hf_name, tensor) pairs; [] drops the tensor)")
             for entry in outs:
-                try:
-                    hf_name, out = entry
-                except (TypeError, ValueError):
+                # Checked, not unpacked: a two-row tensor would unpack as a pair.
+                if not isinstance(entry, (tuple, list)) or len(entry) != 2 or \
+                        not isinstance(entry[0], str):
                     raise TensorError(f"converter output for {name}: expected (hf_name, tensor) "
-                                      f"pairs, got {type(entry).__name__}") from None
+                                      f"pairs, got {type(entry).__name__}")
+                hf_name, out = entry
                 pending.append((hf_name, _prepare(hf_name, out, dtype)))
-                key = _pair_key(hf_name) if isinstance(hf_name, str) else None
+                key = _pair_key(hf_name)
                 if key is not None:
                     base, is_gate = key
                     if waiting.get(base) == (not is_gate):
