@@ -9,6 +9,7 @@ packages=(
   libspdlog-dev libfmt-dev prometheus-cpp-dev nlohmann-json3-dev libsimdjson-dev libcpp-httplib-dev libre2-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-yaml
+  python3-torch python3-build python3-venv python3-pip python3-wheel python3-setuptools
   prometheus openssl
 )
 

@@ -332,6 +332,10 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   if (absl::Status s = store_.CheckComplete(); !s.ok()) {
     return End(PublicationStatus::kFailed, s);
   }
+  // A quantizing recipe whose plans quantize nothing (names the policy did not recognize).
+  if (absl::Status s = policy::CheckQuantizesAnything(policy_->settings(), plans_); !s.ok()) {
+    return End(PublicationStatus::kFailed, s);
+  }
   state_ = PublicationState::kStaged;
 
   // Policy/planning.

@@ -45,6 +45,21 @@ absl::Status CheckPairCompatible(const TensorDesc& gate, const TensorDesc& up) {
       gate.name, " ", ShapeString(gate.shape), " vs ", up.name, " ", ShapeString(up.shape)));
 }
 
+// A candidate's shape: K % 16 == 0 and rank 2 or 3 (INVALID_ARGUMENT naming the tensor).
+absl::Status CheckQuantizableShape(const TensorDesc& t) {
+  if (t.shape.back() % kNvfp4GroupSize != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("Last dim K must be divisible by ",
+                                                   kNvfp4GroupSize, " for NVFP4 (", t.name,
+                                                   "): K = ", t.shape.back()));
+  }
+  if (t.shape.size() > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NVFP4 quantizes rank-2 [M, K] or stacked rank-3 [E, M, K] tensors; ", t.name,
+                     " has shape ", ShapeString(t.shape)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::string_view ActionName(Action action) {
@@ -153,9 +168,16 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
     }
   }
   // 2. The ignore rules were merged and compiled once, in Create.
-  // 3. Layer (decoder, else MTP).
+  // 3. Layer (decoder, else MTP). A batch named otherwise that holds routed-expert HF names
+  // comes from a trainer without Megatron names (FSDP, HF): its HF names decide.
   std::optional<MegatronLayer> layer = ParseMegatronLayer(megatron_name);
-  if (!layer) return PassAll(std::move(plan), tensors, Reason::kNotInLayer);
+  if (!layer) {
+    const bool hf_experts = std::any_of(tensors.begin(), tensors.end(), [](const TensorDesc& t) {
+      return IsRoutedExpertHfName(t.name);
+    });
+    if (!hf_experts) return PassAll(std::move(plan), tensors, Reason::kNotInLayer);
+    return PlanHfBatch(std::move(plan), tensors);
+  }
   // 4. First/last BF16 layers; the MTP index is compared the same way (see settings.h).
   const PrecisionExceptions& e = settings_.exceptions;
   if (e.first_last_layers_bf16) {
@@ -176,10 +198,55 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
                    shared ? Reason::kSharedExpert : Reason::kNotRoutedExpert);
   }
 
-  // Quantize the batch: candidates, then gate/up pairing among the candidates.
+  // Quantize the batch: the candidate tests per tensor, then gate/up pairing.
   const size_t n = tensors.size();
   plan.tensors.resize(n);
   std::vector<bool> candidate(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const TensorDesc& t = tensors[i];
+    if (std::optional<Reason> why = NotCandidateReason(t, *matcher_)) {
+      plan.tensors[i].action = Action::kPass;
+      plan.tensors[i].reason = *why;
+      continue;
+    }
+    WPUB_RETURN_IF_ERROR(CheckQuantizableShape(t));
+    candidate[i] = true;
+  }
+  return PlanCandidates(std::move(plan), tensors, candidate);
+}
+
+absl::StatusOr<BatchPlan> Policy::PlanHfBatch(BatchPlan plan,
+                                              absl::Span<const TensorDesc> tensors) const {
+  plan.hf_names = true;
+  const size_t n = tensors.size();
+  plan.tensors.resize(n);
+  std::vector<bool> candidate(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const TensorDesc& t = tensors[i];
+    // The offline classifier decides (one classifier for HF names on both paths); the ignore
+    // rules, which offline conversion writes rather than reads, veto its candidates, before
+    // their shape is checked as on the Megatron path.
+    absl::StatusOr<OfflineDecision> d = ClassifyOfflineTensor(t, settings_.exceptions);
+    if (d.ok() && !d->quantize) {
+      plan.tensors[i].action = Action::kPass;
+      plan.tensors[i].reason = d->reason;
+      continue;
+    }
+    if (matcher_->IsIgnored(t.name)) {
+      plan.tensors[i].action = Action::kPass;
+      plan.tensors[i].reason = Reason::kIgnored;
+      continue;
+    }
+    if (!d.ok()) return d.status();
+    candidate[i] = true;
+  }
+  return PlanCandidates(std::move(plan), tensors, candidate);
+}
+
+absl::StatusOr<BatchPlan> Policy::PlanCandidates(BatchPlan plan,
+                                                 absl::Span<const TensorDesc> tensors,
+                                                 const std::vector<bool>& candidate) {
+  const size_t n = tensors.size();
   struct PairSlots {
     absl::string_view base;
     int gate = -1;
@@ -188,23 +255,8 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
   // A batch holds a handful of tensors: a linear search beats a map and allocates nothing.
   std::vector<PairSlots> pairs;
   for (size_t i = 0; i < n; ++i) {
+    if (!candidate[i]) continue;
     const TensorDesc& t = tensors[i];
-    if (std::optional<Reason> why = NotCandidateReason(t, *matcher_)) {
-      plan.tensors[i].action = Action::kPass;
-      plan.tensors[i].reason = *why;
-      continue;
-    }
-    if (t.shape.back() % kNvfp4GroupSize != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("Last dim K must be divisible by ",
-                                                     kNvfp4GroupSize, " for NVFP4 (", t.name,
-                                                     "): K = ", t.shape.back()));
-    }
-    if (t.shape.size() > 3) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("NVFP4 quantizes rank-2 [M, K] or stacked rank-3 [E, M, K] tensors; ",
-                       t.name, " has shape ", ShapeString(t.shape)));
-    }
-    candidate[i] = true;
     plan.tensors[i].stacked = t.shape.size() == 3;
     absl::string_view base;
     const PairRole role = PairRoleOf(t.name, &base);
@@ -221,7 +273,7 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
       return absl::InvalidArgumentError(absl::StrCat(
           "NVFP4 requires a single complete gate/up pair per conversion batch; found duplicate ",
           gate ? "gate" : "up", " tensor for ", base, ": ", tensors[slot].name, " and ", t.name,
-          " (Megatron ", megatron_name, ")"));
+          " (Megatron ", plan.megatron_name, ")"));
     }
     slot = static_cast<int>(i);
     plan.tensors[i].action = gate ? Action::kQuantizeGate : Action::kQuantizeUp;
@@ -232,7 +284,7 @@ absl::StatusOr<BatchPlan> Policy::PlanBatch(absl::string_view megatron_name,
       return absl::InvalidArgumentError(absl::StrCat(
           "NVFP4 requires a single complete gate/up pair per conversion batch: ",
           tensors[have].name, " has no ", slots.gate >= 0 ? "up" : "gate",
-          " partner among the quantized tensors of ", megatron_name,
+          " partner among the quantized tensors of ", plan.megatron_name,
           " (both halves must share one global amax; an ignored or non-candidate partner "
           "counts as missing)"));
     }

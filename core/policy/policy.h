@@ -92,6 +92,10 @@ struct BatchPlan {
   // and a passed tensor is its input desc unchanged. No input_scale on the live path.
   std::vector<TensorDesc> outputs;
 
+  // Planned from the HF names (the batch's name holds no Megatron layer, its tensors routed-
+  // expert HF names: a trainer without Megatron names) rather than from the Megatron name.
+  bool hf_names = false;
+
   int64_t input_bytes = 0;   // sum of the inputs' nbytes
   int64_t output_bytes = 0;  // sum of the outputs' nbytes
   bool quantizes_anything() const { return !amax_groups.empty(); }
@@ -114,6 +118,11 @@ class Policy {
   // the trainer's converter produced for it, in order). Decision order as in specs/policy.md:
   // recipe, extra_high_precision_layers_megatron, layer, first/last BF16 layer, routed-expert
   // match, then per tensor the candidate tests (ignore rules, ".weight", dtype, rank).
+  // A batch whose name holds no Megatron layer but whose tensors include a routed-expert HF
+  // name (IsRoutedExpertHfName: FSDP/HF trainers, e.g. a batch named after the module) is
+  // planned from its HF names instead: each tensor by ClassifyOfflineTensor (the same
+  // classifier and precision exceptions as offline conversion), then the ignore rules; the
+  // plan's `hf_names` is set. Gate/up pairing and outputs are the same on both roads.
   // INVALID_ARGUMENT naming the tensor for: a candidate with K % 16 != 0 ("Last dim K must be
   // divisible by 16 for NVFP4 (<name>)"), two gates or two ups for one base, a gate without its
   // up (or the reverse) among the candidates, pair members of different K/rank/E, rank > 3.
@@ -127,9 +136,26 @@ class Policy {
   Policy(PolicySettings settings, std::shared_ptr<const IgnoreMatcher> matcher)
       : settings_(std::move(settings)), matcher_(std::move(matcher)) {}
 
+  // PlanBatch's road for HF-named batches (see PlanBatch).
+  absl::StatusOr<BatchPlan> PlanHfBatch(BatchPlan plan, absl::Span<const TensorDesc> tensors) const;
+  // Gate/up pairing, amax groups and outputs of a batch whose per-tensor decisions are made:
+  // `candidate[i]` is quantized, every other tensor was given its pass reason.
+  static absl::StatusOr<BatchPlan> PlanCandidates(BatchPlan plan,
+                                                  absl::Span<const TensorDesc> tensors,
+                                                  const std::vector<bool>& candidate);
+
   PolicySettings settings_;
   std::shared_ptr<const IgnoreMatcher> matcher_;
 };
+
+// End-of-ingestion check of a whole publication: a recipe that quantizes (NVFP4) whose plans
+// quantize no tensor at all is almost always a naming mismatch (the trainer's names are neither
+// Megatron nor HF routed-expert names), and the engines would get source precision where they
+// expect NVFP4. INVALID_ARGUMENT naming the recipe, the tensor count and up to three tensors it
+// saw (names that mention experts first) with their reasons, unless
+// `settings.allow_nothing_quantized` or the recipe is bf16; OK when any plan quantizes. Pure.
+absl::Status CheckQuantizesAnything(const PolicySettings& settings,
+                                    absl::Span<const BatchPlan> plans);
 
 // ---- Offline conversion (HF checkpoint -> NVFP4 checkpoint; HF names only) ----
 

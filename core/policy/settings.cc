@@ -217,7 +217,8 @@ absl::StatusOr<PolicySettings> SettingsFromDocument(const Json& doc) {
                                                 "first_last_layers_bf16",
                                                 "num_layers",
                                                 "num_layers_at_start_in_bf16",
-                                                "num_layers_at_end_in_bf16"};
+                                                "num_layers_at_end_in_bf16",
+                                                "allow_nothing_quantized"};
   for (const auto& [key, value] : doc.items()) {
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       return absl::InvalidArgumentError(absl::StrCat("policy settings: unknown key \"", key, "\""));
@@ -243,6 +244,8 @@ absl::StatusOr<PolicySettings> SettingsFromDocument(const Json& doc) {
                         OptionalInt(doc, "num_layers_at_start_in_bf16", 0));
   WPUB_ASSIGN_OR_RETURN(e.num_layers_at_end_in_bf16,
                         OptionalInt(doc, "num_layers_at_end_in_bf16", 0));
+  WPUB_ASSIGN_OR_RETURN(settings.allow_nothing_quantized,
+                        OptionalBool(doc, "allow_nothing_quantized"));
   WPUB_RETURN_IF_ERROR(ValidatePolicySettings(settings));
   return settings;
 }

@@ -68,6 +68,9 @@ struct PolicySettings {
   Recipe recipe = Recipe::kNvfp4;
   QuantizationConfig quantization;
   PrecisionExceptions exceptions;
+  // A quantizing recipe whose plans quantize nothing is an error (CheckQuantizesAnything);
+  // true publishes such a publication anyway (a model with no routed experts, on purpose).
+  bool allow_nothing_quantized = false;
 };
 
 // Checks the cross-field invariants: an NVFP4 recipe needs an NVFP4 quantization config;
@@ -79,7 +82,8 @@ absl::Status ValidatePolicySettings(const PolicySettings& settings);
 //    "quantization_config": {...}            (any document ParseQuantizationConfig accepts),
 //    "extra_high_precision_layers_megatron": ["..."], "extra_high_precision_layers_hf": [...],
 //    "first_last_layers_bf16": true, "num_layers": 92,
-//    "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1}
+//    "num_layers_at_start_in_bf16": 1, "num_layers_at_end_in_bf16": 1,
+//    "allow_nothing_quantized": false}
 // Every key is optional except that an NVFP4 recipe (the default) needs an NVFP4 config.
 // Unknown keys are errors (a misspelt exception must not be silently ignored).
 absl::StatusOr<PolicySettings> ParsePolicySettings(absl::string_view json_text);

@@ -105,6 +105,7 @@ std::string PrecisionExceptionsJson(const pb::PrecisionExceptions& e) {
   if (e.num_layers_at_end_in_bf16() != 0) {
     j["num_layers_at_end_in_bf16"] = e.num_layers_at_end_in_bf16();
   }
+  if (e.allow_nothing_quantized()) j["allow_nothing_quantized"] = true;
   return j.empty() ? std::string() : j.dump();
 }
 

@@ -9,7 +9,7 @@ import numpy as np
 
 import harness  # noqa: F401  (puts clients/python on sys.path)
 import wpub
-from wpub import errors, publisher
+from wpub import _options, errors
 from wpub.shm import ShmPool
 from wpub.tensors import CudaPart, HostPart, normalize, raw_ipc_handle
 
@@ -137,15 +137,15 @@ class ShmTest(unittest.TestCase):
 class HeaderAndErrorsTest(unittest.TestCase):
 
     def test_header(self):
-        h = publisher._header(7, "nvfp4", {"first_last_layers_bf16": True, "num_layers": 48,
-                                           "extra_high_precision_layers_hf": "lm_head"},
-                              {"quant_algo": "NVFP4"}, "m", False, True, 0)
+        h = _options.build_header(7, "nvfp4", {"first_last_layers_bf16": True, "num_layers": 48,
+                                               "extra_high_precision_layers_hf": "lm_head"},
+                                  {"quant_algo": "NVFP4"}, "m", False, True, 0)
         self.assertEqual((h.version, h.recipe, h.queue), (7, "nvfp4", True))
         self.assertEqual(list(h.precision_exceptions.extra_high_precision_layers_hf), ["lm_head"])
         self.assertEqual(h.precision_exceptions.num_layers, 48)
         self.assertEqual(h.quantization_config_json, '{"quant_algo": "NVFP4"}')
         with self.assertRaisesRegex(wpub.InvalidArgument, "unknown key"):
-            publisher._header(7, "nvfp4", {"num_layer": 3}, None, "", False, False, 0)
+            _options.build_header(7, "nvfp4", {"num_layer": 3}, None, "", False, False, 0)
 
     def test_error_mapping(self):
         cases = {grpc.StatusCode.INVALID_ARGUMENT: wpub.InvalidArgument,

@@ -4,25 +4,34 @@
     pub = wpub.Publisher("127.0.0.1:50151")
     report = pub.publish(step, converter(model), recipe="nvfp4")
 
-See clients/python/README.md for the RL-loop example and the tensor forms accepted."""
+wpub.torch (optional, needs torch) publishes torch modules and state dicts and gathers the
+shards of several local ranks. See clients/python/README.md for the RL-loop example and the
+tensor forms accepted."""
 
-from .errors import (Aborted, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition,
-                     Internal, InvalidArgument, NotFound, OutOfRange, PermissionDenied,
-                     PublicationAborted, ResourceExhausted, Unauthenticated, Unavailable,
-                     Unimplemented, WpubError)
+import logging as _logging
+
+from ._version import __version__
+from .errors import (Aborted, Cancelled, DaemonShuttingDown, DataLoss, DeadlineExceeded,
+                     FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
+                     PermissionDenied, PublicationAborted, ResourceExhausted, Unauthenticated,
+                     Unavailable, Unimplemented, WpubError)
+from .futures import PublicationFuture
+from .progress import Progress
 from .publisher import Publisher
 from .report import (ActivePublication, ClientTimings, ConnectedEngine, EngineGroup,
                      PhaseSeconds, PublicationReport, ReceiverInfo, ReceiverOutcome, Status)
-from .tensors import Concat, CudaIpc, Tensor, TensorError, concat
+from .tensors import Concat, CudaIpc, ShmRef, Tensor, TensorError, concat
 
-__version__ = "0.1.0"
+# Loggers are "wpub.<module>"; nothing is printed unless the application configures logging.
+_logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
-    "Publisher", "PublicationReport", "PhaseSeconds", "ClientTimings", "ReceiverOutcome",
-    "Status", "ActivePublication", "ReceiverInfo", "EngineGroup", "ConnectedEngine", "Tensor",
-    "CudaIpc", "Concat", "concat",
+    "__version__", "Publisher", "PublicationFuture", "Progress", "PublicationReport",
+    "PhaseSeconds", "ClientTimings", "ReceiverOutcome", "Status", "ActivePublication", "ReceiverInfo", "EngineGroup", "ConnectedEngine", "Tensor",
+    "CudaIpc", "ShmRef", "Concat", "concat",
     "WpubError",
     "TensorError", "InvalidArgument", "FailedPrecondition", "Unimplemented", "Unauthenticated",
     "PermissionDenied", "DeadlineExceeded", "Cancelled", "Unavailable", "NotFound",
     "ResourceExhausted", "OutOfRange", "Aborted", "DataLoss", "Internal", "PublicationAborted",
+    "DaemonShuttingDown",
 ]

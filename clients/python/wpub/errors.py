@@ -1,6 +1,7 @@
 """Exceptions of the wpub client: one class per gRPC status code the daemon uses, each carrying
 the daemon's message (which names the tensor, field or receiver at fault)."""
 
+import re
 from typing import Optional
 
 import grpc
@@ -102,6 +103,24 @@ class PublicationAborted(WpubError):
     code = grpc.StatusCode.ABORTED
 
 
+class DaemonShuttingDown(Unavailable, PublicationAborted):
+    """The daemon is shutting down (SIGTERM, drain deadline): the publication in flight was
+    aborted, or a new one refused; every receiver keeps the previous version. Both a
+    wpub.Unavailable (retry once the daemon is back) and a wpub.PublicationAborted (`report` is
+    None: the daemon sent none)."""
+
+
+# What the daemon answers a stream message for a publication it ended on its own (a shutdown,
+# a receiver failure, a deadline) while the client was still sending: FAILED_PRECONDITION
+# "publication <v> has ended: <the status that ended it>".
+_ENDED = re.compile(r"publication \d+ has ended: (.*)", re.S)
+
+
+def _is_shutdown(message: str) -> bool:
+    m = message.lower()
+    return "shutting down" in m or "shutdown deadline" in m or "shut down" in m
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (InvalidArgument, FailedPrecondition, Unimplemented, Unauthenticated,
@@ -119,9 +138,19 @@ def error_for(code: grpc.StatusCode, message: str) -> WpubError:
 
 
 def from_rpc_error(e: grpc.RpcError) -> WpubError:
-    """Converts a grpc.RpcError (a grpc.Call) into the matching WpubError."""
+    """Converts a grpc.RpcError (a grpc.Call) into the matching WpubError. A publication the
+    daemon ended while the client was sending is a PublicationAborted (DaemonShuttingDown when
+    the daemon is going away), not the FAILED_PRECONDITION the late message got."""
     try:
         code, details = e.code(), e.details()
     except Exception:  # not a Call: a channel-level failure
         code, details = grpc.StatusCode.UNKNOWN, str(e)
-    return error_for(code, details or "")
+    details = details or ""
+    ended = _ENDED.match(details) if code == grpc.StatusCode.FAILED_PRECONDITION else None
+    if ended is not None:
+        if _is_shutdown(ended.group(1)):
+            return DaemonShuttingDown(details)
+        return PublicationAborted(details)
+    if code == grpc.StatusCode.UNAVAILABLE and _is_shutdown(details):
+        return DaemonShuttingDown(details)
+    return error_for(code, details)

@@ -6,29 +6,41 @@ loop); serialized messages go through a small bounded queue to gRPC's sending th
 daemon blocks the trainer through gRPC flow control instead of buffering the model in memory.
 """
 
-import json
+import logging
+import os
 import queue
+import sys
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import grpc
 
 from . import errors
 from ._proto import pb
+from ._options import (DEFAULT_TARGET, build_header, check_target, check_version,
+                       engine_entries, queue_flag, read_token_file, tls_credentials)
+from .futures import PublicationFuture
+from .progress import Progress
 from .report import ClientTimings, EngineGroup, PublicationReport, Status
 from .shm import ShmArena, ShmPool, ShmSegment, align
-from .tensors import CudaPart, HostPart, TensorError, normalize
+from .tensors import CudaPart, HostPart, ShmPart, TensorError, normalize
+
+_log = logging.getLogger(__name__)
 
 _SERVICE = "/wpub.v1.Publisher/"
 _END = object()  # sentinel ending the request stream
 _PUBLISHER_TIMEOUT = object()  # publish(timeout=...) default: the Publisher's timeout
 _POLL_S = 0.05  # how often a blocked wait re-checks whether the RPC ended
+_STARTING = object()  # _active while publish_async's thread has not opened its RPC yet
 
-_POLICY_FIELDS = ("extra_high_precision_layers_megatron", "extra_high_precision_layers_hf",
-                  "first_last_layers_bf16", "num_layers", "num_layers_at_start_in_bf16",
-                  "num_layers_at_end_in_bf16")
+# Publisher.from_env: environment variable -> constructor argument. WPUB_TARGET and
+# WPUB_TOKEN_FILE are what the shipped Kubernetes manifests set (deploy/k8s).
+ENV_VARS = {"WPUB_TARGET": "target", "WPUB_TOKEN_FILE": "token_file",
+            "WPUB_TLS_CA_FILE": "tls_ca_file", "WPUB_TLS_CERT_FILE": "tls_cert_file",
+            "WPUB_TLS_KEY_FILE": "tls_key_file"}
 
 Batch = Tuple[str, Sequence[Tuple[str, Any]]]
 
@@ -88,63 +100,6 @@ class _RequestStream:
                     pass
 
 
-def _header(version: int, recipe: str, policy, quantization_config, model_id: str,
-            allow_non_finite: bool, wait: bool, bucket_bytes: int):
-    h = pb.PublicationHeader(version=version, model_id=model_id, recipe=recipe,
-                             allow_non_finite=allow_non_finite, queue=wait,
-                             bucket_bytes=bucket_bytes)
-    if quantization_config is not None:
-        h.quantization_config_json = (quantization_config if isinstance(quantization_config, str)
-                                      else json.dumps(quantization_config))
-    if policy:
-        unknown = set(policy) - set(_POLICY_FIELDS)
-        if unknown:
-            raise errors.InvalidArgument(
-                f"policy: unknown key(s) {sorted(unknown)} (known: {', '.join(_POLICY_FIELDS)})")
-        pe = h.precision_exceptions
-        for key, value in policy.items():
-            if key.startswith("extra_"):
-                if isinstance(value, str):
-                    value = [value]
-                getattr(pe, key).extend(value)
-            else:
-                setattr(pe, key, value)
-    return h
-
-
-def _engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int]]:
-    """[(url, gpus)] of connect_engines' `engines`; InvalidArgument naming the entry for a form
-    it does not accept (the daemon checks URLs and counts again)."""
-    if isinstance(engines, (str, bytes, dict)):
-        engines = [engines]
-    out = []
-    for i, e in enumerate(engines):
-        gpus: Any = 1
-        if isinstance(e, str):
-            url = e
-        elif isinstance(e, dict):
-            unknown = set(e) - {"url", "gpus"}
-            if "url" not in e or unknown:
-                raise errors.InvalidArgument(
-                    f"engines[{i}] {e!r}: a dict needs 'url' and may have 'gpus', nothing else")
-            url, gpus = e["url"], e.get("gpus", 1)
-        elif isinstance(e, (tuple, list)) and len(e) == 2:
-            url, gpus = e
-        else:
-            raise errors.InvalidArgument(
-                f"engines[{i}] {e!r}: expected a URL, (url, gpus) or {{'url': ..., 'gpus': ...}}")
-        if not isinstance(url, str):
-            raise errors.InvalidArgument(f"engines[{i}]: the URL must be a str, got "
-                                         f"{type(url).__name__}")
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 4096:
-            raise errors.InvalidArgument(
-                f"engines[{i}] '{url}': gpus={gpus!r} must be an int in [1, 4096]")
-        out.append((url, gpus))
-    if not out:
-        raise errors.InvalidArgument("engines: no engine given")
-    return out
-
-
 def _sync_cuda(devices) -> None:
     """Waits for the current stream of every device whose tensors are about to be shared: the
     daemon reads them on its own streams and cannot see the trainer's pending work."""
@@ -153,41 +108,16 @@ def _sync_cuda(devices) -> None:
         torch.cuda.current_stream(d).synchronize()
 
 
-def _read_pem(path: str, what: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ValueError(f"{what} '{path}': {e.strerror}") from None
-    if not data:
-        raise ValueError(f"{what} '{path}' is empty")
-    return data
-
-
-def _tls_credentials(ca_file: Optional[str], cert_file: Optional[str],
-                     key_file: Optional[str]) -> Optional["grpc.ChannelCredentials"]:
-    """TLS credentials from PEM files (None: plaintext). ValueError naming the argument."""
-    if bool(cert_file) != bool(key_file):
-        raise ValueError("tls_cert_file and tls_key_file go together: give both or neither")
-    if not ca_file:
-        if cert_file:
-            raise ValueError("tls_cert_file needs tls_ca_file (the CA of the daemon's certificate)")
-        return None
-    ca = _read_pem(ca_file, "tls_ca_file")
-    if not cert_file:
-        return grpc.ssl_channel_credentials(root_certificates=ca)
-    return grpc.ssl_channel_credentials(root_certificates=ca,
-                                        private_key=_read_pem(key_file, "tls_key_file"),
-                                        certificate_chain=_read_pem(cert_file, "tls_cert_file"))
-
-
 class Publisher:
     """A connection to one wpubd. Thread-safety: one publish() at a time per Publisher (the
     daemon allows one publication at a time anyway); cancel(), status(), list_reports() and
     connect_engines() may be called from any thread while a publish() is in flight (the daemon
     refuses a connect_engines while a publication is open).
 
-    target: "host:port" or "unix:/path". token: bearer token when the daemon requires one.
+    target: "host:port" or "unix:/path" (checked: InvalidArgument naming what is wrong).
+    token: bearer token when the daemon requires one; token_file: a file holding it (what
+    Kubernetes mounts from a Secret), read once here; not both. Publisher.from_env() reads
+    both from the environment.
     timeout: default deadline of publish() in seconds (None: no deadline).
     shm_threshold_bytes: host parts at least this large travel through POSIX shared memory,
     smaller ones inline in the stream (0: everything through shm; None: everything inline).
@@ -204,7 +134,8 @@ class Publisher:
     """
 
     def __init__(self, target: str, token: Optional[str] = None,
-                 timeout: Optional[float] = 600.0, *, rpc_timeout: float = 10.0,
+                 timeout: Optional[float] = 600.0, *, token_file: Optional[str] = None,
+                 rpc_timeout: float = 10.0,
                  shm_threshold_bytes: Optional[int] = 1 << 20, chunk_bytes: int = 1 << 20,
                  shm_prefix: str = "wpub", reuse_shm: bool = True, cuda_sync: bool = True,
                  max_queued_messages: int = 8, max_message_bytes: int = 8 << 20,
@@ -216,8 +147,13 @@ class Publisher:
             raise ValueError(f"chunk_bytes={chunk_bytes} must be in (0, max_message_bytes - 4096]")
         if "/" in shm_prefix:
             raise ValueError(f"shm_prefix '{shm_prefix}' must not contain '/'")
+        check_target(target)
+        if token is not None and token_file is not None:
+            raise errors.InvalidArgument("give token or token_file, not both")
+        if token_file is not None:
+            token = read_token_file(token_file)
         if credentials is None:
-            credentials = _tls_credentials(tls_ca_file, tls_cert_file, tls_key_file)
+            credentials = tls_credentials(tls_ca_file, tls_cert_file, tls_key_file)
         self.target = target
         self.timeout = timeout
         self.rpc_timeout = rpc_timeout
@@ -253,8 +189,30 @@ class Publisher:
             request_serializer=pb.ConnectEnginesRequest.SerializeToString,
             response_deserializer=pb.ConnectEnginesResponse.FromString)
         self._lock = threading.Lock()
-        self._active = None  # the Publish call in flight (guarded by _lock)
+        self._active = None  # the Publish call in flight, or _STARTING (guarded by _lock)
+        self._owner: Optional[PublicationFuture] = None  # publish_async's (guarded by _lock)
         self._cancel_requested = False
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None, **kwargs) -> "Publisher":
+        """A Publisher configured from the environment (default: os.environ), as the shipped
+        Kubernetes manifests set it: WPUB_TARGET (default 127.0.0.1:50151, wpubd's default
+        listener), WPUB_TOKEN_FILE, and WPUB_TLS_CA_FILE / WPUB_TLS_CERT_FILE /
+        WPUB_TLS_KEY_FILE. Empty variables count as unset; keyword arguments override them
+        and pass every other constructor argument."""
+        env = os.environ if environ is None else environ
+        args: Dict[str, Any] = {}
+        for var, arg in ENV_VARS.items():
+            value = env.get(var, "")
+            if value:
+                args[arg] = value
+        if "token" in kwargs:
+            args.pop("token_file", None)  # an explicit token overrides the mounted file
+        args.update(kwargs)
+        args.setdefault("target", DEFAULT_TARGET)
+        _log.debug("Publisher.from_env: target %s, token file %s", args["target"],
+                   args.get("token_file"))
+        return cls(**args)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -319,7 +277,7 @@ class Publisher:
         torn down first) and publications reach no engine until a connect_engines succeeds.
         """
         req = pb.ConnectEnginesRequest(group_name=group_name or "")
-        for url, gpus in _engine_entries(engines):
+        for url, gpus in engine_entries(engines):
             req.engines.add(url=url, gpus=gpus)
         if timeout is not None:
             if not timeout > 0:
@@ -343,7 +301,7 @@ class Publisher:
         with self._lock:
             self._cancel_requested = True
             call = self._active
-        if call is not None:
+        if call is not None and call is not _STARTING:  # a starting one sees the flag
             call.cancel()
 
     # -- publish -------------------------------------------------------------------------------
@@ -351,19 +309,30 @@ class Publisher:
     def publish(self, version: int, batches: Iterable[Batch], *, recipe: str = "nvfp4",
                 policy: Optional[Dict[str, Any]] = None,
                 quantization_config: Union[None, str, Dict[str, Any]] = None,
-                model_id: str = "", allow_non_finite: bool = False, wait: bool = False,
-                bucket_bytes: int = 0, timeout: Any = _PUBLISHER_TIMEOUT,
-                check: bool = True) -> PublicationReport:
+                model_id: str = "", allow_non_finite: bool = False,
+                queue_behind_active: bool = False, bucket_bytes: int = 0,
+                timeout: Any = _PUBLISHER_TIMEOUT, check: bool = True,
+                progress: Optional[Callable[[Progress], None]] = None,
+                wait: Optional[bool] = None) -> PublicationReport:
         """Streams one publication and returns the daemon's report.
 
-        batches: iterable of (megatron_name, [(hf_name, tensor), ...]); consumed lazily, each
-        batch sent as soon as it is produced. A tensor is a numpy array, a torch CPU or CUDA
-        tensor, wpub.Tensor(array, dtype=...) or wpub.concat(parts, dim).
+        version: an int in [1, 2^64 - 1], strictly increasing (InvalidArgument otherwise,
+        before anything is sent). batches: iterable of (megatron_name, [(hf_name, tensor),
+        ...]); consumed lazily, each batch sent as soon as it is produced. A tensor is a numpy
+        array, a torch CPU or CUDA tensor, wpub.Tensor(array, dtype=...), wpub.CudaIpc,
+        wpub.ShmRef or wpub.concat(parts, dim).
         recipe: "nvfp4", "nvfp4_4over6:<mode>" or "bf16". policy: precision exceptions (keys of
-        wpub.v1.PrecisionExceptions). quantization_config: the HF quantization_config (dict or
-        JSON). wait: queue behind an active publication instead of failing. timeout: deadline
-        in seconds (default: the Publisher's). check: raise PublicationAborted when the
-        publication did not commit.
+        wpub.v1.PrecisionExceptions, e.g. {"first_last_layers_bf16": True, "num_layers": 48},
+        and "allow_nothing_quantized": True to publish a quantizing recipe whose plan
+        quantizes no tensor, which is otherwise an InvalidArgument naming the recipe and some
+        tensors). quantization_config: the HF quantization_config (dict or JSON).
+        queue_behind_active: when another publication is active on the daemon, wait for it to
+        end instead of failing with FailedPrecondition (`wait=` is the deprecated name).
+        timeout: deadline in seconds (default: the Publisher's). check: raise
+        PublicationAborted when the publication did not commit. progress: called with a
+        wpub.Progress after each batch ("send"), once everything is sent ("commit") and at the
+        end ("done" / "failed"); it runs in the publishing thread, and an exception it raises
+        while sending cancels the publication like one of the iterable.
 
         Raises the WpubError subclass of the daemon's status (its message names the tensor), or
         re-raises an exception of the iterable (KeyboardInterrupt included) after cancelling the
@@ -371,52 +340,179 @@ class Publisher:
         memory or messages) before publish returns from a batch; CUDA tensors are referenced
         and kept alive until the report arrived.
         """
+        version = check_version(version)
+        header = build_header(version, recipe, policy, quantization_config, model_id,
+                         allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes)
+        return self._run(header, batches, self.timeout if timeout is _PUBLISHER_TIMEOUT
+                         else timeout, check, progress, None)
+
+    def publish_async(self, version: int, batches: Iterable[Batch], *,
+                      recipe: str = "nvfp4", policy: Optional[Dict[str, Any]] = None,
+                      quantization_config: Union[None, str, Dict[str, Any]] = None,
+                      model_id: str = "", allow_non_finite: bool = False,
+                      queue_behind_active: bool = False, bucket_bytes: int = 0,
+                      timeout: Any = _PUBLISHER_TIMEOUT, check: bool = True,
+                      progress: Optional[Callable[[Progress], None]] = None,
+                      wait: Optional[bool] = None) -> PublicationFuture:
+        """publish() in a background thread: returns a wpub.PublicationFuture at once, so the
+        trainer can start its next step while the publication runs. Arguments as publish();
+        the version, policy and flags are checked here (errors raised at once), everything else
+        surfaces from future.result().
+
+        The contract (wpub/futures.py): the iterable runs in the background thread until
+        `future.sent` is set -- do not change the weights it reads before then (in an RL loop:
+        wait for it before optimizer.step()); CUDA tensors and references (CudaIpc, ShmRef,
+        shm_empty arrays) are read in place by the daemon until `future.released` is set, on
+        every outcome. future.cancel() aborts the publication. One publication at a time per
+        Publisher: FailedPrecondition while another publish()/publish_async() is in flight.
+        The background thread uses the caller's current CUDA device."""
+        version = check_version(version)
+        header = build_header(version, recipe, policy, quantization_config, model_id,
+                         allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes)
         if timeout is _PUBLISHER_TIMEOUT:
             timeout = self.timeout
+        torch = sys.modules.get("torch")
+        device = None
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+        future = PublicationFuture(version, lambda: self._cancel_owned(future))
+        with self._lock:
+            if self._active is not None:
+                raise errors.FailedPrecondition("this Publisher already has a publish() in flight")
+            self._active, self._owner = _STARTING, future
+            self._cancel_requested = False
+
+        def run():
+            report, error = None, None
+            try:
+                if device is not None:
+                    torch.cuda.set_device(device)
+                report = self._run(header, batches, timeout, check, progress, future)
+            except BaseException as e:  # noqa: B902 -- handed to result()
+                error = e
+            future._finish(report, error)
+
+        try:
+            threading.Thread(target=run, name=f"wpub-publish-v{version}", daemon=True).start()
+        except BaseException:
+            with self._lock:
+                self._active, self._owner = None, None
+            raise
+        return future
+
+    def _cancel_owned(self, future: PublicationFuture) -> None:
+        """Cancels the publication of `future` (and nothing else) if it is in flight."""
+        with self._lock:
+            if self._owner is not future:
+                return
+            self._cancel_requested = True
+            call = self._active
+        if call is not None and call is not _STARTING:
+            call.cancel()
+
+    def _run(self, header, batches: Iterable[Batch], timeout: Optional[float], check: bool,
+             progress: Optional[Callable[[Progress], None]],
+             future: Optional[PublicationFuture]) -> PublicationReport:
+        """One publication; `future` is set when publish_async reserved the Publisher."""
+        version = header.version
         t0 = time.perf_counter()
         cpu0, caller0 = time.process_time(), time.thread_time()
         timings = ClientTimings()
-        header = _header(version, recipe, policy, quantization_config, model_id,
-                         allow_non_finite, wait, bucket_bytes)
+
+        def notify(phase: str, report=None, error=None) -> None:
+            if progress is None:
+                return
+            progress(Progress(
+                version, phase, timings.batches, timings.tensors,
+                timings.inline_bytes + timings.shm_bytes + timings.shm_zero_copy_bytes +
+                timings.cuda_ipc_bytes, timings.inline_bytes, timings.shm_bytes,
+                timings.shm_zero_copy_bytes, timings.cuda_ipc_bytes, time.perf_counter() - t0,
+                report.num_buckets if report is not None else 0, report, error))
+
+        def notify_end(phase: str, report=None, error=None) -> None:
+            try:
+                notify(phase, report, error)
+            except Exception:  # the outcome stands; a broken callback is only logged
+                _log.exception("v%d: the progress callback failed at '%s'", version, phase)
+
+        try:
+            report = self._stream(header, batches, timeout, future, timings, notify, t0)
+        except BaseException as e:
+            if isinstance(e, errors.WpubError):
+                _log.warning("v%d not published: %s", version, e)
+            else:
+                _log.warning("v%d cancelled by %s: %s", version, type(e).__name__, e)
+            notify_end("failed", None, e)
+            raise
+        timings.total_seconds = time.perf_counter() - t0
+        timings.cpu_seconds = time.process_time() - cpu0
+        timings.caller_cpu_seconds = time.thread_time() - caller0
+        report = PublicationReport.from_proto(report, timings)
+        if check and not report.committed:
+            e = errors.PublicationAborted(
+                f"publication v{report.version} {report.status}: {report.error_message}",
+                report=report)
+            _log.warning("v%d not committed: %s", version, report.summary())
+            notify_end("failed", report, e)
+            raise e
+        (_log.info if report.committed else _log.warning)("%s", report.summary())
+        notify_end("done", report)
+        return report
+
+    def _stream(self, header, batches: Iterable[Batch], timeout: Optional[float],
+                future: Optional[PublicationFuture], timings: ClientTimings, notify,
+                t0: float):
+        """Sends the publication and returns the daemon's report message."""
         stream = _RequestStream(self.max_queued_messages)
         keepalive: List[Any] = []  # CUDA tensors referenced by the daemon until the report
         segments: Dict[int, ShmSegment] = {}  # batch index -> segment of this publication
         reported = False
         with self._lock:
-            if self._active is not None:
-                raise errors.FailedPrecondition("this Publisher already has a publish() in flight")
-            self._cancel_requested = False
+            if future is None:
+                if self._active is not None:
+                    raise errors.FailedPrecondition(
+                        "this Publisher already has a publish() in flight")
+                self._cancel_requested = False
             call = self._publish.future(stream.requests(), timeout=timeout,
                                         metadata=self._metadata)
             self._active = call
+            cancel_now = self._cancel_requested  # future.cancel() before the RPC opened
+        if cancel_now:
+            call.cancel()
         pending: Optional[BaseException] = None
         try:
             try:
                 stream.put(pb.PublishRequest(header=header).SerializeToString(), call)
                 for b, item in enumerate(batches):
                     self._send_batch(b, item, call, stream, segments, keepalive, timings)
+                    notify("send")
                 stream.put(pb.PublishRequest(commit=pb.Commit()).SerializeToString(), call,
                            is_commit=True)
+                _log.debug("v%d: %d batches sent, committing", header.version, timings.batches)
+                notify("commit")
             except _CallEnded:
                 pass  # the RPC's own status says why
-            except BaseException as e:  # the iterable (or a tensor) failed, or ^C
+            except BaseException as e:  # the iterable (or a tensor, or progress) failed, or ^C
                 pending = e
                 call.cancel()
             finally:
                 stream.close(call)
+                if future is not None:
+                    future.sent.set()
             report_msg = self._wait(call)
             reported = pending is None
         except errors.WpubError as e:
             # A status from the daemon ends its publication; a cancel or deadline may not have
             # reached it yet, so its segments must not be refilled.
             reported = pending is None and not isinstance(
-                e, (errors.Cancelled, errors.DeadlineExceeded, errors.Unavailable))
+                e, (errors.Cancelled, errors.DeadlineExceeded, errors.Unavailable,
+                    errors.PublicationAborted))
             if pending is not None:
                 raise pending from None
             raise e from None
         finally:
             with self._lock:
-                self._active = None
+                self._active, self._owner = None, None
             # The RPC is over: drop the CUDA tensors now rather than when a traceback holding
             # this frame is collected.
             keepalive.clear()
@@ -426,15 +522,7 @@ class Publisher:
             raise pending
         timings.messages = stream.messages
         timings.send_seconds = (stream.commit_taken_at or time.perf_counter()) - t0
-        timings.total_seconds = time.perf_counter() - t0
-        timings.cpu_seconds = time.process_time() - cpu0
-        timings.caller_cpu_seconds = time.thread_time() - caller0
-        report = PublicationReport.from_proto(report_msg, timings)
-        if check and not report.committed:
-            raise errors.PublicationAborted(
-                f"publication v{report.version} {report.status}: {report.error_message}",
-                report=report)
-        return report
+        return report_msg
 
     def _wait(self, call):
         """The call's reply; polls so that KeyboardInterrupt reaches the caller promptly (and
@@ -515,6 +603,11 @@ class Publisher:
                     if p.device_index >= 0:  # torch tensors: sync their stream
                         devices.add(p.device_index)
                     timings.cuda_ipc_bytes += p.nbytes
+                elif isinstance(p, ShmPart):  # another process's segment, by reference
+                    wp.shm.name, wp.shm.offset, wp.shm.length = p.name, p.offset, p.nbytes
+                    if p.keepalive is not None:
+                        keepalive.append(p.keepalive)
+                    timings.shm_zero_copy_bytes += p.nbytes
                 elif id(p) in in_arena:
                     seg, off = in_arena[id(p)]
                     wp.shm.name, wp.shm.offset, wp.shm.length = seg.name, off, p.nbytes
@@ -540,3 +633,4 @@ class Publisher:
             timings.inline_bytes += p.nbytes
         timings.batches += 1
         timings.tensors += len(normalized)
+        _log.debug("batch %d (%s) sent: %d tensors", b, megatron_name, len(normalized))

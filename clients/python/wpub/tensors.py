@@ -63,6 +63,19 @@ class CudaIpc:
     keepalive: Any = None
 
 
+@dataclass
+class ShmRef:
+    """Bytes already in a POSIX shared-memory segment the daemon can open (e.g. another local
+    rank's shard, see wpub.torch.LocalGather): the segment's shm_open name ("/wpub-..."), the
+    byte offset of the tensor in it, its shape and dtype. Sent as a reference, never copied;
+    the segment's owner keeps it unchanged until the publication's report."""
+    name: str
+    offset: int
+    shape: Sequence[int]
+    dtype: str
+    keepalive: Any = None
+
+
 def concat(parts: Sequence[Any], dim: int = 0) -> Concat:
     """Describes the concatenation of `parts` along `dim` (0 or 1) without copying: the daemon
     reads every part in place. Parts must share dtype and every dimension but `dim`."""
@@ -98,11 +111,21 @@ class CudaPart:
 
 
 @dataclass
+class ShmPart:
+    """A part in a shared-memory segment described by name (ShmRef)."""
+    shape: Tuple[int, ...]
+    nbytes: int
+    name: str
+    offset: int
+    keepalive: Any = field(repr=False, default=None)
+
+
+@dataclass
 class NormalizedTensor:
     name: str
     dtype: str
     shape: Tuple[int, ...]
-    parts: List[Any]  # HostPart | CudaPart
+    parts: List[Any]  # HostPart | CudaPart | ShmPart
     concat_dim: int = 0
 
 
@@ -197,6 +220,16 @@ def _one_part(name: str, x, explicit_dtype: Optional[str]):
     """(dtype name, part) of one tensor-like `x`."""
     if isinstance(x, Tensor):
         return _one_part(name, x.data, x.dtype)
+    if isinstance(x, ShmRef):
+        size = DTYPE_SIZES.get(x.dtype)
+        if size is None:
+            raise TensorError(f"tensor {name}: dtype {x.dtype} is not supported by wpub")
+        if not isinstance(x.name, str) or not x.name.startswith("/") or "/" in x.name[1:]:
+            raise TensorError(f"tensor {name}: shared-memory name {x.name!r} must be '/name' "
+                              "with no other '/'")
+        shape = tuple(int(d) for d in x.shape)
+        nbytes = size * int(np.prod(shape, dtype=np.int64))
+        return x.dtype, ShmPart(shape, nbytes, x.name, int(x.offset), keepalive=x.keepalive)
     if isinstance(x, CudaIpc):
         size = DTYPE_SIZES.get(x.dtype)
         if size is None:
@@ -242,7 +275,8 @@ def _one_part(name: str, x, explicit_dtype: Optional[str]):
                                   f"{hint}")
         return dtype, HostPart(tuple(int(d) for d in arr.shape), arr.nbytes, arr)
     raise TensorError(f"tensor {name}: unsupported type {type(x).__name__} (expected a numpy "
-                      "array, a torch tensor, wpub.Tensor or wpub.concat(...))")
+                      "array, a torch tensor, wpub.Tensor, wpub.CudaIpc, wpub.ShmRef or "
+                      "wpub.concat(...))")
 
 
 def normalize(name: str, x) -> NormalizedTensor:

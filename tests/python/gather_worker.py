@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""One rank of test_local_gather: holds its shards of the test model (TP 2: column-parallel
+tensors split along dim 0, row-parallel along dim 1, norms and routers replicated; experts
+split EP-wise: rank r holds the experts e with e % 2 == r), shares them with
+wpub.torch.LocalGather over gloo, and rank 0 publishes the whole model.
+
+    gather_worker.py RANK WORLD RDZV_FILE TARGET VERSION SEED DEVICE RESULT_JSON
+DEVICE: "cpu" (shared-memory references) or "cuda" (CUDA IPC references, one GPU for both
+ranks). Rank 0 writes RESULT_JSON; every rank exits 0 when its release() saw a commit."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from harness import qwen3_batches  # noqa: E402
+
+import wpub  # noqa: E402
+import wpub.torch as wt  # noqa: E402
+
+
+def shards(rank, world, seed, device):
+    """This rank's conversion batches: its shards of qwen3_batches(seed)."""
+    out = []
+    for m, ts in qwen3_batches(seed=seed):
+        mine = []
+        for n, a in ts:
+            if ".mlp.experts." in n:
+                e = int(n.split(".mlp.experts.")[1].split(".")[0])
+                if e % world != rank:
+                    continue
+                part = a
+            else:
+                dim = wt.hf_tp_dim(n)
+                part = a if dim is None else np.array_split(a, world, axis=dim)[rank]
+            t = torch.from_numpy(np.ascontiguousarray(part).astype(np.int16)).view(torch.bfloat16)
+            mine.append((n, t.to(device) if device != "cpu" else t))
+        if mine:
+            out.append((m, mine))
+    return out
+
+
+def main():
+    rank, world, rdzv, target, version, seed, device, result = sys.argv[1:9]
+    rank, world, version, seed = int(rank), int(world), int(version), int(seed)
+    dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
+    gather = wt.LocalGather()
+    batches = gather.share(shards(rank, world, seed, device))
+    outcome = None
+    info = {}
+    if gather.is_publisher:
+        pub = wpub.Publisher(target, timeout=120)
+        try:
+            outcome = pub.publish(version, batches)
+            c = outcome.client
+            info = {"committed": outcome.committed, "shm_zero_copy_bytes": c.shm_zero_copy_bytes,
+                    "cuda_ipc_bytes": c.cuda_ipc_bytes, "bytes_in": outcome.bytes_in,
+                    "quantized": outcome.tensors_quantized}
+        except wpub.WpubError as e:
+            outcome = e
+            info = {"committed": False, "error": str(e), "code": getattr(e.code, "name", "")}
+        pub.close()
+    summary = gather.release(outcome)
+    gather.close()
+    dist.destroy_process_group()
+    if gather.is_publisher:
+        info["summary"] = summary
+        with open(result, "w") as f:
+            json.dump(info, f)
+    sys.exit(0 if summary["committed"] or "error" in info else 3)
+
+
+if __name__ == "__main__":
+    main()
