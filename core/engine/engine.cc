@@ -292,6 +292,8 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
           absl::StrCat("version: ", header.version, " is not greater than the committed version ",
                        impl_->committed_version));
     }
+    // A receiver may hold a newer version than this engine committed (a daemon restart).
+    WPUB_RETURN_IF_ERROR(impl_->transport->CheckVersionAhead(header.version));
     if (impl_->cuda_ipc) {
       // The previous publication ended (its Execute returned before it released the slot).
       std::lock_guard ipc_lock(impl_->ipc_mu);

@@ -140,7 +140,8 @@ class Engine {
   // Opens publication `header.version`. Errors (the engine state is unchanged by them):
   // - FAILED_PRECONDITION naming the active version when one is open (header.queue == false);
   //   with header.queue, blocks until it ends (DEADLINE_EXCEEDED after header.queue_timeout);
-  // - FAILED_PRECONDITION for a version <= the committed version (naming both);
+  // - FAILED_PRECONDITION for a version <= the committed version (naming both), or <= the
+  //   version a connected pull receiver holds (PullTransport::CheckVersionAhead);
   // - INVALID_ARGUMENT naming the field for version 0, an unknown recipe, a bucket size out of
   //   range, invalid quantization_config_json / policy_json (e.g. an invalid regex rule);
   // - UNAVAILABLE after BeginShutdown.

@@ -144,6 +144,8 @@ struct GroupInfoEvent {
   std::string receiver_name;
   std::string transport;           // "pull"
   uint64_t committed_version = 0;  // the engine's current version at subscribe time
+  // The subscription's secret: ReadBucket and Ack must present it (PullTransport).
+  std::string subscription_token;
 };
 // A publication starts; the receiver will take part in it.
 // Buckets are announced before they are packed (the GPU path pipelines packing with the

@@ -287,6 +287,7 @@ void ToProto(const engine::ReceiverEvent& event, pb::ReceiverEvent* out) {
           g->set_receiver_name(e.receiver_name);
           g->set_transport(e.transport);
           g->set_committed_version(e.committed_version);
+          g->set_subscription_token(e.subscription_token);
         } else if constexpr (std::is_same_v<T, engine::ManifestEvent>) {
           ToProto(e.manifest, out->mutable_manifest());
         } else if constexpr (std::is_same_v<T, engine::BucketReadyEvent>) {
