@@ -9,6 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "server/wire/convert.h"
@@ -19,19 +20,23 @@ namespace {
 
 namespace pb = ::wpub::v1;
 
-// A client-supplied string as it may appear in a log line or an error message: escaped (a
-// newline cannot forge a log line) and cut to a bounded length.
-std::string Printable(absl::string_view s) {
-  constexpr size_t kMax = engine::kMaxReceiverNameBytes;
-  if (s.size() <= kMax) return absl::CHexEscape(s);
-  return absl::StrCat(absl::CHexEscape(s.substr(0, kMax)), "... (", s.size(), " bytes)");
+// A client-supplied string as it may appear in a log line or an error message: cut to `max`
+// bytes and, unless it is plain printable ASCII, escaped (a newline cannot forge a log line).
+std::string Printable(absl::string_view s, size_t max = engine::kMaxReceiverNameBytes) {
+  const absl::string_view cut = s.substr(0, max);
+  const bool plain = std::all_of(cut.begin(), cut.end(), [](char c) {
+    return absl::ascii_isprint(static_cast<unsigned char>(c));
+  });
+  std::string out = plain ? std::string(cut) : absl::CHexEscape(cut);
+  if (s.size() > max) absl::StrAppend(&out, "... (", s.size(), " bytes)");
+  return out;
 }
 
 // Logs a refused receiver RPC (who asked, from where, why) and returns its status.
 grpc::Status Refuse(absl::string_view rpc, absl::string_view name,
                     const grpc::CallbackServerContext& context, const absl::Status& why) {
-  spdlog::warn("refused {} for receiver '{}' from {}: {}", rpc, Printable(name),
-               Printable(context.peer()), Printable(why.message()));
+  spdlog::warn("refused {} for receiver '{}' from {}: {}", std::string(rpc), Printable(name),
+               Printable(context.peer()), Printable(why.message(), 1024));
   return ToGrpcStatus(why);
 }
 

@@ -61,11 +61,12 @@ class RawSubscriber {
     if (thread_.joinable()) thread_.join();
   }
 
-  // Waits until an event satisfies `pred` (true), or the stream ended (false).
+  // Waits until an event satisfies `pred` (true), or the stream ended (false). The bound only
+  // turns a broken daemon into a failure instead of a hang.
   bool WaitFor(const std::function<bool(const pb::ReceiverEvent&)>& pred) {
     std::unique_lock lock(mu_);
     bool found = false;
-    cv_.wait(lock, [&] {
+    cv_.wait_for(lock, std::chrono::seconds(60), [&] {
       for (const auto& e : events_) found = found || pred(e);
       return found || ended_;
     });
@@ -138,10 +139,10 @@ class ReceiversApiTest : public ::testing::Test {
     if (previous_logger_) spdlog::set_default_logger(previous_logger_);
   }
 
-  // Sends the service's log lines to `out` from now until TearDown (call before Start).
-  void CaptureLog(std::ostream& out) {
+  // Sends the service's log lines to captured_ from now until TearDown (call before Start).
+  void CaptureLog() {
     previous_logger_ = spdlog::default_logger();
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out);
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(captured_);
     spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
   }
 
@@ -155,7 +156,9 @@ class ReceiversApiTest : public ::testing::Test {
       pb::PublicationHeader header;
       header.set_version(version);
       header.set_recipe("bf16");
-      return publisher_->Publish(header, {batch}, client::SyntheticFiller(version), {});
+      client::StreamOptions stream;
+      stream.chunk_bytes = 8 << 10;  // within every max_chunk_bytes the tests use
+      return publisher_->Publish(header, {batch}, client::SyntheticFiller(version), stream);
     });
   }
 
@@ -223,6 +226,7 @@ class ReceiversApiTest : public ::testing::Test {
     }
   }
 
+  std::ostringstream captured_;  // outlives every server thread
   std::shared_ptr<spdlog::logger> previous_logger_;
   std::unique_ptr<engine::Engine> engine_;
   std::unique_ptr<DaemonServer> server_;
@@ -277,7 +281,7 @@ TEST_F(ReceiversApiTest, ForeignPullsAndAcksAreRefusedAndChangeNothing) {
   for (const std::string& name : {"engine-1", "attacker"}) {
     const pb::ReceiverOutcome* o = OutcomeOf(*report, name);
     ASSERT_NE(o, nullptr) << name;
-    EXPECT_TRUE(o->committed) << name;
+    EXPECT_TRUE(o->committed()) << name;
   }
 }
 
@@ -302,7 +306,7 @@ TEST_F(ReceiversApiTest, AReceiverIsNotReportedCommittedUnlessItAcknowledgedItse
   EXPECT_EQ(report->status(), pb::PUBLICATION_STATUS_ABORTED);
   const pb::ReceiverOutcome* o = OutcomeOf(*report, "engine-1");
   ASSERT_NE(o, nullptr);
-  EXPECT_FALSE(o->committed);
+  EXPECT_FALSE(o->committed());
   EXPECT_EQ(o->failure(), "disconnected");
   EXPECT_EQ(engine_->GetStatus().committed_version, 0u);
 }
@@ -328,8 +332,7 @@ TEST_F(ReceiversApiTest, ReceiverNamesAreBoundedAndPrintable) {
 // A name (or any client string) with a newline cannot forge a log line: every line the service
 // logs about it holds the escaped bytes.
 TEST_F(ReceiversApiTest, ClientStringsAreEscapedInTheLog) {
-  std::ostringstream captured;
-  CaptureLog(captured);
+  CaptureLog();
   Start();
   const std::string forged = "2026-01-01T00:00:00.000 info [wpubd] FORGED commit of v9";
   {
@@ -342,8 +345,9 @@ TEST_F(ReceiversApiTest, ClientStringsAreEscapedInTheLog) {
   honest.Token();
   Pull("honest", "not-the-token\n" + forged, 1);
   honest.Leave();
-  spdlog::default_logger()->flush();
-  const std::string log = captured.str();
+  // Read once no server thread can still be writing.
+  server_->Shutdown(absl::Now() + absl::Seconds(5));
+  const std::string log = captured_.str();
   int refusals = 0;
   for (absl::string_view line : absl::StrSplit(log, '\n')) {
     EXPECT_FALSE(absl::StartsWith(line, "2026-01-01")) << "forged line in:\n" << log;
