@@ -22,10 +22,15 @@
 ABSL_FLAG(std::string, target, "127.0.0.1:50151", "wpubd gRPC address.");
 ABSL_FLAG(std::string, name, "recv-0", "Receiver name (unique per daemon).");
 ABSL_FLAG(std::string, output, "",
-          "Write every committed version to this safetensors file (atomically replaced).");
+          "Write every committed version to this safetensors file (atomically replaced; staged "
+          "beside it and fsynced before the last bucket is acknowledged; its directory must be "
+          "writable at start). A version in an existing file's metadata is the version held.");
 ABSL_FLAG(uint64_t, exit_after_versions, 0, "Exit 0 after this many commits (0: run forever).");
 ABSL_FLAG(uint64_t, chunk_bytes, 0, "PullBucket chunk size (0: the daemon's limit).");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
+ABSL_FLAG(absl::Duration, resubscribe_timeout, absl::Minutes(5),
+          "When wpubd goes away (restart, crash), how long to keep subscribing again, holding "
+          "the last committed version (0: exit at once).");
 ABSL_FLAG(std::string, auth_token_file, "", "File holding the daemon's bearer token.");
 ABSL_FLAG(std::string, tls_ca_file, "",
           "PEM CA certificate the daemon's TLS certificate must chain to (TLS; empty: plaintext).");
@@ -142,6 +147,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A file-size limit (RLIMIT_FSIZE) then fails the write with EFBIG, which is reported, instead
+  // of killing the process.
+  signal(SIGXFSZ, SIG_IGN);
 
   absl::SetProgramUsageMessage(
       "wpub-recv: receive publications from wpubd.\n"
@@ -166,6 +174,7 @@ int main(int argc, char** argv) {
   options.exit_after_versions = absl::GetFlag(FLAGS_exit_after_versions);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  options.resubscribe_timeout = absl::GetFlag(FLAGS_resubscribe_timeout);
   options.leave_after_buckets = absl::GetFlag(FLAGS_leave_after_buckets);
   options.corrupt_bucket = absl::GetFlag(FLAGS_corrupt_bucket);
   options.tls.ca_file = absl::GetFlag(FLAGS_tls_ca_file);

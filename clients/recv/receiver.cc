@@ -1,6 +1,16 @@
-// The gRPC-pull receiver: one subscription stream, buckets pulled and acknowledged in order.
+// The gRPC-pull receiver: one subscription stream at a time (subscribing again when the daemon
+// comes back), buckets pulled and acknowledged in order, the output file staged before the last
+// acknowledgement and renamed into place on commit.
 #include "clients/recv/receiver.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <utility>
 
 #include <grpcpp/client_context.h>
@@ -9,6 +19,7 @@
 #include <grpcpp/support/channel_arguments.h>
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "clients/recv/safetensors.h"
@@ -28,7 +39,77 @@ struct Pending {
   engine::PublicationManifest manifest;
   std::vector<std::vector<uint8_t>> buckets;
   std::vector<bool> received;
+  size_t num_received = 0;
+  bool mismatch = false;  // a bucket failed its checksum: the publication will abort
+  bool staged = false;    // the output file is staged (Receiver::Impl::stage_path_)
 };
+
+std::vector<SafetensorsEntry> EntriesOf(const engine::PublicationManifest& manifest,
+                                        const std::vector<std::vector<uint8_t>>& buckets) {
+  std::vector<SafetensorsEntry> entries;
+  for (const engine::BucketManifest& b : manifest.buckets) {
+    for (const engine::ManifestTensor& t : b.tensors) {
+      entries.push_back({TensorDesc{t.name, t.dtype, t.shape},
+                         absl::MakeConstSpan(buckets[b.index]).subspan(t.offset, t.nbytes)});
+    }
+  }
+  return entries;
+}
+
+std::map<std::string, std::string> MetadataOf(const engine::PublicationManifest& manifest) {
+  return {{"version", std::to_string(manifest.version)},
+          {"model_id", manifest.model_id},
+          {"recipe", manifest.recipe}};
+}
+
+// FAILED_PRECONDITION naming the path unless `path` is not a directory and a file (`probe`) can
+// be created beside it: found at start-up rather than after the daemon counted us committed.
+absl::Status CheckOutputWritable(const std::string& path, const std::string& probe) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("output '", path, "' is a directory; give a file path"));
+  }
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "output '", path, "' is not writable: cannot create ", probe, ": ", std::strerror(errno)));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return absl::OkStatus();
+}
+
+// The version recorded in an existing output file (0: no file, or none recorded). Reads only
+// the header.
+uint64_t VersionInFile(const std::string& path) {
+  absl::StatusOr<std::map<std::string, std::string>> metadata = ReadSafetensorsMetadata(path);
+  if (!metadata.ok()) {
+    if (!absl::IsNotFound(metadata.status())) {
+      spdlog::warn("output {} is unreadable, so it holds no version: {}", path,
+                   metadata.status().ToString());
+    }
+    return 0;
+  }
+  uint64_t version = 0;
+  auto it = metadata->find("version");
+  if (it == metadata->end() || !absl::SimpleAtoi(it->second, &version)) return 0;
+  return version;
+}
+
+// Whether a subscription that ended with `status` may be tried again: the daemon went away,
+// restarted or dropped us for falling behind, as opposed to refusing this receiver.
+bool DaemonWentAway(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kResourceExhausted:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
 
 }  // namespace
 
@@ -50,66 +131,52 @@ std::vector<const engine::ManifestTensor*> CommittedModel::Tensors() const {
 }
 
 absl::Status WriteCommittedSafetensors(const CommittedModel& model, const std::string& path) {
-  std::vector<SafetensorsEntry> entries;
-  for (const engine::BucketManifest& b : model.manifest.buckets) {
-    for (const engine::ManifestTensor& t : b.tensors) {
-      entries.push_back({TensorDesc{t.name, t.dtype, t.shape},
-                         absl::MakeConstSpan(model.buckets[b.index]).subspan(t.offset, t.nbytes)});
-    }
-  }
-  return WriteSafetensors(path, entries,
-                          {{"version", std::to_string(model.manifest.version)},
-                           {"model_id", model.manifest.model_id},
-                           {"recipe", model.manifest.recipe}});
+  return WriteSafetensors(path, EntriesOf(model.manifest, model.buckets),
+                          MetadataOf(model.manifest));
 }
 
 class Receiver::Impl {
  public:
-  Impl(ReceiverOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
-      : options_(std::move(options)) {
+  Impl(ReceiverOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
+       uint64_t held_at_start)
+      : options_(std::move(options)),
+        stage_path_(absl::StrCat(options_.output_path, ".staging-", ::getpid())),
+        held_at_start_(held_at_start) {
     grpc::ChannelArguments args;
     // Chunks are bounded by the daemon (4 MiB by default); leave ample room.
     args.SetMaxReceiveMessageSize(256 << 20);
+    // A restarted daemon is found within a second, not after gRPC's default backoff (up to 120 s).
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     channel_ = grpc::CreateCustomChannel(options_.target, std::move(credentials), args);
     stub_ = pb::Receivers::NewStub(channel_);
   }
 
+  ~Impl() { DiscardPending(); }
+
   absl::Status Run() {
-    if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
-      return absl::UnavailableError(absl::StrCat("cannot connect to wpubd at '", options_.target,
-                                                 "' within ",
-                                                 absl::FormatDuration(options_.connect_timeout)));
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopped_) return absl::OkStatus();
-      context_ = std::make_unique<grpc::ClientContext>();
-      Authorize(context_.get());
-    }
-    pb::SubscribeRequest request;
-    request.set_receiver_name(options_.name);
-    request.add_transports("pull");
-    std::unique_ptr<grpc::ClientReader<pb::ReceiverEvent>> reader =
-        stub_->Subscribe(context_.get(), request);
-    pb::ReceiverEvent event;
-    absl::Status outcome = absl::OkStatus();
-    bool done = false;
-    while (!done && reader->Read(&event)) {
-      absl::StatusOr<bool> step = Handle(event);
-      if (!step.ok()) {
-        outcome = step.status();
-        done = true;
-      } else {
-        done = *step;
+    absl::Time deadline = absl::Now() + options_.connect_timeout;
+    bool resubscribing = false;
+    while (true) {
+      Session session = Subscribe(deadline, resubscribing);
+      DiscardPending();
+      if (!session.retry) return session.status;
+      if (session.accepted) {
+        // A new outage: it gets the whole resubscribe budget.
+        deadline = absl::Now() + options_.resubscribe_timeout;
+        spdlog::warn(
+            "[{}] the subscription ended ({}); subscribing again for up to {}, holding v{}",
+            options_.name, session.status.ToString(),
+            absl::FormatDuration(options_.resubscribe_timeout), held_version());
       }
+      resubscribing = true;
+      absl::MutexLock lock(&mu_);
+      // A short pause between attempts; Stop ends it at once.
+      mu_.AwaitWithTimeout(absl::Condition(&stopped_), absl::Milliseconds(100));
+      if (stopped_) return absl::OkStatus();
+      if (absl::Now() >= deadline) return session.status;
     }
-    if (done) context_->TryCancel();
-    grpc::Status finish = reader->Finish();
-    absl::MutexLock lock(&mu_);
-    if (!outcome.ok()) return outcome;
-    if (done || stopped_) return absl::OkStatus();
-    return finish.ok() ? absl::UnavailableError("the daemon ended the subscription")
-                       : server::ToAbslStatus(finish);
   }
 
   void Stop() {
@@ -126,25 +193,125 @@ class Receiver::Impl {
     absl::MutexLock lock(&mu_);
     return stats_;
   }
+  uint64_t held_version() const {
+    absl::MutexLock lock(&mu_);
+    return std::max(held_at_start_, stats_.last_committed_version);
+  }
 
  private:
+  // How one subscription ended.
+  struct Session {
+    absl::Status status;    // OK: exit_after_versions reached, or stopped
+    bool accepted = false;  // the daemon accepted it (its group_info arrived)
+    bool retry = false;     // subscribe again (within the resubscribe budget)
+  };
+
+  // Waits for the channel until `deadline`, in slices so Stop is noticed; false when stopped or
+  // out of time.
+  bool WaitConnected(absl::Time deadline) {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopped_) return false;
+      }
+      const absl::Time now = absl::Now();
+      if (now >= deadline) return false;
+      if (channel_->WaitForConnected(
+              absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(250))))) {
+        return true;
+      }
+    }
+  }
+
+  bool Stopped() const {
+    absl::MutexLock lock(&mu_);
+    return stopped_;
+  }
+
+  // One Subscribe stream, from connecting to its end.
+  Session Subscribe(absl::Time deadline, bool resubscribing) {
+    Session session;
+    const bool retry_allowed = options_.resubscribe_timeout > absl::ZeroDuration();
+    if (!WaitConnected(deadline)) {
+      if (Stopped()) return session;
+      session.status = absl::UnavailableError(
+          absl::StrCat("cannot connect to wpubd at '", options_.target, "' within ",
+                       absl::FormatDuration(resubscribing ? options_.resubscribe_timeout
+                                                          : options_.connect_timeout)));
+      return session;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopped_) return session;
+      context_ = std::make_unique<grpc::ClientContext>();
+      Authorize(context_.get());
+    }
+    pb::SubscribeRequest request;
+    request.set_receiver_name(options_.name);
+    request.add_transports("pull");
+    request.set_held_version(held_version());
+    std::unique_ptr<grpc::ClientReader<pb::ReceiverEvent>> reader =
+        stub_->Subscribe(context_.get(), request);
+    pb::ReceiverEvent event;
+    absl::Status outcome = absl::OkStatus();
+    bool done = false;
+    while (!done && reader->Read(&event)) {
+      session.accepted = true;
+      absl::StatusOr<bool> step = Handle(event);
+      if (!step.ok()) {
+        outcome = step.status();
+        done = true;
+      } else {
+        done = *step;
+      }
+    }
+    if (done) context_->TryCancel();
+    grpc::Status finish = reader->Finish();
+    token_.clear();
+    absl::MutexLock lock(&mu_);
+    if (!outcome.ok()) {
+      session.status = outcome;
+      return session;
+    }
+    if (done || stopped_) return session;
+    session.status = finish.ok() ? absl::UnavailableError("the daemon ended the subscription")
+                                 : server::ToAbslStatus(finish);
+    // A name still taken while resubscribing is our own old stream, not yet gone.
+    session.retry = retry_allowed && (session.accepted || resubscribing) &&
+                    (DaemonWentAway(session.status) ||
+                     (resubscribing && absl::IsAlreadyExists(session.status)));
+    return session;
+  }
+
   void Authorize(grpc::ClientContext* context) const {
     if (!options_.auth_token.empty()) {
       context->AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
     }
   }
 
+  // Forgets the publication in flight and the file staged for it.
+  void DiscardPending() {
+    if (pending_ != nullptr && pending_->staged) std::remove(stage_path_.c_str());
+    pending_.reset();
+  }
+
   // Processes one event; true when Run should return (exit_after_versions reached).
   absl::StatusOr<bool> Handle(const pb::ReceiverEvent& event) {
     switch (event.kind_case()) {
-      case pb::ReceiverEvent::kGroupInfo:
-        spdlog::info("[{}] joined wpubd at {} (transport {}, committed version {})", options_.name,
-                     options_.target, event.group_info().transport(),
-                     event.group_info().committed_version());
+      case pb::ReceiverEvent::kGroupInfo: {
+        token_ = event.group_info().subscription_token();
+        absl::MutexLock lock(&mu_);
+        ++stats_.subscriptions;
+        spdlog::info("[{}] joined wpubd at {} (transport {}, committed version {}, holding v{})",
+                     options_.name, options_.target, event.group_info().transport(),
+                     event.group_info().committed_version(),
+                     std::max(held_at_start_, stats_.last_committed_version));
         return false;
+      }
       case pb::ReceiverEvent::kManifest: {
         WPUB_ASSIGN_OR_RETURN(engine::PublicationManifest manifest,
                               server::FromProto(event.manifest()));
+        DiscardPending();
         pending_ = std::make_unique<Pending>();
         pending_->buckets.resize(manifest.buckets.size());
         pending_->received.assign(manifest.buckets.size(), false);
@@ -179,7 +346,7 @@ class Receiver::Impl {
       case pb::ReceiverEvent::kAbort: {
         spdlog::warn("[{}] v{} aborted: {}", options_.name, event.abort().version(),
                      event.abort().reason());
-        pending_.reset();
+        DiscardPending();
         absl::MutexLock lock(&mu_);
         ++stats_.aborts;
         return false;
@@ -190,10 +357,10 @@ class Receiver::Impl {
     return absl::InternalError("an event without a kind");
   }
 
-  absl::Status PullAndAck(uint64_t version, uint32_t index) {
-    if (index >= pending_->buckets.size()) {
-      return absl::InternalError(absl::StrCat("bucket ", index, " of v", version, " unknown"));
-    }
+  // Pulls bucket `index` into `pending_`; false (after logging) when the pull failed, e.g.
+  // because the publication was aborted meanwhile (its abort event follows).
+  absl::StatusOr<bool> Pull(uint64_t version, uint32_t index, uint64_t* expected_checksum,
+                            uint64_t* received) {
     const engine::BucketManifest& bm = pending_->manifest.buckets[index];
     std::vector<uint8_t>& bytes = pending_->buckets[index];
     bytes.assign(bm.nbytes, 0);
@@ -204,15 +371,17 @@ class Receiver::Impl {
     request.set_version(version);
     request.set_index(index);
     request.set_chunk_bytes(options_.chunk_bytes);
+    request.set_subscription_token(token_);
+    request.set_attempt(pending_->manifest.attempt);
     std::unique_ptr<grpc::ClientReader<pb::BucketChunk>> reader =
         stub_->PullBucket(&context, request);
     pb::BucketChunk chunk;
-    uint64_t received = 0;
     // The manifest is announced before packing; the daemon sends the packed bucket's checksum
     // with the first chunk.
-    uint64_t expected_checksum = bm.checksum;
+    *expected_checksum = bm.checksum;
+    *received = 0;
     while (reader->Read(&chunk)) {
-      if (chunk.offset() == 0 && chunk.checksum() != 0) expected_checksum = chunk.checksum();
+      if (chunk.offset() == 0 && chunk.checksum() != 0) *expected_checksum = chunk.checksum();
       if (chunk.offset() + chunk.data().size() > bytes.size()) {
         context.TryCancel();
         reader->Finish();
@@ -221,20 +390,32 @@ class Receiver::Impl {
                                                 " bytes"));
       }
       std::copy(chunk.data().begin(), chunk.data().end(), bytes.begin() + chunk.offset());
-      received += chunk.data().size();
+      *received += chunk.data().size();
     }
     grpc::Status status = reader->Finish();
     if (!status.ok()) {
-      // The publication may have been aborted meanwhile (the abort event follows); not fatal.
       spdlog::warn("[{}] pulling bucket {} of v{}: {}", options_.name, index, version,
                    status.error_message());
-      return absl::OkStatus();
+      return false;
     }
+    return true;
+  }
+
+  absl::Status PullAndAck(uint64_t version, uint32_t index) {
+    if (index >= pending_->buckets.size()) {
+      return absl::InternalError(absl::StrCat("bucket ", index, " of v", version, " unknown"));
+    }
+    uint64_t expected_checksum = 0;
+    uint64_t received = 0;
+    WPUB_ASSIGN_OR_RETURN(bool pulled, Pull(version, index, &expected_checksum, &received));
+    if (!pulled) return absl::OkStatus();
+    std::vector<uint8_t>& bytes = pending_->buckets[index];
+    const uint64_t nbytes = pending_->manifest.buckets[index].nbytes;
     if (options_.corrupt_bucket == static_cast<int64_t>(index) && !bytes.empty()) {
       bytes[bytes.size() / 2] ^= 0x5A;
     }
     const uint64_t checksum = engine::Checksum(bytes.data(), bytes.size());
-    const bool match = checksum == expected_checksum && received == bm.nbytes;
+    const bool match = checksum == expected_checksum && received == nbytes;
     {
       absl::MutexLock lock(&mu_);
       ++stats_.buckets;
@@ -242,11 +423,25 @@ class Receiver::Impl {
       if (!match) ++stats_.checksum_mismatches;
     }
     if (!match) {
+      pending_->mismatch = true;
       spdlog::error("[{}] bucket {} of v{}: checksum {:016x} != daemon's {:016x} ({} of {} bytes)",
-                    options_.name, index, version, checksum, expected_checksum, received,
-                    bm.nbytes);
+                    options_.name, index, version, checksum, expected_checksum, received, nbytes);
     }
-    pending_->received[index] = true;
+    if (!pending_->received[index]) {
+      pending_->received[index] = true;
+      ++pending_->num_received;
+    }
+    // The last acknowledgement lets the daemon commit: before it, make sure the version can be
+    // applied. A receiver that cannot leaves unacknowledged, so the publication aborts.
+    if (!pending_->mismatch && pending_->num_received == pending_->buckets.size()) {
+      if (absl::Status staged = StageOutput(); !staged.ok()) {
+        return absl::Status(staged.code(),
+                            absl::StrCat("cannot stage v", version, " for --output ",
+                                         options_.output_path, ": ", staged.message(),
+                                         "; left without acknowledging its last bucket, so the "
+                                         "publication aborts"));
+      }
+    }
     // Acknowledge with what was computed: the daemon judges, and aborts on a mismatch.
     grpc::ClientContext ack_context;
     Authorize(&ack_context);
@@ -255,12 +450,24 @@ class Receiver::Impl {
     ack.set_version(version);
     ack.set_index(index);
     ack.set_checksum(checksum);
+    ack.set_subscription_token(token_);
+    ack.set_attempt(pending_->manifest.attempt);
     pb::AckResponse ack_response;
     grpc::Status ack_status = stub_->Ack(&ack_context, ack, &ack_response);
     if (!ack_status.ok()) {
       spdlog::warn("[{}] ack of bucket {} of v{}: {}", options_.name, index, version,
                    ack_status.error_message());
     }
+    return absl::OkStatus();
+  }
+
+  // Writes the pending version to stage_path_ (fsynced), when there is an output file.
+  absl::Status StageOutput() {
+    if (options_.output_path.empty() || pending_->staged) return absl::OkStatus();
+    WPUB_RETURN_IF_ERROR(StageSafetensors(stage_path_,
+                                          EntriesOf(pending_->manifest, pending_->buckets),
+                                          MetadataOf(pending_->manifest)));
+    pending_->staged = true;
     return absl::OkStatus();
   }
 
@@ -274,13 +481,20 @@ class Receiver::Impl {
             absl::StrCat("commit of v", version, " but bucket ", i, " was never pulled"));
       }
     }
+    if (!options_.output_path.empty()) {
+      // Staged before the last acknowledgement; a publication without buckets is staged here.
+      WPUB_RETURN_IF_ERROR(StageOutput());
+      absl::Status published = PublishStagedFile(stage_path_, options_.output_path);
+      if (!published.ok()) {
+        DiscardPending();
+        return published;
+      }
+      pending_->staged = false;
+    }
     auto model = std::make_shared<CommittedModel>();
     model->manifest = std::move(pending_->manifest);
     model->buckets = std::move(pending_->buckets);
     pending_.reset();
-    if (!options_.output_path.empty()) {
-      WPUB_RETURN_IF_ERROR(WriteCommittedSafetensors(*model, options_.output_path));
-    }
     spdlog::info("[{}] committed v{} ({} buckets, {} bytes)", options_.name, version,
                  model->buckets.size(), model->manifest.total_bytes());
     absl::MutexLock lock(&mu_);
@@ -291,9 +505,12 @@ class Receiver::Impl {
   }
 
   const ReceiverOptions options_;
+  const std::string stage_path_;  // beside output_path, so the commit is one rename
+  const uint64_t held_at_start_;  // the version in output_path's metadata at start
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Receivers::Stub> stub_;
   std::unique_ptr<Pending> pending_;  // Run's thread only
+  std::string token_;                 // Run's thread only: the subscription's, from group_info
   int64_t pulled_in_publication_ = 0;
 
   mutable absl::Mutex mu_;
@@ -306,11 +523,20 @@ class Receiver::Impl {
 absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions& options) {
   if (options.name.empty()) return absl::InvalidArgumentError("receiver name must not be empty");
   if (options.target.empty()) return absl::InvalidArgumentError("target must not be empty");
+  if (options.resubscribe_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("resubscribe_timeout must not be negative");
+  }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       client::ChannelCredentialsFor(options.tls);
   if (!credentials.ok()) return credentials.status();
+  uint64_t held = 0;
+  if (!options.output_path.empty()) {
+    WPUB_RETURN_IF_ERROR(CheckOutputWritable(
+        options.output_path, absl::StrCat(options.output_path, ".probe-", ::getpid())));
+    held = VersionInFile(options.output_path);
+  }
   return std::unique_ptr<Receiver>(
-      new Receiver(std::make_unique<Impl>(options, *std::move(credentials))));
+      new Receiver(std::make_unique<Impl>(options, *std::move(credentials), held)));
 }
 
 Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -319,5 +545,6 @@ absl::Status Receiver::Run() { return impl_->Run(); }
 void Receiver::Stop() { impl_->Stop(); }
 std::shared_ptr<const CommittedModel> Receiver::committed() const { return impl_->committed(); }
 ReceiverStats Receiver::stats() const { return impl_->stats(); }
+uint64_t Receiver::held_version() const { return impl_->held_version(); }
 
 }  // namespace wpub::recv

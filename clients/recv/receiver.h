@@ -3,6 +3,13 @@
 // (core/engine/checksum.h), acknowledges it, keeps the last committed version in memory,
 // discards a publication on abort, and optionally writes each committed version as a
 // safetensors file. Runs in its own process (wpub-recv) or in-process in tests.
+//
+// What it promises the daemon: it acknowledges the last bucket of a version only once it can
+// apply that version (with an output file: the file is staged next to it and fsynced; if that
+// fails it leaves without acknowledging, so the publication aborts instead of committing to a
+// receiver that cannot apply it). It presents its subscription's token with every pull and
+// acknowledgement, and tells the daemon which version it holds when it (re)subscribes, so a
+// restarted daemon cannot take it backwards.
 #pragma once
 
 #include <atomic>
@@ -30,12 +37,17 @@ struct ReceiverOptions {
   std::string auth_token;                  // sent as a bearer token when non-empty
   uint64_t chunk_bytes = 0;                // PullBucket chunk size; 0 = the daemon's limit
   // When non-empty, every committed version is written here (atomically) as safetensors, with
-  // __metadata__ {version, model_id, recipe}.
+  // __metadata__ {version, model_id, recipe}. Create checks that files can be created in its
+  // directory; a version found in an existing file's metadata is the version it holds at start.
   std::string output_path;
   // Run returns OK after this many commits; 0 = until Stop or the stream ends.
   uint64_t exit_after_versions = 0;
   // How long Run waits for the daemon to accept the subscription.
   absl::Duration connect_timeout = absl::Seconds(10);
+  // When the daemon goes away after the subscription was accepted (restart, crash, network),
+  // how long Run keeps trying to subscribe again (discarding a publication in flight; holding
+  // the last committed version). Zero: Run returns the error at once.
+  absl::Duration resubscribe_timeout = absl::Minutes(5);
   // Fault injection for tests: after pulling this many buckets of a publication, leave
   // (end the subscription) before acknowledging more. -1 = never.
   int64_t leave_after_buckets = -1;
@@ -63,19 +75,24 @@ struct ReceiverStats {
   uint64_t bytes = 0;
   uint64_t checksum_mismatches = 0;
   uint64_t last_committed_version = 0;
+  uint64_t subscriptions = 0;  // accepted subscriptions (1 + resubscriptions)
 };
 
 // Thread-safety: Run on one thread; Stop, committed and stats from any thread.
 class Receiver {
  public:
+  // INVALID_ARGUMENT for an empty name or target; FAILED_PRECONDITION naming the path when
+  // output_path is a directory or no file can be created beside it.
   static absl::StatusOr<std::unique_ptr<Receiver>> Create(const ReceiverOptions& options);
   ~Receiver();
   Receiver(const Receiver&) = delete;
   Receiver& operator=(const Receiver&) = delete;
 
   // Blocks: subscribes and processes events. Returns OK after exit_after_versions commits or
-  // after Stop; ABORTED when leave_after_buckets made it leave; otherwise the error that ended
-  // the subscription (UNAVAILABLE when the daemon went away, ALREADY_EXISTS for a taken name).
+  // after Stop; ABORTED when leave_after_buckets made it leave; FAILED_PRECONDITION / INTERNAL
+  // naming the path when a version could not be staged (it left without acknowledging);
+  // otherwise the error that ended the subscription (UNAVAILABLE when the daemon stayed away
+  // past resubscribe_timeout, ALREADY_EXISTS for a taken name at the first subscription).
   absl::Status Run();
 
   // Ends Run promptly (cancels the subscription). Idempotent.
@@ -85,6 +102,9 @@ class Receiver {
   // held, independent of later publications.
   std::shared_ptr<const CommittedModel> committed() const;
   ReceiverStats stats() const;
+  // The version it tells the daemon it holds: the last committed one, or at start the version
+  // in output_path's metadata (0: none).
+  uint64_t held_version() const;
 
  private:
   class Impl;

@@ -28,6 +28,15 @@ struct SafetensorsEntry {
 absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
                               const std::map<std::string, std::string>& metadata);
 
+// The two halves of WriteSafetensors, for a receiver that must know the file can be written
+// before it acknowledges a version, and publish it only once the version commits.
+// StageSafetensors writes `path` itself (a temporary name the caller chose, in the target's
+// directory) and fsyncs it; on error it removes what it wrote. Errors as WriteSafetensors.
+absl::Status StageSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                              const std::map<std::string, std::string>& metadata);
+// Renames the staged file over `path` and fsyncs the directory. INTERNAL naming both on error.
+absl::Status PublishStagedFile(const std::string& staged, const std::string& path);
+
 struct LoadedTensor {
   std::string dtype;  // safetensors name as stored ("BF16", ...)
   Shape shape;
@@ -42,5 +51,9 @@ struct SafetensorsFile {
 
 // Reads and validates a whole file (offsets in range, contiguous, no holes).
 absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+
+// The `__metadata__` of a file, reading only its header (cheap for any file size). NOT_FOUND
+// when the file does not exist; INVALID_ARGUMENT / INTERNAL as core/safetensors' Reader::Open.
+absl::StatusOr<std::map<std::string, std::string>> ReadSafetensorsMetadata(const std::string& path);
 
 }  // namespace wpub::recv

@@ -112,6 +112,9 @@ void Engine::Impl::Finish(const PublicationSession::State* state, const Publicat
 absl::Status Engine::Impl::CheckVersionFloor(uint64_t version,
                                              const std::optional<EngineGroupInfo>& group) const {
   uint64_t floor = committed_version;
+  if (const std::optional<HeldVersion> held = transport->HighestHeldVersion()) {
+    floor = std::max(floor, held->version);
+  }
   if (group.has_value()) {
     if (version <= group->highest_engine_version) {
       std::string who;
@@ -281,6 +284,8 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
           absl::StrCat("version: ", header.version, " is not greater than the committed version ",
                        impl_->committed_version));
     }
+    // A receiver may hold a newer version than this engine committed (a daemon restart).
+    WPUB_RETURN_IF_ERROR(impl_->transport->CheckVersionAhead(header.version));
     WPUB_RETURN_IF_ERROR(impl_->CheckVersionFloor(header.version, group));
     if (impl_->cuda_ipc) {
       // The previous publication ended (its Execute returned before it released the slot).

@@ -157,8 +157,9 @@ class Engine {
   // - FAILED_PRECONDITION naming the active version when one is open (header.queue == false);
   //   with header.queue, blocks until it ends (DEADLINE_EXCEEDED after header.queue_timeout);
   // - FAILED_PRECONDITION for a version <= the committed version (naming both), or <= the
-  //   highest version a connected engine reported serving when it joined (naming it: a
-  //   restarted daemon never publishes backwards);
+  //   version a connected pull receiver holds (PullTransport::CheckVersionAhead), or <= the
+  //   highest version a connected engine reported serving when it joined (naming it): a
+  //   restarted daemon never publishes backwards;
   // - INVALID_ARGUMENT naming the field for version 0, a version above
   //   EngineOptions::max_version or more than max_version_step above that floor, an unknown
   //   recipe, a bucket size out of

@@ -3,17 +3,52 @@
 // variables (one per receiver for Next, one for the engine's WaitAcknowledged).
 #include "core/engine/pull_transport.h"
 
+#include <errno.h>
+#include <sys/random.h>
+
+#include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace wpub::engine {
 namespace {
+
+// 256 bits: far beyond guessing, and the cost is one getrandom per subscription.
+constexpr size_t kTokenBytes = 32;
+
+// A subscription token: kTokenBytes from the kernel's CSPRNG, hex-encoded.
+absl::StatusOr<std::string> NewToken() {
+  std::string bytes(kTokenBytes, '\0');
+  size_t filled = 0;
+  while (filled < bytes.size()) {
+    const ssize_t n = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(
+          absl::StrCat("cannot draw a subscription token: getrandom: ", std::strerror(errno)));
+    }
+    filled += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(bytes);
+}
+
+// Compares in time independent of where the strings differ, so a token cannot be guessed
+// byte by byte from response times.
+bool TokensEqual(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
 
 std::chrono::steady_clock::time_point SteadyDeadline(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
@@ -24,6 +59,23 @@ std::chrono::steady_clock::time_point SteadyDeadline(absl::Time deadline) {
 
 }  // namespace
 
+absl::Status ValidateReceiverName(absl::string_view name, absl::string_view field) {
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
+  if (name.size() > kMaxReceiverNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", name.size(), " bytes, longer than ",
+                                                   kMaxReceiverNameBytes, " ('",
+                                                   absl::CHexEscape(name.substr(0, 32)), "...')"));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (!absl::ascii_isgraph(static_cast<unsigned char>(name[i]))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " '", absl::CHexEscape(name), "': byte ", i,
+          " is not printable ASCII (only '!' to '~' are allowed; no spaces or control bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 struct Subscription::Hub {
   struct Receiver {
     std::string name;
@@ -31,6 +83,7 @@ struct Subscription::Hub {
     std::condition_variable cv;
     ReceiverState state = ReceiverState::kIdle;
     uint64_t last_committed_version = 0;
+    uint64_t held_version = 0;  // as subscribed; raised by every commit
     absl::Time connected_at;
     bool closed = false;
     bool cancelled = false;
@@ -64,6 +117,18 @@ struct Subscription::Hub {
   std::vector<Participant> participants;
   uint64_t last_aborted_version = 0;
   std::vector<ReceiverOutcome> last_outcomes;
+
+  // FAILED_PRECONDITION when `attempt` (0 is read as 1) is not the attempt of `version` in
+  // flight: a receiver still working through an attempt that was aborted and begun again.
+  absl::Status CheckAttempt(absl::string_view receiver, uint64_t version, uint32_t attempt) const {
+    const uint32_t a = attempt == 0 ? 1 : attempt;
+    if (in_flight && manifest.version == version && manifest.attempt != a) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("receiver ", receiver, ": attempt ", a, " of version ", version,
+                       " was aborted; attempt ", manifest.attempt, " is in flight"));
+    }
+    return absl::OkStatus();
+  }
 
   Participant* FindParticipant(uint64_t id) {
     for (auto& p : participants) {
@@ -128,7 +193,10 @@ struct Subscription::Hub {
       p.committed = committed;
       if (auto it = receivers.find(p.id); it != receivers.end()) {
         Receiver& r = *it->second;
-        if (committed) r.last_committed_version = manifest.version;
+        if (committed) {
+          r.last_committed_version = manifest.version;
+          r.held_version = std::max(r.held_version, manifest.version);
+        }
         if (p.failure == ReceiverFailure::kNone) r.state = ReceiverState::kIdle;
       }
     }
@@ -139,6 +207,26 @@ struct Subscription::Hub {
     in_flight = false;
     staged.clear();
     ack_cv.notify_all();
+  }
+
+  std::optional<HeldVersion> HighestHeldLocked() const {
+    std::optional<HeldVersion> best;
+    for (const auto& [id, r] : receivers) {
+      if (r->held_version != 0 && (!best || r->held_version > best->version)) {
+        best = HeldVersion{r->name, r->held_version};
+      }
+    }
+    return best;
+  }
+
+  absl::Status CheckVersionAheadLocked(uint64_t version) const {
+    std::optional<HeldVersion> held = HighestHeldLocked();
+    if (held && version <= held->version) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version: ", version, " is not greater than version ", held->version,
+                       " held by receiver '", held->receiver, "'"));
+    }
+    return absl::OkStatus();
   }
 
   void Leave(uint64_t id, bool closed) {
@@ -161,10 +249,19 @@ struct Subscription::Hub {
 // ---------------------------------------------------------------------------------------------
 // Subscription
 
-Subscription::Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id)
-    : hub_(std::move(hub)), name_(std::move(name)), id_(id) {}
+Subscription::Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id,
+                           std::string token)
+    : hub_(std::move(hub)), name_(std::move(name)), id_(id), token_(std::move(token)) {}
 
 Subscription::~Subscription() { Close(); }
+
+absl::Status Subscription::CheckToken(absl::string_view token) const {
+  if (TokensEqual(token, token_)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "receiver '", name_,
+      "': ", token.empty() ? "no subscription token given" : "wrong subscription token",
+      " (use the token of the receiver's own subscription, sent in its group_info)"));
+}
 
 absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
   std::unique_lock lock(hub_->mu);
@@ -201,9 +298,13 @@ absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
   return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
 }
 
-absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(uint64_t version,
-                                                                       uint32_t index) {
+absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::string_view token,
+                                                                       uint64_t version,
+                                                                       uint32_t index,
+                                                                       uint32_t attempt) {
+  if (absl::Status s = CheckToken(token); !s.ok()) return s;
   std::lock_guard lock(hub_->mu);
+  WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
   if (hub_->in_flight && hub_->manifest.version == version) {
     if (index < hub_->staged.size()) return hub_->staged[index];
     return absl::NotFoundError(
@@ -215,8 +316,13 @@ absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(uint64_t 
   return absl::NotFoundError(absl::StrCat("version ", version, " is not in flight"));
 }
 
-absl::Status Subscription::Ack(uint64_t version, uint32_t index, uint64_t checksum) {
+absl::Status Subscription::Ack(absl::string_view token, uint64_t version, uint32_t index,
+                               uint64_t checksum, uint32_t attempt) {
+  if (absl::Status s = CheckToken(token); !s.ok()) return s;
   std::lock_guard lock(hub_->mu);
+  // Before anything else: a late acknowledgement of an aborted attempt of this version must
+  // never count for the retry (the receiver discarded those bytes when it saw the abort).
+  WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
   if (!hub_->in_flight || hub_->manifest.version != version) {
     return absl::InvalidArgumentError(absl::StrCat("receiver ", name_, " acknowledged version ",
                                                    version, ", which is not in flight"));
@@ -282,8 +388,11 @@ PullTransport::PullTransport(std::shared_ptr<Subscription::Hub> hub) : hub_(std:
 
 PullTransport::~PullTransport() { Shutdown(); }
 
-absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::string_view name) {
-  if (name.empty()) return absl::InvalidArgumentError("receiver name must not be empty");
+absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::string_view name,
+                                                                       uint64_t held_version) {
+  if (absl::Status s = ValidateReceiverName(name); !s.ok()) return s;
+  absl::StatusOr<std::string> token = NewToken();
+  if (!token.ok()) return token.status();
   std::lock_guard lock(hub_->mu);
   if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
   for (const auto& [id, r] : hub_->receivers) {
@@ -296,9 +405,21 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   auto r = std::make_shared<Subscription::Hub::Receiver>();
   r->name = std::string(name);
   r->connected_at = absl::Now();
-  r->events.push_back(GroupInfoEvent{r->name, "pull", hub_->committed_version});
+  r->held_version = held_version;
+  r->events.push_back(GroupInfoEvent{r->name, "pull", hub_->committed_version, *token});
   hub_->receivers.emplace(id, std::move(r));
-  return std::unique_ptr<Subscription>(new Subscription(hub_, std::string(name), id));
+  return std::unique_ptr<Subscription>(
+      new Subscription(hub_, std::string(name), id, *std::move(token)));
+}
+
+std::optional<HeldVersion> PullTransport::HighestHeldVersion() const {
+  std::lock_guard lock(hub_->mu);
+  return hub_->HighestHeldLocked();
+}
+
+absl::Status PullTransport::CheckVersionAhead(uint64_t version) const {
+  std::lock_guard lock(hub_->mu);
+  return hub_->CheckVersionAheadLocked(version);
 }
 
 TransportCapabilities PullTransport::capabilities() const {
@@ -318,6 +439,7 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
     return absl::FailedPreconditionError(absl::StrCat(
         "pull transport: publication ", hub_->manifest.version, " is still in flight"));
   }
+  if (absl::Status s = hub_->CheckVersionAheadLocked(manifest.version); !s.ok()) return s;
   hub_->in_flight = true;
   hub_->failed = false;
   hub_->manifest = manifest;
@@ -357,8 +479,12 @@ absl::Status PullTransport::Send(std::shared_ptr<const Bucket> bucket) {
                                             bucket->manifest.nbytes));
   }
   hub_->staged.push_back(bucket);
-  const BucketReadyEvent ready{bucket->version, index, bucket->manifest.nbytes,
-                               bucket->manifest.checksum};
+  BucketReadyEvent ready;
+  ready.version = bucket->version;
+  ready.attempt = hub_->manifest.attempt;
+  ready.index = index;
+  ready.nbytes = bucket->manifest.nbytes;
+  ready.checksum = bucket->manifest.checksum;
   for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
     if (p.failure == ReceiverFailure::kNone) hub_->Push(p.id, ready);
   }
@@ -430,7 +556,7 @@ void PullTransport::Abort(absl::string_view reason) {
   if (!hub_->in_flight) return;
   const uint64_t version = hub_->manifest.version;
   for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
-    hub_->Push(p.id, AbortEvent{version, std::string(reason)});
+    hub_->Push(p.id, AbortEvent{version, hub_->manifest.attempt, std::string(reason)});
   }
   hub_->last_aborted_version = version;
   hub_->EndLocked(/*committed=*/false);
@@ -465,7 +591,7 @@ void PullTransport::Shutdown() {
   if (hub_->in_flight) {
     const uint64_t version = hub_->manifest.version;
     for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
-      hub_->Push(p.id, AbortEvent{version, "transport shut down"});
+      hub_->Push(p.id, AbortEvent{version, hub_->manifest.attempt, "transport shut down"});
     }
     hub_->last_aborted_version = version;
     hub_->EndLocked(false);

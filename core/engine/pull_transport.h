@@ -3,11 +3,18 @@
 // own pace. The gRPC server maps one Subscribe RPC onto one Subscription: it forwards Next()
 // events on the server stream, serves ReadBucket bytes in chunks, forwards Acks, and destroys
 // the Subscription when the RPC ends (which counts as the receiver leaving).
+//
+// Identity: every subscription gets a secret token (256 bits from the kernel's CSPRNG), sent in
+// its GroupInfoEvent; ReadBucket and Ack must present it, so a client that merely knows a
+// receiver's name can neither pull nor acknowledge for it. Versions: a receiver may say which
+// version it holds when it subscribes (e.g. from before a daemon restart); the engine refuses
+// to publish a version <= the highest version a connected receiver holds.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +35,19 @@ struct PullTransportOptions {
 
 class PullTransport;
 
+// Receiver names are 1..kMaxReceiverNameBytes bytes of printable ASCII other than space: they
+// appear in logs, reports and metric labels.
+inline constexpr size_t kMaxReceiverNameBytes = 128;
+// INVALID_ARGUMENT naming `field` (and the offending byte, escaped) unless `name` is valid.
+absl::Status ValidateReceiverName(absl::string_view name,
+                                  absl::string_view field = "receiver_name");
+
+// The highest version a connected receiver holds, and which receiver holds it.
+struct HeldVersion {
+  std::string receiver;
+  uint64_t version = 0;
+};
+
 // One receiver's connection. Thread-safety: Next is called by one thread at a time; ReadBucket,
 // Ack, Close and Cancel may be called from any thread, concurrently with Next. Destruction
 // closes it (must not race with a call in progress on another thread).
@@ -45,16 +65,26 @@ class Subscription {
   // the receiver was dropped for falling behind.
   absl::StatusOr<ReceiverEvent> Next(absl::Duration timeout);
 
-  // The bytes of bucket `index` of the publication in flight `version`. NOT_FOUND when that
-  // bucket is not staged (yet, or the version ended: ABORTED when it was aborted). Non-blocking;
-  // the returned bucket stays valid as long as it is held.
-  absl::StatusOr<std::shared_ptr<const Bucket>> ReadBucket(uint64_t version, uint32_t index);
+  // The bytes of bucket `index` of the publication in flight `version`. `token` must be this
+  // subscription's (GroupInfoEvent::subscription_token; compared in constant time):
+  // PERMISSION_DENIED naming the receiver otherwise. NOT_FOUND when that bucket is not staged
+  // (yet, or the version ended: ABORTED when it was aborted). Non-blocking; the returned bucket
+  // stays valid as long as it is held.
+  // `attempt` is the ManifestEvent's (PublicationManifest::attempt; 0 is read as 1): for an
+  // aborted attempt of the version now in flight again, FAILED_PRECONDITION.
+  absl::StatusOr<std::shared_ptr<const Bucket>> ReadBucket(absl::string_view token,
+                                                           uint64_t version, uint32_t index,
+                                                           uint32_t attempt = 1);
 
   // Acknowledges bucket `index` of `version` with the checksum the receiver computed over the
-  // bytes it received. A checksum other than the manifest's fails this receiver (the
+  // bytes it received. A wrong `token` is PERMISSION_DENIED naming the receiver and changes
+  // nothing (checked first). A checksum other than the manifest's fails this receiver (the
   // publication aborts; this call still returns OK, the verdict arrives as an AbortEvent).
   // INVALID_ARGUMENT for a version/bucket not in flight or not a participant. Non-blocking.
-  absl::Status Ack(uint64_t version, uint32_t index, uint64_t checksum);
+  // An acknowledgement of an earlier attempt of the version in flight (`attempt`, as for
+  // ReadBucket) is FAILED_PRECONDITION and counts for nothing (no failure either).
+  absl::Status Ack(absl::string_view token, uint64_t version, uint32_t index, uint64_t checksum,
+                   uint32_t attempt = 1);
 
   // Leaves: a publication in flight in which this receiver participates aborts. Wakes Next.
   // Idempotent.
@@ -66,11 +96,13 @@ class Subscription {
  private:
   friend class PullTransport;
   struct Hub;
-  Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id);
+  Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id, std::string token);
+  absl::Status CheckToken(absl::string_view token) const;
 
   std::shared_ptr<Hub> hub_;
   std::string name_;
   uint64_t id_;
+  std::string token_;
 };
 
 // Thread-safe. The engine drives the Transport half; any number of threads may Subscribe.
@@ -80,11 +112,22 @@ class PullTransport final : public Transport {
   static absl::StatusOr<std::unique_ptr<PullTransport>> Create(const PullTransportOptions& options);
   ~PullTransport() override;
 
-  // Registers receiver `name` (non-empty, unique among connected receivers: ALREADY_EXISTS
-  // otherwise). It takes part in the next publication that begins after this call.
-  absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(absl::string_view name);
+  // Registers receiver `name` (ValidateReceiverName: INVALID_ARGUMENT otherwise; unique among
+  // connected receivers: ALREADY_EXISTS otherwise), which holds `held_version` (0: none). It
+  // takes part in the next publication that begins after this call; its GroupInfoEvent carries
+  // a fresh subscription token. INTERNAL if the kernel gives no random bytes.
+  absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(absl::string_view name,
+                                                          uint64_t held_version = 0);
 
-  // Transport.
+  // The highest version a connected receiver holds (what it subscribed with, or the last
+  // version it committed here, whichever is higher); nullopt when no receiver holds one.
+  std::optional<HeldVersion> HighestHeldVersion() const;
+  // FAILED_PRECONDITION naming the receiver and both versions when `version` <=
+  // HighestHeldVersion() (publishing it would take that receiver backwards); OK otherwise.
+  absl::Status CheckVersionAhead(uint64_t version) const;
+
+  // Transport. Begin also refuses (as CheckVersionAhead) a manifest whose version a receiver
+  // that subscribed since the engine's check already holds.
   TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;

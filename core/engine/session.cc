@@ -254,8 +254,8 @@ absl::StatusOr<ExecutionPlan> PublicationSession::State::BuildPlan(
 }
 
 absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
-                                                  const PublicationManifest& manifest,
-                                                  bool* bad_input) {
+                                                 const PublicationManifest& manifest,
+                                                 bool* bad_input) {
   Transport* transport = engine_->transports.get();
   {
     std::lock_guard lock(mu_);
@@ -363,6 +363,7 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   // (their live weights may mix two versions) and the inputs are still held here.
   for (;;) {
     ++attempts_;
+    manifest.attempt = static_cast<uint32_t>(attempts_);
     bool bad_input = false;
     absl::Status sent = Transfer(*plan, manifest, &bad_input);
     if (sent.ok()) break;

@@ -125,6 +125,10 @@ struct BucketManifest {
 
 struct PublicationManifest {
   uint64_t version = 0;
+  // Transfers of this version begun so far, counting this one (1, or more when the engine
+  // retries a version; EngineOptions::max_attempts). Receivers echo it in ReadBucket and Ack,
+  // so a late acknowledgement of an aborted attempt never counts for the retry.
+  uint32_t attempt = 1;
   std::string model_id;
   std::string recipe;
   std::vector<BucketManifest> buckets;
@@ -144,6 +148,8 @@ struct GroupInfoEvent {
   std::string receiver_name;
   std::string transport;           // "pull"
   uint64_t committed_version = 0;  // the engine's current version at subscribe time
+  // The subscription's secret: ReadBucket and Ack must present it (PullTransport).
+  std::string subscription_token;
 };
 // A publication starts; the receiver will take part in it.
 // Buckets are announced before they are packed (the GPU path pipelines packing with the
@@ -156,6 +162,7 @@ struct ManifestEvent {
 // with the checksum the receiver computes over the bytes it read.
 struct BucketReadyEvent {
   uint64_t version = 0;
+  uint32_t attempt = 1;  // PublicationManifest::attempt
   uint32_t index = 0;
   uint64_t nbytes = 0;
   uint64_t checksum = 0;  // the bucket's checksum (also in the Bucket's manifest)
@@ -167,6 +174,7 @@ struct CommitEvent {
 // Discard everything received for `version`; keep serving the previous version.
 struct AbortEvent {
   uint64_t version = 0;
+  uint32_t attempt = 1;  // the attempt that was aborted
   std::string reason;
 };
 

@@ -9,6 +9,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "server/wire/convert.h"
 #include "server/wire/status_map.h"
@@ -17,6 +19,38 @@ namespace wpub::server {
 namespace {
 
 namespace pb = ::wpub::v1;
+
+// A client-supplied string as it may appear in a log line or an error message: cut to `max`
+// bytes and, unless it is plain printable ASCII, escaped (a newline cannot forge a log line).
+std::string Printable(absl::string_view s, size_t max = engine::kMaxReceiverNameBytes) {
+  const absl::string_view cut = s.substr(0, max);
+  const bool plain = std::all_of(cut.begin(), cut.end(), [](char c) {
+    return absl::ascii_isprint(static_cast<unsigned char>(c));
+  });
+  std::string out = plain ? std::string(cut) : absl::CHexEscape(cut);
+  if (s.size() > max) absl::StrAppend(&out, "... (", s.size(), " bytes)");
+  return out;
+}
+
+// Logs a refused receiver RPC (who asked, from where, why) and returns its status.
+grpc::Status Refuse(absl::string_view rpc, absl::string_view name,
+                    const grpc::CallbackServerContext& context, const absl::Status& why) {
+  spdlog::warn("refused {} for receiver '{}' from {}: {}", std::string(rpc), Printable(name),
+               Printable(context.peer()), Printable(why.message(), 1024));
+  return ToGrpcStatus(why);
+}
+
+// The subscription a PullBucket or Ack names, after validating the name: INVALID_ARGUMENT for a
+// bad name, FAILED_PRECONDITION when no such receiver is subscribed.
+absl::StatusOr<std::shared_ptr<engine::Subscription>> FindNamed(const ReceiversService& service,
+                                                                const std::string& name) {
+  if (absl::Status s = engine::ValidateReceiverName(name); !s.ok()) return s;
+  std::shared_ptr<engine::Subscription> sub = service.Find(name);
+  if (sub == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("receiver '", name, "' is not subscribed"));
+  }
+  return sub;
+}
 
 // A write reactor that only reports an error status.
 template <typename T>
@@ -64,7 +98,7 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent
     sub_->Close();
     pump_.join();  // already returned or about to: Close woke it
     service_->Unregister(sub_->name(), sub_.get());
-    spdlog::info("receiver '{}' left", sub_->name());
+    spdlog::info("receiver '{}' left", Printable(sub_->name()));
     delete this;
   }
 
@@ -90,6 +124,9 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent
       if (stop_) break;
       queue_.emplace_back();
       ToProto(*event, &queue_.back());
+      if (queue_.back().has_group_info()) {
+        queue_.back().mutable_group_info()->set_max_chunk_bytes(options.max_chunk_bytes);
+      }
       if (!writing_) {
         writing_ = true;
         StartWrite(&queue_.front());
@@ -196,18 +233,22 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(std::move(auth));
   }
-  if (request->receiver_name().empty()) {
-    return new RejectReactor<pb::ReceiverEvent>(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "receiver_name must not be empty"));
+  const std::string& name = request->receiver_name();
+  // Validated before the name reaches the core, a log line or a message.
+  if (absl::Status s = engine::ValidateReceiverName(name); !s.ok()) {
+    return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, s));
   }
   absl::StatusOr<std::unique_ptr<engine::Subscription>> sub =
-      transport_->Subscribe(request->receiver_name());
-  if (!sub.ok()) return new RejectReactor<pb::ReceiverEvent>(ToGrpcStatus(sub.status()));
+      transport_->Subscribe(name, request->held_version());
+  if (!sub.ok()) {
+    return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, sub.status()));
+  }
   std::shared_ptr<engine::Subscription> shared = std::move(*sub);
   // Registered before the first event goes out, so the receiver can pull as soon as it hears
   // of a bucket.
-  Register(request->receiver_name(), shared);
-  spdlog::info("receiver '{}' subscribed from {}", request->receiver_name(), context->peer());
+  Register(name, shared);
+  spdlog::info("receiver '{}' subscribed from {} (holds version {})", Printable(name),
+               Printable(context->peer()), request->held_version());
   return new SubscribeReactor(this, std::move(shared));
 }
 
@@ -216,17 +257,22 @@ grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) {
     return new RejectReactor<pb::BucketChunk>(std::move(auth));
   }
-  std::shared_ptr<engine::Subscription> sub = Find(request->receiver_name());
-  if (sub == nullptr) {
-    return new RejectReactor<pb::BucketChunk>(
-        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                     absl::StrCat("receiver '", request->receiver_name(), "' is not subscribed")));
+  const std::string& name = request->receiver_name();
+  absl::StatusOr<std::shared_ptr<engine::Subscription>> sub = FindNamed(*this, name);
+  if (!sub.ok()) {
+    return new RejectReactor<pb::BucketChunk>(Refuse("PullBucket", name, *context, sub.status()));
   }
-  absl::StatusOr<std::shared_ptr<const engine::Bucket>> bucket =
-      sub->ReadBucket(request->version(), request->index());
+  absl::StatusOr<std::shared_ptr<const engine::Bucket>> bucket = (*sub)->ReadBucket(
+      request->subscription_token(), request->version(), request->index(), request->attempt());
+  if (absl::IsPermissionDenied(bucket.status())) {
+    return new RejectReactor<pb::BucketChunk>(
+        Refuse("PullBucket", name, *context, bucket.status()));
+  }
   if (!bucket.ok()) return new RejectReactor<pb::BucketChunk>(ToGrpcStatus(bucket.status()));
-  uint64_t chunk = options_.max_chunk_bytes;
-  if (request->chunk_bytes() != 0) chunk = std::min<uint64_t>(chunk, request->chunk_bytes());
+  // Clamped from both sides: at most the daemon's limit, at least kMinPullChunkBytes.
+  const uint64_t limit = options_.max_chunk_bytes;
+  uint64_t chunk = request->chunk_bytes() == 0 ? limit : request->chunk_bytes();
+  chunk = std::min(std::max(chunk, kMinPullChunkBytes), limit);
   return new PullReactor(std::move(*bucket), chunk);
 }
 
@@ -238,15 +284,16 @@ grpc::ServerUnaryReactor* ReceiversService::Ack(grpc::CallbackServerContext* con
     reactor->Finish(std::move(auth));
     return reactor;
   }
-  std::shared_ptr<engine::Subscription> sub = Find(request->receiver_name());
-  if (sub == nullptr) {
-    reactor->Finish(
-        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                     absl::StrCat("receiver '", request->receiver_name(), "' is not subscribed")));
+  const std::string& name = request->receiver_name();
+  absl::StatusOr<std::shared_ptr<engine::Subscription>> sub = FindNamed(*this, name);
+  if (!sub.ok()) {
+    reactor->Finish(Refuse("Ack", name, *context, sub.status()));
     return reactor;
   }
-  reactor->Finish(
-      ToGrpcStatus(sub->Ack(request->version(), request->index(), request->checksum())));
+  const absl::Status acked = (*sub)->Ack(request->subscription_token(), request->version(),
+                                         request->index(), request->checksum(), request->attempt());
+  reactor->Finish(absl::IsPermissionDenied(acked) ? Refuse("Ack", name, *context, acked)
+                                                  : ToGrpcStatus(acked));
   return reactor;
 }
 

@@ -6,9 +6,15 @@
 // events to the reactor, which writes them one at a time (a reactor callback never blocks on the
 // core). PullBucket writes the chunks of an immutable, already-staged bucket from reactor
 // callbacks; Ack is a non-blocking unary call. PullBucket and Ack find the subscription by the
-// receiver's name: a receiver must be subscribed to pull or acknowledge.
+// receiver's name and must present that subscription's token (GroupInfo.subscription_token):
+// a receiver must be subscribed, on its own stream, to pull or acknowledge.
+//
+// Bounded work: receiver names are validated (engine::ValidateReceiverName) before anything
+// else; PullBucket chunks are at least kMinPullChunkBytes; every client string in a log line
+// or error message is escaped (absl::CHexEscape) and truncated.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +25,11 @@
 #include "wpub/v1/receivers.grpc.pb.h"
 
 namespace wpub::server {
+
+// PullBucket never sends chunks smaller than this (unless the bucket's tail is, or
+// ServiceOptions::max_chunk_bytes is smaller): a request for 1-byte chunks would otherwise cost
+// the daemon one message per byte.
+inline constexpr uint64_t kMinPullChunkBytes = uint64_t{64} << 10;
 
 class ReceiversService final : public wpub::v1::Receivers::CallbackService {
  public:

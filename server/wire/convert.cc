@@ -270,6 +270,7 @@ void ToProto(const engine::EngineGroupInfo& g, pb::ConnectEnginesResponse* out) 
 
 void ToProto(const engine::PublicationManifest& m, pb::Manifest* out) {
   out->set_version(m.version);
+  out->set_attempt(m.attempt);
   out->set_model_id(m.model_id);
   out->set_recipe(m.recipe);
   out->set_total_bytes(m.total_bytes());
@@ -291,17 +292,20 @@ void ToProto(const engine::ReceiverEvent& event, pb::ReceiverEvent* out) {
           g->set_receiver_name(e.receiver_name);
           g->set_transport(e.transport);
           g->set_committed_version(e.committed_version);
+          g->set_subscription_token(e.subscription_token);
         } else if constexpr (std::is_same_v<T, engine::ManifestEvent>) {
           ToProto(e.manifest, out->mutable_manifest());
         } else if constexpr (std::is_same_v<T, engine::BucketReadyEvent>) {
           out->mutable_bucket_ready()->set_version(e.version);
           out->mutable_bucket_ready()->set_index(e.index);
+          out->mutable_bucket_ready()->set_attempt(e.attempt);
         } else if constexpr (std::is_same_v<T, engine::CommitEvent>) {
           out->mutable_commit()->set_version(e.version);
         } else {
           static_assert(std::is_same_v<T, engine::AbortEvent>);
           out->mutable_abort()->set_version(e.version);
           out->mutable_abort()->set_reason(e.reason);
+          out->mutable_abort()->set_attempt(e.attempt);
         }
       },
       event);
@@ -310,6 +314,7 @@ void ToProto(const engine::ReceiverEvent& event, pb::ReceiverEvent* out) {
 absl::StatusOr<engine::PublicationManifest> FromProto(const pb::Manifest& m) {
   engine::PublicationManifest out;
   out.version = m.version();
+  out.attempt = m.attempt() == 0 ? 1 : m.attempt();
   out.model_id = m.model_id();
   out.recipe = m.recipe();
   for (const pb::BucketManifest& b : m.buckets()) {

@@ -1,12 +1,55 @@
-// PullTransport's event delivery at shutdown: what was queued before still reaches receivers.
+// PullTransport: event delivery at shutdown (what was queued before still reaches receivers),
+// subscription tokens (pulls and acknowledgements bound to the subscription), receiver names,
+// and the versions receivers hold (the engine refuses to take one backwards).
 #include "core/engine/pull_transport.h"
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <variant>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "core/engine/checksum.h"
+#include "core/engine/engine.h"
+#include "core/engine/testing/inproc_receiver.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
 namespace {
+
+// The GroupInfoEvent a new subscription starts with.
+GroupInfoEvent FirstEvent(Subscription& sub) {
+  absl::StatusOr<ReceiverEvent> e = sub.Next(absl::Seconds(10));
+  EXPECT_TRUE(e.ok()) << e.status();
+  const auto* info = e.ok() ? std::get_if<GroupInfoEvent>(&*e) : nullptr;
+  EXPECT_NE(info, nullptr);
+  return info ? *info : GroupInfoEvent{};
+}
+
+// A one-bucket publication of version `version` whose bucket is staged.
+std::shared_ptr<const Bucket> BeginOneBucket(PullTransport& transport, uint64_t version) {
+  auto bucket = std::make_shared<Bucket>();
+  bucket->version = version;
+  bucket->bytes = {1, 2, 3, 4, 5, 6, 7, 8};
+  bucket->manifest.index = 0;
+  bucket->manifest.nbytes = bucket->bytes.size();
+  bucket->manifest.checksum = Checksum(bucket->bytes.data(), bucket->bytes.size());
+  PublicationManifest manifest;
+  manifest.version = version;
+  manifest.buckets.push_back(bucket->manifest);
+  EXPECT_TRUE(transport.Begin(manifest).ok());
+  EXPECT_TRUE(transport.Send(bucket).ok());
+  return bucket;
+}
+
+ReceiverOutcome OutcomeOf(const PullTransport& transport, const std::string& name) {
+  for (const ReceiverOutcome& o : transport.Outcomes()) {
+    if (o.name == name) return o;
+  }
+  ADD_FAILURE() << "no outcome for " << name;
+  return {};
+}
 
 TEST(PullTransportTest, EventsQueuedBeforeShutdownAreStillDelivered) {
   auto transport = PullTransport::Create(PullTransportOptions{});
@@ -46,6 +89,191 @@ TEST(PullTransportTest, AClosedSubscriptionGetsNoMoreEvents) {
   ASSERT_TRUE(sub.ok());
   (*sub)->Cancel();  // its own RPC went away: queued events are moot
   EXPECT_EQ((*sub)->Next(absl::Seconds(5)).status().code(), absl::StatusCode::kCancelled);
+}
+
+TEST(PullTransportTest, EverySubscriptionGetsItsOwnRandomToken) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  std::set<std::string> tokens;
+  for (int i = 0; i < 16; ++i) {
+    auto sub = (*transport)->Subscribe("r" + std::to_string(i));
+    ASSERT_TRUE(sub.ok()) << sub.status();
+    const std::string token = FirstEvent(**sub).subscription_token;
+    EXPECT_EQ(token.size(), 64u) << token;  // 256 bits, hex
+    tokens.insert(token);
+  }
+  EXPECT_EQ(tokens.size(), 16u);
+}
+
+TEST(PullTransportTest, PullsAndAcksNeedTheSubscriptionsToken) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto victim = (*transport)->Subscribe("engine-1");
+  auto other = (*transport)->Subscribe("engine-2");
+  ASSERT_TRUE(victim.ok() && other.ok());
+  const std::string victim_token = FirstEvent(**victim).subscription_token;
+  const std::string other_token = FirstEvent(**other).subscription_token;
+  auto bucket = BeginOneBucket(**transport, 3);
+  const uint64_t sum = bucket->manifest.checksum;
+
+  for (const std::string& wrong : {std::string(), other_token, victim_token.substr(1)}) {
+    SCOPED_TRACE(wrong);
+    absl::StatusOr<std::shared_ptr<const Bucket>> read = (*victim)->ReadBucket(wrong, 3, 0);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_TRUE(testing::HasSubstr(read.status(), "engine-1")) << read.status();
+    // The right checksum under a foreign token: refused, nothing acknowledged.
+    absl::Status ack = (*victim)->Ack(wrong, 3, 0, sum);
+    EXPECT_EQ(ack.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_TRUE(testing::HasSubstr(ack, "engine-1")) << ack;
+    // A wrong checksum under a foreign token cannot fail the receiver (or the publication).
+    EXPECT_EQ((*victim)->Ack(wrong, 3, 0, sum ^ 1).code(), absl::StatusCode::kPermissionDenied);
+  }
+  EXPECT_EQ(OutcomeOf(**transport, "engine-1").state, ReceiverState::kReceiving);
+  EXPECT_EQ(OutcomeOf(**transport, "engine-1").failure, ReceiverFailure::kNone);
+
+  // The other receiver acknowledging: the victim still has not, so nothing can commit.
+  ASSERT_TRUE((*other)->ReadBucket(other_token, 3, 0).ok());
+  ASSERT_TRUE((*other)->Ack(other_token, 3, 0, sum).ok());
+  EXPECT_EQ((*transport)->Commit().code(), absl::StatusCode::kFailedPrecondition);
+
+  // Its own token: the victim reads, acknowledges, and the publication commits.
+  absl::StatusOr<std::shared_ptr<const Bucket>> read = (*victim)->ReadBucket(victim_token, 3, 0);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ((*read)->bytes, bucket->bytes);
+  ASSERT_TRUE((*victim)->Ack(victim_token, 3, 0, sum).ok());
+  ASSERT_TRUE((*transport)->WaitAcknowledged(absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE((*transport)->Commit().ok());
+  EXPECT_TRUE(OutcomeOf(**transport, "engine-1").committed);
+}
+
+TEST(PullTransportTest, ALateAckOfAnAbortedAttemptNeverCountsForTheRetry) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto sub = (*transport)->Subscribe("r0");
+  ASSERT_TRUE(sub.ok());
+  const std::string token = FirstEvent(**sub).subscription_token;
+  // Attempt 1 of version 3 is aborted before the receiver acknowledged; the engine begins
+  // attempt 2 of the same version with the same bytes.
+  std::shared_ptr<const Bucket> bucket = BeginOneBucket(**transport, 3);
+  (*transport)->Abort("attempt 1 failed elsewhere");
+  PublicationManifest retry;
+  retry.version = 3;
+  retry.attempt = 2;
+  retry.buckets.push_back(bucket->manifest);
+  ASSERT_TRUE((*transport)->Begin(retry).ok());
+  ASSERT_TRUE((*transport)->Send(bucket).ok());
+  // The receiver, still working through attempt 1's events, reads and acknowledges bucket 0 of
+  // attempt 1: refused, and it does not count (the receiver will discard what it read when it
+  // sees attempt 1's abort).
+  const uint64_t sum = bucket->manifest.checksum;
+  EXPECT_TRUE(absl::IsFailedPrecondition((*sub)->ReadBucket(token, 3, 0, 1).status()));
+  const absl::Status stale = (*sub)->Ack(token, 3, 0, sum, 1);
+  EXPECT_TRUE(absl::IsFailedPrecondition(stale)) << stale;
+  EXPECT_NE(stale.message().find("attempt 1 of version 3 was aborted"), std::string::npos);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(
+      (*transport)->WaitAcknowledged(absl::Now() + absl::Milliseconds(20))));
+  EXPECT_EQ(OutcomeOf(**transport, "r0").failure, ReceiverFailure::kNone);
+  // The events say which attempt each one belongs to.
+  std::vector<uint32_t> attempts;
+  while (true) {
+    absl::StatusOr<ReceiverEvent> e = (*sub)->Next(absl::Milliseconds(10));
+    if (!e.ok()) break;
+    if (auto* m = std::get_if<ManifestEvent>(&*e)) attempts.push_back(m->manifest.attempt);
+    if (auto* r = std::get_if<BucketReadyEvent>(&*e)) attempts.push_back(r->attempt);
+    if (auto* a = std::get_if<AbortEvent>(&*e)) attempts.push_back(a->attempt);
+  }
+  EXPECT_EQ(attempts, (std::vector<uint32_t>{1, 1, 1, 2, 2}));
+  // Attempt 2's own acknowledgement commits it.
+  ASSERT_TRUE((*sub)->ReadBucket(token, 3, 0, 2).ok());
+  ASSERT_TRUE((*sub)->Ack(token, 3, 0, sum, 2).ok());
+  EXPECT_TRUE((*transport)->WaitAcknowledged(absl::Now() + absl::Seconds(10)).ok());
+  EXPECT_TRUE((*transport)->Commit().ok());
+}
+
+TEST(PullTransportTest, ReceiverNamesAreBoundedAndPrintable) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  const std::string longest(kMaxReceiverNameBytes, 'n');
+  EXPECT_TRUE((*transport)->Subscribe(longest).ok());
+  EXPECT_TRUE((*transport)->Subscribe("engine-0.rank_1:tp/2").ok());
+  for (const std::string& bad :
+       {std::string(), longest + "n", std::string("a\nINFO forged line"), std::string("a b"),
+        std::string("tab\t"), std::string("nul\0x", 5), std::string("\xc3\xa9t\xc3\xa9")}) {
+    absl::StatusOr<std::unique_ptr<Subscription>> sub = (*transport)->Subscribe(bad);
+    EXPECT_EQ(sub.status().code(), absl::StatusCode::kInvalidArgument) << absl::CHexEscape(bad);
+    EXPECT_TRUE(testing::HasSubstr(sub.status(), "receiver_name")) << sub.status();
+    // The message never carries the raw bytes (it ends up in logs).
+    EXPECT_EQ(sub.status().message().find('\n'), absl::string_view::npos);
+  }
+}
+
+TEST(PullTransportTest, TracksTheHighestVersionConnectedReceiversHold) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  EXPECT_FALSE((*transport)->HighestHeldVersion().has_value());
+  EXPECT_TRUE((*transport)->CheckVersionAhead(1).ok());
+  auto fresh = (*transport)->Subscribe("fresh");
+  auto v5 = (*transport)->Subscribe("holds-5", 5);
+  auto v3 = (*transport)->Subscribe("holds-3", 3);
+  ASSERT_TRUE(fresh.ok() && v5.ok() && v3.ok());
+  std::optional<HeldVersion> held = (*transport)->HighestHeldVersion();
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->receiver, "holds-5");
+  EXPECT_EQ(held->version, 5u);
+  for (uint64_t version : {1u, 5u}) {
+    absl::Status s = (*transport)->CheckVersionAhead(version);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(testing::HasSubstr(s, "holds-5")) << s;
+    EXPECT_TRUE(testing::HasSubstr(s, absl::StrCat("version: ", version))) << s;
+    EXPECT_TRUE(testing::HasSubstr(s, "version 5")) << s;
+  }
+  // Begin refuses too (a receiver may subscribe after the engine's check).
+  PublicationManifest manifest;
+  manifest.version = 4;
+  EXPECT_EQ((*transport)->Begin(manifest).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE((*transport)->CheckVersionAhead(6).ok());
+  // The receiver that held it leaves: the next highest counts.
+  v5->reset();
+  held = (*transport)->HighestHeldVersion();
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->receiver, "holds-3");
+  EXPECT_TRUE((*transport)->CheckVersionAhead(4).ok());
+  // A commit raises what every participant holds.
+  const std::string fresh_token = FirstEvent(**fresh).subscription_token;
+  const std::string v3_token = FirstEvent(**v3).subscription_token;
+  auto bucket = BeginOneBucket(**transport, 9);
+  ASSERT_TRUE((*fresh)->Ack(fresh_token, 9, 0, bucket->manifest.checksum).ok());
+  ASSERT_TRUE((*v3)->Ack(v3_token, 9, 0, bucket->manifest.checksum).ok());
+  ASSERT_TRUE((*transport)->Commit().ok());
+  held = (*transport)->HighestHeldVersion();
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->version, 9u);
+}
+
+// The engine refuses to open a version a connected receiver already holds or has passed: after
+// a daemon restart (committed version 0) a receiver holding v5 is not taken back to v1.
+TEST(PullTransportTest, EngineOpenRefusesAVersionAReceiverHolds) {
+  auto engine = Engine::Create(EngineOptions{}, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto receiver = testing::InprocReceiver::Start((*engine)->pull_transport(),
+                                                 {.name = "engine-0", .held_version = 5});
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  for (uint64_t version : {1u, 5u}) {
+    auto session = (*engine)->Open(testing::Header(version));
+    ASSERT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition) << version;
+    EXPECT_TRUE(testing::HasSubstr(session.status(), "engine-0")) << session.status();
+    EXPECT_TRUE(testing::HasSubstr(session.status(), absl::StrCat(version))) << session.status();
+    EXPECT_TRUE(testing::HasSubstr(session.status(), "5")) << session.status();
+  }
+  EXPECT_EQ((*engine)->GetStatus().committed_version, 0u);
+  auto session = (*engine)->Open(testing::Header(6));
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 6)).ok());
+  auto report = (*session)->Commit();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+  ASSERT_TRUE((*receiver)->WaitForOutcome(6, absl::Seconds(30)));
+  EXPECT_EQ((*receiver)->committed_version(), 6u);
 }
 
 }  // namespace

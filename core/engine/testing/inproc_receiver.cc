@@ -11,7 +11,8 @@ namespace wpub::engine::testing {
 
 absl::StatusOr<std::unique_ptr<InprocReceiver>> InprocReceiver::Start(
     PullTransport* transport, InprocReceiverOptions options) {
-  absl::StatusOr<std::unique_ptr<Subscription>> sub = transport->Subscribe(options.name);
+  absl::StatusOr<std::unique_ptr<Subscription>> sub =
+      transport->Subscribe(options.name, options.held_version);
   if (!sub.ok()) return sub.status();
   std::unique_ptr<InprocReceiver> r(new InprocReceiver(*std::move(sub), std::move(options)));
   r->thread_ = std::thread([p = r.get()] { p->Run(); });
@@ -37,6 +38,7 @@ void InprocReceiver::Run() {
   PublicationManifest manifest;
   std::vector<std::shared_ptr<const Bucket>> staged;
   int acked = 0;
+  std::string token;  // from the GroupInfoEvent, the first event
   while (true) {
     {
       std::lock_guard lock(mu_);
@@ -45,7 +47,9 @@ void InprocReceiver::Run() {
     absl::StatusOr<ReceiverEvent> event = sub_->Next(absl::Milliseconds(50));
     if (absl::IsDeadlineExceeded(event.status())) continue;
     if (!event.ok()) return;
-    if (auto* m = std::get_if<ManifestEvent>(&*event)) {
+    if (auto* info = std::get_if<GroupInfoEvent>(&*event)) {
+      token = info->subscription_token;
+    } else if (auto* m = std::get_if<ManifestEvent>(&*event)) {
       manifest = m->manifest;
       version = manifest.version;
       staged.assign(manifest.buckets.size(), nullptr);
@@ -53,7 +57,7 @@ void InprocReceiver::Run() {
     } else if (auto* ready = std::get_if<BucketReadyEvent>(&*event)) {
       if (ready->version != version) continue;
       absl::StatusOr<std::shared_ptr<const Bucket>> bucket =
-          sub_->ReadBucket(ready->version, ready->index);
+          sub_->ReadBucket(token, ready->version, ready->index, ready->attempt);
       if (!bucket.ok()) continue;
       const uint64_t sum = Checksum((*bucket)->bytes.data(), (*bucket)->bytes.size());
       {
@@ -63,7 +67,8 @@ void InprocReceiver::Run() {
       }
       if (options_.keep_tensors) staged[ready->index] = *bucket;
       if (options_.never_ack) continue;
-      (void)sub_->Ack(ready->version, ready->index, options_.corrupt_checksum ? sum ^ 1 : sum);
+      (void)sub_->Ack(token, ready->version, ready->index,
+                      options_.corrupt_checksum ? sum ^ 1 : sum, ready->attempt);
       ++acked;
       if (options_.leave_after_buckets >= 0 && acked >= options_.leave_after_buckets) {
         sub_->Close();

@@ -1,8 +1,9 @@
 // An in-process receiver of the pull transport for tests and benchmarks: a thread that
 // subscribes, reads every announced bucket, verifies and acknowledges it with the checksum it
-// computes itself, and keeps the last committed version's tensors (decoded from the bucket
-// manifests). Fault injection: a wrong checksum, leaving mid-publication, never acknowledging.
-// Thread-safe accessors; the receiver thread stops on Stop() or destruction.
+// computes itself (presenting the token of its GroupInfoEvent), and keeps the last committed
+// version's tensors (decoded from the bucket manifests). Fault injection: a wrong checksum, leaving
+// mid-publication, never acknowledging. Thread-safe accessors; the receiver thread stops on Stop()
+// or destruction.
 #pragma once
 
 #include <condition_variable>
@@ -30,6 +31,8 @@ struct InprocReceiverOptions {
   bool never_ack = false;
   // Keep the committed tensors' bytes (tests); off for benchmarks (checksums only).
   bool keep_tensors = true;
+  // The version it says it holds when it subscribes (PullTransport::Subscribe).
+  uint64_t held_version = 0;
 };
 
 class InprocReceiver {
