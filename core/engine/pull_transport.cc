@@ -18,6 +18,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/status.h"
 
 namespace wpub::engine {
 namespace {

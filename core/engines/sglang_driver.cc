@@ -178,8 +178,12 @@ class SglangDriver::Worker {
     json j = json::parse(res->body, nullptr, /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("success") && j["success"].is_boolean() &&
         !j["success"].get<bool>()) {
-      return absl::StrCat(what,
-                          ": success=false: ", j.value("message", std::string("(no message)")));
+      // json::value throws on a type mismatch: an engine's "message" may be anything.
+      const auto message = j.find("message");
+      const std::string text = message != j.end() && message->is_string()
+                                   ? message->get<std::string>().substr(0, 300)
+                                   : std::string("(no message)");
+      return absl::StrCat(what, ": success=false: ", text);
     }
     return "";
   }

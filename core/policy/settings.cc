@@ -25,9 +25,16 @@ absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view what) {
   // nlohmann reports malformed input by exception; keep it inside this function.
   try {
     return Json::parse(text.begin(), text.end());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, and out_of_range for 1e999
     return absl::InvalidArgumentError(absl::StrCat(what, " is not valid JSON: ", e.what()));
   }
+}
+
+// A value quoted in an error message: its JSON, cut to 80 bytes (a client's value may be large).
+std::string Shown(const Json& v) {
+  std::string text = v.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
 }
 
 absl::StatusOr<std::string> OptionalString(const Json& obj, absl::string_view key,
@@ -59,7 +66,7 @@ absl::StatusOr<std::vector<std::string>> StringOrList(const Json& obj, absl::str
     const Json& v = (*it)[i];
     if (!v.is_string()) {
       return absl::InvalidArgumentError(absl::StrCat(path, key, "[", i, "] must be a string, got ",
-                                                     v.type_name(), ": ", v.dump()));
+                                                     v.type_name(), ": ", Shown(v)));
     }
     out.push_back(v.get<std::string>());
   }
@@ -100,7 +107,7 @@ absl::StatusOr<QuantizationConfig> QuantizationConfigFromJson(const Json& doc,
     if (auto it = body->find("group_size"); it != body->end() && !it->is_null()) {
       if (!it->is_number_integer() || it->get<int64_t>() != 16) {
         return absl::InvalidArgumentError(
-            absl::StrCat(body_path, "group_size must be 16 for NVFP4, got ", it->dump()));
+            absl::StrCat(body_path, "group_size must be 16 for NVFP4, got ", Shown(*it)));
       }
     }
   }
@@ -128,7 +135,7 @@ absl::StatusOr<int64_t> OptionalInt(const Json& obj, absl::string_view key, int6
   if (it == obj.end() || it->is_null()) return fallback;
   if (!it->is_number_integer()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(key, " must be an integer, got ", it->type_name(), ": ", it->dump()));
+        absl::StrCat(key, " must be an integer, got ", it->type_name(), ": ", Shown(*it)));
   }
   return it->get<int64_t>();
 }
@@ -138,7 +145,7 @@ absl::StatusOr<bool> OptionalBool(const Json& obj, absl::string_view key) {
   if (it == obj.end() || it->is_null()) return false;
   if (!it->is_boolean()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(key, " must be a boolean, got ", it->type_name(), ": ", it->dump()));
+        absl::StrCat(key, " must be a boolean, got ", it->type_name(), ": ", Shown(*it)));
   }
   return it->get<bool>();
 }

@@ -6,6 +6,7 @@
 // reference of that version), the engine never served a mix of versions, the daemon serves,
 // and the report tells the truth about who applied what.
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
 
 #include <atomic>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include "core/engine/testing/fake_rollout_engine.h"
 #include "core/engine/testing/fault_injection.h"
 #include "core/engine/testing/inproc_receiver.h"
+#include "core/metrics/metrics.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
@@ -47,7 +49,7 @@ class ChaosTest : public ::testing::Test {
     options.min_bucket_bytes = 1024;
     options.ack_deadline = absl::Milliseconds(200);  // a dropped bucket times out quickly
     options.max_attempts = 3;
-    auto engine = Engine::Create(options, nullptr, std::move(components));
+    auto engine = Engine::Create(options, &registry_, std::move(components));
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
     for (const char* name : {"r0", "r1"}) StartReceiver(name);
@@ -87,6 +89,20 @@ class ChaosTest : public ::testing::Test {
     return testing::ModelBatches(testing::SmallShape(), 1000 + version);
   }
 
+  // wpub_engines{state}: how many receivers are in `state` now.
+  double Engines(const std::string& state) {
+    for (const auto& family : registry_.Collect()) {
+      if (family.name != metrics::kEngines) continue;
+      for (const auto& m : family.metric) {
+        for (const auto& l : m.label) {
+          if (l.name == "state" && l.value == state) return m.gauge.value;
+        }
+      }
+    }
+    return -1;
+  }
+
+  prometheus::Registry registry_;
   std::unique_ptr<PullTransport> pull_;
   testing::FaultInjectingTransport* pull_faults_ = nullptr;  // owned by the engine
   std::unique_ptr<testing::FakeRolloutEngine> fake_;
@@ -120,7 +136,7 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
   for (auto& [name, r] : receivers_) ASSERT_TRUE(r->WaitForCommitted(1, kWait)) << name;
   uint64_t committed = 1;
   std::map<std::string, uint64_t> held = {{"r0", 1}, {"r1", 1}};
-  int aborted = 0, retried_and_committed = 0, persistent = 0;
+  int aborted = 0, retried_and_committed = 0, persistent = 0, left_dirty = 0;
   std::map<std::string, int> kinds;
 
   for (uint64_t v = 2; v <= 200; ++v) {
@@ -192,6 +208,8 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
       EXPECT_TRUE(fake_->weights() == Expected(v));
     } else if (fake_->dirty()) {
       EXPECT_FALSE(fake_->serving());
+      EXPECT_EQ(Engines("dirty"), 1) << "wpub_engines{state=\"dirty\"}";
+      ++left_dirty;
       bool reported = false;
       for (const ReceiverOutcome& o : report->receivers) reported |= o.dirty;
       EXPECT_TRUE(reported) << "a dirty engine is missing from the report";
@@ -209,10 +227,13 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
   EXPECT_GT(injected, 100u);
   EXPECT_GT(retried_and_committed, 10);
   EXPECT_GT(aborted, 5);
+  EXPECT_GT(left_dirty, 0);
   std::printf(
       "chaos: 200 publications, %llu faults injected, %d aborted, %d committed after a retry, "
-      "%d persistent faults, %llu generations served, %llu on mixed weights\n",
+      "%d persistent faults, %d left the engine dirty, %llu generations served, %llu on mixed "
+      "weights\n",
       static_cast<unsigned long long>(injected), aborted, retried_and_committed, persistent,
+      left_dirty,
       static_cast<unsigned long long>(fake_->generations()),
       static_cast<unsigned long long>(fake_->mixed_generations()));
   for (const auto& [kind, n] : kinds) std::printf("chaos: %-18s %d\n", kind.c_str(), n);

@@ -170,9 +170,8 @@ TEST(PullTransportTest, ALateAckOfAnAbortedAttemptNeverCountsForTheRetry) {
   const absl::Status stale = (*sub)->Ack(token, 3, 0, sum, 1);
   EXPECT_TRUE(absl::IsFailedPrecondition(stale)) << stale;
   EXPECT_NE(stale.message().find("attempt 1 of version 3 was aborted"), std::string::npos);
-  EXPECT_TRUE(absl::IsDeadlineExceeded(
-      (*transport)->WaitAcknowledged(absl::Now() + absl::Milliseconds(20))));
   EXPECT_EQ(OutcomeOf(**transport, "r0").failure, ReceiverFailure::kNone);
+  EXPECT_EQ(OutcomeOf(**transport, "r0").state, ReceiverState::kReceiving);  // nothing acked
   // The events say which attempt each one belongs to.
   std::vector<uint32_t> attempts;
   while (true) {
