@@ -5,10 +5,11 @@
 // a crash signal handler writes the input to `fuzz-<target>-{seed,mutation}-crash` in the working
 // directory first, so it can be replayed with the libFuzzer binary or added to the corpus.
 //
-// Compile definitions (tests/fuzz/CMakeLists.txt): WPUB_FUZZ_TARGET, WPUB_FUZZ_CORPUS (folder),
+// Compile definitions (tests/fuzz/CMakeLists.txt): WPUB_FUZZ_TARGET, WPUB_FUZZ_SUITE (the gtest
+// suite name), WPUB_FUZZ_CORPUS (folder),
 // WPUB_FUZZ_DICT (file or ""), WPUB_FUZZ_ITERATIONS, WPUB_FUZZ_MAX_LEN. The environment may
 // override the last two for a longer local run (WPUB_FUZZ_ITERATIONS, WPUB_FUZZ_SEED);
-// WPUB_FUZZ_REPLAY replays given inputs (FuzzDriver.Replay).
+// WPUB_FUZZ_REPLAY replays given inputs (<suite>.Replay).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -198,6 +199,10 @@ class Mutator {
   size_t max_len_;
 };
 
+// TEST with the suite name expanded first: each target's binary has its own suite
+// (WPUB_FUZZ_SUITE, e.g. FuzzPublish), so ctest names the target in every test name.
+#define FUZZ_TEST(suite, name) TEST(suite, name)
+
 // The input being run, for the crash handler (a test binary runs one input at a time).
 const Bytes* current_input = nullptr;
 char reproducer_path[256];
@@ -247,7 +252,7 @@ void RunInput(const Bytes& input) {
   current_input = nullptr;
 }
 
-TEST(FuzzDriver, SeedCorpus) {
+FUZZ_TEST(WPUB_FUZZ_SUITE, SeedCorpus) {
   const std::vector<Bytes> corpus = ReadCorpus(WPUB_FUZZ_CORPUS);
   ASSERT_FALSE(corpus.empty()) << "no seeds in " << WPUB_FUZZ_CORPUS;
   InstallCrashHandler("seed");
@@ -255,7 +260,7 @@ TEST(FuzzDriver, SeedCorpus) {
   std::printf("%s: %zu seeds ran\n", WPUB_FUZZ_TARGET, corpus.size());
 }
 
-TEST(FuzzDriver, RandomMutations) {
+FUZZ_TEST(WPUB_FUZZ_SUITE, RandomMutations) {
   const std::vector<Bytes> corpus = ReadCorpus(WPUB_FUZZ_CORPUS);
   ASSERT_FALSE(corpus.empty()) << "no seeds in " << WPUB_FUZZ_CORPUS;
   const uint64_t iterations = EnvOr("WPUB_FUZZ_ITERATIONS", WPUB_FUZZ_ITERATIONS);
@@ -271,7 +276,7 @@ TEST(FuzzDriver, RandomMutations) {
 
 // Replays the files named by WPUB_FUZZ_REPLAY (a file or a folder), e.g. a reproducer from
 // tests/fuzz/crashes/<target>/, in a build without libFuzzer. Skipped when it is unset.
-TEST(FuzzDriver, Replay) {
+FUZZ_TEST(WPUB_FUZZ_SUITE, Replay) {
   const char* what = std::getenv("WPUB_FUZZ_REPLAY");
   if (what == nullptr || *what == '\0') GTEST_SKIP() << "WPUB_FUZZ_REPLAY is not set";
   const std::vector<Bytes> inputs =

@@ -5,10 +5,12 @@
 #   cmake --build build-fuzz --target fuzz_publish fuzz_safetensors ...   (or: all)
 #   tests/fuzz/run_fuzzers.sh build-fuzz 240 [target...]
 # Each target starts from a copy of its seed corpus (tests/fuzz/corpus/<target>) in
-# OUT/<target>/corpus, so the checked-in seeds stay as they are; crashes land in
-# OUT/<target>/ (artifact_prefix) and the log in OUT/<target>.log. The summary line per target
-# (executions, exec/s, coverage, corpus size, crashes) is what bench/results/fuzz.md records.
-# OUT defaults to <build>/fuzz-runs.
+# OUT/<target>/corpus, so the checked-in seeds stay as they are. The run is libFuzzer's fork
+# mode with one job at a time (-fork=1 -ignore_crashes=1): a crash is saved under
+# OUT/<target>/ (artifact_prefix) and fuzzing goes on, so one known crash does not end the run.
+# The log is OUT/<target>.log; the summary line per target (executions, exec/s, coverage,
+# features, corpus size, crashes) is what bench/results/fuzz.md records. OUT defaults to
+# <build>/fuzz-runs.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:?usage: $0 BUILD_DIR SECONDS [target...]}
@@ -38,18 +40,17 @@ for t in "${targets[@]}"; do
   case "$t" in publish) max_len=16384 ;; safetensors | update_request | policy) max_len=8192 ;; esac
   start=$(date +%s)
   nice "$bin" "$out/$t/corpus" "${dict[@]}" -max_total_time="$seconds" -max_len=$max_len \
-    -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$out/$t/" \
-    >"$out/$t.log" 2>&1
+    -fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1 -timeout=30 \
+    -rss_limit_mb=4096 -artifact_prefix="$out/$t/" >"$out/$t.log" 2>&1
   rc=$?
   wall=$(($(date +%s) - start))
-  execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$out/$t.log" | grep -o '[0-9]*$')
-  rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$out/$t.log" | grep -o '[0-9]*$')
-  last=$(grep -E '^#[0-9]+' "$out/$t.log" | tail -1)
-  cov=$(echo "$last" | grep -o 'cov: [0-9]*' | grep -o '[0-9]*')
-  ft=$(echo "$last" | grep -o 'ft: [0-9]*' | grep -o '[0-9]*')
-  corp=$(echo "$last" | grep -o 'corp: [0-9]*' | grep -o '[0-9]*')
-  crashes=$(find "$out/$t" -maxdepth 1 -name 'crash-*' -o -maxdepth 1 -name 'leak-*' \
-    -o -maxdepth 1 -name 'timeout-*' -o -maxdepth 1 -name 'oom-*' | wc -l)
-  echo "$t: rc=$rc wall=${wall}s execs=${execs:-?} exec/s=${rate:-?} cov=${cov:-?} ft=${ft:-?}" \
-    "corpus=${corp:-?} artifacts=$crashes"
+  # Fork mode's progress lines: "#N: cov: C ft: F corp: K exec/s: R oom/timeout/crash: a/b/c ..."
+  last=$(grep -E '^#[0-9]+: cov' "$out/$t.log" | tail -1)
+  field() { echo "$last" | grep -oE "$1 [0-9/]+" | awk '{print $NF}'; }
+  execs=$(echo "$last" | grep -oE '^#[0-9]+' | tr -d '#')
+  artifacts=$(find "$out/$t" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' \
+    -o -name 'timeout-*' -o -name 'oom-*' \) | wc -l)
+  echo "$t: rc=$rc wall=${wall}s execs=${execs:-?} exec/s=$(field 'exec/s:?') cov=$(field 'cov:')" \
+    "ft=$(field 'ft:') corpus=$(field 'corp:') oom/timeout/crash=$(field 'crash:')" \
+    "artifacts=$artifacts"
 done
