@@ -50,7 +50,9 @@ for t in "${targets[@]}"; do
   execs=$(echo "$last" | grep -oE '^#[0-9]+' | tr -d '#')
   artifacts=$(find "$out/$t" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' \
     -o -name 'timeout-*' -o -name 'oom-*' \) | wc -l)
-  echo "$t: rc=$rc wall=${wall}s execs=${execs:-?} exec/s=$(field 'exec/s:?') cov=$(field 'cov:')" \
+  # Fork mode's own exec/s is the last job's rate; the average over the run is execs / wall.
+  avg=$(( ${execs:-0} / (wall > 0 ? wall : 1) ))
+  echo "$t: rc=$rc wall=${wall}s execs=${execs:-?} exec/s(avg)=$avg cov=$(field 'cov:')" \
     "ft=$(field 'ft:') corpus=$(field 'corp:') oom/timeout/crash=$(field 'crash:')" \
     "artifacts=$artifacts"
 done
