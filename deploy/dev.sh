@@ -2,9 +2,14 @@
 # One entry point for a fresh Debian 12 machine: installs the dependencies, configures and
 # builds, then runs what was asked.
 #   deploy/dev.sh demo   -- the main job (see README)
-#   deploy/dev.sh test   -- the whole test suite (CPU tests; GPU tests skip without a GPU)
+#   deploy/dev.sh test   -- the whole test suite (CPU tests; GPU tests skip without a GPU), then
+#                           the sanitizer step: a second CPU tree built with ASan+UBSan
+#                           (-DWPUB_SANITIZE=ON, into build-asan) running the tests of the
+#                           modules that parse untrusted input (DEVELOPERS.md, "Fuzzing and
+#                           sanitizers")
 #   deploy/dev.sh build  -- install and build only
-# BUILD_DIR (default build) and CMAKE_ARGS may be set in the environment.
+# BUILD_DIR (default build), CMAKE_ARGS, ASAN_BUILD_DIR (default build-asan) and SANITIZE
+# (1, the default; 0 skips the sanitizer step) may be set in the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-build}
@@ -15,10 +20,32 @@ bash deploy/install_deps.sh
 cmake -S . -B "$build_dir" -G Ninja ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j "$jobs"
 
+# The sanitizer step of `test`: no CUDA, no benchmarks; every UBSan finding is fatal
+# (-fno-sanitize-recover) and ASan stops at the first error. It builds and runs the unit tests
+# of the test folders in sanitize_dirs: the modules that take bytes from outside (trainer
+# streams, checkpoints, engine answers, TCPStore clients, policy text) and the fuzz targets'
+# short runs. DEVELOPERS.md says why not the whole unit label.
+sanitize_dirs=(fuzz policy engine gpu_path convert)
+sanitize_targets=(fuzz_publish_test fuzz_safetensors_test fuzz_tcp_store_test
+  fuzz_update_request_test fuzz_sglang_answers_test fuzz_policy_test policy_test
+  engine_unit_test gpu_path_rendezvous_test gpu_path_sglang_driver_test
+  gpu_path_update_request_test gpu_path_connect_engines_test convert_test)
+sanitize() {
+  local dir=${ASAN_BUILD_DIR:-build-asan}
+  cmake -S . -B "$dir" -G Ninja -DWPUB_SANITIZE=ON -DWPUB_ENABLE_CUDA=OFF -DWPUB_BUILD_BENCH=OFF
+  cmake --build "$dir" -j "$jobs" --target "${sanitize_targets[@]}"
+  local d
+  for d in "${sanitize_dirs[@]}"; do
+    ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      ctest --test-dir "$dir/tests/$d" --output-on-failure -j "$jobs" --timeout 900 -L unit
+  done
+}
+
 case "$what" in
   build) ;;
   test)
     ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900
+    if [ "${SANITIZE:-1}" != 0 ]; then sanitize; fi
     ;;
   demo)
     "$build_dir/server/wpubctl/wpubctl" demo "${@:2}"

@@ -89,6 +89,10 @@ class TcpStoreServer::Impl {
     std::lock_guard lock(mu_);
     auto r = DoAdd(key, delta);
     if (!r) {
+      if (auto it = store_.find(key); it != store_.end() && ParseDecimal(it->second)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("TCPStore key '", key, "': adding ", delta, " overflows int64"));
+      }
       return absl::InvalidArgumentError(
           absl::StrCat("TCPStore key '", key, "' does not hold a decimal integer"));
     }
@@ -360,13 +364,13 @@ class TcpStoreServer::Impl {
     Wake(key);
   }
 
-  // Requires mu_. nullopt when the existing value is not a decimal integer.
+  // Requires mu_. nullopt (the value unchanged) when the existing value is not a decimal
+  // integer or the sum leaves int64 (a client sending INT64_MAX twice).
   std::optional<int64_t> DoAdd(const std::string& key, int64_t delta) {
     auto it = store_.find(key);
     if (it != store_.end()) {
       auto cur = ParseDecimal(it->second);
-      if (!cur) return std::nullopt;
-      delta += *cur;
+      if (!cur || __builtin_add_overflow(delta, *cur, &delta)) return std::nullopt;
     }
     store_[key] = Decimal(delta);
     Wake(key);

@@ -58,7 +58,8 @@ class TcpStoreServer {
   void Set(const std::string& key, std::vector<uint8_t> value);
   std::optional<std::vector<uint8_t>> Get(const std::string& key) const;
   // As a client ADD: the value is kept as ASCII decimal; returns the new value.
-  // INVALID_ARGUMENT when the existing value is not a decimal integer.
+  // INVALID_ARGUMENT (the value unchanged) when the existing value is not a decimal integer or
+  // the sum overflows int64; a client's ADD closes its connection in both cases.
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
   bool Delete(const std::string& key);
   size_t NumKeys() const;

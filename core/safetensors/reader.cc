@@ -156,6 +156,11 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string& path) {
       uint64_t dim = 0;
       if (!ReadU64(d, &dim))
         return BadTensor(path, name, "shape has a negative or non-integer dim");
+      // Shape holds int64 dims; a larger one (possible beside a 0 dim, where numel stays 0)
+      // would turn negative.
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        return BadTensor(path, name, absl::StrCat("shape dim ", dim, " is too large"));
+      }
       info.shape.push_back(static_cast<int64_t>(dim));
       numel *= dim;
       if (numel > std::numeric_limits<uint64_t>::max() / 16) {

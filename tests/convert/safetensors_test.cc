@@ -131,6 +131,12 @@ TEST_F(SafetensorsTest, RefusesMalformedFilesNamingFileAndTensor) {
        0,
        {},
        "negative"},
+      // Beside a 0 dim the element count stays 0, so only the dim's own range refuses it.
+      {"dim_beyond_int64",
+       R"({"w": {"dtype": "U8", "shape": [0, 18446744073709551615], "data_offsets": [0, 0]}})",
+       0,
+       {},
+       "'w': shape dim 18446744073709551615 is too large"},
       {"trailing",
        R"({"w": {"dtype": "U8", "shape": [2], "data_offsets": [0, 2]}})",
        3,

@@ -3,6 +3,7 @@
 // unique-id key ProcessGroupNCCL reads, partial writes, and malformed requests.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <thread>
 
 #include "core/rendezvous/tcp_store_client.h"
@@ -98,6 +99,20 @@ TEST_F(TcpStoreTest, SetGetAddCheckDeleteNumKeys) {
   server_->Set("/text", Bytes("abc"));
   EXPECT_FALSE(server_->Add("/text", 1).ok());
   EXPECT_FALSE(b->Add("/text", 1).ok());
+}
+
+TEST_F(TcpStoreTest, AddBeyondInt64IsRefusedAndLeavesTheValue) {
+  auto c = Client(false);
+  ASSERT_TRUE(c);
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(*server_->Add("/n", kMax), kMax);
+  absl::StatusOr<int64_t> local = server_->Add("/n", 1);
+  ASSERT_FALSE(local.ok());
+  EXPECT_NE(local.status().message().find("overflows int64"), std::string::npos) << local.status();
+  EXPECT_FALSE(c->Add("/n", 1).ok());  // the server closes that connection
+  EXPECT_TRUE(c->PeerClosed(absl::Seconds(2)));
+  EXPECT_EQ(server_->Get("/n"), Bytes(std::to_string(kMax)));
+  EXPECT_EQ(*server_->Add("/n", -kMax), 0);  // still a working counter
 }
 
 TEST_F(TcpStoreTest, CompareSetAppendMulti) {
