@@ -75,7 +75,9 @@ fi'
 # $b from the relocatable wpub bundle: its shared libraries are in ../lib.
 root=\$(cd "\$(dirname "\$0")/.." && pwd)
 LD_LIBRARY_PATH="\$root/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-export LD_LIBRARY_PATH
+# Bounded glibc malloc arenas: RSS stays flat over many publications (server/README.md).
+MALLOC_ARENA_MAX="\${MALLOC_ARENA_MAX:-2}"
+export LD_LIBRARY_PATH MALLOC_ARENA_MAX
 $extra
 exec "\$root/libexec/$b" "\$@"
 WRAPPER

@@ -43,6 +43,29 @@ struct DaemonServerOptions {
   // Largest message accepted from or sent to a peer. Payload chunks are bounded by
   // service.max_chunk_bytes; this adds room for framing and batch descriptors.
   int max_message_bytes = 8 << 20;
+  // Memory gRPC may hold for every connection together (a grpc::ResourceQuota): read buffers,
+  // messages being received, HTTP/2 state. gRPC's HTTP/2 transport buffers a whole incoming
+  // message before max_message_bytes is compared with its length, so without this bound one
+  // client can make the daemon hold any message size it declares; over the quota gRPC cancels
+  // the streams that hold the memory (RESOURCE_EXHAUSTED "Buffers full"). Must be at least
+  // 4 x max_message_bytes so ordinary traffic never meets it.
+  uint64_t grpc_memory_bytes = uint64_t{256} << 20;
+  // Threads gRPC may create for RPCs of the sync Publisher service and its pollers (the same
+  // ResourceQuota). Past it a new RPC is answered RESOURCE_EXHAUSTED instead of a new thread.
+  int grpc_max_threads = 64;
+  // HTTP/2 keepalive: the server pings every connection each `keepalive_time` and closes it
+  // (cancelling its RPCs: a Publish aborts, a Subscribe ends and frees the receiver's name)
+  // when the peer's gRPC library does not answer within `keepalive_timeout`. That is how a
+  // half-open connection or a stopped (SIGSTOP, hung) peer is found; a busy peer answers,
+  // since its gRPC threads answer pings, so a long publication is never cut by it.
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(20);
+  // Clients may send keepalive pings this often at most; a client pinging faster is sent
+  // GOAWAY (too_many_pings) after two strikes.
+  absl::Duration min_client_ping_interval = absl::Seconds(10);
+  // A connection that has not finished its handshake (TCP accept to HTTP/2 settings, TLS
+  // included) within this is closed.
+  absl::Duration handshake_timeout = absl::Seconds(20);
   ServiceOptions service;
 };
 
@@ -55,8 +78,13 @@ class DaemonServer {
  public:
   // Builds and starts the server on `options.listen`. `engine` must outlive the DaemonServer.
   // Errors: PERMISSION_DENIED for a non-loopback address without TLS or insecure_listen,
-  // INVALID_ARGUMENT for an unreadable or incomplete TLS file set, UNAVAILABLE when the
-  // address cannot be bound (or the TLS key does not match its certificate).
+  // INVALID_ARGUMENT for an unreadable or incomplete TLS file set or an option out of range,
+  // UNAVAILABLE "cannot listen on '<listen>': <reason>" when the address cannot be bound: a
+  // missing Unix-socket directory, an address not on this host, or a port another process
+  // (another wpubd) already listens on: SO_REUSEPORT is off, so a second daemon never shares
+  // a port with the first. Also UNAVAILABLE when the TLS key does not match its certificate.
+  // When service.auth_token is set, server reflection needs the token too (health checking
+  // stays open for probes).
   static absl::StatusOr<std::unique_ptr<DaemonServer>> Create(const DaemonServerOptions& options,
                                                               engine::Engine* engine);
   ~DaemonServer();

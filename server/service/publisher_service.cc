@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "server/common/log_escape.h"
 #include "server/wire/convert.h"
 #include "server/wire/status_map.h"
 
@@ -69,6 +70,76 @@ class CancelWatcher {
   std::thread thread_;
 };
 
+// Bounds the gaps of a Publish stream: while the handler waits in Read for the trainer's
+// next message for longer than the idle timeout, it cancels the RPC (Read then returns false
+// and the handler aborts the publication). Only the waits count, so the daemon's own work
+// between reads (Open queueing behind another publication, AddBatch) never trips it.
+class IdleWatchdog {
+ public:
+  IdleWatchdog(grpc::ServerContext* context, absl::Duration timeout)
+      : timeout_(absl::ToChronoNanoseconds(timeout)), thread_([this, context] { Run(context); }) {}
+  ~IdleWatchdog() {
+    {
+      std::lock_guard lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  // Bracket one blocking Read.
+  void BeginWait() {
+    {
+      std::lock_guard lock(mu_);
+      waiting_ = true;
+      deadline_ = std::chrono::steady_clock::now() + timeout_;
+    }
+    cv_.notify_all();
+  }
+  void EndWait() {
+    std::lock_guard lock(mu_);
+    waiting_ = false;
+  }
+  // True once the watchdog cancelled the RPC.
+  bool fired() {
+    std::lock_guard lock(mu_);
+    return fired_;
+  }
+
+ private:
+  void Run(grpc::ServerContext* context) {
+    std::unique_lock lock(mu_);
+    while (!done_ && !fired_) {
+      if (!waiting_) {
+        cv_.wait(lock);
+      } else if (std::chrono::steady_clock::now() < deadline_) {
+        cv_.wait_until(lock, deadline_);
+      } else {
+        fired_ = true;
+        context->TryCancel();
+      }
+    }
+  }
+
+  const std::chrono::nanoseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool waiting_ = false;
+  bool fired_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  std::thread thread_;  // last: starts after the state it reads is initialized
+};
+
+// Read with the watchdog armed for its duration.
+bool ReadWatched(grpc::ServerReader<pb::PublishRequest>* reader, IdleWatchdog* watchdog,
+                 pb::PublishRequest* request) {
+  watchdog->BeginWait();
+  const bool ok = reader->Read(request);
+  watchdog->EndWait();
+  return ok;
+}
+
 }  // namespace
 
 PublisherService::PublisherService(engine::Engine* engine, ServiceOptions options)
@@ -78,8 +149,16 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
                                        grpc::ServerReader<pb::PublishRequest>* reader,
                                        pb::PublicationReport* reply) {
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  const std::string idle_limit = absl::FormatDuration(options_.ingest_idle_timeout);
+  std::optional<IdleWatchdog> watchdog(std::in_place, context, options_.ingest_idle_timeout);
   pb::PublishRequest request;
-  if (!reader->Read(&request)) {
+  if (!ReadWatched(reader, &*watchdog, &request)) {
+    if (watchdog->fired()) {
+      spdlog::warn("Publish from {} sent no header for {} (--ingest_idle_timeout): cancelled",
+                   LogEscape(context->peer()), idle_limit);
+      return {grpc::StatusCode::DEADLINE_EXCEEDED,
+              absl::StrCat("no header within ", idle_limit, " (--ingest_idle_timeout)")};
+    }
     if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "Publish cancelled"};
     return {grpc::StatusCode::INVALID_ARGUMENT,
             "empty Publish stream: the first message must be 'header'"};
@@ -94,18 +173,18 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   header->allow_non_finite = header->allow_non_finite || options_.allow_non_finite;
   absl::StatusOr<std::unique_ptr<engine::PublicationSession>> opened = engine_->Open(*header);
   if (!opened.ok()) {
-    spdlog::warn("publish v{} refused: {}", header->version, opened.status().ToString());
+    spdlog::warn("publish v{} refused: {}", header->version, LogEscape(opened.status().ToString()));
     return ToGrpcStatus(opened.status());
   }
   std::unique_ptr<engine::PublicationSession> session = std::move(*opened);
-  spdlog::info("publish v{} opened (model '{}', recipe '{}')", header->version, header->model_id,
-               header->recipe);
+  spdlog::info("publish v{} opened (model '{}', recipe '{}')", header->version,
+               LogEscape(header->model_id), LogEscape(header->recipe));
 
   // Any early return below destroys the session, which aborts it (engine contract); an error
   // from the session itself has already ended the publication as FAILED.
   // Bad input ends the publication FAILED, a cancelled or timed-out stream ABORTED.
   auto fail = [&](absl::Status status) {
-    spdlog::warn("publish v{} failed: {}", header->version, status.ToString());
+    spdlog::warn("publish v{} failed: {}", header->version, LogEscape(status.ToString()));
     if (absl::IsCancelled(status) || absl::IsDeadlineExceeded(status)) {
       session->Abort(status);
     } else {
@@ -116,7 +195,12 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   uint64_t messages = 1;
   bool committed = false;
   while (!committed) {
-    if (!reader->Read(&request)) {
+    if (!ReadWatched(reader, &*watchdog, &request)) {
+      if (watchdog->fired()) {
+        return fail(absl::DeadlineExceededError(absl::StrCat(
+            "publication v", header->version, ": the trainer sent no message for ", idle_limit,
+            " after message ", messages, " (--ingest_idle_timeout); aborted")));
+      }
       if (context->IsCancelled()) {
         return fail(absl::CancelledError(
             absl::StrCat("the trainer cancelled publication v", header->version)));
@@ -159,20 +243,22 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
     }
   }
 
+  watchdog.reset();  // Commit is the daemon's work: no idle bound, only cancellation
   absl::StatusOr<engine::PublicationReport> report;
   {
     CancelWatcher watcher(context, session.get());
     report = session->Commit();
   }
   if (!report.ok()) {
-    spdlog::warn("publish v{} failed at commit: {}", header->version, report.status().ToString());
+    spdlog::warn("publish v{} failed at commit: {}", header->version,
+                 LogEscape(report.status().ToString()));
     return ToGrpcStatus(report.status());
   }
   ToProto(*report, reply);
   spdlog::info("publish v{} {}: {:.3f} s, {} bytes out, {} quantized, {} passed{}{}",
                report->version, engine::PublicationStatusName(report->status), report->wall_seconds,
                report->bytes_out, report->tensors_quantized, report->tensors_passthrough,
-               report->error.empty() ? "" : ": ", report->error);
+               report->error.empty() ? "" : ": ", LogEscape(report->error));
   // An aborted publication (receiver failure, cancellation, shutdown) is still answered with
   // its report: the trainer needs the per-receiver outcome, and the status field says ABORTED.
   return grpc::Status::OK;
@@ -210,15 +296,16 @@ grpc::Status PublisherService::ConnectEngines(grpc::ServerContext* context,
   std::vector<std::string> names;
   for (const engine::EngineEndpoint& e : r->engines)
     names.push_back(absl::StrCat(e.url, "=", e.gpus));
-  spdlog::info("ConnectEngines: {} (group '{}')", absl::StrJoin(names, ","), r->group_name);
+  spdlog::info("ConnectEngines: {} (group '{}')", LogEscape(absl::StrJoin(names, ",")),
+               LogEscape(r->group_name));
   absl::StatusOr<engine::EngineGroupInfo> group = engine_->ConnectEngines(*r);
   if (!group.ok()) {
-    spdlog::warn("ConnectEngines refused or failed: {}", group.status().ToString());
+    spdlog::warn("ConnectEngines refused or failed: {}", LogEscape(group.status().ToString()));
     return ToGrpcStatus(group.status());
   }
   ToProto(*group, reply);
-  spdlog::info("ConnectEngines: group {} (generation {}, world size {}) formed", group->group_name,
-               group->generation, group->world_size);
+  spdlog::info("ConnectEngines: group {} (generation {}, world size {}) formed",
+               LogEscape(group->group_name), group->generation, group->world_size);
   return grpc::Status::OK;
 }
 

@@ -7,7 +7,11 @@
 // anything else; the core allows one publication at a time, so at most one thread is held for
 // long (a second Publish fails fast with FAILED_PRECONDITION, or waits when it asked to queue).
 // ConnectEngines also blocks its thread, while the engines join (at most its timeout).
-// Flow control of the client stream gives the trainer back-pressure for free. The short unary
+// Flow control of the client stream gives the trainer back-pressure for free. While the
+// handler waits for the trainer's next message, a watchdog thread of the RPC cancels it after
+// options.ingest_idle_timeout of silence (the publication is then reported ABORTED naming
+// --ingest_idle_timeout; the trainer sees CANCELLED), so a stalled trainer cannot hold the
+// one publication slot. The short unary
 // calls (GetStatus, ListReports) never block on a publication in progress.
 #pragma once
 

@@ -25,6 +25,13 @@ struct ServiceOptions {
   size_t max_buffered_events = 256;
   // Reports listed by ListReports when the request gives no limit.
   size_t default_report_limit = 16;
+  // A Publish stream that sends no message for this long while the daemon waits for one
+  // (header included) is cancelled and its publication aborted, so a stalled trainer (stream
+  // open, no deadline) cannot hold the one publication slot forever. An idle gap, not a
+  // total: a publication of any size keeps going while messages keep arriving; the time the
+  // daemon itself spends (queueing behind another publication, staging a batch, committing)
+  // does not count.
+  absl::Duration ingest_idle_timeout = absl::Minutes(2);
   // Publish NaN/Inf weights for every publication (a header may also ask for it).
   bool allow_non_finite = false;
   // Daemon build version, echoed by GetStatus.

@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -33,6 +34,37 @@ ABSL_FLAG(int32_t, max_concurrent_streams, 64,
           "Most concurrent gRPC streams (RPCs) one client connection may have open.");
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "Prometheus metrics address host:port (port 0 picks one); empty disables metrics.");
+ABSL_FLAG(int32_t, metrics_threads, 16,
+          "Connections the metrics endpoint serves at once (a connection that sends nothing or "
+          "half a request is dropped after about a second).");
+ABSL_FLAG(uint64_t, grpc_memory_bytes, uint64_t{256} << 20,
+          "Memory gRPC may hold for all connections together (read buffers and messages being "
+          "received; a grpc::ResourceQuota): past it gRPC cancels the streams holding it. At "
+          "least 4 x --max_message_bytes.");
+ABSL_FLAG(int32_t, grpc_max_threads, 64,
+          "Threads gRPC may run Publisher RPCs on (the same quota); past it an RPC is answered "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(absl::Duration, keepalive_time, absl::Seconds(30),
+          "How often the server pings every connection (HTTP/2 keepalive; see "
+          "--keepalive_timeout).");
+ABSL_FLAG(absl::Duration, keepalive_timeout, absl::Seconds(20),
+          "A connection whose peer does not answer a keepalive ping within this is closed and "
+          "its RPCs cancelled (a Publish aborts; a receiver's subscription ends, freeing its "
+          "name): how a half-open connection or a stopped peer is found.");
+ABSL_FLAG(absl::Duration, min_client_ping_interval, absl::Seconds(10),
+          "Clients may send keepalive pings this often at most (GOAWAY too_many_pings after "
+          "two faster ones).");
+ABSL_FLAG(absl::Duration, handshake_timeout, absl::Seconds(20),
+          "A connection that has not completed its (TLS and) HTTP/2 handshake within this is "
+          "closed.");
+ABSL_FLAG(absl::Duration, ingest_idle_timeout, absl::Minutes(2),
+          "A Publish stream that sends no message for this long (an idle gap, not a total: "
+          "any model size works while messages keep coming) is cancelled and its publication "
+          "aborted, so a stalled trainer cannot hold the daemon.");
+ABSL_FLAG(int32_t, malloc_arena_max, 2,
+          "glibc malloc arenas (mallopt M_ARENA_MAX), set at startup unless the environment "
+          "sets MALLOC_ARENA_MAX: bounds the fragmentation that otherwise grows RSS with every "
+          "publication. 0 keeps glibc's default (8 per core).");
 ABSL_FLAG(uint64_t, bucket_bytes, uint64_t{256} << 20,
           "Default bucket size in bytes (a publication header may override it).");
 ABSL_FLAG(absl::Duration, commit_deadline, absl::Seconds(60),
@@ -129,6 +161,28 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   if (o.server.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("--max_concurrent_streams must be >= 1");
   }
+  o.server.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
+  o.server.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("grpc_max_threads", o.server.grpc_max_threads, 8));
+  o.server.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  o.server.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
+  o.server.min_client_ping_interval = absl::GetFlag(FLAGS_min_client_ping_interval);
+  o.server.handshake_timeout = absl::GetFlag(FLAGS_handshake_timeout);
+  o.server.service.ingest_idle_timeout = absl::GetFlag(FLAGS_ingest_idle_timeout);
+  for (const auto& [flag, d] : {std::pair{"keepalive_time", o.server.keepalive_time},
+                                {"keepalive_timeout", o.server.keepalive_timeout},
+                                {"min_client_ping_interval", o.server.min_client_ping_interval},
+                                {"handshake_timeout", o.server.handshake_timeout},
+                                {"ingest_idle_timeout", o.server.service.ingest_idle_timeout}}) {
+    if (d < absl::Milliseconds(1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " must be at least 1ms, not ", absl::FormatDuration(d)));
+    }
+  }
+  o.malloc_arena_max = absl::GetFlag(FLAGS_malloc_arena_max);
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("malloc_arena_max", o.malloc_arena_max, 0, 1024));
+  o.metrics_threads = absl::GetFlag(FLAGS_metrics_threads);
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("metrics_threads", o.metrics_threads, 1, 1024));
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!o.metrics_listen.empty() && !o.server.insecure_listen &&
       !server::IsLoopbackAddress(o.metrics_listen)) {
@@ -158,6 +212,12 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--max_chunk_bytes must be >= 1024");
   }
   o.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  if (o.server.max_message_bytes < 0 ||
+      o.server.grpc_memory_bytes < 4 * static_cast<uint64_t>(o.server.max_message_bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--grpc_memory_bytes (", o.server.grpc_memory_bytes,
+        ") must be at least 4 x --max_message_bytes (", o.server.max_message_bytes, ")"));
+  }
   o.server.service.allow_non_finite = absl::GetFlag(FLAGS_allow_non_finite);
   o.server.service.daemon_version = "wpubd 0.1.0";
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {

@@ -20,6 +20,12 @@ struct DaemonOptions {
   // "host:port" of the Prometheus endpoint (port 0 picks one); empty disables it. Loopback
   // unless --insecure_listen.
   std::string metrics_listen = "127.0.0.1:9464";
+  // Connections the metrics endpoint serves at once (MetricsServerOptions::threads).
+  int metrics_threads = 16;
+  // glibc malloc arenas, applied at startup (mallopt M_ARENA_MAX) unless MALLOC_ARENA_MAX is
+  // in the environment; 0 keeps glibc's default of 8 per core, whose fragmentation grows RSS
+  // with every publication.
+  int malloc_arena_max = 2;
   // How long shutdown waits for an active publication before aborting it.
   absl::Duration drain_deadline = absl::Seconds(30);
   // How long the gRPC server then waits for RPCs to finish before cancelling them (gRPC also

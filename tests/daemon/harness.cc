@@ -30,6 +30,11 @@
 
 namespace wpub::testing {
 
+std::string WpubdPath() {
+  const char* env = getenv("WPUB_TEST_WPUBD");
+  return env != nullptr && *env != '\0' ? env : WPUBD_PATH;
+}
+
 absl::StatusOr<std::unique_ptr<DaemonHarness>> DaemonHarness::Start(const HarnessOptions& options) {
   std::unique_ptr<DaemonHarness> h(new DaemonHarness());
   h->options_ = options;
@@ -40,12 +45,22 @@ absl::StatusOr<std::unique_ptr<DaemonHarness>> DaemonHarness::Start(const Harnes
   std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
                                    absl::StrCat("--ready_file=", ready), "--log_level=debug"};
   args.insert(args.end(), options.daemon_flags.begin(), options.daemon_flags.end());
+  if (const char* extra = getenv("WPUB_TEST_WPUBD_ARGS"); extra != nullptr) {
+    for (absl::string_view a : absl::StrSplit(extra, ' ', absl::SkipEmpty())) {
+      args.emplace_back(a);
+    }
+  }
+  client::ClientOptions client_options;
+  if (!options.auth_token_file.empty()) {
+    args.push_back("--auth_token_file=" + options.auth_token_file);
+    std::ifstream in(options.auth_token_file);
+    std::getline(in, client_options.auth_token);
+  }
   WPUB_ASSIGN_OR_RETURN(h->daemon_,
-                        client::ChildProcess::Spawn({WPUBD_PATH, args, h->dir_ + "/wpubd.log"}));
+                        client::ChildProcess::Spawn({WpubdPath(), args, h->dir_ + "/wpubd.log"}));
   WPUB_ASSIGN_OR_RETURN(h->ports_,
                         client::WaitForReadyFile(ready, h->daemon_.get(), absl::Seconds(30)));
   h->target_ = absl::StrCat("127.0.0.1:", h->ports_.grpc_port);
-  client::ClientOptions client_options;
   client_options.target = h->target_;
   WPUB_ASSIGN_OR_RETURN(h->client_, client::PublisherClient::Create(client_options));
   h->receivers_.resize(options.receivers);
@@ -87,6 +102,9 @@ absl::Status DaemonHarness::StartReceiver(int i, const std::vector<std::string>&
   std::vector<std::string> args = {absl::StrCat("--target=", target_),
                                    absl::StrCat("--name=", name),
                                    absl::StrCat("--output=", recv_output(i))};
+  if (!options_.auth_token_file.empty()) {
+    args.push_back("--auth_token_file=" + options_.auth_token_file);
+  }
   if (i < static_cast<int>(options_.recv_flags.size())) {
     args.insert(args.end(), options_.recv_flags[i].begin(), options_.recv_flags[i].end());
   }

@@ -24,7 +24,15 @@ struct HarnessOptions {
   int receivers = 2;
   std::vector<std::string> daemon_flags;             // extra wpubd flags
   std::vector<std::vector<std::string>> recv_flags;  // extra flags per receiver index
+  // When set: the daemon and every receiver get --auth_token_file, the client its token.
+  std::string auth_token_file;
 };
+
+// The wpubd binary the tests run: the build's, or $WPUB_TEST_WPUBD when set (to run the same
+// tests against another build of the daemon, e.g. to show a test fails without a fix;
+// $WPUB_TEST_WPUBD_ARGS, space-separated, is then added to the harness's daemon flags, e.g.
+// --undefok=<flags that build lacks>).
+std::string WpubdPath();
 
 class DaemonHarness {
  public:

@@ -1,0 +1,93 @@
+// wpubd's metrics port with a real daemon: exactly `/metrics` is served (not `/metricsx`,
+// `//metrics`, `/metrics/`), and scrapes are still answered while 50 connections sit on the
+// port sending nothing or half a request.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include "tests/daemon/harness.h"
+
+namespace wpub::testing {
+namespace {
+
+// GET `path`: the HTTP status (-1 when no answer came) and the body.
+int Get(int port, const std::string& path, std::string* body = nullptr) {
+  httplib::Client http("127.0.0.1", port);
+  http.set_connection_timeout(10);
+  // Generous: the answer must come, however long the stalled connections hold workers.
+  http.set_read_timeout(60);
+  auto res = http.Get(path.c_str());
+  if (!res) return -1;
+  if (body != nullptr) *body = res->body;
+  return res->status;
+}
+
+// A TCP connection to the metrics port that sent `bytes` and then nothing.
+int OpenStalled(int port, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      (!bytes.empty() &&
+       send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+class MetricsPortTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HarnessOptions options;
+    options.receivers = 0;
+    auto h = DaemonHarness::Start(options);
+    ASSERT_TRUE(h.ok()) << h.status();
+    harness_ = std::move(*h);
+  }
+  std::unique_ptr<DaemonHarness> harness_;
+};
+
+TEST_F(MetricsPortTest, ServesExactlyTheMetricsPath) {
+  const int port = harness_->metrics_port();
+  std::string body;
+  EXPECT_EQ(Get(port, "/metrics", &body), 200);
+  EXPECT_NE(body.find("wpub_"), std::string::npos) << body.substr(0, 500);
+  EXPECT_EQ(Get(port, "/metrics?name[]=x", &body), 200);
+  for (const char* path :
+       {"/metricsx", "//metrics", "/metrics/", "/", "/metrics/../metrics2", "/favicon.ico"}) {
+    EXPECT_EQ(Get(port, path), 404) << path;
+  }
+}
+
+TEST_F(MetricsPortTest, ScrapesAreAnsweredWhileHalfOpenConnectionsSit) {
+  const int port = harness_->metrics_port();
+  std::vector<int> stalled;
+  for (int i = 0; i < 50; ++i) {
+    // Half send nothing at all, half stop in the middle of their request headers.
+    const int fd = OpenStalled(port, i % 2 == 0 ? "" : "GET /metrics HTTP/1.1\r\nHost: x");
+    ASSERT_GE(fd, 0) << "connection " << i;
+    stalled.push_back(fd);
+  }
+  for (int scrape = 0; scrape < 3; ++scrape) {
+    std::string body;
+    EXPECT_EQ(Get(port, "/metrics", &body), 200) << "scrape " << scrape;
+    EXPECT_NE(body.find("wpub_"), std::string::npos);
+  }
+  EXPECT_TRUE(harness_->daemon().Running());
+  for (int fd : stalled) close(fd);
+  EXPECT_EQ(Get(port, "/metrics"), 200);
+}
+
+}  // namespace
+}  // namespace wpub::testing
