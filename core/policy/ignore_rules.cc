@@ -77,7 +77,35 @@ RegexIgnoreRules::RegexIgnoreRules(RegexIgnoreRules&&) noexcept = default;
 RegexIgnoreRules& RegexIgnoreRules::operator=(RegexIgnoreRules&&) noexcept = default;
 RegexIgnoreRules::~RegexIgnoreRules() = default;
 
+namespace {
+
+// The bounds of a client's rule list (ignore_rules.h), checked by both evaluators' factories.
+absl::Status CheckRuleBounds(const std::vector<std::string>& rules) {
+  if (rules.size() > kMaxIgnoreRules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(rules.size(), " ignore rules exceed the limit of ", kMaxIgnoreRules));
+  }
+  size_t regex = 0;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (rules[i].size() > kMaxIgnoreRuleBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("ignore rule [", i, "] is ", rules[i].size(),
+                                                     " bytes long; the limit is ",
+                                                     kMaxIgnoreRuleBytes));
+    }
+    regex += IsRegexRule(rules[i]) ? 1 : 0;
+  }
+  if (regex > kMaxRegexIgnoreRules) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(regex, " `re:` ignore rules exceed the limit of ", kMaxRegexIgnoreRules,
+                     " (literal rules are not limited this way)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<RegexIgnoreRules> RegexIgnoreRules::Create(std::vector<std::string> rules) {
+  WPUB_RETURN_IF_ERROR(CheckRuleBounds(rules));
   RegexIgnoreRules out(std::move(rules));
   out.compiled_.resize(out.rules_.size());
   RE2::Options options;
@@ -123,24 +151,7 @@ IgnoreMatcher::IgnoreMatcher(std::vector<std::string> rules,
     : rules_(std::move(rules)), impl_(std::move(impl)) {}
 
 absl::StatusOr<IgnoreMatcher> IgnoreMatcher::Create(std::vector<std::string> rules) {
-  if (rules.size() > kMaxIgnoreRules) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(rules.size(), " ignore rules exceed the limit of ", kMaxIgnoreRules));
-  }
-  size_t regex = 0;
-  for (size_t i = 0; i < rules.size(); ++i) {
-    if (rules[i].size() > kMaxIgnoreRuleBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("ignore rule [", i, "] is ", rules[i].size(),
-                                                     " bytes long; the limit is ",
-                                                     kMaxIgnoreRuleBytes));
-    }
-    regex += IsRegexRule(rules[i]) ? 1 : 0;
-  }
-  if (regex > kMaxRegexIgnoreRules) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(regex, " `re:` ignore rules exceed the limit of ", kMaxRegexIgnoreRules,
-                     " (literal rules are not limited this way)"));
-  }
+  WPUB_RETURN_IF_ERROR(CheckRuleBounds(rules));
   absl::StatusOr<LiteralRuleList> literal = LiteralRuleList::Create(rules);
   if (literal.ok()) {
     return IgnoreMatcher(std::move(rules), LiteralIgnoreSnapshot(*literal));
