@@ -29,7 +29,8 @@ sanitize_dirs=(fuzz policy engine gpu_path convert)
 sanitize_targets=(fuzz_publish_test fuzz_safetensors_test fuzz_tcp_store_test
   fuzz_update_request_test fuzz_sglang_answers_test fuzz_policy_test policy_test
   engine_unit_test gpu_path_rendezvous_test gpu_path_sglang_driver_test
-  gpu_path_update_request_test gpu_path_connect_engines_test convert_test)
+  gpu_path_update_request_test gpu_path_connect_engines_test gpu_path_sglang_dirty_test
+  policy_bounds_test convert_test)
 sanitize() {
   local dir=${ASAN_BUILD_DIR:-build-asan}
   cmake -S . -B "$dir" -G Ninja -DWPUB_SANITIZE=ON -DWPUB_ENABLE_CUDA=OFF -DWPUB_BUILD_BENCH=OFF
