@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -243,9 +244,13 @@ absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
   return g;
 }
 
-std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
-                               absl::Duration timeout) {
-  std::vector<char> alive(engines.size(), 0);  // not vector<bool>: written by several threads
+namespace {
+
+// GETs `path` on every engine concurrently (one thread each, `timeout` for the connection and
+// the answer) and returns the 2xx answers' bodies (nullopt where there was none).
+std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& engines,
+                                               const std::string& path, absl::Duration timeout) {
+  std::vector<std::optional<std::string>> bodies(engines.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < engines.size(); ++i) {
     threads.emplace_back([&, i] {
@@ -254,39 +259,41 @@ std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std
       c.set_connection_timeout(us / 1000000, us % 1000000);
       c.set_read_timeout(us / 1000000, us % 1000000);
       httplib::Result r = c.Get(path);
-      alive[i] = r && r->status >= 200 && r->status < 300;
+      if (r && r->status >= 200 && r->status < 300) bodies[i] = std::move(r->body);
     });
   }
   for (auto& t : threads) t.join();
-  return std::vector<bool>(alive.begin(), alive.end());
+  return bodies;
+}
+
+// The "weight_version" of an engine's /get_model_info answer, or 0 (see FetchWeightVersions).
+uint64_t WeightVersionOf(const std::string& body) {
+  if (!CheckJsonBounds(body, "answer").ok()) return 0;
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return 0;
+  auto it = j.find("weight_version");
+  if (it == j.end()) return 0;
+  uint64_t v = 0;
+  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  return 0;
+}
+
+}  // namespace
+
+std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
+                               absl::Duration timeout) {
+  std::vector<bool> alive;
+  for (const auto& body : GetAll(engines, path, timeout)) alive.push_back(body.has_value());
+  return alive;
 }
 
 std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
                                           const std::string& path, absl::Duration timeout) {
-  std::vector<uint64_t> versions(engines.size(), 0);
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < engines.size(); ++i) {
-    threads.emplace_back([&, i] {
-      httplib::Client c(engines[i].url);
-      const int64_t us = absl::ToInt64Microseconds(timeout);
-      c.set_connection_timeout(us / 1000000, us % 1000000);
-      c.set_read_timeout(us / 1000000, us % 1000000);
-      httplib::Result r = c.Get(path);
-      if (!r || r->status < 200 || r->status >= 300) return;
-      if (!CheckJsonBounds(r->body, "answer").ok()) return;
-      json j = json::parse(r->body, nullptr, /*allow_exceptions=*/false);
-      if (!j.is_object()) return;
-      auto it = j.find("weight_version");
-      if (it == j.end()) return;
-      uint64_t v = 0;
-      if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) {
-        versions[i] = v;
-      } else if (it->is_number_unsigned()) {
-        versions[i] = it->get<uint64_t>();
-      }
-    });
+  std::vector<uint64_t> versions;
+  for (const auto& body : GetAll(engines, path, timeout)) {
+    versions.push_back(body ? WeightVersionOf(*body) : 0);
   }
-  for (auto& t : threads) t.join();
   return versions;
 }
 

@@ -57,8 +57,19 @@ class SglangLikeEngine {
                    }
                    Ok(r);
                  });
-    for (const char* path :
-         {"/begin_weight_update", "/end_weight_update", "/update_weight_version", "/flush_cache"}) {
+    server_.Post("/update_weight_version", [this](const httplib::Request& q, httplib::Response& r) {
+      json j = json::parse(q.body);
+      std::lock_guard lock(mu_);
+      weight_version_ = j["new_version"].get<std::string>();
+      Ok(r);
+    });
+    server_.Get("/get_model_info", [this](const httplib::Request&, httplib::Response& r) {
+      std::lock_guard lock(mu_);
+      json j = {{"model_path", "fake"}, {"is_generation", true}};
+      if (!weight_version_.empty()) j["weight_version"] = weight_version_;
+      r.set_content(j.dump(), "application/json");
+    });
+    for (const char* path : {"/begin_weight_update", "/end_weight_update", "/flush_cache"}) {
       server_.Post(path, [](const httplib::Request&, httplib::Response& r) { Ok(r); });
       server_.Get(path, [](const httplib::Request&, httplib::Response& r) { Ok(r); });
     }
@@ -114,6 +125,7 @@ class SglangLikeEngine {
   bool fail_next_ = false;
   size_t model_size_ = 0;
   std::map<std::string, std::string> weights_;
+  std::string weight_version_;
   int mixed_resumes_ = 0;
 };
 
@@ -213,6 +225,16 @@ TEST(SglangDirtyEngines, AnEngineThatGotABucketOfAnAbortedVersionStaysPaused) {
     EXPECT_EQ(e->version(), "2");
     EXPECT_EQ(e->mixed_resumes(), 0);
   }
+}
+
+TEST(SglangDirtyEngines, TheWeightVersionEachEngineServesIsRead) {
+  Fixture f(2);
+  ASSERT_TRUE(f.Publish(7, kBuckets, true).empty());
+  SglangLikeEngine fresh;  // never given a version: no weight_version in its answer
+  std::vector<EngineSpec> engines = {
+      {f.engines[0]->url(), 1}, {fresh.url(), 1}, {"http://127.0.0.1:1", 1}};  // nobody listens
+  EXPECT_EQ(FetchWeightVersions(engines, "/get_model_info", absl::Seconds(2)),
+            (std::vector<uint64_t>{7, 0, 0}));
 }
 
 TEST(SglangDirtyEngines, EnginesThatReceivedNothingResumeAtOnce) {
