@@ -38,8 +38,8 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <memory>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -157,8 +157,8 @@ class NcclTransport : public engine::Transport,
   std::string base_group_;
   // What Group and Receivers show (written under connect_mu_ too).
   mutable std::mutex info_mu_;
-  engine::EngineGroupInfo info_;  // guarded by info_mu_
-  std::set<std::string> dirty_;   // guarded by info_mu_: engine URLs left dirty
+  engine::EngineGroupInfo info_;                     // guarded by info_mu_
+  std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
   std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
   cudaStream_t comm_stream_ = nullptr;

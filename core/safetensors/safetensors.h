@@ -64,7 +64,8 @@ class Reader {
   // than 8 bytes, a header length beyond the file or above kMaxHeaderBytes, a header that is not
   // a JSON object, an entry without dtype/shape/data_offsets, an unknown dtype, a negative dim
   // or one above 2^63 - 1, offsets out of bounds, reversed, of the wrong length for dtype x
-  // shape, overlapping another tensor, leaving a hole, or a non-string metadata value. NOT_FOUND / INTERNAL for I/O errors.
+  // shape, overlapping another tensor, leaving a hole, or a non-string metadata value. NOT_FOUND /
+  // INTERNAL for I/O errors.
   static absl::StatusOr<std::unique_ptr<Reader>> Open(const std::string& path);
   ~Reader();
   Reader(const Reader&) = delete;

@@ -233,8 +233,7 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
       "%d persistent faults, %d left the engine dirty, %llu generations served, %llu on mixed "
       "weights\n",
       static_cast<unsigned long long>(injected), aborted, retried_and_committed, persistent,
-      left_dirty,
-      static_cast<unsigned long long>(fake_->generations()),
+      left_dirty, static_cast<unsigned long long>(fake_->generations()),
       static_cast<unsigned long long>(fake_->mixed_generations()));
   for (const auto& [kind, n] : kinds) std::printf("chaos: %-18s %d\n", kind.c_str(), n);
 }
