@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -266,7 +267,9 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
   }
   // Validate everything first so a failure leaves the store unchanged.
   uint64_t new_inline = 0;
-  const int64_t available = AvailableHostMemory();
+  // Read once per batch, and only for a batch with host bytes: a GPU-path publication of CUDA
+  // IPC parts (tens of thousands of batches) never reads /proc/meminfo.
+  std::optional<int64_t> available;
   const uint64_t pending =
       inline_declared_ > inline_received_ ? inline_declared_ - inline_received_ : 0;
   std::unordered_map<std::string, size_t> in_batch;
@@ -290,11 +293,12 @@ absl::Status InputStore::AddBatch(uint64_t batch, absl::Span<const TensorInput> 
     // A declaration the host cannot hold fails here, naming the tensor, instead of as the
     // bytes arrive (the kernel's OOM killer) or as an allocation failure. Bytes already
     // received are in `available`'s complement; those still to come are not.
-    if (available >= 0 && pending + new_inline > static_cast<uint64_t>(available)) {
+    if (new_inline > 0 && !available) available = AvailableHostMemory();
+    if (available && *available >= 0 && pending + new_inline > static_cast<uint64_t>(*available)) {
       return absl::ResourceExhaustedError(
           absl::StrCat("tensor ", t.desc.name, ": batch ", batch, " declares ", new_inline,
                        " bytes of host staging (", pending, " more still to arrive); the host has ",
-                       available, " bytes available"));
+                       *available, " bytes available"));
     }
   }
   if (inline_bytes_ + new_inline > max_inline_bytes_) {
