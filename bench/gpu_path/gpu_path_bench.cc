@@ -44,6 +44,8 @@
 #include "bench/gpu_path/bench_util.h"
 #include "bench/gpu_path/fill.h"
 #include "bench/gpu_path/kernel_trace.h"
+#include "core/engine/pull_transport.h"
+#include "core/engine/testing/inproc_receiver.h"
 #include "core/engines/sglang_driver.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/nccl/nccl_comm.h"
@@ -165,6 +167,31 @@ class DiscardSink final : public engine::Transport, public gpu::DeviceBucketSink
   cudaStream_t stream_ = nullptr;
 };
 
+// Case (f): the GPU backend publishing to one in-process gRPC-pull receiver.
+json RunPull(const char* label, const RunSettings& run, const testing::ModelLayout& layout,
+             const uint8_t* model, const Args& args, uint64_t* version) {
+  auto pull = engine::PullTransport::Create({});
+  BENCH_OK(pull.status());
+  engine::testing::InprocReceiverOptions ro;
+  ro.name = "bench-pull";
+  ro.keep_tensors = false;
+  auto receiver = engine::testing::InprocReceiver::Start(pull->get(), ro);
+  BENCH_OK(receiver.status());
+  while ((*pull)->Receivers().empty()) absl::SleepFor(absl::Milliseconds(1));
+  gpu::GpuBackendOptions bo;
+  bo.compute_sms = args.compute_sms;
+  bo.overlap_ctas_per_sm = args.ctas_per_sm;
+  auto backend = gpu::GpuBackend::Create(bo);
+  BENCH_OK(backend.status());
+  uint64_t unused = 0;
+  json row = RunWpub(label, true, run, layout, model, **backend, **pull, version, &unused);
+  if ((*receiver)->checksum_mismatches() != 0) {
+    std::fprintf(stderr, "%s: the receiver saw checksum mismatches\n", label);
+    std::exit(1);
+  }
+  return row;
+}
+
 int Main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
   const RunSettings run{args.iters, args.bucket_bytes, args.nccl_ctas};
@@ -202,13 +229,17 @@ int Main(int argc, char** argv) {
     auto alone = gpu::GpuBackend::Create(bo);
     BENCH_OK(alone.status());
     uint64_t version = 0, unused = 0;
-    json out = {{"device", prop.name},
-                {"rows", json::array({RunWpub("(e) backend only nvfp4", true, run, layout,
-                                              static_cast<const uint8_t*>(model), **alone, discard,
-                                              &version, &unused),
-                                      RunWpub("(e) backend only bf16", false, run, layout,
-                                              static_cast<const uint8_t*>(model), **alone, discard,
-                                              &version, &unused)})}};
+    json rows = json::array({RunWpub("(e) backend only nvfp4", true, run, layout,
+                                     static_cast<const uint8_t*>(model), **alone, discard, &version,
+                                     &unused),
+                             RunWpub("(e) backend only bf16", false, run, layout,
+                                     static_cast<const uint8_t*>(model), **alone, discard, &version,
+                                     &unused)});
+    // (f): the same publication to an in-process gRPC-pull receiver (host buckets: one
+    // device-to-host copy per bucket; the receiver reads and checksums every bucket).
+    rows.push_back(RunPull("(f) backend -> pull nvfp4", run, layout,
+                           static_cast<const uint8_t*>(model), args, &version));
+    json out = {{"device", prop.name}, {"rows", rows}};
     if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
     cudaFree(model);
     return 0;
