@@ -82,20 +82,15 @@ struct ExecutionPlan {
 };
 
 struct ExecutionHooks {
-  // Hands a packed bucket (checksum filled in) to the transport. The engine measures its time
-  // as the transfer phase. A non-OK status stops Execute, which returns it.
+  // Hands a packed bucket to the transports, in index order, wherever it lives (bucket.h): the
+  // CPU backend emits host buckets (checksum filled in), the GPU backend device buckets (its
+  // staging buffer, with the events and the host copy the transport group may ask for). The
+  // engine measures its time as the transfer phase and counts the bucket's bytes. A non-OK
+  // status stops Execute, which returns it.
   std::function<absl::Status(std::shared_ptr<const Bucket>)> emit;
   // Polled between units of work; when it returns true Execute stops with CANCELLED.
   std::function<bool()> cancelled;
   SyncCounter* syncs = nullptr;  // never null
-  // For backends that hand buckets to a transport themselves (the GPU backend's device sink,
-  // which is one of the engine's transports): called once per such bucket, in index order,
-  // after the transport took it, so the engine counts its bytes. May be null.
-  std::function<absl::Status(const BucketManifest&)> sent_direct;
-  // True when a transport that takes only host buckets has participants (pull receivers take
-  // part): a backend that sends buckets itself must then ALSO emit each one in host memory with
-  // Bucket::sent_direct set (the engine hands it only to the transports that did not get it).
-  bool host_buckets_needed = false;
 };
 
 struct ExecutionResult {

@@ -185,7 +185,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& opti
     impl->extra_transports.push_back(std::move(t));
   }
   members.push_back(impl->transport.get());
-  impl->transports = std::make_unique<TransportGroup>(std::move(members));
+  WPUB_ASSIGN_OR_RETURN(impl->transports, TransportGroup::Create(std::move(members)));
   if (registry != nullptr) {
     WPUB_ASSIGN_OR_RETURN(impl->metrics, metrics::EngineMetrics::Create(registry));
     Impl* raw = impl.get();

@@ -426,8 +426,7 @@ absl::Status PullTransport::CheckVersionAhead(uint64_t version) const {
 TransportCapabilities PullTransport::capabilities() const {
   TransportCapabilities c;
   c.name = "pull";
-  c.host_buckets = true;
-  c.device_buckets = false;
+  c.accepts = kHostOnly;
   c.receiver_paced = true;
   c.acknowledges_checksums = true;
   return c;

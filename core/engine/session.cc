@@ -271,20 +271,15 @@ absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
     if (abort_requested_) return end_status_;
   }
 
+  // The one road of a bucket: backend -> emit -> the transport group -> each transport.
   ExecutionHooks hooks;
   hooks.syncs = &syncs_;
-  hooks.host_buckets_needed = engine_->transports->host_only_participants();
   hooks.emit = [&](std::shared_ptr<const Bucket> bucket) {
     const auto t = Clock::now();
-    // A bucket the backend also sent directly was counted by sent_direct.
-    if (!bucket->sent_direct) bytes_out_ += bucket->manifest.nbytes;
+    bytes_out_ += bucket->manifest.nbytes;
     absl::Status s = transport->Send(std::move(bucket));
     phases_.transfer += Since(t);
     return s;
-  };
-  hooks.sent_direct = [&](const BucketManifest& manifest) {
-    bytes_out_ += manifest.nbytes;
-    return absl::OkStatus();
   };
   hooks.cancelled = [&] {
     {

@@ -27,29 +27,16 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "core/engine/bucket.h"
 #include "core/engine/types.h"
 
 namespace wpub::engine {
 
-// A packed bucket in host memory: the bytes of `manifest` for publication `version`.
-// Immutable once created; shared between the engine and readers (the pull transport hands the
-// same object to every receiver), so it lives as long as its last shared_ptr.
-struct Bucket {
-  uint64_t version = 0;
-  BucketManifest manifest;
-  std::vector<uint8_t> bytes;  // manifest.nbytes bytes
-  // The backend already sent these bytes to the device-bucket transports (DeviceBucketSink):
-  // only transports without device_buckets still need them.
-  bool sent_direct = false;
-  absl::Span<const uint8_t> span() const { return absl::MakeConstSpan(bytes); }
-};
-
 struct TransportCapabilities {
   std::string name;  // "pull", "nccl"
-  // Accepts Bucket objects in host memory through Send.
-  bool host_buckets = true;
-  // Accepts device-resident buckets (GPU backend; a later addition to this interface).
-  bool device_buckets = false;
+  // The bucket locations Send takes (bucket.h). A transport that takes host bytes only is
+  // handed the host copy of a device bucket (made once per bucket, by the transport group).
+  LocationSet accepts = kHostOnly;
   // Receivers read at their own pace: a bucket stays staged (memory held) until the
   // publication ends, so the engine may not reuse its storage before then.
   bool receiver_paced = false;
@@ -73,9 +60,9 @@ class Transport {
   // now) and announces the manifest to them. Returns the participants' names. Non-blocking.
   virtual absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) = 0;
 
-  // Hands over bucket `bucket->manifest.index` (in index order). Returns once the transport
-  // accepted it: the pull transport stages it and notifies participants (non-blocking); a
-  // push transport may block while the previous bucket is on the wire.
+  // Hands over bucket `bucket->manifest.index` (in index order), in a location it accepts.
+  // Returns once the transport accepted it: the pull transport stages it and notifies participants
+  // (non-blocking); a push transport may block while the previous bucket is on the wire.
   virtual absl::Status Send(std::shared_ptr<const Bucket> bucket) = 0;
 
   // Blocks until every participant acknowledged every bucket with a matching checksum (OK), a

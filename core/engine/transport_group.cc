@@ -1,20 +1,37 @@
 // TransportGroup: one publication over several transports.
 #include "core/engine/transport_group.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace wpub::engine {
 
+absl::StatusOr<std::unique_ptr<TransportGroup>> TransportGroup::Create(
+    std::vector<Transport*> members) {
+  if (members.empty()) return absl::InvalidArgumentError("a transport group needs a member");
+  std::vector<std::string> device_readers;
+  for (const Transport* t : members) {
+    if (t == nullptr) return absl::InvalidArgumentError("a transport group member is null");
+    const TransportCapabilities c = t->capabilities();
+    if (Contains(c.accepts, BucketLocation::kDevice)) device_readers.push_back(c.name);
+  }
+  if (device_readers.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("transports ", absl::StrJoin(device_readers, ", "),
+                     " all read device buckets; at most one transport may"));
+  }
+  return std::unique_ptr<TransportGroup>(new TransportGroup(std::move(members)));
+}
+
 TransportCapabilities TransportGroup::capabilities() const {
   TransportCapabilities c;
-  c.host_buckets = false;
+  c.accepts = 0;
   c.acknowledges_checksums = true;
   std::vector<std::string> names;
   for (const Transport* t : members_) {
     const TransportCapabilities m = t->capabilities();
     names.push_back(m.name);
-    c.host_buckets |= m.host_buckets;
-    c.device_buckets |= m.device_buckets;
+    c.accepts |= m.accepts;
     c.receiver_paced |= m.receiver_paced;
     c.acknowledges_checksums &= m.acknowledges_checksums;
     if (m.max_bucket_bytes != 0 &&
@@ -42,19 +59,27 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
   return all;
 }
 
-bool TransportGroup::host_only_participants() const {
-  for (size_t i = 0; i < members_.size() && i < participants_.size(); ++i) {
-    const TransportCapabilities c = members_[i]->capabilities();
-    if (c.host_buckets && !c.device_buckets && participants_[i] > 0) return true;
-  }
-  return false;
-}
-
 absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
-  for (Transport* t : members_) {
+  std::shared_ptr<const Bucket> host_copy;  // of a device bucket, made at most once
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (i < participants_.size() && participants_[i] == 0) continue;
+    Transport* t = members_[i];
     const TransportCapabilities c = t->capabilities();
-    if (!c.host_buckets || (bucket->sent_direct && c.device_buckets)) continue;
-    if (absl::Status s = t->Send(bucket); !s.ok()) return s;
+    std::shared_ptr<const Bucket> given = bucket;
+    if (!Contains(c.accepts, bucket->location)) {
+      if (bucket->location != BucketLocation::kDevice ||
+          !Contains(c.accepts, BucketLocation::kHost) || !bucket->device.copy_to_host) {
+        return absl::InternalError(absl::StrCat("transport ", c.name, " cannot take bucket ",
+                                                bucket->manifest.index, " where it lives"));
+      }
+      if (!host_copy) {
+        absl::StatusOr<std::shared_ptr<const Bucket>> copied = bucket->device.copy_to_host();
+        if (!copied.ok()) return copied.status();
+        host_copy = *std::move(copied);
+      }
+      given = host_copy;
+    }
+    if (absl::Status s = t->Send(std::move(given)); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -1,38 +1,40 @@
-// A Transport over several transports driven together (the pull transport's receivers and, on
-// the GPU path, the NCCL weight-update group): Begin/Send/Commit/Abort go to every member;
-// WaitAcknowledged waits on each member in turn against the same deadline; outcomes and
-// receivers are concatenated. Internal to core/engine. Same thread-safety as Transport.
+// The transports of one publication driven together (the pull transport's receivers and, on the
+// GPU path, the rollout group's engines), and the one place where a bucket meets them: Send hands
+// each member with participants the bucket in a location that member accepts -- a device bucket
+// as it is to the member that reads device memory, and its host copy (made once, only when a
+// member that takes host bytes only has participants) to the others. Begin/Commit/Abort go to
+// every member; WaitAcknowledged waits on each member with participants in turn against the
+// same deadline; outcomes and receivers are concatenated. Internal to core/engine (and the
+// benchmarks that drive a backend as the engine does). Same thread-safety as Transport.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "core/engine/transport.h"
 
 namespace wpub::engine {
 
 class TransportGroup final : public Transport {
  public:
-  // Members are borrowed and must outlive the group; at least one.
-  explicit TransportGroup(std::vector<Transport*> members) : members_(std::move(members)) {}
+  // Members are borrowed and must outlive the group; at least one, and at most one that takes
+  // device buckets (DeviceBytes has one `done` event): INVALID_ARGUMENT otherwise.
+  static absl::StatusOr<std::unique_ptr<TransportGroup>> Create(std::vector<Transport*> members);
 
   TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
-  // Host buckets go to the members that accept them; a bucket with sent_direct set only to
-  // those without device_buckets (the others got it from the backend's device sink).
+  // See the file comment. Members without participants in this publication get nothing.
+  // INTERNAL when a member accepts neither the bucket's location nor host bytes.
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
-  // Members without participants in this publication are not waited on: a backend that sends
-  // buckets directly emits none when no host-bucket member has participants.
   absl::Status WaitAcknowledged(absl::Time deadline) override;
   absl::Status Commit() override;
   void Abort(absl::string_view reason) override;
   std::vector<ReceiverOutcome> Outcomes() const override;
   std::vector<ReceiverInfo> Receivers() const override;
 
-  // Whether a member that takes only host buckets has participants in the publication begun
-  // last (ExecutionHooks::host_buckets_needed). Publication thread only.
-  bool host_only_participants() const;
-
  private:
+  explicit TransportGroup(std::vector<Transport*> members) : members_(std::move(members)) {}
   const std::vector<Transport*> members_;
   std::vector<size_t> participants_;  // per member, fixed at Begin (publication thread)
 };

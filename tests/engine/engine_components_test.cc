@@ -1,6 +1,6 @@
 // Engines built with custom components (the GPU path's plug points): an extra transport driven
 // next to the pull transport, with injected faults, a backend decorator that reports host
-// synchronizations, and a backend that sends buckets to its own sink (as the GPU backend does).
+// synchronizations, and a backend that emits device buckets (as the GPU backend does).
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
@@ -26,21 +26,16 @@ class FakeTransport final : public Transport {
     std::vector<std::string> calls;
     uint64_t bytes = 0;
   };
-  // `device`: also takes device buckets (like the NCCL group), which a DirectBackend hands it
-  // through SendDirect.
+  // `device`: also takes device buckets (like the rollout group); it logs "device <index>" for
+  // each.
   FakeTransport(Log* log, bool fail_wait, bool device = false)
       : log_(log), fail_wait_(fail_wait), device_(device) {}
 
   TransportCapabilities capabilities() const override {
     TransportCapabilities c;
     c.name = "fake";
-    c.device_buckets = device_;
+    c.accepts = device_ ? kHostOrDevice : kHostOnly;
     return c;
-  }
-  void SendDirect(const BucketManifest& m) {
-    std::lock_guard lock(log_->mu);
-    log_->bytes += m.nbytes;
-    log_->calls.push_back("direct " + std::to_string(m.index));
   }
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& m) override {
     Record("begin " + std::to_string(m.version));
@@ -48,6 +43,12 @@ class FakeTransport final : public Transport {
   }
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override {
     std::lock_guard lock(log_->mu);
+    if (bucket->location == BucketLocation::kDevice) {
+      if (!device_) return absl::InternalError("a device bucket reached a host-only transport");
+      log_->bytes += bucket->manifest.nbytes;
+      log_->calls.push_back("device " + std::to_string(bucket->manifest.index));
+      return absl::OkStatus();
+    }
     log_->bytes += bucket->bytes.size();
     return absl::OkStatus();
   }
@@ -160,41 +161,47 @@ TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
   EXPECT_EQ(log.calls.back().rfind("abort", 0), 0u);
 }
 
-// Sends every bucket to its own sink (one of the engine's transports) as the GPU backend does
-// with the NCCL group, and goes through the engine's hooks only as ExecutionHooks says.
-class DirectBackend final : public Backend {
+// Emits every bucket as a device bucket, as the GPU backend does (its "device memory" is the
+// CPU backend's host bucket), with a host copy that counts how often it is asked for.
+class DeviceBucketBackend final : public Backend {
  public:
-  explicit DirectBackend(FakeTransport* sink) : sink_(sink) {}
-  std::string_view name() const override { return "direct-cpu"; }
+  std::string_view name() const override { return "device-cpu"; }
   absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
                                           const ExecutionHooks& hooks) override {
     ExecutionHooks inner = hooks;
-    inner.emit = [&](std::shared_ptr<const Bucket> bucket) -> absl::Status {
-      sink_->SendDirect(bucket->manifest);
-      if (hooks.sent_direct) {
-        if (absl::Status s = hooks.sent_direct(bucket->manifest); !s.ok()) return s;
-      }
-      if (!hooks.host_buckets_needed) return absl::OkStatus();
-      auto copy = std::make_shared<Bucket>(*bucket);
-      copy->sent_direct = true;
-      return hooks.emit(std::move(copy));
+    inner.emit = [&](std::shared_ptr<const Bucket> host) -> absl::Status {
+      auto device = std::make_shared<Bucket>();
+      device->version = host->version;
+      device->manifest = host->manifest;
+      device->manifest.checksum = 0;  // on the device until the end, as in the GPU backend
+      device->location = BucketLocation::kDevice;
+      device->device.data = host->bytes.data();
+      device->device.copy_to_host = [this,
+                                     host]() -> absl::StatusOr<std::shared_ptr<const Bucket>> {
+        ++copies;
+        return host;
+      };
+      return hooks.emit(std::move(device));
     };
     return inner_->Execute(plan, inner);
   }
+  std::atomic<int> copies{0};
 
  private:
-  FakeTransport* sink_;
   std::unique_ptr<CpuBackend> inner_ = *CpuBackend::Create({});
 };
 
-// A backend that sends buckets to its sink itself commits promptly with no pull receiver (the
-// pull transport is not waited on for buckets it never gets) and with one (it then gets host
-// copies, the sink each bucket once); bytes_out counts each bucket once.
-TEST(EngineComponentsTest, BackendSendingToItsOwnSinkCommitsWithAndWithoutPullReceivers) {
+// One road for every bucket: a device bucket reaches the transport that reads device memory
+// as it is, and the pull transport's receivers through one host copy per bucket, made only
+// when they take part; the publication commits promptly either way and bytes_out counts each
+// bucket once.
+TEST(EngineComponentsTest, DeviceBucketsReachEveryTransportInALocationItAccepts) {
   FakeTransport::Log log;
   auto fake = std::make_unique<FakeTransport>(&log, false, /*device=*/true);
+  auto backend = std::make_unique<DeviceBucketBackend>();
+  DeviceBucketBackend* device_backend = backend.get();
   EngineComponents components;
-  components.backend = std::make_unique<DirectBackend>(fake.get());
+  components.backend = std::move(backend);
   components.transports.push_back(std::move(fake));
   EngineOptions options;
   options.bucket_bytes = 4096;
@@ -214,6 +221,7 @@ TEST(EngineComponentsTest, BackendSendingToItsOwnSinkCommitsWithAndWithoutPullRe
       log.bytes = 0;
       log.calls.clear();
     }
+    device_backend->copies = 0;
     const auto batches = testing::ModelBatches(testing::SmallShape(), version);
     auto session = (*engine)->Open(testing::Header(version));
     ASSERT_TRUE(session.ok());
@@ -225,21 +233,36 @@ TEST(EngineComponentsTest, BackendSendingToItsOwnSinkCommitsWithAndWithoutPullRe
         << "version " << version << ": " << report->error;
     EXPECT_LT(absl::Now() - t0, absl::Seconds(10)) << "waited for an acknowledgement";
     ASSERT_GT(report->buckets, 1u);
-    EXPECT_EQ(log.bytes, report->bytes_out) << "each bucket reaches the sink exactly once";
+    EXPECT_EQ(log.bytes, report->bytes_out) << "each bucket reaches the device reader once";
     EXPECT_GT(report->bytes_out, 0u);
+    // The host copy is made only for the pull receiver, once per bucket.
+    EXPECT_EQ(device_backend->copies.load(), receiver ? static_cast<int>(report->buckets) : 0);
     std::vector<std::string> want = {"begin " + std::to_string(version)};
-    for (uint32_t b = 0; b < report->buckets; ++b) want.push_back("direct " + std::to_string(b));
+    for (uint32_t b = 0; b < report->buckets; ++b) want.push_back("device " + std::to_string(b));
     want.push_back("wait");
     want.push_back("commit");
     EXPECT_EQ(log.calls, want);
     if (receiver) {
       ASSERT_TRUE(receiver->WaitForOutcome(version, absl::Seconds(10)));
       EXPECT_EQ(receiver->committed_version(), version);
+      EXPECT_EQ(receiver->checksum_mismatches(), 0u);
       EXPECT_TRUE(receiver->committed_tensors() ==
                   testing::ExpectedOutputs(batches, *testing::PlainPolicy(),
                                            kernels::QuantMode::Standard()));
     }
   }
+}
+
+// Two transports that read device memory cannot share a bucket's one `done` event.
+TEST(EngineComponentsTest, TwoDeviceReadingTransportsAreRefused) {
+  FakeTransport::Log log;
+  EngineComponents components;
+  components.transports.push_back(std::make_unique<FakeTransport>(&log, false, true));
+  components.transports.push_back(std::make_unique<FakeTransport>(&log, false, true));
+  auto engine = Engine::Create(EngineOptions{}, nullptr, std::move(components));
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(testing::HasSubstr(engine.status(), "at most one transport")) << engine.status();
 }
 
 // Resolves "CUDA IPC" handles to host buffers (handle byte 0 = buffer index): exercises the

@@ -54,7 +54,7 @@ std::map<std::string, std::vector<uint8_t>> FakeRolloutEngine::weights() const {
 TransportCapabilities FakeRolloutEngine::capabilities() const {
   TransportCapabilities c;
   c.name = "fake-rollout";
-  c.host_buckets = true;
+  c.accepts = kHostOnly;
   c.acknowledges_checksums = false;
   c.applies_on_receipt = true;
   return c;

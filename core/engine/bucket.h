@@ -1,0 +1,72 @@
+// A packed bucket and where its bytes live. Every backend emits every bucket through one call
+// (ExecutionHooks::emit); the bucket says whether its bytes are in host memory (the CPU backend)
+// or in device memory (the GPU backend's staging buffers), each transport says which locations
+// it takes (TransportCapabilities::accepts), and the transport group (transport_group.h) hands
+// each transport the bucket as it is or, for a transport that takes host bytes only, the one
+// host copy the bucket's producer makes on request. No CUDA here: device handles are the CUDA
+// runtime's opaque pointers, declared, never dereferenced.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/engine/types.h"
+
+// The CUDA runtime's event type (cudaEvent_t is `CUevent_st*`).
+struct CUevent_st;
+
+namespace wpub::engine {
+
+enum class BucketLocation : uint8_t {
+  kHost = 1,    // Bucket::bytes
+  kDevice = 2,  // Bucket::device
+};
+
+// A set of locations (TransportCapabilities::accepts): bitwise or of BucketLocation values.
+using LocationSet = uint8_t;
+inline constexpr LocationSet kHostOnly = static_cast<LocationSet>(BucketLocation::kHost);
+inline constexpr LocationSet kHostOrDevice = static_cast<LocationSet>(BucketLocation::kHost) |
+                                             static_cast<LocationSet>(BucketLocation::kDevice);
+inline bool Contains(LocationSet set, BucketLocation l) {
+  return (set & static_cast<LocationSet>(l)) != 0;
+}
+
+struct Bucket;
+
+// Device-resident bucket bytes, lent by the producer (the GPU backend) for one emit call.
+// Contract for the transport that reads them (at most one per publication reads device
+// bytes): it enqueues its reads after `ready` (recorded on the producer's stream once the bytes
+// are final) and records `done` after its last read, on its own stream, without synchronizing
+// the host; the producer reuses the memory only after `done` (on the device). Never freed by
+// the reader.
+struct DeviceBytes {
+  const uint8_t* data = nullptr;
+  int device = 0;
+  CUevent_st* ready = nullptr;
+  CUevent_st* done = nullptr;
+  // The bucket in host memory (bytes and the manifest's checksum filled in): one device-to-host
+  // copy and one counted host synchronization by the producer. Valid only during the emit call
+  // that carries this bucket; the transport group calls it at most once per bucket, and only
+  // when a transport that takes host bytes only has participants.
+  std::function<absl::StatusOr<std::shared_ptr<const Bucket>>()> copy_to_host;
+};
+
+// The bytes of `manifest` for publication `version`, in one location. Immutable once emitted;
+// host buckets are shared between the engine and readers (the pull transport hands the same
+// object to every receiver) and live as long as their last shared_ptr. A device bucket's
+// manifest carries checksum 0 (the checksum is computed on the device and read once at the
+// end); its host copy carries the checksum.
+struct Bucket {
+  uint64_t version = 0;
+  BucketManifest manifest;
+  BucketLocation location = BucketLocation::kHost;
+  std::vector<uint8_t> bytes;  // kHost: manifest.nbytes bytes
+  DeviceBytes device;          // kDevice
+  absl::Span<const uint8_t> span() const { return absl::MakeConstSpan(bytes); }
+};
+
+}  // namespace wpub::engine
