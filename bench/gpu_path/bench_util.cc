@@ -23,7 +23,7 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
              const testing::ModelLayout& layout, const uint8_t* base, gpu::GpuBackend& backend,
              engine::Transport& transport, uint64_t* version, uint64_t* bytes_out) {
   std::vector<engine::InputTensor> inputs;
-  std::vector<double> wall, amax, compute, total, h_setup, h_checks, h_buckets, h_sink;
+  std::vector<double> wall, amax, compute, total, h_setup, h_checks, h_buckets, h_emit;
   std::vector<double> p_begin, p_execute, p_ack, p_commit;
   uint64_t syncs = 0;
   int64_t executed_ns = 0;  // the last publication's (testing::PublishResult::executed_ns)
@@ -49,7 +49,7 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
     h_setup.push_back(t.host_setup_seconds);
     h_checks.push_back(t.host_checks_seconds);
     h_buckets.push_back(t.host_buckets_seconds);
-    h_sink.push_back(t.host_sink_seconds);
+    h_emit.push_back(t.host_emit_seconds);
     syncs = r.host_syncs;
     executed_ns = r.executed_ns;
   }
@@ -67,7 +67,7 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
               {"host_setup_seconds", Median(h_setup)},
               {"host_checks_seconds", Median(h_checks)},
               {"host_buckets_seconds", Median(h_buckets)},
-              {"host_sink_seconds", Median(h_sink)},
+              {"host_emit_seconds", Median(h_emit)},
               {"publication_phases",
                {{"begin_seconds", Median(p_begin)},
                 {"execute_seconds", Median(p_execute)},
@@ -80,23 +80,23 @@ json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
       label, Median(wall), Median(amax), Median(compute), Median(total),
       *bytes_out / Median(wall) / 1e9, static_cast<unsigned long>(*bytes_out), buckets,
       static_cast<unsigned long>(syncs));
-  std::printf("%-22s host: setup %7.4f  checks %7.4f  buckets %7.4f  sink %7.4f s\n", "",
-              Median(h_setup), Median(h_checks), Median(h_buckets), Median(h_sink));
+  std::printf("%-22s host: setup %7.4f  checks %7.4f  buckets %7.4f  emit %7.4f s\n", "",
+              Median(h_setup), Median(h_checks), Median(h_buckets), Median(h_emit));
   std::printf("%-22s phases: begin %7.4f  execute %7.4f  acknowledged %7.4f  commit %7.4f s\n", "",
               Median(p_begin), Median(p_execute), Median(p_ack), Median(p_commit));
   return row;
 }
 
 json RunPlainBroadcast(const char* label, uint64_t bytes, const RunSettings& args,
-                       const std::vector<engines::EngineSpec>& engines, const std::string& route,
+                       const std::vector<rollout::EngineSpec>& engines, const std::string& route,
                        rendezvous::TcpStoreServer& store, int generation) {
   const uint64_t chunk = std::min(args.bucket_bytes, bytes);
   const int count = static_cast<int>((bytes + chunk - 1) / chunk);
-  engines::SglangDriverOptions d;
+  rollout::SglangDriverOptions d;
   d.engines = engines;
   d.master_port = store.port();
   d.group_name = absl::StrCat("wpub_bench_raw_", generation);
-  auto driver = engines::SglangDriver::Create(d);
+  auto driver = rollout::SglangDriver::Create(d);
   BENCH_OK(driver.status());
   auto id = nccl::NewUniqueId();
   BENCH_OK(id.status());

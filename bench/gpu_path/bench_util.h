@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "core/engine/transport.h"
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/sglang_driver.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "nlohmann/json.hpp"
@@ -50,7 +50,7 @@ nlohmann::json RunWpub(const char* label, bool nvfp4, const RunSettings& run,
 // asked to receive them with one request to `route` ({"group_name", "nbytes", "count"}) while
 // rank 0 broadcasts back to back. The report row (median wall clock and device time, GB/s).
 nlohmann::json RunPlainBroadcast(const char* label, uint64_t bytes, const RunSettings& run,
-                                 const std::vector<engines::EngineSpec>& engines,
+                                 const std::vector<rollout::EngineSpec>& engines,
                                  const std::string& route, rendezvous::TcpStoreServer& store,
                                  int generation);
 

@@ -23,7 +23,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/gpu_path/bench_util.h"
 #include "bench/gpu_path/fill.h"
-#include "core/nccl/nccl_transport.h"
+#include "core/rollout/rollout_group.h"
 #include "tests/multi_gpu/loopback_transport.h"
 
 namespace wpub::bench {
@@ -85,9 +85,9 @@ Args Parse(int argc, char** argv) {
 
 // k receiving ranks on GPUs 1..k as engines of `tp` GPUs, each a child process; the engines'
 // specs once every one answers /health.
-std::vector<engines::EngineSpec> StartEngines(const Args& args, int k, int generation,
+std::vector<rollout::EngineSpec> StartEngines(const Args& args, int k, int generation,
                                               std::vector<std::unique_ptr<testing::Child>>* out) {
-  std::vector<engines::EngineSpec> specs;
+  std::vector<rollout::EngineSpec> specs;
   struct Started {
     testing::Child* child;
     int port;
@@ -148,16 +148,15 @@ int Main(int argc, char** argv) {
   for (const int k : args.ranks) {
     ++generation;
     std::vector<std::unique_ptr<testing::Child>> children;
-    const std::vector<engines::EngineSpec> specs = StartEngines(args, k, generation, &children);
+    const std::vector<rollout::EngineSpec> specs = StartEngines(args, k, generation, &children);
     uint64_t bytes = 0;
     json pub;
     {
       // Three requests in flight: the C++ engines order them by wpub_sequence.
-      auto transport = nccl::NcclTransport::Create(testing::LoopbackTransportOptions(
+      auto transport = rollout::RolloutGroup::Create(testing::LoopbackTransportOptions(
           specs, absl::StrCat("wpub_fanout_", generation), 3, absl::Seconds(600)));
       BENCH_OK(transport.status());
       gpu::GpuBackendOptions bo;
-      bo.sink = transport->get();
       auto backend = gpu::GpuBackend::Create(bo);
       BENCH_OK(backend.status());
       const std::string label = absl::StrCat("wpub nvfp4 -> ", k, " ranks");

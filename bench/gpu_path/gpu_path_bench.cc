@@ -46,11 +46,11 @@
 #include "bench/gpu_path/kernel_trace.h"
 #include "core/engine/pull_transport.h"
 #include "core/engine/testing/inproc_receiver.h"
-#include "core/engines/sglang_driver.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/nccl/nccl_comm.h"
-#include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
+#include "core/rollout/rollout_group.h"
+#include "core/rollout/sglang_driver.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
@@ -133,26 +133,25 @@ Args Parse(int argc, char** argv) {
   return a;
 }
 
-// Case (e): a Transport with no participants that is also a DeviceBucketSink discarding each
-// bucket after its `ready` event (`done` is recorded right after it on the sink's stream).
-class DiscardSink final : public engine::Transport, public gpu::DeviceBucketSink {
+// Case (e): a transport of one pretend participant that reads device buckets and discards each
+// after its `ready` event (`done` is recorded right after it on its own stream).
+class DiscardSink final : public engine::Transport {
  public:
   DiscardSink() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
   ~DiscardSink() override { cudaStreamDestroy(stream_); }
   engine::TransportCapabilities capabilities() const override {
     engine::TransportCapabilities c;
     c.name = "discard";
-    c.device_buckets = true;
+    c.accepts = engine::kHostOrDevice;
     return c;
   }
   absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest&) override {
-    return std::vector<std::string>{};
+    return std::vector<std::string>{"discard"};
   }
-  absl::Status Send(std::shared_ptr<const engine::Bucket>) override { return absl::OkStatus(); }
-  absl::Status SendDevice(const engine::BucketManifest&, const void*, uint64_t, cudaEvent_t ready,
-                          cudaEvent_t done) override {
-    if (cudaStreamWaitEvent(stream_, ready, 0) != cudaSuccess ||
-        cudaEventRecord(done, stream_) != cudaSuccess) {
+  absl::Status Send(std::shared_ptr<const engine::Bucket> b) override {
+    if (b->location != engine::BucketLocation::kDevice) return absl::OkStatus();
+    if (cudaStreamWaitEvent(stream_, b->device.ready, 0) != cudaSuccess ||
+        cudaEventRecord(b->device.done, stream_) != cudaSuccess) {
       return absl::InternalError("discarding sink: event calls failed");
     }
     return absl::OkStatus();
@@ -180,7 +179,7 @@ json RunPull(const char* label, const RunSettings& run, const testing::ModelLayo
   while ((*pull)->Receivers().empty()) absl::SleepFor(absl::Milliseconds(1));
   gpu::GpuBackendOptions bo;
   bo.compute_sms = args.compute_sms;
-  bo.overlap_ctas_per_sm = args.ctas_per_sm;
+  bo.overlap_ctas_per_sm = 0;  // nothing is broadcast beside the kernels
   auto backend = gpu::GpuBackend::Create(bo);
   BENCH_OK(backend.status());
   uint64_t unused = 0;
@@ -223,18 +222,16 @@ int Main(int argc, char** argv) {
     // (e) only: the backend's own speed into a discarding sink, on GPU 0.
     DiscardSink discard;
     gpu::GpuBackendOptions bo;
-    bo.sink = &discard;
     bo.compute_sms = args.compute_sms;
     bo.overlap_ctas_per_sm = args.ctas_per_sm;
     auto alone = gpu::GpuBackend::Create(bo);
     BENCH_OK(alone.status());
     uint64_t version = 0, unused = 0;
-    json rows = json::array({RunWpub("(e) backend only nvfp4", true, run, layout,
-                                     static_cast<const uint8_t*>(model), **alone, discard, &version,
-                                     &unused),
-                             RunWpub("(e) backend only bf16", false, run, layout,
-                                     static_cast<const uint8_t*>(model), **alone, discard, &version,
-                                     &unused)});
+    json rows = json::array(
+        {RunWpub("(e) backend only nvfp4", true, run, layout, static_cast<const uint8_t*>(model),
+                 **alone, discard, &version, &unused),
+         RunWpub("(e) backend only bf16", false, run, layout, static_cast<const uint8_t*>(model),
+                 **alone, discard, &version, &unused)});
     // (f): the same publication to an in-process gRPC-pull receiver (host buckets: one
     // device-to-host copy per bucket; the receiver reads and checksums every bucket).
     rows.push_back(RunPull("(f) backend -> pull nvfp4", run, layout,
@@ -267,23 +264,22 @@ int Main(int argc, char** argv) {
   BENCH_OK(
       testing::WaitForHealth(**cpp_engine, cpp_port, absl::Seconds(30), "the C++ engine", cpp_log));
   auto make_transport = [&args](int engine_port, const char* group, int in_flight) {
-    nccl::NcclTransportOptions to =
+    rollout::RolloutGroupOptions to =
         testing::LoopbackTransportOptions({{absl::StrCat("http://127.0.0.1:", engine_port), 1}},
                                           group, in_flight, absl::Seconds(600));
     to.nccl_ctas = args.nccl_ctas;
-    auto t = nccl::NcclTransport::Create(to);
+    auto t = rollout::RolloutGroup::Create(to);
     BENCH_OK(t.status());
     return *std::move(t);
   };
   // The C++ engine orders requests by wpub_sequence: three in flight, so it decodes the next
   // buckets' requests while bucket k is on the wire. The emulator, like SGLang, takes one at a
   // time.
-  std::unique_ptr<nccl::NcclTransport> to_cpp = make_transport(cpp_port, "wpub_bench_cpp", 3);
-  std::unique_ptr<nccl::NcclTransport> to_emu = make_transport(port, "wpub_bench", 1);
-  auto backend_for = [&args](gpu::DeviceBucketSink* sink, bool reject_first, int sms = -1,
+  std::unique_ptr<rollout::RolloutGroup> to_cpp = make_transport(cpp_port, "wpub_bench_cpp", 3);
+  std::unique_ptr<rollout::RolloutGroup> to_emu = make_transport(port, "wpub_bench", 1);
+  auto backend_for = [&args](engine::Transport* /*reader*/, bool reject_first, int sms = -1,
                              int ctas = -1) {
     gpu::GpuBackendOptions bo;
-    bo.sink = sink;
     bo.reject_before_send = reject_first;
     bo.compute_sms = sms >= 0 ? sms : args.compute_sms;
     bo.overlap_ctas_per_sm = ctas >= 0 ? ctas : args.ctas_per_sm;
@@ -297,8 +293,8 @@ int Main(int argc, char** argv) {
   // The C++ engine's own account of the row's last publication (sums over its buckets).
   // The C++ engine's own account of the row's last publication (sums over its buckets) and the
   // publisher's broadcasts as its comm stream timed them.
-  auto engine_side = [&](json* row, const nccl::NcclTransport& transport) {
-    const nccl::NcclTransport::BroadcastTiming bt = transport.last_broadcast_timing();
+  auto engine_side = [&](json* row, const rollout::RolloutGroup& group) {
+    const nccl::NcclTransport::BroadcastTiming bt = group.nccl().last_broadcast_timing();
     double busy = 0, idle = 0, busy_max = 0;
     for (double x : bt.busy) busy += x, busy_max = std::max(busy_max, x);
     for (double x : bt.idle) idle += x;
@@ -333,7 +329,7 @@ int Main(int argc, char** argv) {
   };
   // One row to the C++ engine, with both sides' account of its last publication.
   auto to_engine = [&](const std::string& label, bool nvfp4, gpu::GpuBackend& be,
-                       nccl::NcclTransport& t, uint64_t* bytes_out) {
+                       rollout::RolloutGroup& t, uint64_t* bytes_out) {
     json row = RunWpub(label.c_str(), nvfp4, run, layout, base, be, t, &version, bytes_out);
     engine_side(&row, t);
     return row;
@@ -397,7 +393,7 @@ int Main(int argc, char** argv) {
   // The plain broadcasts need their own store entry and group (to the emulator's /bench_recv).
   auto raw_store = rendezvous::TcpStoreServer::Create({"127.0.0.1"});
   BENCH_OK(raw_store.status());
-  const std::vector<engines::EngineSpec> emu = {{absl::StrCat("http://127.0.0.1:", port), 1}};
+  const std::vector<rollout::EngineSpec> emu = {{absl::StrCat("http://127.0.0.1:", port), 1}};
   rows.push_back(
       RunPlainBroadcast("(d) nccl bcast nvfp4B", bytes_a, run, emu, "/bench_recv", **raw_store, 1));
   rows.push_back(

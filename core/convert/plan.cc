@@ -114,8 +114,12 @@ absl::Status WriteQuantized(const Unit& unit, size_t m, const uint8_t* packed,
   return absl::OkStatus();
 }
 
-absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptions& options,
-                                      int64_t num_hidden_layers, uint64_t max_unit_bytes) {
+namespace {
+
+// The precision exceptions the options ask for (the layer counts need num_hidden_layers).
+absl::StatusOr<policy::PrecisionExceptions> Exceptions(const Checkpoint& ckpt,
+                                                       const ConvertOptions& options,
+                                                       int64_t num_hidden_layers) {
   policy::PrecisionExceptions exceptions;
   exceptions.extra_high_precision_layers_hf = options.extra_high_precision_layers_hf;
   if (options.num_layers_at_start_in_bf16 < 0 || options.num_layers_at_end_in_bf16 < 0) {
@@ -135,7 +139,12 @@ absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptio
     exceptions.num_layers_at_end_in_bf16 = options.num_layers_at_end_in_bf16;
   }
 
-  // 1. Decisions, in shard and data-offset order.
+  return exceptions;
+}
+
+// 1. Decisions, in shard and data-offset order.
+absl::StatusOr<std::vector<Decided>> Decide(const Checkpoint& ckpt,
+                                            const policy::PrecisionExceptions& exceptions) {
   std::vector<Decided> all;
   all.reserve(ckpt.num_tensors());
   for (size_t s = 0; s < ckpt.readers().size(); ++s) {
@@ -150,12 +159,17 @@ absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptio
     }
   }
 
-  // 2. Gate/up pairs over the whole checkpoint.
-  struct PairSlots {
-    int gate = -1;
-    int up = -1;
-  };
-  absl::flat_hash_map<std::string, PairSlots> pairs;
+  return all;
+}
+
+// 2. Gate/up pairs over the whole checkpoint: each complete, with equal rank and expert count.
+struct PairSlots {
+  int gate = -1;
+  int up = -1;
+};
+using Pairs = absl::flat_hash_map<std::string, PairSlots>;
+absl::StatusOr<Pairs> PairUp(const Checkpoint& ckpt, const std::vector<Decided>& all) {
+  Pairs pairs;
   for (size_t i = 0; i < all.size(); ++i) {
     const Decided& d = all[i];
     if (!d.decision.quantize) continue;
@@ -192,8 +206,14 @@ absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptio
         " partner is missing or kept in high precision (a gate/up pair shares one amax)"));
   }
 
-  // 3. Output layouts.
-  ConvertPlan plan;
+  return pairs;
+}
+
+// 3. Output layouts per shard; returns each decided tensor's first output index.
+absl::StatusOr<std::vector<size_t>> LayOutOutputs(const Checkpoint& ckpt,
+                                                  const std::vector<Decided>& all,
+                                                  ConvertPlan* out) {
+  ConvertPlan& plan = *out;
   plan.outputs.resize(ckpt.readers().size());
   std::vector<size_t> out_index(all.size());
   for (size_t i = 0; i < all.size(); ++i) {
@@ -219,7 +239,14 @@ absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptio
     }
   }
 
-  // 4. Units in processing order; a pair becomes one unit where its first member is met.
+  return out_index;
+}
+
+// 4. Units in processing order; a pair becomes one unit where its first member is met, a
+// stack is cut into units of at most max_unit_bytes of input.
+void MakeUnits(const std::vector<Decided>& all, const Pairs& pairs,
+               const std::vector<size_t>& out_index, uint64_t max_unit_bytes, ConvertPlan* out) {
+  ConvertPlan& plan = *out;
   auto member = [&](size_t i) {
     const Decided& d = all[i];
     UnitMember m;
@@ -269,8 +296,11 @@ absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptio
       plan.units.push_back(std::move(piece));
     }
   }
+}
 
-  // 5. Compact ignore list: everything left in high precision, as engines match modules.
+// 5. Compact ignore list: everything left in high precision, as engines match modules.
+void IgnoreList(const std::vector<Decided>& all, ConvertPlan* out) {
+  ConvertPlan& plan = *out;
   absl::flat_hash_set<std::string> quantized_modules;
   absl::flat_hash_set<std::string> quantized_containers;
   for (const Decided& d : all) {
@@ -305,6 +335,20 @@ absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptio
     if (quantized_modules.contains(module)) continue;  // e.g. a bias beside a quantized weight
     add(std::move(module));
   }
+}
+
+}  // namespace
+
+absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptions& options,
+                                      int64_t num_hidden_layers, uint64_t max_unit_bytes) {
+  WPUB_ASSIGN_OR_RETURN(const policy::PrecisionExceptions exceptions,
+                        Exceptions(ckpt, options, num_hidden_layers));
+  WPUB_ASSIGN_OR_RETURN(const std::vector<Decided> all, Decide(ckpt, exceptions));
+  WPUB_ASSIGN_OR_RETURN(const Pairs pairs, PairUp(ckpt, all));
+  ConvertPlan plan;
+  WPUB_ASSIGN_OR_RETURN(const std::vector<size_t> out_index, LayOutOutputs(ckpt, all, &plan));
+  MakeUnits(all, pairs, out_index, max_unit_bytes, &plan);
+  IgnoreList(all, &plan);
   return plan;
 }
 

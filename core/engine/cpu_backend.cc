@@ -116,6 +116,160 @@ void AppendParts(const InputTensor& in, std::vector<uint8_t>& out) {
   }
 }
 
+// Offsets of one quantized input's three outputs in a bucket.
+struct QuantSlot {
+  size_t input;
+  int group;
+  uint64_t packed = 0, scales = 0, decode = 0;
+};
+
+using InputPieces = std::vector<std::vector<WeightPiece>>;  // [input] (empty: passed through)
+
+// 1. Global amax per group (and slice) into *group_amax, non-finite counts of every input
+// (quantized and passed) into *result; INVALID_ARGUMENT naming the first tensor with non-finite
+// elements unless the plan allows them.
+absl::Status GlobalAmax(const ExecutionPlan& plan, const InputPieces& pieces,
+                        const kernels::CpuOptions& cpu, std::vector<std::vector<float>>* group_amax,
+                        ExecutionResult* result) {
+  const std::vector<InputTensor>& inputs = *plan.inputs;
+  auto t0 = Clock::now();
+  group_amax->assign(plan.amax_groups.size(), {});
+  struct PieceResult {
+    size_t input;
+    size_t group;
+    int64_t slice_offset;
+    std::vector<float> amax;
+    std::vector<int64_t> nonfinite;
+  };
+  std::vector<PieceResult> results;
+  for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
+    (*group_amax)[g].assign(static_cast<size_t>(plan.amax_groups[g].slices), 0.0f);
+    for (size_t m : plan.amax_groups[g].members) {
+      for (const WeightPiece& p : pieces[m]) {
+        results.push_back(PieceResult{m, g, p.slice_offset,
+                                      std::vector<float>(static_cast<size_t>(p.slices)),
+                                      std::vector<int64_t>(static_cast<size_t>(p.slices))});
+      }
+    }
+  }
+  std::vector<kernels::AmaxTask> tasks;
+  tasks.reserve(results.size());
+  size_t r = 0;
+  for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
+    for (size_t m : plan.amax_groups[g].members) {
+      for (const WeightPiece& p : pieces[m]) {
+        tasks.push_back(
+            kernels::AmaxTask{&p.weight, 1, results[r].amax.data(), results[r].nonfinite.data()});
+        ++r;
+      }
+    }
+  }
+  std::string error;
+  if (auto st = kernels::ComputeAmax(std::span<const kernels::AmaxTask>(tasks), cpu, &error);
+      st != kernels::KernelStatus::kOk) {
+    return KernelError(st, absl::StrCat("amax of publication ", plan.version), error);
+  }
+  std::vector<uint64_t> nonfinite(inputs.size(), 0);
+  for (const PieceResult& pr : results) {
+    for (size_t s = 0; s < pr.amax.size(); ++s) {
+      float& dst = (*group_amax)[pr.group][static_cast<size_t>(pr.slice_offset) + s];
+      dst = std::max(dst, pr.amax[s]);  // amax never NaN (skipped); max is exact
+      nonfinite[pr.input] += static_cast<uint64_t>(pr.nonfinite[s]);
+    }
+  }
+  result->quantize_seconds += Since(t0);
+  // Passed-through floating-point tensors.
+  t0 = Clock::now();
+  for (size_t i = 0; i < plan.outputs.size(); ++i) {
+    if (plan.sources[i].kind != OutputKind::kPassthrough) continue;
+    const InputTensor& in = inputs[plan.sources[i].input];
+    for (const PartView& p : in.parts) {
+      nonfinite[plan.sources[i].input] += CountNonFinite(p.data, p.nbytes, in.desc.dtype);
+    }
+  }
+  result->pack_seconds += Since(t0);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    result->non_finite += nonfinite[i];
+    if (nonfinite[i] != 0 && !plan.allow_non_finite) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", inputs[i].desc.name, " has ", nonfinite[i],
+                       " non-finite elements (NaN/Inf); the publication is rejected "
+                       "(allow_non_finite is off)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// 2a. A bucket's bytes in offset order: passed-through tensors appended back to back, room for
+// the quantized outputs; returns where each quantized input's outputs go.
+absl::StatusOr<std::vector<QuantSlot>> LayOutBucket(const ExecutionPlan& plan,
+                                                    const BucketLayout& layout,
+                                                    std::vector<uint8_t>* bytes) {
+  const std::vector<InputTensor>& inputs = *plan.inputs;
+  bytes->reserve(layout.nbytes);
+  std::vector<QuantSlot> slots;
+  std::unordered_map<size_t, size_t> slot_of;  // input -> index into slots
+  for (const PlacedTensor& t : layout.tensors) {
+    const OutputSource& src = plan.sources[t.output];
+    if (bytes->size() != t.offset) {
+      return absl::InternalError(absl::StrCat("bucket ", layout.index, ": tensor ",
+                                              plan.outputs[t.output].name, " at offset ", t.offset,
+                                              ", packed up to ", bytes->size()));
+    }
+    if (src.kind == OutputKind::kPassthrough) {
+      AppendParts(inputs[src.input], *bytes);
+      continue;
+    }
+    bytes->resize(bytes->size() + t.nbytes);  // written by the quantizer
+    auto [it, added] = slot_of.emplace(src.input, slots.size());
+    if (added) slots.push_back(QuantSlot{src.input, src.amax_group});
+    QuantSlot& slot = slots[it->second];
+    if (src.kind == OutputKind::kPacked) slot.packed = t.offset;
+    if (src.kind == OutputKind::kScales) slot.scales = t.offset;
+    if (src.kind == OutputKind::kDecodeScale) slot.decode = t.offset;
+  }
+  if (bytes->size() != layout.nbytes) {
+    return absl::InternalError(absl::StrCat("bucket ", layout.index, " packed ", bytes->size(),
+                                            " bytes, planned ", layout.nbytes));
+  }
+  return slots;
+}
+
+// 2b. The quantized outputs of a bucket, written at their slots in `base`.
+absl::Status QuantizeBucket(const ExecutionPlan& plan, const BucketLayout& layout,
+                            const InputPieces& pieces,
+                            const std::vector<std::vector<float>>& group_amax,
+                            const std::vector<QuantSlot>& slots, const kernels::CpuOptions& cpu,
+                            uint8_t* base) {
+  const std::vector<InputTensor>& inputs = *plan.inputs;
+  std::vector<kernels::QuantizeTask> tasks;
+  for (const QuantSlot& slot : slots) {
+    const Shape& s = inputs[slot.input].desc.shape;
+    const int64_t rows = s[s.size() - 2];
+    const int64_t cols = s.back();
+    const uint64_t packed_stride = static_cast<uint64_t>(rows * cols / 2);
+    const uint64_t scale_stride = static_cast<uint64_t>(rows * cols / 16);
+    for (const WeightPiece& p : pieces[slot.input]) {
+      const uint64_t so = static_cast<uint64_t>(p.slice_offset);
+      kernels::QuantizeTask task;
+      task.weight = &p.weight;
+      task.amax = group_amax[static_cast<size_t>(slot.group)].data() + so;
+      task.out.packed = base + slot.packed + so * packed_stride;
+      task.out.scales = base + slot.scales + so * scale_stride;
+      task.out.decode_scale = reinterpret_cast<float*>(base + slot.decode) + so;
+      tasks.push_back(task);
+    }
+  }
+  if (tasks.empty()) return absl::OkStatus();
+  std::string error;
+  if (auto st =
+          kernels::Quantize(std::span<const kernels::QuantizeTask>(tasks), plan.mode, cpu, &error);
+      st != kernels::KernelStatus::kOk) {
+    return KernelError(st, absl::StrCat("quantize of bucket ", layout.index), error);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
@@ -132,162 +286,35 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
   ExecutionResult result;
 
   // Pieces of every quantized input (index = input; empty for passed inputs).
-  std::vector<std::vector<WeightPiece>> pieces(inputs.size());
+  InputPieces pieces(inputs.size());
   for (const AmaxGroupPlan& g : plan.amax_groups) {
     for (size_t m : g.members) {
       WPUB_ASSIGN_OR_RETURN(pieces[m], MakePieces(inputs[m]));
     }
   }
+  std::vector<std::vector<float>> group_amax;
+  WPUB_RETURN_IF_ERROR(GlobalAmax(plan, pieces, cpu, &group_amax, &result));
 
-  // 1. Global amax per group (and slice), non-finite counts per input.
-  auto t0 = Clock::now();
-  std::vector<std::vector<float>> group_amax(plan.amax_groups.size());
-  {
-    struct PieceResult {
-      size_t input;
-      size_t group;
-      int64_t slice_offset;
-      std::vector<float> amax;
-      std::vector<int64_t> nonfinite;
-    };
-    std::vector<PieceResult> results;
-    for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
-      group_amax[g].assign(static_cast<size_t>(plan.amax_groups[g].slices), 0.0f);
-      for (size_t m : plan.amax_groups[g].members) {
-        for (const WeightPiece& p : pieces[m]) {
-          results.push_back(PieceResult{m, g, p.slice_offset,
-                                        std::vector<float>(static_cast<size_t>(p.slices)),
-                                        std::vector<int64_t>(static_cast<size_t>(p.slices))});
-        }
-      }
-    }
-    std::vector<kernels::AmaxTask> tasks;
-    tasks.reserve(results.size());
-    {
-      size_t r = 0;
-      for (size_t g = 0; g < plan.amax_groups.size(); ++g) {
-        for (size_t m : plan.amax_groups[g].members) {
-          for (const WeightPiece& p : pieces[m]) {
-            tasks.push_back(kernels::AmaxTask{&p.weight, 1, results[r].amax.data(),
-                                              results[r].nonfinite.data()});
-            ++r;
-          }
-        }
-      }
-    }
-    std::string error;
-    if (auto st = kernels::ComputeAmax(std::span<const kernels::AmaxTask>(tasks), cpu, &error);
-        st != kernels::KernelStatus::kOk) {
-      return KernelError(st, absl::StrCat("amax of publication ", plan.version), error);
-    }
-    std::vector<uint64_t> nonfinite(inputs.size(), 0);
-    for (const PieceResult& r : results) {
-      for (size_t s = 0; s < r.amax.size(); ++s) {
-        float& dst = group_amax[r.group][static_cast<size_t>(r.slice_offset) + s];
-        dst = std::max(dst, r.amax[s]);  // amax never NaN (skipped); max is exact
-        nonfinite[r.input] += static_cast<uint64_t>(r.nonfinite[s]);
-      }
-    }
-    result.quantize_seconds += Since(t0);
-    // Passed-through floating-point tensors.
-    t0 = Clock::now();
-    for (size_t i = 0; i < plan.outputs.size(); ++i) {
-      if (plan.sources[i].kind != OutputKind::kPassthrough) continue;
-      const InputTensor& in = inputs[plan.sources[i].input];
-      for (const PartView& p : in.parts) {
-        nonfinite[plan.sources[i].input] += CountNonFinite(p.data, p.nbytes, in.desc.dtype);
-      }
-    }
-    result.pack_seconds += Since(t0);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      result.non_finite += nonfinite[i];
-      if (nonfinite[i] != 0 && !plan.allow_non_finite) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tensor ", inputs[i].desc.name, " has ", nonfinite[i],
-            " non-finite elements (NaN/Inf); the publication is rejected (allow_non_finite is "
-            "off)"));
-      }
-    }
-  }
-
-  // 2. Buckets.
+  // 2. Buckets: laid out, quantized, checksummed, emitted (host buckets).
+  const int threads = options_.num_threads == 0
+                          ? static_cast<int>(std::thread::hardware_concurrency())
+                          : options_.num_threads;
   for (const BucketLayout& layout : plan.buckets) {
     if (hooks.cancelled && hooks.cancelled()) {
       return absl::CancelledError(absl::StrCat("publication ", plan.version, " was cancelled"));
     }
-    t0 = Clock::now();
+    auto t0 = Clock::now();
     auto bucket = std::make_shared<Bucket>();
     bucket->version = plan.version;
     bucket->manifest = MakeBucketManifest(layout, plan.outputs);
-    std::vector<uint8_t>& bytes = bucket->bytes;
-    bytes.reserve(layout.nbytes);
-    // Offsets of each quantized input's three outputs in this bucket.
-    struct QuantSlot {
-      size_t input;
-      int group;
-      uint64_t packed = 0, scales = 0, decode = 0;
-    };
-    std::vector<QuantSlot> slots;
-    std::unordered_map<size_t, size_t> slot_of;     // input -> index into slots
-    for (const PlacedTensor& t : layout.tensors) {  // offset order: append back to back
-      const OutputSource& src = plan.sources[t.output];
-      if (bytes.size() != t.offset) {
-        return absl::InternalError(absl::StrCat("bucket ", layout.index, ": tensor ",
-                                                plan.outputs[t.output].name, " at offset ",
-                                                t.offset, ", packed up to ", bytes.size()));
-      }
-      if (src.kind == OutputKind::kPassthrough) {
-        AppendParts(inputs[src.input], bytes);
-        continue;
-      }
-      bytes.resize(bytes.size() + t.nbytes);  // written by the quantizer below
-      auto [it, added] = slot_of.emplace(src.input, slots.size());
-      if (added) slots.push_back(QuantSlot{src.input, src.amax_group});
-      QuantSlot& slot = slots[it->second];
-      if (src.kind == OutputKind::kPacked) slot.packed = t.offset;
-      if (src.kind == OutputKind::kScales) slot.scales = t.offset;
-      if (src.kind == OutputKind::kDecodeScale) slot.decode = t.offset;
-    }
-    if (bytes.size() != layout.nbytes) {
-      return absl::InternalError(absl::StrCat("bucket ", layout.index, " packed ", bytes.size(),
-                                              " bytes, planned ", layout.nbytes));
-    }
-    uint8_t* base = bytes.data();
+    WPUB_ASSIGN_OR_RETURN(const std::vector<QuantSlot> slots,
+                          LayOutBucket(plan, layout, &bucket->bytes));
+    uint8_t* base = bucket->bytes.data();
     result.pack_seconds += Since(t0);
-
     t0 = Clock::now();
-    std::vector<kernels::QuantizeTask> tasks;
-    for (const QuantSlot& slot : slots) {
-      const Shape& s = inputs[slot.input].desc.shape;
-      const int64_t rows = s[s.size() - 2];
-      const int64_t cols = s.back();
-      const uint64_t packed_stride = static_cast<uint64_t>(rows * cols / 2);
-      const uint64_t scale_stride = static_cast<uint64_t>(rows * cols / 16);
-      for (const WeightPiece& p : pieces[slot.input]) {
-        const uint64_t so = static_cast<uint64_t>(p.slice_offset);
-        kernels::QuantizeTask task;
-        task.weight = &p.weight;
-        task.amax = group_amax[static_cast<size_t>(slot.group)].data() + so;
-        task.out.packed = base + slot.packed + so * packed_stride;
-        task.out.scales = base + slot.scales + so * scale_stride;
-        task.out.decode_scale = reinterpret_cast<float*>(base + slot.decode) + so;
-        tasks.push_back(task);
-      }
-    }
-    if (!tasks.empty()) {
-      std::string error;
-      if (auto st = kernels::Quantize(std::span<const kernels::QuantizeTask>(tasks), plan.mode, cpu,
-                                      &error);
-          st != kernels::KernelStatus::kOk) {
-        return KernelError(st, absl::StrCat("quantize of bucket ", layout.index), error);
-      }
-    }
+    WPUB_RETURN_IF_ERROR(QuantizeBucket(plan, layout, pieces, group_amax, slots, cpu, base));
     result.quantize_seconds += Since(t0);
-
     t0 = Clock::now();
-    const int threads = options_.num_threads == 0
-                            ? static_cast<int>(std::thread::hardware_concurrency())
-                            : options_.num_threads;
     bucket->manifest.checksum = ParallelChecksum(base, layout.nbytes, threads);
     result.pack_seconds += Since(t0);
     WPUB_RETURN_IF_ERROR(hooks.emit(std::move(bucket)));

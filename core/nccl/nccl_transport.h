@@ -1,47 +1,26 @@
-// The NCCL weight-update group as an engine::Transport (lifecycle, outcomes) and a
-// gpu::DeviceBucketSink (device buckets). wpubd is rank 0: it serves the TCPStore rendezvous
-// (core/rendezvous), puts the ncclUniqueId under the key ProcessGroupNCCL reads, starts its
-// nonblocking communicator and asks every engine to join through the SGLang driver
-// (core/engines). Per bucket it posts the engine's update request, then enqueues the broadcast
-// on its comm stream after the backend's ready event.
+// The NCCL side of a weight-update group, as rank 0: each bucket onto the group's communicator
+// (nccl_comm.h) on a communication stream of the device's greatest priority, and the watchdog
+// that aborts the communicator on an asynchronous NCCL error, a peer's failure or the
+// publication's deadline (ncclCommAbort also terminates the broadcast kernels, so no host wait
+// can hang). Who the peers are, how they join and what they are told is the rollout group's
+// (core/rollout/rollout_group.h): this class knows buckets and a communicator only.
 //
-// Failure handling: while a publication is in flight a watchdog thread polls
-// ncclCommGetAsyncError, the engines' HTTP outcomes and the publication deadline; on any
-// failure it calls ncclCommAbort (which also terminates the broadcast kernels, so no host wait
-// can hang), records why, and the publication fails with ABORTED naming the engines. The next
-// Begin re-forms the group with the engines that answer their health check (a new group name
-// generation, a new unique id), so wpubd keeps serving after a dead engine.
+// Per bucket: a device bucket (engine::DeviceBytes) is broadcast from the producer's staging
+// buffer after its `ready` event and `done` is recorded behind the broadcast; a host bucket is
+// first copied into a device staging buffer of this transport (one uncounted wait per bucket
+// for that buffer's previous broadcast). Nothing here synchronizes the device per bucket.
 //
-// Engine set (engine::EngineConnector): the initial set comes from the options (may be empty:
-// a daemon started without engines); Connect replaces it. Connect first tears the current
-// group down (its engines are asked to destroy it), then probes every engine's health
-// endpoint, lays out the group, publishes the unique id, starts the communicator and waits for
-// every join answer. On any failure whatever joined is torn down too and the transport is left
-// with NO engines: never half-connected. Without engines the transport has no participants
-// (Begin returns none; device buckets are only ordered after their ready event), so a
-// publication reaches the other transports' receivers only. Connect and Begin are serialized by one
-// mutex; Connect refuses while a publication is in flight. Group/Receivers read a snapshot and
-// never block on a Connect.
-//
-// Dirty engines: SGLang loads each bucket into its live weights on receipt. When a publication
-// aborts, the engines that were sent no bucket are resumed at once (continue_generation); the
-// others are dirty: left paused, reported with state "dirty" (Receivers, Group, Outcomes) until
-// a publication commits on them (the engine's retry of the same version, or the next one).
-//
-// Transport contract (core/engine/transport.h) with these specifics: participants are the
-// engine URLs; acknowledgements are the engines' HTTP answers (SGLang reports no checksums, so
-// acknowledges_checksums is false); Commit sends version/end/continue. Thread-safety: as the
-// interface says (Abort from any thread; the rest from the publication thread).
+// Thread-safety: Fail, failure and Attach's abort of the old communicator are safe from any
+// thread; the rest is called by the publication thread (or a group formation, which the
+// rollout group serializes with publications).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <condition_variable>
-#include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,144 +28,93 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/engine/engine.h"
-#include "core/engine/transport.h"
-#include "core/engines/sglang_driver.h"
-#include "core/gpu/device_sink.h"
+#include "core/engine/bucket.h"
 #include "core/nccl/nccl_comm.h"
-#include "core/rendezvous/tcp_store_server.h"
+#include "kernels/cuda/cuda_raii.h"
 
 namespace wpub::nccl {
 
 struct NcclTransportOptions {
   int device = 0;
-  // The TCPStore the engines rendezvous on (master_port = its port).
-  rendezvous::TcpStoreServerOptions store;
-  // The address engines use to reach this host's TCPStore.
-  std::string advertise_address = "127.0.0.1";
-  // Initial engines (may be empty), base group name, endpoints; master_address/port are
-  // filled in.
-  engines::SglangDriverOptions sglang;
-  // GET before (re-)forming a group; engines that fail it are left out. Empty: no probe.
-  std::string health_endpoint = "/health";
-  // GET after a group formed, for the "weight_version" each engine serves (SGLang's
-  // /get_model_info); versions at or below the highest are refused. Empty: not asked.
-  std::string model_info_endpoint = "/get_model_info";
-  // Keys the ncclUniqueId is stored under (each template as rendezvous::UniqueIdKey takes it):
-  // torch 2.11's layout first, then the one of torch versions without the device-type layer.
-  std::vector<std::string> unique_id_key_templates = {
-      std::string(rendezvous::kDefaultUniqueIdKeyTemplate), "/{group}/{group}/{index}"};
-  // Every engine joins (HTTP answer) within this; the communicator is ready at the latest
-  // when the first bucket's broadcast starts, within the same budget.
-  absl::Duration join_timeout = absl::Seconds(120);
-  // Watchdog: from Begin, every bucket must be transferred and answered within this.
-  absl::Duration publication_deadline = absl::Seconds(120);
   absl::Duration watchdog_interval = absl::Milliseconds(2);
-  // NcclCommOptions::ctas of wpub's rank (0: NCCL's choice). The engines' communicators must have
-  // the same bounds (NCCL_MIN_CTAS = NCCL_MAX_CTAS = nccl_ctas in their environment), else every
-  // broadcast fails and the publication is aborted (see NcclCommOptions::ctas).
-  int nccl_ctas = 0;
 };
 
-class NcclTransport : public engine::Transport,
-                      public gpu::DeviceBucketSink,
-                      public engine::EngineConnector {
+// What one publication's watchdog watches besides the communicator.
+struct PublicationWatch {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::string deadline_message;  // the failure's message when the deadline passes
+  // Polled by the watchdog: a non-OK status (a peer failed, e.g. an engine's HTTP answer) fails
+  // the publication with it. May be null.
+  std::function<absl::Status()> peer_failure;
+  // Appended to the error when the communicator does not become ready before the first
+  // broadcast (e.g. the rendezvous keys peers asked for). May be null.
+  std::function<std::string()> not_ready_detail;
+};
+
+class NcclTransport {
  public:
-  // Starts the TCPStore server and the comm stream; forms no group yet (the first Begin or
-  // Connect does).
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const NcclTransportOptions& options);
-  ~NcclTransport() override;
+  // Stops the watchdog, aborts the communicator, waits for the comm stream.
+  ~NcclTransport();
+  NcclTransport(const NcclTransport&) = delete;
+  NcclTransport& operator=(const NcclTransport&) = delete;
 
-  // ConnectEngines (see the file comment). Blocks for the health probes (at most
-  // min(sglang.connect_timeout, timeout)) and the joins (at most timeout = request.timeout, or
-  // options.join_timeout when 0), plus, on failure, the teardown (destroy requests, at most a
-  // few seconds, or until an engine's pending request ends).
-  // Errors: INVALID_ARGUMENT (engine::ValidateEngineConnectRequest); FAILED_PRECONDITION while
-  // a publication is in flight; UNAVAILABLE naming an engine that failed its health probe or
-  // its join; DEADLINE_EXCEEDED naming the engines that did not answer in time.
-  absl::StatusOr<engine::EngineGroupInfo> Connect(
-      const engine::EngineConnectRequest& request) override;
-  engine::EngineGroupInfo Group() const override;
-  uint16_t store_port() const { return store_->port(); }
-  int generation() const { return generation_; }
+  // Installs the communicator of a newly formed group (null: none); the previous one is aborted
+  // and destroyed first.
+  void Attach(std::unique_ptr<NcclComm> comm);
+  // A communicator is installed and was not aborted.
+  bool usable() const;
 
-  engine::TransportCapabilities capabilities() const override;
-  absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest& m) override;
-  // Host bucket: copied to a device buffer (one counted wait per bucket), then broadcast.
-  absl::Status Send(std::shared_ptr<const engine::Bucket> bucket) override;
-  absl::Status SendDevice(const engine::BucketManifest& manifest, const void* data, uint64_t nbytes,
-                          cudaEvent_t ready, cudaEvent_t done) override;
-  absl::Status WaitAcknowledged(absl::Time deadline) override;
-  absl::Status Commit() override;
-  void Abort(absl::string_view reason) override;
-  std::vector<engine::ReceiverOutcome> Outcomes() const override;
-  std::vector<engine::ReceiverInfo> Receivers() const override;
+  // Starts a publication: forgets the previous one's failure and starts the watchdog.
+  void Begin(PublicationWatch watch);
+  // One bucket from rank 0 (see the file comment); waits for the communicator to be ready
+  // before the first one, bounded by the deadline. ABORTED with the failure on any error (the
+  // communicator is then aborted).
+  absl::Status Send(const engine::Bucket& bucket);
+  // Blocks until rank 0's side of every broadcast of the publication completed (polled: no
+  // blocking device wait), the publication failed, or min(deadline, its deadline) passed.
+  absl::Status WaitSent(absl::Time deadline);
+  // Ends the publication: stops the watchdog. Idempotent.
+  void End();
 
-  cudaStream_t comm_stream() const { return comm_stream_; }
-  // Engines left paused by an aborted publication (see the file comment).
-  std::vector<std::string> dirty_engines() const;
+  // Records the first failure of the publication and aborts the communicator. Any thread.
+  void Fail(absl::Status why);
+  absl::Status failure() const;
 
-  // Device time of the last publication's broadcasts, from CUDA events around each on the comm
-  // stream (read once they completed, e.g. after WaitAcknowledged): busy[i] is broadcast i's
-  // kernel (including any wait for the engines' receives), idle[i] the gap before it since the
-  // previous one ended (the stream waiting for the bucket to be packed). Empty without engines.
+  cudaStream_t comm_stream() const { return comm_stream_.get(); }
+
+  // Device time of the last publication's broadcasts, from events around each on the comm
+  // stream (read once they completed, e.g. after WaitSent): busy[i] is broadcast i's kernel
+  // (including any wait for the peers' receives), idle[i] the gap before it since the previous
+  // one ended (the stream waiting for the bucket to be packed).
   struct BroadcastTiming {
     std::vector<double> busy, idle;
   };
   BroadcastTiming last_broadcast_timing() const;
 
  private:
-  explicit NcclTransport(NcclTransportOptions options);
+  explicit NcclTransport(NcclTransportOptions options) : options_(options) {}
   void StartWatchdog();
   void StopWatchdog();
-  void Fail(absl::Status why);  // records the first failure, aborts the communicator
-  absl::Status failure() const;
-  // Forms a group of `want` (requires connect_mu_). strict: every engine must pass the health
-  // probe (ConnectEngines); otherwise the ones that fail it are left out (re-formation).
-  absl::Status Form(const std::vector<engines::EngineSpec>& want, const std::string& base_group,
-                    absl::Duration timeout, bool strict);
-  void TearDownGroup();
-  void PublishInfo();  // refreshes info_ from the group state (requires connect_mu_)
-  // After an abort: resumes the engines that got no bucket, records the others as dirty.
-  void ResumeCleanEngines();
+  absl::Status Broadcast(const void* data, uint64_t nbytes, cudaEvent_t ready, cudaEvent_t done,
+                         uint32_t index);
+  absl::Status SendHost(const engine::Bucket& bucket);
 
-  NcclTransportOptions options_;
-  // Serializes Connect and Begin; guards engines_ and base_group_.
-  std::mutex connect_mu_;
-  std::vector<engines::EngineSpec> engines_;  // the engine set; empty: none connected
-  std::string base_group_;
-  // What Group and Receivers show (written under connect_mu_ too).
-  mutable std::mutex info_mu_;
-  engine::EngineGroupInfo info_;                     // guarded by info_mu_
-  std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
-  std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
-  std::unique_ptr<rendezvous::TcpStoreServer> store_;
-  cudaStream_t comm_stream_ = nullptr;
-  cudaEvent_t host_done_ = nullptr;
-  // 2 per broadcast (start, end), grown on demand: the timing of last_broadcast_timing, and the
-  // last end event is what WaitAcknowledged polls for rank 0's side to be complete.
-  std::vector<cudaEvent_t> bcast_events_;
-  size_t bcast_count_ = 0;        // broadcasts of the current publication
-  void* host_staging_ = nullptr;  // device buffer for host buckets
-  uint64_t host_staging_bytes_ = 0;
+  const NcclTransportOptions options_;
+  kernels::cuda::Stream comm_stream_;
+  kernels::cuda::Event host_done_;            // the host staging buffer's last broadcast
+  kernels::cuda::DeviceBuffer host_staging_;  // device copy of host buckets
+  // 2 per broadcast (start, end), grown on demand: last_broadcast_timing, and the last end event
+  // is what WaitSent polls.
+  std::vector<kernels::cuda::Event> bcast_events_;
+  size_t bcast_count_ = 0;  // broadcasts of the current publication
+  PublicationWatch watch_;  // publication thread (the watchdog reads it while it runs)
 
-  // Group state (publication thread, or a Connect under connect_mu_).
-  std::unique_ptr<engines::SglangDriver> driver_;
-  std::unique_ptr<NcclComm> comm_;
-  std::atomic<int> generation_{0};
-  std::atomic<bool> group_healthy_{false};  // cleared by Abort/Fail from any thread
-  std::atomic<bool> in_flight_{false};
-  // Begin posted the lifecycle calls; the abort path still owes the clean engines a resume.
-  std::atomic<bool> resume_pending_{false};
-  uint64_t version_ = 0;
-  absl::Time publication_deadline_ = absl::InfiniteFuture();
-  std::vector<engine::ReceiverOutcome> last_outcomes_;
-
-  // Watchdog.
   mutable std::mutex mu_;
+  std::unique_ptr<NcclComm> comm_;  // guarded by mu_ for replacement; used by one thread
+  absl::Status failure_;            // guarded by mu_
   std::condition_variable cv_;
   bool watchdog_stop_ = true;  // guarded by mu_
-  absl::Status failure_;       // guarded by mu_: first failure of the publication
   std::thread watchdog_;
 };
 

@@ -17,8 +17,8 @@
 #include "core/common/json_bounds.h"
 #include "core/common/status.h"
 #include "core/engine/checksum.h"
-#include "core/engines/update_request.h"
-#include "core/gpu/status_kernels.h"
+#include "core/rollout/update_request.h"
+#include "kernels/cuda/status_kernels.h"
 #include "core/gpu/streams.h"
 #include "core/nccl/group_member.h"
 #include "nlohmann/json.hpp"
@@ -291,7 +291,7 @@ class ReceiverEndpoint::Impl {
 
   // The flattened-bucket request: names, dtypes and shapes laid back to back.
   static absl::StatusOr<ParsedUpdate> ParseUpdate(const std::string& body) {
-    absl::StatusOr<engines::UpdateRequest> request = engines::DecodeUpdateRequest(body);
+    absl::StatusOr<rollout::UpdateRequest> request = rollout::DecodeUpdateRequest(body);
     if (!request.ok()) return request.status();
     ParsedUpdate out;
     out.group = std::move(request->fields.group_name);
@@ -415,7 +415,7 @@ class ReceiverEndpoint::Impl {
   static cudaError_t EnqueueChecksum(Rank& k, int slot, uint64_t n, cudaStream_t stream) {
     cudaError_t e = cudaMemsetAsync(k.sum[slot], 0, sizeof(*k.sum[slot]), stream);
     if (e == cudaSuccess) {
-      e = gpu::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf[slot]), n, 0, k.sum[slot],
+      e = kernels::cuda::LaunchChecksumAdd(static_cast<const uint8_t*>(k.buf[slot]), n, 0, k.sum[slot],
                                  stream);
     }
     if (e == cudaSuccess) {

@@ -9,7 +9,7 @@
 // Threading: the HTTP server runs on its own threads; weight-update requests are decoded
 // concurrently but received one at a time (as SGLang does), and the callbacks run on that
 // handler thread. A request that carries `wpub_sequence` (a publisher with several update
-// requests in flight per engine, engines::SglangDriverOptions::requests_in_flight) waits for
+// requests in flight per engine, rollout::SglangDriverOptions::requests_in_flight) waits for
 // its turn: sequence 0 starts a publication, k + 1 is received after k (NCCL matches broadcasts
 // by order); a group joined or destroyed meanwhile ends the waiters with ABORTED, and a request
 // naming another group is refused. Receives never block in CUDA: they poll the stream, the

@@ -134,6 +134,11 @@ class Stream {
     *out = Stream();
     return cudaStreamCreateWithFlags(&out->s_, cudaStreamNonBlocking);
   }
+  // With a priority from cudaDeviceGetStreamPriorityRange (lower numbers run first).
+  static cudaError_t CreateWithPriority(int priority, Stream* out) {
+    *out = Stream();
+    return cudaStreamCreateWithPriority(&out->s_, cudaStreamNonBlocking, priority);
+  }
 
   cudaStream_t get() const { return s_; }
   // Blocks the calling thread until the stream's work is done.

@@ -5,7 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "core/common/status.h"
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/sglang_driver.h"
 #include "server/wpubctl/publish_common.h"
 #include "server/wpubctl/subcommand.h"
 
@@ -22,10 +22,10 @@ namespace wpub::wpubctl {
 namespace {
 
 absl::Status Connect() {
-  WPUB_ASSIGN_OR_RETURN(std::vector<engines::EngineSpec> specs,
-                        engines::ParseEngineSpecs(absl::GetFlag(FLAGS_engines)));
+  WPUB_ASSIGN_OR_RETURN(std::vector<rollout::EngineSpec> specs,
+                        rollout::ParseEngineSpecs(absl::GetFlag(FLAGS_engines)));
   wpub::v1::ConnectEnginesRequest request;
-  for (const engines::EngineSpec& e : specs) {
+  for (const rollout::EngineSpec& e : specs) {
     wpub::v1::EngineEndpoint* ep = request.add_engines();
     ep->set_url(e.url);
     ep->set_gpus(e.gpus);

@@ -30,7 +30,7 @@
 #include "server/wpubd/options.h"
 #ifdef WPUB_WITH_GPU_PATH
 #include "absl/strings/numbers.h"
-#include "core/nccl/gpu_path.h"
+#include "core/rollout/gpu_path.h"
 #include "core/nccl/nccl_comm.h"
 static_assert(wpub::wpubd::kMaxNcclCtas == wpub::nccl::kMaxCtas);
 #endif
@@ -38,16 +38,16 @@ static_assert(wpub::wpubd::kMaxNcclCtas == wpub::nccl::kMaxCtas);
 namespace {
 
 // The engine: with --gpu_path (or --engines), the GPU backend and the NCCL weight-update
-// group as its components (core/nccl/gpu_path.h), engines given now or later through
+// group as its components (core/rollout/gpu_path.h), engines given now or later through
 // ConnectEngines; otherwise the CPU backend and the pull transport.
 absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
     const wpub::wpubd::DaemonOptions& options, prometheus::Registry* registry) {
   if (!options.gpu_path) return wpub::engine::Engine::Create(options.engine, registry);
 #ifdef WPUB_WITH_GPU_PATH
-  wpub::nccl::GpuPathOptions g;
+  wpub::rollout::GpuPathOptions g;
   if (!options.engines.empty()) {
-    absl::StatusOr<std::vector<wpub::engines::EngineSpec>> specs =
-        wpub::nccl::ParseEngineSpecs(options.engines);
+    absl::StatusOr<std::vector<wpub::rollout::EngineSpec>> specs =
+        wpub::rollout::ParseEngineSpecs(options.engines);
     if (!specs.ok()) return specs.status();
     g.engines = *std::move(specs);
   }
@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   g.overlap_ctas_per_sm = options.gpu_overlap_ctas_per_sm;
   g.nccl_ctas = options.nccl_ctas;
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
-  absl::StatusOr<wpub::engine::EngineComponents> components = wpub::nccl::MakeGpuPathComponents(g);
+  absl::StatusOr<wpub::engine::EngineComponents> components = wpub::rollout::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();
   return wpub::engine::Engine::Create(options.engine, registry, *std::move(components));
 #else

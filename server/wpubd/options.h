@@ -48,7 +48,7 @@ struct DaemonOptions {
   std::string nccl_store_listen = "127.0.0.1:0";
   std::string nccl_advertise_address = "127.0.0.1";
   absl::Duration engine_deadline = absl::Seconds(120);
-  // engines::SglangDriverOptions::requests_in_flight (1: SGLang's protocol).
+  // rollout::SglangDriverOptions::requests_in_flight (1: SGLang's protocol).
   int engine_requests_in_flight = 1;
   // gpu::GpuBackendOptions::compute_sms: quantize/pack on this many SMs (0: all).
   int gpu_compute_sms = 0;

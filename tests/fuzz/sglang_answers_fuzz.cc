@@ -25,7 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/sglang_driver.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {
@@ -122,8 +122,8 @@ Responder& TheResponder() {
   return *r;
 }
 
-void CheckOutcomes(const wpub::engines::SglangDriver& driver) {
-  for (const wpub::engines::EngineOutcome& o : driver.outcomes()) {
+void CheckOutcomes(const wpub::rollout::SglangDriver& driver) {
+  for (const wpub::rollout::EngineOutcome& o : driver.outcomes()) {
     FUZZ_CHECK(!o.failed || !o.error.empty(), "an engine failed without a reason");
   }
 }
@@ -141,7 +141,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     responder.SetAnswer(rest);
   }
 
-  wpub::engines::SglangDriverOptions o;
+  wpub::rollout::SglangDriverOptions o;
   const std::string url = absl::StrCat("http://127.0.0.1:", responder.port());
   o.engines = {{url, 1}};
   o.master_port = 29500;
@@ -149,8 +149,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   o.request_timeout = absl::Seconds(2);
   o.endpoints.pause = o.endpoints.flush = o.endpoints.begin = "";
   o.endpoints.version = o.endpoints.end = o.endpoints.resume = "";
-  absl::StatusOr<std::unique_ptr<wpub::engines::SglangDriver>> driver =
-      wpub::engines::SglangDriver::Create(o);
+  absl::StatusOr<std::unique_ptr<wpub::rollout::SglangDriver>> driver =
+      wpub::rollout::SglangDriver::Create(o);
   FUZZ_CHECK(driver.ok(), driver.status().ToString());
   const absl::Duration bound = absl::Seconds(10);  // well above every request's timeout
 
@@ -171,7 +171,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckOutcomes(**driver);
 
   const std::vector<bool> alive =
-      wpub::engines::ProbeEngines(o.engines, "/health", absl::Seconds(2));
+      wpub::rollout::ProbeEngines(o.engines, "/health", absl::Seconds(2));
   FUZZ_CHECK(alive.size() == 1, "one probe answer per engine");
   return 0;
 }

@@ -1,5 +1,5 @@
 // Fuzz target `update_request`: the body of an `/update_weights_from_distributed` request as a
-// C++ engine (nccl::ReceiverEndpoint, wpub-recv) decodes it (core/engines/update_request.h).
+// C++ engine (nccl::ReceiverEndpoint, wpub-recv) decodes it (core/rollout/update_request.h).
 // The input is the body. Properties of an accepted body: the tensors tile [0, nbytes) back to
 // back with dtype x shape bytes each, and encoding what was decoded and decoding that again
 // gives the same tensors and fields.
@@ -8,12 +8,12 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "core/engines/update_request.h"
+#include "core/rollout/update_request.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view body(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<wpub::engines::UpdateRequest> r = wpub::engines::DecodeUpdateRequest(body);
+  absl::StatusOr<wpub::rollout::UpdateRequest> r = wpub::rollout::DecodeUpdateRequest(body);
   if (!r.ok()) {
     FUZZ_CHECK(absl::IsInvalidArgument(r.status()), r.status().ToString());
     return 0;
@@ -31,8 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(offset == r->nbytes, "the tensors do not add up to nbytes");
 
-  const std::string again = wpub::engines::EncodeUpdateRequest(r->tensors, r->fields);
-  absl::StatusOr<wpub::engines::UpdateRequest> back = wpub::engines::DecodeUpdateRequest(again);
+  const std::string again = wpub::rollout::EncodeUpdateRequest(r->tensors, r->fields);
+  absl::StatusOr<wpub::rollout::UpdateRequest> back = wpub::rollout::DecodeUpdateRequest(again);
   FUZZ_CHECK(back.ok(), absl::StrCat(back.status().ToString(), " for ", again));
   FUZZ_CHECK(back->tensors == r->tensors, again);
   FUZZ_CHECK(back->nbytes == r->nbytes, again);

@@ -2,7 +2,7 @@
 // CPU backend's byte for byte -- device inputs read in place, host inputs through pinned
 // staging, TP-shard parts along dim 0 and 1, rank-3 expert stacks split across parts, a
 // misaligned input view, an odd-sized passthrough that misaligns the packed codes -- with
-// device buckets (a copying sink) and host buckets (emit); the device checksums equal the
+// device buckets (a copying reader) and their host copies; the device checksums equal the
 // CPU's; non-finite weights are rejected naming the tensor; and an independent CUPTI count of
 // synchronizing calls equals the backend's own accounting, 2 per publication for 8 or 128
 // experts.
@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "core/engine/cpu_backend.h"
@@ -31,23 +32,32 @@ bool HaveGpu() {
   return ok;
 }
 
-// A DeviceBucketSink that copies each bucket into device memory allocated up front (so the
-// sink itself makes no synchronizing call), like a broadcast would read it.
-class CopySink : public DeviceBucketSink {
+// Reads each device bucket the backend emits into device memory allocated up front, as the
+// rollout group's broadcast reads it (after `ready`, recording `done`; no synchronizing call).
+class CopyReader {
  public:
-  explicit CopySink(uint64_t capacity) {
+  explicit CopyReader(uint64_t capacity) {
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&buf_, capacity), cudaSuccess);
     capacity_ = capacity;
   }
-  ~CopySink() override {
+  ~CopyReader() {
     cudaStreamSynchronize(stream_);
     cudaFree(buf_);
     cudaStreamDestroy(stream_);
   }
-  absl::Status SendDevice(const engine::BucketManifest& m, const void* data, uint64_t n,
-                          cudaEvent_t ready, cudaEvent_t done) override {
-    if (used_ + n > capacity_) return absl::ResourceExhaustedError("sink full");
+  // The emit hook: takes device buckets only.
+  std::function<absl::Status(std::shared_ptr<const engine::Bucket>)> emit() {
+    return [this](std::shared_ptr<const engine::Bucket> b) -> absl::Status {
+      if (b->location != engine::BucketLocation::kDevice) {
+        return absl::InternalError("the GPU backend emitted a host bucket");
+      }
+      return Take(b->manifest, b->device.data, b->manifest.nbytes, b->device.ready, b->device.done);
+    };
+  }
+  absl::Status Take(const engine::BucketManifest& m, const void* data, uint64_t n,
+                    cudaEvent_t ready, cudaEvent_t done) {
+    if (used_ + n > capacity_) return absl::ResourceExhaustedError("reader full");
     cudaStreamWaitEvent(stream_, ready, 0);
     cudaMemcpyAsync(static_cast<uint8_t*>(buf_) + used_, data, n, cudaMemcpyDeviceToDevice,
                     stream_);
@@ -249,9 +259,8 @@ TEST_P(GpuBackendTest, DeviceBucketsEqualCpuReference) {
   BuildMixed(m);
   const auto want = Reference(m, GetParam());
   ASSERT_FALSE(want.empty());
-  CopySink sink(64 << 20);
+  CopyReader sink(64 << 20);
   GpuBackendOptions o;
-  o.sink = &sink;
   auto backend = GpuBackend::Create(o);
   ASSERT_TRUE(backend.ok()) << backend.status();
   for (bool device_inputs : {true, false}) {
@@ -261,9 +270,7 @@ TEST_P(GpuBackendTest, DeviceBucketsEqualCpuReference) {
     engine::SyncCounter syncs;
     engine::ExecutionHooks hooks;
     hooks.syncs = &syncs;
-    hooks.emit = [](std::shared_ptr<const engine::Bucket>) {
-      return absl::InternalError("device buckets must not be emitted");
-    };
+    hooks.emit = sink.emit();
     auto r = (*backend)->Execute(plan, hooks);
     ASSERT_TRUE(r.ok()) << r.status();
     const auto got = sink.Received();
@@ -287,8 +294,14 @@ TEST_P(GpuBackendTest, HostBucketsEqualCpuReference) {
   engine::SyncCounter syncs;
   engine::ExecutionHooks hooks;
   hooks.syncs = &syncs;
-  hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) {
-    got.push_back(std::move(b));
+  // No transport reads device memory: the transport group asks each bucket for its host copy.
+  hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) -> absl::Status {
+    if (b->location != engine::BucketLocation::kDevice || !b->device.copy_to_host) {
+      return absl::InternalError("expected a device bucket with a host copy");
+    }
+    absl::StatusOr<std::shared_ptr<const engine::Bucket>> host = b->device.copy_to_host();
+    if (!host.ok()) return host.status();
+    got.push_back(*std::move(host));
     return absl::OkStatus();
   };
   ASSERT_TRUE((*backend)->Execute(plan, hooks).ok());
@@ -304,7 +317,7 @@ INSTANTIATE_TEST_SUITE_P(BucketSizes, GpuBackendTest,
                                            uint64_t{16} << 20));
 
 // The compute stream on an SM partition (a green context), its kernels capped at one CTA per SM
-// (the other tests run the default cap of 3, or none without a sink): the same bytes, amax first
+// (the other tests run without a cap): the same bytes, amax first
 // or pipelined; the partition's size is checked and reported.
 TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -324,9 +337,8 @@ TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
   const uint64_t bucket = uint64_t{64} << 10;
   const auto want = Reference(m, bucket);
   for (const bool reject_first : {true, false}) {
-    CopySink sink(64 << 20);
+    CopyReader sink(64 << 20);
     GpuBackendOptions o;
-    o.sink = &sink;
     o.compute_sms = 16;
     o.overlap_ctas_per_sm = 1;  // and the quantize/amax kernels at one CTA per SM
     o.reject_before_send = reject_first;
@@ -337,6 +349,7 @@ TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
     engine::SyncCounter syncs;
     engine::ExecutionHooks hooks;
     hooks.syncs = &syncs;
+    hooks.emit = sink.emit();
     auto r = (*backend)->Execute(plan, hooks);
     ASSERT_TRUE(r.ok()) << r.status();
     const auto got = sink.Received();
@@ -355,9 +368,8 @@ TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {
   Model m;
   BuildMixed(m);
   m.SetHost(6, 1, 10, 0x7F80);  // +inf in down.weight's second part
-  CopySink sink(64 << 20);
+  CopyReader sink(64 << 20);
   GpuBackendOptions o;
-  o.sink = &sink;
   auto backend = GpuBackend::Create(o);
   ASSERT_TRUE(backend.ok());
   std::vector<InputTensor> inputs;
@@ -365,6 +377,7 @@ TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {
   engine::SyncCounter syncs;
   engine::ExecutionHooks hooks;
   hooks.syncs = &syncs;
+  hooks.emit = sink.emit();
   auto r = (*backend)->Execute(plan, hooks);
   EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
   EXPECT_NE(r.status().message().find("down.weight"), std::string::npos) << r.status();
@@ -392,9 +405,8 @@ TEST(GpuBackend, CuptiCountsMatchTheAccountingAndDoNotGrowWithExperts) {
   kernels::cuda::testing::SyncCounter cupti;
   std::string err;
   const bool have_cupti = cupti.Start(&err);
-  CopySink sink(256 << 20);
+  CopyReader sink(256 << 20);
   GpuBackendOptions o;
-  o.sink = &sink;
   auto backend = GpuBackend::Create(o);
   ASSERT_TRUE(backend.ok());
   std::map<int, uint64_t> steady;
@@ -415,6 +427,7 @@ TEST(GpuBackend, CuptiCountsMatchTheAccountingAndDoNotGrowWithExperts) {
       engine::SyncCounter syncs;
       engine::ExecutionHooks hooks;
       hooks.syncs = &syncs;
+      hooks.emit = sink.emit();
       const int before = have_cupti ? cupti.synchronizing_calls() : 0;
       ASSERT_TRUE((*backend)->Execute(plan, hooks).ok());
       if (have_cupti) {

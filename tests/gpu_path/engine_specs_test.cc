@@ -5,9 +5,9 @@
 
 #include <thread>
 
-#include "core/nccl/gpu_path.h"
 #include "core/nccl/group_member.h"
 #include "core/rendezvous/tcp_store_server.h"
+#include "core/rollout/gpu_path.h"
 
 namespace wpub::nccl {
 namespace {
@@ -16,11 +16,11 @@ TEST(MakeGpuPathComponents, NeedsTheDevice) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
   (void)cudaGetLastError();
-  GpuPathOptions o;
+  rollout::GpuPathOptions o;
   o.engines = {{"http://127.0.0.1:1", 1}};
   o.store_bind_address = "127.0.0.1";
   o.device = n;  // one past the last device
-  auto c = MakeGpuPathComponents(o);
+  auto c = rollout::MakeGpuPathComponents(o);
   EXPECT_FALSE(c.ok());
 }
 

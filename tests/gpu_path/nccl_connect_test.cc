@@ -1,5 +1,5 @@
-// NcclTransport as the engine connector on one GPU, against fake SGLang HTTP servers (label gpu;
-// skips without a CUDA device): a daemon started without engines, an engine that is down, one
+// The rollout group as the engine connector on one GPU, against fake SGLang HTTP servers (label
+// gpu; skips without a CUDA device): a daemon started without engines, an engine that is down, one
 // whose join fails and one that does not answer in time (each named, each leaving NO engines and
 // the half-formed group destroyed on the engine), Connect refused while a publication is in
 // flight, and a publication without engines (no participants, buffers still ordered); the
@@ -13,12 +13,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/nccl/nccl_comm.h"
-#include "core/nccl/nccl_transport.h"
 #include "core/nccl/receiver_endpoint.h"
+#include "core/rollout/rollout_group.h"
 
 namespace wpub::nccl {
 namespace {
@@ -77,12 +79,12 @@ class NcclConnectTest : public ::testing::Test {
       (void)cudaGetLastError();
       GTEST_SKIP() << "needs a CUDA device";
     }
-    NcclTransportOptions o;
+    rollout::RolloutGroupOptions o;
     o.store.bind_address = "127.0.0.1";
-    o.sglang.group_name = "wpub_connect";
-    o.sglang.connect_timeout = absl::Seconds(2);
-    o.sglang.request_timeout = absl::Seconds(5);
-    auto t = NcclTransport::Create(o);
+    o.group_name = "wpub_connect";
+    o.sglang.driver.connect_timeout = absl::Seconds(2);
+    o.sglang.driver.request_timeout = absl::Seconds(5);
+    auto t = rollout::RolloutGroup::Create(o);
     ASSERT_TRUE(t.ok()) << t.status();
     transport_ = std::move(*t);
   }
@@ -101,7 +103,7 @@ class NcclConnectTest : public ::testing::Test {
     EXPECT_TRUE(transport_->Receivers().empty());
   }
 
-  std::unique_ptr<NcclTransport> transport_;
+  std::unique_ptr<rollout::RolloutGroup> transport_;
 };
 
 // `made` was refused for a channel count out of range, naming `field`.
@@ -120,9 +122,9 @@ TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
     o.nranks = 2;
     o.ctas = ctas;
     ExpectCtasRefused(NcclComm::Create(o), "ctas", ctas);
-    NcclTransportOptions to;
+    rollout::RolloutGroupOptions to;
     to.nccl_ctas = ctas;
-    ExpectCtasRefused(NcclTransport::Create(to), "nccl_ctas", ctas);
+    ExpectCtasRefused(rollout::RolloutGroup::Create(to), "nccl_ctas", ctas);
     ReceiverEndpointOptions eo;
     eo.nccl_ctas = ctas;
     ExpectCtasRefused(ReceiverEndpoint::Start(eo, {}), "nccl_ctas", ctas);
@@ -235,16 +237,20 @@ TEST_F(NcclConnectTest, PublicationWithoutEnginesAndConnectWhileInFlight) {
   auto refused = transport_->Connect(Request("http://127.0.0.1:1", absl::Seconds(1)));
   EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
   EXPECT_NE(refused.status().message().find("publication 7"), std::string::npos);
-  // A device bucket: nothing is sent, but `done` follows `ready` on the comm stream.
+  // A device bucket: with no engines nothing reads it.
   cudaEvent_t ready = nullptr, done = nullptr;
   ASSERT_EQ(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), cudaSuccess);
   void* buf = nullptr;
   ASSERT_EQ(cudaMalloc(&buf, 256), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(ready, nullptr), cudaSuccess);
-  engine::BucketManifest b;
-  b.nbytes = 256;
-  EXPECT_TRUE(transport_->SendDevice(b, buf, 256, ready, done).ok());
+  auto b = std::make_shared<engine::Bucket>();
+  b->manifest.nbytes = 256;
+  b->location = engine::BucketLocation::kDevice;
+  b->device.data = static_cast<const uint8_t*>(buf);
+  b->device.ready = ready;
+  b->device.done = done;
+  EXPECT_TRUE(transport_->Send(b).ok());
   EXPECT_EQ(cudaEventSynchronize(done), cudaSuccess);
   EXPECT_TRUE(transport_->WaitAcknowledged(absl::Now() + absl::Seconds(5)).ok());
   EXPECT_TRUE(transport_->Commit().ok());
@@ -255,6 +261,87 @@ TEST_F(NcclConnectTest, PublicationWithoutEnginesAndConnectWhileInFlight) {
   // Not in flight any more: Connect runs (and fails on the dead URL, naming it).
   auto after = transport_->Connect(Request("http://127.0.0.1:1", absl::Seconds(1)));
   EXPECT_TRUE(absl::IsUnavailable(after.status())) << after.status();
+}
+
+// A second engine family plugs in beside SGLang's through rollout::EngineFamily alone: the
+// group probes through it, hands its driver the group's address (this store, "<base>_1"), and
+// a join its driver refuses leaves no engines connected, naming the family's error.
+class RefusingDriver final : public rollout::EngineDriver {
+ public:
+  explicit RefusingDriver(rollout::GroupAddress a)
+      : address_(std::move(a)),
+        layout_(*rollout::LayoutGroup(address_.engines, address_.group_name)) {}
+  const rollout::GroupLayout& layout() const override { return layout_; }
+  const std::vector<rollout::EngineSpec>& engines() const override { return address_.engines; }
+  void StartJoin() override {}
+  absl::Status WaitIdle(absl::Time) override {
+    return absl::AbortedError("other-family: join refused");
+  }
+  void BeginPublication(uint64_t) override {}
+  void PostBucket(const engine::BucketManifest&) override {}
+  void EndPublication() override {}
+  std::vector<bool> ResumeAfterAbort(const std::set<std::string>&) override {
+    return std::vector<bool>(address_.engines.size(), false);
+  }
+  void Leave() override {}
+  std::vector<rollout::EngineOutcome> outcomes() const override { return {}; }
+  bool any_failed() const override { return false; }
+
+ private:
+  const rollout::GroupAddress address_;
+  const rollout::GroupLayout layout_;
+};
+
+class OtherFamily final : public rollout::EngineFamily {
+ public:
+  std::string_view name() const override { return "other-family"; }
+  std::vector<bool> Probe(const std::vector<rollout::EngineSpec>& e,
+                          absl::Duration) const override {
+    ++probes;
+    return std::vector<bool>(e.size(), true);
+  }
+  std::vector<uint64_t> WeightVersions(const std::vector<rollout::EngineSpec>& e,
+                                       absl::Duration) const override {
+    return std::vector<uint64_t>(e.size(), 0);
+  }
+  absl::StatusOr<std::unique_ptr<rollout::EngineDriver>> CreateDriver(
+      const rollout::GroupAddress& a) const override {
+    addresses.push_back(a);
+    return std::make_unique<RefusingDriver>(a);
+  }
+  absl::Duration request_timeout() const override { return absl::Seconds(5); }
+  absl::Duration connect_timeout() const override { return absl::Seconds(2); }
+  mutable int probes = 0;
+  mutable std::vector<rollout::GroupAddress> addresses;
+};
+
+TEST(RolloutGroupFamilyTest, AnotherEngineFamilyPlugsInWithoutTheTransport) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "needs a CUDA device";
+  }
+  auto family = std::make_shared<OtherFamily>();
+  rollout::RolloutGroupOptions o;
+  o.store.bind_address = "127.0.0.1";
+  o.group_name = "wpub_other";
+  o.family = family;
+  auto group = rollout::RolloutGroup::Create(o);
+  ASSERT_TRUE(group.ok()) << group.status();
+  engine::EngineConnectRequest r;
+  r.engines = {{"http://127.0.0.1:9", 2}};
+  r.timeout = absl::Seconds(2);
+  auto g = (*group)->Connect(r);
+  EXPECT_TRUE(absl::IsUnavailable(g.status())) << g.status();
+  EXPECT_NE(g.status().message().find("other-family: join refused"), std::string::npos)
+      << g.status();
+  EXPECT_EQ(family->probes, 1);
+  ASSERT_EQ(family->addresses.size(), 1u);
+  EXPECT_EQ(family->addresses[0].group_name, "wpub_other_1");
+  EXPECT_EQ(family->addresses[0].master_port, (*group)->store_port());
+  ASSERT_EQ(family->addresses[0].engines.size(), 1u);
+  EXPECT_EQ(family->addresses[0].engines[0].gpus, 2);
+  EXPECT_TRUE((*group)->Group().engines.empty()) << "never half-connected";
 }
 
 }  // namespace

@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/sglang_driver.h"
 #include "nlohmann/json.hpp"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
@@ -290,4 +290,4 @@ TEST(SglangDirtyEngines, TwoHundredPublicationsWithRandomFailuresNeverServeAMix)
 }
 
 }  // namespace
-}  // namespace wpub::engines
+}  // namespace wpub::rollout

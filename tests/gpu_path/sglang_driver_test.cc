@@ -9,10 +9,10 @@
 #include <mutex>
 #include <thread>
 
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/sglang_driver.h"
 #include "nlohmann/json.hpp"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
@@ -386,4 +386,4 @@ TEST(SglangDriver, LeaveDropsTheUnsentRequestsOfAnAbortedPublication) {
 }
 
 }  // namespace
-}  // namespace wpub::engines
+}  // namespace wpub::rollout

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "core/engine/checksum.h"
-#include "core/gpu/status_kernels.h"
+#include "kernels/cuda/status_kernels.h"
 
-namespace wpub::gpu {
+namespace wpub::kernels::cuda {
 namespace {
 
 class StatusKernelsTest : public ::testing::Test {
@@ -183,4 +183,4 @@ TEST_F(StatusKernelsTest, GatherCopyEqualsMemcpyAtEveryAlignment) {
 }
 
 }  // namespace
-}  // namespace wpub::gpu
+}  // namespace wpub::kernels::cuda

@@ -3,13 +3,13 @@
 // escaping included; what the C++ engine decodes equals the publisher's manifest (offsets and
 // sizes laid back to back); and every malformed body is refused with a message naming the
 // offending field or tensor.
-#include "core/engines/update_request.h"
+#include "core/rollout/update_request.h"
 
 #include <gtest/gtest.h>
 
 #include "nlohmann/json.hpp"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
@@ -143,4 +143,4 @@ TEST(UpdateRequest, MalformedBodiesAreRefusedNamingTheFieldOrTensor) {
 }
 
 }  // namespace
-}  // namespace wpub::engines
+}  // namespace wpub::rollout

@@ -1,4 +1,4 @@
-// The NCCL transport options the multi-GPU tests and benchmarks publish with: the TCPStore on
+// The rollout group options the multi-GPU tests and benchmarks publish with: the TCPStore on
 // loopback, the given engines, group name and update requests in flight, and one deadline for
 // every request and for the whole publication.
 #pragma once
@@ -8,20 +8,20 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "core/nccl/nccl_transport.h"
+#include "core/rollout/rollout_group.h"
 
 namespace wpub::testing {
 
-inline nccl::NcclTransportOptions LoopbackTransportOptions(std::vector<engines::EngineSpec> engines,
-                                                           std::string group, int in_flight,
-                                                           absl::Duration deadline) {
-  nccl::NcclTransportOptions o;
+inline rollout::RolloutGroupOptions LoopbackTransportOptions(
+    std::vector<rollout::EngineSpec> engines, std::string group, int in_flight,
+    absl::Duration deadline) {
+  rollout::RolloutGroupOptions o;
   o.store.bind_address = "127.0.0.1";
   o.advertise_address = "127.0.0.1";
-  o.sglang.engines = std::move(engines);
-  o.sglang.group_name = std::move(group);
-  o.sglang.requests_in_flight = in_flight;
-  o.sglang.request_timeout = deadline;
+  o.engines = std::move(engines);
+  o.group_name = std::move(group);
+  o.sglang.driver.requests_in_flight = in_flight;
+  o.sglang.driver.request_timeout = deadline;
   o.publication_deadline = deadline;
   return o;
 }

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
 #include "core/engine/planner.h"
+#include "core/engine/transport_group.h"
 
 namespace wpub::testing {
 namespace {
@@ -152,11 +153,20 @@ absl::StatusOr<BuiltPlan> BuildPlan(const ModelLayout& layout, const uint8_t* ba
   return b;
 }
 
-PublishResult Publish(engine::Backend& backend, engine::Transport& transport,
-                      const BuiltPlan& built, absl::Duration ack_deadline) {
+PublishResult Publish(engine::Backend& backend, engine::Transport& member, const BuiltPlan& built,
+                      absl::Duration ack_deadline) {
   PublishResult r;
   const auto t0 = std::chrono::steady_clock::now();
   engine::SyncCounter syncs;
+  // The engine's road: every bucket through a transport group, which hands `member` the
+  // bucket where it accepts it (a host copy for a host-only transport).
+  absl::StatusOr<std::unique_ptr<engine::TransportGroup>> group =
+      engine::TransportGroup::Create({&member});
+  if (!group.ok()) {
+    r.status = group.status();
+    return r;
+  }
+  engine::Transport& transport = **group;
   auto finish = [&](absl::Status s) {
     if (!s.ok()) transport.Abort(s.message());
     r.status = s;

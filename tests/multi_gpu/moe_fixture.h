@@ -72,7 +72,8 @@ absl::StatusOr<BuiltPlan> BuildPlan(const ModelLayout& layout, const uint8_t* ba
                                     engine::PartMemory memory = engine::PartMemory::kUnknown);
 
 // One publication as core/engine/session.cc drives it: Begin, Execute (emit -> Send),
-// WaitAcknowledged, Commit; Abort on any failure.
+// WaitAcknowledged, Commit (through a transport group of `transport` alone); Abort on any
+// failure.
 struct PublishResult {
   absl::Status status;
   double wall_seconds = 0;

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/gpu/gpu_backend.h"
-#include "core/nccl/nccl_transport.h"
+#include "core/rollout/rollout_group.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/device_model.h"
 #include "tests/multi_gpu/loopback_transport.h"
@@ -88,16 +88,16 @@ class MultiRankTest : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<nccl::NcclTransport> Transport(const std::vector<Running>& engines,
+  std::unique_ptr<rollout::RolloutGroup> Transport(const std::vector<Running>& engines,
                                                  absl::Duration deadline, int in_flight = 1) {
-    std::vector<engines::EngineSpec> specs;
+    std::vector<rollout::EngineSpec> specs;
     for (const Running& r : engines) {
       specs.push_back({absl::StrCat("http://127.0.0.1:", r.port), static_cast<int>(r.gpus.size())});
     }
-    nccl::NcclTransportOptions o =
+    rollout::RolloutGroupOptions o =
         LoopbackTransportOptions(std::move(specs), "wpub_multi_rank", in_flight, deadline);
     o.join_timeout = absl::Seconds(60);
-    auto t = nccl::NcclTransport::Create(o);
+    auto t = rollout::RolloutGroup::Create(o);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
@@ -124,7 +124,6 @@ class MultiRankTest : public ::testing::Test {
     auto transport = Transport(engines, absl::Seconds(60), in_flight);
     ASSERT_TRUE(transport);
     gpu::GpuBackendOptions bo;
-    bo.sink = transport.get();
     auto backend = gpu::GpuBackend::Create(bo);
     ASSERT_TRUE(backend.ok()) << backend.status();
     const ModelLayout model_layout = LayoutModel(shape_);
@@ -172,7 +171,6 @@ TEST_F(MultiRankTest, KilledEngineAbortsThenSurvivorsCommit) {
   auto transport = Transport(engines, deadline);
   ASSERT_TRUE(transport);
   gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
   auto backend = gpu::GpuBackend::Create(bo);
   ASSERT_TRUE(backend.ok());
   const ModelLayout model_layout = LayoutModel(shape_);

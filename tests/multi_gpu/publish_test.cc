@@ -10,7 +10,7 @@
 //  5. The same through the real engine (core/engine with EngineComponents: the GPU backend and
 //     the NCCL transport), inline inputs with TP-shard parts and expert stacks, every tensor
 //     checked by name against the engine tests' oracle; and 6. with every part a CUDA IPC
-//     reference into a trainer process's allocation (nccl::MakeGpuPathComponents, as wpubd).
+//     reference into a trainer process's allocation (rollout::MakeGpuPathComponents, as wpubd).
 //  7. A C++ receiver (nccl::GroupMember behind SGLang's routes) instead of the emulator: wpub
 //     end to end without Python, every bucket's checksum equal to the publisher's.
 #include <cuda_runtime_api.h>
@@ -28,8 +28,8 @@
 #include "core/engine/engine.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/ipc_cache.h"
-#include "core/nccl/gpu_path.h"
-#include "core/nccl/nccl_transport.h"
+#include "core/rollout/gpu_path.h"
+#include "core/rollout/rollout_group.h"
 #include "nlohmann/json.hpp"
 #include "tests/engine/engine_test_util.h"
 #include "tests/multi_gpu/device_model.h"
@@ -65,13 +65,13 @@ class MultiGpuTest : public ::testing::Test {
     return e.ok() ? std::move(*e) : nullptr;
   }
 
-  std::unique_ptr<nccl::NcclTransport> Transport(int port, absl::Duration deadline,
+  std::unique_ptr<rollout::RolloutGroup> Transport(int port, absl::Duration deadline,
                                                  int in_flight = 1, int nccl_ctas = 0) {
-    nccl::NcclTransportOptions o = LoopbackTransportOptions(
+    rollout::RolloutGroupOptions o = LoopbackTransportOptions(
         {{absl::StrCat("http://127.0.0.1:", port), 1}}, "wpub_test", in_flight, deadline);
     o.join_timeout = absl::Seconds(60);
     o.nccl_ctas = nccl_ctas;
-    auto t = nccl::NcclTransport::Create(o);
+    auto t = rollout::RolloutGroup::Create(o);
     EXPECT_TRUE(t.ok()) << t.status();
     return t.ok() ? std::move(*t) : nullptr;
   }
@@ -177,7 +177,6 @@ TEST_F(MultiGpuTest, EveryByteFromTrainerIpcMemoryReachesTheEngine) {
   auto transport = Transport(port, absl::Seconds(60));
   ASSERT_TRUE(transport);
   gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
   auto backend = gpu::GpuBackend::Create(bo);
   ASSERT_TRUE(backend.ok()) << backend.status();
 
@@ -243,7 +242,6 @@ TEST_F(MultiGpuTest, NonFiniteWeightsAreRejectedBeforeAnythingIsSent) {
   auto transport = Transport(port, absl::Seconds(60));
   ASSERT_TRUE(transport);
   gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
   auto backend = gpu::GpuBackend::Create(bo);
   ASSERT_TRUE(backend.ok());
   std::vector<engine::InputTensor> inputs;
@@ -272,7 +270,6 @@ TEST_F(MultiGpuTest, ReceiverKilledMidPublicationAbortsThenRestartedReceiverComm
   auto transport = Transport(port, deadline);
   ASSERT_TRUE(transport);
   gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
   auto backend = gpu::GpuBackend::Create(bo);
   ASSERT_TRUE(backend.ok());
   std::vector<engine::InputTensor> inputs;
@@ -309,7 +306,6 @@ TEST_F(MultiGpuTest, HostSyncsPerPublicationDoNotGrowWithExperts) {
   auto transport = Transport(port, absl::Seconds(60));
   ASSERT_TRUE(transport);
   gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
   auto backend = gpu::GpuBackend::Create(bo);
   ASSERT_TRUE(backend.ok());
   std::map<int, uint64_t> syncs;
@@ -344,7 +340,6 @@ TEST_F(MultiGpuTest, EngineWithGpuComponentsPublishesEveryTensorToTheEngine) {
   auto transport = Transport(port, absl::Seconds(60));
   ASSERT_TRUE(transport);
   gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
   auto backend = gpu::GpuBackend::Create(bo);
   ASSERT_TRUE(backend.ok()) << backend.status();
   engine::EngineComponents components;
@@ -395,13 +390,13 @@ TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
   const int port = FreePort();
   auto emulator = Emulator(port, {"--expect-dir", dir_});
   ASSERT_TRUE(emulator);
-  nccl::GpuPathOptions g;
+  rollout::GpuPathOptions g;
   g.engines = {{absl::StrCat("http://127.0.0.1:", port), 1}};
   g.store_bind_address = "127.0.0.1";
   g.group_name = "wpub_ipc";
   g.request_timeout = absl::Seconds(60);
   g.publication_deadline = absl::Seconds(60);
-  auto components = nccl::MakeGpuPathComponents(g);
+  auto components = rollout::MakeGpuPathComponents(g);
   ASSERT_TRUE(components.ok()) << components.status();
   engine::EngineOptions eo;
   eo.bucket_bytes = 64 << 10;
@@ -513,7 +508,6 @@ TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
     auto transport = Transport(port, absl::Seconds(60), mode == "device" ? 2 : 1, c.nccl_ctas);
     ASSERT_TRUE(transport);
     gpu::GpuBackendOptions bo;
-    bo.sink = transport.get();
     auto backend = gpu::GpuBackend::Create(bo);
     ASSERT_TRUE(backend.ok());
     for (uint64_t version = 1; version <= 2; ++version) {
@@ -562,7 +556,6 @@ TEST_F(MultiGpuTest, MismatchedChannelCountsAbortWithinTheDeadlineAndTheNextGrou
     auto mismatched = Transport(port, deadline, 1, /*nccl_ctas=*/2);
     ASSERT_TRUE(mismatched);
     gpu::GpuBackendOptions bo;
-    bo.sink = mismatched.get();
     auto backend = gpu::GpuBackend::Create(bo);
     ASSERT_TRUE(backend.ok());
     PublishResult r = Publish(**backend, *mismatched, *built, absl::Seconds(60));
@@ -577,7 +570,6 @@ TEST_F(MultiGpuTest, MismatchedChannelCountsAbortWithinTheDeadlineAndTheNextGrou
   auto transport = Transport(port, absl::Seconds(60), 1, /*nccl_ctas=*/16);
   ASSERT_TRUE(transport);
   gpu::GpuBackendOptions bo;
-  bo.sink = transport.get();
   auto backend = gpu::GpuBackend::Create(bo);
   ASSERT_TRUE(backend.ok());
   auto built2 = BuildPlan(layout, model.base(), true, 256 << 10, 2, &inputs);

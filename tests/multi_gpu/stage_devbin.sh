@@ -34,7 +34,7 @@ if [[ ${2:-} == --all ]]; then
     tests/kernels_gpu/kernels_gpu_test
     bench/kernels/nvfp4_kernels_bench
     bench/kernels/l2_reuse_bench
-    bench/engines/driver_bench
+    bench/rollout/driver_bench
   )
 fi
 SKIP='^(libc|libm|libdl|libpthread|librt|libutil|libresolv|ld-linux[^ ]*|linux-vdso|libstdc\+\+|libgcc_s|libnccl|libcuda)\.so'

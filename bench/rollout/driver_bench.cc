@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/sglang_driver.h"
 
 namespace {
 
@@ -51,11 +51,11 @@ int Run(size_t keep_alive_max, int publications, int buckets, int lanes) {
   std::thread listener([&] { server.listen_after_bind(); });
   while (!server.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 
-  wpub::engines::SglangDriverOptions o;
+  wpub::rollout::SglangDriverOptions o;
   o.engines.push_back({"http://127.0.0.1:" + std::to_string(port), 1});
   o.master_port = 29500;  // never contacted: no engine joins a group here
   o.requests_in_flight = lanes;
-  auto driver = wpub::engines::SglangDriver::Create(o);
+  auto driver = wpub::rollout::SglangDriver::Create(o);
   if (!driver.ok()) {
     std::fprintf(stderr, "%s\n", std::string(driver.status().message()).c_str());
     server.stop();

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace wpub::gpu {
+namespace wpub::kernels::cuda {
 
 // *sum += S over the n bytes at `data` (a device buffer, 4-byte aligned), the words numbered
 // from `first_word` (see ChecksumPartial). ChecksumFinish(*sum, total_bytes) on the host gives
@@ -49,4 +49,4 @@ struct CopyItem {
 // line, else the widest word they share.
 cudaError_t LaunchGatherCopy(const CopyItem* items, int num_items, cudaStream_t stream);
 
-}  // namespace wpub::gpu
+}  // namespace wpub::kernels::cuda

@@ -34,8 +34,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/engine/types.h"
+#include "core/rollout/engine_driver.h"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 
 // Engine-specific strings (SGLang versions differ): an empty path skips that call.
 struct SglangEndpoints {
@@ -52,18 +53,6 @@ struct SglangEndpoints {
   std::string load_format = "flattened_bucket";  // empty: per-tensor broadcasts, no field sent
   std::string backend = "nccl";
 };
-
-struct EngineSpec {
-  std::string url;  // "http://host:port"
-  int gpus = 1;     // TP ranks that join the group
-};
-
-// "http://host:30000=2,http://other:30000" (wpubd --engines, wpubctl connect-engines) ->
-// engines (GPU count after the last '=', default 1; spaces around entries dropped).
-// INVALID_ARGUMENT naming the entry for an
-// empty URL or a GPU count that is not a positive integer, or for no entry at all. URLs are
-// not checked further here (ConnectEngines validates them).
-absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text);
 
 struct SglangDriverOptions {
   std::vector<EngineSpec> engines;
@@ -86,67 +75,46 @@ struct SglangDriverOptions {
   int requests_in_flight = 1;
 };
 
-// The group as the engines see it.
-struct GroupLayout {
-  std::string group_name;
-  int world_size = 1;             // 1 + sum of engine GPUs
-  std::vector<int> rank_offsets;  // per engine; the publisher is rank 0
-};
-
-// ConnectEngines' pure part: ranks and world size. INVALID_ARGUMENT for no engines, a
-// non-positive GPU count, an empty URL or group name.
-absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
-                                        const std::string& group_name);
-
-struct EngineOutcome {
-  std::string url;
-  bool failed = false;
-  std::string error;      // the first failure of the current publication (or join)
-  uint64_t requests = 0;  // requests answered successfully in the current publication
-  // Bucket update requests sent to the engine (answered or not) in the current publication:
-  // more than 0 means it may hold bytes of it.
-  uint64_t updates_sent = 0;
-};
-
-class SglangDriver {
+class SglangDriver final : public EngineDriver {
  public:
   static absl::StatusOr<std::unique_ptr<SglangDriver>> Create(const SglangDriverOptions& options);
   // Drops queued requests, aborts those in flight and joins the worker threads (callers that
   // need a request delivered, e.g. Leave's, wait for it with WaitIdle first).
-  ~SglangDriver();
+  ~SglangDriver() override;
   SglangDriver(const SglangDriver&) = delete;
   SglangDriver& operator=(const SglangDriver&) = delete;
 
-  const GroupLayout& layout() const { return layout_; }
+  const GroupLayout& layout() const override { return layout_; }
+  const std::vector<EngineSpec>& engines() const override { return options_.engines; }
   const SglangDriverOptions& options() const { return options_; }
 
   // Posts /init_weights_update_group to every engine (non-blocking). The publisher must set
   // the NCCL unique id in its TCPStore and start its own (nonblocking) communicator init before
   // or concurrently: an engine that initializes eagerly answers only once rank 0 joined.
-  void StartJoin();
+  void StartJoin() override;
   // Waits for every join answer. ABORTED naming the failed engines, DEADLINE_EXCEEDED naming
   // the silent ones.
-  absl::Status WaitIdle(absl::Time deadline);
+  absl::Status WaitIdle(absl::Time deadline) override;
 
   // Starts a publication: resets outcomes, then queues pause, flush, begin per engine.
-  void BeginPublication(uint64_t version);
+  void BeginPublication(uint64_t version) override;
   // Queues the update request of one bucket (non-blocking; in order per engine).
-  void PostBucket(const engine::BucketManifest& bucket);
+  void PostBucket(const engine::BucketManifest& bucket) override;
   // Queues version, end, continue.
-  void EndPublication();
+  void EndPublication() override;
   // After an aborted publication: drops the requests not yet sent and ends the publication
   // (later PostBucket/EndPublication calls are ignored), then queues continue for every
   // engine that is clean: sent no bucket request of this publication and not in `dirty`
   // (engine URLs left dirty by earlier aborts, which the caller keeps across groups). Returns,
   // per engine, whether it is dirty now: those stay paused. No-op returning `dirty`'s verdicts
   // after EndPublication or a first call. Thread-safe against the publication thread's calls.
-  std::vector<bool> ResumeAfterAbort(const std::set<std::string>& dirty = {});
+  std::vector<bool> ResumeAfterAbort(const std::set<std::string>& dirty = {}) override;
   // Drops the requests not yet sent, then queues destroy_weights_update_group.
-  void Leave();
+  void Leave() override;
 
   // Per engine, for the current publication (or join).
-  std::vector<EngineOutcome> outcomes() const;
-  bool any_failed() const;
+  std::vector<EngineOutcome> outcomes() const override;
+  bool any_failed() const override;
 
  private:
   class Worker;
@@ -175,10 +143,36 @@ std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std
 std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
                                           const std::string& path, absl::Duration timeout);
 
+// The SGLang family (engine_driver.h): drivers from `options` (its engines, master address/port
+// and group name replaced by each group's address), probes at `health_endpoint`, versions from
+// `model_info_endpoint` (either empty: not asked; every engine is up, serving version 0).
+struct SglangFamilyOptions {
+  SglangDriverOptions driver;
+  std::string health_endpoint = "/health";
+  std::string model_info_endpoint = "/get_model_info";
+};
+
+class SglangFamily final : public EngineFamily {
+ public:
+  explicit SglangFamily(SglangFamilyOptions options) : options_(std::move(options)) {}
+  std::string_view name() const override { return "sglang"; }
+  std::vector<bool> Probe(const std::vector<EngineSpec>& engines,
+                          absl::Duration timeout) const override;
+  std::vector<uint64_t> WeightVersions(const std::vector<EngineSpec>& engines,
+                                       absl::Duration timeout) const override;
+  absl::StatusOr<std::unique_ptr<EngineDriver>> CreateDriver(
+      const GroupAddress& address) const override;
+  absl::Duration request_timeout() const override { return options_.driver.request_timeout; }
+  absl::Duration connect_timeout() const override { return options_.driver.connect_timeout; }
+
+ private:
+  const SglangFamilyOptions options_;
+};
+
 // JSON bodies (exposed for tests).
 std::string InitGroupBody(const SglangDriverOptions& options, const GroupLayout& layout,
                           size_t engine);
 std::string UpdateBody(const SglangDriverOptions& options, const engine::BucketManifest& bucket,
                        uint64_t version);
 
-}  // namespace wpub::engines
+}  // namespace wpub::rollout

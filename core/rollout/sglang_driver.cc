@@ -1,5 +1,5 @@
 // SGLang driver: per-engine ordered request workers over cpp-httplib, JSON bodies.
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/sglang_driver.h"
 
 #include <httplib.h>
 
@@ -18,10 +18,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/common/json_bounds.h"
-#include "core/engines/update_request.h"
+#include "core/rollout/update_request.h"
 #include "nlohmann/json.hpp"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
@@ -201,49 +201,6 @@ class SglangDriver::Worker {
   EngineOutcome outcome_;             // guarded by mu_
 };
 
-absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text) {
-  std::vector<EngineSpec> out;
-  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    entry = absl::StripAsciiWhitespace(entry);
-    EngineSpec e;
-    const size_t eq = entry.rfind('=');
-    e.url = std::string(entry.substr(0, eq));
-    if (eq != absl::string_view::npos &&
-        (!absl::SimpleAtoi(entry.substr(eq + 1), &e.gpus) || e.gpus <= 0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("engine '", entry, "': the GPU count after '=' must be a positive integer"));
-    }
-    if (e.url.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("engine '", entry, "' has no URL"));
-    }
-    out.push_back(std::move(e));
-  }
-  if (out.empty()) return absl::InvalidArgumentError("no engines given");
-  return out;
-}
-
-absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
-                                        const std::string& group_name) {
-  if (engines.empty()) return absl::InvalidArgumentError("ConnectEngines: no engine URLs");
-  if (group_name.empty()) return absl::InvalidArgumentError("ConnectEngines: empty group name");
-  GroupLayout g;
-  g.group_name = group_name;
-  int next = 1;
-  for (size_t i = 0; i < engines.size(); ++i) {
-    if (engines[i].url.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("ConnectEngines: engine ", i, " has no URL"));
-    }
-    if (engines[i].gpus <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("ConnectEngines: engine ", engines[i].url,
-                                                     " has ", engines[i].gpus, " GPUs"));
-    }
-    g.rank_offsets.push_back(next);
-    next += engines[i].gpus;
-  }
-  g.world_size = next;
-  return g;
-}
-
 namespace {
 
 // GETs `path` on every engine concurrently (one thread each, `timeout` for the connection and
@@ -401,7 +358,7 @@ void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
   std::lock_guard lock(post_mu_);
   if (closed_) return;  // aborted: no engine may receive more of this version
   // Encoded here, once for every engine: a 3,300-tensor body takes ~0.3 ms
-  // (bench/engines/update_request_bench), less than copying the manifest for another thread.
+  // (bench/rollout/update_request_bench), less than copying the manifest for another thread.
   auto body = std::make_shared<const std::string>(UpdateBody(options_, bucket, version_));
   for (auto& w : workers_) {
     w->Post(Request{"POST", path, body, /*overlappable=*/true, /*update=*/true});
@@ -461,4 +418,28 @@ bool SglangDriver::any_failed() const {
   return false;
 }
 
-}  // namespace wpub::engines
+std::vector<bool> SglangFamily::Probe(const std::vector<EngineSpec>& engines,
+                                      absl::Duration timeout) const {
+  if (options_.health_endpoint.empty()) return std::vector<bool>(engines.size(), true);
+  return ProbeEngines(engines, options_.health_endpoint, timeout);
+}
+
+std::vector<uint64_t> SglangFamily::WeightVersions(const std::vector<EngineSpec>& engines,
+                                                   absl::Duration timeout) const {
+  if (options_.model_info_endpoint.empty()) return std::vector<uint64_t>(engines.size(), 0);
+  return FetchWeightVersions(engines, options_.model_info_endpoint, timeout);
+}
+
+absl::StatusOr<std::unique_ptr<EngineDriver>> SglangFamily::CreateDriver(
+    const GroupAddress& address) const {
+  SglangDriverOptions d = options_.driver;
+  d.engines = address.engines;
+  d.master_address = address.master_address;
+  d.master_port = address.master_port;
+  d.group_name = address.group_name;
+  absl::StatusOr<std::unique_ptr<SglangDriver>> driver = SglangDriver::Create(d);
+  if (!driver.ok()) return driver.status();
+  return std::unique_ptr<EngineDriver>(*std::move(driver));
+}
+
+}  // namespace wpub::rollout

@@ -2,7 +2,7 @@
 // `/update_weights_from_distributed`): 3,300 tensors, what a 1 GiB NVFP4 bucket of a
 // Qwen3-30B-A3B-like model carries (1,100 expert weights, each packed codes, block scales and
 // weight_scale_2). Encoding on the publisher and decoding on a C++ engine with
-// core/engines/update_request.h, against building and reading an nlohmann::json document of the
+// core/rollout/update_request.h, against building and reading an nlohmann::json document of the
 // same request, in one run. Both decoders are checked to return the same tensors first.
 #include <benchmark/benchmark.h>
 
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "core/engines/update_request.h"
+#include "core/rollout/update_request.h"
 #include "nlohmann/json.hpp"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
@@ -112,10 +112,10 @@ void BM_DecodeJsonDocument(benchmark::State& state) {
 BENCHMARK(BM_DecodeJsonDocument)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
-}  // namespace wpub::engines
+}  // namespace wpub::rollout
 
 int main(int argc, char** argv) {
-  using namespace wpub::engines;
+  using namespace wpub::rollout;
   // Both paths agree before anything is timed: the document encoder's body decodes to the
   // bucket, and so does ours, through either decoder.
   const auto want = Bucket();

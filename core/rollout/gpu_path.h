@@ -1,5 +1,6 @@
-// Assembles the GPU publication path for the engine: the GPU backend whose device buckets go
-// to the NCCL weight-update group, as engine::EngineComponents. What wpubd calls when it is
+// Assembles the GPU publication path for the engine: the GPU backend (device buckets), the
+// rollout group (the engines' weight-update group: their transport and the EngineConnector) and
+// the CUDA IPC mapping cache, as engine::EngineComponents. What wpubd calls when it is
 // given engines; tests and benchmarks build the same pieces directly.
 #pragma once
 
@@ -10,14 +11,14 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/engine/engine.h"
-#include "core/engines/sglang_driver.h"
+#include "core/rollout/engine_driver.h"
 
-namespace wpub::nccl {
+namespace wpub::rollout {
 
 struct GpuPathOptions {
   int device = 0;
   // The initial engine set (see ParseEngineSpecs); empty: none until ConnectEngines.
-  std::vector<engines::EngineSpec> engines;
+  std::vector<EngineSpec> engines;
   std::string group_name = "wpub_weights";
   std::string store_bind_address = "0.0.0.0";
   uint16_t store_port = 0;  // 0: ephemeral
@@ -25,19 +26,16 @@ struct GpuPathOptions {
   absl::Duration request_timeout = absl::Seconds(120);
   absl::Duration publication_deadline = absl::Seconds(120);
   bool reject_non_finite_before_send = true;
-  int requests_in_flight = 1;   // engines::SglangDriverOptions::requests_in_flight
+  int requests_in_flight = 1;   // SglangDriverOptions::requests_in_flight
   int compute_sms = 0;          // gpu::GpuBackendOptions::compute_sms (0: every SM)
   int overlap_ctas_per_sm = 3;  // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap)
-  int nccl_ctas = 0;            // NcclTransportOptions::nccl_ctas (0: NCCL's choice)
+  int nccl_ctas = 0;            // RolloutGroupOptions::nccl_ctas (0: NCCL's choice)
 };
 
-// The engine list syntax of --engines (core/engines/sglang_driver.h).
-using engines::ParseEngineSpecs;
-
-// The GPU backend on options.device with the NCCL transport as its sink, as the engine's
-// extra transport and as its EngineConnector (ConnectEngines), and the CUDA IPC mapping cache
-// as its resolver of trainer memory.
+// The GPU backend on options.device, the rollout group as the engine's extra transport and as
+// its EngineConnector (ConnectEngines), and the CUDA IPC mapping cache as its resolver of
+// trainer memory.
 // FAILED_PRECONDITION without that CUDA device.
 absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOptions& options);
 
-}  // namespace wpub::nccl
+}  // namespace wpub::rollout

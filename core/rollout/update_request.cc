@@ -1,6 +1,6 @@
 // Flattened-bucket update request: a direct JSON writer (nlohmann::json for strings that need
 // escaping) and a simdjson on-demand reader.
-#include "core/engines/update_request.h"
+#include "core/rollout/update_request.h"
 
 #include <charconv>
 #include <optional>
@@ -9,7 +9,7 @@
 #include "nlohmann/json.hpp"
 #include "simdjson.h"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 namespace {
 
 // Appends `s` as a JSON string. Printable ASCII other than '"' and '\\' (every tensor name and
@@ -241,4 +241,4 @@ absl::StatusOr<UpdateRequest> DecodeUpdateRequest(std::string_view body) {
   return out;
 }
 
-}  // namespace wpub::engines
+}  // namespace wpub::rollout

@@ -1,9 +1,9 @@
 // Checksum and non-finite-count kernels: grid-stride loops, one 64-bit atomic per block.
-#include "core/gpu/status_kernels.h"
+#include "kernels/cuda/status_kernels.h"
 
 #include <algorithm>
 
-namespace wpub::gpu {
+namespace wpub::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -298,4 +298,4 @@ cudaError_t LaunchCountNonFinite(const CountItem* items, int num_items, unsigned
       });
 }
 
-}  // namespace wpub::gpu
+}  // namespace wpub::kernels::cuda

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "core/engine/types.h"
 
-namespace wpub::engines {
+namespace wpub::rollout {
 
 struct UpdateRequestFields {
   std::string group_name;
@@ -47,4 +47,4 @@ struct UpdateRequest {
 // this decoder does not know are ignored.
 absl::StatusOr<UpdateRequest> DecodeUpdateRequest(std::string_view body);
 
-}  // namespace wpub::engines
+}  // namespace wpub::rollout

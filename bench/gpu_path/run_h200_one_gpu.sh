@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# One device call on a one-GPU host (kind nvidia-h200): the GPU tests of the staged build, then
+# the one-GPU figures of two builds alternated (before/after a change): the GPU backend alone and
+# to an in-process gRPC-pull receiver (gpu_path_bench --backend_only 1), and the NVFP4 kernels
+# (standard and 4over6 quantize, fused QDQ: nvfp4_kernels_bench). Carry .devbin/gpu_path.tgz (the
+# build under test, staged by deploy/stage_devbin.sh) and, for the comparison, a tarball of the
+# other build's gpu_path_bench and nvfp4_kernels_bench as .devbin/before.tgz (same lib/ is used).
+# Writes every log under $OUT. Usage: bash bench/gpu_path/run_h200_one_gpu.sh [tests] [compare]
+set -u
+ROOT=$(pwd)
+OUT=${OUT:-/tmp/wpub_h200_out}
+LOGS=$OUT/logs
+mkdir -p "$LOGS"
+source "$ROOT/tests/multi_gpu/device_env.sh"
+if [[ -f $ROOT/.devbin/before.tgz && ! -d $ROOT/.devbin/before ]]; then
+  tar -xzf "$ROOT/.devbin/before.tgz" -C "$ROOT/.devbin"
+fi
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests compare)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+rc=0
+run_test() {  # name [gtest args...]
+  local name=$1
+  shift
+  local t0=$(date +%s)
+  timeout 300 "$BIN/$name" "$@" >"$LOGS/$name.log" 2>&1
+  local r=$?
+  echo "$name rc=$r $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOGS/$name.log" | tr '\n' ' ') $(( $(date +%s) - t0 )) s"
+  grep -E '^\[  FAILED  \]' "$LOGS/$name.log" | head -10
+  [ $r -ne 0 ] && rc=1
+}
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests)
+      for t in gpu_path_backend_test gpu_path_status_kernels_test gpu_path_ipc_test \
+        gpu_path_nccl_connect_test gpu_path_engine_specs_test gpu_path_sglang_driver_test \
+        gpu_path_sglang_dirty_test gpu_path_rendezvous_test kernels_gpu_test; do
+        [[ -x $BIN/$t ]] && run_test "$t"
+      done
+      OUT=$OUT/python bash "$ROOT/tests/python/run_gpu_gather.sh" >"$LOGS/python_gpu.log" 2>&1
+      r=$?
+      echo "python GPU tests rc=$r: $(grep -E '^(Ran|OK|FAILED)' "$LOGS/python_gpu.log" | tr '\n' ' ')"
+      [ $r -ne 0 ] && rc=1 ;;
+    compare)
+      B=$ROOT/.devbin/before
+      for round in 1 2; do
+        for side in before after; do
+          d=$BIN
+          [[ $side == before ]] && d=$B
+          [[ -x $d/gpu_path_bench ]] || continue
+          timeout 240 "$d/gpu_path_bench" --backend_only 1 --iters 5 \
+            --json "$OUT/backend_${side}_$round.json" >"$LOGS/backend_${side}_$round.log" 2>&1
+          echo "backend $side $round rc=$?"
+          grep -E '^\((e|f)\)' "$LOGS/backend_${side}_$round.log"
+          timeout 240 "$d/nvfp4_kernels_bench" --iters 20 --warmup 3 \
+            --json "$OUT/kernels_${side}_$round.json" >"$LOGS/kernels_${side}_$round.log" 2>&1
+          echo "kernels $side $round rc=$?"
+        done
+      done ;;
+  esac
+done
+exit $rc

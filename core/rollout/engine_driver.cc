@@ -1,0 +1,54 @@
+// Engine lists and group layouts (engine_driver.h).
+#include "core/rollout/engine_driver.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace wpub::rollout {
+
+absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text) {
+  std::vector<EngineSpec> out;
+  for (absl::string_view entry : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    entry = absl::StripAsciiWhitespace(entry);
+    EngineSpec e;
+    const size_t eq = entry.rfind('=');
+    e.url = std::string(entry.substr(0, eq));
+    if (eq != absl::string_view::npos &&
+        (!absl::SimpleAtoi(entry.substr(eq + 1), &e.gpus) || e.gpus <= 0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("engine '", entry, "': the GPU count after '=' must be a positive integer"));
+    }
+    if (e.url.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("engine '", entry, "' has no URL"));
+    }
+    out.push_back(std::move(e));
+  }
+  if (out.empty()) return absl::InvalidArgumentError("no engines given");
+  return out;
+}
+
+absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
+                                        const std::string& group_name) {
+  if (engines.empty()) return absl::InvalidArgumentError("ConnectEngines: no engine URLs");
+  if (group_name.empty()) return absl::InvalidArgumentError("ConnectEngines: empty group name");
+  GroupLayout g;
+  g.group_name = group_name;
+  int next = 1;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    if (engines[i].url.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("ConnectEngines: engine ", i, " has no URL"));
+    }
+    if (engines[i].gpus <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("ConnectEngines: engine ", engines[i].url,
+                                                     " has ", engines[i].gpus, " GPUs"));
+    }
+    g.rank_offsets.push_back(next);
+    next += engines[i].gpus;
+  }
+  g.world_size = next;
+  return g;
+}
+
+}  // namespace wpub::rollout

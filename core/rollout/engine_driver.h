@@ -1,0 +1,119 @@
+// What the rollout group (rollout_group.h) needs from a family of rollout engines (SGLang today):
+// the engine list and its rank layout, and a driver per weight-update group that speaks the
+// family's HTTP protocol around the broadcasts -- join, the lifecycle calls of a publication
+// (pause .. begin, one update request per bucket, version .. continue), the resume after an
+// abort, leave. The NCCL side (rendezvous store, communicator, broadcasts) is the group's: a
+// second family plugs in here without touching it. No CUDA, no NCCL.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/engine/types.h"
+
+namespace wpub::rollout {
+
+struct EngineSpec {
+  std::string url;  // "http://host:port"
+  int gpus = 1;     // TP ranks that join the group
+};
+
+// "http://host:30000=2,http://other:30000" (wpubd --engines, wpubctl connect-engines) ->
+// engines (GPU count after the last '=', default 1; spaces around entries dropped).
+// INVALID_ARGUMENT naming the entry for an empty URL or a GPU count that is not a positive
+// integer, or for no entry at all. URLs are not checked further here (ConnectEngines validates
+// them).
+absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text);
+
+// The group as the engines see it.
+struct GroupLayout {
+  std::string group_name;
+  int world_size = 1;             // 1 + sum of engine GPUs
+  std::vector<int> rank_offsets;  // per engine; the publisher is rank 0
+};
+
+// ConnectEngines' pure part: ranks and world size. INVALID_ARGUMENT for no engines, a
+// non-positive GPU count, an empty URL or group name.
+absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
+                                        const std::string& group_name);
+
+struct EngineOutcome {
+  std::string url;
+  bool failed = false;
+  std::string error;      // the first failure of the current publication (or join)
+  uint64_t requests = 0;  // requests answered successfully in the current publication
+  // Bucket update requests sent to the engine (answered or not) in the current publication:
+  // more than 0 means it may hold bytes of it.
+  uint64_t updates_sent = 0;
+};
+
+// Where the engines of one group rendezvous: the TCPStore the rollout group serves.
+struct GroupAddress {
+  std::vector<EngineSpec> engines;  // in rank order
+  std::string master_address = "127.0.0.1";
+  uint16_t master_port = 0;
+  std::string group_name;
+};
+
+// One weight-update group's HTTP side. Contract (every family): methods are called by one
+// thread (the publication thread) except ResumeAfterAbort, which may race with PostBucket /
+// EndPublication from another thread (an abort) and after which nothing more of the publication
+// is posted; outcomes(), any_failed(), layout() and engines() are thread-safe. Requests to one
+// engine go in the order they were posted (NCCL matches broadcasts by order); engines proceed
+// independently. An engine whose request failed is never reported committed.
+class EngineDriver {
+ public:
+  virtual ~EngineDriver() = default;
+  virtual const GroupLayout& layout() const = 0;
+  virtual const std::vector<EngineSpec>& engines() const = 0;
+  // Asks every engine to join (non-blocking). The publisher must have put the NCCL unique id in
+  // its store and started its own nonblocking communicator init before or concurrently.
+  virtual void StartJoin() = 0;
+  // Waits for every request posted so far: ABORTED naming the failed engines,
+  // DEADLINE_EXCEEDED naming the silent ones.
+  virtual absl::Status WaitIdle(absl::Time deadline) = 0;
+  // Resets outcomes and queues the calls that precede the first bucket.
+  virtual void BeginPublication(uint64_t version) = 0;
+  // Queues the update request of one bucket (non-blocking; the engine posts its receive in the
+  // request's handler, so the caller issues it before the bucket's broadcast).
+  virtual void PostBucket(const engine::BucketManifest& bucket) = 0;
+  // Queues the calls that apply the version and resume generation.
+  virtual void EndPublication() = 0;
+  // After an aborted publication: drops what was not sent, resumes every engine that holds
+  // nothing of it and is not in `dirty`; returns per engine whether it is dirty now (those stay
+  // paused).
+  virtual std::vector<bool> ResumeAfterAbort(const std::set<std::string>& dirty) = 0;
+  // Drops what was not sent, then asks every engine to leave the group.
+  virtual void Leave() = 0;
+  virtual std::vector<EngineOutcome> outcomes() const = 0;
+  virtual bool any_failed() const = 0;
+};
+
+// A family of engines: how to probe them, what version they serve, and their driver. Shared by
+// the rollout group for its lifetime; thread-safe (const).
+class EngineFamily {
+ public:
+  virtual ~EngineFamily() = default;
+  virtual std::string_view name() const = 0;  // "sglang"
+  // Per engine, whether it is up (answered its health check within `timeout`).
+  virtual std::vector<bool> Probe(const std::vector<EngineSpec>& engines,
+                                  absl::Duration timeout) const = 0;
+  // Per engine, the weight version it serves (0: none or unknown).
+  virtual std::vector<uint64_t> WeightVersions(const std::vector<EngineSpec>& engines,
+                                               absl::Duration timeout) const = 0;
+  virtual absl::StatusOr<std::unique_ptr<EngineDriver>> CreateDriver(
+      const GroupAddress& address) const = 0;
+  // Bound of one request (an update request lasts as long as its bucket's broadcast), and of a
+  // health probe.
+  virtual absl::Duration request_timeout() const = 0;
+  virtual absl::Duration connect_timeout() const = 0;
+};
+
+}  // namespace wpub::rollout

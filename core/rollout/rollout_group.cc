@@ -1,0 +1,442 @@
+// RolloutGroup: group formation over the TCPStore and the engine family's driver, per-bucket
+// update request + broadcast, re-formation at the next Begin, dirty engines.
+#include "core/rollout/rollout_group.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status.h"
+
+namespace wpub::rollout {
+namespace {
+
+engine::ReceiverFailure Classify(const std::string& error) {
+  if (error.find("imed out") != std::string::npos || error.find("eadline") != std::string::npos ||
+      error.find("Read") != std::string::npos) {
+    return engine::ReceiverFailure::kTimeout;
+  }
+  if (error.find("Connection") != std::string::npos || error.find("NCCL") != std::string::npos) {
+    return engine::ReceiverFailure::kDisconnected;
+  }
+  return engine::ReceiverFailure::kProtocol;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
+    const RolloutGroupOptions& options) {
+  WPUB_RETURN_IF_ERROR(nccl::CheckCtas(options.nccl_ctas, "rollout group: nccl_ctas"));
+  if (!options.engines.empty()) {
+    // The initial set obeys the same rules as a ConnectEngines request.
+    engine::EngineConnectRequest r;
+    for (const EngineSpec& e : options.engines) r.engines.push_back({e.url, e.gpus});
+    r.group_name = options.group_name;
+    WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(r));
+  }
+  if (options.group_name.empty()) {
+    return absl::InvalidArgumentError("rollout group: empty group name");
+  }
+  if (options.unique_id_key_templates.empty()) {
+    return absl::InvalidArgumentError("rollout group: no unique-id key template");
+  }
+  std::shared_ptr<const EngineFamily> family = options.family;
+  if (!family) family = std::make_shared<SglangFamily>(options.sglang);
+  std::unique_ptr<RolloutGroup> g(new RolloutGroup(options, std::move(family)));
+  WPUB_ASSIGN_OR_RETURN(g->store_, rendezvous::TcpStoreServer::Create(options.store));
+  nccl::NcclTransportOptions no;
+  no.device = options.device;
+  no.watchdog_interval = options.watchdog_interval;
+  WPUB_ASSIGN_OR_RETURN(g->nccl_, nccl::NcclTransport::Create(no));
+  {
+    std::lock_guard lock(g->connect_mu_);
+    g->PublishInfo();
+  }
+  return g;
+}
+
+RolloutGroup::RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const EngineFamily> family)
+    : options_(std::move(options)),
+      family_(std::move(family)),
+      engines_(options_.engines),
+      base_group_(options_.group_name) {}
+
+RolloutGroup::~RolloutGroup() {
+  nccl_->End();
+  nccl_->Attach(nullptr);  // terminates anything still on the comm stream
+  driver_.reset();
+}
+
+void RolloutGroup::TearDownGroup() {
+  if (driver_) {
+    driver_->Leave();  // best effort: engines drop the old group (they key groups by name)
+    (void)driver_->WaitIdle(absl::Now() + absl::Seconds(5));
+  }
+  nccl_->Attach(nullptr);  // ncclCommAbort
+  driver_.reset();
+  formed_ = false;
+}
+
+void RolloutGroup::PublishInfo() {
+  engine::EngineGroupInfo g;
+  g.store_address = absl::StrCat(options_.advertise_address, ":", store_->port());
+  g.generation = static_cast<uint64_t>(generation_.load());
+  g.healthy = formed_;
+  if (driver_) {
+    const GroupLayout& l = driver_->layout();
+    g.group_name = l.group_name;
+    g.world_size = l.world_size;
+    const std::vector<EngineSpec>& members = driver_->engines();
+    for (size_t i = 0; i < members.size(); ++i) {
+      g.engines.push_back(
+          {members[i].url, members[i].gpus, l.rank_offsets[i], engine::ReceiverState::kIdle});
+    }
+  } else {
+    // No group: the engine set the next Begin forms one with (empty after a failed Connect).
+    int next = 1;
+    for (const EngineSpec& e : engines_) {
+      g.engines.push_back({e.url, e.gpus, next, engine::ReceiverState::kLeft});
+      next += e.gpus;
+    }
+  }
+  std::lock_guard lock(info_mu_);
+  for (engine::ConnectedEngine& e : g.engines) {
+    auto it = weight_versions_.find(e.url);
+    e.weight_version = it == weight_versions_.end() ? 0 : it->second;
+  }
+  for (const auto& [url, v] : weight_versions_) {
+    g.highest_engine_version = std::max(g.highest_engine_version, v);
+  }
+  info_ = std::move(g);
+}
+
+absl::StatusOr<std::vector<EngineSpec>> RolloutGroup::Alive(const std::vector<EngineSpec>& want,
+                                                            absl::Duration timeout,
+                                                            bool strict) const {
+  const absl::Duration probe_timeout = std::min(family_->connect_timeout(), timeout);
+  const std::vector<bool> up = family_->Probe(want, probe_timeout);
+  std::vector<EngineSpec> alive;
+  std::vector<std::string> down;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (i < up.size() && up[i]) {
+      alive.push_back(want[i]);
+    } else {
+      down.push_back(want[i].url);
+    }
+  }
+  if (strict && !down.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat(down.size() == 1 ? "engine " : "engines ", absl::StrJoin(down, ", "),
+                     " did not pass the ", std::string(family_->name()), " health check within ",
+                     absl::FormatDuration(probe_timeout), "; no engine group is connected"));
+  }
+  if (alive.empty()) {
+    return absl::UnavailableError(absl::StrCat("rollout group: no engine passed the ",
+                                               std::string(family_->name()), " health check (",
+                                               want.size(), " configured)"));
+  }
+  return alive;
+}
+
+void RolloutGroup::RecordWeightVersions(const std::vector<EngineSpec>& engines,
+                                        absl::Duration timeout) {
+  // What each engine serves now: a daemon that restarted learns the version to go beyond.
+  const std::vector<uint64_t> versions =
+      family_->WeightVersions(engines, std::min(family_->connect_timeout(), timeout));
+  std::lock_guard lock(info_mu_);
+  for (size_t i = 0; i < engines.size() && i < versions.size(); ++i) {
+    uint64_t& v = weight_versions_[engines[i].url];
+    v = std::max(v, versions[i]);
+  }
+}
+
+absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::string& base_group,
+                                absl::Duration timeout, bool strict) {
+  nccl_->End();
+  TearDownGroup();
+  PublishInfo();
+  WPUB_ASSIGN_OR_RETURN(const std::vector<EngineSpec> alive, Alive(want, timeout, strict));
+  const int generation = ++generation_;
+  GroupAddress address;
+  address.engines = alive;
+  address.master_address = options_.advertise_address;
+  address.master_port = store_->port();
+  address.group_name = absl::StrCat(base_group, "_", generation);
+  // Everything that may fail before an engine is asked to join comes first, so a failure here
+  // leaves no group behind.
+  WPUB_ASSIGN_OR_RETURN(nccl::UniqueId id, nccl::NewUniqueId());
+  for (const std::string& tmpl : options_.unique_id_key_templates) {
+    WPUB_ASSIGN_OR_RETURN(std::string key, rendezvous::UniqueIdKey(tmpl, address.group_name, 0));
+    store_->Set(key, std::vector<uint8_t>(id.begin(), id.end()));
+  }
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<EngineDriver> driver, family_->CreateDriver(address));
+  nccl::NcclCommOptions co;
+  co.device = options_.device;
+  co.nranks = driver->layout().world_size;
+  co.rank = 0;
+  co.id = id;
+  co.ctas = options_.nccl_ctas;
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<nccl::NcclComm> comm, nccl::NcclComm::Create(co));
+  driver_ = std::move(driver);
+  nccl_->Attach(std::move(comm));
+  driver_->StartJoin();
+  if (absl::Status s = driver_->WaitIdle(absl::Now() + timeout); !s.ok()) {
+    TearDownGroup();  // also the engines that did join: never half-connected
+    const std::string why =
+        absl::StrCat("weight-update group ", address.group_name, " did not form: ", s.message());
+    return absl::IsDeadlineExceeded(s) ? absl::DeadlineExceededError(why)
+                                       : absl::UnavailableError(why);
+  }
+  formed_ = true;
+  RecordWeightVersions(alive, timeout);
+  PublishInfo();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
+    const engine::EngineConnectRequest& request) {
+  WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(request));
+  std::lock_guard lock(connect_mu_);
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "publication ", version_, " is in flight on the rollout group; connect after it ends"));
+  }
+  std::vector<EngineSpec> want;
+  for (const engine::EngineEndpoint& e : request.engines) want.push_back({e.url, e.gpus});
+  const std::string base = request.group_name.empty() ? base_group_ : request.group_name;
+  const absl::Duration timeout =
+      request.timeout > absl::ZeroDuration() ? request.timeout : options_.join_timeout;
+  engines_.clear();  // a failure below leaves no engines
+  absl::Status s = Form(want, base, timeout, /*strict=*/true);
+  if (s.ok()) {
+    engines_ = want;
+    base_group_ = base;
+  }
+  PublishInfo();
+  if (!s.ok()) return s;
+  return Group();
+}
+
+engine::EngineGroupInfo RolloutGroup::Group() const {
+  engine::EngineGroupInfo g;
+  std::set<std::string> dirty;
+  {
+    std::lock_guard lock(info_mu_);
+    g = info_;
+    dirty = dirty_;
+  }
+  // Live state: a failure or an abort since the snapshot marks the group down.
+  g.healthy = g.healthy && formed_ && nccl_->usable();
+  for (engine::ConnectedEngine& e : g.engines) {
+    if (e.state == engine::ReceiverState::kLeft) continue;
+    e.state = !g.healthy   ? engine::ReceiverState::kFailed
+              : in_flight_ ? engine::ReceiverState::kReceiving
+                           : engine::ReceiverState::kIdle;
+    // Paused with a possible mix of versions until a complete one reaches it.
+    if (dirty.count(e.url) && e.state != engine::ReceiverState::kReceiving) {
+      e.state = engine::ReceiverState::kDirty;
+    }
+  }
+  return g;
+}
+
+engine::TransportCapabilities RolloutGroup::capabilities() const {
+  engine::TransportCapabilities c;
+  c.name = "nccl";
+  c.accepts = engine::kHostOrDevice;
+  c.receiver_paced = false;
+  c.acknowledges_checksums = false;
+  c.applies_on_receipt = true;  // engines load each bucket into their live weights
+  return c;
+}
+
+absl::Status RolloutGroup::EngineFailure() const {
+  if (!driver_ || !driver_->any_failed()) return absl::OkStatus();
+  std::vector<std::string> errs;
+  for (const EngineOutcome& o : driver_->outcomes()) {
+    if (o.failed) errs.push_back(o.error);
+  }
+  return absl::AbortedError(absl::StrJoin(errs, "; "));
+}
+
+absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::PublicationManifest& m) {
+  std::lock_guard connect_lock(connect_mu_);
+  if (in_flight_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rollout group: publication ", version_, " is in flight"));
+  }
+  nccl_->End();  // a watchdog left running by an abort from another thread
+  if (engines_.empty()) {
+    // No engines connected (yet, or after a failed ConnectEngines): no participants here; the
+    // publication reaches the other transports' receivers only.
+    if (driver_) TearDownGroup();
+    version_ = m.version;
+    in_flight_ = true;
+    return std::vector<std::string>{};
+  }
+  if (!formed_ || !nccl_->usable()) {
+    // Re-formation after a failure: the engines that pass their health check.
+    absl::Status s = Form(engines_, base_group_, options_.join_timeout, /*strict=*/false);
+    PublishInfo();
+    WPUB_RETURN_IF_ERROR(s);
+  }
+  version_ = m.version;
+  in_flight_ = true;
+  publication_deadline_ = absl::Now() + options_.publication_deadline;
+  nccl::PublicationWatch watch;
+  watch.deadline = publication_deadline_;
+  watch.deadline_message = absl::StrCat(
+      "publication ", m.version, " did not reach every engine within ",
+      absl::FormatDuration(options_.publication_deadline), "; NCCL communicator aborted");
+  watch.peer_failure = [this] { return EngineFailure(); };
+  watch.not_ready_detail = [this] {
+    // The keys engines asked the store for tell a wrong unique-id key template at once.
+    return absl::StrCat("keys engines asked the store for: ",
+                        absl::StrJoin(store_->RecentlyAwaitedKeys(), ", "));
+  };
+  nccl_->Begin(std::move(watch));
+  driver_->BeginPublication(m.version);
+  resume_pending_ = true;
+  std::vector<std::string> names;
+  for (const EngineSpec& e : driver_->engines()) names.push_back(e.url);
+  return names;
+}
+
+absl::Status RolloutGroup::Send(std::shared_ptr<const engine::Bucket> bucket) {
+  if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
+  WPUB_RETURN_IF_ERROR(nccl_->failure());
+  if (!driver_) return absl::OkStatus();  // no engines: no participants
+  // The engine posts its receive inside this request's handler: issue it first.
+  driver_->PostBucket(bucket->manifest);
+  return nccl_->Send(*bucket);
+}
+
+absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {
+  if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
+  if (!driver_) return absl::OkStatus();  // no engines
+  const absl::Time d = std::min(deadline, publication_deadline_);
+  // The engines answer their bucket requests once their receives completed.
+  for (;;) {
+    WPUB_RETURN_IF_ERROR(nccl_->failure());
+    const absl::Time step = std::min(d, absl::Now() + absl::Milliseconds(20));
+    absl::Status s = driver_->WaitIdle(step);
+    if (s.ok()) break;
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= d) {
+      nccl_->Fail(absl::IsDeadlineExceeded(s) ? absl::DeadlineExceededError(absl::StrCat(
+                                                    "publication ", version_, ": ", s.message()))
+                                              : s);
+      return nccl_->failure();
+    }
+  }
+  // And rank 0's side of every broadcast is complete.
+  return nccl_->WaitSent(d);
+}
+
+absl::Status RolloutGroup::Commit() {
+  if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
+  nccl_->End();
+  WPUB_RETURN_IF_ERROR(nccl_->failure());
+  if (!driver_) {  // no engines
+    in_flight_ = false;
+    return absl::OkStatus();
+  }
+  driver_->EndPublication();
+  resume_pending_ = false;
+  absl::Status s = driver_->WaitIdle(absl::Now() + family_->request_timeout());
+  {
+    // An engine that applied the whole version is clean again; one whose end calls failed
+    // may have applied part of it and stays dirty.
+    std::lock_guard lock(info_mu_);
+    for (const EngineOutcome& o : driver_->outcomes()) {
+      if (o.failed) {
+        dirty_.insert(o.url);
+      } else {
+        dirty_.erase(o.url);
+        weight_versions_[o.url] = version_;
+      }
+    }
+  }
+  in_flight_ = false;
+  return s;
+}
+
+void RolloutGroup::Abort(absl::string_view reason) {
+  nccl_->Fail(absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
+  ResumeCleanEngines();
+  in_flight_ = false;
+}
+
+void RolloutGroup::ResumeCleanEngines() {
+  // Begin (which replaces driver_) holds connect_mu_ for as long as it forms a group: an abort
+  // arriving then leaves the resume to the publication thread's own Abort, which follows.
+  std::unique_lock connect_lock(connect_mu_, std::try_to_lock);
+  if (!connect_lock.owns_lock() || !driver_ || !resume_pending_.exchange(false)) return;
+  std::set<std::string> still_dirty;
+  {
+    std::lock_guard lock(info_mu_);
+    still_dirty = dirty_;
+  }
+  const std::vector<bool> dirty = driver_->ResumeAfterAbort(still_dirty);
+  const std::vector<EngineSpec>& engines = driver_->engines();
+  std::lock_guard lock(info_mu_);
+  for (size_t i = 0; i < dirty.size() && i < engines.size(); ++i) {
+    if (dirty[i]) dirty_.insert(engines[i].url);
+  }
+}
+
+std::vector<std::string> RolloutGroup::dirty_engines() const {
+  std::lock_guard lock(info_mu_);
+  return std::vector<std::string>(dirty_.begin(), dirty_.end());
+}
+
+std::vector<engine::ReceiverOutcome> RolloutGroup::Outcomes() const {
+  if (!driver_) return {};
+  const absl::Status f = nccl_->failure();
+  const std::vector<EngineOutcome> outcomes = driver_->outcomes();
+  bool any_engine_failed = false;
+  for (const EngineOutcome& o : outcomes) any_engine_failed |= o.failed;
+  std::set<std::string> dirty;
+  {
+    std::lock_guard lock(info_mu_);
+    dirty = dirty_;
+  }
+  std::vector<engine::ReceiverOutcome> out;
+  for (const EngineOutcome& o : outcomes) {
+    engine::ReceiverOutcome r;
+    r.name = o.url;
+    // Holds part of a version that has not committed: left dirty by an abort, or (in flight)
+    // it would be if this attempt ended now.
+    r.dirty = dirty.count(o.url) > 0 || (in_flight_ && o.updates_sent > 0);
+    if (o.failed || (!f.ok() && !any_engine_failed)) {
+      r.state = engine::ReceiverState::kFailed;
+      r.error = o.failed ? o.error : std::string(f.message());
+      r.failure = Classify(r.error);
+    } else {
+      r.state = in_flight_ ? engine::ReceiverState::kReceiving : engine::ReceiverState::kStaged;
+      r.committed = !in_flight_ && f.ok();
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<engine::ReceiverInfo> RolloutGroup::Receivers() const {
+  std::vector<engine::ReceiverInfo> out;
+  for (const engine::ConnectedEngine& e : Group().engines) {
+    engine::ReceiverInfo r;
+    r.name = e.url;
+    r.state = e.state == engine::ReceiverState::kFailed ? engine::ReceiverState::kLeft : e.state;
+    out.push_back(std::move(r));
+  }
+  // Dirty engines no longer in the group (it re-formed without them) are still paused.
+  std::set<std::string> listed;
+  for (const auto& r : out) listed.insert(r.name);
+  for (const std::string& url : dirty_engines()) {
+    if (listed.count(url)) continue;
+    engine::ReceiverInfo r;
+    r.name = url;
+    r.state = engine::ReceiverState::kDirty;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+}  // namespace wpub::rollout

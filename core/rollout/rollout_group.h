@@ -1,0 +1,165 @@
+// The rollout engines of the GPU path as one weight-update group: the engine::Transport the
+// engine drives for them and the engine::EngineConnector behind ConnectEngines. wpubd is rank 0:
+// the group serves the TCPStore rendezvous (core/rendezvous), puts the ncclUniqueId under the
+// keys torch.distributed reads, starts its nonblocking communicator and hands it to its NCCL
+// transport (core/nccl/nccl_transport.h: the bytes), and asks every engine to join through the
+// engine family's driver (engine_driver.h: the HTTP side; SGLang's by default). Per bucket it
+// posts the engine's update request, then hands the bucket to the NCCL transport.
+//
+// Failure handling: while a publication is in flight the NCCL transport's watchdog polls the
+// communicator's async error, the driver's outcomes (this group's peer check) and the
+// publication deadline; on any failure it aborts the communicator and the publication fails
+// with ABORTED naming the engines. The next Begin re-forms the group with the engines that pass
+// their health check (a new group name generation, a new unique id), so wpubd keeps serving
+// after a dead engine.
+//
+// Engine set: the initial set comes from the options (may be empty: a daemon started without
+// engines); Connect replaces it. Connect first tears the current group down (its engines are
+// asked to leave it), then probes every engine, lays out the group, publishes the unique id,
+// starts the communicator and waits for every join answer. On any failure whatever joined is
+// torn down too and the group is left with NO engines: never half-connected. Without engines
+// the group has no participants (Begin returns none), so a publication reaches the other
+// transports' receivers only. Connect and Begin are serialized by one mutex; Connect refuses
+// while a publication is in flight. Group/Receivers read a snapshot and never block on Connect.
+//
+// Dirty engines: engines load each bucket into their live weights on receipt. When a
+// publication aborts, the engines that were sent no bucket are resumed at once; the others are
+// dirty: left paused, reported with state "dirty" (Receivers, Group, Outcomes) until a
+// publication commits on them (the engine's retry of the same version, or the next one).
+//
+// Transport contract (core/engine/transport.h) with these specifics: participants are the
+// engine URLs; buckets are taken in host or device memory; acknowledgements are the engines'
+// HTTP answers (acknowledges_checksums is false); Commit sends the family's end calls.
+// Thread-safety: as the interface says (Abort from any thread; the rest from the publication
+// thread).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/engine/engine.h"
+#include "core/engine/transport.h"
+#include "core/nccl/nccl_transport.h"
+#include "core/rendezvous/tcp_store_server.h"
+#include "core/rollout/engine_driver.h"
+#include "core/rollout/sglang_driver.h"
+
+namespace wpub::rollout {
+
+struct RolloutGroupOptions {
+  int device = 0;
+  // The TCPStore the engines rendezvous on (master_port = its port).
+  rendezvous::TcpStoreServerOptions store;
+  // The address engines use to reach this host's TCPStore.
+  std::string advertise_address = "127.0.0.1";
+  // The initial engines (may be empty) and the base group name ("<base>_<generation>").
+  std::vector<EngineSpec> engines;
+  std::string group_name = "wpub_weights";
+  // The engines' protocol. Null: SGLang with the settings below.
+  std::shared_ptr<const EngineFamily> family;
+  SglangFamilyOptions sglang;
+  // Keys the ncclUniqueId is stored under (each template as rendezvous::UniqueIdKey takes it):
+  // torch 2.11's layout first, then the one of torch versions without the device-type layer.
+  std::vector<std::string> unique_id_key_templates = {
+      std::string(rendezvous::kDefaultUniqueIdKeyTemplate), "/{group}/{group}/{index}"};
+  // Every engine joins (HTTP answer) within this; the communicator is ready at the latest when
+  // the first bucket's broadcast starts, within the same budget.
+  absl::Duration join_timeout = absl::Seconds(120);
+  // Watchdog: from Begin, every bucket must be transferred and answered within this.
+  absl::Duration publication_deadline = absl::Seconds(120);
+  absl::Duration watchdog_interval = absl::Milliseconds(2);
+  // NcclCommOptions::ctas of wpub's rank (0: NCCL's choice). The engines' communicators must have
+  // the same bounds (NCCL_MIN_CTAS = NCCL_MAX_CTAS = nccl_ctas in their environment), else every
+  // broadcast fails and the publication is aborted (see NcclCommOptions::ctas).
+  int nccl_ctas = 0;
+};
+
+class RolloutGroup final : public engine::Transport, public engine::EngineConnector {
+ public:
+  // Starts the TCPStore server and the NCCL transport; forms no group yet (the first Begin or
+  // Connect does). INVALID_ARGUMENT for an initial engine set ConnectEngines would refuse, an
+  // empty group name or no unique-id key template.
+  static absl::StatusOr<std::unique_ptr<RolloutGroup>> Create(const RolloutGroupOptions& options);
+  ~RolloutGroup() override;
+
+  // ConnectEngines (see the file comment). Blocks for the health probes (at most
+  // min(family connect timeout, timeout)) and the joins (at most timeout = request.timeout, or
+  // options.join_timeout when 0), plus, on failure, the teardown (leave requests, at most a few
+  // seconds). Errors: INVALID_ARGUMENT (engine::ValidateEngineConnectRequest);
+  // FAILED_PRECONDITION while a publication is in flight; UNAVAILABLE naming an engine that
+  // failed its health probe or its join; DEADLINE_EXCEEDED naming the engines that did not
+  // answer in time.
+  absl::StatusOr<engine::EngineGroupInfo> Connect(
+      const engine::EngineConnectRequest& request) override;
+  engine::EngineGroupInfo Group() const override;
+  uint16_t store_port() const { return store_->port(); }
+  int generation() const { return generation_; }
+
+  engine::TransportCapabilities capabilities() const override;
+  absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest& m) override;
+  // The bucket's update request to every engine, then its broadcast (host or device bytes).
+  absl::Status Send(std::shared_ptr<const engine::Bucket> bucket) override;
+  absl::Status WaitAcknowledged(absl::Time deadline) override;
+  absl::Status Commit() override;
+  void Abort(absl::string_view reason) override;
+  std::vector<engine::ReceiverOutcome> Outcomes() const override;
+  std::vector<engine::ReceiverInfo> Receivers() const override;
+
+  // Engines left paused by an aborted publication (see the file comment).
+  std::vector<std::string> dirty_engines() const;
+  // The bytes' side (broadcast timings, the comm stream).
+  const nccl::NcclTransport& nccl() const { return *nccl_; }
+
+ private:
+  RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const EngineFamily> family);
+  // Forms a group of `want` (requires connect_mu_). strict: every engine must pass the health
+  // probe (ConnectEngines); otherwise the ones that fail it are left out (re-formation).
+  absl::Status Form(const std::vector<EngineSpec>& want, const std::string& base_group,
+                    absl::Duration timeout, bool strict);
+  // The engines of `want` that pass the health probe (strict: all of them, or UNAVAILABLE).
+  absl::StatusOr<std::vector<EngineSpec>> Alive(const std::vector<EngineSpec>& want,
+                                                absl::Duration timeout, bool strict) const;
+  void RecordWeightVersions(const std::vector<EngineSpec>& engines, absl::Duration timeout);
+  void TearDownGroup();
+  void PublishInfo();  // refreshes info_ from the group state (requires connect_mu_)
+  // After an abort: resumes the engines that got no bucket, records the others as dirty.
+  void ResumeCleanEngines();
+  // The watchdog's peer check: ABORTED with every failed engine's error, or OK.
+  absl::Status EngineFailure() const;
+
+  const RolloutGroupOptions options_;
+  const std::shared_ptr<const EngineFamily> family_;
+  // Serializes Connect and Begin; guards engines_ and base_group_.
+  std::mutex connect_mu_;
+  std::vector<EngineSpec> engines_;  // the engine set; empty: none connected
+  std::string base_group_;
+  // What Group and Receivers show (written under connect_mu_ too).
+  mutable std::mutex info_mu_;
+  engine::EngineGroupInfo info_;                     // guarded by info_mu_
+  std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
+  std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
+  std::unique_ptr<rendezvous::TcpStoreServer> store_;
+  std::unique_ptr<nccl::NcclTransport> nccl_;
+
+  // Group state (publication thread, or a Connect under connect_mu_).
+  std::unique_ptr<EngineDriver> driver_;
+  std::atomic<int> generation_{0};
+  std::atomic<bool> formed_{false};  // a group formed and was not torn down since
+  std::atomic<bool> in_flight_{false};
+  // Begin posted the lifecycle calls; the abort path still owes the clean engines a resume.
+  std::atomic<bool> resume_pending_{false};
+  uint64_t version_ = 0;
+  absl::Time publication_deadline_ = absl::InfiniteFuture();
+};
+
+}  // namespace wpub::rollout
