@@ -60,8 +60,10 @@ RolloutGroup::RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const En
       base_group_(options_.group_name) {}
 
 RolloutGroup::~RolloutGroup() {
-  nccl_->End();
-  nccl_->Attach(nullptr);  // terminates anything still on the comm stream
+  if (nccl_) {  // null when Create failed before making it
+    nccl_->End();
+    nccl_->Attach(nullptr);  // terminates anything still on the comm stream
+  }
   driver_.reset();
 }
 

@@ -226,8 +226,10 @@ class SecurityTest(unittest.TestCase):
             pub.close()
         r = subprocess.run([binary("WPUBCTL"), "publish-synthetic", f"--target={d.target}",
                             f"--auth_token_file={wrong}", "--model_style=qwen3_moe",
-                            "--num_layers=1", "--num_experts=2",
-                            "--version=5"], capture_output=True, text=True, timeout=60)
+                            "--num_layers=1", "--num_experts=2", "--hidden_size=256",
+                            "--moe_intermediate_size=128", "--intermediate_size=512",
+                            "--vocab_size=1024", "--version=5"],
+                           capture_output=True, text=True, timeout=60)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("UNAUTHENTICATED", r.stdout + r.stderr)
         # Nothing changed: no publication ran, nothing was committed.
