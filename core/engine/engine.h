@@ -251,6 +251,8 @@ class PublicationSession {
 
  private:
   friend class Engine;
+  friend class PublicationLedger;  // holds the active publication's State (ledger.h)
+  // The publication itself (engine_impl.h); its lifecycle is a Lifecycle (lifecycle.h).
   class State;
   PublicationSession(uint64_t version, std::shared_ptr<State> state);
   uint64_t version_;
