@@ -50,6 +50,10 @@ PublicationState PublicStateOf(LifecycleStage stage) {
 Lifecycle::Lifecycle(uint64_t version, std::function<void(absl::string_view reason)> discard)
     : version_(version), discard_(std::move(discard)) {}
 
+void Lifecycle::Discard(absl::string_view reason) const {
+  if (discard_) discard_(reason);
+}
+
 bool Lifecycle::Terminal() const {
   const LifecycleStage s = stage_.load();
   return s == LifecycleStage::kCommitted || s == LifecycleStage::kAborted ||
@@ -157,7 +161,7 @@ Lifecycle::Ending Lifecycle::EndLocked(PublicationStatus outcome, absl::Status s
       stage_ = LifecycleStage::kFailed;
       break;
   }
-  if (transfer_begun_ && outcome != PublicationStatus::kCommitted) discard_(status.message());
+  if (transfer_begun_ && outcome != PublicationStatus::kCommitted) Discard(status.message());
   return e;
 }
 
@@ -174,7 +178,7 @@ Lifecycle::StopResult Lifecycle::Stop(PublicationStatus outcome, absl::Status wh
     // The Commit thread ends the publication; make it stop promptly.
     if (!abort_request_.ok()) return StopResult::kIgnored;
     abort_request_ = why;
-    if (transfer_begun_) discard_(why.message());
+    if (transfer_begun_) Discard(why.message());
     return StopResult::kRequested;
   }
   // kOpen: nothing else is running on the publication's behalf.

@@ -71,7 +71,7 @@ class Lifecycle {
 
   // `discard(reason)` tells the transports to discard the version; it is called (under the
   // lock) when an abort request is recorded or the publication ends other than committed,
-  // in both cases only once BeginTransfer succeeded.
+  // in both cases only once BeginTransfer succeeded. It may be null (nothing to tell).
   Lifecycle(uint64_t version, std::function<void(absl::string_view reason)> discard);
   Lifecycle(const Lifecycle&) = delete;
   Lifecycle& operator=(const Lifecycle&) = delete;
@@ -113,6 +113,7 @@ class Lifecycle {
   bool Terminal() const;
   bool CommitRunning() const;  // kChecking .. kTransferring
   absl::Status CheckOpenLocked() const;
+  void Discard(absl::string_view reason) const;
   Ending EndLocked(PublicationStatus outcome, absl::Status status);
   absl::Status Illegal(absl::string_view transition) const;
 

@@ -27,10 +27,9 @@ PublicationSession::State::State(std::shared_ptr<Engine::Impl> engine, Publicati
       bucket_bytes_(bucket_bytes),
       opened_at_(absl::Now()),
       t_open_(Clock::now()),
-      lifecycle_(header_.version,
-                 [engine = engine_.get()](absl::string_view reason) {
-                   engine->transports().Abort(reason);
-                 }),
+      lifecycle_(
+          header_.version,
+          [impl = engine_.get()](absl::string_view reason) { impl->transports().Abort(reason); }),
       store_(engine_->options().max_inline_bytes, engine_->ResolveFn()) {}
 
 // ---------------------------------------------------------------------------------------------

@@ -191,9 +191,10 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   Transport& transport = engine_->transports();
   const size_t min_receivers = engine_->options().min_receivers;
   if (const size_t n = transport.Receivers().size(); n < min_receivers) {
-    return End(PublicationStatus::kAborted, absl::FailedPreconditionError(absl::StrCat(
-                                                "publication ", header_.version, " needs at least ",
-                                                min_receivers, " receivers, ", n, " connected")));
+    const absl::Status why = absl::FailedPreconditionError(
+        absl::StrCat("publication ", header_.version, " needs at least ", min_receivers,
+                     " receivers, ", n, " connected"));
+    return End(PublicationStatus::kAborted, why);
   }
   bool bad_input = false;
   if (absl::Status sent = TransferWithRetries(*plan, manifest, &bad_input); !sent.ok()) {
