@@ -241,8 +241,8 @@ class PublicationSession {
   // Callable once; FAILED_PRECONDITION afterwards or after the publication ended.
   absl::StatusOr<PublicationReport> Commit();
 
-  // Ends the publication (ABORTED, code of `why`), from any thread. A Commit in progress
-  // returns an ABORTED report promptly. No-op after it ended.
+  // Ends the publication (ABORTED, code of `why`) from any thread; a Commit in progress returns
+  // an ABORTED report promptly unless it has begun committing (it then commits). No-op after.
   void Abort(absl::Status why);
   // As Abort, but the report (and wpub_publications_total) says FAILED: the caller found the
   // publication's input bad (e.g. a malformed stream the server rejects), as the engine reports
@@ -251,6 +251,8 @@ class PublicationSession {
 
  private:
   friend class Engine;
+  friend class PublicationLedger;  // holds the active publication's State (ledger.h)
+  // The publication itself (engine_impl.h); its lifecycle is a Lifecycle (lifecycle.h).
   class State;
   PublicationSession(uint64_t version, std::shared_ptr<State> state);
   uint64_t version_;

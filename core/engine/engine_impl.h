@@ -1,18 +1,28 @@
-// Internal to core/engine: the Engine's shared state (Engine::Impl) and one publication's state
-// (PublicationSession::State). Not part of the public API.
+// Internal to core/engine: the Engine's parts and bookkeeping (Engine::Impl) and one
+// publication (PublicationSession::State). Not part of the public API.
 //
-// Locking: Impl::mu guards the engine's bookkeeping; State::mu guards a publication's
-// lifecycle flags. Order: State::mu may be held while taking Impl::mu or the transport's lock;
-// Impl::mu is never held while calling into a State or the transport.
+// Who owns what:
+// - Engine::Impl's components (options, policy cache, backend, transports, CUDA IPC resolver,
+//   connector, metrics) are set once in Create and read-only afterwards; they are safe to use
+//   from any thread as their own contracts say (the resolver only through ResolveFn /
+//   EndCudaIpcPublication, which serialize it).
+// - The PublicationLedger (ledger.h) owns the active slot, the committed version, the report
+//   history and the shutdown flag; a publication reaches it only through Impl::Record.
+// - A State's Lifecycle (lifecycle.h) owns the publication's stage, end status and abort
+//   request; the producer/Commit thread owns the rest of the State.
+//
+// Locking: a Lifecycle's mutex may be held while calling into the transports; the ledger's
+// mutex only while Engine::Open admits a publication (the pull transport's version check).
+// Neither is held while taking the other.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +30,8 @@
 #include "core/engine/backend.h"
 #include "core/engine/engine.h"
 #include "core/engine/inputs.h"
+#include "core/engine/ledger.h"
+#include "core/engine/lifecycle.h"
 #include "core/engine/recipe.h"
 #include "core/engine/transport_group.h"
 #include "core/metrics/metrics.h"
@@ -29,40 +41,80 @@ namespace wpub::engine {
 
 class Engine::Impl {
  public:
-  EngineOptions options;
-  std::unique_ptr<policy::IgnoreSnapshotCache> cache;
-  std::unique_ptr<PullTransport> transport;
-  std::vector<std::unique_ptr<Transport>> extra_transports;
+  // Validates `options`, builds the parts `components` does not replace (CPU backend, pull
+  // transport, policy cache, metrics when `registry` is given) and starts the metrics refresher.
+  static absl::StatusOr<std::shared_ptr<Impl>> Create(const EngineOptions& options,
+                                                      prometheus::Registry* registry,
+                                                      EngineComponents components);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  const EngineOptions& options() const { return options_; }
+  policy::IgnoreSnapshotCache* cache() const { return cache_.get(); }
+  PullTransport& pull() const { return *pull_; }
   // Every transport of a publication: the extras, then the pull transport.
-  std::unique_ptr<TransportGroup> transports;
-  std::unique_ptr<CudaIpcResolver> cuda_ipc;  // null on the CPU path
-  EngineConnector* connector = nullptr;       // null on the CPU path; owned by a component
-  std::mutex ipc_mu;                          // serializes cuda_ipc calls
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<metrics::EngineMetrics> metrics;  // null without a registry
+  Transport& transports() const { return *transports_; }
+  Backend& backend() const { return *backend_; }
+  EngineConnector* connector() const { return connector_; }  // null on the CPU path
+  PublicationLedger& ledger() { return ledger_; }
+  const PublicationLedger& ledger() const { return ledger_; }
 
-  mutable std::mutex mu;
-  std::condition_variable cv;  // signalled when the active publication ends, or on shutdown
-  std::shared_ptr<PublicationSession::State> active;  // guarded by mu
-  uint64_t committed_version = 0;                     // guarded by mu
-  std::string committed_model_id;                     // guarded by mu
-  absl::Time committed_at = absl::InfinitePast();     // guarded by mu
-  std::deque<PublicationReport> reports;              // newest first; guarded by mu
-  bool shutting_down = false;                         // guarded by mu
-  // A ConnectEngines is forming the group: Open treats it like an active publication.
-  bool connecting = false;      // guarded by mu
-  bool stop_refresher = false;  // guarded by mu
-  std::thread refresher;        // refreshes wpub_engines{state} while metrics are on
+  // The input store's CUDA IPC hook: the resolver under its lock, or null without one.
+  CudaIpcResolveFn ResolveFn();
+  // Releases the previous publication's CUDA IPC mappings (no-op without a resolver).
+  void EndCudaIpcPublication();
 
-  // Records the final report of `state` (which must be the active publication), advances the
-  // committed version on success, releases the active slot and updates metrics.
-  void Finish(const PublicationSession::State* state, const PublicationReport& report);
+  // A publication ended: records its report in the ledger (freeing the slot `holder` holds)
+  // and in the metrics.
+  void Record(const PublicationSession::State* holder, const PublicationReport& report);
   void RefreshMetrics();
-  // Beyond the committed version (checked by the caller, under mu): the versions the
-  // connected engines reported serving, and at most max_version_step above all of them.
-  // `group` is the connector's group (nullopt without one). Requires mu.
-  absl::Status CheckVersionFloor(uint64_t version,
+  // Beyond the committed version (checked by the ledger): the versions the connected engines
+  // reported serving, and at most max_version_step above all of them. `group` is the
+  // connector's group (nullopt without one).
+  absl::Status CheckVersionFloor(uint64_t version, uint64_t committed_version,
                                  const std::optional<EngineGroupInfo>& group) const;
+
+  // ~Engine: the ledger refuses new work, the refresher stops, the pull transport shuts down
+  // and the CUDA IPC mappings are released. Sessions that outlive the Engine keep the parts.
+  void Shutdown();
+
+ private:
+  // The parts, as Create assembles them.
+  struct Parts {
+    std::unique_ptr<policy::IgnoreSnapshotCache> cache;
+    std::unique_ptr<PullTransport> pull;
+    std::vector<std::unique_ptr<Transport>> extra_transports;
+    std::unique_ptr<TransportGroup> transports;
+    std::unique_ptr<CudaIpcResolver> cuda_ipc;
+    EngineConnector* connector = nullptr;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<metrics::EngineMetrics> metrics;
+  };
+  Impl(const EngineOptions& options, Parts parts);
+  void StartRefresher();  // only with metrics
+  void StopRefresher();
+
+  // Components: set in the constructor, read-only afterwards.
+  const EngineOptions options_;
+  const std::unique_ptr<policy::IgnoreSnapshotCache> cache_;
+  const std::unique_ptr<PullTransport> pull_;
+  const std::vector<std::unique_ptr<Transport>> extra_transports_;  // owned for transports_
+  const std::unique_ptr<TransportGroup> transports_;
+  const std::unique_ptr<CudaIpcResolver> cuda_ipc_;  // null on the CPU path
+  EngineConnector* const connector_;                 // owned by a component
+  const std::unique_ptr<Backend> backend_;
+  const std::unique_ptr<metrics::EngineMetrics> metrics_;  // null without a registry
+  std::mutex ipc_mu_;                                      // serializes cuda_ipc_ calls
+
+  PublicationLedger ledger_;
+
+  // Metrics upkeep: wpub_engines{state} follows receivers that connect or leave between
+  // publications.
+  std::mutex refresher_mu_;
+  std::condition_variable refresher_cv_;
+  bool stop_refresher_ = false;  // guarded by refresher_mu_
+  std::thread refresher_;
 };
 
 class PublicationSession::State {
@@ -72,42 +124,55 @@ class PublicationSession::State {
   State(std::shared_ptr<Engine::Impl> engine, PublicationHeader header, ParsedRecipe recipe,
         std::unique_ptr<policy::Policy> policy, uint64_t bucket_bytes);
 
+  // The producer thread's calls (PublicationSession's contract).
   absl::Status AddBatch(BatchInput batch);
   absl::Status AppendInline(uint64_t batch, uint32_t tensor, uint32_t part, uint64_t offset,
                             absl::Span<const uint8_t> bytes);
   absl::StatusOr<PublicationReport> Commit();
-  void Abort(absl::Status why);
-  // Abort, reporting `outcome` (kFailed for bad input found by the caller).
+  // From any thread: ends the publication reporting `outcome` (kAborted, or kFailed for bad
+  // input the caller found) when no Commit runs; otherwise records the request for the Commit
+  // thread, which ends it ABORTED promptly. No-op after the end and past the point of no return.
   void Stop(absl::Status why, PublicationStatus outcome);
 
   uint64_t version() const { return header_.version; }
   const std::string& model_id() const { return header_.model_id; }
   absl::Time opened_at() const { return opened_at_; }
-  PublicationState state() const { return state_.load(); }
+  PublicationState state() const { return lifecycle_.public_state(); }
   uint64_t num_batches() const { return num_batches_.load(); }
   uint64_t num_tensors() const { return num_tensors_.load(); }
-  bool ended() const;
 
  private:
-  // Ends the publication with `status`: FAILED for bad input, ABORTED otherwise. Tells the
-  // transport to discard the version when it saw it. Returns `status`.
-  absl::Status End(PublicationStatus outcome, absl::Status status);
-  // The report as of now.
-  PublicationReport MakeReport(PublicationStatus outcome, const absl::Status& status) const;
-  absl::Status CheckOpen() const;  // requires mu_
-  // The store's CUDA IPC hook: the engine's resolver under its lock, or null.
-  static CudaIpcResolveFn ResolveFn(Engine::Impl* engine);
+  // The one way a publication ends: the Lifecycle's terminal transition (which tells the
+  // transports to discard a version that did not commit), then Conclude. Returns the report;
+  // FAILED_PRECONDITION when it had ended already (nothing is recorded twice).
+  absl::StatusOr<PublicationReport> End(PublicationStatus outcome, absl::Status status);
+  // End(kFailed, status) for bad input; returns `status`.
+  absl::Status Reject(absl::Status status);
+  // Assembles the report of `ending` (which must have ended_now) and hands it to the engine.
+  PublicationReport Conclude(const Lifecycle::Ending& ending);
+  // The report from what the publication has: always its identity, timing, tensor counts and
+  // attempts; with phases and non-finite count once Commit ran; with the transfer's figures
+  // (bytes out, buckets, host syncs, receivers' outcomes, retry errors) when the commit path
+  // ended it ABORTED or COMMITTED.
+  PublicationReport MakeReport(const Lifecycle::Ending& ending) const;
+
+  // Commit's steps (session_commit.cc).
+  absl::Status CheckInputs() const;  // complete, not empty, quantizes what the recipe says
   absl::StatusOr<ExecutionPlan> BuildPlan(std::vector<uint32_t>* unit_sizes);
-  // The ABORTED report after a transport/receiver failure or an abort request.
-  PublicationReport AbortedReport(absl::Status why);
+  PublicationManifest MakeManifest(const ExecutionPlan& plan) const;
+  // The transfer, retried while an aborted attempt left receivers that apply on receipt dirty
+  // and attempts remain. OK when one attempt succeeded; otherwise why the last one failed,
+  // with *bad_input set when the backend found the trainer's input bad.
+  absl::Status TransferWithRetries(const ExecutionPlan& plan, PublicationManifest& manifest,
+                                   bool* bad_input);
   // One attempt at the transfer: Begin on every transport, the backend's quantize/pack/emit,
   // every acknowledgement. OK when every participant holds every bucket; otherwise why not,
   // with *bad_input set when the backend found the trainer's input bad (non-finite weights).
   absl::Status Transfer(const ExecutionPlan& plan, const PublicationManifest& manifest,
                         bool* bad_input);
 
-  // Shared so a session may outlive the Engine; Impl::active points back while this publication
-  // is active (the cycle ends when Finish releases the slot).
+  // Shared so a session may outlive the Engine; the ledger points back while this publication
+  // is active (the cycle ends when Record frees the slot).
   const std::shared_ptr<Engine::Impl> engine_;
   const PublicationHeader header_;
   const ParsedRecipe recipe_;
@@ -115,8 +180,9 @@ class PublicationSession::State {
   const uint64_t bucket_bytes_;
   const absl::Time opened_at_;
   const Clock::time_point t_open_;
+  Lifecycle lifecycle_;
 
-  // Producer-thread state (AddBatch/AppendInline/Commit; never touched by Abort).
+  // Producer-thread state (AddBatch/AppendInline/Commit; never touched by Stop).
   InputStore store_;
   std::vector<policy::BatchPlan> plans_;
   PhaseSeconds phases_;
@@ -129,14 +195,7 @@ class PublicationSession::State {
   std::vector<std::string> retry_errors_;  // why each attempt before the last failed
   SyncCounter syncs_;
 
-  mutable std::mutex mu_;
-  bool ended_ = false;            // guarded by mu_: the report was recorded
-  bool commit_called_ = false;    // guarded by mu_
-  bool transport_begun_ = false;  // guarded by mu_
-  bool committing_ = false;       // guarded by mu_: past the point of no return
-  bool abort_requested_ = false;  // guarded by mu_
-  absl::Status end_status_;       // guarded by mu_: why it ended / abort request
-  std::atomic<PublicationState> state_{PublicationState::kOpen};
+  // Read by GetStatus and reports from any thread.
   std::atomic<uint64_t> num_batches_{0};
   std::atomic<uint64_t> num_tensors_{0};
   std::atomic<uint64_t> tensors_quantized_{0};

@@ -1,0 +1,164 @@
+// Engine::Impl: creating the engine's parts, the CUDA IPC resolver's lock, recording reports,
+// metrics upkeep and the version floor beyond the committed version.
+#include "core/engine/engine_impl.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status.h"
+#include "core/engine/cpu_backend.h"
+
+namespace wpub::engine {
+namespace {
+
+absl::Status ValidateOptions(const EngineOptions& options) {
+  if (options.min_bucket_bytes == 0 || options.min_bucket_bytes > options.max_bucket_bytes) {
+    return absl::InvalidArgumentError("min_bucket_bytes must be in [1, max_bucket_bytes]");
+  }
+  if (options.bucket_bytes < options.min_bucket_bytes ||
+      options.bucket_bytes > options.max_bucket_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket_bytes ", options.bucket_bytes,
+                                                   " is outside [", options.min_bucket_bytes, ", ",
+                                                   options.max_bucket_bytes, "]"));
+  }
+  if (options.ack_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ack_deadline must be positive");
+  }
+  if (options.cpu_threads < 1) return absl::InvalidArgumentError("cpu_threads must be >= 1");
+  if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineOptions& options,
+                                                                   prometheus::Registry* registry,
+                                                                   EngineComponents components) {
+  WPUB_RETURN_IF_ERROR(ValidateOptions(options));
+  Parts parts;
+  WPUB_ASSIGN_OR_RETURN(parts.cache, policy::IgnoreSnapshotCache::Create({}));
+  WPUB_ASSIGN_OR_RETURN(parts.pull, PullTransport::Create(options.pull));
+  if (components.backend) {
+    parts.backend = std::move(components.backend);
+  } else {
+    WPUB_ASSIGN_OR_RETURN(parts.backend, CpuBackend::Create({options.cpu_threads}));
+  }
+  parts.cuda_ipc = std::move(components.cuda_ipc);
+  parts.connector = components.connector;
+  std::vector<Transport*> members;
+  for (auto& t : components.transports) {
+    if (!t) return absl::InvalidArgumentError("EngineComponents::transports holds a null entry");
+    members.push_back(t.get());
+    parts.extra_transports.push_back(std::move(t));
+  }
+  members.push_back(parts.pull.get());
+  WPUB_ASSIGN_OR_RETURN(parts.transports, TransportGroup::Create(std::move(members)));
+  if (registry != nullptr) {
+    WPUB_ASSIGN_OR_RETURN(parts.metrics, metrics::EngineMetrics::Create(registry));
+  }
+  std::shared_ptr<Impl> impl(new Impl(options, std::move(parts)));
+  impl->StartRefresher();
+  return impl;
+}
+
+Engine::Impl::Impl(const EngineOptions& options, Parts parts)
+    : options_(options),
+      cache_(std::move(parts.cache)),
+      pull_(std::move(parts.pull)),
+      extra_transports_(std::move(parts.extra_transports)),
+      transports_(std::move(parts.transports)),
+      cuda_ipc_(std::move(parts.cuda_ipc)),
+      connector_(parts.connector),
+      backend_(std::move(parts.backend)),
+      metrics_(std::move(parts.metrics)),
+      ledger_(options.report_history, options.status_reports) {}
+
+Engine::Impl::~Impl() { StopRefresher(); }
+
+void Engine::Impl::StartRefresher() {
+  if (!metrics_) return;
+  refresher_ = std::thread([this] {
+    std::unique_lock lock(refresher_mu_);
+    while (!stop_refresher_) {
+      refresher_cv_.wait_for(lock, std::chrono::milliseconds(500));
+      if (stop_refresher_) break;
+      lock.unlock();
+      RefreshMetrics();
+      lock.lock();
+    }
+  });
+}
+
+void Engine::Impl::StopRefresher() {
+  {
+    std::lock_guard lock(refresher_mu_);
+    stop_refresher_ = true;
+  }
+  refresher_cv_.notify_all();
+  if (refresher_.joinable()) refresher_.join();
+}
+
+void Engine::Impl::Shutdown() {
+  ledger_.BeginShutdown();
+  StopRefresher();
+  pull_->Shutdown();
+  EndCudaIpcPublication();
+}
+
+CudaIpcResolveFn Engine::Impl::ResolveFn() {
+  if (!cuda_ipc_) return nullptr;
+  return [this](const CudaIpcSource& source, uint64_t bytes, absl::string_view tensor) {
+    std::lock_guard lock(ipc_mu_);
+    return cuda_ipc_->Resolve(source, bytes, tensor);
+  };
+}
+
+void Engine::Impl::EndCudaIpcPublication() {
+  if (!cuda_ipc_) return;
+  std::lock_guard lock(ipc_mu_);
+  cuda_ipc_->EndPublication();
+}
+
+void Engine::Impl::Record(const PublicationSession::State* holder,
+                          const PublicationReport& report) {
+  ledger_.Record(holder, report);
+  if (metrics_) {
+    metrics_->RecordReport(report);
+    RefreshMetrics();
+  }
+}
+
+void Engine::Impl::RefreshMetrics() {
+  if (!metrics_) return;
+  metrics_->SetIgnoreCacheCounters(cache_->hits(), cache_->misses());
+  metrics_->SetReceivers(transports_->Receivers());
+}
+
+absl::Status Engine::Impl::CheckVersionFloor(uint64_t version, uint64_t committed_version,
+                                             const std::optional<EngineGroupInfo>& group) const {
+  uint64_t floor = committed_version;
+  if (const std::optional<HeldVersion> held = pull_->HighestHeldVersion()) {
+    floor = std::max(floor, held->version);
+  }
+  if (group.has_value()) {
+    if (version <= group->highest_engine_version) {
+      std::string who;
+      for (const ConnectedEngine& e : group->engines) {
+        if (e.weight_version == group->highest_engine_version) who = e.url;
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version: ", version, " is not greater than version ", group->highest_engine_version,
+          " that engine ", who.empty() ? std::string("(left the group)") : who,
+          " serves; a restarted daemon must publish beyond what its engines hold"));
+    }
+    floor = std::max(floor, group->highest_engine_version);
+  }
+  if (version - floor > options_.max_version_step) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "version: ", version, " is more than ", options_.max_version_step, " above ", floor,
+        " (the version to exceed); a jump that large would use up the version space"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace wpub::engine

@@ -1,0 +1,218 @@
+// Commit: inputs checked, buckets planned, the transfer (retried for dirty receivers), the point
+// of no return. Every exit ends the publication through End or Reject (session.cc).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status.h"
+#include "core/engine/engine_impl.h"
+#include "core/engine/planner.h"
+
+namespace wpub::engine {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// ABORTED naming every failed receiver, or OK when none failed.
+absl::Status FailureFromOutcomes(const std::vector<ReceiverOutcome>& outcomes) {
+  std::vector<std::string> why;
+  for (const ReceiverOutcome& o : outcomes) {
+    if (o.failure != ReceiverFailure::kNone) why.push_back(o.error);
+  }
+  if (why.empty()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrJoin(why, "; "));
+}
+
+}  // namespace
+
+absl::StatusOr<ExecutionPlan> PublicationSession::State::BuildPlan(
+    std::vector<uint32_t>* unit_sizes) {
+  ExecutionPlan plan;
+  plan.version = header_.version;
+  plan.mode = recipe_.mode;
+  plan.allow_non_finite = header_.allow_non_finite;
+  plan.inputs = &store_.tensors();
+  for (size_t b = 0; b < plans_.size(); ++b) {
+    const policy::BatchPlan& bp = plans_[b];
+    const size_t base = store_.FlatIndex(b, 0);
+    const int group_base = static_cast<int>(plan.amax_groups.size());
+    for (const policy::AmaxGroup& g : bp.amax_groups) {
+      AmaxGroupPlan gp;
+      gp.slices = g.slices;
+      for (int m : g.members) gp.members.push_back(base + static_cast<size_t>(m));
+      plan.amax_groups.push_back(std::move(gp));
+    }
+    for (size_t i = 0; i < bp.tensors.size(); ++i) {
+      const policy::TensorPlan& tp = bp.tensors[i];
+      const size_t input = base + i;
+      if (tp.action == policy::Action::kPass) {
+        plan.outputs.push_back(store_.tensors()[input].desc);
+        plan.sources.push_back(OutputSource{OutputKind::kPassthrough, input, -1});
+        unit_sizes->push_back(1);
+        bytes_by_format_[std::string(DTypeName(plan.outputs.back().dtype))] +=
+            static_cast<uint64_t>(plan.outputs.back().nbytes());
+        continue;
+      }
+      const int group = group_base + tp.amax_group;
+      static constexpr OutputKind kKinds[3] = {OutputKind::kPacked, OutputKind::kScales,
+                                               OutputKind::kDecodeScale};
+      static constexpr DType kTypes[3] = {DType::kUInt8, DType::kFloat8E4M3, DType::kFloat32};
+      for (size_t k = 0; k < 3; ++k) {
+        const TensorDesc& out = bp.outputs[tp.first_output + k];
+        if (out.dtype != kTypes[k]) {
+          return absl::InternalError(
+              absl::StrCat("policy output ", out.name, " has dtype ", DTypeName(out.dtype)));
+        }
+        plan.outputs.push_back(out);
+        plan.sources.push_back(OutputSource{kKinds[k], input, group});
+        bytes_by_format_["nvfp4"] += static_cast<uint64_t>(out.nbytes());
+      }
+      unit_sizes->push_back(3);
+    }
+  }
+  WPUB_ASSIGN_OR_RETURN(plan.buckets, PlanBuckets(plan.outputs, *unit_sizes, bucket_bytes_));
+  WPUB_RETURN_IF_ERROR(CheckLayout(plan.buckets, plan.outputs, *unit_sizes, bucket_bytes_));
+  return plan;
+}
+
+absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
+                                                 const PublicationManifest& manifest,
+                                                 bool* bad_input) {
+  Transport* transport = &engine_->transports();
+  WPUB_RETURN_IF_ERROR(lifecycle_.BeginTransfer());
+  bytes_out_ = 0;
+  auto t0 = Clock::now();
+  if (absl::Status s = transport->Begin(manifest).status(); !s.ok()) return s;
+  phases_.transfer += Since(t0);
+  WPUB_RETURN_IF_ERROR(lifecycle_.abort_request());
+
+  // The one road of a bucket: backend -> emit -> the transport group -> each transport.
+  ExecutionHooks hooks;
+  hooks.syncs = &syncs_;
+  hooks.emit = [&](std::shared_ptr<const Bucket> bucket) {
+    const auto t = Clock::now();
+    bytes_out_ += bucket->manifest.nbytes;
+    absl::Status s = transport->Send(std::move(bucket));
+    phases_.transfer += Since(t);
+    return s;
+  };
+  hooks.cancelled = [&] {
+    if (!lifecycle_.abort_request().ok()) return true;
+    return !FailureFromOutcomes(transport->Outcomes()).ok();
+  };
+  absl::StatusOr<ExecutionResult> executed = engine_->backend().Execute(plan, hooks);
+  if (!executed.ok()) {
+    // INVALID_ARGUMENT is the trainer's input (e.g. non-finite weights): the caller fails the
+    // publication; anything else is the transfer's.
+    if (absl::IsInvalidArgument(executed.status())) {
+      *bad_input = true;
+      return executed.status();
+    }
+    absl::Status why = FailureFromOutcomes(transport->Outcomes());
+    return why.ok() ? executed.status() : why;
+  }
+  phases_.quantize += executed->quantize_seconds;
+  phases_.pack += executed->pack_seconds;
+  non_finite_ = executed->non_finite;
+
+  t0 = Clock::now();
+  absl::Status acked = transport->WaitAcknowledged(absl::Now() + engine_->options().ack_deadline);
+  phases_.transfer += Since(t0);
+  return acked;
+}
+
+absl::Status PublicationSession::State::TransferWithRetries(const ExecutionPlan& plan,
+                                                            PublicationManifest& manifest,
+                                                            bool* bad_input) {
+  Transport& transport = engine_->transports();
+  for (;;) {
+    ++attempts_;
+    manifest.attempt = static_cast<uint32_t>(attempts_);
+    absl::Status sent = Transfer(plan, manifest, bad_input);
+    if (sent.ok() || *bad_input) return sent;
+    std::vector<std::string> dirty;
+    for (const ReceiverOutcome& o : transport.Outcomes()) {
+      if (o.dirty) dirty.push_back(o.name);
+    }
+    if (!lifecycle_.abort_request().ok() || dirty.empty() ||
+        attempts_ >= engine_->options().max_attempts) {
+      return sent;
+    }
+    // Ends this attempt on every transport (the next Begin re-forms what failed).
+    transport.Abort(absl::StrCat("attempt ", attempts_, " failed (", sent.message(),
+                                 "); retrying for the dirty receivers ",
+                                 absl::StrJoin(dirty, ", ")));
+    retry_errors_.push_back(std::string(sent.message()));
+  }
+}
+
+absl::Status PublicationSession::State::CheckInputs() const {
+  if (num_tensors_.load() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("publication ", header_.version, " is empty (no tensors)"));
+  }
+  WPUB_RETURN_IF_ERROR(store_.CheckComplete());
+  // A quantizing recipe whose plans quantize nothing (names the policy did not recognize).
+  return policy::CheckQuantizesAnything(policy_->settings(), plans_);
+}
+
+PublicationManifest PublicationSession::State::MakeManifest(const ExecutionPlan& plan) const {
+  PublicationManifest manifest;
+  manifest.version = header_.version;
+  manifest.model_id = header_.model_id;
+  manifest.recipe = recipe_.canonical;
+  for (const BucketLayout& b : plan.buckets) {
+    manifest.buckets.push_back(MakeBucketManifest(b, plan.outputs));
+  }
+  return manifest;
+}
+
+absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
+  WPUB_RETURN_IF_ERROR(lifecycle_.BeginCommit());
+  const auto t_commit = Clock::now();
+  phases_.policy = policy_seconds_in_ingest_;
+  phases_.ingest =
+      std::chrono::duration<double>(t_commit - t_open_).count() - policy_seconds_in_ingest_;
+  if (absl::Status s = CheckInputs(); !s.ok()) return Reject(s);
+  if (absl::Status s = lifecycle_.Stage(); !s.ok()) return End(PublicationStatus::kAborted, s);
+
+  // Policy/planning.
+  auto t0 = Clock::now();
+  std::vector<uint32_t> units;
+  absl::StatusOr<ExecutionPlan> plan = BuildPlan(&units);
+  if (!plan.ok()) return Reject(plan.status());
+  PublicationManifest manifest = MakeManifest(*plan);
+  num_buckets_ = static_cast<uint32_t>(manifest.buckets.size());
+  phases_.policy += Since(t0);
+
+  Transport& transport = engine_->transports();
+  const size_t min_receivers = engine_->options().min_receivers;
+  if (const size_t n = transport.Receivers().size(); n < min_receivers) {
+    const absl::Status why = absl::FailedPreconditionError(
+        absl::StrCat("publication ", header_.version, " needs at least ", min_receivers,
+                     " receivers, ", n, " connected"));
+    return End(PublicationStatus::kAborted, why);
+  }
+  bool bad_input = false;
+  if (absl::Status sent = TransferWithRetries(*plan, manifest, &bad_input); !sent.ok()) {
+    if (bad_input) return Reject(sent);
+    return End(PublicationStatus::kAborted, sent);
+  }
+
+  t0 = Clock::now();
+  const absl::Status committed = lifecycle_.PassPointOfNoReturn([&] {
+    absl::Status s = transport.Commit();
+    if (s.ok()) return s;
+    // A receiver failed after its last acknowledgement (e.g. it left): name it.
+    const absl::Status why = FailureFromOutcomes(transport.Outcomes());
+    return why.ok() ? s : why;
+  });
+  if (!committed.ok()) return End(PublicationStatus::kAborted, committed);
+  phases_.commit = Since(t0);
+  return End(PublicationStatus::kCommitted, absl::OkStatus());
+}
+
+}  // namespace wpub::engine
