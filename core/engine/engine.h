@@ -1,8 +1,9 @@
 // The publication engine: the daemon's core behind the gRPC server. It owns the publication
-// state machine (OPEN -> STAGED -> COMMITTED | ABORTED), applies the precision policy, plans
-// and packs buckets, quantizes through a backend (CPU reference here, the GPU backend later),
-// moves buckets through a transport and commits only when every receiver acknowledged every
-// bucket. Metrics are registered on the caller's prometheus::Registry.
+// state machine (OPEN -> STAGED -> COMMITTED | ABORTED; lifecycle.h), applies the precision
+// policy, plans buckets, quantizes and packs them through a backend (the CPU reference, or the
+// GPU backend given as a component), hands every bucket to its transports through the transport
+// group (transport_group.h) and commits only when every receiver acknowledged every bucket.
+// Metrics are registered on the caller's prometheus::Registry.
 //
 // Error contract: bad input ends the publication with INVALID_ARGUMENT / FAILED_PRECONDITION /
 // NOT_FOUND / UNIMPLEMENTED / OUT_OF_RANGE and a message naming the tensor, part or header
