@@ -5,8 +5,8 @@
 
 #include <thread>
 
+#include "clients/recv/nccl/group_member.h"
 #include "core/nccl/gpu_path.h"
-#include "core/nccl/group_member.h"
 #include "core/rendezvous/tcp_store_server.h"
 
 namespace wpub::nccl {

@@ -16,9 +16,9 @@
 #include <mutex>
 #include <thread>
 
+#include "clients/recv/nccl/receiver_endpoint.h"
 #include "core/nccl/nccl_comm.h"
 #include "core/nccl/nccl_transport.h"
-#include "core/nccl/receiver_endpoint.h"
 
 namespace wpub::nccl {
 namespace {
