@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Offline conversion on a GPU machine (kind nvidia-h200), from binaries staged by
-# stage_devbin.sh: the gpu-labelled CUDA-vs-CPU test, then a synthetic checkpoint of $GB GB
-# (default 8) generated on local disk, converted with --device cuda and --device cpu, the two
+# `deploy/stage_devbin.sh <build dir> convert` (unpacked from $BIN.tgz when only that was
+# carried): the gpu-labelled CUDA-vs-CPU test, then a synthetic checkpoint of $GB GB (default 8)
+# generated on local disk, converted with --device cuda and --device cpu, the two
 # outputs compared byte for byte, the output loaded with Python's safetensors and checked
 # against an independent numpy quantizer, throughput of both paths printed. Logs go to $OUT.
 # Usage: BIN=.devbin/convert OUT=$OUT bash bench/convert/run_h200.sh
 # (GEN_ARGS adds generator flags, e.g. a small dry run: GB=0.02 GEN_ARGS="--hidden_size 256
 # --moe_intermediate_size 128 --experts 8 --vocab_size 512 --shard_gb 0.004")
 set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BIN=${BIN:-.devbin/convert}
+[[ $BIN == /* ]] || BIN=$PWD/$BIN
 OUT=${OUT:-device-out}
 GB=${GB:-8}
 WORK=${WORK:-/tmp/wpub-convert-bench}
 PY=${PY:-python3}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [[ ! -d $BIN && -f $BIN.tgz ]]; then tar -xzf "$BIN.tgz" -C "$(dirname "$BIN")"; fi
+export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 rc=0
 {
@@ -55,7 +59,7 @@ grep -q " 0 differ" "$OUT/compare.txt" || rc=1
 
 echo "== python safetensors check"
 checked=$WORK/out_cuda; [ -d "$checked" ] || checked=$WORK/out_cpu
-timeout 120 "$PY" "$BIN/check_output.py" --input "$WORK/in" --output "$checked" \
+timeout 120 "$PY" "$ROOT/tests/convert/check_output.py" --input "$WORK/in" --output "$checked" \
   --samples 6 2>&1 | tee "$OUT/python_check.log"
 [ "${PIPESTATUS[0]}" -ne 0 ] && rc=1
 

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Runs the NVFP4 GPU tests, a compute-sanitizer memcheck subset, the kernel benchmark and the L2
 # reuse probe on a GPU machine from prebuilt binaries in $BIN (default .devbin/kernels, staged by
-# bench/kernels/stage_devbin.sh: kernels_gpu_test, nvfp4_kernels_bench, l2_reuse_bench, libcudart
-# and libcupti).
+# `deploy/stage_devbin.sh <build dir> kernels`: kernels_gpu_test, nvfp4_kernels_bench,
+# l2_reuse_bench, and libcudart and libcupti in $BIN/lib; unpacked from $BIN.tgz when only that
+# was carried).
 # Logs go to $OUT (default ./device-out). Usage: device_run.sh [tests|sanitize|bench|l2]...
 set -uo pipefail
 BIN=${BIN:-.devbin/kernels}
+[[ $BIN == /* ]] || BIN=$PWD/$BIN
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [[ ! -d $BIN && -f $BIN.tgz ]]; then tar -xzf "$BIN.tgz" -C "$(dirname "$BIN")"; fi
+export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_NVLS_ENABLE=0
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests sanitize bench)

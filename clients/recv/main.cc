@@ -61,9 +61,9 @@ ABSL_FLAG(int32_t, nccl_ctas, 0,
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "clients/recv/nccl/receiver_endpoint.h"
 #include "clients/recv/safetensors.h"
 #include "core/nccl/nccl_comm.h"
-#include "core/nccl/receiver_endpoint.h"
 
 namespace {
 

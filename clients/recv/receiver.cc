@@ -25,8 +25,8 @@
 #include "clients/recv/safetensors.h"
 #include "core/common/status.h"
 #include "core/engine/checksum.h"
-#include "server/wire/convert.h"
-#include "server/wire/status_map.h"
+#include "wire/convert.h"
+#include "wire/status_map.h"
 #include "wpub/v1/receivers.grpc.pb.h"
 
 namespace wpub::recv {

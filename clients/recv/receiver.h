@@ -23,7 +23,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/engine/types.h"
-#include "server/client/tls.h"
+#include "wire/tls.h"
 
 namespace grpc {
 class ClientContext;

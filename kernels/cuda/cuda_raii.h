@@ -17,14 +17,27 @@
 
 namespace wpub::kernels::cuda {
 
-// Owns `bytes` of device memory from cudaMalloc on the current device.
-class DeviceBuffer {
+// Where a CudaBuffer's memory comes from: device memory of the current device (cudaMalloc), or
+// page-locked host memory (cudaMallocHost), the only host memory an asynchronous copy may target
+// without the runtime staging it synchronously.
+struct DeviceMemory {
+  static cudaError_t Allocate(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
+  static void Free(void* p) { cudaFree(p); }
+};
+struct PinnedHostMemory {
+  static cudaError_t Allocate(void** p, size_t bytes) { return cudaMallocHost(p, bytes); }
+  static void Free(void* p) { cudaFreeHost(p); }
+};
+
+// Owns `bytes` of memory from Memory::Allocate; DeviceBuffer and PinnedHostBuffer below.
+template <typename Memory>
+class CudaBuffer {
  public:
-  DeviceBuffer() = default;
-  ~DeviceBuffer() { Reset(); }
-  DeviceBuffer(DeviceBuffer&& other) noexcept
+  CudaBuffer() = default;
+  ~CudaBuffer() { Reset(); }
+  CudaBuffer(CudaBuffer&& other) noexcept
       : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+  CudaBuffer& operator=(CudaBuffer&& other) noexcept {
     if (this != &other) {
       Reset();
       ptr_ = std::exchange(other.ptr_, nullptr);
@@ -32,15 +45,16 @@ class DeviceBuffer {
     }
     return *this;
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  CudaBuffer(const CudaBuffer&) = delete;
+  CudaBuffer& operator=(const CudaBuffer&) = delete;
 
-  // A zero-byte request succeeds and yields an empty buffer (data() == nullptr).
-  static cudaError_t Create(size_t bytes, DeviceBuffer* out) {
-    *out = DeviceBuffer();
+  // A zero-byte request succeeds and yields an empty buffer (data() == nullptr). Whatever *out
+  // held is released first.
+  static cudaError_t Create(size_t bytes, CudaBuffer* out) {
+    *out = CudaBuffer();
     if (bytes == 0) return cudaSuccess;
     void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
+    const cudaError_t err = Memory::Allocate(&p, bytes);
     if (err != cudaSuccess) return err;
     out->ptr_ = p;
     out->bytes_ = bytes;
@@ -56,7 +70,7 @@ class DeviceBuffer {
   bool empty() const { return ptr_ == nullptr; }
 
   void Reset() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
+    if (ptr_ != nullptr) Memory::Free(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
   }
@@ -66,53 +80,8 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// Owns page-locked host memory (cudaMallocHost): the only host memory an asynchronous copy
-// may target without the runtime staging it synchronously.
-class PinnedHostBuffer {
- public:
-  PinnedHostBuffer() = default;
-  ~PinnedHostBuffer() { Reset(); }
-  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
-      : ptr_(std::exchange(other.ptr_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      ptr_ = std::exchange(other.ptr_, nullptr);
-      bytes_ = std::exchange(other.bytes_, 0);
-    }
-    return *this;
-  }
-  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
-
-  static cudaError_t Create(size_t bytes, PinnedHostBuffer* out) {
-    *out = PinnedHostBuffer();
-    if (bytes == 0) return cudaSuccess;
-    void* p = nullptr;
-    const cudaError_t err = cudaMallocHost(&p, bytes);
-    if (err != cudaSuccess) return err;
-    out->ptr_ = p;
-    out->bytes_ = bytes;
-    return cudaSuccess;
-  }
-
-  void* data() const { return ptr_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(ptr_);
-  }
-  size_t size() const { return bytes_; }
-
-  void Reset() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
+using DeviceBuffer = CudaBuffer<DeviceMemory>;
+using PinnedHostBuffer = CudaBuffer<PinnedHostMemory>;
 
 // Owns a non-blocking stream (it does not synchronize with the legacy default stream).
 class Stream {
@@ -134,7 +103,8 @@ class Stream {
     *out = Stream();
     return cudaStreamCreateWithFlags(&out->s_, cudaStreamNonBlocking);
   }
-  // With a priority from cudaDeviceGetStreamPriorityRange (lower numbers run first).
+  // With a scheduling priority (cudaDeviceGetStreamPriorityRange gives the current device's
+  // range; lower numbers are greater priorities).
   static cudaError_t CreateWithPriority(int priority, Stream* out) {
     *out = Stream();
     return cudaStreamCreateWithPriority(&out->s_, cudaStreamNonBlocking, priority);

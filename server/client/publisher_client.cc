@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/common/status.h"
-#include "server/wire/status_map.h"
+#include "wire/status_map.h"
 
 namespace wpub::client {
 namespace {

@@ -16,7 +16,7 @@
 #include "absl/types/span.h"
 #include "core/common/tensor.h"
 #include "core/synthetic/synthetic.h"
-#include "server/client/tls.h"
+#include "wire/tls.h"
 #include "wpub/v1/publisher.grpc.pb.h"
 
 namespace wpub::client {

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/common/log_escape.h"
-#include "server/wire/convert.h"
-#include "server/wire/status_map.h"
+#include "wire/convert.h"
+#include "wire/status_map.h"
 
 namespace wpub::server {
 namespace {

@@ -12,8 +12,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "server/wire/convert.h"
-#include "server/wire/status_map.h"
+#include "wire/convert.h"
+#include "wire/status_map.h"
 
 namespace wpub::server {
 namespace {

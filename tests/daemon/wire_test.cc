@@ -16,8 +16,8 @@
 #include "core/engine/engine.h"
 #include "server/client/publisher_client.h"
 #include "server/service/daemon_server.h"
-#include "server/wire/convert.h"
-#include "server/wire/status_map.h"
+#include "wire/convert.h"
+#include "wire/status_map.h"
 
 namespace wpub::server {
 namespace {

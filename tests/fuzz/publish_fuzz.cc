@@ -1,7 +1,7 @@
 // Fuzz target `publish`: the Publish message stream as a trainer sends it. The input is a
 // sequence of length-delimited wpub.v1.PublishRequest messages (protobuf's delimited format:
 // a varint size, then the message; tests/fuzz/make_seeds.py writes valid publications), handled
-// exactly as the Publish RPC handles them: wire conversion (server/wire), then Engine::Open,
+// exactly as the Publish RPC handles them: wire conversion (wire/), then Engine::Open,
 // AddBatch, AppendInline and Commit on a fresh in-process engine with the CPU backend and no
 // receivers. Properties: nothing crashes; a COMMITTED report means the engine's committed
 // version is the published one; afterwards the engine still publishes a small valid version.
@@ -25,8 +25,8 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/util/delimited_message_util.h"
-#include "server/wire/convert.h"
 #include "tests/fuzz/fuzz_check.h"
+#include "wire/convert.h"
 #include "wpub/v1/publisher.pb.h"
 
 namespace {

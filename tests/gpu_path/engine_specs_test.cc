@@ -5,7 +5,7 @@
 
 #include <thread>
 
-#include "core/nccl/group_member.h"
+#include "clients/recv/nccl/group_member.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/gpu_path.h"
 

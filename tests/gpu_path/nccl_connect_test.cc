@@ -18,8 +18,8 @@
 #include <set>
 #include <thread>
 
+#include "clients/recv/nccl/receiver_endpoint.h"
 #include "core/nccl/nccl_comm.h"
-#include "core/nccl/receiver_endpoint.h"
 #include "core/rollout/rollout_group.h"
 
 namespace wpub::nccl {

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/strings/str_split.h"
-#include "core/nccl/receiver_endpoint.h"
+#include "clients/recv/nccl/receiver_endpoint.h"
 
 int main(int argc, char** argv) {
   if (argc < 3 || argc > 6) {

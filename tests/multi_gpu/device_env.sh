@@ -3,7 +3,7 @@
 # libraries for wpub's binaries only, a python3 wrapper that keeps the machine's own), and the
 # helpers tmo (step timeouts within WPUB_RUN_BUDGET_S), guarded (timeout + kill the process
 # group), step (a timestamped heading) and brief (the lines of a gtest log worth reading).
-# The staged binaries travel packed (tests/multi_gpu/stage_devbin.sh): unpacked when the folder
+# The staged binaries travel packed (deploy/stage_devbin.sh <build dir> gpu_path): unpacked when the folder
 # is missing or older than the tarball.
 if [[ -f $ROOT/.devbin/gpu_path.tgz && ( ! -d $ROOT/.devbin/gpu_path ||
   $ROOT/.devbin/gpu_path.tgz -nt $ROOT/.devbin/gpu_path ) ]]; then

@@ -6,13 +6,13 @@
 #      wpubd to wpub-recv on GPU 1, bit-exact ($OUT/python);
 #   3. bench/kernels/device_run.sh tests bench: the NVFP4 GPU tests and kernel benchmark on GPU 0
 #      ($OUT/kernels).
-# Needs `tests/multi_gpu/stage_devbin.sh <build dir> --all` staged (carry .devbin/gpu_path.tgz).
+# Needs `deploy/stage_devbin.sh <build dir> gpu_path` staged (carry .devbin/gpu_path.tgz).
 # Usage (from the repository root): bash tests/multi_gpu/run_all_h200x2.sh
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_device_out}
 BIN=$ROOT/.devbin/gpu_path
-# The staged binaries travel packed (tests/multi_gpu/stage_devbin.sh): unpacked when the folder
+# The staged binaries travel packed (deploy/stage_devbin.sh): unpacked when the folder
 # is missing or older than the tarball.
 if [[ -f $ROOT/.devbin/gpu_path.tgz && ( ! -d $ROOT/.devbin/gpu_path ||
   $ROOT/.devbin/gpu_path.tgz -nt $ROOT/.devbin/gpu_path ) ]]; then
@@ -30,8 +30,8 @@ OUT=$OUT/python WPUB_DEVBIN=$BIN timeout "$(($(left) - 150))" \
   bash "$ROOT/tests/python/run_gpu_connect.sh" >/dev/null 2>&1
 echo "python: exit $? at +$(($(date +%s) - START)) s"
 
-# The kernels' run script puts $BIN itself on the library path; the staged libraries are in lib/.
+# The kernels' run script takes the staged libraries from $BIN/lib.
 export NCCL_NVLS_ENABLE=0
-LD_LIBRARY_PATH=$BIN/lib:${LD_LIBRARY_PATH:-} OUT=$OUT/kernels BIN=.devbin/gpu_path \
+OUT=$OUT/kernels BIN=$BIN \
   timeout "$(($(left) - 5))" bash "$ROOT/bench/kernels/device_run.sh" tests bench >/dev/null 2>&1
 echo "kernels: exit $? at +$(($(date +%s) - START)) s"

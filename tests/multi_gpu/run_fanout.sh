@@ -5,7 +5,8 @@
 # then the fan-out benchmark for engines of one GPU and of two (publication wall clock and plain
 # broadcast busbw vs receiving ranks). About 6 minutes at most.
 #
-# Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/gpu_path.tgz (carried);
+# Needs the binaries staged by `deploy/stage_devbin.sh <build dir> gpu_path` in .devbin/gpu_path.tgz
+# (carried);
 # writes summary.log, env.txt, fanout_tp1.json, fanout_tp2.json and logs.tar.gz to $OUT.
 # Usage (from the repository root): bash tests/multi_gpu/run_fanout.sh
 set -u

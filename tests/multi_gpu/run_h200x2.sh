@@ -8,7 +8,8 @@
 # Qwen3-30B-A3B-shaped model, the fan-out benchmark and the PyTorch baseline (c). About 8 minutes
 # at most.
 #
-# Needs the binaries staged by tests/multi_gpu/stage_devbin.sh in .devbin/gpu_path.tgz (carried), and
+# Needs the binaries staged by `deploy/stage_devbin.sh <build dir> gpu_path` in .devbin/gpu_path.tgz
+# (carried), and
 # writes 8 files to $OUT: summary.log, env.txt, bench.json, bench_tuned.json (the recommended NCCL
 # settings), fanout.json, baseline.json, results.json and
 # logs.tar.gz (emulator, trainer, baseline and per-test logs).

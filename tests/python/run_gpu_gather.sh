@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the one-GPU Python tests of the client on a GPU host (e.g. nvidia-h200) with the binaries
-# staged by `tests/multi_gpu/stage_devbin.sh <build> --all` (carry .devbin/gpu_path.tgz):
+# staged by `deploy/stage_devbin.sh <build> gpu_path` (carry .devbin/gpu_path.tgz):
 # test_local_gather.LocalGatherCudaTest (two trainer processes on GPU 0; rank 1's CUDA shards
 # reach rank 0 as CUDA IPC references over gloo; rank 0 publishes through a GPU-path wpubd to
 # a gRPC-pull wpub-recv, bit-exact against the reference), test_gpu_ipc, and the CPU-side

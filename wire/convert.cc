@@ -1,5 +1,5 @@
 // Wire <-> engine conversions.
-#include "server/wire/convert.h"
+#include "wire/convert.h"
 
 #include <string>
 #include <type_traits>

@@ -28,7 +28,7 @@ struct GroupMemberOptions {
   int rank = 1;
   int world_size = 2;
   int device = 0;
-  // Tried in order; the first key present wins (see NcclTransportOptions).
+  // Tried in order; the first key present wins (see rollout::RolloutGroupOptions).
   std::vector<std::string> unique_id_key_templates = {
       std::string(rendezvous::kDefaultUniqueIdKeyTemplate), "/{group}/{group}/{index}"};
   absl::Duration timeout = absl::Seconds(120);  // store connect + id lookup + NCCL init

@@ -1,6 +1,6 @@
 // GroupMember: torch-compatible store handshake, unique-id lookup over the key templates,
 // nonblocking communicator as a receiving rank.
-#include "core/nccl/group_member.h"
+#include "clients/recv/nccl/group_member.h"
 
 #include <algorithm>
 #include <thread>

@@ -1,5 +1,5 @@
 // Channel credentials from PEM files (tls.h).
-#include "server/client/tls.h"
+#include "wire/tls.h"
 
 #include <fstream>
 #include <sstream>

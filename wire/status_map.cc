@@ -1,5 +1,5 @@
 // Status code mapping between absl and gRPC.
-#include "server/wire/status_map.h"
+#include "wire/status_map.h"
 
 #include <string>
 

@@ -25,6 +25,10 @@
 // "checksums": [...], "decode_seconds": .., "wait_seconds": .., "receive_seconds": ..,
 // "receive_device_seconds": .., "last_verified_ns": ..}} (ReceiverVersionStats; checksums:
 // core/engine/checksum.h).
+//
+// Pieces: receiver_endpoint.cc the HTTP routes; bucket_receiver.h the receive path (group,
+// request order, both receive modes, stats); device_rank.h one GPU's slots, streams and
+// checksums.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,159 @@
+// DeviceRank: one GPU's bucket slots, streams and checksum read-back; AgreedChecksum.
+#include "clients/recv/nccl/device_rank.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status.h"
+#include "core/engine/checksum.h"
+#include "kernels/cuda/status_kernels.h"
+#include "core/gpu/streams.h"
+
+namespace wpub::nccl {
+namespace {
+
+using Word = unsigned long long;  // the checksum kernel's accumulator
+
+cudaError_t CreateStream(gpu::StreamRole role, kernels::cuda::Stream* out) {
+  int priority = 0;
+  if (const cudaError_t e = gpu::StreamPriority(role, &priority); e != cudaSuccess) return e;
+  return kernels::cuda::Stream::CreateWithPriority(priority, out);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceRank>> DeviceRank::Create(int device) {
+  std::unique_ptr<DeviceRank> k(new DeviceRank(device));
+  using kernels::cuda::DeviceBuffer;
+  using kernels::cuda::Event;
+  using kernels::cuda::PinnedHostBuffer;
+  bool ok = cudaSetDevice(device) == cudaSuccess &&
+            CreateStream(gpu::StreamRole::kCommunication, &k->receive_) == cudaSuccess &&
+            CreateStream(gpu::StreamRole::kCompute, &k->verify_) == cudaSuccess;
+  for (Slot& s : k->slots_) {
+    ok = ok && DeviceBuffer::Create(sizeof(Word), &s.sum) == cudaSuccess &&
+         PinnedHostBuffer::Create(sizeof(Word), &s.sum_host) == cudaSuccess &&
+         Event::Create(/*timing=*/false, &s.verified) == cudaSuccess &&
+         Event::Create(/*timing=*/true, &s.posted) == cudaSuccess &&
+         Event::Create(/*timing=*/true, &s.landed) == cudaSuccess;
+  }
+  if (!ok) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("receiver endpoint: CUDA device ", device, " is not usable"));
+  }
+  return k;
+}
+
+// The members are released after this body, on the device it selects.
+DeviceRank::~DeviceRank() { (void)cudaSetDevice(device_); }
+
+absl::Status DeviceRank::UseDevice() const {
+  if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("receiver endpoint: cudaSetDevice(", device_, "): ", cudaGetErrorString(e)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceRank::CudaError(const char* what, cudaError_t e) const {
+  return absl::InternalError(
+      absl::StrCat(what, " on device ", device_, ": ", cudaGetErrorString(e)));
+}
+
+absl::Status DeviceRank::Reserve(uint64_t n) {
+  if (n <= slot_bytes_) return absl::OkStatus();
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  slot_bytes_ = 0;
+  for (Slot& s : slots_) s.buffer.Reset();  // both old buffers go before the new ones come
+  for (Slot& s : slots_) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(n, &s.buffer); e != cudaSuccess) {
+      for (Slot& t : slots_) t.buffer.Reset();
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate the bucket buffers of ", n,
+                                                       " bytes on device ", device_, ": ",
+                                                       cudaGetErrorString(e)));
+    }
+  }
+  slot_bytes_ = n;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceRank::EnqueueReceive(GroupMember& member, int slot, uint64_t n) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  return member.Receive(slots_[slot].buffer.data(), n, receive_.get());
+}
+
+absl::Status DeviceRank::EnqueueVerifiedReceive(GroupMember& member, int slot, uint64_t n) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  Slot& s = slots_[slot];
+  cudaError_t e = cudaStreamWaitEvent(receive_.get(), s.verified.get(), 0);
+  if (e != cudaSuccess) return CudaError("ordering the receive", e);
+  e = s.posted.Record(receive_.get());
+  if (e != cudaSuccess) return CudaError("timing the receive", e);
+  WPUB_RETURN_IF_ERROR(member.Receive(s.buffer.data(), n, receive_.get()));
+  e = s.landed.Record(receive_.get());
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(verify_.get(), s.landed.get(), 0);
+  if (e == cudaSuccess) e = EnqueueChecksumOn(slot, n, verify_.get());
+  if (e == cudaSuccess) e = s.verified.Record(verify_.get());
+  if (e != cudaSuccess) return CudaError("enqueueing the bucket's checksum", e);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceRank::EnqueueChecksum(int slot, uint64_t n) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  if (const cudaError_t e = EnqueueChecksumOn(slot, n, receive_.get()); e != cudaSuccess) {
+    return CudaError("the bucket's checksum", e);
+  }
+  return absl::OkStatus();
+}
+
+cudaError_t DeviceRank::EnqueueChecksumOn(int slot, uint64_t n, cudaStream_t stream) {
+  Slot& s = slots_[slot];
+  cudaError_t e = cudaMemsetAsync(s.sum.data(), 0, sizeof(Word), stream);
+  if (e == cudaSuccess) {
+    e = kernels::cuda::LaunchChecksumAdd(s.buffer.as<const uint8_t>(), n, 0, s.sum.as<Word>(), stream);
+  }
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(s.sum_host.data(), s.sum.data(), sizeof(Word), cudaMemcpyDeviceToHost,
+                        stream);
+  }
+  return e;
+}
+
+absl::Status DeviceRank::CopyToHost(int slot, uint64_t n, std::vector<uint8_t>* bytes) const {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  bytes->resize(n);
+  if (const cudaError_t e =
+          cudaMemcpy(bytes->data(), slots_[slot].buffer.data(), n, cudaMemcpyDeviceToHost);
+      e != cudaSuccess) {
+    return CudaError("copying the bucket back", e);
+  }
+  return absl::OkStatus();
+}
+
+uint64_t DeviceRank::Checksum(int slot, uint64_t n) const {
+  return engine::ChecksumFinish(*slots_[slot].sum_host.as<const Word>(), n);
+}
+
+double DeviceRank::ReceiveDeviceSeconds(int slot) const {
+  float ms = 0;
+  if (cudaEventElapsedTime(&ms, slots_[slot].posted.get(), slots_[slot].landed.get()) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return ms / 1e3;
+}
+
+absl::StatusOr<uint64_t> AgreedChecksum(const std::vector<uint64_t>& sums,
+                                        const std::vector<std::unique_ptr<DeviceRank>>& ranks,
+                                        const std::string& version) {
+  for (size_t i = 1; i < ranks.size(); ++i) {
+    if (sums[i] != sums[0]) {
+      return absl::DataLossError(
+          absl::StrCat("version ", version, ": the bucket's checksum on device ",
+                       ranks[i]->device(), " differs from device ", ranks[0]->device(), "'s"));
+    }
+  }
+  return sums[0];
+}
+
+}  // namespace wpub::nccl
