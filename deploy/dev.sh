@@ -25,11 +25,11 @@ cmake --build "$build_dir" -j "$jobs"
 # of the test folders in sanitize_dirs: the modules that take bytes from outside (trainer
 # streams, checkpoints, engine answers, TCPStore clients, policy text) and the fuzz targets'
 # short runs. DEVELOPERS.md says why not the whole unit label.
-sanitize_dirs=(fuzz policy engine gpu_path convert)
+sanitize_dirs=(fuzz policy engine rollout rendezvous convert)
 sanitize_targets=(fuzz_publish_test fuzz_safetensors_test fuzz_tcp_store_test
   fuzz_update_request_test fuzz_sglang_answers_test fuzz_policy_test policy_test
-  engine_unit_test gpu_path_rendezvous_test gpu_path_sglang_driver_test
-  gpu_path_update_request_test gpu_path_connect_engines_test gpu_path_sglang_dirty_test
+  engine_unit_test rendezvous_test rollout_sglang_driver_test
+  rollout_update_request_test engine_connect_engines_test rollout_sglang_dirty_test
   policy_bounds_test convert_test)
 sanitize() {
   local dir=${ASAN_BUILD_DIR:-build-asan}

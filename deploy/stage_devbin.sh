@@ -19,7 +19,7 @@
 #   --build: first builds the binaries' targets (cmake --build BUILD_DIR --target ... -j2)
 # e.g. deploy/stage_devbin.sh build-gpu gpu_path
 #      deploy/stage_devbin.sh --build build-gpu kernels
-#      deploy/stage_devbin.sh build-gpu probe tests/gpu_path/gpu_path_backend_test
+#      deploy/stage_devbin.sh build-gpu probe tests/gpu/gpu_backend_test
 set -euo pipefail
 usage() {
   sed -n '/^# Usage:/,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
@@ -44,12 +44,12 @@ case $SET in
       tests/multi_gpu/multi_gpu_ipc_trainer
       tests/multi_gpu/multi_gpu_cpp_receiver
       tests/multi_gpu/multi_gpu_multi_rank_test
-      tests/gpu_path/gpu_path_rendezvous_test
-      tests/gpu_path/gpu_path_sglang_driver_test
-      tests/gpu_path/gpu_path_ipc_test
-      tests/gpu_path/gpu_path_backend_test
-      tests/gpu_path/gpu_path_status_kernels_test
-      tests/gpu_path/gpu_path_nccl_connect_test
+      tests/rendezvous/rendezvous_test
+      tests/rollout/rollout_sglang_driver_test
+      tests/gpu/gpu_ipc_cache_test
+      tests/gpu/gpu_backend_test
+      tests/kernels_gpu/kernels_status_test
+      tests/rollout/rollout_group_test
       bench/gpu_path/gpu_path_bench
       bench/gpu_path/fanout_bench
       server/wpubd/wpubd

@@ -32,9 +32,9 @@ run_test() {  # name [gtest args...]
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
-      for t in gpu_path_backend_test gpu_path_status_kernels_test gpu_path_ipc_test \
-        gpu_path_nccl_connect_test gpu_path_engine_specs_test gpu_path_sglang_driver_test \
-        gpu_path_sglang_dirty_test gpu_path_rendezvous_test kernels_gpu_test; do
+      for t in gpu_backend_test kernels_status_test gpu_ipc_cache_test \
+        rollout_group_test rollout_gpu_path_test rollout_sglang_driver_test \
+        rollout_sglang_dirty_test rendezvous_test kernels_gpu_test; do
         [[ -x $BIN/$t ]] && run_test "$t"
       done
       OUT=$OUT/python bash "$ROOT/tests/python/run_gpu_gather.sh" >"$LOGS/python_gpu.log" 2>&1

@@ -19,7 +19,7 @@ NCCL_LIB=$(wheel_lib nvidia.nccl)
 if [[ ! -e $NCCL_LIB/libnccl.so.2 ]]; then  # fall back to whatever libnccl.so.2 is there
   NCCL_LIB=$(dirname "$(find / -xdev -name libnccl.so.2 2>/dev/null | head -1)")
 fi
-CUPTI_LIB=$(wheel_lib nvidia.cuda_cupti)  # dlopened by gpu_path_backend_test's CUPTI counter
+CUPTI_LIB=$(wheel_lib nvidia.cuda_cupti)  # dlopened by gpu_backend_test's CUPTI counter
 # Python children (the SGLang emulator, the baseline) keep the machine's own libraries: the
 # staged ones (Debian builds of zlib, OpenSSL, cudart) are for wpub's binaries only.
 PYWRAP=$(mktemp /tmp/wpub_python.XXXXXX)

@@ -42,8 +42,8 @@ step "environment"
 cat "$OUT/env.txt"
 
 step "GPU-path unit tests and the one-GPU backend test (CPU reference, CUPTI sync count)"
-for t in gpu_path_rendezvous_test gpu_path_sglang_driver_test gpu_path_ipc_test \
-  gpu_path_backend_test gpu_path_status_kernels_test; do
+for t in rendezvous_test rollout_sglang_driver_test gpu_ipc_cache_test \
+  gpu_backend_test kernels_status_test; do
   guarded "$(tmo 60 440)" "$BIN/$t" --gtest_color=no >"$LOGS/$t.log" 2>&1
   echo "--- $t: exit $?"
   brief "$LOGS/$t.log"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs gpu_path_nccl_connect_test and tests/python/test_gpu_connect_publish.py (plus the
+# Runs rollout_group_test and tests/python/test_gpu_connect_publish.py (plus the
 # client's fake-service and protobuf-compatibility tests) on a two-GPU host (e.g.
 # nvidia-h200-x2) with the binaries staged by `deploy/stage_devbin.sh <build> gpu_path`
 # (carry .devbin/gpu_path.tgz). The binaries get the staged libraries (and torch's NCCL wheel)
@@ -29,10 +29,10 @@ done
 nvidia-smi -L
 python3 -c 'import torch, grpc, google.protobuf as p; print("torch", torch.__version__, "gpus", torch.cuda.device_count(), "grpcio", grpc.__version__, "protobuf", p.__version__)'
 echo "NCCL_LIB=$NCCL_LIB"
-echo "=== gpu_path_nccl_connect_test (one GPU: ConnectEngines failure paths, no-engine publication)"
+echo "=== rollout_group_test (one GPU: ConnectEngines failure paths, no-engine publication)"
 LD_LIBRARY_PATH="$BIN/lib${NCCL_LIB:+:$NCCL_LIB}:${LD_LIBRARY_PATH:-}" timeout 120 \
-  "$BIN/gpu_path_nccl_connect_test" --gtest_color=no 2>&1 | tail -25
-echo "--- gpu_path_nccl_connect_test: exit ${PIPESTATUS[0]}"
+  "$BIN/rollout_group_test" --gtest_color=no 2>&1 | tail -25
+echo "--- rollout_group_test: exit ${PIPESTATUS[0]}"
 echo "=== Python: connect_engines + CUDA IPC publications to wpub-recv on GPU 1"
 KEEP=$(mktemp -d /tmp/wpub_py_keep.XXXXXX)
 cd "$ROOT/tests/python" || exit 1
