@@ -50,6 +50,8 @@ case $SET in
       tests/gpu/gpu_backend_test
       tests/kernels_gpu/kernels_status_test
       tests/rollout/rollout_group_test
+      tests/rollout/rollout_gpu_path_test
+      tests/rollout/rollout_sglang_dirty_test
       bench/gpu_path/gpu_path_bench
       bench/gpu_path/fanout_bench
       server/wpubd/wpubd

@@ -3,7 +3,7 @@
 # the one-GPU figures of two builds alternated (before/after a change): the GPU backend alone and
 # to an in-process gRPC-pull receiver (gpu_path_bench --backend_only 1), and the NVFP4 kernels
 # (standard and 4over6 quantize, fused QDQ: nvfp4_kernels_bench). Carry .devbin/gpu_path.tgz (the
-# build under test, staged by deploy/stage_devbin.sh) and, for the comparison, a tarball of the
+# build under test, staged by `deploy/stage_devbin.sh <build> gpu_path`) and, for the comparison, a tarball of the
 # other build's gpu_path_bench and nvfp4_kernels_bench as .devbin/before.tgz (same lib/ is used).
 # Writes every log under $OUT. Usage: bash bench/gpu_path/run_h200_one_gpu.sh [tests] [compare]
 set -u

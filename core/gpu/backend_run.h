@@ -12,11 +12,13 @@
 //   EmitBucket        bucket b as a device bucket (engine::DeviceBytes) through the hooks;
 //                     its host copy when the transport group asks (CopyToHost);
 //   Finish            one read of the status block and the completion of every transfer.
-// Not part of the public API.
+// The bucket phases live in backend_buckets.cc, the others in backend_run.cc. Not part of the
+// public API.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -33,6 +35,11 @@
 #include "kernels/cuda/nvfp4_cuda.h"
 
 namespace wpub::gpu::detail {
+
+using HostClock = std::chrono::steady_clock;
+inline double SecondsSince(HostClock::time_point t0) {
+  return std::chrono::duration<double>(HostClock::now() - t0).count();
+}
 
 // Per-input tables of one publication, flat (one entry per part and per weight piece, found
 // through per-input offsets) and kept by the backend between publications: a publication of
