@@ -11,9 +11,9 @@
 
 #include "absl/status/status.h"
 #include "core/engine/transport.h"
-#include "core/rollout/sglang_driver.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/rendezvous/tcp_store_server.h"
+#include "core/rollout/sglang_driver.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/moe_fixture.h"
 

@@ -30,8 +30,8 @@
 #include "server/wpubd/options.h"
 #ifdef WPUB_WITH_GPU_PATH
 #include "absl/strings/numbers.h"
-#include "core/rollout/gpu_path.h"
 #include "core/nccl/nccl_comm.h"
+#include "core/rollout/gpu_path.h"
 static_assert(wpub::wpubd::kMaxNcclCtas == wpub::nccl::kMaxCtas);
 #endif
 
@@ -71,7 +71,8 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   g.overlap_ctas_per_sm = options.gpu_overlap_ctas_per_sm;
   g.nccl_ctas = options.nccl_ctas;
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
-  absl::StatusOr<wpub::engine::EngineComponents> components = wpub::rollout::MakeGpuPathComponents(g);
+  absl::StatusOr<wpub::engine::EngineComponents> components =
+      wpub::rollout::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();
   return wpub::engine::Engine::Create(options.engine, registry, *std::move(components));
 #else

@@ -89,7 +89,7 @@ class MultiRankTest : public ::testing::Test {
   }
 
   std::unique_ptr<rollout::RolloutGroup> Transport(const std::vector<Running>& engines,
-                                                 absl::Duration deadline, int in_flight = 1) {
+                                                   absl::Duration deadline, int in_flight = 1) {
     std::vector<rollout::EngineSpec> specs;
     for (const Running& r : engines) {
       specs.push_back({absl::StrCat("http://127.0.0.1:", r.port), static_cast<int>(r.gpus.size())});

@@ -66,7 +66,7 @@ class MultiGpuTest : public ::testing::Test {
   }
 
   std::unique_ptr<rollout::RolloutGroup> Transport(int port, absl::Duration deadline,
-                                                 int in_flight = 1, int nccl_ctas = 0) {
+                                                   int in_flight = 1, int nccl_ctas = 0) {
     rollout::RolloutGroupOptions o = LoopbackTransportOptions(
         {{absl::StrCat("http://127.0.0.1:", port), 1}}, "wpub_test", in_flight, deadline);
     o.join_timeout = absl::Seconds(60);

@@ -4,8 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
 #include "core/engine/checksum.h"
-#include "kernels/cuda/status_kernels.h"
 #include "core/gpu/streams.h"
+#include "kernels/cuda/status_kernels.h"
 
 namespace wpub::nccl {
 namespace {
@@ -109,7 +109,8 @@ cudaError_t DeviceRank::EnqueueChecksumOn(int slot, uint64_t n, cudaStream_t str
   Slot& s = slots_[slot];
   cudaError_t e = cudaMemsetAsync(s.sum.data(), 0, sizeof(Word), stream);
   if (e == cudaSuccess) {
-    e = kernels::cuda::LaunchChecksumAdd(s.buffer.as<const uint8_t>(), n, 0, s.sum.as<Word>(), stream);
+    e = kernels::cuda::LaunchChecksumAdd(s.buffer.as<const uint8_t>(), n, 0, s.sum.as<Word>(),
+                                         stream);
   }
   if (e == cudaSuccess) {
     e = cudaMemcpyAsync(s.sum_host.data(), s.sum.data(), sizeof(Word), cudaMemcpyDeviceToHost,
