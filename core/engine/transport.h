@@ -15,7 +15,8 @@
 //   blocked Send or WaitAcknowledged, which then return CANCELLED promptly); it is idempotent
 //   and a no-op when nothing is in flight. After Abort the transport is ready for Begin.
 // - Methods other than Abort are called by one thread (the engine's publication thread).
-//   Capabilities, Receivers and Outcomes are thread-safe.
+//   Capabilities, Receivers and Outcomes are thread-safe; capabilities are constant for the
+//   transport's lifetime (the transport group reads them once).
 #pragma once
 
 #include <cstdint>

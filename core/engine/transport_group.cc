@@ -10,17 +10,20 @@ absl::StatusOr<std::unique_ptr<TransportGroup>> TransportGroup::Create(
     std::vector<Transport*> members) {
   if (members.empty()) return absl::InvalidArgumentError("a transport group needs a member");
   std::vector<std::string> device_readers;
+  std::vector<TransportCapabilities> caps;
   for (const Transport* t : members) {
     if (t == nullptr) return absl::InvalidArgumentError("a transport group member is null");
-    const TransportCapabilities c = t->capabilities();
-    if (Contains(c.accepts, BucketLocation::kDevice)) device_readers.push_back(c.name);
+    caps.push_back(t->capabilities());
+    if (Contains(caps.back().accepts, BucketLocation::kDevice)) {
+      device_readers.push_back(caps.back().name);
+    }
   }
   if (device_readers.size() > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("transports ", absl::StrJoin(device_readers, ", "),
                      " all read device buckets; at most one transport may"));
   }
-  return std::unique_ptr<TransportGroup>(new TransportGroup(std::move(members)));
+  return std::unique_ptr<TransportGroup>(new TransportGroup(std::move(members), std::move(caps)));
 }
 
 TransportCapabilities TransportGroup::capabilities() const {
@@ -64,7 +67,7 @@ absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
   for (size_t i = 0; i < members_.size(); ++i) {
     if (i < participants_.size() && participants_[i] == 0) continue;
     Transport* t = members_[i];
-    const TransportCapabilities c = t->capabilities();
+    const TransportCapabilities& c = caps_[i];
     std::shared_ptr<const Bucket> given = bucket;
     if (!Contains(c.accepts, bucket->location)) {
       if (bucket->location != BucketLocation::kDevice ||

@@ -34,8 +34,10 @@ class TransportGroup final : public Transport {
   std::vector<ReceiverInfo> Receivers() const override;
 
  private:
-  explicit TransportGroup(std::vector<Transport*> members) : members_(std::move(members)) {}
+  TransportGroup(std::vector<Transport*> members, std::vector<TransportCapabilities> caps)
+      : members_(std::move(members)), caps_(std::move(caps)) {}
   const std::vector<Transport*> members_;
+  const std::vector<TransportCapabilities> caps_;  // per member, read once at Create
   std::vector<size_t> participants_;  // per member, fixed at Begin (publication thread)
 };
 

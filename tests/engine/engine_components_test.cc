@@ -12,6 +12,7 @@
 #include "core/engine/cpu_backend.h"
 #include "core/engine/engine.h"
 #include "core/engine/testing/inproc_receiver.h"
+#include "core/engine/transport_group.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
@@ -251,6 +252,41 @@ TEST(EngineComponentsTest, DeviceBucketsReachEveryTransportInALocationItAccepts)
                                            kernels::QuantMode::Standard()));
     }
   }
+}
+
+// The transport group alone: a device bucket reaches two host-only members through ONE host
+// copy; without a host copy it is INTERNAL naming the transport and the bucket, and nothing is
+// sent.
+TEST(EngineComponentsTest, TransportGroupMakesOneHostCopyAndNamesWhatCannotTakeABucket) {
+  FakeTransport::Log log_a, log_b;
+  FakeTransport a(&log_a, false), b(&log_b, false);
+  auto group = TransportGroup::Create({&a, &b});
+  ASSERT_TRUE(group.ok()) << group.status();
+  PublicationManifest m;
+  m.version = 3;
+  ASSERT_TRUE((*group)->Begin(m).ok());
+  auto host = std::make_shared<Bucket>();
+  host->version = 3;
+  host->manifest.index = 7;
+  host->manifest.nbytes = 5;
+  host->bytes = {1, 2, 3, 4, 5};
+  int copies = 0;
+  auto device = std::make_shared<Bucket>(*host);
+  device->bytes.clear();
+  device->location = BucketLocation::kDevice;
+  device->device.copy_to_host = [&]() -> absl::StatusOr<std::shared_ptr<const Bucket>> {
+    ++copies;
+    return host;
+  };
+  ASSERT_TRUE((*group)->Send(device).ok());
+  EXPECT_EQ(copies, 1);
+  EXPECT_EQ(log_a.bytes, 5u);
+  EXPECT_EQ(log_b.bytes, 5u);
+  device->device.copy_to_host = nullptr;
+  const absl::Status s = (*group)->Send(device);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE(testing::HasSubstr(s, "transport fake cannot take bucket 7")) << s;
+  EXPECT_EQ(log_a.bytes, 5u) << "nothing sent";
 }
 
 // Two transports that read device memory cannot share a bucket's one `done` event.
