@@ -122,7 +122,74 @@ absl::StatusOr<engine::PublicationHeader> FromProto(const pb::PublicationHeader&
   out.allow_non_finite = header.allow_non_finite();
   out.queue = header.queue();
   out.bucket_bytes = header.bucket_bytes();
+  if (header.has_group()) {
+    const pb::GroupMembership& g = header.group();
+    engine::GroupMembership m;
+    m.group = g.group();
+    m.members = g.members();
+    m.member = g.member();
+    m.leader = g.leader();
+    m.publisher = g.publisher();
+    if (!(g.timeout_seconds() >= 0) || g.timeout_seconds() > 86400) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "header.group.timeout_seconds must be in [0, 86400], got ", g.timeout_seconds()));
+    }
+    m.timeout = absl::Seconds(g.timeout_seconds());
+    if (absl::Status s = engine::ValidateGroupMembership(m); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("header.", s.message()));
+    }
+    out.group = std::move(m);
+  }
   return out;
+}
+
+void ToProto(const engine::PhaseSeconds& s, pb::PhaseSeconds* p) {
+  p->set_ingest(s.ingest);
+  p->set_policy(s.policy);
+  p->set_quantize(s.quantize);
+  p->set_pack(s.pack);
+  p->set_transfer(s.transfer);
+  p->set_commit(s.commit);
+  p->set_group(s.group);
+}
+
+engine::PhaseSeconds FromProto(const pb::PhaseSeconds& p) {
+  engine::PhaseSeconds s;
+  s.ingest = p.ingest();
+  s.policy = p.policy();
+  s.quantize = p.quantize();
+  s.pack = p.pack();
+  s.transfer = p.transfer();
+  s.commit = p.commit();
+  s.group = p.group();
+  return s;
+}
+
+void ToProto(const engine::GroupSummary& g, pb::GroupSummary* out) {
+  out->set_group(g.group);
+  out->set_version(g.version);
+  out->set_members(g.members);
+  out->set_member(g.member);
+  out->set_leader(g.leader);
+  out->set_outcome(g.outcome);
+  out->set_error(g.error);
+  out->set_slowest_member(g.slowest_member);
+  out->set_failed_member(g.failed_member);
+  out->set_coordination_seconds(g.coordination_seconds);
+  for (const engine::GroupMemberSummary& m : g.members_detail) {
+    pb::GroupMemberSummary* o = out->add_members_detail();
+    o->set_member(m.member);
+    o->set_publisher(m.publisher);
+    o->set_state(m.state);
+    o->set_tensors(m.tensors);
+    o->set_bytes_in(m.bytes_in);
+    o->set_bytes_out(m.bytes_out);
+    o->set_buckets(m.buckets);
+    o->set_engines(m.engines);
+    ToProto(m.phases, o->mutable_phases());
+    o->set_seconds(m.seconds);
+    o->set_error(m.error);
+  }
 }
 
 absl::StatusOr<engine::BatchInput> FromProto(const pb::Batch& batch) {
@@ -169,13 +236,7 @@ void ToProto(const engine::PublicationReport& r, pb::PublicationReport* out) {
   out->set_model_id(r.model_id);
   out->set_recipe(r.recipe);
   out->set_wall_seconds(r.wall_seconds);
-  pb::PhaseSeconds* p = out->mutable_phases();
-  p->set_ingest(r.phases.ingest);
-  p->set_policy(r.phases.policy);
-  p->set_quantize(r.phases.quantize);
-  p->set_pack(r.phases.pack);
-  p->set_transfer(r.phases.transfer);
-  p->set_commit(r.phases.commit);
+  ToProto(r.phases, out->mutable_phases());
   out->set_host_syncs(r.host_syncs);
   out->set_bytes_in(r.bytes_in);
   out->set_bytes_out(r.bytes_out);
@@ -199,6 +260,7 @@ void ToProto(const engine::PublicationReport& r, pb::PublicationReport* out) {
   out->set_num_buckets(r.buckets);
   out->set_attempts(r.attempts);
   for (const std::string& e : r.retry_errors) out->add_retry_errors(e);
+  if (r.group.has_value()) ToProto(*r.group, out->mutable_group());
 }
 
 void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
@@ -274,6 +336,11 @@ void ToProto(const engine::PublicationManifest& m, pb::Manifest* out) {
   out->set_model_id(m.model_id);
   out->set_recipe(m.recipe);
   out->set_total_bytes(m.total_bytes());
+  if (!m.group.empty()) {
+    out->set_group(m.group);
+    out->set_group_members(m.group_members);
+    out->set_group_member(m.group_member);
+  }
   for (const engine::BucketManifest& b : m.buckets) {
     pb::BucketManifest* bm = out->add_buckets();
     bm->set_index(b.index);
@@ -317,6 +384,13 @@ absl::StatusOr<engine::PublicationManifest> FromProto(const pb::Manifest& m) {
   out.attempt = m.attempt() == 0 ? 1 : m.attempt();
   out.model_id = m.model_id();
   out.recipe = m.recipe();
+  out.group = m.group();
+  out.group_members = m.group_members() == 0 ? 1 : m.group_members();
+  out.group_member = m.group_member();
+  if (out.group_member >= out.group_members || out.group_members > engine::kMaxGroupMembers) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest of v", out.version, ": group member ",
+                                                   out.group_member, " of ", out.group_members));
+  }
   for (const pb::BucketManifest& b : m.buckets()) {
     engine::BucketManifest bm;
     bm.index = b.index();

@@ -24,6 +24,9 @@ std::string PrecisionExceptionsJson(const wpub::v1::PrecisionExceptions& excepti
 
 // Engine report -> wire report.
 void ToProto(const engine::PublicationReport& report, wpub::v1::PublicationReport* out);
+void ToProto(const engine::PhaseSeconds& phases, wpub::v1::PhaseSeconds* out);
+engine::PhaseSeconds FromProto(const wpub::v1::PhaseSeconds& phases);
+void ToProto(const engine::GroupSummary& group, wpub::v1::GroupSummary* out);
 // Engine status -> wire status.
 void ToProto(const engine::EngineStatus& status, wpub::v1::GetStatusResponse* out);
 // Engine receiver event -> wire event.

@@ -68,7 +68,7 @@ int Run(size_t keep_alive_max, int publications, int buckets, int lanes) {
   std::vector<double> lifecycle, whole;
   for (int p = 0; p < publications + 5; ++p) {  // the first 5: warm-up
     const auto t0 = Clock::now();
-    (*driver)->BeginPublication(p + 1);
+    (*driver)->BeginPublication(p + 1, /*lifecycle_calls=*/true);
     for (int b = 0; b < buckets; ++b) {
       bucket.index = b;
       (*driver)->PostBucket(bucket);

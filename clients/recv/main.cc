@@ -16,10 +16,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "clients/recv/receiver.h"
 
-ABSL_FLAG(std::string, target, "127.0.0.1:50151", "wpubd gRPC address.");
+ABSL_FLAG(std::string, target, "127.0.0.1:50151",
+          "wpubd gRPC address; for a publication group, every member's address, comma-separated "
+          "(the receiver subscribes to each and applies a version once it holds every member's "
+          "part).");
 ABSL_FLAG(std::string, name, "recv-0", "Receiver name (unique per daemon).");
 ABSL_FLAG(std::string, output, "",
           "Write every committed version to this safetensors file (atomically replaced; staged "
@@ -169,6 +173,11 @@ int main(int argc, char** argv) {
 
   wpub::recv::ReceiverOptions options;
   options.target = absl::GetFlag(FLAGS_target);
+  if (options.target.find(',') != std::string::npos) {
+    for (absl::string_view t : absl::StrSplit(options.target, ',', absl::SkipWhitespace())) {
+      options.targets.emplace_back(absl::StripAsciiWhitespace(t));
+    }
+  }
   options.name = absl::GetFlag(FLAGS_name);
   options.output_path = absl::GetFlag(FLAGS_output);
   options.exit_after_versions = absl::GetFlag(FLAGS_exit_after_versions);

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <thread>
 #include <utility>
 
 #include <grpcpp/client_context.h>
@@ -41,8 +43,38 @@ struct Pending {
   std::vector<bool> received;
   size_t num_received = 0;
   bool mismatch = false;  // a bucket failed its checksum: the publication will abort
-  bool staged = false;    // the output file is staged (Receiver::Impl::stage_path_)
+  bool handed = false;    // complete: its manifest and buckets moved into the assembly
 };
+
+// The version being assembled from every member of its group (one member outside a group):
+// each member's manifest and buckets, once all of them arrived and verified.
+struct Assembly {
+  uint64_t version = 0;
+  uint32_t members = 1;
+  std::map<uint32_t, Pending> parts;  // by member index
+  bool staged = false;                // the output file is staged (Receiver::Impl::stage_path_)
+  bool complete() const { return parts.size() == members; }
+};
+
+// The members' manifests as one: buckets in member order, re-indexed.
+engine::PublicationManifest MergedManifest(const Assembly& a) {
+  engine::PublicationManifest out;
+  uint32_t next = 0;
+  for (const auto& [member, part] : a.parts) {
+    if (out.buckets.empty() && next == 0) {
+      out.version = part.manifest.version;
+      out.model_id = part.manifest.model_id;
+      out.recipe = part.manifest.recipe;
+      out.group = part.manifest.group;
+      out.group_members = part.manifest.group_members;
+    }
+    for (engine::BucketManifest b : part.manifest.buckets) {
+      b.index = next++;
+      out.buckets.push_back(std::move(b));
+    }
+  }
+  return out;
+}
 
 std::vector<SafetensorsEntry> EntriesOf(const engine::PublicationManifest& manifest,
                                         const std::vector<std::vector<uint8_t>>& buckets) {
@@ -142,47 +174,55 @@ class Receiver::Impl {
       : options_(std::move(options)),
         stage_path_(absl::StrCat(options_.output_path, ".staging-", ::getpid())),
         held_at_start_(held_at_start) {
-    grpc::ChannelArguments args;
-    // Chunks are bounded by the daemon (4 MiB by default); leave ample room.
-    args.SetMaxReceiveMessageSize(256 << 20);
-    // A restarted daemon is found within a second, not after gRPC's default backoff (up to 120 s).
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    channel_ = grpc::CreateCustomChannel(options_.target, std::move(credentials), args);
-    stub_ = pb::Receivers::NewStub(channel_);
+    std::vector<std::string> targets = options_.targets;
+    if (targets.empty()) targets.push_back(options_.target);
+    for (const std::string& target : targets) {
+      auto link = std::make_unique<Link>();
+      link->target = target;
+      grpc::ChannelArguments args;
+      // Chunks are bounded by the daemon (4 MiB by default); leave ample room.
+      args.SetMaxReceiveMessageSize(256 << 20);
+      // A restarted daemon is found within a second, not after gRPC's default backoff (up to
+      // 120 s).
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      link->channel = grpc::CreateCustomChannel(target, credentials, args);
+      link->stub = pb::Receivers::NewStub(link->channel);
+      links_.push_back(std::move(link));
+    }
   }
 
-  ~Impl() { DiscardPending(); }
+  ~Impl() {
+    for (auto& link : links_) link->pending.reset();
+    DiscardAssembly();
+  }
 
+  // One subscription loop per daemon; the first that ends for good (or reaches
+  // exit_after_versions) ends the others.
   absl::Status Run() {
-    absl::Time deadline = absl::Now() + options_.connect_timeout;
-    bool resubscribing = false;
-    while (true) {
-      Session session = Subscribe(deadline, resubscribing);
-      DiscardPending();
-      if (!session.retry) return session.status;
-      if (session.accepted) {
-        // A new outage: it gets the whole resubscribe budget.
-        deadline = absl::Now() + options_.resubscribe_timeout;
-        spdlog::warn(
-            "[{}] the subscription ended ({}); subscribing again for up to {}, holding v{}",
-            options_.name, session.status.ToString(),
-            absl::FormatDuration(options_.resubscribe_timeout), held_version());
-      }
-      resubscribing = true;
-      absl::MutexLock lock(&mu_);
-      // A short pause between attempts; Stop ends it at once.
-      mu_.AwaitWithTimeout(absl::Condition(&stopped_), absl::Milliseconds(100));
-      if (stopped_) return absl::OkStatus();
-      if (absl::Now() >= deadline) return session.status;
+    if (links_.size() == 1) return RunLink(*links_[0]);
+    std::vector<std::thread> threads;
+    std::vector<absl::Status> results(links_.size());
+    for (size_t i = 0; i < links_.size(); ++i) {
+      threads.emplace_back([this, i, &results] {
+        results[i] = RunLink(*links_[i]);
+        Stop();
+      });
     }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& r : results) {
+      if (!r.ok()) return r;
+    }
+    return absl::OkStatus();
   }
 
   void Stop() {
     absl::MutexLock lock(&mu_);
     stopped_ = true;
-    if (context_) context_->TryCancel();
+    for (auto& link : links_) {
+      if (link->context) link->context->TryCancel();
+    }
   }
 
   std::shared_ptr<const CommittedModel> committed() const {
@@ -199,6 +239,17 @@ class Receiver::Impl {
   }
 
  private:
+  // One daemon's subscription (a member of a group, or the only daemon).
+  struct Link {
+    std::string target;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::Receivers::Stub> stub;
+    std::unique_ptr<grpc::ClientContext> context;  // guarded by mu_ for Stop's TryCancel
+    std::unique_ptr<Pending> pending;              // the link's thread only
+    std::string token;  // the link's thread only: the subscription's, from group_info
+    int64_t pulled_in_publication = 0;
+  };
+
   // How one subscription ended.
   struct Session {
     absl::Status status;    // OK: exit_after_versions reached, or stopped
@@ -206,17 +257,38 @@ class Receiver::Impl {
     bool retry = false;     // subscribe again (within the resubscribe budget)
   };
 
+  absl::Status RunLink(Link& link) {
+    absl::Time deadline = absl::Now() + options_.connect_timeout;
+    bool resubscribing = false;
+    while (true) {
+      Session session = Subscribe(link, deadline, resubscribing);
+      link.pending.reset();
+      if (!session.retry) return session.status;
+      if (session.accepted) {
+        // A new outage: it gets the whole resubscribe budget.
+        deadline = absl::Now() + options_.resubscribe_timeout;
+        spdlog::warn(
+            "[{}] the subscription to {} ended ({}); subscribing again for up to {}, holding v{}",
+            options_.name, link.target, session.status.ToString(),
+            absl::FormatDuration(options_.resubscribe_timeout), held_version());
+      }
+      resubscribing = true;
+      absl::MutexLock lock(&mu_);
+      // A short pause between attempts; Stop ends it at once.
+      mu_.AwaitWithTimeout(absl::Condition(&stopped_), absl::Milliseconds(100));
+      if (stopped_) return absl::OkStatus();
+      if (absl::Now() >= deadline) return session.status;
+    }
+  }
+
   // Waits for the channel until `deadline`, in slices so Stop is noticed; false when stopped or
   // out of time.
-  bool WaitConnected(absl::Time deadline) {
+  bool WaitConnected(Link& link, absl::Time deadline) {
     while (true) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (stopped_) return false;
-      }
+      if (Stopped()) return false;
       const absl::Time now = absl::Now();
       if (now >= deadline) return false;
-      if (channel_->WaitForConnected(
+      if (link.channel->WaitForConnected(
               absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(250))))) {
         return true;
       }
@@ -229,13 +301,13 @@ class Receiver::Impl {
   }
 
   // One Subscribe stream, from connecting to its end.
-  Session Subscribe(absl::Time deadline, bool resubscribing) {
+  Session Subscribe(Link& link, absl::Time deadline, bool resubscribing) {
     Session session;
     const bool retry_allowed = options_.resubscribe_timeout > absl::ZeroDuration();
-    if (!WaitConnected(deadline)) {
+    if (!WaitConnected(link, deadline)) {
       if (Stopped()) return session;
       session.status = absl::UnavailableError(
-          absl::StrCat("cannot connect to wpubd at '", options_.target, "' within ",
+          absl::StrCat("cannot connect to wpubd at '", link.target, "' within ",
                        absl::FormatDuration(resubscribing ? options_.resubscribe_timeout
                                                           : options_.connect_timeout)));
       return session;
@@ -243,21 +315,21 @@ class Receiver::Impl {
     {
       absl::MutexLock lock(&mu_);
       if (stopped_) return session;
-      context_ = std::make_unique<grpc::ClientContext>();
-      Authorize(context_.get());
+      link.context = std::make_unique<grpc::ClientContext>();
+      Authorize(link.context.get());
     }
     pb::SubscribeRequest request;
     request.set_receiver_name(options_.name);
     request.add_transports("pull");
     request.set_held_version(held_version());
     std::unique_ptr<grpc::ClientReader<pb::ReceiverEvent>> reader =
-        stub_->Subscribe(context_.get(), request);
+        link.stub->Subscribe(link.context.get(), request);
     pb::ReceiverEvent event;
     absl::Status outcome = absl::OkStatus();
     bool done = false;
     while (!done && reader->Read(&event)) {
       session.accepted = true;
-      absl::StatusOr<bool> step = Handle(event);
+      absl::StatusOr<bool> step = Handle(link, event);
       if (!step.ok()) {
         outcome = step.status();
         done = true;
@@ -265,9 +337,9 @@ class Receiver::Impl {
         done = *step;
       }
     }
-    if (done) context_->TryCancel();
+    if (done) link.context->TryCancel();
     grpc::Status finish = reader->Finish();
-    token_.clear();
+    link.token.clear();
     absl::MutexLock lock(&mu_);
     if (!outcome.ok()) {
       session.status = outcome;
@@ -289,21 +361,25 @@ class Receiver::Impl {
     }
   }
 
-  // Forgets the publication in flight and the file staged for it.
-  void DiscardPending() {
-    if (pending_ != nullptr && pending_->staged) std::remove(stage_path_.c_str());
-    pending_.reset();
+  // Forgets the version being assembled and the file staged for it.
+  void DiscardAssembly() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (assembly_ != nullptr && assembly_->staged) std::remove(stage_path_.c_str());
+    assembly_.reset();
+  }
+  void DiscardAssembly(uint64_t version) {
+    absl::MutexLock lock(&mu_);
+    if (assembly_ != nullptr && assembly_->version == version) DiscardAssembly();
   }
 
   // Processes one event; true when Run should return (exit_after_versions reached).
-  absl::StatusOr<bool> Handle(const pb::ReceiverEvent& event) {
+  absl::StatusOr<bool> Handle(Link& link, const pb::ReceiverEvent& event) {
     switch (event.kind_case()) {
       case pb::ReceiverEvent::kGroupInfo: {
-        token_ = event.group_info().subscription_token();
+        link.token = event.group_info().subscription_token();
         absl::MutexLock lock(&mu_);
         ++stats_.subscriptions;
         spdlog::info("[{}] joined wpubd at {} (transport {}, committed version {}, holding v{})",
-                     options_.name, options_.target, event.group_info().transport(),
+                     options_.name, link.target, event.group_info().transport(),
                      event.group_info().committed_version(),
                      std::max(held_at_start_, stats_.last_committed_version));
         return false;
@@ -311,42 +387,53 @@ class Receiver::Impl {
       case pb::ReceiverEvent::kManifest: {
         WPUB_ASSIGN_OR_RETURN(engine::PublicationManifest manifest,
                               server::FromProto(event.manifest()));
-        DiscardPending();
-        pending_ = std::make_unique<Pending>();
-        pending_->buckets.resize(manifest.buckets.size());
-        pending_->received.assign(manifest.buckets.size(), false);
+        link.pending = std::make_unique<Pending>();
+        link.pending->buckets.resize(manifest.buckets.size());
+        link.pending->received.assign(manifest.buckets.size(), false);
         for (const engine::BucketManifest& b : manifest.buckets) {
           if (b.index >= manifest.buckets.size()) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "manifest of v", manifest.version, ": bucket index ", b.index, " out of range"));
           }
         }
-        pending_->manifest = std::move(manifest);
-        pulled_in_publication_ = 0;
+        {
+          // A new version (or a new attempt) replaces what was assembled of another one.
+          absl::MutexLock lock(&mu_);
+          if (assembly_ != nullptr && (assembly_->version != manifest.version ||
+                                       assembly_->parts.count(manifest.group_member) > 0)) {
+            DiscardAssembly();
+          }
+        }
+        link.pending->manifest = std::move(manifest);
+        link.pulled_in_publication = 0;
+        if (link.pending->manifest.buckets.empty()) WPUB_RETURN_IF_ERROR(HandOver(link));
         return false;
       }
       case pb::ReceiverEvent::kBucketReady: {
         const pb::BucketReady& ready = event.bucket_ready();
-        if (pending_ == nullptr || pending_->manifest.version != ready.version()) {
+        if (link.pending == nullptr || link.pending->manifest.version != ready.version()) {
           return absl::InternalError(
               absl::StrCat("bucket_ready for v", ready.version(), " without its manifest"));
         }
         if (options_.leave_after_buckets >= 0 &&
-            pulled_in_publication_ >= options_.leave_after_buckets) {
+            link.pulled_in_publication >= options_.leave_after_buckets) {
           spdlog::warn("[{}] leaving mid-publication v{} (fault injection)", options_.name,
                        ready.version());
           return absl::AbortedError("left mid-publication (leave_after_buckets)");
         }
-        WPUB_RETURN_IF_ERROR(PullAndAck(ready.version(), ready.index()));
-        ++pulled_in_publication_;
+        WPUB_RETURN_IF_ERROR(PullAndAck(link, ready.version(), ready.index()));
+        ++link.pulled_in_publication;
         return false;
       }
       case pb::ReceiverEvent::kCommit:
-        return OnCommit(event.commit().version());
+        return OnCommit(link, event.commit().version());
       case pb::ReceiverEvent::kAbort: {
-        spdlog::warn("[{}] v{} aborted: {}", options_.name, event.abort().version(),
-                     event.abort().reason());
-        DiscardPending();
+        spdlog::warn("[{}] v{} aborted ({}): {}", options_.name, event.abort().version(),
+                     link.target, event.abort().reason());
+        if (link.pending != nullptr && link.pending->manifest.version == event.abort().version()) {
+          link.pending.reset();
+        }
+        DiscardAssembly(event.abort().version());
         absl::MutexLock lock(&mu_);
         ++stats_.aborts;
         return false;
@@ -357,12 +444,13 @@ class Receiver::Impl {
     return absl::InternalError("an event without a kind");
   }
 
-  // Pulls bucket `index` into `pending_`; false (after logging) when the pull failed, e.g.
-  // because the publication was aborted meanwhile (its abort event follows).
-  absl::StatusOr<bool> Pull(uint64_t version, uint32_t index, uint64_t* expected_checksum,
-                            uint64_t* received) {
-    const engine::BucketManifest& bm = pending_->manifest.buckets[index];
-    std::vector<uint8_t>& bytes = pending_->buckets[index];
+  // Pulls bucket `index` into the link's pending version; false (after logging) when the pull
+  // failed, e.g. because the publication was aborted meanwhile (its abort event follows).
+  absl::StatusOr<bool> Pull(Link& link, uint64_t version, uint32_t index,
+                            uint64_t* expected_checksum, uint64_t* received) {
+    Pending& pending = *link.pending;
+    const engine::BucketManifest& bm = pending.manifest.buckets[index];
+    std::vector<uint8_t>& bytes = pending.buckets[index];
     bytes.assign(bm.nbytes, 0);
     grpc::ClientContext context;
     Authorize(&context);
@@ -371,10 +459,10 @@ class Receiver::Impl {
     request.set_version(version);
     request.set_index(index);
     request.set_chunk_bytes(options_.chunk_bytes);
-    request.set_subscription_token(token_);
-    request.set_attempt(pending_->manifest.attempt);
+    request.set_subscription_token(link.token);
+    request.set_attempt(pending.manifest.attempt);
     std::unique_ptr<grpc::ClientReader<pb::BucketChunk>> reader =
-        stub_->PullBucket(&context, request);
+        link.stub->PullBucket(&context, request);
     pb::BucketChunk chunk;
     // The manifest is announced before packing; the daemon sends the packed bucket's checksum
     // with the first chunk.
@@ -394,23 +482,24 @@ class Receiver::Impl {
     }
     grpc::Status status = reader->Finish();
     if (!status.ok()) {
-      spdlog::warn("[{}] pulling bucket {} of v{}: {}", options_.name, index, version,
-                   status.error_message());
+      spdlog::warn("[{}] pulling bucket {} of v{} from {}: {}", options_.name, index, version,
+                   link.target, status.error_message());
       return false;
     }
     return true;
   }
 
-  absl::Status PullAndAck(uint64_t version, uint32_t index) {
-    if (index >= pending_->buckets.size()) {
+  absl::Status PullAndAck(Link& link, uint64_t version, uint32_t index) {
+    if (index >= link.pending->buckets.size()) {
       return absl::InternalError(absl::StrCat("bucket ", index, " of v", version, " unknown"));
     }
     uint64_t expected_checksum = 0;
     uint64_t received = 0;
-    WPUB_ASSIGN_OR_RETURN(bool pulled, Pull(version, index, &expected_checksum, &received));
+    WPUB_ASSIGN_OR_RETURN(bool pulled, Pull(link, version, index, &expected_checksum, &received));
     if (!pulled) return absl::OkStatus();
-    std::vector<uint8_t>& bytes = pending_->buckets[index];
-    const uint64_t nbytes = pending_->manifest.buckets[index].nbytes;
+    Pending& pending = *link.pending;
+    std::vector<uint8_t>& bytes = pending.buckets[index];
+    const uint64_t nbytes = pending.manifest.buckets[index].nbytes;
     if (options_.corrupt_bucket == static_cast<int64_t>(index) && !bytes.empty()) {
       bytes[bytes.size() / 2] ^= 0x5A;
     }
@@ -423,24 +512,19 @@ class Receiver::Impl {
       if (!match) ++stats_.checksum_mismatches;
     }
     if (!match) {
-      pending_->mismatch = true;
+      pending.mismatch = true;
       spdlog::error("[{}] bucket {} of v{}: checksum {:016x} != daemon's {:016x} ({} of {} bytes)",
                     options_.name, index, version, checksum, expected_checksum, received, nbytes);
     }
-    if (!pending_->received[index]) {
-      pending_->received[index] = true;
-      ++pending_->num_received;
+    if (!pending.received[index]) {
+      pending.received[index] = true;
+      ++pending.num_received;
     }
-    // The last acknowledgement lets the daemon commit: before it, make sure the version can be
-    // applied. A receiver that cannot leaves unacknowledged, so the publication aborts.
-    if (!pending_->mismatch && pending_->num_received == pending_->buckets.size()) {
-      if (absl::Status staged = StageOutput(); !staged.ok()) {
-        return absl::Status(staged.code(),
-                            absl::StrCat("cannot stage v", version, " for --output ",
-                                         options_.output_path, ": ", staged.message(),
-                                         "; left without acknowledging its last bucket, so the "
-                                         "publication aborts"));
-      }
+    // The last acknowledgement lets the daemon commit: before it, the version must be one this
+    // receiver can apply. A receiver that cannot leaves unacknowledged, so the publication
+    // aborts.
+    if (!pending.mismatch && !pending.handed && pending.num_received == pending.buckets.size()) {
+      WPUB_RETURN_IF_ERROR(HandOver(link));
     }
     // Acknowledge with what was computed: the daemon judges, and aborts on a mismatch.
     grpc::ClientContext ack_context;
@@ -450,54 +534,106 @@ class Receiver::Impl {
     ack.set_version(version);
     ack.set_index(index);
     ack.set_checksum(checksum);
-    ack.set_subscription_token(token_);
-    ack.set_attempt(pending_->manifest.attempt);
+    ack.set_subscription_token(link.token);
+    ack.set_attempt(pending.manifest.attempt);
     pb::AckResponse ack_response;
-    grpc::Status ack_status = stub_->Ack(&ack_context, ack, &ack_response);
+    grpc::Status ack_status = link.stub->Ack(&ack_context, ack, &ack_response);
     if (!ack_status.ok()) {
-      spdlog::warn("[{}] ack of bucket {} of v{}: {}", options_.name, index, version,
-                   ack_status.error_message());
+      spdlog::warn("[{}] ack of bucket {} of v{} to {}: {}", options_.name, index, version,
+                   link.target, ack_status.error_message());
     }
     return absl::OkStatus();
   }
 
-  // Writes the pending version to stage_path_ (fsynced), when there is an output file.
-  absl::Status StageOutput() {
-    if (options_.output_path.empty() || pending_->staged) return absl::OkStatus();
-    WPUB_RETURN_IF_ERROR(StageSafetensors(stage_path_,
-                                          EntriesOf(pending_->manifest, pending_->buckets),
-                                          MetadataOf(pending_->manifest)));
-    pending_->staged = true;
+  // The link's version arrived whole and verified: its manifest and buckets join the assembly;
+  // when that completes the version (every member's part), the output is staged.
+  absl::Status HandOver(Link& link) {
+    Pending& pending = *link.pending;
+    const uint64_t version = pending.manifest.version;
+    absl::MutexLock lock(&mu_);
+    if (assembly_ == nullptr || assembly_->version != version) {
+      DiscardAssembly();
+      assembly_ = std::make_unique<Assembly>();
+      assembly_->version = version;
+      assembly_->members = pending.manifest.group_members;
+    }
+    Pending part;
+    part.manifest = pending.manifest;
+    part.buckets = std::move(pending.buckets);
+    pending.buckets.assign(part.buckets.size(), {});
+    pending.handed = true;
+    assembly_->parts[pending.manifest.group_member] = std::move(part);
+    if (!assembly_->complete()) return absl::OkStatus();
+    if (absl::Status staged = StageOutput(); !staged.ok()) {
+      return absl::Status(staged.code(),
+                          absl::StrCat("cannot stage v", version, " for --output ",
+                                       options_.output_path, ": ", staged.message(),
+                                       "; left without acknowledging its last bucket, so the "
+                                       "publication aborts"));
+    }
     return absl::OkStatus();
   }
 
-  absl::StatusOr<bool> OnCommit(uint64_t version) {
-    if (pending_ == nullptr || pending_->manifest.version != version) {
-      return absl::InternalError(absl::StrCat("commit of v", version, " without its manifest"));
+  std::vector<SafetensorsEntry> AssemblyEntries() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<SafetensorsEntry> entries;
+    for (const auto& [member, part] : assembly_->parts) {
+      std::vector<SafetensorsEntry> e = EntriesOf(part.manifest, part.buckets);
+      entries.insert(entries.end(), e.begin(), e.end());
     }
-    for (size_t i = 0; i < pending_->received.size(); ++i) {
-      if (!pending_->received[i]) {
-        return absl::InternalError(
-            absl::StrCat("commit of v", version, " but bucket ", i, " was never pulled"));
+    return entries;
+  }
+
+  // Writes the assembled version to stage_path_ (fsynced), when there is an output file.
+  absl::Status StageOutput() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (options_.output_path.empty() || assembly_->staged) return absl::OkStatus();
+    WPUB_RETURN_IF_ERROR(StageSafetensors(stage_path_, AssemblyEntries(),
+                                          MetadataOf(MergedManifest(*assembly_))));
+    assembly_->staged = true;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<bool> OnCommit(Link& link, uint64_t version) {
+    absl::MutexLock lock(&mu_);
+    if (stats_.last_committed_version == version && committed_ != nullptr) {
+      // Another member of the group told us first: applied already.
+      return options_.exit_after_versions != 0 && stats_.commits >= options_.exit_after_versions;
+    }
+    const bool group = link.pending != nullptr && link.pending->manifest.group_members > 1;
+    if (assembly_ == nullptr || assembly_->version != version || !assembly_->complete()) {
+      const std::string what =
+          assembly_ == nullptr || assembly_->version != version
+              ? std::string("nothing of it is held")
+              : absl::StrCat("only ", assembly_->parts.size(), " of its ", assembly_->members,
+                             " members' parts are held");
+      if (!group) {
+        return absl::InternalError(absl::StrCat("commit of v", version, " from ", link.target,
+                                                " but ", what));
       }
+      // Never apply a part of a group version: keep the previous one.
+      spdlog::error("[{}] commit of v{} from {} but {}: not applied", options_.name, version,
+                    link.target, what);
+      if (assembly_ != nullptr && assembly_->version == version) DiscardAssembly();
+      return false;
     }
     if (!options_.output_path.empty()) {
       // Staged before the last acknowledgement; a publication without buckets is staged here.
       WPUB_RETURN_IF_ERROR(StageOutput());
       absl::Status published = PublishStagedFile(stage_path_, options_.output_path);
       if (!published.ok()) {
-        DiscardPending();
+        DiscardAssembly();
         return published;
       }
-      pending_->staged = false;
+      assembly_->staged = false;
     }
     auto model = std::make_shared<CommittedModel>();
-    model->manifest = std::move(pending_->manifest);
-    model->buckets = std::move(pending_->buckets);
-    pending_.reset();
+    model->manifest = MergedManifest(*assembly_);
+    for (auto& [member, part] : assembly_->parts) {
+      for (auto& b : part.buckets) model->buckets.push_back(std::move(b));
+    }
+    assembly_.reset();
+    if (link.pending != nullptr && link.pending->manifest.version == version) link.pending.reset();
     spdlog::info("[{}] committed v{} ({} buckets, {} bytes)", options_.name, version,
                  model->buckets.size(), model->manifest.total_bytes());
-    absl::MutexLock lock(&mu_);
     committed_ = std::move(model);
     ++stats_.commits;
     stats_.last_committed_version = version;
@@ -507,22 +643,31 @@ class Receiver::Impl {
   const ReceiverOptions options_;
   const std::string stage_path_;  // beside output_path, so the commit is one rename
   const uint64_t held_at_start_;  // the version in output_path's metadata at start
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<pb::Receivers::Stub> stub_;
-  std::unique_ptr<Pending> pending_;  // Run's thread only
-  std::string token_;                 // Run's thread only: the subscription's, from group_info
-  int64_t pulled_in_publication_ = 0;
+  std::vector<std::unique_ptr<Link>> links_;
 
   mutable absl::Mutex mu_;
-  std::unique_ptr<grpc::ClientContext> context_;  // guarded for Stop's TryCancel
-  bool stopped_ = false;
-  std::shared_ptr<const CommittedModel> committed_;
-  ReceiverStats stats_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Assembly> assembly_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const CommittedModel> committed_ ABSL_GUARDED_BY(mu_);
+  ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions& options) {
   if (options.name.empty()) return absl::InvalidArgumentError("receiver name must not be empty");
-  if (options.target.empty()) return absl::InvalidArgumentError("target must not be empty");
+  if (options.target.empty() && options.targets.empty()) {
+    return absl::InvalidArgumentError("target must not be empty");
+  }
+  for (size_t i = 0; i < options.targets.size(); ++i) {
+    if (options.targets[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("targets[", i, "] is empty"));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (options.targets[j] == options.targets[i]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("target ", options.targets[i], " is given twice"));
+      }
+    }
+  }
   if (options.resubscribe_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("resubscribe_timeout must not be negative");
   }

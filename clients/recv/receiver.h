@@ -1,5 +1,5 @@
 // The native receiver of the gRPC-pull transport (the library behind wpub-recv): subscribes to
-// a wpubd, pulls every bucket of a publication in chunks, verifies each bucket's checksum
+// a wpubd (or to every member of a publication group, ReceiverOptions::targets), pulls every bucket of a publication in chunks, verifies each bucket's checksum
 // (core/engine/checksum.h), acknowledges it, keeps the last committed version in memory,
 // discards a publication on abort, and optionally writes each committed version as a
 // safetensors file. Runs in its own process (wpub-recv) or in-process in tests.
@@ -33,6 +33,11 @@ namespace wpub::recv {
 
 struct ReceiverOptions {
   std::string target = "127.0.0.1:50151";  // the daemon's gRPC address
+  // A publication group (several daemons publish one version): every member's address. The
+  // receiver subscribes to each (under the same name), and applies a version once it holds
+  // every member's buckets, verified, and one member tells it to commit; an abort from any
+  // member discards the version. Overrides `target` when not empty.
+  std::vector<std::string> targets;
   std::string name = "recv-0";             // unique among the daemon's receivers
   std::string auth_token;                  // sent as a bearer token when non-empty
   uint64_t chunk_bytes = 0;                // PullBucket chunk size; 0 = the daemon's limit

@@ -133,6 +133,13 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
                         absl::StrCat("policy: ", policy.status().message()));
   }
 
+  if (header.group.has_value()) {
+    WPUB_RETURN_IF_ERROR(ValidateGroupMembership(*header.group));
+    if (impl_->group_joiner() == nullptr) {
+      return absl::FailedPreconditionError(
+          "this daemon takes no part in publication groups (no group joiner)");
+    }
+  }
   // Read before taking the slot (the ledger's lock is not held while calling the connector).
   const std::optional<EngineGroupInfo> group = EngineGroup();
   const auto admit = [&](uint64_t committed_version) -> absl::StatusOr<PublicationLedger::Active> {
@@ -147,6 +154,10 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
   WPUB_ASSIGN_OR_RETURN(
       std::shared_ptr<PublicationSession::State> state,
       impl_->ledger().Acquire(header.version, header.queue, header.queue_timeout, admit));
+  if (header.group.has_value()) {
+    // The slot is this version's: join its group (a refusal ends the publication FAILED).
+    WPUB_RETURN_IF_ERROR(state->JoinGroup(state));
+  }
   return std::unique_ptr<PublicationSession>(new PublicationSession(header.version, state));
 }
 

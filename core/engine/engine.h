@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/engine/backend.h"
+#include "core/engine/group_vote.h"
 #include "core/engine/pull_transport.h"
 #include "core/engine/transport.h"
 #include "core/engine/types.h"
@@ -31,6 +32,9 @@ class Registry;
 }
 
 namespace wpub::engine {
+
+// Most tensor names a group's declared manifest may hold.
+inline constexpr size_t kMaxDeclaredTensors = size_t{1} << 22;
 
 struct EngineOptions {
   // Default bucket size (PublicationHeader::bucket_bytes overrides it per publication). A
@@ -134,6 +138,9 @@ struct EngineComponents {
   // Serves Engine::ConnectEngines (the NCCL transport). Not owned: it must be one of the
   // components above (e.g. the transport in `transports`), so it lives as long as the engine.
   EngineConnector* connector = nullptr;
+  // Joins publications whose header names a group (PublicationHeader::group) to it. Not owned;
+  // it must outlive the engine. Without one such headers are FAILED_PRECONDITION.
+  GroupJoiner* group_joiner = nullptr;
 };
 
 class PublicationSession;
@@ -161,6 +168,9 @@ class Engine {
   //   version a connected pull receiver holds (PullTransport::CheckVersionAhead), or <= the
   //   highest version a connected engine reported serving when it joined (naming it): a
   //   restarted daemon never publishes backwards;
+  // - for a header with a group: INVALID_ARGUMENT from ValidateGroupMembership,
+  //   FAILED_PRECONDITION without a group joiner, and the joiner's errors (a member joining
+  //   with another version than the group's, a member index taken, the leader unreachable);
   // - INVALID_ARGUMENT naming the field for version 0, a version above
   //   EngineOptions::max_version or more than max_version_step above that floor, an unknown
   //   recipe, a bucket size out of
@@ -231,6 +241,13 @@ class PublicationSession {
   // chunks are allowed (the last write wins); completeness is checked by Commit.
   absl::Status AppendInline(uint64_t batch_index, uint32_t tensor_index, uint32_t part_index,
                             uint64_t offset, absl::Span<const uint8_t> bytes);
+
+  // The leader of a group (group.member 0) only: adds names to the model's declared manifest,
+  // the tensors the group must publish, each exactly once (checked before any byte moves). Any
+  // number of calls before Commit. FAILED_PRECONDITION naming the member on another member or
+  // outside a group; INVALID_ARGUMENT past kMaxDeclaredTensors names or for a name that is
+  // empty or longer than 1024 bytes.
+  absl::Status DeclareExpected(std::vector<std::string> names);
 
   // Blocks: checks completeness (a missing inline chunk is INVALID_ARGUMENT naming the
   // tensor), quantizes, packs, transfers, waits for every receiver's acknowledgement, commits.

@@ -45,6 +45,7 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   }
   parts.cuda_ipc = std::move(components.cuda_ipc);
   parts.connector = components.connector;
+  parts.group_joiner = components.group_joiner;
   std::vector<Transport*> members;
   for (auto& t : components.transports) {
     if (!t) return absl::InvalidArgumentError("EngineComponents::transports holds a null entry");
@@ -69,6 +70,7 @@ Engine::Impl::Impl(const EngineOptions& options, Parts parts)
       transports_(std::move(parts.transports)),
       cuda_ipc_(std::move(parts.cuda_ipc)),
       connector_(parts.connector),
+      group_joiner_(parts.group_joiner),
       backend_(std::move(parts.backend)),
       metrics_(std::move(parts.metrics)),
       ledger_(options.report_history, options.status_reports) {}

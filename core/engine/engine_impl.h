@@ -54,9 +54,10 @@ class Engine::Impl {
   policy::IgnoreSnapshotCache* cache() const { return cache_.get(); }
   PullTransport& pull() const { return *pull_; }
   // Every transport of a publication: the extras, then the pull transport.
-  Transport& transports() const { return *transports_; }
+  TransportGroup& transports() const { return *transports_; }
   Backend& backend() const { return *backend_; }
   EngineConnector* connector() const { return connector_; }  // null on the CPU path
+  GroupJoiner* group_joiner() const { return group_joiner_; }  // null: no groups
   PublicationLedger& ledger() { return ledger_; }
   const PublicationLedger& ledger() const { return ledger_; }
 
@@ -88,6 +89,7 @@ class Engine::Impl {
     std::unique_ptr<TransportGroup> transports;
     std::unique_ptr<CudaIpcResolver> cuda_ipc;
     EngineConnector* connector = nullptr;
+    GroupJoiner* group_joiner = nullptr;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<metrics::EngineMetrics> metrics;
   };
@@ -103,6 +105,7 @@ class Engine::Impl {
   const std::unique_ptr<TransportGroup> transports_;
   const std::unique_ptr<CudaIpcResolver> cuda_ipc_;  // null on the CPU path
   EngineConnector* const connector_;                 // owned by a component
+  GroupJoiner* const group_joiner_;                  // owned by the caller
   const std::unique_ptr<Backend> backend_;
   const std::unique_ptr<metrics::EngineMetrics> metrics_;  // null without a registry
   std::mutex ipc_mu_;                                      // serializes cuda_ipc_ calls
@@ -141,6 +144,11 @@ class PublicationSession::State {
   uint64_t num_batches() const { return num_batches_.load(); }
   uint64_t num_tensors() const { return num_tensors_.load(); }
 
+  // A group publication: joins it (Engine::Open, before the session is handed out). The
+  // leader's abort of the version stops this publication from the vote's thread.
+  absl::Status JoinGroup(const std::shared_ptr<State>& self);
+  absl::Status DeclareExpected(std::vector<std::string> names);
+
  private:
   // The one way a publication ends: the Lifecycle's terminal transition (which tells the
   // transports to discard a version that did not commit), then Conclude. Returns the report;
@@ -155,6 +163,9 @@ class PublicationSession::State {
   // (bytes out, buckets, host syncs, receivers' outcomes, retry errors) when the commit path
   // ended it ABORTED or COMMITTED.
   PublicationReport MakeReport(const Lifecycle::Ending& ending) const;
+
+  // The group vote (null outside a group): set once by JoinGroup, read from any thread.
+  std::shared_ptr<GroupVote> vote() const;
 
   // Commit's steps (session_commit.cc).
   absl::Status CheckInputs() const;  // complete, not empty, quantizes what the recipe says
@@ -194,6 +205,10 @@ class PublicationSession::State {
   int attempts_ = 0;                       // transfers begun
   std::vector<std::string> retry_errors_;  // why each attempt before the last failed
   SyncCounter syncs_;
+  std::vector<std::string> expected_;  // the declared manifest (the leader of a group)
+
+  mutable std::mutex vote_mu_;
+  std::shared_ptr<GroupVote> vote_;  // guarded by vote_mu_
 
   // Read by GetStatus and reports from any thread.
   std::atomic<uint64_t> num_batches_{0};

@@ -50,6 +50,7 @@ PublicationReport PublicationSession::State::MakeReport(const Lifecycle::Ending&
   r.tensors_ignored = tensors_ignored_.load();
   r.bytes_in = bytes_in_.load();
   r.attempts = static_cast<uint32_t>(attempts_);
+  if (std::shared_ptr<GroupVote> v = vote()) r.group = v->Summary();
   // Only the Commit thread ends a publication whose Commit ran (Stop merely records a request
   // then), so it alone reads the commit path's fields here.
   if (!ending.commit_ran) return r;
@@ -67,6 +68,10 @@ PublicationReport PublicationSession::State::MakeReport(const Lifecycle::Ending&
 }
 
 PublicationReport PublicationSession::State::Conclude(const Lifecycle::Ending& ending) {
+  if (std::shared_ptr<GroupVote> v = vote(); v && ending.outcome != PublicationStatus::kCommitted) {
+    // The leader aborts the version on every member (no-op once it decided).
+    v->Fail(ending.status);
+  }
   PublicationReport report = MakeReport(ending);
   engine_->Record(this, report);
   return report;
@@ -94,6 +99,61 @@ void PublicationSession::State::Stop(absl::Status why, PublicationStatus outcome
   if (lifecycle_.Stop(outcome, std::move(why), &ending) == Lifecycle::StopResult::kEnded) {
     Conclude(ending);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The group
+
+std::shared_ptr<GroupVote> PublicationSession::State::vote() const {
+  std::lock_guard lock(vote_mu_);
+  return vote_;
+}
+
+absl::Status PublicationSession::State::JoinGroup(const std::shared_ptr<State>& self) {
+  std::weak_ptr<State> weak = self;
+  auto on_abort = [weak](absl::Status why) {
+    std::shared_ptr<State> state = weak.lock();
+    if (state == nullptr) return;
+    if (std::shared_ptr<GroupVote> v = state->vote(); v && v->others_may_have_sent()) {
+      // Another member sent to the engines this one shares: none may resume with a mix.
+      state->engine_->transports().MarkParticipantsDirty();
+    }
+    state->Stop(why, absl::IsInvalidArgument(why) ? PublicationStatus::kFailed
+                                                  : PublicationStatus::kAborted);
+  };
+  absl::StatusOr<std::unique_ptr<GroupVote>> joined =
+      engine_->group_joiner()->Join(header_, std::move(on_abort));
+  if (!joined.ok()) {
+    const absl::Status why(joined.status().code(),
+                           absl::StrCat("group '", header_.group->group, "' member ",
+                                        header_.group->member, ": ", joined.status().message()));
+    return Reject(why);
+  }
+  std::lock_guard lock(vote_mu_);
+  vote_ = *std::move(joined);
+  return absl::OkStatus();
+}
+
+absl::Status PublicationSession::State::DeclareExpected(std::vector<std::string> names) {
+  WPUB_RETURN_IF_ERROR(lifecycle_.CheckOpen());
+  if (!header_.group.has_value() || header_.group->member != 0) {
+    return Reject(absl::FailedPreconditionError(absl::StrCat(
+        "publication ", header_.version, ": only the leader of a group (group.member 0) declares "
+        "the expected tensors",
+        header_.group ? absl::StrCat("; this is member ", header_.group->member) : "")));
+  }
+  if (expected_.size() + names.size() > kMaxDeclaredTensors) {
+    return Reject(absl::InvalidArgumentError(absl::StrCat(
+        "expected: more than ", kMaxDeclaredTensors, " tensor names declared")));
+  }
+  for (std::string& n : names) {
+    if (n.empty() || n.size() > 1024) {
+      return Reject(absl::InvalidArgumentError(
+          absl::StrCat("expected: a tensor name of ", n.size(), " bytes (1 to 1024 allowed)")));
+    }
+    expected_.push_back(std::move(n));
+  }
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -183,6 +243,10 @@ absl::Status PublicationSession::AppendInline(uint64_t batch_index, uint32_t ten
                                               uint32_t part_index, uint64_t offset,
                                               absl::Span<const uint8_t> bytes) {
   return state_->AppendInline(batch_index, tensor_index, part_index, offset, bytes);
+}
+
+absl::Status PublicationSession::DeclareExpected(std::vector<std::string> names) {
+  return state_->DeclareExpected(std::move(names));
 }
 
 absl::StatusOr<PublicationReport> PublicationSession::Commit() { return state_->Commit(); }

@@ -133,6 +133,8 @@ absl::Status PublicationSession::State::TransferWithRetries(const ExecutionPlan&
     manifest.attempt = static_cast<uint32_t>(attempts_);
     absl::Status sent = Transfer(plan, manifest, bad_input);
     if (sent.ok() || *bad_input) return sent;
+    // A group version is not retried: the leader aborts it on every member at once.
+    if (vote() != nullptr) return sent;
     std::vector<std::string> dirty;
     for (const ReceiverOutcome& o : transport.Outcomes()) {
       if (o.dirty) dirty.push_back(o.name);
@@ -164,6 +166,12 @@ PublicationManifest PublicationSession::State::MakeManifest(const ExecutionPlan&
   manifest.version = header_.version;
   manifest.model_id = header_.model_id;
   manifest.recipe = recipe_.canonical;
+  if (header_.group.has_value()) {
+    manifest.group = header_.group->group;
+    manifest.group_members = header_.group->members;
+    manifest.group_member = header_.group->member;
+    manifest.engine_lifecycle = header_.group->member == 0;
+  }
   for (const BucketLayout& b : plan.buckets) {
     manifest.buckets.push_back(MakeBucketManifest(b, plan.outputs));
   }
@@ -188,7 +196,7 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   num_buckets_ = static_cast<uint32_t>(manifest.buckets.size());
   phases_.policy += Since(t0);
 
-  Transport& transport = engine_->transports();
+  TransportGroup& transport = engine_->transports();
   const size_t min_receivers = engine_->options().min_receivers;
   if (const size_t n = transport.Receivers().size(); n < min_receivers) {
     const absl::Status why = absl::FailedPreconditionError(
@@ -196,10 +204,44 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
                      " receivers, ", n, " connected"));
     return End(PublicationStatus::kAborted, why);
   }
+  const std::shared_ptr<GroupVote> group_vote = vote();
+  // A group version: what every member publishes is checked before any byte moves, and the
+  // leader says when this member may transfer.
+  if (group_vote != nullptr) {
+    t0 = Clock::now();
+    StagedParts parts;
+    parts.tensors.reserve(store_.tensors().size());
+    for (const InputTensor& t : store_.tensors()) parts.tensors.push_back(t.desc.name);
+    parts.expected = std::move(expected_);
+    parts.bytes_in = bytes_in_.load();
+    parts.bytes_out = manifest.total_bytes();
+    parts.buckets = num_buckets_;
+    parts.engines = transport.HasReceiversApplyingOnReceipt();
+    absl::Status go = group_vote->Stage(parts);
+    phases_.group += Since(t0);
+    if (!go.ok()) {
+      if (group_vote->others_may_have_sent()) transport.MarkParticipantsDirty();
+      if (absl::IsInvalidArgument(go)) return Reject(go);
+      return End(PublicationStatus::kAborted, go);
+    }
+  }
   bool bad_input = false;
   if (absl::Status sent = TransferWithRetries(*plan, manifest, &bad_input); !sent.ok()) {
     if (bad_input) return Reject(sent);
     return End(PublicationStatus::kAborted, sent);
+  }
+  if (group_vote != nullptr) {
+    t0 = Clock::now();
+    PreparedParts parts;
+    for (const ReceiverOutcome& o : transport.Outcomes()) parts.receivers.push_back(o.name);
+    parts.bytes_out = bytes_out_;
+    parts.phases = phases_;
+    absl::Status decided = group_vote->Prepare(parts);
+    phases_.group += Since(t0);
+    if (!decided.ok()) {
+      if (group_vote->others_may_have_sent()) transport.MarkParticipantsDirty();
+      return End(PublicationStatus::kAborted, decided);
+    }
   }
 
   t0 = Clock::now();

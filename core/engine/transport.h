@@ -83,6 +83,13 @@ class Transport {
 
   // Every connected receiver (participant or not) with its state.
   virtual std::vector<ReceiverInfo> Receivers() const = 0;
+
+  // A publication group (group_vote.h): another member may have sent bytes of the version in
+  // flight to these participants (NCCL engines are shared by every member). On the abort that
+  // follows, a transport whose receivers apply on receipt treats every participant as dirty
+  // (leaves it paused) instead of resuming the ones it sent nothing. Called before that Abort,
+  // from any thread; others need not implement it.
+  virtual void MarkParticipantsDirty() {}
 };
 
 }  // namespace wpub::engine

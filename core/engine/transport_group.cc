@@ -108,6 +108,17 @@ absl::Status TransportGroup::Commit() {
   return absl::OkStatus();
 }
 
+void TransportGroup::MarkParticipantsDirty() {
+  for (Transport* t : members_) t->MarkParticipantsDirty();
+}
+
+bool TransportGroup::HasReceiversApplyingOnReceipt() const {
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (caps_[i].applies_on_receipt && !members_[i]->Receivers().empty()) return true;
+  }
+  return false;
+}
+
 void TransportGroup::Abort(absl::string_view reason) {
   for (Transport* t : members_) t->Abort(reason);
 }

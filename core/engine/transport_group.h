@@ -32,6 +32,9 @@ class TransportGroup final : public Transport {
   void Abort(absl::string_view reason) override;
   std::vector<ReceiverOutcome> Outcomes() const override;
   std::vector<ReceiverInfo> Receivers() const override;
+  void MarkParticipantsDirty() override;
+  // Whether a member whose receivers apply on receipt (NCCL engines) has receivers connected.
+  bool HasReceiversApplyingOnReceipt() const;
 
  private:
   TransportGroup(std::vector<Transport*> members, std::vector<TransportCapabilities> caps)

@@ -70,6 +70,7 @@ double PhaseValue(const PhaseSeconds& s, std::string_view phase) {
   if (phase == "pack") return s.pack;
   if (phase == "transfer") return s.transfer;
   if (phase == "commit") return s.commit;
+  if (phase == "group") return s.group;
   return 0;
 }
 

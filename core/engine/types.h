@@ -70,6 +70,23 @@ struct BatchInput {
   std::vector<TensorInput> tensors;
 };
 
+// A publication group (docs/DESIGN.md, "Publication groups"): `members` daemons publish one
+// version together, each the parts its node holds; member 0 is the leader, which coordinates
+// the version (core/group) and is the only one to call the engines' lifecycle. Checked by
+// ValidateGroupMembership (core/engine/group_vote.h).
+struct GroupMembership {
+  std::string group;         // letters, digits, '_', '-', '.'; at most 100
+  uint32_t members = 1;      // in [1, kMaxGroupMembers]
+  uint32_t member = 0;       // this publisher's index, < members; 0 = the leader
+  std::string leader;        // the leader's gRPC address ("host:port"); members > 0 need it
+  std::string publisher;     // how this publisher is named in errors and reports (the daemon
+                             // fills it: hostname and port, unless the trainer gave one)
+  // How long the leader waits without progress (a member joining, staging, preparing) before
+  // it aborts the version naming the members it waits for; 0: the daemon's default.
+  absl::Duration timeout = absl::ZeroDuration();
+};
+inline constexpr uint32_t kMaxGroupMembers = 1024;
+
 // Opens a publication.
 struct PublicationHeader {
   // Strictly greater than the last committed version (0 = none yet). An aborted or failed
@@ -98,6 +115,8 @@ struct PublicationHeader {
   // blocks until it ends or `queue_timeout` passes (then DEADLINE_EXCEEDED).
   bool queue = false;
   absl::Duration queue_timeout = absl::Minutes(5);
+  // Set when this publication is one member's part of a group version.
+  std::optional<GroupMembership> group;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -132,6 +151,15 @@ struct PublicationManifest {
   std::string model_id;
   std::string recipe;
   std::vector<BucketManifest> buckets;
+  // A group version (GroupMembership): receivers subscribed to every member apply the version
+  // once they hold every member's buckets and one member tells them to commit. 1 and 0 alone.
+  std::string group;
+  uint32_t group_members = 1;
+  uint32_t group_member = 0;
+  // Whether this publisher makes the engines' lifecycle calls around its buckets (pause ..
+  // begin before the first, version .. continue at commit). False for the members of a group
+  // other than the leader: the leader calls them once per engine per version.
+  bool engine_lifecycle = true;
   uint64_t total_bytes() const {
     uint64_t n = 0;
     for (const auto& b : buckets) n += b.nbytes;
@@ -249,12 +277,49 @@ struct PhaseSeconds {
   double pack = 0;      // non-finite scan of passed tensors, passthrough copies, checksums
   double transfer = 0;  // handing buckets to the transport, waiting for every acknowledgement
   double commit = 0;    // the commit broadcast and bookkeeping
+  double group = 0;     // a group member waiting for its leader (the parts check, its transfer
+                        // turn, the decision); 0 outside a group
 };
-// The phase label values, in pipeline order: ingest, policy, quantize, pack, transfer, commit.
-inline constexpr std::array<const char*, 6> kPhaseNames = {"ingest", "policy",   "quantize",
-                                                           "pack",   "transfer", "commit"};
+// The phase label values, in pipeline order: ingest, policy, quantize, pack, transfer, commit,
+// group.
+inline constexpr std::array<const char*, 7> kPhaseNames = {
+    "ingest", "policy", "quantize", "pack", "transfer", "commit", "group"};
 // The value of `phase` (one of kPhaseNames), 0 for an unknown name.
 double PhaseValue(const PhaseSeconds& seconds, std::string_view phase);
+
+// One member of a group version, as the leader saw it.
+struct GroupMemberSummary {
+  uint32_t member = 0;
+  std::string publisher;
+  // "waiting" (not joined), "joined", "staged", "transferring", "prepared", "failed",
+  // "committed", "aborted".
+  std::string state = "waiting";
+  uint64_t tensors = 0;    // input tensors it published
+  uint64_t bytes_in = 0;   // their bytes
+  uint64_t bytes_out = 0;  // its buckets' bytes
+  uint32_t buckets = 0;
+  bool engines = false;  // it sends to NCCL engines (its transfers are serialized)
+  PhaseSeconds phases;   // its own phases (from its prepare)
+  double seconds = 0;    // join .. prepared, on the leader's clock
+  std::string error;     // why it failed
+};
+
+// A group version. On a member other than the leader, `members_detail` is empty.
+struct GroupSummary {
+  std::string group;
+  uint64_t version = 0;
+  uint32_t members = 1;
+  uint32_t member = 0;  // the member whose report this is
+  std::string leader;
+  std::string outcome;  // "open", "committed", "aborted"
+  std::string error;
+  std::vector<GroupMemberSummary> members_detail;  // leader only, by member index
+  int32_t slowest_member = -1;                     // the last to prepare (leader only)
+  int32_t failed_member = -1;                      // the member whose failure aborted it
+  // The leader's coordination cost: the barriers' bookkeeping between the last member's
+  // staged/prepared message and the instruction that followed, summed (seconds).
+  double coordination_seconds = 0;
+};
 
 struct PublicationReport {
   PublicationStatus status = PublicationStatus::kFailed;
@@ -283,6 +348,8 @@ struct PublicationReport {
   // EngineOptions::max_attempts) and why each attempt before the last one failed.
   uint32_t attempts = 0;
   std::vector<std::string> retry_errors;
+  // A group version: the group and, on the leader, every member's part.
+  std::optional<struct GroupSummary> group;
 };
 
 // The active publication, as GetStatus shows it.

@@ -79,8 +79,11 @@ class EngineDriver {
   // Waits for every request posted so far: ABORTED naming the failed engines,
   // DEADLINE_EXCEEDED naming the silent ones.
   virtual absl::Status WaitIdle(absl::Time deadline) = 0;
-  // Resets outcomes and queues the calls that precede the first bucket.
-  virtual void BeginPublication(uint64_t version) = 0;
+  // Resets outcomes and queues the calls that precede the first bucket. Without
+  // `lifecycle_calls` (a member of a publication group other than its leader; the leader makes
+  // them once per engine per version) the publication posts update requests only: nothing
+  // before the first bucket, nothing at EndPublication, no resume after an abort.
+  virtual void BeginPublication(uint64_t version, bool lifecycle_calls) = 0;
   // Queues the update request of one bucket (non-blocking; the engine posts its receive in the
   // request's handler, so the caller issues it before the bucket's broadcast).
   virtual void PostBucket(const engine::BucketManifest& bucket) = 0;

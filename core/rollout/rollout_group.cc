@@ -295,7 +295,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
                         absl::StrJoin(store_->RecentlyAwaitedKeys(), ", "));
   };
   nccl_->Begin(std::move(watch));
-  driver_->BeginPublication(m.version);
+  driver_->BeginPublication(m.version, m.engine_lifecycle);
   resume_pending_ = true;
   std::vector<std::string> names;
   for (const EngineSpec& e : driver_->engines()) names.push_back(e.url);
@@ -382,6 +382,11 @@ void RolloutGroup::ResumeCleanEngines() {
   for (size_t i = 0; i < dirty.size() && i < engines.size(); ++i) {
     if (dirty[i]) dirty_.insert(engines[i].url);
   }
+}
+
+void RolloutGroup::MarkParticipantsDirty() {
+  std::lock_guard lock(info_mu_);
+  for (const engine::ConnectedEngine& e : info_.engines) dirty_.insert(e.url);
 }
 
 std::vector<std::string> RolloutGroup::dirty_engines() const {

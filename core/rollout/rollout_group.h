@@ -114,6 +114,8 @@ class RolloutGroup final : public engine::Transport, public engine::EngineConnec
   void Abort(absl::string_view reason) override;
   std::vector<engine::ReceiverOutcome> Outcomes() const override;
   std::vector<engine::ReceiverInfo> Receivers() const override;
+  // Every engine of the group becomes dirty (no resume at the abort that follows).
+  void MarkParticipantsDirty() override;
 
   // Engines left paused by an aborted publication (see the file comment).
   std::vector<std::string> dirty_engines() const;

@@ -341,11 +341,13 @@ absl::Status SglangDriver::WaitIdle(absl::Time deadline) {
   return absl::OkStatus();
 }
 
-void SglangDriver::BeginPublication(uint64_t version) {
+void SglangDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   std::lock_guard lock(post_mu_);
   version_ = version;
   closed_ = false;
+  lifecycle_calls_ = lifecycle_calls;
   for (auto& w : workers_) w->Reset();
+  if (!lifecycle_calls) return;
   const SglangEndpoints& e = options_.endpoints;
   PostAll("POST", e.pause, json({{"mode", e.pause_mode}}).dump());
   PostAll("GET", e.flush, "");
@@ -369,6 +371,7 @@ void SglangDriver::EndPublication() {
   std::lock_guard lock(post_mu_);
   if (closed_) return;
   closed_ = true;
+  if (!lifecycle_calls_) return;
   const SglangEndpoints& e = options_.endpoints;
   PostAll("POST", e.version, json({{"new_version", std::to_string(version_)}}).dump());
   PostAll("POST", e.end, "{}");
@@ -385,7 +388,7 @@ std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& st
     workers_[i]->DropQueued();
     // After the drop no further update can start, so this is final for the publication.
     dirty[i] = dirty[i] || workers_[i]->outcome().updates_sent > 0;
-    if (!dirty[i] && !options_.endpoints.resume.empty()) {
+    if (!dirty[i] && lifecycle_calls_ && !options_.endpoints.resume.empty()) {
       workers_[i]->Post(Request{"POST", options_.endpoints.resume,
                                 std::make_shared<const std::string>("{}"),
                                 /*overlappable=*/false, /*update=*/false, /*always=*/true});

@@ -97,7 +97,7 @@ class SglangDriver final : public EngineDriver {
   absl::Status WaitIdle(absl::Time deadline) override;
 
   // Starts a publication: resets outcomes, then queues pause, flush, begin per engine.
-  void BeginPublication(uint64_t version) override;
+  void BeginPublication(uint64_t version, bool lifecycle_calls) override;
   // Queues the update request of one bucket (non-blocking; in order per engine).
   void PostBucket(const engine::BucketManifest& bucket) override;
   // Queues version, end, continue.
@@ -127,6 +127,7 @@ class SglangDriver final : public EngineDriver {
   std::mutex post_mu_;
   uint64_t version_ = 0;  // guarded by post_mu_
   bool closed_ = true;    // guarded by post_mu_: the publication ended (or none began)
+  bool lifecycle_calls_ = true;  // guarded by post_mu_: BeginPublication's
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

@@ -271,7 +271,7 @@ void ApplyBounds(const DaemonServerOptions& options, grpc::ResourceQuota* quota,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Create(
-    const DaemonServerOptions& options, engine::Engine* engine) {
+    const DaemonServerOptions& options, engine::Engine* engine, group::Coordinator* coordinator) {
   const bool loopback = IsLoopbackAddress(options.listen);
   if (!loopback && !options.tls.enabled() && !options.insecure_listen) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -290,7 +290,10 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Create(
                         MakeCredentials(options.tls));
   WPUB_RETURN_IF_ERROR(CheckUnixSocketFree(options.listen));
   std::unique_ptr<DaemonServer> server(new DaemonServer());
-  server->publisher_ = std::make_unique<PublisherService>(engine, options.service);
+  server->publisher_ = std::make_unique<PublisherService>(engine, options.service, coordinator);
+  if (coordinator != nullptr) {
+    server->group_ = std::make_unique<GroupService>(coordinator, options.service);
+  }
   server->receivers_ =
       std::make_unique<ReceiversService>(engine->pull_transport(), options.service);
 
@@ -300,6 +303,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Create(
   builder.AddListeningPort(options.listen, credentials, &server->port_);
   builder.RegisterService(server->publisher_.get());
   builder.RegisterService(server->receivers_.get());
+  if (server->group_) builder.RegisterService(server->group_.get());
   grpc::ResourceQuota quota("wpubd");
   ApplyBounds(options, &quota, &builder);
   if (!options.service.auth_token.empty()) {
@@ -313,6 +317,13 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Create(
                                                "': ", ListenFailureReason(options.listen)));
   }
   if (absl::StartsWith(options.listen, "unix:")) server->port_ = 0;
+  {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    server->publisher_->set_publisher_name(
+        server->port_ != 0 ? absl::StrCat(host, ":", server->port_)
+                           : absl::StrCat(host, ":", options.listen));
+  }
   server->SetServing(true);
   return server;
 }

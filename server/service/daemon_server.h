@@ -12,6 +12,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/engine/engine.h"
+#include "core/group/coordinator.h"
+#include "server/service/group_service.h"
 #include "server/service/publisher_service.h"
 #include "server/service/receivers_service.h"
 #include "server/service/service_options.h"
@@ -85,8 +87,11 @@ class DaemonServer {
   // a port with the first. Also UNAVAILABLE when the TLS key does not match its certificate.
   // When service.auth_token is set, server reflection needs the token too (health checking
   // stays open for probes).
-  static absl::StatusOr<std::unique_ptr<DaemonServer>> Create(const DaemonServerOptions& options,
-                                                              engine::Engine* engine);
+  // `coordinator` (may be null: no Group service, members cannot join this daemon) leads the
+  // group versions this daemon's trainer opens as member 0; it must outlive the DaemonServer.
+  static absl::StatusOr<std::unique_ptr<DaemonServer>> Create(
+      const DaemonServerOptions& options, engine::Engine* engine,
+      group::Coordinator* coordinator = nullptr);
   ~DaemonServer();
 
   // The bound TCP port (0 for a unix socket).
@@ -103,6 +108,7 @@ class DaemonServer {
   DaemonServer() = default;
   std::unique_ptr<PublisherService> publisher_;
   std::unique_ptr<ReceiversService> receivers_;
+  std::unique_ptr<GroupService> group_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

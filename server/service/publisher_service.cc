@@ -32,6 +32,8 @@ const char* KindName(pb::PublishRequest::KindCase kind) {
       return "chunk";
     case pb::PublishRequest::kCommit:
       return "commit";
+    case pb::PublishRequest::kExpected:
+      return "expected";
     case pb::PublishRequest::KIND_NOT_SET:
       break;
   }
@@ -142,8 +144,19 @@ bool ReadWatched(grpc::ServerReader<pb::PublishRequest>* reader, IdleWatchdog* w
 
 }  // namespace
 
-PublisherService::PublisherService(engine::Engine* engine, ServiceOptions options)
-    : engine_(engine), options_(std::move(options)) {}
+PublisherService::PublisherService(engine::Engine* engine, ServiceOptions options,
+                                   group::Coordinator* coordinator)
+    : engine_(engine), options_(std::move(options)), coordinator_(coordinator) {}
+
+void PublisherService::set_publisher_name(std::string name) {
+  std::lock_guard lock(name_mu_);
+  publisher_name_ = std::move(name);
+}
+
+std::string PublisherService::publisher_name() const {
+  std::lock_guard lock(name_mu_);
+  return publisher_name_;
+}
 
 grpc::Status PublisherService::Publish(grpc::ServerContext* context,
                                        grpc::ServerReader<pb::PublishRequest>* reader,
@@ -171,14 +184,23 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   absl::StatusOr<engine::PublicationHeader> header = FromProto(request.header());
   if (!header.ok()) return ToGrpcStatus(header.status());
   header->allow_non_finite = header->allow_non_finite || options_.allow_non_finite;
+  if (header->group.has_value() && header->group->publisher.empty()) {
+    header->group->publisher = publisher_name();
+  }
   absl::StatusOr<std::unique_ptr<engine::PublicationSession>> opened = engine_->Open(*header);
   if (!opened.ok()) {
     spdlog::warn("publish v{} refused: {}", header->version, LogEscape(opened.status().ToString()));
     return ToGrpcStatus(opened.status());
   }
   std::unique_ptr<engine::PublicationSession> session = std::move(*opened);
-  spdlog::info("publish v{} opened (model '{}', recipe '{}')", header->version,
-               LogEscape(header->model_id), LogEscape(header->recipe));
+  if (header->group.has_value()) {
+    spdlog::info("publish v{} opened (model '{}', recipe '{}'), member {} of {} of group '{}'",
+                 header->version, LogEscape(header->model_id), LogEscape(header->recipe),
+                 header->group->member, header->group->members, LogEscape(header->group->group));
+  } else {
+    spdlog::info("publish v{} opened (model '{}', recipe '{}')", header->version,
+                 LogEscape(header->model_id), LogEscape(header->recipe));
+  }
 
   // Any early return below destroys the session, which aborts it (engine contract); an error
   // from the session itself has already ended the publication as FAILED.
@@ -237,6 +259,12 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
       case pb::PublishRequest::kCommit:
         committed = true;
         break;
+      case pb::PublishRequest::kExpected: {
+        std::vector<std::string> names(request.expected().names().begin(),
+                                       request.expected().names().end());
+        if (absl::Status s = session->DeclareExpected(std::move(names)); !s.ok()) return fail(s);
+        break;
+      }
       case pb::PublishRequest::KIND_NOT_SET:
         return fail(absl::InvalidArgumentError(
             absl::StrCat("Publish message ", messages, " has no kind set")));
@@ -275,6 +303,11 @@ grpc::Status PublisherService::GetStatus(grpc::ServerContext* context,
     reply->mutable_recent_reports()->RemoveLast();
   }
   reply->set_daemon_version(options_.daemon_version);
+  if (coordinator_ != nullptr) {
+    if (std::optional<engine::GroupSummary> g = coordinator_->LastRound()) {
+      ToProto(*g, reply->mutable_publication_group());
+    }
+  }
   if (std::optional<engine::EngineGroupInfo> group = engine_->EngineGroup()) {
     ToProto(*group, reply->mutable_engine_group());
     // The engines are the NCCL transport's receivers.

@@ -15,7 +15,11 @@
 // calls (GetStatus, ListReports) never block on a publication in progress.
 #pragma once
 
+#include <mutex>
+#include <string>
+
 #include "core/engine/engine.h"
+#include "core/group/coordinator.h"
 #include "server/service/service_options.h"
 #include "wpub/v1/publisher.grpc.pb.h"
 
@@ -24,7 +28,12 @@ namespace wpub::server {
 class PublisherService final : public wpub::v1::Publisher::Service {
  public:
   // `engine` must outlive the service (the server is shut down before the engine).
-  PublisherService(engine::Engine* engine, ServiceOptions options);
+  // `coordinator` (may be null) is the group coordinator whose last round GetStatus shows.
+  PublisherService(engine::Engine* engine, ServiceOptions options,
+                   group::Coordinator* coordinator = nullptr);
+  // How this daemon names itself in a group when the trainer gave no publisher name
+  // ("<hostname>:<port>"; set once the port is bound).
+  void set_publisher_name(std::string name);
 
   grpc::Status Publish(grpc::ServerContext* context,
                        grpc::ServerReader<wpub::v1::PublishRequest>* reader,
@@ -41,8 +50,13 @@ class PublisherService final : public wpub::v1::Publisher::Service {
                               wpub::v1::ConnectEnginesResponse* reply) override;
 
  private:
+  std::string publisher_name() const;
+
   engine::Engine* const engine_;
   const ServiceOptions options_;
+  group::Coordinator* const coordinator_;
+  mutable std::mutex name_mu_;
+  std::string publisher_name_;  // guarded by name_mu_
 };
 
 }  // namespace wpub::server

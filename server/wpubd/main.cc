@@ -41,8 +41,13 @@ namespace {
 // group as its components (core/rollout/gpu_path.h), engines given now or later through
 // ConnectEngines; otherwise the CPU backend and the pull transport.
 absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
-    const wpub::wpubd::DaemonOptions& options, prometheus::Registry* registry) {
-  if (!options.gpu_path) return wpub::engine::Engine::Create(options.engine, registry);
+    const wpub::wpubd::DaemonOptions& options, prometheus::Registry* registry,
+    wpub::engine::GroupJoiner* group_joiner) {
+  if (!options.gpu_path) {
+    wpub::engine::EngineComponents components;
+    components.group_joiner = group_joiner;
+    return wpub::engine::Engine::Create(options.engine, registry, std::move(components));
+  }
 #ifdef WPUB_WITH_GPU_PATH
   wpub::rollout::GpuPathOptions g;
   if (!options.engines.empty()) {
@@ -74,6 +79,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   absl::StatusOr<wpub::engine::EngineComponents> components =
       wpub::rollout::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();
+  components->group_joiner = group_joiner;
   return wpub::engine::Engine::Create(options.engine, registry, *std::move(components));
 #else
   return absl::FailedPreconditionError(
@@ -138,14 +144,18 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
     metrics_port = metrics->port();
   }
 
+  // Publication groups: the rounds this daemon leads, and how its publications join theirs.
+  // Both outlive the engine and the server (declared before them).
+  wpub::group::Coordinator coordinator(options.group, registry.get());
+  wpub::server::GroupJoinerImpl group_joiner(&coordinator, options.group_client);
   absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> engine =
-      CreateEngine(options, registry.get());
+      CreateEngine(options, registry.get(), &group_joiner);
   if (!engine.ok()) {
     spdlog::critical("cannot create the engine: {}", LogEscape(engine.status().ToString()));
     return 1;
   }
   absl::StatusOr<std::unique_ptr<wpub::server::DaemonServer>> server =
-      wpub::server::DaemonServer::Create(options.server, engine->get());
+      wpub::server::DaemonServer::Create(options.server, engine->get(), &coordinator);
   if (!server.ok()) {
     // "cannot listen on '<address>': <reason>" when the address cannot be bound.
     spdlog::critical("cannot start the gRPC server: {}", LogEscape(server.status().ToString()));

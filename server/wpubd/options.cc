@@ -103,6 +103,15 @@ ABSL_FLAG(std::string, nccl_store_listen, "127.0.0.1:0",
           "GPU path: ip:port of the TCPStore rendezvous the engines join.");
 ABSL_FLAG(std::string, nccl_advertise_address, "127.0.0.1",
           "GPU path: the address engines use to reach the TCPStore.");
+ABSL_FLAG(absl::Duration, group_timeout, absl::Seconds(60),
+          "Publication groups: how long a group version this daemon leads (member 0) may go "
+          "without progress (a member joining, staging, preparing) before it aborts naming the "
+          "members it waits for; a header's group.timeout_seconds overrides it.");
+ABSL_FLAG(absl::Duration, group_join_timeout, absl::Seconds(30),
+          "Publication groups: how long a member waits for its leader to accept its join.");
+ABSL_FLAG(std::string, group_tls_ca_file, "",
+          "Publication groups: PEM CA the leader's TLS certificate must chain to (empty: "
+          "plaintext to the leader). The bearer token sent is --auth_token_file's.");
 ABSL_FLAG(absl::Duration, engine_deadline, absl::Seconds(120),
           "GPU path: every engine must receive a publication within this (else NCCL abort).");
 ABSL_FLAG(int32_t, engine_requests_in_flight, 1,
@@ -233,6 +242,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
       return absl::InvalidArgumentError(absl::StrCat("--auth_token_file '", path, "' is empty"));
     }
     o.server.service.auth_token = std::move(token);
+    o.group_client.auth_token = o.server.service.auth_token;
   }
   o.drain_deadline = absl::GetFlag(FLAGS_drain_deadline);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
@@ -264,6 +274,15 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.log_level = absl::GetFlag(FLAGS_log_level);
   if (spdlog::level::from_str(o.log_level) == spdlog::level::off && o.log_level != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--log_level '", o.log_level, "' is unknown"));
+  }
+  o.group.default_timeout = absl::GetFlag(FLAGS_group_timeout);
+  o.group_client.join_timeout = absl::GetFlag(FLAGS_group_join_timeout);
+  o.group_client.tls.ca_file = absl::GetFlag(FLAGS_group_tls_ca_file);
+  if (o.group.default_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--group_timeout must be positive");
+  }
+  if (o.group_client.join_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--group_join_timeout must be positive");
   }
   return o;
 }

@@ -8,7 +8,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/engine/engine.h"
+#include "core/group/coordinator.h"
 #include "server/service/daemon_server.h"
+#include "server/service/group_service.h"
 
 namespace wpub::wpubd {
 
@@ -57,6 +59,11 @@ struct DaemonOptions {
   // nccl::GpuPathOptions::nccl_ctas: NCCL channels of wpub's rank (0: NCCL's choice), at most
   // kMaxNcclCtas (nccl::kMaxCtas; wpubd's options build without NCCL too).
   int nccl_ctas = 0;
+  // Publication groups: how long a round this daemon leads may go without progress, and how
+  // this daemon reaches a leader when it is another member (token: --auth_token_file's, the
+  // group's daemons share one; TLS to the leader when a CA is given).
+  group::CoordinatorOptions group;
+  server::GroupClientOptions group_client;
 };
 
 // Reads the parsed absl flags. INVALID_ARGUMENT naming the flag for a bad value;

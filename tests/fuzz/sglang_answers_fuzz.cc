@@ -163,7 +163,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   bucket.index = 0;
   bucket.nbytes = 32;
   bucket.tensors.push_back({"model.norm.weight", wpub::DType::kBFloat16, {16}, 0, 32});
-  (*driver)->BeginPublication(1);
+  (*driver)->BeginPublication(1, /*lifecycle_calls=*/true);
   (*driver)->PostBucket(bucket);
   (*driver)->EndPublication();
   absl::Status published = (*driver)->WaitIdle(absl::Now() + bound);

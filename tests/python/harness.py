@@ -290,3 +290,56 @@ class DaemonTestCase(unittest.TestCase):
             gd, gs, gr = got[name]
             self.assertEqual((gd, tuple(gs)), (dtype, tuple(shape)), name)
             self.assertTrue(gr == raw, f"{name}: received bytes differ from the reference")
+
+
+def glm_batches(seed: int, hidden: int = 64, inter: int = 32, experts: int = 4,
+                heads: int = 2, head_dim: int = 32, moe_layers=(1, 2), mtp_layer: int = 3):
+    """A small GLM-like MoE as conversion batches: embeddings, a dense first layer, MoE layers
+    with a shared expert and routed experts, the final norm and head, and an MTP layer (its own
+    norms, eh_proj and a MoE block)."""
+    rng = np.random.default_rng(seed)
+    out = [("embedding.word_embeddings.weight",
+            [("model.embed_tokens.weight", bf16(rng, (128, hidden)))])]
+
+    def attention(m, h):
+        out.append((f"{m}.self_attention.linear_qkv.weight", [
+            (f"{h}.self_attn.q_proj.weight", bf16(rng, (heads * head_dim, hidden))),
+            (f"{h}.self_attn.k_proj.weight", bf16(rng, (head_dim, hidden))),
+            (f"{h}.self_attn.v_proj.weight", bf16(rng, (head_dim, hidden)))]))
+        out.append((f"{m}.self_attention.linear_proj.weight",
+                    [(f"{h}.self_attn.o_proj.weight", bf16(rng, (hidden, heads * head_dim)))]))
+        out.append((f"{m}.input_layernorm.weight",
+                    [(f"{h}.input_layernorm.weight", bf16(rng, (hidden,)))]))
+
+    def moe(m, h):
+        out.append((f"{m}.mlp.router.weight",
+                    [(f"{h}.mlp.gate.weight", bf16(rng, (experts, hidden)))]))
+        out.append((f"{m}.mlp.shared_experts.linear_fc1.weight", [
+            (f"{h}.mlp.shared_experts.gate_proj.weight", bf16(rng, (inter, hidden))),
+            (f"{h}.mlp.shared_experts.up_proj.weight", bf16(rng, (inter, hidden)))]))
+        out.append((f"{m}.mlp.shared_experts.linear_fc2.weight",
+                    [(f"{h}.mlp.shared_experts.down_proj.weight", bf16(rng, (hidden, inter)))]))
+        for e in range(experts):
+            out.append((f"{m}.mlp.experts.linear_fc1.weight{e}", [
+                (f"{h}.mlp.experts.{e}.gate_proj.weight", bf16(rng, (inter, hidden))),
+                (f"{h}.mlp.experts.{e}.up_proj.weight", bf16(rng, (inter, hidden)))]))
+            out.append((f"{m}.mlp.experts.linear_fc2.weight{e}",
+                        [(f"{h}.mlp.experts.{e}.down_proj.weight", bf16(rng, (hidden, inter)))]))
+
+    attention("decoder.layers.0", "model.layers.0")
+    out.append(("decoder.layers.0.mlp.linear_fc1.weight", [
+        ("model.layers.0.mlp.gate_proj.weight", bf16(rng, (2 * inter, hidden))),
+        ("model.layers.0.mlp.up_proj.weight", bf16(rng, (2 * inter, hidden)))]))
+    out.append(("decoder.layers.0.mlp.linear_fc2.weight",
+                [("model.layers.0.mlp.down_proj.weight", bf16(rng, (hidden, 2 * inter)))]))
+    for L in moe_layers:
+        attention(f"decoder.layers.{L}", f"model.layers.{L}")
+        moe(f"decoder.layers.{L}", f"model.layers.{L}")
+    out.append(("decoder.final_layernorm.weight", [("model.norm.weight", bf16(rng, (hidden,)))]))
+    out.append(("output_layer.weight", [("lm_head.weight", bf16(rng, (128, hidden)))]))
+    m, h = "mtp.layers.0", f"model.layers.{mtp_layer}"
+    out.append((f"{m}.enorm.weight", [(f"{h}.enorm.weight", bf16(rng, (hidden,)))]))
+    out.append((f"{m}.hnorm.weight", [(f"{h}.hnorm.weight", bf16(rng, (hidden,)))]))
+    out.append((f"{m}.eh_proj.weight", [(f"{h}.eh_proj.weight", bf16(rng, (hidden, 2 * hidden)))]))
+    moe(f"{m}.transformer_layer", h)
+    return out

@@ -277,7 +277,7 @@ class RefusingDriver final : public rollout::EngineDriver {
   absl::Status WaitIdle(absl::Time) override {
     return absl::AbortedError("other-family: join refused");
   }
-  void BeginPublication(uint64_t) override {}
+  void BeginPublication(uint64_t, bool) override {}
   void PostBucket(const engine::BucketManifest&) override {}
   void EndPublication() override {}
   std::vector<bool> ResumeAfterAbort(const std::set<std::string>&) override {

@@ -167,7 +167,7 @@ struct Fixture {
   // path, keeping the dirty engines across publications as the NCCL transport does. Returns
   // the dirty flags of an abort (empty after a commit).
   std::vector<bool> Publish(uint64_t version, int sent, bool commit) {
-    driver->BeginPublication(version);
+    driver->BeginPublication(version, /*lifecycle_calls=*/true);
     for (int b = 0; b < sent; ++b) driver->PostBucket(Bucket(b));
     Settle();
     if (commit && !driver->any_failed()) {
@@ -194,7 +194,7 @@ TEST(SglangDirtyEngines, AnEngineThatGotABucketOfAnAbortedVersionStaysPaused) {
     EXPECT_EQ(e->version(), "1");
   }
   // Engine 0 fails in the middle of bucket 1 (after loading half of it); both got bucket 0.
-  f.driver->BeginPublication(2);
+  f.driver->BeginPublication(2, /*lifecycle_calls=*/true);
   f.driver->PostBucket(Bucket(0));
   (void)f.driver->WaitIdle(absl::Now() + absl::Seconds(10));
   f.engines[0]->FailNextUpdate();

@@ -193,7 +193,7 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
   ASSERT_TRUE(d.ok());
   // A slow first bucket on one engine must not let the second overtake it.
   a.SlowOn("/update_weights_from_distributed", 100);
-  (*d)->BeginPublication(7);
+  (*d)->BeginPublication(7, /*lifecycle_calls=*/true);
   (*d)->PostBucket(Bucket(0));
   (*d)->PostBucket(Bucket(1));
   (*d)->EndPublication();
@@ -240,7 +240,7 @@ TEST(SglangDriver, EndpointsAreConfigurable) {
   o.endpoints.pause_mode = "abort";
   auto d = SglangDriver::Create(o);
   ASSERT_TRUE(d.ok());
-  (*d)->BeginPublication(3);
+  (*d)->BeginPublication(3, /*lifecycle_calls=*/true);
   (*d)->PostBucket(Bucket(0));
   (*d)->EndPublication();
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
@@ -254,7 +254,7 @@ TEST(SglangDriver, HttpErrorFailsThatEngineOnlyAndSkipsItsLaterCalls) {
   auto d = SglangDriver::Create(Options({&a, &b}, {1, 1}));
   ASSERT_TRUE(d.ok());
   b.FailOn("/update_weights_from_distributed", 2);
-  (*d)->BeginPublication(9);
+  (*d)->BeginPublication(9, /*lifecycle_calls=*/true);
   for (uint32_t i = 0; i < 3; ++i) (*d)->PostBucket(Bucket(i));
   (*d)->EndPublication();
   const absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));
@@ -268,7 +268,7 @@ TEST(SglangDriver, HttpErrorFailsThatEngineOnlyAndSkipsItsLaterCalls) {
   EXPECT_EQ(b.calls().size(), 5u);
   EXPECT_EQ(a.calls().size(), 9u);
   // The next publication starts clean.
-  (*d)->BeginPublication(10);
+  (*d)->BeginPublication(10, /*lifecycle_calls=*/true);
   (*d)->PostBucket(Bucket(0));
   (*d)->EndPublication();
   EXPECT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
@@ -279,7 +279,7 @@ TEST(SglangDriver, SuccessFalseIsAFailure) {
   auto d = SglangDriver::Create(Options({&a}, {1}));
   ASSERT_TRUE(d.ok());
   a.SoftFailOn("/update_weights_from_distributed");
-  (*d)->BeginPublication(1);
+  (*d)->BeginPublication(1, /*lifecycle_calls=*/true);
   (*d)->PostBucket(Bucket(0));
   const absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));
   EXPECT_TRUE(absl::IsAborted(s)) << s;
@@ -293,7 +293,7 @@ TEST(SglangDriver, TimeoutsAndRefusedConnections) {
   auto d = SglangDriver::Create(o);
   ASSERT_TRUE(d.ok());
   a.SlowOn("/update_weights_from_distributed", 1000);
-  (*d)->BeginPublication(1);
+  (*d)->BeginPublication(1, /*lifecycle_calls=*/true);
   (*d)->PostBucket(Bucket(0));
   // The driver's deadline passes before the request's own timeout: DEADLINE_EXCEEDED.
   absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Milliseconds(50));
@@ -340,7 +340,7 @@ TEST(SglangDriver, TwoUpdatesInFlightOverlapButLifecycleCallsNever) {
   auto d = SglangDriver::Create(o);
   ASSERT_TRUE(d.ok());
   a.SlowOn("/update_weights_from_distributed", 150);
-  (*d)->BeginPublication(9);
+  (*d)->BeginPublication(9, /*lifecycle_calls=*/true);
   for (uint32_t i = 0; i < 4; ++i) (*d)->PostBucket(Bucket(i));
   (*d)->EndPublication();
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
@@ -370,7 +370,7 @@ TEST(SglangDriver, LeaveDropsTheUnsentRequestsOfAnAbortedPublication) {
   auto d = SglangDriver::Create(Options({&a}, {1}));
   ASSERT_TRUE(d.ok());
   a.SlowOn("/update_weights_from_distributed", 300);
-  (*d)->BeginPublication(4);
+  (*d)->BeginPublication(4, /*lifecycle_calls=*/true);
   for (uint32_t i = 0; i < 3; ++i) (*d)->PostBucket(Bucket(i));
   // Wait until the first update is in flight, then leave: buckets 1 and 2 must never be sent
   // (each would post a receive that no broadcast matches).

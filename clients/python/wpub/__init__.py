@@ -16,6 +16,7 @@ from .errors import (Aborted, Cancelled, DaemonShuttingDown, DataLoss, DeadlineE
                      PermissionDenied, PublicationAborted, ResourceExhausted, Unauthenticated,
                      Unavailable, Unimplemented, WpubError)
 from .futures import PublicationFuture
+from .group import GroupOutcome, GroupSpec, PublicationGroup
 from .progress import Progress
 from .publisher import Publisher
 from .report import (ActivePublication, ClientTimings, ConnectedEngine, EngineGroup,
@@ -26,7 +27,8 @@ from .tensors import Concat, CudaIpc, ShmRef, Tensor, TensorError, concat
 _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 
 __all__ = [
-    "__version__", "Publisher", "PublicationFuture", "Progress", "PublicationReport",
+    "__version__", "Publisher", "PublicationGroup", "GroupSpec", "GroupOutcome",
+    "PublicationFuture", "Progress", "PublicationReport",
     "PhaseSeconds", "ClientTimings", "ReceiverOutcome", "Status", "ActivePublication", "ReceiverInfo", "EngineGroup", "ConnectedEngine", "Tensor",
     "CudaIpc", "ShmRef", "Concat", "concat",
     "WpubError",

@@ -20,6 +20,7 @@ import grpc
 
 from . import errors
 from ._proto import pb
+from .group import group_preamble
 from ._options import (DEFAULT_TARGET, build_header, check_target, check_version,
                        engine_entries, queue_flag, read_token_file, tls_credentials)
 from .futures import PublicationFuture
@@ -313,7 +314,8 @@ class Publisher:
                 queue_behind_active: bool = False, bucket_bytes: int = 0,
                 timeout: Any = _PUBLISHER_TIMEOUT, check: bool = True,
                 progress: Optional[Callable[[Progress], None]] = None,
-                wait: Optional[bool] = None) -> PublicationReport:
+                wait: Optional[bool] = None, group: Optional["GroupSpec"] = None,
+                expected_tensors: Optional[Iterable[str]] = None) -> PublicationReport:
         """Streams one publication and returns the daemon's report.
 
         version: an int in [1, 2^64 - 1], strictly increasing (InvalidArgument otherwise,
@@ -339,12 +341,17 @@ class Publisher:
         RPC, which aborts the publication on the daemon. Host payloads are copied (into shared
         memory or messages) before publish returns from a batch; CUDA tensors are referenced
         and kept alive until the report arrived.
+
+        group: a wpub.GroupSpec when this publication is one member's part of a group version
+        (several daemons, one version; wpub.PublicationGroup wraps it). expected_tensors: the
+        leader's (member 0's) declaration of every tensor name the group publishes.
         """
         version = check_version(version)
         header = build_header(version, recipe, policy, quantization_config, model_id,
                          allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes)
+        preamble = group_preamble(header, group, expected_tensors)
         return self._run(header, batches, self.timeout if timeout is _PUBLISHER_TIMEOUT
-                         else timeout, check, progress, None)
+                         else timeout, check, progress, None, preamble)
 
     def publish_async(self, version: int, batches: Iterable[Batch], *,
                       recipe: str = "nvfp4", policy: Optional[Dict[str, Any]] = None,
@@ -353,7 +360,8 @@ class Publisher:
                       queue_behind_active: bool = False, bucket_bytes: int = 0,
                       timeout: Any = _PUBLISHER_TIMEOUT, check: bool = True,
                       progress: Optional[Callable[[Progress], None]] = None,
-                      wait: Optional[bool] = None) -> PublicationFuture:
+                      wait: Optional[bool] = None, group: Optional["GroupSpec"] = None,
+                      expected_tensors: Optional[Iterable[str]] = None) -> PublicationFuture:
         """publish() in a background thread: returns a wpub.PublicationFuture at once, so the
         trainer can start its next step while the publication runs. Arguments as publish();
         the version, policy and flags are checked here (errors raised at once), everything else
@@ -369,6 +377,7 @@ class Publisher:
         version = check_version(version)
         header = build_header(version, recipe, policy, quantization_config, model_id,
                          allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes)
+        preamble = group_preamble(header, group, expected_tensors)
         if timeout is _PUBLISHER_TIMEOUT:
             timeout = self.timeout
         torch = sys.modules.get("torch")
@@ -387,7 +396,7 @@ class Publisher:
             try:
                 if device is not None:
                     torch.cuda.set_device(device)
-                report = self._run(header, batches, timeout, check, progress, future)
+                report = self._run(header, batches, timeout, check, progress, future, preamble)
             except BaseException as e:  # noqa: B902 -- handed to result()
                 error = e
             future._finish(report, error)
@@ -412,7 +421,7 @@ class Publisher:
 
     def _run(self, header, batches: Iterable[Batch], timeout: Optional[float], check: bool,
              progress: Optional[Callable[[Progress], None]],
-             future: Optional[PublicationFuture]) -> PublicationReport:
+             future: Optional[PublicationFuture], preamble=()) -> PublicationReport:
         """One publication; `future` is set when publish_async reserved the Publisher."""
         version = header.version
         t0 = time.perf_counter()
@@ -436,7 +445,8 @@ class Publisher:
                 _log.exception("v%d: the progress callback failed at '%s'", version, phase)
 
         try:
-            report = self._stream(header, batches, timeout, future, timings, notify, t0)
+            report = self._stream(header, batches, timeout, future, timings, notify, t0,
+                                  preamble)
         except BaseException as e:
             if isinstance(e, errors.WpubError):
                 _log.warning("v%d not published: %s", version, e)
@@ -461,7 +471,7 @@ class Publisher:
 
     def _stream(self, header, batches: Iterable[Batch], timeout: Optional[float],
                 future: Optional[PublicationFuture], timings: ClientTimings, notify,
-                t0: float):
+                t0: float, preamble=()):
         """Sends the publication and returns the daemon's report message."""
         stream = _RequestStream(self.max_queued_messages)
         keepalive: List[Any] = []  # CUDA tensors referenced by the daemon until the report
@@ -483,6 +493,8 @@ class Publisher:
         try:
             try:
                 stream.put(pb.PublishRequest(header=header).SerializeToString(), call)
+                for message in preamble:  # the group's declared manifest (the leader's)
+                    stream.put(message, call)
                 for b, item in enumerate(batches):
                     self._send_batch(b, item, call, stream, segments, keepalive, timings)
                     notify("send")

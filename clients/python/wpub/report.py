@@ -18,6 +18,7 @@ class PhaseSeconds:
     pack: float = 0.0
     transfer: float = 0.0
     commit: float = 0.0
+    group: float = 0.0  # a group member waiting for its leader (0 outside a group)
 
 
 @dataclass
@@ -78,6 +79,15 @@ class PublicationReport:
     raw: object = field(default=None, repr=False)  # the wpub.v1.PublicationReport message
 
     @property
+    def group(self):
+        """The wpub.v1.GroupSummary of a group version (None outside a group): the group, the
+        outcome and, in the leader's report, every member's state, parts, bytes and phases
+        (members_detail), slowest_member and failed_member."""
+        if self.raw is None or not self.raw.HasField("group"):
+            return None
+        return self.raw.group
+
+    @property
     def committed(self) -> bool:
         return self.status == "COMMITTED"
 
@@ -92,7 +102,8 @@ class PublicationReport:
             error_message=m.error_message, model_id=m.model_id, recipe=m.recipe,
             wall_seconds=m.wall_seconds,
             phases=PhaseSeconds(ingest=p.ingest, policy=p.policy, quantize=p.quantize,
-                                pack=p.pack, transfer=p.transfer, commit=p.commit),
+                                pack=p.pack, transfer=p.transfer, commit=p.commit,
+                                group=p.group),
             host_syncs=m.host_syncs, bytes_in=m.bytes_in, bytes_out=m.bytes_out,
             bytes_out_by_format=dict(m.bytes_out_by_format),
             tensors_quantized=m.tensors.quantized, tensors_passthrough=m.tensors.passthrough,

@@ -1,0 +1,201 @@
+#include "core/group/coordinator.h"
+
+#include <string>
+#include <utility>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace wpub::group {
+
+struct Coordinator::Metrics {
+  prometheus::Family<prometheus::Counter>* rounds = nullptr;
+  prometheus::Gauge* members = nullptr;
+  prometheus::Histogram* coordination = nullptr;
+  prometheus::Family<prometheus::Gauge>* member_seconds = nullptr;
+  prometheus::Family<prometheus::Gauge>* member_bytes = nullptr;
+};
+
+Coordinator::Coordinator(CoordinatorOptions options, prometheus::Registry* registry)
+    : options_(options) {
+  if (registry == nullptr) return;
+  metrics_ = std::make_unique<Metrics>();
+  metrics_->rounds = &prometheus::BuildCounter()
+                          .Name("wpub_group_rounds_total")
+                          .Help("Group versions this daemon led, by outcome (committed, aborted).")
+                          .Register(*registry);
+  metrics_->members = &prometheus::BuildGauge()
+                           .Name("wpub_group_members")
+                           .Help("Members of the last group version this daemon led.")
+                           .Register(*registry)
+                           .Add({});
+  metrics_->coordination =
+      &prometheus::BuildHistogram()
+           .Name("wpub_group_coordination_seconds")
+           .Help("The leader's bookkeeping per group version (parts and receiver checks).")
+           .Register(*registry)
+           .Add({}, prometheus::Histogram::BucketBoundaries{1e-5, 1e-4, 1e-3, 1e-2, 0.1, 1});
+  metrics_->member_seconds =
+      &prometheus::BuildGauge()
+           .Name("wpub_group_member_seconds")
+           .Help("Per member of the last group version this daemon led: its phases (ingest .. "
+                 "transfer, as the member measured them) and 'total' (join to prepared, on the "
+                 "leader's clock).")
+           .Register(*registry);
+  metrics_->member_bytes = &prometheus::BuildGauge()
+                                .Name("wpub_group_member_bytes")
+                                .Help("Bucket bytes of each member of the last group version.")
+                                .Register(*registry);
+}
+
+Coordinator::~Coordinator() = default;
+
+absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hello,
+                                                         absl::Duration timeout) {
+  const engine::GroupMembership& gm = hello.membership;
+  if (absl::Status s = engine::ValidateGroupMembership(gm); !s.ok()) return s;
+  if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
+  std::shared_ptr<Round> aborted;  // aborted after the lock is released (callbacks)
+  absl::Status abort_why;
+  std::shared_ptr<Round> round;
+  absl::Status joined;
+  {
+    std::lock_guard lock(mu_);
+    const bool active = active_ != nullptr && !active_->decided();
+    const bool matches = active && active_->group() == gm.group &&
+                         active_->members() == gm.members && active_->version() == hello.version;
+    if (active && !matches) {
+      if (gm.member == 0) {
+        // The leader's own version wins: the stale round cannot complete.
+        abort_why = absl::AbortedError(absl::StrCat(
+            "the leader opened group '", gm.group, "' version ", hello.version,
+            " while version ", active_->version(), " of group '", active_->group(),
+            "' waited for it"));
+        aborted = active_;
+        active_ = nullptr;
+      } else {
+        const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+            "member ", gm.member, " (", gm.publisher, ") joins group '", gm.group, "' version ",
+            hello.version, " with ", gm.members, " members, but the leader publishes group '",
+            active_->group(), "' version ", active_->version(), " with ", active_->members(),
+            " members"));
+        // When the leader is in the round, the round cannot complete without this member.
+        if (active_->Summary().members_detail[0].state != "waiting") {
+          aborted = active_;
+          abort_why = refused;
+        }
+        joined = refused;
+      }
+    }
+    if (joined.ok()) {
+      if (active_ == nullptr || active_->decided() || !matches) {
+        active_ = std::make_shared<Round>(gm.group, gm.members, hello.version, timeout);
+      }
+      round = active_;
+      joined = round->Join(hello);
+    }
+  }
+  if (aborted) {
+    aborted->Abort(abort_why);
+    Observe(aborted);
+  }
+  if (!joined.ok()) return joined;
+  return round;
+}
+
+std::optional<engine::GroupSummary> Coordinator::LastRound() const {
+  std::lock_guard lock(mu_);
+  if (active_ == nullptr) return std::nullopt;
+  engine::GroupSummary s = active_->Summary();
+  s.member = 0;
+  return s;
+}
+
+void Coordinator::Observe(const std::shared_ptr<Round>& round) {
+  if (round == nullptr || !round->decided()) return;
+  {
+    std::lock_guard lock(mu_);
+    if (observed_ == round) return;
+    observed_ = round;
+  }
+  if (metrics_ == nullptr) return;
+  const engine::GroupSummary s = round->Summary();
+  metrics_->rounds->Add({{"outcome", s.outcome}}).Increment();
+  metrics_->members->Set(s.members);
+  metrics_->coordination->Observe(s.coordination_seconds);
+  for (const engine::GroupMemberSummary& m : s.members_detail) {
+    const std::string member = std::to_string(m.member);
+    for (const char* phase : engine::kPhaseNames) {
+      metrics_->member_seconds->Add({{"member", member}, {"phase", phase}})
+          .Set(engine::PhaseValue(m.phases, phase));
+    }
+    metrics_->member_seconds->Add({{"member", member}, {"phase", "total"}}).Set(m.seconds);
+    metrics_->member_bytes->Add({{"member", member}}).Set(static_cast<double>(m.bytes_out));
+  }
+}
+
+namespace {
+
+// Member 0's vote: the leader's own publication in its round.
+class LocalVote : public engine::GroupVote {
+ public:
+  LocalVote(Coordinator* coordinator, std::shared_ptr<Round> round, std::string leader)
+      : coordinator_(coordinator), round_(std::move(round)), leader_(std::move(leader)) {}
+  ~LocalVote() override {
+    Fail(absl::AbortedError("the leader's publication ended"));
+    coordinator_->Observe(round_);
+  }
+
+  absl::Status Stage(const engine::StagedParts& parts) override {
+    round_->Stage(0, parts);
+    return round_->AwaitTransfer(0);
+  }
+  absl::Status Prepare(const engine::PreparedParts& parts) override {
+    round_->Prepared(0, parts);
+    absl::Status s = round_->AwaitDecision(0);
+    coordinator_->Observe(round_);
+    return s;
+  }
+  void Fail(const absl::Status& why) override {
+    if (!round_->decided()) round_->Fail(0, why);
+  }
+  bool others_may_have_sent() const override { return round_->others_may_have_sent(0); }
+  engine::GroupSummary Summary() const override {
+    engine::GroupSummary s = round_->Summary();
+    s.member = 0;
+    s.leader = leader_;
+    return s;
+  }
+
+ private:
+  Coordinator* const coordinator_;
+  const std::shared_ptr<Round> round_;
+  const std::string leader_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<engine::GroupVote>> Coordinator::JoinLocal(
+    const engine::PublicationHeader& header, std::function<void(absl::Status)> on_abort) {
+  if (!header.group.has_value() || header.group->member != 0) {
+    return absl::InternalError("JoinLocal is for the leader's own publication (member 0)");
+  }
+  MemberHello hello;
+  hello.membership = *header.group;
+  hello.version = header.version;
+  hello.model_id = header.model_id;
+  hello.recipe = header.recipe;
+  absl::StatusOr<std::shared_ptr<Round>> round = Join(hello, header.group->timeout);
+  if (!round.ok()) return round.status();
+  // Another member's failure stops the leader's own publication wherever it is.
+  if (on_abort) (*round)->OnAbort(std::move(on_abort));
+  return std::unique_ptr<engine::GroupVote>(
+      new LocalVote(this, *std::move(round), header.group->publisher));
+}
+
+}  // namespace wpub::group

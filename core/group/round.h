@@ -1,0 +1,144 @@
+// One group version on its leader: the two-phase commit of `members` publishers
+// (docs/DESIGN.md, "Publication groups"). Pure state, no I/O: the leader's own session reaches
+// it through LocalVote (coordinator.h), every other member through the gRPC Group service
+// (server/service/group_service.h), which turns a member's stream into these calls.
+//
+//   Join (each member, once) -> Stage (each member: its tensors) -> the parts check
+//     (no tensor twice, the declared manifest covered) -> transfer turns -> Prepared (each
+//     member: its receivers hold everything) -> the receiver check -> commit | abort
+//
+// Decided once: the round commits only after every member prepared with the same receivers;
+// it aborts at the first failure (a member's Fail, a member that left, a check that failed,
+// no progress within the timeout) and never changes its decision afterwards.
+//
+// Transfer turns: when any member sends to NCCL engines (StagedParts::engines), members
+// transfer one after another in member order -- an engine takes one update request at a time,
+// so no member's broadcast waits on another's request -- and the leader (member 0) goes first,
+// so the engines' lifecycle calls that precede the first bucket are its own. Otherwise every
+// member transfers at once.
+//
+// Thread-safe: every method may be called from any thread. Await* block.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/engine/group_vote.h"
+#include "core/engine/types.h"
+
+namespace wpub::group {
+
+// A member joining: its membership (group, members, member, publisher) and publication.
+struct MemberHello {
+  engine::GroupMembership membership;
+  uint64_t version = 0;
+  std::string model_id;
+  std::string recipe;
+};
+
+class Round {
+ public:
+  // `timeout`: how long the round may go without progress before a waiter aborts it.
+  Round(std::string group, uint32_t members, uint64_t version, absl::Duration timeout);
+  Round(const Round&) = delete;
+  Round& operator=(const Round&) = delete;
+
+  // Refused (the round unchanged) with FAILED_PRECONDITION naming both values for another
+  // group name, member count or version, or a recipe other than member 0's; ALREADY_EXISTS for
+  // a member index joined already; FAILED_PRECONDITION once decided ("version V was already
+  // aborted: ...").
+  absl::Status Join(const MemberHello& hello);
+  // Member `member` checked its inputs: its parts. When every member staged, runs the parts
+  // check (a failure aborts the round with INVALID_ARGUMENT).
+  void Stage(uint32_t member, engine::StagedParts parts);
+  // Member `member`'s receivers hold every bucket. When every member prepared, runs the
+  // receiver check and decides.
+  void Prepared(uint32_t member, engine::PreparedParts parts);
+  // Member `member` failed (or its stream to the leader broke): aborts the round naming it.
+  void Fail(uint32_t member, const absl::Status& why);
+  // Aborts the round (no-op once decided).
+  void Abort(const absl::Status& why);
+  // Calls `fn(why)` once if the round aborts (at once when it has aborted already), from the
+  // thread that aborted it and with no lock held; nothing when it commits.
+  void OnAbort(std::function<void(absl::Status)> fn);
+
+  // Block until member `member` may transfer (OK) / the round is decided (OK: commit), or
+  // return why the round aborted. A wait that sees no progress for the timeout aborts the
+  // round (DEADLINE_EXCEEDED naming the members waited for).
+  absl::Status AwaitTransfer(uint32_t member);
+  absl::Status AwaitDecision(uint32_t member);
+
+  // True once a member other than `member` was let transfer while sending to engines.
+  bool others_may_have_sent(uint32_t member) const;
+  bool decided() const;
+  // The abort status (OK while undecided or committed).
+  absl::Status abort_status() const;
+  uint64_t version() const { return version_; }
+  const std::string& group() const { return group_; }
+  uint32_t members() const { return members_; }
+  engine::GroupSummary Summary() const;
+
+ private:
+  enum class MemberStage : uint8_t {
+    kWaiting,
+    kJoined,
+    kStaged,
+    kTransferring,
+    kPrepared,
+    kFailed
+  };
+  struct Member {
+    MemberStage stage = MemberStage::kWaiting;
+    std::string publisher;
+    std::string recipe;
+    engine::StagedParts parts;
+    engine::PreparedParts prepared;
+    std::chrono::steady_clock::time_point joined_at;
+    double seconds = 0;
+    std::string error;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  // Require mu_.
+  std::string Name(uint32_t member) const;
+  void Progress();
+  void AbortLocked(const absl::Status& why, int32_t failed_member);
+  void CheckParts();
+  void GrantTurns();
+  void Decide();
+  bool Sequential() const;
+  std::string MembersBelow(MemberStage stage) const;
+  absl::Status Await(uint32_t member, bool decision);
+  // Releases `lock` and runs the abort callbacks if the round aborted meanwhile.
+  void Unlock(std::unique_lock<std::mutex>& lock);
+
+  const std::string group_;
+  const uint32_t members_;
+  const uint64_t version_;
+  const absl::Duration timeout_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Member> m_;
+  uint32_t joined_ = 0, staged_ = 0, prepared_ = 0;
+  bool parts_checked_ = false;
+  std::vector<bool> granted_;
+  bool decided_ = false;
+  absl::Status abort_;  // the decision when aborted
+  int32_t failed_member_ = -1;
+  int32_t slowest_member_ = -1;
+  double coordination_seconds_ = 0;
+  Clock::time_point last_progress_;
+  Clock::time_point created_;
+  std::vector<std::function<void(absl::Status)>> on_abort_;
+};
+
+}  // namespace wpub::group

@@ -1,0 +1,283 @@
+// A member's side of Group.Join (RemoteVote) and the engine's GroupJoiner: member 0 joins the
+// local coordinator, any other member its leader over gRPC.
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/channel_arguments.h>
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/log_escape.h"
+#include "server/service/group_service.h"
+#include "wire/convert.h"
+#include "wire/status_map.h"
+
+namespace wpub::server {
+namespace {
+
+namespace pb = ::wpub::v1;
+
+// Names per parts message (a message stays far below the leader's message limit).
+constexpr int kNamesPerMessage = 4096;
+
+// The stream to the leader and what it said; shared by the vote and its reader thread, so it
+// outlives whichever ends last.
+struct Link {
+  // Declared first, destroyed last: the stream needs its channel.
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::Group::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<pb::GroupMemberMessage, pb::GroupLeaderMessage>> stream;
+  std::string leader;
+  std::function<void(absl::Status)> on_abort;
+
+  std::mutex write_mu;  // serializes writes and WritesDone
+  bool writes_done = false;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool accepted = false;
+  bool transfer = false;
+  std::optional<absl::Status> decision;  // OK: commit
+  bool others_sent = false;
+  bool ended = false;  // the reader returned
+
+  bool Write(const pb::GroupMemberMessage& m) {
+    std::lock_guard lock(write_mu);
+    if (writes_done) return false;
+    return stream->Write(m);
+  }
+  void CloseWrites() {
+    std::lock_guard lock(write_mu);
+    if (writes_done) return;
+    writes_done = true;
+    stream->WritesDone();
+  }
+
+  // The reader thread: every leader message until the stream ends.
+  void Read() {
+    pb::GroupLeaderMessage msg;
+    std::optional<absl::Status> aborted;
+    while (stream->Read(&msg)) {
+      std::lock_guard lock(mu);
+      if (msg.has_accepted()) {
+        accepted = true;
+      } else if (msg.has_transfer()) {
+        transfer = true;
+      } else if (msg.has_decision()) {
+        const pb::GroupDecision& d = msg.decision();
+        others_sent = d.others_sent();
+        if (d.commit()) {
+          decision = absl::OkStatus();
+        } else {
+          absl::StatusCode code = static_cast<absl::StatusCode>(d.code());
+          if (code == absl::StatusCode::kOk) code = absl::StatusCode::kAborted;
+          decision = absl::Status(code, d.reason());
+          aborted = decision;
+        }
+      }
+      cv.notify_all();
+    }
+    const grpc::Status finish = stream->Finish();
+    {
+      std::lock_guard lock(mu);
+      ended = true;
+      if (!decision.has_value()) {
+        if (!accepted) {
+          decision = ToAbslStatus(finish);
+          if (decision->ok()) decision = absl::UnavailableError("the leader ended the stream");
+        } else {
+          decision = absl::UnavailableError(
+              absl::StrCat("the connection to the group's leader ", leader,
+                           " was lost before it decided (", finish.error_message(), ")"));
+        }
+        if (accepted) aborted = decision;
+      }
+      cv.notify_all();
+    }
+    if (aborted.has_value() && on_abort) on_abort(*aborted);
+  }
+};
+
+class RemoteVote final : public engine::GroupVote {
+ public:
+  RemoteVote(std::shared_ptr<Link> link, std::thread reader, engine::GroupSummary summary)
+      : link_(std::move(link)), reader_(std::move(reader)), summary_(std::move(summary)) {}
+
+  ~RemoteVote() override {
+    Fail(absl::AbortedError("the member's publication ended before the decision"));
+    link_->CloseWrites();
+    bool decided;
+    {
+      std::lock_guard lock(link_->mu);
+      decided = link_->decision.has_value();
+    }
+    if (!decided) link_->context.TryCancel();
+    // The reader may be this very thread (its abort callback ended the publication).
+    if (reader_.get_id() == std::this_thread::get_id()) {
+      reader_.detach();
+    } else {
+      reader_.join();
+    }
+  }
+
+  absl::Status Stage(const engine::StagedParts& parts) override {
+    for (size_t i = 0; i == 0 || i < parts.tensors.size(); i += kNamesPerMessage) {
+      pb::GroupMemberMessage msg;
+      pb::GroupParts* p = msg.mutable_parts();
+      const size_t end = std::min(parts.tensors.size(), i + kNamesPerMessage);
+      for (size_t k = i; k < end; ++k) p->add_tensors(parts.tensors[k]);
+      if (end == parts.tensors.size()) {
+        p->set_last(true);
+        p->set_bytes_in(parts.bytes_in);
+        p->set_bytes_out(parts.bytes_out);
+        p->set_buckets(parts.buckets);
+        p->set_engines(parts.engines);
+      }
+      link_->Write(msg);  // a broken stream shows as the decision below
+      if (end == parts.tensors.size()) break;
+    }
+    std::unique_lock lock(link_->mu);
+    link_->cv.wait(lock, [&] { return link_->transfer || link_->decision.has_value(); });
+    if (link_->decision.has_value() && !link_->decision->ok()) return *link_->decision;
+    return absl::OkStatus();
+  }
+
+  absl::Status Prepare(const engine::PreparedParts& parts) override {
+    pb::GroupMemberMessage msg;
+    pb::GroupPrepared* p = msg.mutable_prepared();
+    for (const std::string& r : parts.receivers) p->add_receivers(r);
+    p->set_bytes_out(parts.bytes_out);
+    ToProto(parts.phases, p->mutable_phases());
+    link_->Write(msg);
+    std::unique_lock lock(link_->mu);
+    link_->cv.wait(lock, [&] { return link_->decision.has_value(); });
+    return *link_->decision;
+  }
+
+  void Fail(const absl::Status& why) override {
+    {
+      std::lock_guard lock(link_->mu);
+      if (link_->decision.has_value() || failed_) return;
+      failed_ = true;
+    }
+    pb::GroupMemberMessage msg;
+    msg.mutable_failed()->set_code(static_cast<int32_t>(why.code()));
+    msg.mutable_failed()->set_reason(std::string(why.message()));
+    link_->Write(msg);
+  }
+
+  bool others_may_have_sent() const override {
+    std::lock_guard lock(link_->mu);
+    return link_->others_sent;
+  }
+
+  engine::GroupSummary Summary() const override {
+    engine::GroupSummary s;
+    {
+      std::lock_guard lock(mu_);
+      s = summary_;
+    }
+    std::lock_guard lock(link_->mu);
+    if (!link_->decision.has_value()) {
+      s.outcome = "open";
+    } else if (link_->decision->ok()) {
+      s.outcome = "committed";
+    } else {
+      s.outcome = "aborted";
+      s.error = std::string(link_->decision->message());
+    }
+    return s;
+  }
+
+ private:
+  const std::shared_ptr<Link> link_;
+  std::thread reader_;
+  mutable std::mutex mu_;
+  engine::GroupSummary summary_;  // guarded by mu_
+  bool failed_ = false;           // guarded by link_->mu
+};
+
+}  // namespace
+
+GroupJoinerImpl::GroupJoinerImpl(group::Coordinator* coordinator, GroupClientOptions options)
+    : coordinator_(coordinator), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::Join(
+    const engine::PublicationHeader& header, std::function<void(absl::Status)> on_abort) {
+  const engine::GroupMembership& gm = *header.group;
+  if (gm.member == 0) return coordinator_->JoinLocal(header, std::move(on_abort));
+
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      client::ChannelCredentialsFor(options_.tls);
+  if (!credentials.ok()) return credentials.status();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_time)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_timeout)));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Every join gets its own connection: a publication's stream is not shared.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(gm.leader, *std::move(credentials), args);
+  const absl::Time deadline = absl::Now() + options_.join_timeout;
+  if (!channel->WaitForConnected(absl::ToChronoTime(deadline))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach the group's leader at ", gm.leader,
+                                               " within ",
+                                               absl::FormatDuration(options_.join_timeout)));
+  }
+  auto link = std::make_shared<Link>();
+  link->leader = gm.leader;
+  link->on_abort = std::move(on_abort);
+  if (!options_.auth_token.empty()) {
+    link->context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
+  }
+  link->channel = channel;
+  link->stub = pb::Group::NewStub(channel);
+  link->stream = link->stub->Join(&link->context);
+  pb::GroupMemberMessage join;
+  pb::GroupJoin* j = join.mutable_join();
+  j->set_group(gm.group);
+  j->set_members(gm.members);
+  j->set_member(gm.member);
+  j->set_publisher(gm.publisher);
+  j->set_version(header.version);
+  j->set_model_id(header.model_id);
+  j->set_recipe(header.recipe);
+  j->set_timeout_seconds(absl::ToDoubleSeconds(gm.timeout));
+  link->Write(join);
+  std::thread reader([link] { link->Read(); });
+  {
+    std::unique_lock lock(link->mu);
+    const bool answered = link->cv.wait_until(lock, absl::ToChronoTime(deadline), [&] {
+      return link->accepted || link->decision.has_value();
+    });
+    if (!answered || !link->accepted) {
+      absl::Status why =
+          !answered ? absl::DeadlineExceededError(absl::StrCat(
+                          "the group's leader at ", gm.leader, " did not accept the join within ",
+                          absl::FormatDuration(options_.join_timeout)))
+                    : *link->decision;
+      lock.unlock();
+      link->context.TryCancel();
+      reader.join();
+      return why;
+    }
+  }
+  engine::GroupSummary summary;
+  summary.group = gm.group;
+  summary.version = header.version;
+  summary.members = gm.members;
+  summary.member = gm.member;
+  summary.leader = gm.leader;
+  return std::unique_ptr<engine::GroupVote>(
+      new RemoteVote(std::move(link), std::move(reader), std::move(summary)));
+}
+
+}  // namespace wpub::server

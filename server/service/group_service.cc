@@ -1,0 +1,157 @@
+// The leader's Group.Join handler: a member's stream turned into Round calls (core/group), with
+// a writer thread that forwards the round's instructions (transfer, decision) to the member.
+#include "server/service/group_service.h"
+
+#include <thread>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "absl/strings/str_cat.h"
+#include "server/common/log_escape.h"
+#include "wire/convert.h"
+#include "wire/status_map.h"
+
+namespace wpub::server {
+namespace {
+
+namespace pb = ::wpub::v1;
+
+pb::GroupLeaderMessage DecisionMessage(const absl::Status& s, bool others_sent) {
+  pb::GroupLeaderMessage out;
+  pb::GroupDecision* d = out.mutable_decision();
+  d->set_commit(s.ok());
+  d->set_code(static_cast<int32_t>(s.code()));
+  d->set_reason(std::string(s.message()));
+  d->set_others_sent(others_sent);
+  return out;
+}
+
+}  // namespace
+
+GroupService::GroupService(group::Coordinator* coordinator, ServiceOptions options)
+    : coordinator_(coordinator), options_(std::move(options)) {}
+
+grpc::Status GroupService::Join(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<pb::GroupLeaderMessage, pb::GroupMemberMessage>* stream) {
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  pb::GroupMemberMessage msg;
+  if (!stream->Read(&msg) || msg.kind_case() != pb::GroupMemberMessage::kJoin) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "the first Group.Join message must be 'join'"};
+  }
+  const pb::GroupJoin j = msg.join();  // a copy: msg is read into again below
+  group::MemberHello hello;
+  hello.membership.group = j.group();
+  hello.membership.members = j.members();
+  hello.membership.member = j.member();
+  hello.membership.publisher =
+      j.publisher().empty() ? std::string(context->peer()) : j.publisher();
+  hello.membership.leader = "(this daemon)";
+  hello.version = j.version();
+  hello.model_id = j.model_id();
+  hello.recipe = j.recipe();
+  if (!(j.timeout_seconds() >= 0) || j.timeout_seconds() > 86400) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "join.timeout_seconds must be in [0, 86400]"};
+  }
+  if (j.member() == 0) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "member 0 is the leader itself; it does not join over the network"};
+  }
+  absl::StatusOr<std::shared_ptr<group::Round>> joined =
+      coordinator_->Join(hello, absl::Seconds(j.timeout_seconds()));
+  if (!joined.ok()) {
+    spdlog::warn("group: refused member {} ({}) of '{}' v{}: {}", j.member(),
+                 LogEscape(hello.membership.publisher), LogEscape(j.group()), j.version(),
+                 LogEscape(joined.status().ToString()));
+    return ToGrpcStatus(joined.status());
+  }
+  std::shared_ptr<group::Round> round = *std::move(joined);
+  const uint32_t m = j.member();
+  spdlog::info("group: member {} ({}) joined '{}' v{}", m, LogEscape(hello.membership.publisher),
+               LogEscape(j.group()), j.version());
+  {
+    pb::GroupLeaderMessage accepted;
+    accepted.mutable_accepted();
+    if (!stream->Write(accepted)) {
+      round->Fail(m, absl::UnavailableError("its stream broke before it was accepted"));
+      coordinator_->Observe(round);
+      return {grpc::StatusCode::UNAVAILABLE, "the member went away"};
+    }
+  }
+  // The instructions, in order: transfer (unless aborted first), then the decision.
+  std::thread writer([&] {
+    absl::Status go = round->AwaitTransfer(m);
+    if (go.ok()) {
+      pb::GroupLeaderMessage transfer;
+      transfer.mutable_transfer();
+      stream->Write(transfer);
+      go = round->AwaitDecision(m);
+    }
+    stream->Write(DecisionMessage(go, round->others_may_have_sent(m)));
+  });
+
+  engine::StagedParts parts;
+  bool staged = false;
+  absl::Status member_status;  // a protocol error of the member's
+  while (stream->Read(&msg)) {
+    switch (msg.kind_case()) {
+      case pb::GroupMemberMessage::kParts: {
+        if (staged) {
+          member_status = absl::InvalidArgumentError("parts after its last parts message");
+          break;
+        }
+        const pb::GroupParts& p = msg.parts();
+        if (parts.tensors.size() + p.tensors_size() > kMaxGroupTensors) {
+          member_status = absl::InvalidArgumentError(
+              absl::StrCat("more than ", kMaxGroupTensors, " tensor names"));
+          break;
+        }
+        for (const std::string& name : p.tensors()) parts.tensors.push_back(name);
+        if (p.last()) {
+          parts.bytes_in = p.bytes_in();
+          parts.bytes_out = p.bytes_out();
+          parts.buckets = p.buckets();
+          parts.engines = p.engines();
+          staged = true;
+          round->Stage(m, std::move(parts));
+        }
+        break;
+      }
+      case pb::GroupMemberMessage::kPrepared: {
+        engine::PreparedParts prepared;
+        for (const std::string& r : msg.prepared().receivers()) prepared.receivers.push_back(r);
+        prepared.bytes_out = msg.prepared().bytes_out();
+        prepared.phases = FromProto(msg.prepared().phases());
+        round->Prepared(m, std::move(prepared));
+        break;
+      }
+      case pb::GroupMemberMessage::kFailed:
+        round->Fail(m, absl::Status(static_cast<absl::StatusCode>(msg.failed().code()),
+                                    msg.failed().reason()));
+        break;
+      default:
+        member_status = absl::InvalidArgumentError("an unexpected message after 'join'");
+        break;
+    }
+    if (!member_status.ok()) {
+      round->Fail(m, absl::Status(member_status.code(),
+                                  absl::StrCat("protocol error: ", member_status.message())));
+      break;
+    }
+  }
+  if (!round->decided()) {
+    // The stream ended before the decision: the member died or its connection dropped.
+    round->Fail(m, absl::UnavailableError(
+                       absl::StrCat("its connection to the leader was lost (",
+                                    context->IsCancelled() ? "cancelled" : "stream closed", ")")));
+  }
+  writer.join();
+  coordinator_->Observe(round);
+  const absl::Status outcome = round->abort_status();
+  spdlog::info("group: member {} of '{}' v{}: {}", m, LogEscape(j.group()), j.version(),
+               outcome.ok() ? "committed" : LogEscape(outcome.ToString()));
+  return member_status.ok() ? grpc::Status::OK : ToGrpcStatus(member_status);
+}
+
+}  // namespace wpub::server

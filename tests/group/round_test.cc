@@ -1,0 +1,290 @@
+// The leader's side of publication groups: one version's round (joins, the parts check, transfer
+// turns, the receiver check, the decision, timeouts) and the coordinator's choice of round.
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "core/group/coordinator.h"
+#include "core/group/round.h"
+
+namespace wpub::group {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+MemberHello Hello(uint32_t member, uint64_t version = 7, uint32_t members = 3,
+                  std::string group = "g", std::string recipe = "nvfp4") {
+  MemberHello h;
+  h.membership.group = std::move(group);
+  h.membership.members = members;
+  h.membership.member = member;
+  h.membership.leader = member == 0 ? "" : "leader:1";
+  h.membership.publisher = "node-" + std::to_string(member);
+  h.version = version;
+  h.recipe = std::move(recipe);
+  return h;
+}
+
+engine::StagedParts Parts(std::vector<std::string> names, bool engines = false) {
+  engine::StagedParts p;
+  p.tensors = std::move(names);
+  p.bytes_in = 100 * p.tensors.size();
+  p.bytes_out = 60 * p.tensors.size();
+  p.buckets = 1;
+  p.engines = engines;
+  return p;
+}
+
+engine::PreparedParts Prepared(std::vector<std::string> receivers = {"recv-0", "recv-1"}) {
+  engine::PreparedParts p;
+  p.receivers = std::move(receivers);
+  p.bytes_out = 60;
+  p.phases.transfer = 0.25;
+  return p;
+}
+
+bool Ready(std::future<absl::Status>& f) {
+  return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+TEST(GroupRound, ThreeMembersCommitWithDisjointParts) {
+  Round r("g", 3, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 3; ++m) ASSERT_TRUE(r.Join(Hello(m)).ok());
+  r.Stage(0, Parts({"model.embed_tokens.weight", "model.layers.0.mlp.down_proj.weight"}));
+  r.Stage(1, Parts({"model.layers.1.mlp.experts.0.down_proj.weight"}));
+  auto go2 = std::async(std::launch::async, [&] { return r.AwaitTransfer(2); });
+  r.Stage(2, Parts({"model.layers.2.mlp.experts.0.down_proj.weight"}));
+  // Pull receivers only: every member transfers at once.
+  for (uint32_t m = 0; m < 2; ++m) EXPECT_TRUE(r.AwaitTransfer(m).ok());
+  EXPECT_TRUE(go2.get().ok());
+  EXPECT_FALSE(r.others_may_have_sent(0));
+  auto d0 = std::async(std::launch::async, [&] { return r.AwaitDecision(0); });
+  r.Prepared(0, Prepared());
+  r.Prepared(2, Prepared());
+  EXPECT_FALSE(r.decided());
+  r.Prepared(1, Prepared({"recv-1", "recv-0"}));
+  EXPECT_TRUE(d0.get().ok());
+  EXPECT_TRUE(r.AwaitDecision(2).ok());
+  const engine::GroupSummary s = r.Summary();
+  EXPECT_EQ(s.outcome, "committed");
+  EXPECT_EQ(s.slowest_member, 1);
+  EXPECT_EQ(s.failed_member, -1);
+  ASSERT_EQ(s.members_detail.size(), 3u);
+  EXPECT_EQ(s.members_detail[0].tensors, 2u);
+  EXPECT_EQ(s.members_detail[0].publisher, "node-0");
+  EXPECT_EQ(s.members_detail[2].state, "committed");
+  EXPECT_DOUBLE_EQ(s.members_detail[1].phases.transfer, 0.25);
+}
+
+TEST(GroupRound, TwoMembersClaimingOneTensorAbortNamingItAndBoth) {
+  Round r("g", 3, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 3; ++m) ASSERT_TRUE(r.Join(Hello(m)).ok());
+  r.Stage(0, Parts({"a"}));
+  r.Stage(1, Parts({"model.norm.weight"}));
+  r.Stage(2, Parts({"b", "model.norm.weight"}));
+  const absl::Status s = r.AwaitTransfer(0);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("model.norm.weight"), HasSubstr("member 1 (node-1)"),
+                                 HasSubstr("member 2 (node-2)")));
+  EXPECT_EQ(r.AwaitTransfer(1), s);
+  EXPECT_EQ(r.Summary().failed_member, 2);
+}
+
+TEST(GroupRound, DeclaredManifestMissingOrExtraTensorsAbort) {
+  {
+    Round r("g", 2, 7, absl::Seconds(30));
+    for (uint32_t m = 0; m < 2; ++m) ASSERT_TRUE(r.Join(Hello(m, 7, 2)).ok());
+    engine::StagedParts p0 = Parts({"a"});
+    p0.expected = {"a", "b", "model.layers.3.mtp.weight"};
+    r.Stage(0, p0);
+    r.Stage(1, Parts({"b"}));
+    const absl::Status s = r.AwaitTransfer(1);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("1 tensors of the declared manifest"),
+                                   HasSubstr("model.layers.3.mtp.weight")));
+  }
+  {
+    Round r("g", 2, 7, absl::Seconds(30));
+    for (uint32_t m = 0; m < 2; ++m) ASSERT_TRUE(r.Join(Hello(m, 7, 2)).ok());
+    engine::StagedParts p0 = Parts({"a"});
+    p0.expected = {"a", "b"};
+    r.Stage(0, p0);
+    r.Stage(1, Parts({"b", "stray"}));
+    const absl::Status s = r.AwaitTransfer(0);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(s.message(), AllOf(HasSubstr("stray"), HasSubstr("member 1 (node-1)"),
+                                   HasSubstr("not in the declared manifest")));
+  }
+}
+
+TEST(GroupRound, JoinRefusalsNameWhatDiffers) {
+  Round r("g", 3, 7, absl::Seconds(30));
+  ASSERT_TRUE(r.Join(Hello(0)).ok());
+  absl::Status s = r.Join(Hello(1, 8));
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("version 8"), HasSubstr("version 7")));
+  s = r.Join(Hello(1, 7, 4));
+  EXPECT_THAT(s.message(), HasSubstr("has 4 members"));
+  s = r.Join(Hello(1, 7, 3, "other"));
+  EXPECT_THAT(s.message(), HasSubstr("'other'"));
+  s = r.Join(Hello(1, 7, 3, "g", "bf16"));
+  EXPECT_THAT(s.message(), HasSubstr("one recipe"));
+  s = r.Join(Hello(0));
+  EXPECT_TRUE(absl::IsAlreadyExists(s)) << s;
+  EXPECT_TRUE(r.Join(Hello(1)).ok());
+}
+
+TEST(GroupRound, AFailedMemberAbortsEveryWaiterAndCallsOnAbortOnce) {
+  Round r("g", 3, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 3; ++m) ASSERT_TRUE(r.Join(Hello(m)).ok());
+  std::atomic<int> calls{0};
+  std::string seen;
+  r.OnAbort([&](absl::Status why) {
+    ++calls;
+    seen = std::string(why.message());
+    // Called without the round's lock held.
+    EXPECT_EQ(r.Summary().outcome, "aborted");
+  });
+  r.Stage(0, Parts({"a"}));
+  auto w0 = std::async(std::launch::async, [&] { return r.AwaitTransfer(0); });
+  r.Fail(1, absl::UnavailableError("its connection to the leader was lost"));
+  const absl::Status s = w0.get();
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("member 1 (node-1)"), HasSubstr("connection")));
+  r.Fail(2, absl::AbortedError("later"));  // no second decision, no second call
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_THAT(seen, HasSubstr("member 1"));
+  EXPECT_EQ(r.Summary().failed_member, 1);
+  int late = 0;
+  r.OnAbort([&](absl::Status) { ++late; });  // registered after the abort: called at once
+  EXPECT_EQ(late, 1);
+}
+
+TEST(GroupRound, BadInputOfAMemberStaysInvalidArgument) {
+  Round r("g", 2, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 2; ++m) ASSERT_TRUE(r.Join(Hello(m, 7, 2)).ok());
+  r.Fail(1, absl::InvalidArgumentError("tensor x: non-finite"));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.AwaitTransfer(0)));
+}
+
+TEST(GroupRound, NoProgressTimesOutNamingTheMembersWaitedFor) {
+  Round r("g", 3, 7, absl::Milliseconds(200));
+  ASSERT_TRUE(r.Join(Hello(0)).ok());
+  ASSERT_TRUE(r.Join(Hello(1)).ok());
+  r.Stage(0, Parts({"a"}));
+  const absl::Status s = r.AwaitTransfer(0);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("member 1 (node-1) joined"), HasSubstr("member 2 waiting")));
+  EXPECT_TRUE(r.decided());
+}
+
+TEST(GroupRound, EnginesSerializeTransfersLeaderFirst) {
+  Round r("g", 3, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 3; ++m) ASSERT_TRUE(r.Join(Hello(m)).ok());
+  r.Stage(0, Parts({"a"}, /*engines=*/true));
+  r.Stage(1, Parts({"b"}, true));
+  r.Stage(2, Parts({"c"}, true));
+  EXPECT_TRUE(r.AwaitTransfer(0).ok());
+  auto go1 = std::async(std::launch::async, [&] { return r.AwaitTransfer(1); });
+  // Member 1's turn comes only after member 0 prepared: nothing can grant it before.
+  EXPECT_FALSE(Ready(go1));
+  EXPECT_FALSE(r.others_may_have_sent(0));
+  r.Prepared(0, Prepared({"http://e:1"}));
+  EXPECT_TRUE(go1.get().ok());
+  EXPECT_TRUE(r.others_may_have_sent(0));
+  EXPECT_FALSE(r.others_may_have_sent(1) && false);
+  r.Prepared(1, Prepared({"http://e:1"}));
+  EXPECT_TRUE(r.AwaitTransfer(2).ok());
+  r.Prepared(2, Prepared({"http://e:1"}));
+  EXPECT_TRUE(r.AwaitDecision(0).ok());
+}
+
+TEST(GroupRound, EnginesWithoutTheLeaderAreRefused) {
+  Round r("g", 2, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 2; ++m) ASSERT_TRUE(r.Join(Hello(m, 7, 2)).ok());
+  r.Stage(0, Parts({"a"}));
+  r.Stage(1, Parts({"b"}, true));
+  const absl::Status s = r.AwaitTransfer(0);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("lifecycle calls"));
+}
+
+TEST(GroupRound, ReceiversMustTakePartInEveryMember) {
+  Round r("g", 2, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 2; ++m) ASSERT_TRUE(r.Join(Hello(m, 7, 2)).ok());
+  r.Stage(0, Parts({"a"}));
+  r.Stage(1, Parts({"b"}));
+  r.Prepared(0, Prepared({"recv-0", "recv-1"}));
+  r.Prepared(1, Prepared({"recv-0"}));
+  const absl::Status s = r.AwaitDecision(0);
+  EXPECT_TRUE(absl::IsAborted(s)) << s;
+  EXPECT_THAT(s.message(), AllOf(HasSubstr("recv-1"), HasSubstr("member 1 (node-1)")));
+}
+
+TEST(GroupCoordinator, MembersShareTheActiveRoundAndMismatchesAreRefused) {
+  prometheus::Registry registry;
+  Coordinator c(CoordinatorOptions{}, &registry);
+  absl::StatusOr<std::shared_ptr<Round>> r1 = c.Join(Hello(1), absl::ZeroDuration());
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  // Before the leader joined, another version is refused and the round stays.
+  absl::StatusOr<std::shared_ptr<Round>> other = c.Join(Hello(2, 9), absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status()));
+  EXPECT_FALSE((*r1)->decided());
+  absl::StatusOr<std::shared_ptr<Round>> r0 = c.Join(Hello(0), absl::ZeroDuration());
+  ASSERT_TRUE(r0.ok());
+  EXPECT_EQ(r0->get(), r1->get());
+  // With the leader in, a member with another version aborts the round it cannot complete.
+  other = c.Join(Hello(2, 9), absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status()));
+  EXPECT_THAT(other.status().message(), AllOf(HasSubstr("version 9"), HasSubstr("version 7")));
+  EXPECT_TRUE((*r0)->decided());
+  EXPECT_THAT((*r0)->abort_status().message(), HasSubstr("version 9"));
+  c.Observe(*r0);
+  c.Observe(*r0);  // once per round
+  EXPECT_EQ(c.LastRound()->outcome, "aborted");
+}
+
+TEST(GroupCoordinator, TheLeadersNewVersionAbortsAStaleRound) {
+  Coordinator c(CoordinatorOptions{}, nullptr);
+  absl::StatusOr<std::shared_ptr<Round>> stale = c.Join(Hello(1, 5), absl::ZeroDuration());
+  ASSERT_TRUE(stale.ok());
+  absl::StatusOr<std::shared_ptr<Round>> fresh = c.Join(Hello(0, 6), absl::ZeroDuration());
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_NE(stale->get(), fresh->get());
+  EXPECT_TRUE((*stale)->decided());
+  EXPECT_THAT((*stale)->abort_status().message(), HasSubstr("version 6"));
+  EXPECT_EQ(c.LastRound()->version, 6u);
+}
+
+TEST(GroupCoordinator, LocalVoteRunsTheLeadersPublication) {
+  Coordinator c(CoordinatorOptions{}, nullptr);
+  engine::PublicationHeader h;
+  h.version = 3;
+  h.recipe = "nvfp4";
+  h.group = Hello(0, 3, 2).membership;
+  std::atomic<int> aborted{0};
+  absl::StatusOr<std::unique_ptr<engine::GroupVote>> vote =
+      c.JoinLocal(h, [&](absl::Status) { ++aborted; });
+  ASSERT_TRUE(vote.ok()) << vote.status();
+  absl::StatusOr<std::shared_ptr<Round>> r1 = c.Join(Hello(1, 3, 2), absl::ZeroDuration());
+  ASSERT_TRUE(r1.ok());
+  auto staged = std::async(std::launch::async, [&] { return (*vote)->Stage(Parts({"a"})); });
+  (*r1)->Stage(1, Parts({"b"}));
+  EXPECT_TRUE(staged.get().ok());
+  EXPECT_TRUE((*r1)->AwaitTransfer(1).ok());
+  (*r1)->Prepared(1, Prepared());
+  EXPECT_TRUE((*vote)->Prepare(Prepared()).ok());
+  EXPECT_EQ((*vote)->Summary().outcome, "committed");
+  vote->reset();  // a vote ending after the decision changes nothing
+  EXPECT_EQ(aborted.load(), 0);
+  EXPECT_EQ(c.LastRound()->outcome, "committed");
+}
+
+}  // namespace
+}  // namespace wpub::group

@@ -1,0 +1,246 @@
+"""Publication groups end to end: three wpubd processes (one per "node"), each publishing a third
+of a GLM-like MoE under one version, and two wpub-recv processes subscribed to all three. Every
+committed version is checked byte for byte against the CPU reference on both receivers; every
+failure (a tensor claimed twice, a part missing from the declared manifest, a member with
+another version, a follower killed mid-publication, the leader killed) aborts the version on
+every member, leaves the previous version intact on every receiver, and the next version
+commits."""
+
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import unittest
+
+import wpub
+from harness import (Daemon, Receiver, as_wire, free_port, glm_batches, read_safetensors,
+                     reference)
+
+MEMBERS = 3
+RECEIVERS = 2
+
+
+class GroupReceiver(Receiver):
+    """A wpub-recv subscribed to every member."""
+
+    def __init__(self, workdir: str, targets, name: str):
+        self.output = os.path.join(workdir, f"{name}.safetensors")
+        self._start([os.environ["WPUB_RECV"], f"--target={','.join(targets)}", f"--name={name}",
+                     f"--output={self.output}", "--log_level=warn",
+                     "--resubscribe_timeout=120s"],
+                    os.path.join(workdir, f"{name}.log"))
+
+
+def split(batches, members=MEMBERS):
+    """Whole conversion batches dealt round-robin: member i holds batches i, i+n, ..."""
+    return [batches[i::members] for i in range(members)]
+
+
+def names_of(batches):
+    return [n for _, ts in batches for n, _ in ts]
+
+
+class GroupTest(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.workdir = tempfile.mkdtemp(prefix="wpub-py-group-")
+        cls.ports = [free_port() for _ in range(MEMBERS)]
+        cls.daemons = [cls.start_daemon(i) for i in range(MEMBERS)]
+        cls.targets = [d.target for d in cls.daemons]
+        cls.receivers = [GroupReceiver(cls.workdir, cls.targets, f"recv-{i}")
+                         for i in range(RECEIVERS)]
+        cls.pubs = [wpub.Publisher(t, timeout=60) for t in cls.targets]
+        for p in cls.pubs:
+            p.wait_ready()
+        cls.wait_subscribed()
+        cls.version = 0
+        cls.held = None  # (version, expected contents) every receiver must hold
+
+    @classmethod
+    def start_daemon(cls, i):
+        return Daemon(cls.workdir, f"--min_receivers={RECEIVERS}", "--group_timeout=20s",
+                      "--group_join_timeout=5s", listen=f"127.0.0.1:{cls.ports[i]}")
+
+    @classmethod
+    def wait_subscribed(cls, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        for p in cls.pubs:
+            while len(p.status().receivers) < RECEIVERS:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("receivers did not subscribe to every member")
+                time.sleep(0.05)
+
+    @classmethod
+    def tearDownClass(cls):
+        for p in cls.pubs:
+            p.close()
+        codes = [r.stop() for r in cls.receivers]
+        dcodes = [d.stop() for d in cls.daemons]
+        if not os.environ.get("WPUB_TEST_KEEP"):
+            shutil.rmtree(cls.workdir, ignore_errors=True)
+        assert all(c == 0 for c in dcodes), f"wpubd exit codes {dcodes}"
+        assert all(c == 0 for c in codes), f"wpub-recv exit codes {codes}"
+
+    def publish(self, version, parts, *, versions=None, expected=None, timeout=0.0,
+                hold=None):
+        """Every member publishes its part at once; returns their outcomes by member.
+        versions: per-member versions (default: all `version`). hold: {member: (sent, release)}
+        events -- that member's batches stop after the first until `release` is set."""
+        outcomes = [None] * MEMBERS
+
+        def batches(i):
+            items = as_wire(parts[i])
+            if hold and i in hold:
+                sent, release = hold[i]
+                yield items[0]
+                sent.set()
+                release.wait(60)
+                items = items[1:]
+            yield from items
+
+        def run(i):
+            g = wpub.PublicationGroup(self.pubs[i], "glm", MEMBERS, i, self.targets[0],
+                                      timeout=timeout)
+            try:
+                outcomes[i] = g.publish(versions[i] if versions else version, batches(i),
+                                        expected_tensors=expected if i == 0 else None,
+                                        bucket_bytes=16384)
+            except wpub.WpubError as e:
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(MEMBERS)]
+        for t in threads:
+            t.start()
+        return threads, outcomes
+
+    def run_group(self, version, parts, **kw):
+        threads, outcomes = self.publish(version, parts, **kw)
+        for t in threads:
+            t.join(120)
+        return outcomes
+
+    def next_version(self):
+        cls = type(self)
+        cls.version += 1
+        return cls.version
+
+    def assertAllHold(self, version, expected, timeout=20.0):
+        for r in self.receivers:
+            deadline = time.monotonic() + timeout
+            while True:
+                meta = {}
+                if os.path.exists(r.output):
+                    got, meta = read_safetensors(r.output)
+                    if meta.get("version") == str(version):
+                        break
+                if time.monotonic() > deadline:
+                    self.fail(f"{r.output} holds {meta.get('version')}, not v{version}")
+                time.sleep(0.05)
+            self.assertEqual(sorted(got), sorted(expected))
+            for name, (dtype, shape, raw) in expected.items():
+                self.assertEqual((got[name][0], tuple(got[name][1])), (dtype, tuple(shape)), name)
+                self.assertTrue(got[name][2] == raw, f"{name}: bytes differ from the reference")
+
+    def commit_version(self, seed):
+        """A group version that must commit; checked on every receiver."""
+        v = self.next_version()
+        model = glm_batches(seed)
+        outcomes = self.run_group(v, split(model), expected=names_of(model))
+        for i, o in enumerate(outcomes):
+            self.assertIsInstance(o, wpub.GroupOutcome, f"member {i}: {o}")
+            self.assertTrue(o.committed, f"member {i}: {o.error}")
+        expected = reference(self.workdir, model)
+        self.assertAllHold(v, expected)
+        type(self).held = (v, expected)
+        return v, outcomes
+
+    def assertAbortedEverywhere(self, outcomes, *needles):
+        for i, o in enumerate(outcomes):
+            if isinstance(o, wpub.WpubError):
+                text = str(o)
+            else:
+                self.assertFalse(o.committed, f"member {i} committed")
+                text = o.error
+            for n in needles:
+                self.assertIn(n, text, f"member {i}")
+        # Nothing changed on any receiver.
+        v, expected = type(self).held
+        self.assertAllHold(v, expected)
+
+    def test_01_versions_commit_on_every_receiver(self):
+        for seed in (11, 12, 13):
+            v, outcomes = self.commit_version(seed)
+        g = outcomes[0].report.group
+        self.assertEqual((g.group, g.members, g.member, g.outcome), ("glm", 3, 0, "committed"))
+        self.assertEqual([m.state for m in g.members_detail], ["committed"] * MEMBERS)
+        self.assertTrue(all(m.tensors > 0 and m.bytes_out > 0 for m in g.members_detail))
+        self.assertIn(g.slowest_member, range(MEMBERS))
+        self.assertEqual(outcomes[2].report.group.member, 2)
+        st = self.pubs[0].status()
+        self.assertEqual(st.raw.publication_group.version, v)
+        self.assertEqual(st.raw.publication_group.outcome, "committed")
+
+    def test_02_a_tensor_claimed_twice_fails_naming_it_and_both_members(self):
+        model = glm_batches(21)
+        parts = split(model)
+        parts[2] = parts[2] + [parts[1][0]]  # member 2 also claims member 1's first batch
+        dup = parts[1][0][1][0][0]
+        outcomes = self.run_group(self.next_version(), parts)
+        self.assertAbortedEverywhere(outcomes, dup, "member 1", "member 2")
+        self.commit_version(22)
+
+    def test_03_a_part_missing_from_the_declared_manifest_fails_naming_it(self):
+        v = self.next_version()
+        model = glm_batches(31)
+        parts = split(model)
+        missing = parts[1][-1][1][0][0]
+        parts[1] = parts[1][:-1]
+        outcomes = self.run_group(v, parts, expected=names_of(model))
+        self.assertAbortedEverywhere(outcomes, missing, "declared manifest")
+        self.commit_version(32)
+
+    def test_04_a_member_with_another_version_is_refused(self):
+        v = self.next_version()
+        model = glm_batches(41)
+        outcomes = self.run_group(v, split(model), versions=[v, v + 1, v], timeout=5)
+        self.assertIsInstance(outcomes[1], wpub.FailedPrecondition)
+        self.assertIn(f"version {v + 1}", str(outcomes[1]))
+        self.assertIn(f"version {v}", str(outcomes[1]))
+        self.assertAbortedEverywhere(outcomes)
+        self.next_version()  # v + 1 may have been taken by member 1's refused attempt
+        self.commit_version(42)
+
+    def kill_and_restart(self, member, seed, *needles):
+        v = self.next_version()
+        sent, release = threading.Event(), threading.Event()
+        threads, outcomes = self.publish(v, split(glm_batches(seed)), hold={member: (sent, release)})
+        self.assertTrue(sent.wait(30))
+        # The others finished their streams and wait for the group; the member is mid-stream.
+        time.sleep(0.5)
+        cls = type(self)
+        cls.daemons[member].proc.send_signal(signal.SIGKILL)
+        cls.daemons[member].stop()
+        release.set()
+        for t in threads:
+            t.join(120)
+        self.assertAbortedEverywhere([o for i, o in enumerate(outcomes) if i != member],
+                                     *needles)
+        cls.daemons[member] = cls.start_daemon(member)
+        cls.pubs[member].close()
+        cls.pubs[member] = wpub.Publisher(cls.targets[member], timeout=60)
+        cls.pubs[member].wait_ready()
+        cls.wait_subscribed()
+        self.commit_version(seed + 1)
+
+    def test_05_a_follower_killed_mid_publication_aborts_the_version(self):
+        self.kill_and_restart(2, 51, "member 2", "connection")
+
+    def test_06_the_leader_killed_mid_publication_never_commits(self):
+        self.kill_and_restart(0, 61, "leader")
+
+
+if __name__ == "__main__":
+    unittest.main()
