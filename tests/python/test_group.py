@@ -244,3 +244,65 @@ class GroupTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class GroupTorchTest(unittest.TestCase):
+    """wpub.PublicationGroup.from_torch on gloo: two ranks, each publishing its pipeline stage
+    to its own daemon (examples/publication_group.py); rank 0 learns every member's outcome and
+    the receiver holds the whole model of each version."""
+
+    def test_example_two_ranks_on_gloo(self):
+        try:
+            import torch  # noqa: F401
+            import torch.distributed  # noqa: F401
+        except ImportError:
+            self.skipTest("needs torch (Debian 12: python3-torch)")
+        workdir = tempfile.mkdtemp(prefix="wpub-py-group-torch-")
+        daemons = [Daemon(workdir, "--min_receivers=1") for _ in range(2)]
+        targets = [d.target for d in daemons]
+        recv = GroupReceiver(workdir, targets, "recv-t")
+        try:
+            for t in targets:
+                p = wpub.Publisher(t)
+                p.wait_ready()
+                deadline = time.monotonic() + 20
+                while len(p.status().receivers) < 1:
+                    self.assertLess(time.monotonic(), deadline, "receiver did not subscribe")
+                    time.sleep(0.05)
+                p.close()
+            result = os.path.join(workdir, "result.json")
+            here = os.path.dirname(os.path.abspath(__file__))
+            example = os.path.join(here, "..", "..", "examples", "publication_group.py")
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.path.join(here, "..", "..", "clients", "python")
+            import subprocess
+            import sys
+            out = subprocess.run([sys.executable, example, f"--targets={','.join(targets)}",
+                                  "--steps=2", f"--result={result}"], env=env, timeout=300,
+                                 capture_output=True, text=True)
+            self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+            import json
+            with open(result) as f:
+                outcomes = json.load(f)
+            self.assertEqual(len(outcomes), 2)
+            for o in outcomes:
+                self.assertTrue(o["committed"], o)
+                self.assertEqual([r["member"] for r in o["reports"]], [0, 1])
+                self.assertTrue(all(r["bytes_out"] > 0 for r in o["reports"]), o)
+            last = outcomes[-1]
+            deadline = time.monotonic() + 20
+            while True:
+                got, meta = read_safetensors(recv.output) if os.path.exists(recv.output) else ({}, {})
+                if meta.get("version") == str(last["version"]):
+                    break
+                self.assertLess(time.monotonic(), deadline, f"receiver holds {meta}")
+                time.sleep(0.05)
+            # Every tensor of both stages, quantized experts as three outputs each.
+            experts = 4 * 4 * 3
+            self.assertEqual(len(got), last["tensors"] + 2 * experts)
+        finally:
+            self.assertEqual(recv.stop(), 0)
+            for d in daemons:
+                self.assertEqual(d.stop(), 0)
+            if not os.environ.get("WPUB_TEST_KEEP"):
+                shutil.rmtree(workdir, ignore_errors=True)
