@@ -212,6 +212,15 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::Join(
   const engine::GroupMembership& gm = *header.group;
   if (gm.member == 0) return coordinator_->JoinLocal(header, std::move(on_abort));
 
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ChannelTo(gm.leader);
+  if (!channel.ok()) return channel.status();
+  return JoinOver(*std::move(channel), header, std::move(on_abort));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> GroupJoinerImpl::ChannelTo(
+    const std::string& leader) {
+  std::lock_guard lock(mu_);
+  if (auto it = channels_.find(leader); it != channels_.end()) return it->second;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       client::ChannelCredentialsFor(options_.tls);
   if (!credentials.ok()) return credentials.status();
@@ -222,10 +231,19 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::Join(
               static_cast<int>(absl::ToInt64Milliseconds(options_.keepalive_timeout)));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // Every join gets its own connection: a publication's stream is not shared.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(gm.leader, *std::move(credentials), args);
+      grpc::CreateCustomChannel(leader, *std::move(credentials), args);
+  // One connection per leader, kept across versions (a member's leader rarely changes; the
+  // map is bounded, its oldest entries dropped).
+  if (channels_.size() >= kMaxLeaderChannels) channels_.erase(channels_.begin());
+  channels_[leader] = channel;
+  return channel;
+}
+
+absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::JoinOver(
+    std::shared_ptr<grpc::Channel> channel, const engine::PublicationHeader& header,
+    std::function<void(absl::Status)> on_abort) {
+  const engine::GroupMembership& gm = *header.group;
   const absl::Time deadline = absl::Now() + options_.join_timeout;
   if (!channel->WaitForConnected(absl::ToChronoTime(deadline))) {
     return absl::UnavailableError(absl::StrCat("cannot reach the group's leader at ", gm.leader,

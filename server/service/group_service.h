@@ -6,7 +6,9 @@
 //   group_client.cc) that lives until the decision.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -59,8 +61,16 @@ class GroupJoinerImpl final : public engine::GroupJoiner {
       std::function<void(absl::Status)> on_abort) override;
 
  private:
+  static constexpr size_t kMaxLeaderChannels = 16;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> ChannelTo(const std::string& leader);
+  absl::StatusOr<std::unique_ptr<engine::GroupVote>> JoinOver(
+      std::shared_ptr<grpc::Channel> channel, const engine::PublicationHeader& header,
+      std::function<void(absl::Status)> on_abort);
+
   group::Coordinator* const coordinator_;
   const GroupClientOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
 };
 
 }  // namespace wpub::server
