@@ -111,7 +111,8 @@ class PrometheusTest(unittest.TestCase):
             if time.monotonic() > deadline + 20:
                 raise RuntimeError("the second wpub-recv did not subscribe")
             time.sleep(0.05)
-        report = pub.publish(4, tiny_batches(), check=False)
+        # As the leader of a group of one: the group's series exist too.
+        report = pub.publish(4, tiny_batches(), check=False, group=wpub.GroupSpec("solo", 1, 0))
         assert report.status == "ABORTED", report
         cls.reports = pub.list_reports(limit=100)
         cls.receivers = pub.status().receivers
@@ -229,7 +230,7 @@ class PrometheusTest(unittest.TestCase):
         self.assertGreaterEqual(len(exprs), 10)
         titles = " ".join(p["title"].lower() for p in dashboard["panels"])
         for topic in ("status", "p50", "p99", "phase", "host syncs", "bytes", "engines",
-                      "failures", "last committed version"):
+                      "failures", "last committed version", "group"):
             self.assertIn(topic, titles)
         for title, expr in exprs:
             q = expr

@@ -227,6 +227,39 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
   }
 }
 
+// A member of a publication group other than its leader: update requests only; the leader
+// makes the lifecycle calls once per engine per version (docs/DESIGN.md, "Publication groups").
+TEST(SglangDriver, WithoutLifecycleCallsOnlyUpdatesArePosted) {
+  FakeEngine a;
+  auto d = SglangDriver::Create(Options({&a}, {1}));
+  ASSERT_TRUE(d.ok());
+  (*d)->BeginPublication(7, /*lifecycle_calls=*/false);
+  (*d)->PostBucket(Bucket(0));
+  (*d)->PostBucket(Bucket(1));
+  (*d)->EndPublication();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::string> want = {"/update_weights_from_distributed",
+                                         "/update_weights_from_distributed"};
+  EXPECT_EQ(a.calls(), want);
+  EXPECT_EQ(json::parse(a.bodies()[0])["weight_version"], "7");
+  // After an aborted version: no resume either (the engine holds this member's bytes and is
+  // dirty; had it none, resuming it is still the leader's call).
+  (*d)->BeginPublication(8, /*lifecycle_calls=*/false);
+  (*d)->PostBucket(Bucket(0));
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<bool> dirty = (*d)->ResumeAfterAbort({});
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(dirty, std::vector<bool>{true});
+  EXPECT_EQ(a.calls().size(), 3u);
+  // The next leader-made publication has every call again.
+  (*d)->BeginPublication(9, /*lifecycle_calls=*/true);
+  (*d)->EndPublication();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(a.calls().front(), "/update_weights_from_distributed");
+  EXPECT_EQ(a.calls()[3], "/pause_generation");
+  EXPECT_EQ(a.calls().back(), "/continue_generation");
+}
+
 TEST(SglangDriver, EndpointsAreConfigurable) {
   FakeEngine a;
   SglangDriverOptions o = Options({&a}, {1});
