@@ -34,6 +34,20 @@ absl::Status PrintStatus() {
     std::printf("  %-20s %-10s %-6s last committed v%llu\n", r.name().c_str(), r.state().c_str(),
                 r.transport().c_str(), static_cast<unsigned long long>(r.last_committed_version()));
   }
+  if (s.has_publication_group()) {
+    const wpub::v1::GroupSummary& g = s.publication_group();
+    std::printf("group       '%s' v%llu, %u members, %s%s%s (slowest member %d, failed %d)\n",
+                g.group().c_str(), static_cast<unsigned long long>(g.version()), g.members(),
+                g.outcome().c_str(), g.error().empty() ? "" : ": ", g.error().c_str(),
+                g.slowest_member(), g.failed_member());
+    for (const wpub::v1::GroupMemberSummary& m : g.members_detail()) {
+      std::printf("  member %-3u %-28s %-12s %6llu tensors %12llu bytes out %3u buckets %8.3f s%s%s\n",
+                  m.member(), m.publisher().c_str(), m.state().c_str(),
+                  static_cast<unsigned long long>(m.tensors()),
+                  static_cast<unsigned long long>(m.bytes_out()), m.buckets(), m.seconds(),
+                  m.error().empty() ? "" : "  ", m.error().c_str());
+    }
+  }
   if (s.has_engine_group()) {
     const wpub::v1::EngineGroup& g = s.engine_group();
     std::printf("engines     %d, group '%s' (generation %llu, world size %u, %s, store %s)\n",
