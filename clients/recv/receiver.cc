@@ -586,8 +586,8 @@ class Receiver::Impl {
   // Writes the assembled version to stage_path_ (fsynced), when there is an output file.
   absl::Status StageOutput() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (options_.output_path.empty() || assembly_->staged) return absl::OkStatus();
-    WPUB_RETURN_IF_ERROR(StageSafetensors(stage_path_, AssemblyEntries(),
-                                          MetadataOf(MergedManifest(*assembly_))));
+    WPUB_RETURN_IF_ERROR(
+        StageSafetensors(stage_path_, AssemblyEntries(), MetadataOf(MergedManifest(*assembly_))));
     assembly_->staged = true;
     return absl::OkStatus();
   }
@@ -600,14 +600,13 @@ class Receiver::Impl {
     }
     const bool group = link.pending != nullptr && link.pending->manifest.group_members > 1;
     if (assembly_ == nullptr || assembly_->version != version || !assembly_->complete()) {
-      const std::string what =
-          assembly_ == nullptr || assembly_->version != version
-              ? std::string("nothing of it is held")
-              : absl::StrCat("only ", assembly_->parts.size(), " of its ", assembly_->members,
-                             " members' parts are held");
+      const std::string what = assembly_ == nullptr || assembly_->version != version
+                                   ? std::string("nothing of it is held")
+                                   : absl::StrCat("only ", assembly_->parts.size(), " of its ",
+                                                  assembly_->members, " members' parts are held");
       if (!group) {
-        return absl::InternalError(absl::StrCat("commit of v", version, " from ", link.target,
-                                                " but ", what));
+        return absl::InternalError(
+            absl::StrCat("commit of v", version, " from ", link.target, " but ", what));
       }
       // Never apply a part of a group version: keep the previous one.
       spdlog::error("[{}] commit of v{} from {} but {}: not applied", options_.name, version,

@@ -1,8 +1,9 @@
 // The native receiver of the gRPC-pull transport (the library behind wpub-recv): subscribes to
-// a wpubd (or to every member of a publication group, ReceiverOptions::targets), pulls every bucket of a publication in chunks, verifies each bucket's checksum
-// (core/engine/checksum.h), acknowledges it, keeps the last committed version in memory,
-// discards a publication on abort, and optionally writes each committed version as a
-// safetensors file. Runs in its own process (wpub-recv) or in-process in tests.
+// a wpubd (or to every member of a publication group, ReceiverOptions::targets), pulls every bucket
+// of a publication in chunks, verifies each bucket's checksum (core/engine/checksum.h),
+// acknowledges it, keeps the last committed version in memory, discards a publication on abort, and
+// optionally writes each committed version as a safetensors file. Runs in its own process
+// (wpub-recv) or in-process in tests.
 //
 // What it promises the daemon: it acknowledges the last bucket of a version only once it can
 // apply that version (with an output file: the file is staged next to it and fsynced; if that
@@ -38,9 +39,9 @@ struct ReceiverOptions {
   // every member's buckets, verified, and one member tells it to commit; an abort from any
   // member discards the version. Overrides `target` when not empty.
   std::vector<std::string> targets;
-  std::string name = "recv-0";             // unique among the daemon's receivers
-  std::string auth_token;                  // sent as a bearer token when non-empty
-  uint64_t chunk_bytes = 0;                // PullBucket chunk size; 0 = the daemon's limit
+  std::string name = "recv-0";  // unique among the daemon's receivers
+  std::string auth_token;       // sent as a bearer token when non-empty
+  uint64_t chunk_bytes = 0;     // PullBucket chunk size; 0 = the daemon's limit
   // When non-empty, every committed version is written here (atomically) as safetensors, with
   // __metadata__ {version, model_id, recipe}. Create checks that files can be created in its
   // directory; a version found in an existing file's metadata is the version it holds at start.

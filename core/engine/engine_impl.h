@@ -56,7 +56,7 @@ class Engine::Impl {
   // Every transport of a publication: the extras, then the pull transport.
   TransportGroup& transports() const { return *transports_; }
   Backend& backend() const { return *backend_; }
-  EngineConnector* connector() const { return connector_; }  // null on the CPU path
+  EngineConnector* connector() const { return connector_; }    // null on the CPU path
   GroupJoiner* group_joiner() const { return group_joiner_; }  // null: no groups
   PublicationLedger& ledger() { return ledger_; }
   const PublicationLedger& ledger() const { return ledger_; }

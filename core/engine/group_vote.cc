@@ -18,12 +18,12 @@ absl::Status ValidateGroupMembership(const GroupMembership& m) {
     }
   }
   if (m.members < 1 || m.members > kMaxGroupMembers) {
-    return absl::InvalidArgumentError(absl::StrCat("group.members must be in [1, ",
-                                                   kMaxGroupMembers, "], got ", m.members));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group.members must be in [1, ", kMaxGroupMembers, "], got ", m.members));
   }
   if (m.member >= m.members) {
-    return absl::InvalidArgumentError(absl::StrCat("group.member ", m.member,
-                                                   " must be below group.members ", m.members));
+    return absl::InvalidArgumentError(
+        absl::StrCat("group.member ", m.member, " must be below group.members ", m.members));
   }
   if (m.member > 0 && m.leader.empty()) {
     return absl::InvalidArgumentError(

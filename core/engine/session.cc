@@ -138,13 +138,14 @@ absl::Status PublicationSession::State::DeclareExpected(std::vector<std::string>
   WPUB_RETURN_IF_ERROR(lifecycle_.CheckOpen());
   if (!header_.group.has_value() || header_.group->member != 0) {
     return Reject(absl::FailedPreconditionError(absl::StrCat(
-        "publication ", header_.version, ": only the leader of a group (group.member 0) declares "
+        "publication ", header_.version,
+        ": only the leader of a group (group.member 0) declares "
         "the expected tensors",
         header_.group ? absl::StrCat("; this is member ", header_.group->member) : "")));
   }
   if (expected_.size() + names.size() > kMaxDeclaredTensors) {
-    return Reject(absl::InvalidArgumentError(absl::StrCat(
-        "expected: more than ", kMaxDeclaredTensors, " tensor names declared")));
+    return Reject(absl::InvalidArgumentError(
+        absl::StrCat("expected: more than ", kMaxDeclaredTensors, " tensor names declared")));
   }
   for (std::string& n : names) {
     if (n.empty() || n.size() > 1024) {

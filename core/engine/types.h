@@ -75,12 +75,12 @@ struct BatchInput {
 // the version (core/group) and is the only one to call the engines' lifecycle. Checked by
 // ValidateGroupMembership (core/engine/group_vote.h).
 struct GroupMembership {
-  std::string group;         // letters, digits, '_', '-', '.'; at most 100
-  uint32_t members = 1;      // in [1, kMaxGroupMembers]
-  uint32_t member = 0;       // this publisher's index, < members; 0 = the leader
-  std::string leader;        // the leader's gRPC address ("host:port"); members > 0 need it
-  std::string publisher;     // how this publisher is named in errors and reports (the daemon
-                             // fills it: hostname and port, unless the trainer gave one)
+  std::string group;      // letters, digits, '_', '-', '.'; at most 100
+  uint32_t members = 1;   // in [1, kMaxGroupMembers]
+  uint32_t member = 0;    // this publisher's index, < members; 0 = the leader
+  std::string leader;     // the leader's gRPC address ("host:port"); members > 0 need it
+  std::string publisher;  // how this publisher is named in errors and reports (the daemon
+                          // fills it: hostname and port, unless the trainer gave one)
   // How long the leader waits without progress (a member joining, staging, preparing) before
   // it aborts the version naming the members it waits for; 0: the daemon's default.
   absl::Duration timeout = absl::ZeroDuration();
@@ -282,8 +282,8 @@ struct PhaseSeconds {
 };
 // The phase label values, in pipeline order: ingest, policy, quantize, pack, transfer, commit,
 // group.
-inline constexpr std::array<const char*, 7> kPhaseNames = {
-    "ingest", "policy", "quantize", "pack", "transfer", "commit", "group"};
+inline constexpr std::array<const char*, 7> kPhaseNames = {"ingest",   "policy", "quantize", "pack",
+                                                           "transfer", "commit", "group"};
 // The value of `phase` (one of kPhaseNames), 0 for an unknown name.
 double PhaseValue(const PhaseSeconds& seconds, std::string_view phase);
 

@@ -43,9 +43,10 @@ Coordinator::Coordinator(CoordinatorOptions options, prometheus::Registry* regis
   metrics_->member_seconds =
       &prometheus::BuildGauge()
            .Name("wpub_group_member_seconds")
-           .Help("Per member of the last group version this daemon led: its phases (ingest .. "
-                 "transfer, as the member measured them) and 'total' (join to prepared, on the "
-                 "leader's clock).")
+           .Help(
+               "Per member of the last group version this daemon led: its phases (ingest .. "
+               "transfer, as the member measured them) and 'total' (join to prepared, on the "
+               "leader's clock).")
            .Register(*registry);
   metrics_->member_bytes = &prometheus::BuildGauge()
                                 .Name("wpub_group_member_bytes")
@@ -73,9 +74,8 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
       if (gm.member == 0) {
         // The leader's own version wins: the stale round cannot complete.
         abort_why = absl::AbortedError(absl::StrCat(
-            "the leader opened group '", gm.group, "' version ", hello.version,
-            " while version ", active_->version(), " of group '", active_->group(),
-            "' waited for it"));
+            "the leader opened group '", gm.group, "' version ", hello.version, " while version ",
+            active_->version(), " of group '", active_->group(), "' waited for it"));
         aborted = active_;
         active_ = nullptr;
       } else {

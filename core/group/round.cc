@@ -22,7 +22,7 @@ std::string SomeNames(const std::vector<std::string>& names) {
 }
 
 const char* StageName(int stage) {
-  static constexpr const char* kNames[] = {"waiting", "joined",   "staged",
+  static constexpr const char* kNames[] = {"waiting",      "joined",   "staged",
                                            "transferring", "prepared", "failed"};
   return kNames[stage];
 }
@@ -41,7 +41,8 @@ Round::Round(std::string group, uint32_t members, uint64_t version, absl::Durati
 
 std::string Round::Name(uint32_t member) const {
   const std::string& p = m_[member].publisher;
-  return p.empty() ? absl::StrCat("member ", member) : absl::StrCat("member ", member, " (", p, ")");
+  return p.empty() ? absl::StrCat("member ", member)
+                   : absl::StrCat("member ", member, " (", p, ")");
 }
 
 void Round::Progress() {
@@ -53,25 +54,23 @@ absl::Status Round::Join(const MemberHello& hello) {
   const engine::GroupMembership& gm = hello.membership;
   std::lock_guard lock(mu_);
   if (decided_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "group '", group_, "' version ", version_, " was already ",
-        abort_.ok() ? "committed" : absl::StrCat("aborted: ", abort_.message())));
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", group_, "' version ", version_, " was already ",
+                     abort_.ok() ? "committed" : absl::StrCat("aborted: ", abort_.message())));
   }
   if (gm.group != group_) {
-    return absl::FailedPreconditionError(absl::StrCat("member ", gm.member, " joins group '",
-                                                      gm.group, "', the leader's is '", group_,
-                                                      "'"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "member ", gm.member, " joins group '", gm.group, "', the leader's is '", group_, "'"));
   }
   if (gm.members != members_) {
-    return absl::FailedPreconditionError(absl::StrCat("member ", gm.member, " says group '",
-                                                      group_, "' has ", gm.members,
-                                                      " members, the leader's round has ",
-                                                      members_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("member ", gm.member, " says group '", group_, "' has ", gm.members,
+                     " members, the leader's round has ", members_));
   }
   if (hello.version != version_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "member ", gm.member, " (", gm.publisher, ") joins version ", hello.version,
-        ", but group '", group_, "' publishes version ", version_));
+    return absl::FailedPreconditionError(
+        absl::StrCat("member ", gm.member, " (", gm.publisher, ") joins version ", hello.version,
+                     ", but group '", group_, "' publishes version ", version_));
   }
   if (gm.member >= members_) {
     return absl::InvalidArgumentError(
@@ -80,15 +79,15 @@ absl::Status Round::Join(const MemberHello& hello) {
   Member& m = m_[gm.member];
   if (m.stage != MemberStage::kWaiting) {
     return absl::AlreadyExistsError(absl::StrCat("member ", gm.member, " of group '", group_,
-                                                 "' version ", version_,
-                                                 " has joined already (as ", m.publisher, ")"));
+                                                 "' version ", version_, " has joined already (as ",
+                                                 m.publisher, ")"));
   }
   for (uint32_t i = 0; i < members_; ++i) {
     if (m_[i].stage != MemberStage::kWaiting && !m_[i].recipe.empty() &&
         m_[i].recipe != hello.recipe) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "member ", gm.member, " publishes recipe '", hello.recipe, "', ", Name(i), " '",
-          m_[i].recipe, "': a group version has one recipe"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("member ", gm.member, " publishes recipe '", hello.recipe, "', ", Name(i),
+                       " '", m_[i].recipe, "': a group version has one recipe"));
     }
   }
   m.stage = MemberStage::kJoined;
@@ -136,21 +135,21 @@ void Round::CheckParts() {
       if (owner.count(name) == 0) missing.emplace_back(name.data(), name.size());
     }
     if (!missing.empty()) {
-      AbortLocked(absl::InvalidArgumentError(absl::StrCat(
-                      "group '", group_, "' version ", version_, ": ", missing.size(),
-                      " tensors of the declared manifest are published by no member: ",
-                      SomeNames(missing))),
+      AbortLocked(absl::InvalidArgumentError(
+                      absl::StrCat("group '", group_, "' version ", version_, ": ", missing.size(),
+                                   " tensors of the declared manifest are published by no member: ",
+                                   SomeNames(missing))),
                   -1);
       return;
     }
     for (const auto& entry : owner) {
       if (declared.count(entry.first) == 0) {
         const uint32_t who = entry.second;
-        AbortLocked(absl::InvalidArgumentError(absl::StrCat(
-                        "tensor ", std::string(entry.first), " published by ", Name(who),
-                        " is not in the declared manifest of group '", group_, "' version ",
-                        version_)),
-                    static_cast<int32_t>(who));
+        AbortLocked(
+            absl::InvalidArgumentError(absl::StrCat(
+                "tensor ", std::string(entry.first), " published by ", Name(who),
+                " is not in the declared manifest of group '", group_, "' version ", version_)),
+            static_cast<int32_t>(who));
         return;
       }
     }
@@ -159,11 +158,12 @@ void Round::CheckParts() {
   if (Sequential() && !m_[0].parts.engines) {
     for (uint32_t i = 1; i < members_; ++i) {
       if (!m_[i].parts.engines) continue;
-      AbortLocked(absl::FailedPreconditionError(absl::StrCat(
-                      Name(i), " of group '", group_, "' sends to NCCL engines but the leader (",
-                      Name(0), ") has none: the leader makes the engines' lifecycle calls, so it "
-                      "must be connected to the same engines")),
-                  static_cast<int32_t>(i));
+      AbortLocked(
+          absl::FailedPreconditionError(absl::StrCat(
+              Name(i), " of group '", group_, "' sends to NCCL engines but the leader (", Name(0),
+              ") has none: the leader makes the engines' lifecycle calls, so it "
+              "must be connected to the same engines")),
+          static_cast<int32_t>(i));
       return;
     }
   }
@@ -230,9 +230,9 @@ void Round::Decide() {
     }
     if (!absent.empty()) {
       AbortLocked(absl::AbortedError(absl::StrCat(
-                      "group '", group_, "' version ", version_, ": receivers ",
-                      SomeNames(absent), " took part in other members' publications but not in ",
-                      Name(i), "'s (every receiver must subscribe to every member)")),
+                      "group '", group_, "' version ", version_, ": receivers ", SomeNames(absent),
+                      " took part in other members' publications but not in ", Name(i),
+                      "'s (every receiver must subscribe to every member)")),
                   static_cast<int32_t>(i));
       return;
     }
@@ -356,7 +356,8 @@ engine::GroupSummary Round::Summary() const {
     d.member = i;
     d.publisher = m.publisher;
     d.state = StageName(static_cast<int>(m.stage));
-    if (decided_ && m.stage == MemberStage::kPrepared) d.state = abort_.ok() ? "committed" : "aborted";
+    if (decided_ && m.stage == MemberStage::kPrepared)
+      d.state = abort_.ok() ? "committed" : "aborted";
     d.tensors = m.parts.tensors.size();
     d.bytes_in = m.parts.bytes_in;
     d.bytes_out = m.prepared.bytes_out ? m.prepared.bytes_out : m.parts.bytes_out;

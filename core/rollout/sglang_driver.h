@@ -125,8 +125,8 @@ class SglangDriver final : public EngineDriver {
   const GroupLayout layout_;
   // Orders the posts of a publication against an abort's ResumeAfterAbort.
   std::mutex post_mu_;
-  uint64_t version_ = 0;  // guarded by post_mu_
-  bool closed_ = true;    // guarded by post_mu_: the publication ended (or none began)
+  uint64_t version_ = 0;         // guarded by post_mu_
+  bool closed_ = true;           // guarded by post_mu_: the publication ended (or none began)
   bool lifecycle_calls_ = true;  // guarded by post_mu_: BeginPublication's
   std::vector<std::unique_ptr<Worker>> workers_;
 };

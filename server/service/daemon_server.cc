@@ -320,9 +320,9 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Create(
   {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
-    server->publisher_->set_publisher_name(
-        server->port_ != 0 ? absl::StrCat(host, ":", server->port_)
-                           : absl::StrCat(host, ":", options.listen));
+    server->publisher_->set_publisher_name(server->port_ != 0
+                                               ? absl::StrCat(host, ":", server->port_)
+                                               : absl::StrCat(host, ":", options.listen));
   }
   server->SetServing(true);
   return server;

@@ -91,9 +91,9 @@ struct Link {
           decision = ToAbslStatus(finish);
           if (decision->ok()) decision = absl::UnavailableError("the leader ended the stream");
         } else {
-          decision = absl::UnavailableError(
-              absl::StrCat("the connection to the group's leader ", leader,
-                           " was lost before it decided (", finish.error_message(), ")"));
+          decision = absl::UnavailableError(absl::StrCat("the connection to the group's leader ",
+                                                         leader, " was lost before it decided (",
+                                                         finish.error_message(), ")"));
         }
         if (accepted) aborted = decision;
       }

@@ -45,8 +45,7 @@ grpc::Status GroupService::Join(
   hello.membership.group = j.group();
   hello.membership.members = j.members();
   hello.membership.member = j.member();
-  hello.membership.publisher =
-      j.publisher().empty() ? std::string(context->peer()) : j.publisher();
+  hello.membership.publisher = j.publisher().empty() ? std::string(context->peer()) : j.publisher();
   hello.membership.leader = "(this daemon)";
   hello.version = j.version();
   hello.model_id = j.model_id();

@@ -57,8 +57,7 @@ class GroupJoinerImpl final : public engine::GroupJoiner {
   // `coordinator` must outlive the joiner.
   GroupJoinerImpl(group::Coordinator* coordinator, GroupClientOptions options);
   absl::StatusOr<std::unique_ptr<engine::GroupVote>> Join(
-      const engine::PublicationHeader& header,
-      std::function<void(absl::Status)> on_abort) override;
+      const engine::PublicationHeader& header, std::function<void(absl::Status)> on_abort) override;
 
  private:
   static constexpr size_t kMaxLeaderChannels = 16;

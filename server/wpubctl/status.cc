@@ -41,11 +41,12 @@ absl::Status PrintStatus() {
                 g.outcome().c_str(), g.error().empty() ? "" : ": ", g.error().c_str(),
                 g.slowest_member(), g.failed_member());
     for (const wpub::v1::GroupMemberSummary& m : g.members_detail()) {
-      std::printf("  member %-3u %-28s %-12s %6llu tensors %12llu bytes out %3u buckets %8.3f s%s%s\n",
-                  m.member(), m.publisher().c_str(), m.state().c_str(),
-                  static_cast<unsigned long long>(m.tensors()),
-                  static_cast<unsigned long long>(m.bytes_out()), m.buckets(), m.seconds(),
-                  m.error().empty() ? "" : "  ", m.error().c_str());
+      std::printf(
+          "  member %-3u %-28s %-12s %6llu tensors %12llu bytes out %3u buckets %8.3f s%s%s\n",
+          m.member(), m.publisher().c_str(), m.state().c_str(),
+          static_cast<unsigned long long>(m.tensors()),
+          static_cast<unsigned long long>(m.bytes_out()), m.buckets(), m.seconds(),
+          m.error().empty() ? "" : "  ", m.error().c_str());
     }
   }
   if (s.has_engine_group()) {

@@ -147,9 +147,9 @@ TEST(EngineGroup, AFollowerStagesTransfersWithoutLifecycleCallsAndPrepares) {
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
-  EXPECT_EQ(f.script.calls, (std::vector<std::string>{"join", "stage",
-                                                      "begin lifecycle=0 member=1/2 group=g",
-                                                      "prepare", "commit"}));
+  EXPECT_EQ(f.script.calls,
+            (std::vector<std::string>{"join", "stage", "begin lifecycle=0 member=1/2 group=g",
+                                      "prepare", "commit"}));
   size_t inputs = 0;
   for (const auto& b : batches) inputs += b.tensors.size();
   EXPECT_EQ(f.script.staged.tensors.size(), inputs);

@@ -180,7 +180,8 @@ TEST(GroupRound, NoProgressTimesOutNamingTheMembersWaitedFor) {
   r.Stage(0, Parts({"a"}));
   const absl::Status s = r.AwaitTransfer(0);
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
-  EXPECT_THAT(s.message(), AllOf(HasSubstr("member 1 (node-1) joined"), HasSubstr("member 2 waiting")));
+  EXPECT_THAT(s.message(),
+              AllOf(HasSubstr("member 1 (node-1) joined"), HasSubstr("member 2 waiting")));
   EXPECT_TRUE(r.decided());
 }
 

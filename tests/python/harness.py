@@ -196,13 +196,19 @@ def qwen3_batches(seed: int, layers=(0,), experts: int = 4, hidden: int = 64, in
                     [(f"{h}.input_layernorm.weight", bf16(rng, (hidden,)))]))
         out.append((f"{m}.mlp.router.weight",
                     [(f"{h}.mlp.gate.weight", bf16(rng, (experts, hidden)))]))
-        for e in range(experts):
-            out.append((f"{m}.mlp.experts.linear_fc1.weight{e}", [
-                (f"{h}.mlp.experts.{e}.gate_proj.weight", bf16(rng, (inter, hidden))),
-                (f"{h}.mlp.experts.{e}.up_proj.weight", bf16(rng, (inter, hidden)))]))
-            out.append((f"{m}.mlp.experts.linear_fc2.weight{e}",
-                        [(f"{h}.mlp.experts.{e}.down_proj.weight", bf16(rng, (hidden, inter)))]))
+        routed_experts(out, rng, m, h, experts, hidden, inter)
     return out
+
+
+def routed_experts(out, rng, m: str, h: str, experts: int, hidden: int, inter: int) -> None:
+    """Appends one MoE layer's routed experts: per expert a Megatron fc1 (HF gate/up, one
+    batch, so they share an amax) and an fc2 (HF down)."""
+    for e in range(experts):
+        out.append((f"{m}.mlp.experts.linear_fc1.weight{e}", [
+            (f"{h}.mlp.experts.{e}.gate_proj.weight", bf16(rng, (inter, hidden))),
+            (f"{h}.mlp.experts.{e}.up_proj.weight", bf16(rng, (inter, hidden)))]))
+        out.append((f"{m}.mlp.experts.linear_fc2.weight{e}",
+                    [(f"{h}.mlp.experts.{e}.down_proj.weight", bf16(rng, (hidden, inter)))]))
 
 
 def as_wire(batches):
@@ -319,12 +325,7 @@ def glm_batches(seed: int, hidden: int = 64, inter: int = 32, experts: int = 4,
             (f"{h}.mlp.shared_experts.up_proj.weight", bf16(rng, (inter, hidden)))]))
         out.append((f"{m}.mlp.shared_experts.linear_fc2.weight",
                     [(f"{h}.mlp.shared_experts.down_proj.weight", bf16(rng, (hidden, inter)))]))
-        for e in range(experts):
-            out.append((f"{m}.mlp.experts.linear_fc1.weight{e}", [
-                (f"{h}.mlp.experts.{e}.gate_proj.weight", bf16(rng, (inter, hidden))),
-                (f"{h}.mlp.experts.{e}.up_proj.weight", bf16(rng, (inter, hidden)))]))
-            out.append((f"{m}.mlp.experts.linear_fc2.weight{e}",
-                        [(f"{h}.mlp.experts.{e}.down_proj.weight", bf16(rng, (hidden, inter)))]))
+        routed_experts(out, rng, m, h, experts, hidden, inter)
 
     attention("decoder.layers.0", "model.layers.0")
     out.append(("decoder.layers.0.mlp.linear_fc1.weight", [

@@ -9,21 +9,10 @@ import threading
 import time
 import unittest
 
-import numpy as np
-
 import wpub
 from harness import Daemon, glm_batches, read_safetensors, reference
+from test_gpu_ipc import HAVE_CUDA, to_cuda
 from test_group import GroupReceiver, split
-
-try:
-    import torch
-    HAVE_CUDA = torch.cuda.is_available()
-except ImportError:
-    torch, HAVE_CUDA = None, False
-
-
-def to_cuda(a: np.ndarray):
-    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda()
 
 
 @unittest.skipUnless(HAVE_CUDA, "needs torch with CUDA (a GPU host)")
