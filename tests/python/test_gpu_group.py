@@ -29,7 +29,7 @@ class GpuGroupTest(unittest.TestCase):
         try:
             for p in pubs:
                 p.wait_ready()
-                self.assertEqual(p.status().backend, "cuda")
+                self.assertEqual(p.status().backend, "gpu")
                 deadline = time.monotonic() + 20
                 while len(p.status().receivers) < 1:
                     self.assertLess(time.monotonic(), deadline)
