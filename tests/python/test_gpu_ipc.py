@@ -58,6 +58,24 @@ class CudaIpcTest(DaemonTestCase):
         wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in batches]
         self.publish_or_unimplemented(batches, wire)
 
+    def test_cuda_tensors_from_a_thread_without_a_context(self):
+        # A publishing thread the trainer started has no CUDA context current until a runtime
+        # call binds one; the export must bind the tensor's device's primary context itself.
+        import threading
+        batches = qwen3_batches(seed=23)
+        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in batches]
+        result = {}
+
+        def run():
+            try:
+                result["report"] = self.publish_or_unimplemented(batches, wire)
+            except BaseException as e:  # noqa: B902 -- reported below
+                result["error"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        t.join(120)
+        self.assertNotIn("error", result, result.get("error"))
+
     def test_tensor_views_at_offsets(self):
         # Every tensor of a batch is a view into ONE allocation, at a non-zero offset: the IPC
         # handle is the allocation's and the offset locates the tensor.

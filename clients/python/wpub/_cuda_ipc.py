@@ -31,6 +31,16 @@ class _Driver:
         self._handle = lib.cuIpcGetMemHandle
         self._handle.argtypes = [ctypes.c_char_p, ctypes.c_uint64]
         self._handle.restype = ctypes.c_int
+        self._get_ctx = lib.cuCtxGetCurrent
+        self._get_ctx.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._get_ctx.restype = ctypes.c_int
+        self._set_ctx = lib.cuCtxSetCurrent
+        self._set_ctx.argtypes = [ctypes.c_void_p]
+        self._set_ctx.restype = ctypes.c_int
+        self._retain = lib.cuDevicePrimaryCtxRetain
+        self._retain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        self._retain.restype = ctypes.c_int
+        self._primary = {}  # device -> its primary context (retained once, for the process)
         self._name = lib.cuGetErrorName
         self._name.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         self._name.restype = ctypes.c_int
@@ -41,9 +51,30 @@ class _Driver:
             return s.value.decode()
         return f"CUresult {code}"
 
-    def export(self, ptr: int) -> Tuple[bytes, int]:
-        """(64-byte IPC handle of the allocation containing `ptr`, offset of `ptr` in it). The
-        device's context must be current on the calling thread."""
+    def ensure_context(self, device: int) -> None:
+        """Makes `device`'s primary context current on this thread when none is: a thread the
+        trainer started (a publishing thread) has none until a runtime call binds one, and the
+        driver calls below need one. torch's tensors live in the primary context."""
+        cur = ctypes.c_void_p()
+        if self._get_ctx(ctypes.byref(cur)) == 0 and cur.value:
+            return
+        ctx = self._primary.get(device)
+        if ctx is None:
+            ctx = ctypes.c_void_p()
+            rc = self._retain(ctypes.byref(ctx), device)
+            if rc != 0:
+                raise CudaIpcError(f"cuDevicePrimaryCtxRetain({device}): {self._error(rc)}")
+            self._primary[device] = ctx
+        rc = self._set_ctx(ctx)
+        if rc != 0:
+            raise CudaIpcError(f"cuCtxSetCurrent: {self._error(rc)}")
+
+    def export(self, ptr: int, device: Optional[int] = None) -> Tuple[bytes, int]:
+        """(64-byte IPC handle of the allocation containing `ptr`, offset of `ptr` in it). With
+        `device`, its primary context is made current first when the thread has none;
+        otherwise the device's context must be current on the calling thread."""
+        if device is not None:
+            self.ensure_context(device)
         base, size = ctypes.c_uint64(), ctypes.c_size_t()
         rc = self._range(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
         if rc != 0:
@@ -61,9 +92,9 @@ class _Driver:
 _DRIVER: Optional[_Driver] = None
 
 
-def export(ptr: int) -> Tuple[bytes, int]:
+def export(ptr: int, device: Optional[int] = None) -> Tuple[bytes, int]:
     """Module-level entry: loads the driver on first use."""
     global _DRIVER
     if _DRIVER is None:
         _DRIVER = _Driver()
-    return _DRIVER.export(ptr)
+    return _DRIVER.export(ptr, device)

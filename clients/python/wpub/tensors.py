@@ -192,8 +192,11 @@ def _cuda_part(name: str, t) -> CudaPart:
     torch = _torch()
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     try:
-        with torch.cuda.device(index):  # makes the device's context current for the driver
-            handle, offset = _cuda_ipc.export(t.data_ptr())
+        # A thread other than the one that made the tensor may have no context current (torch's
+        # device guard does not bind one when the device is already "current"): the export
+        # binds the device's primary context then.
+        with torch.cuda.device(index):
+            handle, offset = _cuda_ipc.export(t.data_ptr(), index)
     except _cuda_ipc.CudaIpcError as e:
         raise TensorError(f"tensor {name} cannot be shared by CUDA IPC: {e}") from None
     return CudaPart(tuple(int(d) for d in t.shape), t.numel() * t.element_size(), handle, offset,
