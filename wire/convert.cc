@@ -286,8 +286,21 @@ void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
 
 absl::StatusOr<engine::EngineConnectRequest> FromProto(const pb::ConnectEnginesRequest& request) {
   engine::EngineConnectRequest r;
-  for (const pb::EngineEndpoint& e : request.engines()) {
-    r.engines.push_back({e.url(), e.gpus() == 0 ? 1 : e.gpus()});
+  for (int i = 0; i < request.engines_size(); ++i) {
+    const pb::EngineEndpoint& e = request.engines(i);
+    absl::StatusOr<std::pair<std::string, std::string>> split = engine::SplitEngineFamily(e.url());
+    if (!split.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("engines[", i, "]: ", split.status().message()));
+    }
+    std::string family = e.kind();
+    if (!split->first.empty()) {
+      if (!family.empty() && family != split->first) {
+        return absl::InvalidArgumentError(absl::StrCat("engines[", i, "]: kind '", family,
+                                                       "' but the URL says '", split->first, "'"));
+      }
+      family = split->first;
+    }
+    r.engines.push_back({split->second, e.gpus() == 0 ? 1 : e.gpus(), family});
   }
   r.group_name = request.group_name();
   const double t = request.timeout_seconds();

@@ -63,6 +63,10 @@ absl::Status ValidateEngineConnectRequest(const EngineConnectRequest& request) {
     if (!seen.insert(e.url).second) {
       return absl::InvalidArgumentError(absl::StrCat(entry, ": the URL is given twice"));
     }
+    if (!e.family.empty() && e.family != "sglang" && e.family != "vllm") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(entry, ": unknown engine kind '", e.family, "' (sglang or vllm)"));
+    }
   }
   if (request.group_name.size() > 100) {
     return absl::InvalidArgumentError("group_name: longer than 100 characters");

@@ -74,6 +74,7 @@ struct EngineOptions {
 struct EngineEndpoint {
   std::string url;  // "http://host:port" or "https://host:port"
   int gpus = 1;
+  std::string family;  // "sglang" | "vllm"; empty: sglang
 };
 
 struct EngineConnectRequest {

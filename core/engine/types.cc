@@ -1,6 +1,8 @@
 // Label strings of the engine's enums and the phase lookup.
 #include "core/engine/types.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace wpub::engine {
 
 const char* ReceiverStateName(ReceiverState state) {
@@ -72,6 +74,20 @@ double PhaseValue(const PhaseSeconds& s, std::string_view phase) {
   if (phase == "commit") return s.commit;
   if (phase == "group") return s.group;
   return 0;
+}
+
+absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::string_view url) {
+  const size_t plus = url.find('+');
+  const size_t scheme = url.find("://");
+  if (plus == std::string_view::npos || scheme == std::string_view::npos || plus > scheme) {
+    return std::pair<std::string, std::string>{"", std::string(url)};
+  }
+  const std::string family(url.substr(0, plus));
+  if (family != "vllm" && family != "sglang") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine '", std::string(url), "': unknown engine kind '", family, "+' (vllm+http://, sglang+http://)"));
+  }
+  return std::pair<std::string, std::string>{family, std::string(url.substr(plus + 1))};
 }
 
 }  // namespace wpub::engine

@@ -10,10 +10,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/common/tensor.h"
 
@@ -351,6 +353,11 @@ struct PublicationReport {
   // A group version: the group and, on the leader, every member's part.
   std::optional<struct GroupSummary> group;
 };
+
+// The engine family an engine URL names by its scheme: "vllm+http://h:p" -> ("vllm",
+// "http://h:p"), "sglang+https://..." -> ("sglang", "https://..."), a plain URL -> ("", url) (the
+// caller's default). INVALID_ARGUMENT naming the URL for another "<x>+" prefix.
+absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::string_view url);
 
 // The active publication, as GetStatus shows it.
 enum class PublicationState : uint8_t { kOpen, kStaged, kCommitted, kAborted };

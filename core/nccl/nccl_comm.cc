@@ -108,14 +108,28 @@ absl::Status NcclComm::WaitReady(absl::Time deadline, const std::function<bool()
   }
 }
 
+absl::Status NcclComm::AllReduceSumFloat(float* buffer, uint64_t count, cudaStream_t stream) {
+  return Enqueue("ncclAllReduce", [&](void* comm) {
+    return static_cast<int>(ncclAllReduce(buffer, buffer, count, ncclFloat32, ncclSum,
+                                          static_cast<ncclComm_t>(comm), stream));
+  });
+}
+
 absl::Status NcclComm::Broadcast(void* buffer, uint64_t bytes, int root, cudaStream_t stream) {
+  return Enqueue("ncclBroadcast", [&](void* comm) {
+    return static_cast<int>(ncclBroadcast(buffer, buffer, bytes, ncclUint8, root,
+                                          static_cast<ncclComm_t>(comm), stream));
+  });
+}
+
+absl::Status NcclComm::Enqueue(const char* what, const std::function<int(void*)>& call) {
   if (!ready_.load()) return absl::FailedPreconditionError("NCCL communicator is not ready");
   auto comm = static_cast<ncclComm_t>(comm_);
   ncclResult_t r;
   {
     std::lock_guard lock(abort_mu_);
     if (aborted_.load()) return absl::AbortedError("NCCL communicator was aborted");
-    r = ncclBroadcast(buffer, buffer, bytes, ncclUint8, root, comm, stream);
+    r = static_cast<ncclResult_t>(call(comm));
   }
   // Nonblocking communicators may return ncclInProgress while the enqueue completes.
   while (r == ncclInProgress) {
@@ -128,7 +142,7 @@ absl::Status NcclComm::Broadcast(void* buffer, uint64_t bytes, int root, cudaStr
   if (r != ncclSuccess) {
     std::lock_guard lock(abort_mu_);
     if (aborted_.load()) return absl::AbortedError("NCCL communicator was aborted");
-    return NcclError(r, "ncclBroadcast", comm);
+    return NcclError(r, what, comm);
   }
   return absl::OkStatus();
 }

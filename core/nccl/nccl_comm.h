@@ -70,6 +70,10 @@ class NcclComm {
   // Enqueues an in-place broadcast of `bytes` from `root` on `stream` (uint8 elements, as
   // torch's flattened bucket). Requires ready(). Never waits for the device.
   absl::Status Broadcast(void* buffer, uint64_t bytes, int root, cudaStream_t stream);
+  // Enqueues an in-place sum all-reduce of `count` float32 elements on `stream` (the one-element
+  // warm-up vLLM's communicators run right after init, which every rank must match). Requires
+  // ready(). Never waits for the device.
+  absl::Status AllReduceSumFloat(float* buffer, uint64_t count, cudaStream_t stream);
 
   // OK while healthy (also while an operation is in progress), INTERNAL with NCCL's error
   // string once the communicator failed, ABORTED once aborted.
@@ -83,6 +87,9 @@ class NcclComm {
 
  private:
   NcclComm(NcclCommOptions options, void* comm);
+  // Runs `call(comm)` (an NCCL enqueue returning its ncclResult_t) under the abort lock and
+  // completes a nonblocking communicator's ncclInProgress.
+  absl::Status Enqueue(const char* what, const std::function<int(void*)>& call);
   const NcclCommOptions options_;
   void* comm_;  // ncclComm_t
   std::mutex abort_mu_;

@@ -58,14 +58,23 @@ void NcclTransport::Begin(PublicationWatch watch) {
 
 void NcclTransport::End() { StopWatchdog(); }
 
-absl::Status NcclTransport::Send(const engine::Bucket& bucket) {
+absl::Status NcclTransport::Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) {
   WPUB_RETURN_IF_ERROR(failure());
-  if (bucket.location == engine::BucketLocation::kHost) return SendHost(bucket);
+  uint64_t sum = 0;
+  for (uint64_t c : chunks) sum += c;
+  if (!chunks.empty() && sum != bucket.manifest.nbytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket.manifest.index, ": chunks of ",
+                                                   sum, " bytes for a bucket of ",
+                                                   bucket.manifest.nbytes));
+  }
+  if (bucket.location == engine::BucketLocation::kHost) return SendHost(bucket, chunks);
   const engine::DeviceBytes& d = bucket.device;
-  return Broadcast(d.data, bucket.manifest.nbytes, d.ready, d.done, bucket.manifest.index);
+  return Broadcast(d.data, bucket.manifest.nbytes, d.ready, d.done, bucket.manifest.index,
+                   chunks);
 }
 
-absl::Status NcclTransport::SendHost(const engine::Bucket& bucket) {
+absl::Status NcclTransport::SendHost(const engine::Bucket& bucket,
+                                     absl::Span<const uint64_t> chunks) {
   const uint64_t n = bucket.bytes.size();
   // The previous host bucket's broadcast must be done before its buffer is overwritten.
   gpu::HostSyncs uncounted(nullptr);
@@ -78,11 +87,12 @@ absl::Status NcclTransport::SendHost(const engine::Bucket& bucket) {
                                             cudaMemcpyHostToDevice, comm_stream_.get()));
   WPUB_CUDA_RETURN_IF_ERROR(host_done_.Record(comm_stream_.get()));
   return Broadcast(host_staging_.data(), n, host_done_.get(), host_done_.get(),
-                   bucket.manifest.index);
+                   bucket.manifest.index, chunks);
 }
 
 absl::Status NcclTransport::Broadcast(const void* data, uint64_t nbytes, cudaEvent_t ready,
-                                      cudaEvent_t done, uint32_t index) {
+                                      cudaEvent_t done, uint32_t index,
+                                      absl::Span<const uint64_t> chunks) {
   NcclComm* comm = nullptr;
   {
     std::lock_guard lock(mu_);
@@ -108,14 +118,63 @@ absl::Status NcclTransport::Broadcast(const void* data, uint64_t nbytes, cudaEve
   }
   const size_t timed = bcast_count_;  // counted once both of its events are recorded
   WPUB_CUDA_RETURN_IF_ERROR(bcast_events_[2 * timed].Record(s));
-  if (absl::Status b = comm->Broadcast(const_cast<void*>(data), nbytes, 0, s); !b.ok()) {
-    Fail(absl::AbortedError(absl::StrCat("bucket ", index, ": ", b.message())));
-    return failure();
+  const uint64_t whole[1] = {nbytes};
+  if (chunks.empty()) chunks = absl::MakeConstSpan(whole);
+  uint64_t offset = 0;
+  for (uint64_t chunk : chunks) {
+    auto* at = static_cast<uint8_t*>(const_cast<void*>(data)) + offset;
+    if (absl::Status b = comm->Broadcast(at, chunk, 0, s); !b.ok()) {
+      Fail(absl::AbortedError(absl::StrCat("bucket ", index, ": ", b.message())));
+      return failure();
+    }
+    offset += chunk;
   }
   WPUB_CUDA_RETURN_IF_ERROR(bcast_events_[2 * timed + 1].Record(s));
   ++bcast_count_;
   WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, s));
   return absl::OkStatus();
+}
+
+absl::Status NcclTransport::WarmUp(absl::Time deadline) {
+  NcclComm* comm = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    comm = comm_.get();
+  }
+  if (comm == nullptr) return absl::FailedPreconditionError("NCCL transport: no communicator");
+  const auto fail = [&](absl::Status why) {
+    comm->Abort();
+    return why;
+  };
+  if (absl::Status s = comm->WaitReady(deadline, [] { return false; }); !s.ok()) {
+    return fail(absl::Status(s.code(), absl::StrCat("NCCL group did not become ready for the "
+                                                    "warm-up all-reduce: ",
+                                                    s.message())));
+  }
+  if (warmup_.size() < sizeof(float)) {
+    WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::DeviceBuffer::Create(sizeof(float), &warmup_));
+  }
+  const cudaStream_t s = comm_stream_.get();
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(warmup_.data(), 0, sizeof(float), s));
+  if (absl::Status a = comm->AllReduceSumFloat(static_cast<float*>(warmup_.data()), 1, s);
+      !a.ok()) {
+    return fail(absl::AbortedError(absl::StrCat("warm-up all-reduce: ", a.message())));
+  }
+  for (;;) {
+    const cudaError_t q = cudaStreamQuery(s);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) {
+      return fail(absl::InternalError(absl::StrCat("warm-up all-reduce: ", cudaGetErrorString(q))));
+    }
+    if (absl::Status e = comm->AsyncError(); !e.ok()) {
+      return fail(absl::AbortedError(absl::StrCat("warm-up all-reduce: ", e.message())));
+    }
+    if (absl::Now() >= deadline) {
+      return fail(absl::DeadlineExceededError(
+          "the warm-up all-reduce did not complete: a peer did not take part"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 absl::Status NcclTransport::WaitSent(absl::Time deadline) {

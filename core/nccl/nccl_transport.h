@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/engine/bucket.h"
 #include "core/nccl/nccl_comm.h"
 #include "kernels/cuda/cuda_raii.h"
@@ -70,7 +71,15 @@ class NcclTransport {
   // One bucket from rank 0 (see the file comment); waits for the communicator to be ready
   // before the first one, bounded by the deadline. ABORTED with the failure on any error (the
   // communicator is then aborted).
-  absl::Status Send(const engine::Bucket& bucket);
+  // `chunks`: the byte sizes of the broadcasts the bucket is sent as, in order, summing to its
+  // size (vLLM's packed chunks); empty: one broadcast of the whole bucket. INVALID_ARGUMENT
+  // when they do not add up.
+  absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks = {});
+  // vLLM's communicators run a one-element float32 sum all-reduce right after init, and every
+  // rank must match it before the first broadcast: waits (bounded by `deadline`) for the
+  // communicator to become ready, runs that all-reduce and waits for it on the device (polled).
+  // ABORTED / DEADLINE_EXCEEDED on failure (the communicator is then aborted).
+  absl::Status WarmUp(absl::Time deadline);
   // Blocks until rank 0's side of every broadcast of the publication completed (polled: no
   // blocking device wait), the publication failed, or min(deadline, its deadline) passed.
   absl::Status WaitSent(absl::Time deadline);
@@ -97,13 +106,14 @@ class NcclTransport {
   void StartWatchdog();
   void StopWatchdog();
   absl::Status Broadcast(const void* data, uint64_t nbytes, cudaEvent_t ready, cudaEvent_t done,
-                         uint32_t index);
-  absl::Status SendHost(const engine::Bucket& bucket);
+                         uint32_t index, absl::Span<const uint64_t> chunks);
+  absl::Status SendHost(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks);
 
   const NcclTransportOptions options_;
   kernels::cuda::Stream comm_stream_;
   kernels::cuda::Event host_done_;            // the host staging buffer's last broadcast
   kernels::cuda::DeviceBuffer host_staging_;  // device copy of host buckets
+  kernels::cuda::DeviceBuffer warmup_;        // WarmUp's one float
   // 2 per broadcast (start, end), grown on demand: last_broadcast_timing, and the last end event
   // is what WaitSent polls.
   std::vector<kernels::cuda::Event> bcast_events_;

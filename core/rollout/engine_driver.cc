@@ -23,6 +23,10 @@ absl::StatusOr<std::vector<EngineSpec>> ParseEngineSpecs(absl::string_view text)
     if (e.url.empty()) {
       return absl::InvalidArgumentError(absl::StrCat("engine '", entry, "' has no URL"));
     }
+    absl::StatusOr<std::pair<std::string, std::string>> split = SplitEngineFamily(e.url);
+    if (!split.ok()) return split.status();
+    if (!split->first.empty()) e.family = split->first;
+    e.url = split->second;
     out.push_back(std::move(e));
   }
   if (out.empty()) return absl::InvalidArgumentError("no engines given");

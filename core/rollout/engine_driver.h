@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/engine/types.h"
 
 namespace wpub::rollout {
@@ -23,10 +26,15 @@ namespace wpub::rollout {
 struct EngineSpec {
   std::string url;  // "http://host:port"
   int gpus = 1;     // TP ranks that join the group
+  std::string family = "sglang";  // the engine's protocol: "sglang" | "vllm" (EngineFamily::name)
 };
 
-// "http://host:30000=2,http://other:30000" (wpubd --engines, wpubctl connect-engines) ->
-// engines (GPU count after the last '=', default 1; spaces around entries dropped).
+// SplitEngineFamily ("vllm+http://..."): core/engine/types.h.
+using engine::SplitEngineFamily;
+
+// "http://host:30000=2,vllm+http://other:8000" (wpubd --engines, wpubctl connect-engines) ->
+// engines (GPU count after the last '=', default 1; the family from the URL's "vllm+" or
+// "sglang+" prefix, default sglang; spaces around entries dropped).
 // INVALID_ARGUMENT naming the entry for an empty URL or a GPU count that is not a positive
 // integer, or for no entry at all. URLs are not checked further here (ConnectEngines validates
 // them).
@@ -87,6 +95,11 @@ class EngineDriver {
   // Queues the update request of one bucket (non-blocking; the engine posts its receive in the
   // request's handler, so the caller issues it before the bucket's broadcast).
   virtual void PostBucket(const engine::BucketManifest& bucket) = 0;
+  // The broadcasts one bucket is sent as, by byte size in order (the engines receive it in
+  // these pieces): the whole bucket for SGLang's flattened bucket, vLLM's packed chunks.
+  virtual std::vector<uint64_t> BroadcastChunks(const engine::BucketManifest& bucket) const {
+    return {bucket.nbytes};
+  }
   // Queues the calls that apply the version and resume generation.
   virtual void EndPublication() = 0;
   // After an aborted publication: drops what was not sent, resumes every engine that holds
@@ -113,6 +126,18 @@ class EngineFamily {
                                                absl::Duration timeout) const = 0;
   virtual absl::StatusOr<std::unique_ptr<EngineDriver>> CreateDriver(
       const GroupAddress& address) const = 0;
+  // The TCPStore entries from which the family's engines read the NCCL unique id (`id`, 128
+  // bytes); nullopt: the rollout group's unique-id key templates (torch.distributed's
+  // rendezvous, SGLang).
+  using StoreEntry = std::pair<std::string, std::string>;  // key, value
+  virtual std::optional<std::vector<StoreEntry>> UniqueIdEntries(
+      absl::Span<const uint8_t> /*id*/) const {
+    return std::nullopt;
+  }
+  // The engines' ranks run a one-element float32 sum all-reduce right after their communicator
+  // is initialized (vLLM's PyNcclCommunicator): the publisher must match it before they answer
+  // their join.
+  virtual bool warmup_all_reduce() const { return false; }
   // Bound of one request (an update request lasts as long as its bucket's broadcast), and of a
   // health probe.
   virtual absl::Duration request_timeout() const = 0;

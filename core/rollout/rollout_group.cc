@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
   if (!options.engines.empty()) {
     // The initial set obeys the same rules as a ConnectEngines request.
     engine::EngineConnectRequest r;
-    for (const EngineSpec& e : options.engines) r.engines.push_back({e.url, e.gpus});
+    for (const EngineSpec& e : options.engines) r.engines.push_back({e.url, e.gpus, e.family});
     r.group_name = options.group_name;
     WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(r));
   }
@@ -41,6 +41,9 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
   std::shared_ptr<const EngineFamily> family = options.family;
   if (!family) family = std::make_shared<SglangFamily>(options.sglang);
   std::unique_ptr<RolloutGroup> g(new RolloutGroup(options, std::move(family)));
+  g->vllm_family_ = options.vllm_family;
+  if (!g->vllm_family_) g->vllm_family_ = std::make_shared<VllmFamily>(options.vllm);
+  if (!options.engines.empty()) WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(options.engines));
   WPUB_ASSIGN_OR_RETURN(g->store_, rendezvous::TcpStoreServer::Create(options.store));
   nccl::NcclTransportOptions no;
   no.device = options.device;
@@ -55,7 +58,8 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
 
 RolloutGroup::RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const EngineFamily> family)
     : options_(std::move(options)),
-      family_(std::move(family)),
+      family_(family),
+      sglang_family_(std::move(family)),
       engines_(options_.engines),
       base_group_(options_.group_name) {}
 
@@ -150,11 +154,29 @@ void RolloutGroup::RecordWeightVersions(const std::vector<EngineSpec>& engines,
   }
 }
 
+absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
+    const std::vector<EngineSpec>& engines) const {
+  if (engines.empty()) return family_;
+  for (const EngineSpec& e : engines) {
+    if (e.family != engines[0].family) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "engines ", engines[0].url, " (", engines[0].family, ") and ", e.url, " (", e.family,
+          ") speak different protocols: one weight-update group has one engine family; connect "
+          "SGLang and vLLM engines from separate daemons"));
+    }
+  }
+  if (engines[0].family == "vllm") return vllm_family_;
+  if (engines[0].family == "sglang" || engines[0].family.empty()) return sglang_family_;
+  return absl::InvalidArgumentError(
+      absl::StrCat("engine ", engines[0].url, ": unknown engine family '", engines[0].family, "'"));
+}
+
 absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::string& base_group,
                                 absl::Duration timeout, bool strict) {
   nccl_->End();
   TearDownGroup();
   PublishInfo();
+  WPUB_ASSIGN_OR_RETURN(family_, FamilyOf(want));
   WPUB_ASSIGN_OR_RETURN(const std::vector<EngineSpec> alive, Alive(want, timeout, strict));
   const int generation = ++generation_;
   GroupAddress address;
@@ -165,9 +187,16 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   // Everything that may fail before an engine is asked to join comes first, so a failure here
   // leaves no group behind.
   WPUB_ASSIGN_OR_RETURN(nccl::UniqueId id, nccl::NewUniqueId());
-  for (const std::string& tmpl : options_.unique_id_key_templates) {
-    WPUB_ASSIGN_OR_RETURN(std::string key, rendezvous::UniqueIdKey(tmpl, address.group_name, 0));
-    store_->Set(key, std::vector<uint8_t>(id.begin(), id.end()));
+  if (std::optional<std::vector<EngineFamily::StoreEntry>> entries =
+          family_->UniqueIdEntries(absl::MakeConstSpan(id))) {
+    for (const auto& [key, value] : *entries) {
+      store_->Set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    }
+  } else {
+    for (const std::string& tmpl : options_.unique_id_key_templates) {
+      WPUB_ASSIGN_OR_RETURN(std::string key, rendezvous::UniqueIdKey(tmpl, address.group_name, 0));
+      store_->Set(key, std::vector<uint8_t>(id.begin(), id.end()));
+    }
   }
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<EngineDriver> driver, family_->CreateDriver(address));
   nccl::NcclCommOptions co;
@@ -180,7 +209,14 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   driver_ = std::move(driver);
   nccl_->Attach(std::move(comm));
   driver_->StartJoin();
-  if (absl::Status s = driver_->WaitIdle(absl::Now() + timeout); !s.ok()) {
+  const absl::Time join_deadline = absl::Now() + timeout;
+  absl::Status warm = absl::OkStatus();
+  if (family_->warmup_all_reduce()) {
+    // The engines answer their join only after the all-reduce every rank runs after init.
+    warm = nccl_->WarmUp(join_deadline);
+    if (!warm.ok() && driver_->any_failed()) warm = driver_->WaitIdle(absl::Now());
+  }
+  if (absl::Status s = warm.ok() ? driver_->WaitIdle(join_deadline) : warm; !s.ok()) {
     TearDownGroup();  // also the engines that did join: never half-connected
     const std::string why =
         absl::StrCat("weight-update group ", address.group_name, " did not form: ", s.message());
@@ -202,7 +238,9 @@ absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
         "publication ", version_, " is in flight on the rollout group; connect after it ends"));
   }
   std::vector<EngineSpec> want;
-  for (const engine::EngineEndpoint& e : request.engines) want.push_back({e.url, e.gpus});
+  for (const engine::EngineEndpoint& e : request.engines) {
+    want.push_back({e.url, e.gpus, e.family.empty() ? std::string("sglang") : e.family});
+  }
   const std::string base = request.group_name.empty() ? base_group_ : request.group_name;
   const absl::Duration timeout =
       request.timeout > absl::ZeroDuration() ? request.timeout : options_.join_timeout;
@@ -308,7 +346,8 @@ absl::Status RolloutGroup::Send(std::shared_ptr<const engine::Bucket> bucket) {
   if (!driver_) return absl::OkStatus();  // no engines: no participants
   // The engine posts its receive inside this request's handler: issue it first.
   driver_->PostBucket(bucket->manifest);
-  return nccl_->Send(*bucket);
+  const std::vector<uint64_t> chunks = driver_->BroadcastChunks(bucket->manifest);
+  return nccl_->Send(*bucket, chunks);
 }
 
 absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {

@@ -53,6 +53,7 @@
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/engine_driver.h"
 #include "core/rollout/sglang_driver.h"
+#include "core/rollout/vllm_driver.h"
 
 namespace wpub::rollout {
 
@@ -65,9 +66,13 @@ struct RolloutGroupOptions {
   // The initial engines (may be empty) and the base group name ("<base>_<generation>").
   std::vector<EngineSpec> engines;
   std::string group_name = "wpub_weights";
-  // The engines' protocol. Null: SGLang with the settings below.
+  // The engines' protocols, chosen per engine set by EngineSpec::family (one family per group:
+  // a ConnectEngines mixing them is INVALID_ARGUMENT). `family` null: SGLang with the settings
+  // below; `vllm_family` null: vLLM with `vllm`'s.
   std::shared_ptr<const EngineFamily> family;
   SglangFamilyOptions sglang;
+  std::shared_ptr<const EngineFamily> vllm_family;
+  VllmFamilyOptions vllm;
   // Keys the ncclUniqueId is stored under (each template as rendezvous::UniqueIdKey takes it):
   // torch 2.11's layout first, then the one of torch versions without the device-type layer.
   std::vector<std::string> unique_id_key_templates = {
@@ -140,7 +145,13 @@ class RolloutGroup final : public engine::Transport, public engine::EngineConnec
   absl::Status EngineFailure() const;
 
   const RolloutGroupOptions options_;
-  const std::shared_ptr<const EngineFamily> family_;
+  // The family of the current engine set (written under connect_mu_, by Form).
+  std::shared_ptr<const EngineFamily> family_;
+  std::shared_ptr<const EngineFamily> sglang_family_, vllm_family_;
+  // The family every engine of `engines` names; INVALID_ARGUMENT naming two engines of
+  // different families.
+  absl::StatusOr<std::shared_ptr<const EngineFamily>> FamilyOf(
+      const std::vector<EngineSpec>& engines) const;
   // Serializes Connect and Begin; guards engines_ and base_group_.
   std::mutex connect_mu_;
   std::vector<EngineSpec> engines_;  // the engine set; empty: none connected

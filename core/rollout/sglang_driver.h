@@ -38,6 +38,8 @@
 
 namespace wpub::rollout {
 
+class EngineRequestQueue;  // engine_http.h
+
 // Engine-specific strings (SGLang versions differ): an empty path skips that call.
 struct SglangEndpoints {
   std::string init_group = "/init_weights_update_group";
@@ -117,7 +119,6 @@ class SglangDriver final : public EngineDriver {
   bool any_failed() const override;
 
  private:
-  class Worker;
   SglangDriver(SglangDriverOptions options, GroupLayout layout);
   void PostAll(const std::string& method, const std::string& path, const std::string& body_json);
 
@@ -128,7 +129,7 @@ class SglangDriver final : public EngineDriver {
   uint64_t version_ = 0;         // guarded by post_mu_
   bool closed_ = true;           // guarded by post_mu_: the publication ended (or none began)
   bool lifecycle_calls_ = true;  // guarded by post_mu_: BeginPublication's
-  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::unique_ptr<EngineRequestQueue>> workers_;
 };
 
 // GETs `path` on every engine concurrently; true where the engine answered 2xx within

@@ -1,0 +1,228 @@
+// The HTTP side every engine family shares (engine_driver.h): one ordered request queue per
+// engine over cpp-httplib, served by `lanes` keep-alive connections, with the engine's outcome
+// (the first failure, requests answered, update requests sent), and concurrent GETs for health
+// probes and version reads. What an answer means is the family's (AnswerCheck): SGLang says
+// {"success": false}, vLLM answers a non-2xx status.
+#pragma once
+
+#include <httplib.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/common/json_bounds.h"
+#include "core/rollout/engine_driver.h"
+
+
+namespace wpub::rollout {
+
+// One request to one engine.
+struct EngineRequest {
+  std::string method;  // "GET" | "POST"
+  std::string path;
+  // Encoded once and shared by every engine's request (a bucket's body lists thousands of
+  // tensors).
+  std::shared_ptr<const std::string> body;
+  // An update request that may overlap with other update requests of this engine (when the
+  // driver allows more than one in flight). Every other request waits for the lanes to drain
+  // and holds back what follows it.
+  bool overlappable = false;
+  // A bucket's update request: once it is sent the engine may have loaded some of the bucket.
+  bool update = false;
+  // Sent even to an engine that failed this publication (resuming one after an abort).
+  bool always = false;
+  // When set: an answer 4xx whose body contains `fallback_when` is not final; the request is
+  // sent again with this body (an older release's form), and the queue remembers it did so
+  // (EngineRequestQueue::fell_back).
+  std::shared_ptr<const std::string> fallback_body;
+  std::string fallback_when;
+  // Said instead of the body of an HTTP 404 answer (what the missing route means).
+  std::string on_404;
+};
+
+// The verdict on a 2xx answer (within the JSON bounds): "" when it succeeded, otherwise a
+// sentence beginning with `what` ("engine URL POST /path"). Null: every 2xx answer succeeds.
+using AnswerCheck = std::function<std::string(const std::string& what, const std::string& body)>;
+
+// One engine's ordered request queue, served by `lanes` connections (each its own thread), and
+// its outcome. With one lane, requests go strictly one after another. With more, consecutive
+// overlappable requests are taken from the queue in order and may be in flight together; a
+// non-overlappable request starts only once every lane is idle, and nothing behind it starts
+// before it is answered.
+class EngineRequestQueue {
+ public:
+  EngineRequestQueue(std::string url, absl::Duration connect_timeout,
+                     absl::Duration request_timeout, int lanes, AnswerCheck check)
+      : url_(std::move(url)), check_(std::move(check)) {
+    outcome_.url = url_;
+    const auto us = [](absl::Duration d) { return absl::ToInt64Microseconds(d); };
+    for (int i = 0; i < std::max(1, lanes); ++i) {
+      auto c = std::make_unique<httplib::Client>(url_);
+      c->set_connection_timeout(us(connect_timeout) / 1000000, us(connect_timeout) % 1000000);
+      c->set_read_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
+      c->set_write_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
+      c->set_keep_alive(true);
+      c->set_tcp_nodelay(true);  // small JSON requests: no Nagle delay per bucket
+      clients_.push_back(std::move(c));
+    }
+    for (size_t i = 0; i < clients_.size(); ++i) {
+      threads_.emplace_back([this, i] { Run(*clients_[i]); });
+    }
+  }
+  // Drops queued requests and aborts those in flight, so tearing a driver down never waits
+  // out a hung engine's request timeout.
+  ~EngineRequestQueue() {
+    std::unique_lock lock(mu_);
+    stop_ = true;
+    queue_.clear();
+    cv_.notify_all();
+    // Retried: a lane may be between taking a request and opening its socket, where stop()
+    // has nothing to shut down yet.
+    while (in_flight_ > 0) {
+      lock.unlock();
+      for (auto& c : clients_) c->stop();
+      lock.lock();
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+    lock.unlock();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void Reset() {
+    std::lock_guard lock(mu_);
+    outcome_ = EngineOutcome();
+    outcome_.url = url_;
+  }
+  // Forgets requests not yet sent (those of an aborted publication must never reach the engine
+  // after it: each would post a receive that no broadcast matches).
+  void DropQueued() {
+    std::lock_guard lock(mu_);
+    queue_.clear();
+    cv_.notify_all();
+  }
+  void Post(EngineRequest r) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(r));
+    }
+    cv_.notify_all();
+  }
+  // True when every posted request was answered (or skipped) before the deadline.
+  bool WaitIdle(absl::Time deadline) {
+    std::unique_lock lock(mu_);
+    while (!queue_.empty() || in_flight_ > 0) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
+          (!queue_.empty() || in_flight_ > 0)) {
+        return false;
+      }
+    }
+    return true;
+  }
+  EngineOutcome outcome() const {
+    std::lock_guard lock(mu_);
+    return outcome_;
+  }
+  const std::string& url() const { return url_; }
+  // Some request was answered by its fallback form (see EngineRequest::fallback_body).
+  bool fell_back() const {
+    std::lock_guard lock(mu_);
+    return fell_back_;
+  }
+
+ private:
+  // Whether the front request may start now (mu_ held, queue non-empty).
+  bool FrontMayStart() const {
+    if (exclusive_in_flight_) return false;
+    if (in_flight_ == 0) return true;
+    return queue_.front().overlappable;
+  }
+
+  void Run(httplib::Client& client) {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && FrontMayStart()); });
+      if (queue_.empty()) return;  // stop_ and drained
+      EngineRequest r = std::move(queue_.front());
+      queue_.pop_front();
+      if (outcome_.failed && !r.always) {
+        cv_.notify_all();
+        continue;  // an engine that failed gets no further requests of this publication
+      }
+      // Counted before it is sent, under the lock DropQueued takes: once an abort dropped the
+      // queue, updates_sent says exactly which engines may hold bytes of the aborted version.
+      if (r.update) ++outcome_.updates_sent;
+      ++in_flight_;
+      exclusive_in_flight_ = !r.overlappable;
+      lock.unlock();
+      std::string error = Send(client, r);
+      lock.lock();
+      --in_flight_;
+      if (!r.overlappable) exclusive_in_flight_ = false;
+      if (error.empty()) {
+        ++outcome_.requests;
+      } else if (!outcome_.failed) {
+        outcome_.failed = true;
+        outcome_.error = std::move(error);
+      }
+      cv_.notify_all();
+    }
+  }
+
+  // Empty on success, otherwise a sentence naming the engine and call.
+  std::string Send(httplib::Client& client, const EngineRequest& r) {
+    httplib::Result res =
+        r.method == "GET" ? client.Get(r.path) : client.Post(r.path, *r.body, "application/json");
+    const std::string what = absl::StrCat("engine ", url_, " ", r.method, " ", r.path);
+    if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
+    if (r.fallback_body && res->status >= 400 && res->status < 500 &&
+        res->body.find(r.fallback_when) != std::string::npos) {
+      res = client.Post(r.path, *r.fallback_body, "application/json");
+      if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
+      std::lock_guard lock(mu_);
+      fell_back_ = true;
+    }
+    if (res->status == 404 && !r.on_404.empty()) {
+      return absl::StrCat(what, ": HTTP 404: ", r.on_404);
+    }
+    if (res->status < 200 || res->status >= 300) {
+      return absl::StrCat(what, ": HTTP ", res->status, ": ", res->body.substr(0, 300));
+    }
+    // An answer beyond the bounds is not one (and would cost the daemon its stack or memory to
+    // parse).
+    if (absl::Status bounded = CheckJsonBounds(res->body, "answer"); !bounded.ok()) {
+      return absl::StrCat(what, ": ", bounded.message());
+    }
+    if (check_) return check_(what, res->body);
+    return "";
+  }
+
+  const std::string url_;
+  const AnswerCheck check_;
+  std::vector<std::unique_ptr<httplib::Client>> clients_;  // one per lane
+  std::vector<std::thread> threads_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<EngineRequest> queue_;         // guarded by mu_
+  int in_flight_ = 0;                 // guarded by mu_
+  bool exclusive_in_flight_ = false;  // guarded by mu_: a non-overlappable request is out
+  bool stop_ = false;                 // guarded by mu_
+  EngineOutcome outcome_;             // guarded by mu_
+  bool fell_back_ = false;            // guarded by mu_
+};
+
+// GETs `path` on every engine concurrently (one thread each, `timeout` for the connection and
+// the answer) and returns the 2xx answers' bodies (nullopt where there was none).
+std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& engines,
+                                               const std::string& path, absl::Duration timeout);
+
+}  // namespace wpub::rollout

@@ -1,0 +1,312 @@
+// vLLM driver (vllm_driver.h): the weight-transfer routes over the shared engine request queues.
+#include "core/rollout/vllm_driver.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/json_bounds.h"
+#include "core/rollout/engine_http.h"
+#include "nlohmann/json.hpp"
+
+namespace wpub::rollout {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kInit[] = "/init_weight_transfer_engine";
+constexpr char kStart[] = "/start_weight_update";
+constexpr char kUpdate[] = "/update_weights";
+constexpr char kFinish[] = "/finish_weight_update";
+constexpr char kResume[] = "/resume";
+
+// vLLM answers 2xx {"message": ...} on success and a non-2xx status with {"error": ...}
+// otherwise (the queue reports those); a 2xx answer with an "error" object is a failure too.
+std::string VllmAnswer(const std::string& what, const std::string& body) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("error")) {
+    return absl::StrCat(what, ": error: ", j["error"].dump().substr(0, 300));
+  }
+  return "";
+}
+
+uint64_t WeightVersionOf(const std::string& body) {
+  if (!CheckJsonBounds(body, "answer").ok()) return 0;
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return 0;
+  auto it = j.find("weight_version");
+  if (it == j.end()) return 0;
+  uint64_t v = 0;
+  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  return 0;
+}
+
+}  // namespace
+
+std::vector<uint64_t> VllmPackedChunks(const engine::BucketManifest& bucket, uint64_t limit) {
+  std::vector<uint64_t> chunks;
+  uint64_t total = 0;
+  for (const engine::ManifestTensor& t : bucket.tensors) {
+    total += t.nbytes;
+    if (total > limit) {
+      chunks.push_back(total);
+      total = 0;
+    }
+  }
+  if (total > 0 || chunks.empty()) chunks.push_back(total);
+  return chunks;
+}
+
+std::string VllmUniqueIdPickle(absl::Span<const uint8_t> id) {
+  // _ctypes._unpickle(ncclUniqueId, ({}, <128 bytes>)): how pickle rebuilds a ctypes Structure.
+  std::string p = "\x80\x03";
+  p += "c_ctypes\n_unpickle\n";
+  p += "cvllm.distributed.device_communicators.pynccl_wrapper\nncclUniqueId\n";
+  p += "}";
+  p += "C";  // SHORT_BINBYTES
+  p += static_cast<char>(id.size());
+  p.append(reinterpret_cast<const char*>(id.data()), id.size());
+  p += "\x86\x86R.";
+  return p;
+}
+
+std::string VllmInitBody(const VllmDriverOptions& o, const GroupLayout& g, size_t engine,
+                         bool packing) {
+  json info = {{"master_address", o.master_address},
+               {"master_port", o.master_port},
+               {"rank_offset", g.rank_offsets.at(engine)},
+               {"world_size", g.world_size}};
+  if (packing) {
+    info["packed"] = true;
+    info["packed_buffer_size_bytes"] = o.packed_buffer_bytes;
+    info["packed_num_buffers"] = o.packed_num_buffers;
+  }
+  return json{{"init_info", info}}.dump();
+}
+
+std::string VllmUpdateBody(const VllmDriverOptions& o, const engine::BucketManifest& bucket,
+                           bool packing) {
+  json names = json::array(), dtypes = json::array(), shapes = json::array();
+  for (const engine::ManifestTensor& t : bucket.tensors) {
+    names.push_back(t.name);
+    dtypes.push_back(std::string(DTypeName(t.dtype)));
+    json shape = json::array();
+    for (int64_t d : t.shape) shape.push_back(d);
+    // vLLM's packed unpack cannot view a 0-d tensor; its per-tensor scale loaders take [1].
+    if (shape.empty()) shape.push_back(1);
+    shapes.push_back(std::move(shape));
+  }
+  json info = {{"names", names}, {"dtype_names", dtypes}, {"shapes", shapes}};
+  if (packing) {
+    info["packed"] = true;
+    info["packed_buffer_size_bytes"] = o.packed_buffer_bytes;
+    info["packed_num_buffers"] = o.packed_num_buffers;
+  }
+  return json{{"update_info", info}}.dump();
+}
+
+absl::StatusOr<std::unique_ptr<VllmDriver>> VllmDriver::Create(const VllmDriverOptions& options) {
+  absl::StatusOr<GroupLayout> layout = LayoutGroup(options.engines, options.group_name);
+  if (!layout.ok()) return layout.status();
+  for (const EngineSpec& e : options.engines) {
+    if (!absl::StartsWith(e.url, "http://") && !absl::StartsWith(e.url, "https://")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("engine URL '", e.url, "' must start with http:// or https://"));
+    }
+  }
+  if (options.master_port == 0) {
+    return absl::InvalidArgumentError("vLLM driver: master_port (the TCPStore port) is 0");
+  }
+  if (options.packed_buffer_bytes == 0 || options.packed_num_buffers < 1) {
+    return absl::InvalidArgumentError(
+        "vLLM driver: packed_buffer_bytes and packed_num_buffers must be positive");
+  }
+  std::unique_ptr<VllmDriver> d(new VllmDriver(options, *std::move(layout)));
+  for (const EngineSpec& e : options.engines) {
+    d->workers_.push_back(std::make_unique<EngineRequestQueue>(
+        e.url, options.connect_timeout, options.request_timeout, /*lanes=*/1, VllmAnswer));
+  }
+  return d;
+}
+
+VllmDriver::VllmDriver(VllmDriverOptions options, GroupLayout layout)
+    : options_(std::move(options)), layout_(std::move(layout)) {}
+VllmDriver::~VllmDriver() = default;
+
+void VllmDriver::PostAll(const std::string& path, const std::string& body, bool always) {
+  auto shared = std::make_shared<const std::string>(body);
+  for (auto& w : workers_) {
+    EngineRequest r{"POST", path, shared};
+    r.always = always;
+    if (path == kStart) {
+      r.on_404 = "this vLLM has no /start_weight_update (a release before v0.21); wpub needs "
+                 "v0.21 or later";
+    }
+    w->Post(std::move(r));
+  }
+}
+
+void VllmDriver::StartJoin() {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i]->Reset();
+    EngineRequest r{"POST", kInit,
+                    std::make_shared<const std::string>(
+                        VllmInitBody(options_, layout_, i, /*packing=*/true))};
+    // Releases that take the packing parameters per update refuse them here (TypeError ->
+    // 400 "Invalid init_info"): ask again without, and send them with every update.
+    r.fallback_body =
+        std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/false));
+    r.fallback_when = "init_info";
+    r.on_404 =
+        "no /init_weight_transfer_engine: start vLLM (v0.21 or later) with "
+        "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\":\"nccl\"}'";
+    workers_[i]->Post(std::move(r));
+  }
+}
+
+absl::Status VllmDriver::WaitIdle(absl::Time deadline) {
+  std::vector<std::string> silent, failed;
+  for (auto& w : workers_) {
+    if (!w->WaitIdle(deadline)) silent.push_back(w->url());
+  }
+  for (auto& w : workers_) {
+    const EngineOutcome o = w->outcome();
+    if (o.failed) failed.push_back(o.error);
+  }
+  if (!failed.empty()) return absl::AbortedError(absl::StrJoin(failed, "; "));
+  if (!silent.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("engines did not answer in time: ", absl::StrJoin(silent, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
+  std::lock_guard lock(post_mu_);
+  version_ = version;
+  closed_ = false;
+  lifecycle_calls_ = lifecycle_calls;
+  for (auto& w : workers_) w->Reset();
+  if (!lifecycle_calls) return;
+  if (!options_.pause_mode.empty()) {
+    PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "");
+  }
+  // v0.21 to v0.24 parse a JSON body here; later releases read none.
+  PostAll(kStart, "{}");
+}
+
+void VllmDriver::PostBucket(const engine::BucketManifest& bucket) {
+  std::lock_guard lock(post_mu_);
+  if (closed_) return;
+  std::shared_ptr<const std::string> plain, packing;
+  for (auto& w : workers_) {
+    const bool per_update = w->fell_back();
+    std::shared_ptr<const std::string>& body = per_update ? packing : plain;
+    if (!body) {
+      body = std::make_shared<const std::string>(VllmUpdateBody(options_, bucket, per_update));
+    }
+    EngineRequest r{"POST", kUpdate, body, /*overlappable=*/false, /*update=*/true};
+    w->Post(std::move(r));
+  }
+}
+
+std::vector<uint64_t> VllmDriver::BroadcastChunks(const engine::BucketManifest& bucket) const {
+  return VllmPackedChunks(bucket, options_.packed_buffer_bytes);
+}
+
+void VllmDriver::EndPublication() {
+  std::lock_guard lock(post_mu_);
+  if (closed_) return;
+  closed_ = true;
+  if (!lifecycle_calls_) return;
+  PostAll(kFinish, json{{"weight_version", std::to_string(version_)}}.dump());
+  if (!options_.pause_mode.empty()) PostAll(kResume, "");
+}
+
+std::vector<bool> VllmDriver::ResumeAfterAbort(const std::set<std::string>& still_dirty) {
+  std::lock_guard lock(post_mu_);
+  std::vector<bool> dirty(workers_.size(), false);
+  for (size_t i = 0; i < workers_.size(); ++i) dirty[i] = still_dirty.count(workers_[i]->url()) > 0;
+  if (closed_) return dirty;
+  closed_ = true;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i]->DropQueued();
+    dirty[i] = dirty[i] || workers_[i]->outcome().updates_sent > 0;
+    if (!lifecycle_calls_) continue;
+    // Ends the weight update on every engine (one that received nothing restores its previous
+    // weights); only the clean ones serve again.
+    auto finish = std::make_shared<const std::string>("{}");
+    EngineRequest f{"POST", kFinish, finish};
+    f.always = true;
+    workers_[i]->Post(std::move(f));
+    if (!dirty[i] && !options_.pause_mode.empty()) {
+      EngineRequest r{"POST", kResume, std::make_shared<const std::string>("")};
+      r.always = true;
+      workers_[i]->Post(std::move(r));
+    }
+  }
+  return dirty;
+}
+
+void VllmDriver::Leave() {
+  // vLLM has no route to leave a weight-transfer group: a new init replaces it.
+  std::lock_guard lock(post_mu_);
+  closed_ = true;
+  for (auto& w : workers_) {
+    w->DropQueued();
+    w->Reset();
+  }
+}
+
+std::vector<EngineOutcome> VllmDriver::outcomes() const {
+  std::vector<EngineOutcome> out;
+  for (const auto& w : workers_) out.push_back(w->outcome());
+  return out;
+}
+
+bool VllmDriver::any_failed() const {
+  for (const auto& w : workers_) {
+    if (w->outcome().failed) return true;
+  }
+  return false;
+}
+
+std::vector<bool> VllmFamily::Probe(const std::vector<EngineSpec>& engines,
+                                    absl::Duration timeout) const {
+  if (options_.health_endpoint.empty()) return std::vector<bool>(engines.size(), true);
+  std::vector<bool> alive;
+  for (const auto& b : GetAll(engines, options_.health_endpoint, timeout)) {
+    alive.push_back(b.has_value());
+  }
+  return alive;
+}
+
+std::vector<uint64_t> VllmFamily::WeightVersions(const std::vector<EngineSpec>& engines,
+                                                 absl::Duration timeout) const {
+  if (options_.weight_info_endpoint.empty()) return std::vector<uint64_t>(engines.size(), 0);
+  std::vector<uint64_t> versions;
+  for (const auto& b : GetAll(engines, options_.weight_info_endpoint, timeout)) {
+    versions.push_back(b ? WeightVersionOf(*b) : 0);
+  }
+  return versions;
+}
+
+absl::StatusOr<std::unique_ptr<EngineDriver>> VllmFamily::CreateDriver(
+    const GroupAddress& address) const {
+  VllmDriverOptions d = options_.driver;
+  d.engines = address.engines;
+  d.master_address = address.master_address;
+  d.master_port = address.master_port;
+  d.group_name = address.group_name;
+  absl::StatusOr<std::unique_ptr<VllmDriver>> driver = VllmDriver::Create(d);
+  if (!driver.ok()) return driver.status();
+  return std::unique_ptr<EngineDriver>(*std::move(driver));
+}
+
+std::optional<std::vector<EngineFamily::StoreEntry>> VllmFamily::UniqueIdEntries(
+    absl::Span<const uint8_t> id) const {
+  return std::vector<StoreEntry>{{kVllmUniqueIdKey, VllmUniqueIdPickle(id)}};
+}
+
+}  // namespace wpub::rollout
