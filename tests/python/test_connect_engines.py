@@ -49,6 +49,10 @@ class CpuDaemonTest(unittest.TestCase):
                                                                "is given twice"),
             (["http://:80"], "engines[0] 'http://:80': the URL has no host"),
             (["http://a:70000"], "port"),
+            (["trt+http://a:1"], "engines[0]: engine 'trt+http://a:1': unknown engine kind 'trt+'"),
+            ([{"url": "vllm+http://a:1", "kind": "sglang"}],
+             "engines[0]: kind 'sglang' but the URL says 'vllm'"),
+            (["vllm+ftp://a:1"], "engines[0] 'ftp://a:1'"),
         ]
         for engines, expect in cases:
             with self.subTest(engines=engines):
@@ -63,7 +67,8 @@ class CpuDaemonTest(unittest.TestCase):
         for engines, expect in [([], "no engine"), ([("http://a:1", 0)], "engines[0] 'http://a:1'"),
                                 ([("http://a:1", "2")], "gpus='2'"),
                                 ([{"url": "http://a:1", "gpu": 2}], "engines[0]"),
-                                ([42], "engines[0] 42"), ([("http://a:1", 1, 2)], "engines[0]")]:
+                                ([42], "engines[0] 42"), ([("http://a:1", 1, 2)], "engines[0]"),
+                                ([{"url": "http://a:1", "kind": "trt"}], "kind='trt'")]:
             with self.subTest(engines=engines):
                 with self.assertRaises(wpub.InvalidArgument) as cm:
                     self.pub.connect_engines(engines)
@@ -134,6 +139,12 @@ class FakeDaemonTest(unittest.TestCase):
                          [("http://h0:30000", 1, 1), ("http://h1:30000", 2, 2),
                           ("http://h2:30000", 2, 4)])
         self.assertEqual(group.engines[1], wpub.ConnectedEngine("http://h1:30000", 2, 2, "idle"))
+        # vLLM engines: by URL scheme (passed as given: the daemon reads it) or by kind.
+        self.pub.connect_engines(["vllm+http://v0:8000", {"url": "http://v1:8000", "kind": "vllm",
+                                                           "gpus": 2}])
+        req = self.fake.requests[-1]
+        self.assertEqual([(e.url, e.gpus, e.kind) for e in req.engines],
+                         [("vllm+http://v0:8000", 1, ""), ("http://v1:8000", 2, "vllm")])
         # Defaults: the daemon's group name and join timeout (the RPC still waits longer).
         self.pub.connect_engines("http://h0:30000")
         req = self.fake.requests[-1]

@@ -122,22 +122,25 @@ def build_header(version: int, recipe: str, policy, quantization_config, model_i
     return h
 
 
-def engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int]]:
-    """[(url, gpus)] of connect_engines' `engines`; InvalidArgument naming the entry for a form
-    it does not accept (the daemon checks URLs and counts again)."""
+def engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int, str]]:
+    """[(url, gpus, kind)] of connect_engines' `engines`; InvalidArgument naming the entry for a
+    form it does not accept (the daemon checks URLs and counts again). kind: "sglang", "vllm" or
+    "" (the URL's "vllm+" / "sglang+" prefix decides, default sglang)."""
     if isinstance(engines, (str, bytes, dict)):
         engines = [engines]
     out = []
     for i, e in enumerate(engines):
         gpus: Any = 1
+        kind: Any = ""
         if isinstance(e, str):
             url = e
         elif isinstance(e, dict):
-            unknown = set(e) - {"url", "gpus"}
+            unknown = set(e) - {"url", "gpus", "kind"}
             if "url" not in e or unknown:
                 raise errors.InvalidArgument(
-                    f"engines[{i}] {e!r}: a dict needs 'url' and may have 'gpus', nothing else")
-            url, gpus = e["url"], e.get("gpus", 1)
+                    f"engines[{i}] {e!r}: a dict needs 'url' and may have 'gpus' and 'kind', "
+                    "nothing else")
+            url, gpus, kind = e["url"], e.get("gpus", 1), e.get("kind", "")
         elif isinstance(e, (tuple, list)) and len(e) == 2:
             url, gpus = e
         else:
@@ -149,7 +152,10 @@ def engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int]]:
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 4096:
             raise errors.InvalidArgument(
                 f"engines[{i}] '{url}': gpus={gpus!r} must be an int in [1, 4096]")
-        out.append((url, gpus))
+        if kind not in ("", "sglang", "vllm"):
+            raise errors.InvalidArgument(
+                f"engines[{i}] '{url}': kind={kind!r} must be 'sglang' or 'vllm'")
+        out.append((url, gpus, kind))
     if not out:
         raise errors.InvalidArgument("engines: no engine given")
     return out

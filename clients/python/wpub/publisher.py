@@ -262,11 +262,12 @@ class Publisher:
 
     def connect_engines(self, engines: Iterable[Any], group_name: Optional[str] = None,
                         timeout: Optional[float] = None) -> EngineGroup:
-        """Connects SGLang engines to a GPU-path wpubd (ConnectEngines): replaces its engine set
-        and forms the NCCL weight-update group. Blocks until every engine joined.
+        """Connects SGLang or vLLM engines to a GPU-path wpubd (ConnectEngines): replaces its
+        engine set and forms the NCCL weight-update group. Blocks until every engine joined.
 
         engines: in rank order, each "http://host:port" (1 GPU), ("http://host:port", gpus) or
-        {"url": ..., "gpus": ...}. group_name: base group name (default: the daemon's
+        {"url": ..., "gpus": ..., "kind": "sglang" | "vllm"}; a "vllm+http://host:port" URL is a
+        vLLM engine (its native weight-transfer API, v0.21 or later). One group holds one kind. group_name: base group name (default: the daemon's
         --nccl_group). timeout: seconds the engines have to answer their health probe and join
         (default: the daemon's --engine_deadline); the RPC waits 30 s longer.
 
@@ -278,8 +279,8 @@ class Publisher:
         torn down first) and publications reach no engine until a connect_engines succeeds.
         """
         req = pb.ConnectEnginesRequest(group_name=group_name or "")
-        for url, gpus in engine_entries(engines):
-            req.engines.add(url=url, gpus=gpus)
+        for url, gpus, kind in engine_entries(engines):
+            req.engines.add(url=url, gpus=gpus, kind=kind)
         if timeout is not None:
             if not timeout > 0:
                 raise errors.InvalidArgument(f"timeout={timeout!r} must be > 0 seconds")
