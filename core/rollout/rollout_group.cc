@@ -43,7 +43,9 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
   std::unique_ptr<RolloutGroup> g(new RolloutGroup(options, std::move(family)));
   g->vllm_family_ = options.vllm_family;
   if (!g->vllm_family_) g->vllm_family_ = std::make_shared<VllmFamily>(options.vllm);
-  if (!options.engines.empty()) WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(options.engines));
+  if (!options.engines.empty()) {
+    WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(options.engines));
+  }
   WPUB_ASSIGN_OR_RETURN(g->store_, rendezvous::TcpStoreServer::Create(options.store));
   nccl::NcclTransportOptions no;
   no.device = options.device;

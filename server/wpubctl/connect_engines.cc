@@ -28,6 +28,7 @@ absl::Status Connect() {
   for (const rollout::EngineSpec& e : specs) {
     wpub::v1::EngineEndpoint* ep = request.add_engines();
     ep->set_url(e.url);
+    ep->set_kind(e.family);
     ep->set_gpus(e.gpus);
   }
   request.set_group_name(absl::GetFlag(FLAGS_group_name));

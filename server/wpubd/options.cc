@@ -94,8 +94,9 @@ ABSL_FLAG(bool, gpu_path, false,
           "Run the GPU path (GPU backend, CUDA IPC ingestion, NCCL weight-update group) even "
           "without --engines: a trainer connects engines later with ConnectEngines.");
 ABSL_FLAG(std::string, engines, "",
-          "GPU path: SGLang engines to publish to over NCCL, \"http://host:port=gpus,...\" "
-          "(implies --gpu_path; ConnectEngines replaces them).");
+          "GPU path: engines to publish to over NCCL, \"http://host:port=gpus,...\" (SGLang) or "
+          "\"vllm+http://host:port=gpus,...\" (vLLM v0.21+, its weight-transfer API; one kind per "
+          "group) (implies --gpu_path; ConnectEngines replaces them).");
 ABSL_FLAG(int32_t, gpu_device, 0, "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
 ABSL_FLAG(std::string, nccl_group, "wpub_weights",
           "GPU path: weight-update group name (a generation suffix is added).");

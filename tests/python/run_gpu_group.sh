@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-GPU run of publication groups (nvidia-h200) with binaries staged by
+# One-GPU run of publication groups and of vLLM's rendezvous (nvidia-h200) with binaries staged by
 # `deploy/stage_devbin.sh build-gpu group server/wpubd/wpubd clients/recv/wpub-recv
 # tests/python/wpub-quantize-ref tests/rollout/... tests/gpu/gpu_backend_test` (carry
 # .devbin/group.tgz): the GPU-side unit tests touched by groups (rollout group, SGLang driver
@@ -23,6 +23,17 @@ for t in rollout_group_test rollout_sglang_driver_test rollout_sglang_dirty_test
   echo "--- $t: exit $r $(grep -E '^\[  (PASSED|FAILED) ' "$OUT/$t.log" | tr '\n' ' ')"
   ((r != 0)) && rc=1
 done
+# vLLM's rendezvous against the daemon's TCPStore, and the emulator's packed decoding (one GPU).
+WRAP=$(mktemp -d /tmp/wpub_wrap.XXXXXX)
+printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' \
+  "$BIN/lib${NCCL_LIB:+:$NCCL_LIB}:${LD_LIBRARY_PATH:-}" "$BIN/wpubd" >"$WRAP/wpubd"
+chmod +x "$WRAP/wpubd"
+NCCL_NVLS_ENABLE=0 WPUBD=$WRAP/wpubd timeout 120 python3 "$ROOT/tests/multi_gpu/vllm_handshake.py" \
+  "$OUT/vllm" >"$OUT/vllm_handshake.log" 2>&1
+r=$?
+tail -1 "$OUT/vllm_handshake.log"
+echo "--- vllm handshake: exit $r"
+((r != 0)) && rc=1
 OUT=$OUT/python WPUB_DEVBIN=$BIN bash "$ROOT/tests/python/run_gpu_gather.sh" >"$OUT/python.log" 2>&1
 r=$?
 grep -E "\.\.\. |^Ran |^OK|^FAILED" "$OUT/python.log" | tail -40

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""wpubd on GPU 0 to the vLLM emulator on GPU 1 over vLLM's own weight-transfer protocol (two
+GPUs): three versions of a GLM-like MoE from torch CUDA tensors (CUDA IPC), every tensor the
+emulator received equal to the CPU reference byte for byte, the lifecycle once per version and
+no resume on a mix; a version with a non-finite weight is rejected before any byte reaches the
+engine; then the same against an emulator of a release that takes the packing fields per update
+(--release v0.25). Writes OUT/vllm_nccl.json; exit 0 when every check holds.
+
+Usage (a two-GPU host, binaries staged): see run_vllm_h200x2.sh.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import wpub  # noqa: E402
+from harness import Daemon, free_port, glm_batches, reference  # noqa: E402
+
+
+def get(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def to_cuda(a):
+    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda(0)
+
+
+def run(out, release):
+    expect = os.path.join(out, f"expect-{release}")
+    port = free_port()
+    emu = subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_emulator.py"),
+                            f"--port={port}", "--gpu=1", f"--expect-dir={expect}",
+                            f"--release={release}"],
+                           stdout=open(os.path.join(out, f"emulator-{release}.log"), "w"),
+                           stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            get(url + "/health")
+            break
+        except Exception:
+            time.sleep(0.1)
+    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines=vllm+{url}",
+               "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=60)
+    pub = wpub.Publisher(d.target, timeout=300)
+    res = {"release": release, "versions": [], "ok": True}
+    try:
+        for version in (1, 2, 3):
+            model = glm_batches(version, hidden=256, inter=128, experts=8)
+            ref = reference(out, model)
+            vdir = os.path.join(expect, f"v{version}", "tensors")
+            os.makedirs(vdir, exist_ok=True)
+            for name, (_, _, raw) in ref.items():
+                with open(os.path.join(vdir, name + ".bin"), "wb") as f:
+                    f.write(raw)
+            wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+            r = pub.publish(version, wire, bucket_bytes=1 << 20, check=False)
+            s = get(url + "/stats")
+            v = s["versions"].get(str(version), {})
+            entry = {"version": version, "status": r.status, "wall_seconds": r.wall_seconds,
+                     "tensors": len(ref), "checked": v.get("checked"),
+                     "mismatches": v.get("mismatches", [])[:5],
+                     "mixed_resumes": s["mixed_resumes"]}
+            entry["ok"] = (r.committed and entry["checked"] == len(ref) and
+                           not entry["mismatches"] and s["mixed_resumes"] == 0)
+            res["ok"] &= entry["ok"]
+            res["versions"].append(entry)
+            print(json.dumps(entry))
+        # A NaN in one expert: rejected, nothing of it reaches the engine.
+        model = glm_batches(9, hidden=256, inter=128, experts=8)
+        for m, ts in model:
+            for n, a in ts:
+                if ".mlp.experts.3.down_proj" in n:
+                    a[0, 0] = 0x7FC0  # bf16 NaN
+        before = get(url + "/stats")["calls"].count("/update_weights")
+        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+        try:
+            pub.publish(4, wire, bucket_bytes=1 << 20)
+            res["non_finite"] = "published (defect)"
+            res["ok"] = False
+        except wpub.WpubError as e:
+            after = get(url + "/stats")["calls"].count("/update_weights")
+            res["non_finite"] = {"error": str(e)[:200], "updates_reached_engine": after - before}
+            res["ok"] &= "experts.3.down_proj" in str(e) and after == before
+    finally:
+        pub.close()
+        res["daemon_exit"] = d.stop()
+        emu.terminate()
+        emu.wait(10)
+    return res
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/wpub_vllm_nccl"
+    os.makedirs(out, exist_ok=True)
+    results = [run(out, "main"), run(out, "v0.25")]
+    with open(os.path.join(out, "vllm_nccl.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    sys.exit(0 if all(r["ok"] for r in results) else 1)
+
+
+if __name__ == "__main__":
+    main()
