@@ -208,6 +208,24 @@ TEST_F(NcclConnectTest, EngineDownIsUnavailableNamingIt) {
   ExpectNoEngines();
 }
 
+TEST_F(NcclConnectTest, OneGroupSpeaksOneProtocolAndVllmEnginesAreProbedAsVllm) {
+  engine::EngineConnectRequest mixed;
+  mixed.engines = {{"http://127.0.0.1:9", 1, "sglang"}, {"http://127.0.0.1:10", 1, "vllm"}};
+  auto g = transport_->Connect(mixed);
+  EXPECT_TRUE(absl::IsInvalidArgument(g.status())) << g.status();
+  EXPECT_NE(g.status().message().find("different protocols"), std::string::npos) << g.status();
+  EXPECT_NE(g.status().message().find("http://127.0.0.1:10 (vllm)"), std::string::npos)
+      << g.status();
+  // A vLLM engine set is the vLLM family's: its health check names it.
+  engine::EngineConnectRequest vllm;
+  vllm.engines = {{"http://127.0.0.1:9", 1, "vllm"}};
+  vllm.timeout = absl::Seconds(1);
+  g = transport_->Connect(vllm);
+  EXPECT_TRUE(absl::IsUnavailable(g.status())) << g.status();
+  EXPECT_NE(g.status().message().find("vllm health check"), std::string::npos) << g.status();
+  EXPECT_TRUE(transport_->Group().engines.empty());
+}
+
 TEST_F(NcclConnectTest, FailedJoinIsUnavailableAndTornDown) {
   FakeEngine engine("/init_weights_update_group", 0);
   auto g = transport_->Connect(Request(engine.url(), absl::Seconds(5)));
