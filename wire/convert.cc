@@ -290,7 +290,8 @@ absl::StatusOr<engine::EngineConnectRequest> FromProto(const pb::ConnectEnginesR
     const pb::EngineEndpoint& e = request.engines(i);
     absl::StatusOr<std::pair<std::string, std::string>> split = engine::SplitEngineFamily(e.url());
     if (!split.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("engines[", i, "]: ", split.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("engines[", i, "]: ", split.status().message()));
     }
     std::string family = e.kind();
     if (!split->first.empty()) {

@@ -84,8 +84,9 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::strin
   }
   const std::string family(url.substr(0, plus));
   if (family != "vllm" && family != "sglang") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "engine '", std::string(url), "': unknown engine kind '", family, "+' (vllm+http://, sglang+http://)"));
+    return absl::InvalidArgumentError(absl::StrCat("engine '", std::string(url),
+                                                   "': unknown engine kind '", family,
+                                                   "+' (vllm+http://, sglang+http://)"));
   }
   return std::pair<std::string, std::string>{family, std::string(url.substr(plus + 1))};
 }

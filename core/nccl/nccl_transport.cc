@@ -69,8 +69,7 @@ absl::Status NcclTransport::Send(const engine::Bucket& bucket, absl::Span<const 
   }
   if (bucket.location == engine::BucketLocation::kHost) return SendHost(bucket, chunks);
   const engine::DeviceBytes& d = bucket.device;
-  return Broadcast(d.data, bucket.manifest.nbytes, d.ready, d.done, bucket.manifest.index,
-                   chunks);
+  return Broadcast(d.data, bucket.manifest.nbytes, d.ready, d.done, bucket.manifest.index, chunks);
 }
 
 absl::Status NcclTransport::SendHost(const engine::Bucket& bucket,

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <utility>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,8 +24,8 @@
 namespace wpub::rollout {
 
 struct EngineSpec {
-  std::string url;  // "http://host:port"
-  int gpus = 1;     // TP ranks that join the group
+  std::string url;                // "http://host:port"
+  int gpus = 1;                   // TP ranks that join the group
   std::string family = "sglang";  // the engine's protocol: "sglang" | "vllm" (EngineFamily::name)
 };
 

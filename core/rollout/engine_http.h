@@ -23,7 +23,6 @@
 #include "core/common/json_bounds.h"
 #include "core/rollout/engine_driver.h"
 
-
 namespace wpub::rollout {
 
 // One request to one engine.
@@ -212,7 +211,7 @@ class EngineRequestQueue {
   std::vector<std::thread> threads_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<EngineRequest> queue_;         // guarded by mu_
+  std::deque<EngineRequest> queue_;   // guarded by mu_
   int in_flight_ = 0;                 // guarded by mu_
   bool exclusive_in_flight_ = false;  // guarded by mu_: a non-overlappable request is out
   bool stop_ = false;                 // guarded by mu_

@@ -1,7 +1,6 @@
 // SGLang driver: per-engine ordered request workers over cpp-httplib, JSON bodies.
 #include "core/rollout/sglang_driver.h"
 
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -25,7 +24,6 @@ namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
-
 
 // SGLang answers {"success": bool, "message": str} on the weight-update routes.
 std::string SglangAnswer(const std::string& what, const std::string& body) {
@@ -114,9 +112,9 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
   }
   std::unique_ptr<SglangDriver> d(new SglangDriver(options, *std::move(layout)));
   for (const EngineSpec& e : options.engines) {
-    d->workers_.push_back(std::make_unique<EngineRequestQueue>(e.url, options.connect_timeout,
-                                                        options.request_timeout,
-                                                        options.requests_in_flight, SglangAnswer));
+    d->workers_.push_back(std::make_unique<EngineRequestQueue>(
+        e.url, options.connect_timeout, options.request_timeout, options.requests_in_flight,
+        SglangAnswer));
   }
   return d;
 }
@@ -139,8 +137,8 @@ void SglangDriver::StartJoin() {
     workers_[i]->Reset();
     workers_[i]->Post(
         EngineRequest{"POST", options_.endpoints.init_group,
-                std::make_shared<const std::string>(InitGroupBody(options_, layout_, i)),
-                /*overlappable=*/false});
+                      std::make_shared<const std::string>(InitGroupBody(options_, layout_, i)),
+                      /*overlappable=*/false});
   }
 }
 
@@ -210,8 +208,8 @@ std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& st
     dirty[i] = dirty[i] || workers_[i]->outcome().updates_sent > 0;
     if (!dirty[i] && lifecycle_calls_ && !options_.endpoints.resume.empty()) {
       workers_[i]->Post(EngineRequest{"POST", options_.endpoints.resume,
-                                std::make_shared<const std::string>("{}"),
-                                /*overlappable=*/false, /*update=*/false, /*always=*/true});
+                                      std::make_shared<const std::string>("{}"),
+                                      /*overlappable=*/false, /*update=*/false, /*always=*/true});
     }
   }
   return dirty;

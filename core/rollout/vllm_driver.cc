@@ -140,8 +140,9 @@ void VllmDriver::PostAll(const std::string& path, const std::string& body, bool 
     EngineRequest r{"POST", path, shared};
     r.always = always;
     if (path == kStart) {
-      r.on_404 = "this vLLM has no /start_weight_update (a release before v0.21); wpub needs "
-                 "v0.21 or later";
+      r.on_404 =
+          "this vLLM has no /start_weight_update (a release before v0.21); wpub needs "
+          "v0.21 or later";
     }
     w->Post(std::move(r));
   }
@@ -150,9 +151,9 @@ void VllmDriver::PostAll(const std::string& path, const std::string& body, bool 
 void VllmDriver::StartJoin() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->Reset();
-    EngineRequest r{"POST", kInit,
-                    std::make_shared<const std::string>(
-                        VllmInitBody(options_, layout_, i, /*packing=*/true))};
+    EngineRequest r{
+        "POST", kInit,
+        std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/true))};
     // Releases that take the packing parameters per update refuse them here (TypeError ->
     // 400 "Invalid init_info"): ask again without, and send them with every update.
     r.fallback_body =

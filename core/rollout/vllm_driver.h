@@ -100,8 +100,8 @@ std::string VllmUniqueIdPickle(absl::Span<const uint8_t> id);
 inline constexpr char kVllmUniqueIdKey[] = "/broadcast_from/0/0";
 
 // JSON bodies (exposed for tests). `packing`: the packing fields are sent.
-std::string VllmInitBody(const VllmDriverOptions& options, const GroupLayout& layout,
-                         size_t engine, bool packing);
+std::string VllmInitBody(const VllmDriverOptions& options, const GroupLayout& layout, size_t engine,
+                         bool packing);
 std::string VllmUpdateBody(const VllmDriverOptions& options, const engine::BucketManifest& bucket,
                            bool packing);
 

@@ -35,8 +35,8 @@ class FakeVllm {
       calls_.push_back(call);
       bodies_.push_back(req.body);
       const bool dev = release_ != "nodev";
-      if (!dev || (release_ == "v0.20" && (path == "/start_weight_update" ||
-                                           path == "/finish_weight_update"))) {
+      if (!dev || (release_ == "v0.20" &&
+                   (path == "/start_weight_update" || path == "/finish_weight_update"))) {
         res.status = 404;
         res.set_content(R"({"detail":"Not Found"})", "application/json");
         return;
@@ -54,8 +54,9 @@ class FakeVllm {
       }
       if (path == fail_path_) {
         res.status = 500;
-        res.set_content(R"({"error":{"message":"CUDA error: an illegal memory access","code":500}})",
-                        "application/json");
+        res.set_content(
+            R"({"error":{"message":"CUDA error: an illegal memory access","code":500}})",
+            "application/json");
         return;
       }
       res.set_content(R"({"message":"ok"})", "application/json");
@@ -100,12 +101,18 @@ engine::BucketManifest Bucket(uint32_t index) {
   // The planner's layout: back to back, largest element size first.
   b.tensors.push_back(
       {"model.layers.0.mlp.experts.0.down_proj.weight_scale_2", DType::kFloat32, {}, 0, 4});
-  b.tensors.push_back({"model.layers.0.self_attn.o_proj.weight", DType::kBFloat16, {64, 64}, 4,
-                       64 * 64 * 2});
-  b.tensors.push_back({"model.layers.0.mlp.experts.0.down_proj.weight", DType::kUInt8, {64, 32},
-                       4 + 8192, 64 * 32});
-  b.tensors.push_back({"model.layers.0.mlp.experts.0.down_proj.weight_scale", DType::kFloat8E4M3,
-                       {64, 4}, 4 + 8192 + 2048, 256});
+  b.tensors.push_back(
+      {"model.layers.0.self_attn.o_proj.weight", DType::kBFloat16, {64, 64}, 4, 64 * 64 * 2});
+  b.tensors.push_back({"model.layers.0.mlp.experts.0.down_proj.weight",
+                       DType::kUInt8,
+                       {64, 32},
+                       4 + 8192,
+                       64 * 32});
+  b.tensors.push_back({"model.layers.0.mlp.experts.0.down_proj.weight_scale",
+                       DType::kFloat8E4M3,
+                       {64, 4},
+                       4 + 8192 + 2048,
+                       256});
   b.nbytes = 4 + 8192 + 2048 + 256;
   return b;
 }
@@ -159,9 +166,13 @@ TEST(VllmDriver, JoinAndPublicationInOrderWithTheirBodies) {
   (*d)->PostBucket(Bucket(1));
   (*d)->EndPublication();
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
-  const std::vector<std::string> want = {"/init_weight_transfer_engine", "/pause?mode=keep",
-                                         "/start_weight_update", "/update_weights",
-                                         "/update_weights", "/finish_weight_update", "/resume"};
+  const std::vector<std::string> want = {"/init_weight_transfer_engine",
+                                         "/pause?mode=keep",
+                                         "/start_weight_update",
+                                         "/update_weights",
+                                         "/update_weights",
+                                         "/finish_weight_update",
+                                         "/resume"};
   EXPECT_EQ(a.calls(), want);
   EXPECT_EQ(b.calls(), want);
   EXPECT_EQ(a.bodies()[2], "{}");
@@ -186,7 +197,7 @@ TEST(VllmDriver, AnOlderReleaseTakesThePackingFieldsPerUpdate) {
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
   // Asked twice: with the packing fields (refused), then without.
   EXPECT_EQ(old.calls(), (std::vector<std::string>{"/init_weight_transfer_engine",
-                                                    "/init_weight_transfer_engine"}));
+                                                   "/init_weight_transfer_engine"}));
   EXPECT_FALSE(json::parse(old.bodies()[1])["init_info"].contains("packed"));
   (*d)->BeginPublication(3, true);
   (*d)->PostBucket(Bucket(0));
@@ -347,7 +358,8 @@ TEST(VllmDriver, TheUniqueIdPickleIsVllmsCtypesStruct) {
       "cd " + dir + " && " + python +
       " -c \"import pickle; from vllm.distributed.device_communicators.pynccl_wrapper import "
       "ncclUniqueId as U; u = pickle.load(open('id.pickle','rb')); assert type(u) is U; "
-      "assert bytes(u.internal) == bytes((i * 7 + 1) % 256 for i in range(128)), bytes(u.internal)\"";
+      "assert bytes(u.internal) == bytes((i * 7 + 1) % 256 for i in range(128)), "
+      "bytes(u.internal)\"";
   EXPECT_EQ(std::system(check.c_str()), 0);
 }
 
