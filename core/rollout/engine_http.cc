@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/common/json_bounds.h"
 
 namespace wpub::rollout {
@@ -24,6 +25,36 @@ std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& en
   }
   for (auto& t : threads) t.join();
   return bodies;
+}
+
+absl::Status WaitAllIdle(const EngineQueues& queues, absl::Time deadline) {
+  std::vector<std::string> silent, failed;
+  for (const auto& q : queues) {
+    if (!q->WaitIdle(deadline)) silent.push_back(q->url());
+  }
+  for (const auto& q : queues) {
+    const EngineOutcome o = q->outcome();
+    if (o.failed) failed.push_back(o.error);
+  }
+  if (!failed.empty()) return absl::AbortedError(absl::StrJoin(failed, "; "));
+  if (!silent.empty()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("engines did not answer in time: ", absl::StrJoin(silent, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<EngineOutcome> OutcomesOf(const EngineQueues& queues) {
+  std::vector<EngineOutcome> out;
+  for (const auto& q : queues) out.push_back(q->outcome());
+  return out;
+}
+
+bool AnyFailed(const EngineQueues& queues) {
+  for (const auto& q : queues) {
+    if (q->outcome().failed) return true;
+  }
+  return false;
 }
 
 }  // namespace wpub::rollout

@@ -219,6 +219,13 @@ class EngineRequestQueue {
   bool fell_back_ = false;            // guarded by mu_
 };
 
+// Over a driver's queues: waits for every request posted so far (ABORTED naming the failed
+// engines, DEADLINE_EXCEEDED naming the silent ones), the outcomes, whether any failed.
+using EngineQueues = std::vector<std::unique_ptr<EngineRequestQueue>>;
+absl::Status WaitAllIdle(const EngineQueues& queues, absl::Time deadline);
+std::vector<EngineOutcome> OutcomesOf(const EngineQueues& queues);
+bool AnyFailed(const EngineQueues& queues);
+
 // GETs `path` on every engine concurrently (one thread each, `timeout` for the connection and
 // the answer) and returns the 2xx answers' bodies (nullopt where there was none).
 std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& engines,

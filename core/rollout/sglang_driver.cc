@@ -142,22 +142,7 @@ void SglangDriver::StartJoin() {
   }
 }
 
-absl::Status SglangDriver::WaitIdle(absl::Time deadline) {
-  std::vector<std::string> silent, failed;
-  for (auto& w : workers_) {
-    if (!w->WaitIdle(deadline)) silent.push_back(w->url());
-  }
-  for (auto& w : workers_) {
-    const EngineOutcome o = w->outcome();
-    if (o.failed) failed.push_back(o.error);
-  }
-  if (!failed.empty()) return absl::AbortedError(absl::StrJoin(failed, "; "));
-  if (!silent.empty()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("engines did not answer in time: ", absl::StrJoin(silent, ", ")));
-  }
-  return absl::OkStatus();
-}
+absl::Status SglangDriver::WaitIdle(absl::Time deadline) { return WaitAllIdle(workers_, deadline); }
 
 void SglangDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   std::lock_guard lock(post_mu_);
@@ -226,18 +211,9 @@ void SglangDriver::Leave() {
           json({{"group_name", layout_.group_name}}).dump());
 }
 
-std::vector<EngineOutcome> SglangDriver::outcomes() const {
-  std::vector<EngineOutcome> out;
-  for (const auto& w : workers_) out.push_back(w->outcome());
-  return out;
-}
+std::vector<EngineOutcome> SglangDriver::outcomes() const { return OutcomesOf(workers_); }
 
-bool SglangDriver::any_failed() const {
-  for (const auto& w : workers_) {
-    if (w->outcome().failed) return true;
-  }
-  return false;
-}
+bool SglangDriver::any_failed() const { return AnyFailed(workers_); }
 
 std::vector<bool> SglangFamily::Probe(const std::vector<EngineSpec>& engines,
                                       absl::Duration timeout) const {

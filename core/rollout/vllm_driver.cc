@@ -166,22 +166,7 @@ void VllmDriver::StartJoin() {
   }
 }
 
-absl::Status VllmDriver::WaitIdle(absl::Time deadline) {
-  std::vector<std::string> silent, failed;
-  for (auto& w : workers_) {
-    if (!w->WaitIdle(deadline)) silent.push_back(w->url());
-  }
-  for (auto& w : workers_) {
-    const EngineOutcome o = w->outcome();
-    if (o.failed) failed.push_back(o.error);
-  }
-  if (!failed.empty()) return absl::AbortedError(absl::StrJoin(failed, "; "));
-  if (!silent.empty()) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("engines did not answer in time: ", absl::StrJoin(silent, ", ")));
-  }
-  return absl::OkStatus();
-}
+absl::Status VllmDriver::WaitIdle(absl::Time deadline) { return WaitAllIdle(workers_, deadline); }
 
 void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   std::lock_guard lock(post_mu_);
@@ -260,18 +245,9 @@ void VllmDriver::Leave() {
   }
 }
 
-std::vector<EngineOutcome> VllmDriver::outcomes() const {
-  std::vector<EngineOutcome> out;
-  for (const auto& w : workers_) out.push_back(w->outcome());
-  return out;
-}
+std::vector<EngineOutcome> VllmDriver::outcomes() const { return OutcomesOf(workers_); }
 
-bool VllmDriver::any_failed() const {
-  for (const auto& w : workers_) {
-    if (w->outcome().failed) return true;
-  }
-  return false;
-}
+bool VllmDriver::any_failed() const { return AnyFailed(workers_); }
 
 std::vector<bool> VllmFamily::Probe(const std::vector<EngineSpec>& engines,
                                     absl::Duration timeout) const {

@@ -8,7 +8,7 @@ served a mix of versions. Then the follower's daemon is killed mid-publication: 
 aborts on the leader, the emulator stays paused (dirty) and the next version (with the follower
 restarted) commits and resumes it.
 
-Usage (a two-GPU host, binaries staged; see run_group_h200x2.sh):
+Usage (a two-GPU host, binaries staged; see run_group_vllm_h200x2.sh):
     WPUBD=... WPUB_RECV=... WPUB_QUANTIZE_REF=... python3 tests/multi_gpu/group_nccl.py OUT_DIR
 """
 import json
@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -26,12 +25,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import wpub  # noqa: E402
-from harness import Daemon, free_port, glm_batches, reference  # noqa: E402
+from harness import Daemon, free_port, http_json as get, wait_http, glm_batches, reference  # noqa: E402
 
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
 
 
 def to_cuda(a):
@@ -48,15 +43,7 @@ def main():
                             f"--port={port}", "--gpu=1", f"--expect-dir={expect}"],
                            stdout=emu_log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            get(url + "/health")
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    wait_http(url + "/health", 60)
     ports = [free_port(), free_port()]
 
     def start(i):

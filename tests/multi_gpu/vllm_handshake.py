@@ -16,18 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 import wpub  # noqa: E402
-from harness import Daemon, free_port  # noqa: E402
+from harness import Daemon, free_port, http_json as get, wait_http  # noqa: E402
 
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
 
 
 def main():
@@ -40,12 +35,7 @@ def main():
                            stdout=open(os.path.join(out, "vllm_emulator.log"), "w"),
                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            get(url + "/health")
-            break
-        except Exception:
-            time.sleep(0.1)
+    wait_http(url + "/health", 30)
     d = Daemon(out, "--gpu_path", "--gpu_device=0", "--nccl_store_listen=127.0.0.1:0",
                log_level="info", timeout=60)
     pub = wpub.Publisher(d.target, timeout=60)

@@ -6,14 +6,13 @@ no resume on a mix; a version with a non-finite weight is rejected before any by
 engine; then the same against an emulator of a release that takes the packing fields per update
 (--release v0.25). Writes OUT/vllm_nccl.json; exit 0 when every check holds.
 
-Usage (a two-GPU host, binaries staged): see run_vllm_h200x2.sh.
+Usage (a two-GPU host, binaries staged): see run_group_vllm_h200x2.sh.
 """
 import json
 import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -21,12 +20,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import wpub  # noqa: E402
-from harness import Daemon, free_port, glm_batches, reference  # noqa: E402
+from harness import Daemon, free_port, http_json as get, wait_http, glm_batches, reference  # noqa: E402
 
-
-def get(url):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
 
 
 def to_cuda(a):
@@ -42,12 +37,7 @@ def run(out, release):
                            stdout=open(os.path.join(out, f"emulator-{release}.log"), "w"),
                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            get(url + "/health")
-            break
-        except Exception:
-            time.sleep(0.1)
+    wait_http(url + "/health", 30)
     d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines=vllm+{url}",
                "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=60)
     pub = wpub.Publisher(d.target, timeout=300)

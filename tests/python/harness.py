@@ -344,3 +344,23 @@ def glm_batches(seed: int, hidden: int = 64, inter: int = 32, experts: int = 4,
     out.append((f"{m}.eh_proj.weight", [(f"{h}.eh_proj.weight", bf16(rng, (hidden, 2 * hidden)))]))
     moe(f"{m}.transformer_layer", h)
     return out
+
+
+def http_json(url: str, timeout: float = 10.0):
+    """GET `url` and parse its JSON answer (the engine emulators' /health and /stats)."""
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.load(r)
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    """Polls `url` until it answers (an emulator coming up)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            http_json(url)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
