@@ -9,6 +9,7 @@ commits."""
 import os
 import shutil
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -31,6 +32,67 @@ class GroupReceiver(Receiver):
                      f"--output={self.output}", "--log_level=warn",
                      "--resubscribe_timeout=120s"],
                     os.path.join(workdir, f"{name}.log"))
+
+
+class CuttableProxy:
+    """A TCP proxy to `target` whose connections can all be cut at once (a network between
+    daemons that drops); it keeps accepting new ones."""
+
+    def __init__(self, target: str):
+        host, port = target.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.target = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.lock = threading.Lock()
+        self.conns = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            u = socket.create_connection(self.upstream)
+            with self.lock:
+                self.conns += [c, u]
+                self.accepted += 1
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b):
+        try:
+            while True:
+                data = a.recv(65536)
+                if not data:
+                    break
+                b.sendall(data)
+        except OSError:
+            pass
+        for s in (a, b):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        with self.lock:
+            conns, self.conns = self.conns, []
+        for s in conns:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.cut()
+        self.sock.close()
 
 
 def split(batches, members=MEMBERS):
@@ -85,7 +147,7 @@ class GroupTest(unittest.TestCase):
         assert all(c == 0 for c in codes), f"wpub-recv exit codes {codes}"
 
     def publish(self, version, parts, *, versions=None, expected=None, timeout=0.0,
-                hold=None):
+                hold=None, leader=None):
         """Every member publishes its part at once; returns their outcomes by member.
         versions: per-member versions (default: all `version`). hold: {member: (sent, release)}
         events -- that member's batches stop after the first until `release` is set."""
@@ -102,7 +164,7 @@ class GroupTest(unittest.TestCase):
             yield from items
 
         def run(i):
-            g = wpub.PublicationGroup(self.pubs[i], "glm", MEMBERS, i, self.targets[0],
+            g = wpub.PublicationGroup(self.pubs[i], "glm", MEMBERS, i, leader or self.targets[0],
                                       timeout=timeout)
             try:
                 outcomes[i] = g.publish(versions[i] if versions else version, batches(i),
@@ -242,6 +304,43 @@ class GroupTest(unittest.TestCase):
         cls.pubs[member].wait_ready()
         cls.wait_subscribed()
         self.commit_version(seed + 1)
+
+    def test_04b_a_connection_between_daemons_dropped_aborts_the_version(self):
+        # The members reach the leader through a proxy; the leader's own trainer is slow, so
+        # the others have joined and wait at the parts check when the network drops.
+        proxy = CuttableProxy(self.targets[0])
+        try:
+            v = self.next_version()
+            sent, release = threading.Event(), threading.Event()
+            threads, outcomes = self.publish(v, split(glm_batches(45)), hold={0: (sent, release)},
+                                             leader=proxy.target)
+            self.assertTrue(sent.wait(30))
+            deadline = time.monotonic() + 30
+            while True:  # both members' joins went through the proxy
+                s = self.pubs[0].status().raw.publication_group
+                joined = [m.state for m in s.members_detail[1:]] if s.version == v else []
+                if joined and all(st != "waiting" for st in joined):
+                    break
+                self.assertLess(time.monotonic(), deadline, f"members did not join: {s}")
+                time.sleep(0.02)
+            proxy.cut()
+            release.set()
+            for t in threads:
+                t.join(120)
+            self.assertAbortedEverywhere(outcomes)
+            texts = [str(o) if isinstance(o, wpub.WpubError) else o.error for o in outcomes[1:]]
+            self.assertIn("connection", " ".join(texts))
+            # The network is back (the proxy accepts again): the next version commits.
+            model = glm_batches(46)
+            v = self.next_version()
+            outcomes = self.run_group(v, split(model), leader=proxy.target)
+            for i, o in enumerate(outcomes):
+                self.assertTrue(o.committed, f"member {i}: {o.error}")
+            expected = reference(self.workdir, model)
+            self.assertAllHold(v, expected)
+            type(self).held = (v, expected)
+        finally:
+            proxy.close()
 
     def test_05_a_follower_killed_mid_publication_aborts_the_version(self):
         self.kill_and_restart(2, 51, "member 2", "connection")
