@@ -139,6 +139,9 @@ struct EngineComponents {
   // Serves Engine::ConnectEngines (the NCCL transport). Not owned: it must be one of the
   // components above (e.g. the transport in `transports`), so it lives as long as the engine.
   EngineConnector* connector = nullptr;
+  // A connector that is not one of the transports (e.g. one that routes a request between
+  // several of them): owned by the engine, and used when `connector` is null.
+  std::unique_ptr<EngineConnector> owned_connector;
   // Joins publications whose header names a group (PublicationHeader::group) to it. Not owned;
   // it must outlive the engine. Without one such headers are FAILED_PRECONDITION.
   GroupJoiner* group_joiner = nullptr;

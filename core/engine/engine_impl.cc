@@ -45,6 +45,8 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   }
   parts.cuda_ipc = std::move(components.cuda_ipc);
   parts.connector = components.connector;
+  parts.owned_connector = std::move(components.owned_connector);
+  if (parts.connector == nullptr) parts.connector = parts.owned_connector.get();
   parts.group_joiner = components.group_joiner;
   std::vector<Transport*> members;
   for (auto& t : components.transports) {
@@ -69,6 +71,7 @@ Engine::Impl::Impl(const EngineOptions& options, Parts parts)
       extra_transports_(std::move(parts.extra_transports)),
       transports_(std::move(parts.transports)),
       cuda_ipc_(std::move(parts.cuda_ipc)),
+      owned_connector_(std::move(parts.owned_connector)),
       connector_(parts.connector),
       group_joiner_(parts.group_joiner),
       backend_(std::move(parts.backend)),

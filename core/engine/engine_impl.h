@@ -89,6 +89,7 @@ class Engine::Impl {
     std::unique_ptr<TransportGroup> transports;
     std::unique_ptr<CudaIpcResolver> cuda_ipc;
     EngineConnector* connector = nullptr;
+    std::unique_ptr<EngineConnector> owned_connector;
     GroupJoiner* group_joiner = nullptr;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<metrics::EngineMetrics> metrics;
@@ -104,7 +105,8 @@ class Engine::Impl {
   const std::vector<std::unique_ptr<Transport>> extra_transports_;  // owned for transports_
   const std::unique_ptr<TransportGroup> transports_;
   const std::unique_ptr<CudaIpcResolver> cuda_ipc_;  // null on the CPU path
-  EngineConnector* const connector_;                 // owned by a component
+  const std::unique_ptr<EngineConnector> owned_connector_;  // null unless given one
+  EngineConnector* const connector_;                 // owned by a component (or above)
   GroupJoiner* const group_joiner_;                  // owned by the caller
   const std::unique_ptr<Backend> backend_;
   const std::unique_ptr<metrics::EngineMetrics> metrics_;  // null without a registry

@@ -9,19 +9,24 @@ namespace wpub::engine {
 absl::StatusOr<std::unique_ptr<TransportGroup>> TransportGroup::Create(
     std::vector<Transport*> members) {
   if (members.empty()) return absl::InvalidArgumentError("a transport group needs a member");
-  std::vector<std::string> device_readers;
   std::vector<TransportCapabilities> caps;
   for (const Transport* t : members) {
     if (t == nullptr) return absl::InvalidArgumentError("a transport group member is null");
     caps.push_back(t->capabilities());
-    if (Contains(caps.back().accepts, BucketLocation::kDevice)) {
-      device_readers.push_back(caps.back().name);
+    const LocationSet a = caps.back().accepts;
+    if (Contains(a, BucketLocation::kDevice) && !Contains(a, BucketLocation::kHost)) {
+      // It may have to take the host copy (another device reader has participants too).
+      std::size_t readers = 0;
+      for (const Transport* u : members) {
+        readers += Contains(u->capabilities().accepts, BucketLocation::kDevice) ? 1 : 0;
+      }
+      if (readers > 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "transport ", caps.back().name,
+            " reads device buckets only, beside another device reader: it must take host "
+            "buckets too"));
+      }
     }
-  }
-  if (device_readers.size() > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("transports ", absl::StrJoin(device_readers, ", "),
-                     " all read device buckets; at most one transport may"));
   }
   return std::unique_ptr<TransportGroup>(new TransportGroup(std::move(members), std::move(caps)));
 }
@@ -50,6 +55,7 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
     const PublicationManifest& manifest) {
   std::vector<std::string> all;
   participants_.assign(members_.size(), 0);
+  device_reader_ = members_.size();
   for (size_t i = 0; i < members_.size(); ++i) {
     absl::StatusOr<std::vector<std::string>> names = members_[i]->Begin(manifest);
     if (!names.ok()) {
@@ -57,6 +63,10 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
       return names.status();
     }
     participants_[i] = names->size();
+    if (participants_[i] > 0 && device_reader_ == members_.size() &&
+        Contains(caps_[i].accepts, BucketLocation::kDevice)) {
+      device_reader_ = i;  // the first member with participants that takes device bytes
+    }
     all.insert(all.end(), names->begin(), names->end());
   }
   return all;
@@ -69,7 +79,11 @@ absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
     Transport* t = members_[i];
     const TransportCapabilities& c = caps_[i];
     std::shared_ptr<const Bucket> given = bucket;
-    if (!Contains(c.accepts, bucket->location)) {
+    // One member reads the device bytes (DeviceBytes has one `done` event); every other device
+    // reader of this publication takes the host copy.
+    const bool takes_it_as_is = Contains(c.accepts, bucket->location) &&
+                                (bucket->location != BucketLocation::kDevice || i == device_reader_);
+    if (!takes_it_as_is) {
       if (bucket->location != BucketLocation::kDevice ||
           !Contains(c.accepts, BucketLocation::kHost) || !bucket->device.copy_to_host) {
         return absl::InternalError(absl::StrCat("transport ", c.name, " cannot take bucket ",

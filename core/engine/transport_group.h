@@ -1,8 +1,8 @@
 // The transports of one publication driven together (the pull transport's receivers and, on the
-// GPU path, the rollout group's engines), and the one place where a bucket meets them: Send hands
+// GPU path, the rollout groups' engines), and the one place where a bucket meets them: Send hands
 // each member with participants the bucket in a location that member accepts -- a device bucket
-// as it is to the member that reads device memory, and its host copy (made once, only when a
-// member that takes host bytes only has participants) to the others. Begin/Commit/Abort go to
+// as it is to the one member that reads device memory in this publication, and its host copy
+// (made once, only when another member has participants) to the others. Begin/Commit/Abort go to
 // every member; WaitAcknowledged waits on each member with participants in turn against the
 // same deadline; outcomes and receivers are concatenated. Internal to core/engine (and the
 // benchmarks that drive a backend as the engine does). Same thread-safety as Transport.
@@ -18,8 +18,10 @@ namespace wpub::engine {
 
 class TransportGroup final : public Transport {
  public:
-  // Members are borrowed and must outlive the group; at least one, and at most one that takes
-  // device buckets (DeviceBytes has one `done` event): INVALID_ARGUMENT otherwise.
+  // Members are borrowed and must outlive the group; at least one. Several may take device
+  // buckets: per publication the first of them with participants reads the device bytes
+  // (DeviceBytes has one `done` event) and the others get the host copy, so each of them must
+  // take host buckets too (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<std::unique_ptr<TransportGroup>> Create(std::vector<Transport*> members);
 
   TransportCapabilities capabilities() const override;
@@ -42,6 +44,7 @@ class TransportGroup final : public Transport {
   const std::vector<Transport*> members_;
   const std::vector<TransportCapabilities> caps_;  // per member, read once at Create
   std::vector<size_t> participants_;  // per member, fixed at Begin (publication thread)
+  size_t device_reader_ = 0;          // the member reading device bytes (Begin's choice)
 };
 
 }  // namespace wpub::engine

@@ -4,23 +4,37 @@
 #include "core/common/status.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/ipc_cache.h"
+#include "core/rollout/family_router.h"
 #include "core/rollout/rollout_group.h"
 
 namespace wpub::rollout {
 
 absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOptions& options) {
-  RolloutGroupOptions ro;
-  ro.device = options.device;
-  ro.store.bind_address = options.store_bind_address;
-  ro.store.port = options.store_port;
-  ro.advertise_address = options.advertise_address;
-  ro.engines = options.engines;
-  ro.group_name = options.group_name;
-  ro.sglang.driver.request_timeout = options.request_timeout;
-  ro.sglang.driver.requests_in_flight = options.requests_in_flight;
-  ro.publication_deadline = options.publication_deadline;
-  ro.nccl_ctas = options.nccl_ctas;
-  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<RolloutGroup> group, RolloutGroup::Create(ro));
+  // One rollout group per engine family (its own TCPStore, communicator and protocol), and a
+  // router that splits ConnectEngines between them (family_router.h). The SGLang group's store
+  // takes store_port; the vLLM group's the next port (or an ephemeral one).
+  std::vector<std::unique_ptr<RolloutGroup>> groups;
+  for (const char* family : {"sglang", "vllm"}) {
+    RolloutGroupOptions ro;
+    ro.device = options.device;
+    ro.store.bind_address = options.store_bind_address;
+    ro.store.port = options.store_port == 0 ? 0
+                    : family == std::string("sglang")
+                        ? options.store_port
+                        : static_cast<uint16_t>(options.store_port + 1);
+    ro.advertise_address = options.advertise_address;
+    for (const EngineSpec& e : options.engines) {
+      if (e.family == family) ro.engines.push_back(e);
+    }
+    ro.group_name = options.group_name;
+    ro.sglang.driver.request_timeout = options.request_timeout;
+    ro.sglang.driver.requests_in_flight = options.requests_in_flight;
+    ro.vllm.driver.request_timeout = options.request_timeout;
+    ro.publication_deadline = options.publication_deadline;
+    ro.nccl_ctas = options.nccl_ctas;
+    WPUB_ASSIGN_OR_RETURN(std::unique_ptr<RolloutGroup> group, RolloutGroup::Create(ro));
+    groups.push_back(std::move(group));
+  }
   gpu::GpuBackendOptions bo;
   bo.device = options.device;
   bo.reject_before_send = options.reject_non_finite_before_send;
@@ -33,8 +47,10 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   engine::EngineComponents c;
   c.cuda_ipc = std::move(ipc);
   c.backend = std::move(backend);
-  c.connector = group.get();  // owned by c.transports below
-  c.transports.push_back(std::move(group));
+  c.owned_connector = std::make_unique<FamilyRouter>(
+      std::vector<std::pair<std::string, FamilyConnector*>>{{"sglang", groups[0].get()},
+                                                            {"vllm", groups[1].get()}});
+  for (auto& g : groups) c.transports.push_back(std::move(g));  // owned by the engine
   return c;
 }
 

@@ -163,8 +163,8 @@ absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
     if (e.family != engines[0].family) {
       return absl::InvalidArgumentError(absl::StrCat(
           "engines ", engines[0].url, " (", engines[0].family, ") and ", e.url, " (", e.family,
-          ") speak different protocols: one weight-update group has one engine family; connect "
-          "SGLang and vLLM engines from separate daemons"));
+          ") speak different protocols: one weight-update group has one engine family (the GPU "
+          "path gives each family its own group)"));
     }
   }
   if (engines[0].family == "vllm") return vllm_family_;
@@ -255,6 +255,20 @@ absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
   PublishInfo();
   if (!s.ok()) return s;
   return Group();
+}
+
+absl::Status RolloutGroup::Disconnect() {
+  std::lock_guard lock(connect_mu_);
+  if (in_flight_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "publication ", version_, " is in flight on the rollout group; disconnect after it ends"));
+  }
+  if (engines_.empty() && !driver_) return absl::OkStatus();
+  nccl_->End();
+  TearDownGroup();
+  engines_.clear();
+  PublishInfo();
+  return absl::OkStatus();
 }
 
 engine::EngineGroupInfo RolloutGroup::Group() const {

@@ -52,6 +52,7 @@
 #include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/engine_driver.h"
+#include "core/rollout/family_router.h"
 #include "core/rollout/sglang_driver.h"
 #include "core/rollout/vllm_driver.h"
 
@@ -89,7 +90,7 @@ struct RolloutGroupOptions {
   int nccl_ctas = 0;
 };
 
-class RolloutGroup final : public engine::Transport, public engine::EngineConnector {
+class RolloutGroup final : public engine::Transport, public FamilyConnector {
  public:
   // Starts the TCPStore server and the NCCL transport; forms no group yet (the first Begin or
   // Connect does). INVALID_ARGUMENT for an initial engine set ConnectEngines would refuse, an
@@ -119,6 +120,9 @@ class RolloutGroup final : public engine::Transport, public engine::EngineConnec
   void Abort(absl::string_view reason) override;
   std::vector<engine::ReceiverOutcome> Outcomes() const override;
   std::vector<engine::ReceiverInfo> Receivers() const override;
+  // FamilyConnector: tears the group down (the engines are asked to leave) and forgets the engine
+  // set. FAILED_PRECONDITION while a publication is in flight.
+  absl::Status Disconnect() override;
   // Every engine of the group becomes dirty (no resume at the abort that follows).
   void MarkParticipantsDirty() override;
 

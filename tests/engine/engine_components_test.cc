@@ -290,15 +290,36 @@ TEST(EngineComponentsTest, TransportGroupMakesOneHostCopyAndNamesWhatCannotTakeA
 }
 
 // Two transports that read device memory cannot share a bucket's one `done` event.
-TEST(EngineComponentsTest, TwoDeviceReadingTransportsAreRefused) {
-  FakeTransport::Log log;
+// Two transports that read device bytes (two rollout groups, one per engine family): the first
+// with participants gets every device bucket as it is, the other the one host copy per bucket.
+TEST(EngineComponentsTest, OfTwoDeviceReadersOneReadsDeviceBytesTheOtherTheHostCopy) {
+  FakeTransport::Log first, second;
+  auto backend = std::make_unique<DeviceBucketBackend>();
+  DeviceBucketBackend* device_backend = backend.get();
   EngineComponents components;
-  components.transports.push_back(std::make_unique<FakeTransport>(&log, false, true));
-  components.transports.push_back(std::make_unique<FakeTransport>(&log, false, true));
-  auto engine = Engine::Create(EngineOptions{}, nullptr, std::move(components));
-  ASSERT_FALSE(engine.ok());
-  EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(testing::HasSubstr(engine.status(), "at most one transport")) << engine.status();
+  components.backend = std::move(backend);
+  components.transports.push_back(std::make_unique<FakeTransport>(&first, false, true));
+  components.transports.push_back(std::make_unique<FakeTransport>(&second, false, true));
+  EngineOptions options;
+  options.bucket_bytes = 4096;
+  options.min_bucket_bytes = 1024;
+  auto engine = Engine::Create(options, nullptr, std::move(components));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto session = (*engine)->Open(testing::Header(1));
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  auto report = (*session)->Commit();
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+  ASSERT_GT(report->buckets, 1u);
+  EXPECT_EQ(first.bytes, report->bytes_out);
+  EXPECT_EQ(second.bytes, report->bytes_out);
+  size_t device_first = 0, device_second = 0;
+  for (const std::string& c : first.calls) device_first += c.rfind("device ", 0) == 0;
+  for (const std::string& c : second.calls) device_second += c.rfind("device ", 0) == 0;
+  EXPECT_EQ(device_first, report->buckets);
+  EXPECT_EQ(device_second, 0u);
+  EXPECT_EQ(device_backend->copies.load(), static_cast<int>(report->buckets));
 }
 
 // Resolves "CUDA IPC" handles to host buffers (handle byte 0 = buffer index): exercises the

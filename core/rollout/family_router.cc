@@ -1,0 +1,82 @@
+// FamilyRouter (family_router.h).
+#include "core/rollout/family_router.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace wpub::rollout {
+namespace {
+
+std::string FamilyOf(const engine::EngineEndpoint& e) {
+  return e.family.empty() ? std::string("sglang") : e.family;
+}
+
+}  // namespace
+
+absl::StatusOr<engine::EngineGroupInfo> FamilyRouter::Connect(
+    const engine::EngineConnectRequest& request) {
+  if (absl::Status s = engine::ValidateEngineConnectRequest(request); !s.ok()) return s;
+  for (size_t i = 0; i < request.engines.size(); ++i) {
+    const std::string f = FamilyOf(request.engines[i]);
+    const bool served = std::any_of(members_.begin(), members_.end(),
+                                    [&](const auto& m) { return m.first == f; });
+    if (!served) {
+      return absl::InvalidArgumentError(absl::StrCat("engines[", i, "] '", request.engines[i].url,
+                                                     "': no group serves engine kind '", f, "'"));
+    }
+  }
+  const auto disconnect_all = [&] {
+    for (const auto& [family, group] : members_) group->Disconnect().IgnoreError();
+  };
+  for (const auto& [family, group] : members_) {
+    engine::EngineConnectRequest part = request;
+    part.engines.clear();
+    for (const engine::EngineEndpoint& e : request.engines) {
+      if (FamilyOf(e) == family) part.engines.push_back(e);
+    }
+    if (part.engines.empty()) {
+      if (absl::Status s = group->Disconnect(); !s.ok()) {
+        disconnect_all();
+        return s;
+      }
+      continue;
+    }
+    absl::StatusOr<engine::EngineGroupInfo> joined = group->Connect(part);
+    if (!joined.ok()) {
+      disconnect_all();
+      return joined.status();
+    }
+  }
+  return Group();
+}
+
+engine::EngineGroupInfo FamilyRouter::Group() const {
+  std::vector<engine::EngineGroupInfo> withs;
+  engine::EngineGroupInfo first;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    engine::EngineGroupInfo g = members_[i].second->Group();
+    if (i == 0) first = g;
+    if (!g.engines.empty()) withs.push_back(std::move(g));
+  }
+  if (withs.empty()) return first;
+  if (withs.size() == 1) return withs[0];
+  engine::EngineGroupInfo out;
+  std::vector<std::string> names, stores;
+  out.healthy = true;
+  for (const engine::EngineGroupInfo& g : withs) {
+    names.push_back(g.group_name);
+    stores.push_back(g.store_address);
+    out.world_size += g.world_size;
+    out.generation = std::max(out.generation, g.generation);
+    out.healthy = out.healthy && g.healthy;
+    out.highest_engine_version = std::max(out.highest_engine_version, g.highest_engine_version);
+    out.engines.insert(out.engines.end(), g.engines.begin(), g.engines.end());
+  }
+  out.group_name = absl::StrJoin(names, ",");
+  out.store_address = absl::StrJoin(stores, ",");
+  return out;
+}
+
+}  // namespace wpub::rollout

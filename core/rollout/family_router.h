@@ -1,0 +1,46 @@
+// SGLang and vLLM engines in one publication: one rollout group per engine family (each its own
+// TCPStore, communicator and protocol), and the engine connector that splits a ConnectEngines
+// request by family between them. The engine drives both groups as transports; the transport
+// group hands the device bucket to the first one with engines and the host copy to the other
+// (core/engine/transport_group.h), so a publication to both families costs one device-to-host
+// copy per bucket more than a publication to one.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/engine/engine.h"
+
+namespace wpub::rollout {
+
+// One family's group as the router drives it (RolloutGroup).
+class FamilyConnector : public engine::EngineConnector {
+ public:
+  // Tears the group down and forgets its engines; afterwards no engine of it is connected.
+  // FAILED_PRECONDITION while a publication is in flight on it.
+  virtual absl::Status Disconnect() = 0;
+};
+
+class FamilyRouter final : public engine::EngineConnector {
+ public:
+  // (family, its group) pairs; the groups are borrowed and must outlive the router.
+  explicit FamilyRouter(std::vector<std::pair<std::string, FamilyConnector*>> members)
+      : members_(std::move(members)) {}
+
+  // Validates the request, then connects each family's engines to that family's group and
+  // disconnects the groups of the families the request does not name. On any failure every
+  // group is disconnected (never half-connected) and the first error is returned.
+  // INVALID_ARGUMENT naming the engine for a family no group serves.
+  absl::StatusOr<engine::EngineGroupInfo> Connect(const engine::EngineConnectRequest& r) override;
+  // The groups' snapshots merged: their engines in member order, names and store addresses
+  // joined with ",", healthy when every group with engines is.
+  engine::EngineGroupInfo Group() const override;
+
+ private:
+  const std::vector<std::pair<std::string, FamilyConnector*>> members_;
+};
+
+}  // namespace wpub::rollout
