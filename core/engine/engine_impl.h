@@ -104,10 +104,10 @@ class Engine::Impl {
   const std::unique_ptr<PullTransport> pull_;
   const std::vector<std::unique_ptr<Transport>> extra_transports_;  // owned for transports_
   const std::unique_ptr<TransportGroup> transports_;
-  const std::unique_ptr<CudaIpcResolver> cuda_ipc_;  // null on the CPU path
+  const std::unique_ptr<CudaIpcResolver> cuda_ipc_;         // null on the CPU path
   const std::unique_ptr<EngineConnector> owned_connector_;  // null unless given one
-  EngineConnector* const connector_;                 // owned by a component (or above)
-  GroupJoiner* const group_joiner_;                  // owned by the caller
+  EngineConnector* const connector_;                        // owned by a component (or above)
+  GroupJoiner* const group_joiner_;                         // owned by the caller
   const std::unique_ptr<Backend> backend_;
   const std::unique_ptr<metrics::EngineMetrics> metrics_;  // null without a registry
   std::mutex ipc_mu_;                                      // serializes cuda_ipc_ calls

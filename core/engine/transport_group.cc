@@ -81,8 +81,9 @@ absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
     std::shared_ptr<const Bucket> given = bucket;
     // One member reads the device bytes (DeviceBytes has one `done` event); every other device
     // reader of this publication takes the host copy.
-    const bool takes_it_as_is = Contains(c.accepts, bucket->location) &&
-                                (bucket->location != BucketLocation::kDevice || i == device_reader_);
+    const bool takes_it_as_is =
+        Contains(c.accepts, bucket->location) &&
+        (bucket->location != BucketLocation::kDevice || i == device_reader_);
     if (!takes_it_as_is) {
       if (bucket->location != BucketLocation::kDevice ||
           !Contains(c.accepts, BucketLocation::kHost) || !bucket->device.copy_to_host) {

@@ -20,8 +20,8 @@ absl::StatusOr<engine::EngineGroupInfo> FamilyRouter::Connect(
   if (absl::Status s = engine::ValidateEngineConnectRequest(request); !s.ok()) return s;
   for (size_t i = 0; i < request.engines.size(); ++i) {
     const std::string f = FamilyOf(request.engines[i]);
-    const bool served = std::any_of(members_.begin(), members_.end(),
-                                    [&](const auto& m) { return m.first == f; });
+    const bool served =
+        std::any_of(members_.begin(), members_.end(), [&](const auto& m) { return m.first == f; });
     if (!served) {
       return absl::InvalidArgumentError(absl::StrCat("engines[", i, "] '", request.engines[i].url,
                                                      "': no group serves engine kind '", f, "'"));

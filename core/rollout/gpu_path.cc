@@ -47,9 +47,9 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   engine::EngineComponents c;
   c.cuda_ipc = std::move(ipc);
   c.backend = std::move(backend);
-  c.owned_connector = std::make_unique<FamilyRouter>(
-      std::vector<std::pair<std::string, FamilyConnector*>>{{"sglang", groups[0].get()},
-                                                            {"vllm", groups[1].get()}});
+  c.owned_connector =
+      std::make_unique<FamilyRouter>(std::vector<std::pair<std::string, FamilyConnector*>>{
+          {"sglang", groups[0].get()}, {"vllm", groups[1].get()}});
   for (auto& g : groups) c.transports.push_back(std::move(g));  // owned by the engine
   return c;
 }

@@ -54,9 +54,8 @@ engine::EngineConnectRequest Request(std::vector<engine::EngineEndpoint> engines
 TEST(FamilyRouter, MixedEnginesReachTheirFamiliesGroups) {
   FakeGroup sglang("sglang"), vllm("vllm");
   FamilyRouter router({{"sglang", &sglang}, {"vllm", &vllm}});
-  auto g = router.Connect(Request({{"http://s0:1", 2, ""},
-                                   {"http://v0:1", 1, "vllm"},
-                                   {"http://s1:1", 1, "sglang"}}));
+  auto g = router.Connect(
+      Request({{"http://s0:1", 2, ""}, {"http://v0:1", 1, "vllm"}, {"http://s1:1", 1, "sglang"}}));
   ASSERT_TRUE(g.ok()) << g.status();
   ASSERT_EQ(sglang.requests.size(), 1u);
   ASSERT_EQ(vllm.requests.size(), 1u);
