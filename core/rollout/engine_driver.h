@@ -144,4 +144,18 @@ class EngineFamily {
   virtual absl::Duration connect_timeout() const = 0;
 };
 
+// Family-neutral HTTP reads of every engine, concurrently (engine_http.cc).
+// GETs `path` on every engine concurrently; true where the engine answered 2xx within
+// `timeout`. Used to leave dead engines out when (re-)forming a group.
+std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
+                               absl::Duration timeout);
+
+// GETs `path` (SGLang's /get_model_info, vLLM's /weight_info) on every engine concurrently and
+// reads the "weight_version" field of each answer: the version the engine serves, as wpub set it
+// with update_weight_version. 0 where the engine did not answer in time, answered without the field
+// (SGLang before weight versions), or with something that is not a decimal version (a
+// checkpoint's own name). Answers are bounded like every engine answer.
+std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
+                                          const std::string& path, absl::Duration timeout);
+
 }  // namespace wpub::rollout

@@ -3,11 +3,31 @@
 
 #include <httplib.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/json_bounds.h"
+#include "nlohmann/json.hpp"
 
 namespace wpub::rollout {
+namespace {
+
+using json = nlohmann::json;
+
+// The "weight_version" of an engine's version answer, or 0 (see FetchWeightVersions).
+uint64_t WeightVersionOf(const std::string& body) {
+  if (!CheckJsonBounds(body, "answer").ok()) return 0;
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return 0;
+  auto it = j.find("weight_version");
+  if (it == j.end()) return 0;
+  uint64_t v = 0;
+  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
+  if (it->is_number_unsigned()) return it->get<uint64_t>();
+  return 0;
+}
+
+}  // namespace
 
 std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& engines,
                                                const std::string& path, absl::Duration timeout) {
@@ -55,6 +75,22 @@ bool AnyFailed(const EngineQueues& queues) {
     if (q->outcome().failed) return true;
   }
   return false;
+}
+
+std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
+                               absl::Duration timeout) {
+  std::vector<bool> alive;
+  for (const auto& body : GetAll(engines, path, timeout)) alive.push_back(body.has_value());
+  return alive;
+}
+
+std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
+                                          const std::string& path, absl::Duration timeout) {
+  std::vector<uint64_t> versions;
+  for (const auto& body : GetAll(engines, path, timeout)) {
+    versions.push_back(body ? WeightVersionOf(*body) : 0);
+  }
+  return versions;
 }
 
 }  // namespace wpub::rollout

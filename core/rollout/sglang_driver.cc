@@ -40,36 +40,7 @@ std::string SglangAnswer(const std::string& what, const std::string& body) {
   return "";
 }
 
-// The "weight_version" of an engine's /get_model_info answer, or 0 (see FetchWeightVersions).
-uint64_t WeightVersionOf(const std::string& body) {
-  if (!CheckJsonBounds(body, "answer").ok()) return 0;
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return 0;
-  auto it = j.find("weight_version");
-  if (it == j.end()) return 0;
-  uint64_t v = 0;
-  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
-  if (it->is_number_unsigned()) return it->get<uint64_t>();
-  return 0;
-}
-
 }  // namespace
-
-std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
-                               absl::Duration timeout) {
-  std::vector<bool> alive;
-  for (const auto& body : GetAll(engines, path, timeout)) alive.push_back(body.has_value());
-  return alive;
-}
-
-std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
-                                          const std::string& path, absl::Duration timeout) {
-  std::vector<uint64_t> versions;
-  for (const auto& body : GetAll(engines, path, timeout)) {
-    versions.push_back(body ? WeightVersionOf(*body) : 0);
-  }
-  return versions;
-}
 
 std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, size_t engine) {
   json j = {{"master_address", o.master_address},

@@ -132,19 +132,6 @@ class SglangDriver final : public EngineDriver {
   std::vector<std::unique_ptr<EngineRequestQueue>> workers_;
 };
 
-// GETs `path` on every engine concurrently; true where the engine answered 2xx within
-// `timeout`. Used to leave dead engines out when (re-)forming a group.
-std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
-                               absl::Duration timeout);
-
-// GETs `path` (SGLang's /get_model_info) on every engine concurrently and reads the
-// "weight_version" field of each answer: the version the engine serves, as wpub set it with
-// update_weight_version. 0 where the engine did not answer in time, answered without the field
-// (SGLang before weight versions), or with something that is not a decimal version (a
-// checkpoint's own name). Answers are bounded like every engine answer.
-std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
-                                          const std::string& path, absl::Duration timeout);
-
 // The SGLang family (engine_driver.h): drivers from `options` (its engines, master address/port
 // and group name replaced by each group's address), probes at `health_endpoint`, versions from
 // `model_info_endpoint` (either empty: not asked; every engine is up, serving version 0).

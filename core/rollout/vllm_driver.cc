@@ -30,18 +30,6 @@ std::string VllmAnswer(const std::string& what, const std::string& body) {
   return "";
 }
 
-uint64_t WeightVersionOf(const std::string& body) {
-  if (!CheckJsonBounds(body, "answer").ok()) return 0;
-  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return 0;
-  auto it = j.find("weight_version");
-  if (it == j.end()) return 0;
-  uint64_t v = 0;
-  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
-  if (it->is_number_unsigned()) return it->get<uint64_t>();
-  return 0;
-}
-
 }  // namespace
 
 std::vector<uint64_t> VllmPackedChunks(const engine::BucketManifest& bucket, uint64_t limit) {
@@ -252,21 +240,13 @@ bool VllmDriver::any_failed() const { return AnyFailed(workers_); }
 std::vector<bool> VllmFamily::Probe(const std::vector<EngineSpec>& engines,
                                     absl::Duration timeout) const {
   if (options_.health_endpoint.empty()) return std::vector<bool>(engines.size(), true);
-  std::vector<bool> alive;
-  for (const auto& b : GetAll(engines, options_.health_endpoint, timeout)) {
-    alive.push_back(b.has_value());
-  }
-  return alive;
+  return ProbeEngines(engines, options_.health_endpoint, timeout);
 }
 
 std::vector<uint64_t> VllmFamily::WeightVersions(const std::vector<EngineSpec>& engines,
                                                  absl::Duration timeout) const {
   if (options_.weight_info_endpoint.empty()) return std::vector<uint64_t>(engines.size(), 0);
-  std::vector<uint64_t> versions;
-  for (const auto& b : GetAll(engines, options_.weight_info_endpoint, timeout)) {
-    versions.push_back(b ? WeightVersionOf(*b) : 0);
-  }
-  return versions;
+  return FetchWeightVersions(engines, options_.weight_info_endpoint, timeout);
 }
 
 absl::StatusOr<std::unique_ptr<EngineDriver>> VllmFamily::CreateDriver(
