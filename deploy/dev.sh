@@ -30,7 +30,8 @@ sanitize_targets=(fuzz_publish_test fuzz_safetensors_test fuzz_tcp_store_test
   fuzz_update_request_test fuzz_sglang_answers_test fuzz_policy_test policy_test
   engine_unit_test rendezvous_test rollout_sglang_driver_test
   rollout_update_request_test engine_connect_engines_test rollout_sglang_dirty_test
-  policy_bounds_test convert_test group_unit_test rollout_vllm_driver_test)
+  policy_bounds_test convert_test group_unit_test rollout_vllm_driver_test
+  rollout_family_router_test)
 sanitize() {
   local dir=${ASAN_BUILD_DIR:-build-asan}
   cmake -S . -B "$dir" -G Ninja -DWPUB_SANITIZE=ON -DWPUB_ENABLE_CUDA=OFF -DWPUB_BUILD_BENCH=OFF
