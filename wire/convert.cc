@@ -135,10 +135,7 @@ absl::StatusOr<engine::PublicationHeader> FromProto(const pb::PublicationHeader&
           "header.group.timeout_seconds must be in [0, 86400], got ", g.timeout_seconds()));
     }
     m.timeout = absl::Seconds(g.timeout_seconds());
-    if (absl::Status s = engine::ValidateGroupMembership(m); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("header.", s.message()));
-    }
-    out.group = std::move(m);
+    out.group = std::move(m);  // checked by Engine::Open (ValidateGroupMembership)
   }
   return out;
 }

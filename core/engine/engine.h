@@ -33,9 +33,6 @@ class Registry;
 
 namespace wpub::engine {
 
-// Most tensor names a group's declared manifest may hold.
-inline constexpr size_t kMaxDeclaredTensors = size_t{1} << 22;
-
 struct EngineOptions {
   // Default bucket size (PublicationHeader::bucket_bytes overrides it per publication). A
   // tensor larger than a bucket gets a bucket of its own.
@@ -249,8 +246,9 @@ class PublicationSession {
   // The leader of a group (group.member 0) only: adds names to the model's declared manifest,
   // the tensors the group must publish, each exactly once (checked before any byte moves). Any
   // number of calls before Commit. FAILED_PRECONDITION naming the member on another member or
-  // outside a group; INVALID_ARGUMENT past kMaxDeclaredTensors names or for a name that is
-  // empty or longer than 1024 bytes.
+  // outside a group; INVALID_ARGUMENT past kMaxGroupTensors names or kMaxGroupNameBytes
+  // bytes of names, or for a name that is empty or longer than kMaxGroupTensorNameBytes
+  // (group_vote.h).
   absl::Status DeclareExpected(std::vector<std::string> names);
 
   // Blocks: checks completeness (a missing inline chunk is INVALID_ARGUMENT naming the

@@ -208,6 +208,7 @@ class PublicationSession::State {
   std::vector<std::string> retry_errors_;  // why each attempt before the last failed
   SyncCounter syncs_;
   std::vector<std::string> expected_;  // the declared manifest (the leader of a group)
+  size_t expected_bytes_ = 0;          // its names' bytes
 
   mutable std::mutex vote_mu_;
   std::shared_ptr<GroupVote> vote_;  // guarded by vote_mu_

@@ -13,6 +13,7 @@
 // the vote calls the `on_abort` it was joined with, from its own thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -24,6 +25,13 @@
 #include "core/engine/types.h"
 
 namespace wpub::engine {
+
+// Bounds of the names a group handles (a member's parts at the leader, the leader's declared
+// manifest): each 1 to kMaxGroupTensorNameBytes bytes, at most kMaxGroupTensors names and
+// kMaxGroupNameBytes bytes of names in all.
+inline constexpr size_t kMaxGroupTensors = size_t{1} << 22;
+inline constexpr size_t kMaxGroupTensorNameBytes = 1024;
+inline constexpr size_t kMaxGroupNameBytes = size_t{256} << 20;
 
 // What a member publishes, told to the leader once its inputs are checked.
 struct StagedParts {

@@ -27,9 +27,15 @@ PublicationSession::State::State(std::shared_ptr<Engine::Impl> engine, Publicati
       bucket_bytes_(bucket_bytes),
       opened_at_(absl::Now()),
       t_open_(Clock::now()),
-      lifecycle_(
-          header_.version,
-          [impl = engine_.get()](absl::string_view reason) { impl->transports().Abort(reason); }),
+      lifecycle_(header_.version,
+                 [this](absl::string_view reason) {
+                   // A group version another member sent to the engines this one shares: none
+                   // of them may resume with a mix (whichever path ends the publication).
+                   if (std::shared_ptr<GroupVote> v = vote(); v && v->others_may_have_sent()) {
+                     engine_->transports().MarkParticipantsDirty();
+                   }
+                   engine_->transports().Abort(reason);
+                 }),
       store_(engine_->options().max_inline_bytes, engine_->ResolveFn()) {}
 
 // ---------------------------------------------------------------------------------------------
@@ -114,10 +120,6 @@ absl::Status PublicationSession::State::JoinGroup(const std::shared_ptr<State>& 
   auto on_abort = [weak](absl::Status why) {
     std::shared_ptr<State> state = weak.lock();
     if (state == nullptr) return;
-    if (std::shared_ptr<GroupVote> v = state->vote(); v && v->others_may_have_sent()) {
-      // Another member sent to the engines this one shares: none may resume with a mix.
-      state->engine_->transports().MarkParticipantsDirty();
-    }
     state->Stop(why, absl::IsInvalidArgument(why) ? PublicationStatus::kFailed
                                                   : PublicationStatus::kAborted);
   };
@@ -143,14 +145,20 @@ absl::Status PublicationSession::State::DeclareExpected(std::vector<std::string>
         "the expected tensors",
         header_.group ? absl::StrCat("; this is member ", header_.group->member) : "")));
   }
-  if (expected_.size() + names.size() > kMaxDeclaredTensors) {
+  if (expected_.size() + names.size() > kMaxGroupTensors) {
     return Reject(absl::InvalidArgumentError(
-        absl::StrCat("expected: more than ", kMaxDeclaredTensors, " tensor names declared")));
+        absl::StrCat("expected: more than ", kMaxGroupTensors, " tensor names declared")));
   }
   for (std::string& n : names) {
-    if (n.empty() || n.size() > 1024) {
+    if (n.empty() || n.size() > kMaxGroupTensorNameBytes) {
       return Reject(absl::InvalidArgumentError(
-          absl::StrCat("expected: a tensor name of ", n.size(), " bytes (1 to 1024 allowed)")));
+          absl::StrCat("expected: a tensor name of ", n.size(), " bytes (1 to ",
+                       kMaxGroupTensorNameBytes, " allowed)")));
+    }
+    expected_bytes_ += n.size();
+    if (expected_bytes_ > kMaxGroupNameBytes) {
+      return Reject(absl::InvalidArgumentError(
+          absl::StrCat("expected: the declared names exceed ", kMaxGroupNameBytes, " bytes")));
     }
     expected_.push_back(std::move(n));
   }

@@ -220,7 +220,6 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
     absl::Status go = group_vote->Stage(parts);
     phases_.group += Since(t0);
     if (!go.ok()) {
-      if (group_vote->others_may_have_sent()) transport.MarkParticipantsDirty();
       if (absl::IsInvalidArgument(go)) return Reject(go);
       return End(PublicationStatus::kAborted, go);
     }
@@ -238,10 +237,7 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
     parts.phases = phases_;
     absl::Status decided = group_vote->Prepare(parts);
     phases_.group += Since(t0);
-    if (!decided.ok()) {
-      if (group_vote->others_may_have_sent()) transport.MarkParticipantsDirty();
-      return End(PublicationStatus::kAborted, decided);
-    }
+    if (!decided.ok()) return End(PublicationStatus::kAborted, decided);
   }
 
   t0 = Clock::now();

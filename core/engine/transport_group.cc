@@ -13,19 +13,19 @@ absl::StatusOr<std::unique_ptr<TransportGroup>> TransportGroup::Create(
   for (const Transport* t : members) {
     if (t == nullptr) return absl::InvalidArgumentError("a transport group member is null");
     caps.push_back(t->capabilities());
-    const LocationSet a = caps.back().accepts;
-    if (Contains(a, BucketLocation::kDevice) && !Contains(a, BucketLocation::kHost)) {
-      // It may have to take the host copy (another device reader has participants too).
-      std::size_t readers = 0;
-      for (const Transport* u : members) {
-        readers += Contains(u->capabilities().accepts, BucketLocation::kDevice) ? 1 : 0;
-      }
-      if (readers > 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "transport ", caps.back().name,
-            " reads device buckets only, beside another device reader: it must take host "
-            "buckets too"));
-      }
+  }
+  size_t device_readers = 0;
+  for (const TransportCapabilities& c : caps) {
+    device_readers += Contains(c.accepts, BucketLocation::kDevice) ? 1 : 0;
+  }
+  for (const TransportCapabilities& c : caps) {
+    // Beside another device reader it may have to take the host copy.
+    if (device_readers > 1 && Contains(c.accepts, BucketLocation::kDevice) &&
+        !Contains(c.accepts, BucketLocation::kHost)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("transport ", c.name,
+                       " reads device buckets only, beside another device reader: it must take "
+                       "host buckets too"));
     }
   }
   return std::unique_ptr<TransportGroup>(new TransportGroup(std::move(members), std::move(caps)));

@@ -85,7 +85,7 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
             active_->group(), "' version ", active_->version(), " with ", active_->members(),
             " members"));
         // When the leader is in the round, the round cannot complete without this member.
-        if (active_->Summary().members_detail[0].state != "waiting") {
+        if (active_->joined(0)) {
           aborted = active_;
           abort_why = refused;
         }
@@ -188,7 +188,6 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> Coordinator::JoinLocal(
   MemberHello hello;
   hello.membership = *header.group;
   hello.version = header.version;
-  hello.model_id = header.model_id;
   hello.recipe = header.recipe;
   absl::StatusOr<std::shared_ptr<Round>> round = Join(hello, header.group->timeout);
   if (!round.ok()) return round.status();

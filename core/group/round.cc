@@ -36,8 +36,7 @@ Round::Round(std::string group, uint32_t members, uint64_t version, absl::Durati
       timeout_(timeout),
       m_(members),
       granted_(members, false),
-      last_progress_(Clock::now()),
-      created_(Clock::now()) {}
+      last_progress_(Clock::now()) {}
 
 std::string Round::Name(uint32_t member) const {
   const std::string& p = m_[member].publisher;
@@ -94,7 +93,6 @@ absl::Status Round::Join(const MemberHello& hello) {
   m.publisher = gm.publisher;
   m.recipe = hello.recipe;
   m.joined_at = Clock::now();
-  ++joined_;
   Progress();
   return absl::OkStatus();
 }
@@ -327,6 +325,11 @@ bool Round::others_may_have_sent(uint32_t member) const {
     if (i != member && granted_[i] && m_[i].parts.engines) return true;
   }
   return false;
+}
+
+bool Round::joined(uint32_t member) const {
+  std::lock_guard lock(mu_);
+  return member < members_ && m_[member].stage != MemberStage::kWaiting;
 }
 
 bool Round::decided() const {

@@ -40,7 +40,6 @@ namespace wpub::group {
 struct MemberHello {
   engine::GroupMembership membership;
   uint64_t version = 0;
-  std::string model_id;
   std::string recipe;
 };
 
@@ -78,6 +77,8 @@ class Round {
 
   // True once a member other than `member` was let transfer while sending to engines.
   bool others_may_have_sent(uint32_t member) const;
+  // Member `member` joined (whatever happened since).
+  bool joined(uint32_t member) const;
   bool decided() const;
   // The abort status (OK while undecided or committed).
   absl::Status abort_status() const;
@@ -128,7 +129,7 @@ class Round {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Member> m_;
-  uint32_t joined_ = 0, staged_ = 0, prepared_ = 0;
+  uint32_t staged_ = 0, prepared_ = 0;
   bool parts_checked_ = false;
   std::vector<bool> granted_;
   bool decided_ = false;
@@ -137,7 +138,6 @@ class Round {
   int32_t slowest_member_ = -1;
   double coordination_seconds_ = 0;
   Clock::time_point last_progress_;
-  Clock::time_point created_;
   std::vector<std::function<void(absl::Status)>> on_abort_;
 };
 

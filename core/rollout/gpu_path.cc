@@ -14,12 +14,12 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   // router that splits ConnectEngines between them (family_router.h). The SGLang group's store
   // takes store_port; the vLLM group's the next port (or an ephemeral one).
   std::vector<std::unique_ptr<RolloutGroup>> groups;
-  for (const char* family : {"sglang", "vllm"}) {
+  const std::string families[] = {"sglang", "vllm"};
+  for (const std::string& family : families) {
     RolloutGroupOptions ro;
     ro.device = options.device;
     ro.store.bind_address = options.store_bind_address;
-    ro.store.port = options.store_port == 0 ? 0
-                    : family == std::string("sglang")
+    ro.store.port = options.store_port == 0 || family == families[0]
                         ? options.store_port
                         : static_cast<uint16_t>(options.store_port + 1);
     ro.advertise_address = options.advertise_address;
@@ -49,7 +49,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   c.backend = std::move(backend);
   c.owned_connector =
       std::make_unique<FamilyRouter>(std::vector<std::pair<std::string, FamilyConnector*>>{
-          {"sglang", groups[0].get()}, {"vllm", groups[1].get()}});
+          {families[0], groups[0].get()}, {families[1], groups[1].get()}});
   for (auto& g : groups) c.transports.push_back(std::move(g));  // owned by the engine
   return c;
 }

@@ -122,16 +122,12 @@ VllmDriver::VllmDriver(VllmDriverOptions options, GroupLayout layout)
     : options_(std::move(options)), layout_(std::move(layout)) {}
 VllmDriver::~VllmDriver() = default;
 
-void VllmDriver::PostAll(const std::string& path, const std::string& body, bool always) {
+void VllmDriver::PostAll(const std::string& path, const std::string& body,
+                         const std::string& on_404) {
   auto shared = std::make_shared<const std::string>(body);
   for (auto& w : workers_) {
     EngineRequest r{"POST", path, shared};
-    r.always = always;
-    if (path == kStart) {
-      r.on_404 =
-          "this vLLM has no /start_weight_update (a release before v0.21); wpub needs "
-          "v0.21 or later";
-    }
+    r.on_404 = on_404;
     w->Post(std::move(r));
   }
 }
@@ -167,7 +163,9 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
     PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "");
   }
   // v0.21 to v0.24 parse a JSON body here; later releases read none.
-  PostAll(kStart, "{}");
+  PostAll(kStart, "{}",
+          "this vLLM has no /start_weight_update (a release before v0.21); wpub needs v0.21 or "
+          "later");
 }
 
 void VllmDriver::PostBucket(const engine::BucketManifest& bucket) {

@@ -126,12 +126,16 @@ class RemoteVote final : public engine::GroupVote {
   }
 
   absl::Status Stage(const engine::StagedParts& parts) override {
-    for (size_t i = 0; i == 0 || i < parts.tensors.size(); i += kNamesPerMessage) {
+    // The names in messages of kNamesPerMessage; the last one (also for no names) with totals.
+    size_t next = 0;
+    bool last = false;
+    while (!last) {
       pb::GroupMemberMessage msg;
       pb::GroupParts* p = msg.mutable_parts();
-      const size_t end = std::min(parts.tensors.size(), i + kNamesPerMessage);
-      for (size_t k = i; k < end; ++k) p->add_tensors(parts.tensors[k]);
-      if (end == parts.tensors.size()) {
+      const size_t end = std::min(parts.tensors.size(), next + kNamesPerMessage);
+      for (; next < end; ++next) p->add_tensors(parts.tensors[next]);
+      last = next == parts.tensors.size();
+      if (last) {
         p->set_last(true);
         p->set_bytes_in(parts.bytes_in);
         p->set_bytes_out(parts.bytes_out);
@@ -139,7 +143,6 @@ class RemoteVote final : public engine::GroupVote {
         p->set_engines(parts.engines);
       }
       link_->Write(msg);  // a broken stream shows as the decision below
-      if (end == parts.tensors.size()) break;
     }
     std::unique_lock lock(link_->mu);
     link_->cv.wait(lock, [&] { return link_->transfer || link_->decision.has_value(); });
@@ -177,11 +180,7 @@ class RemoteVote final : public engine::GroupVote {
   }
 
   engine::GroupSummary Summary() const override {
-    engine::GroupSummary s;
-    {
-      std::lock_guard lock(mu_);
-      s = summary_;
-    }
+    engine::GroupSummary s = summary_;
     std::lock_guard lock(link_->mu);
     if (!link_->decision.has_value()) {
       s.outcome = "open";
@@ -197,9 +196,8 @@ class RemoteVote final : public engine::GroupVote {
  private:
   const std::shared_ptr<Link> link_;
   std::thread reader_;
-  mutable std::mutex mu_;
-  engine::GroupSummary summary_;  // guarded by mu_
-  bool failed_ = false;           // guarded by link_->mu
+  const engine::GroupSummary summary_;  // the membership; the outcome is read from the link
+  bool failed_ = false;                 // guarded by link_->mu
 };
 
 }  // namespace
@@ -266,7 +264,6 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::JoinOver(
   j->set_member(gm.member);
   j->set_publisher(gm.publisher);
   j->set_version(header.version);
-  j->set_model_id(header.model_id);
   j->set_recipe(header.recipe);
   j->set_timeout_seconds(absl::ToDoubleSeconds(gm.timeout));
   link->Write(join);

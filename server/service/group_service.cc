@@ -48,7 +48,6 @@ grpc::Status GroupService::Join(
   hello.membership.publisher = j.publisher().empty() ? std::string(context->peer()) : j.publisher();
   hello.membership.leader = "(this daemon)";
   hello.version = j.version();
-  hello.model_id = j.model_id();
   hello.recipe = j.recipe();
   if (!(j.timeout_seconds() >= 0) || j.timeout_seconds() > 86400) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "join.timeout_seconds must be in [0, 86400]"};
@@ -91,6 +90,7 @@ grpc::Status GroupService::Join(
   });
 
   engine::StagedParts parts;
+  size_t name_bytes = 0;
   bool staged = false;
   absl::Status member_status;  // a protocol error of the member's
   while (stream->Read(&msg)) {
@@ -101,12 +101,25 @@ grpc::Status GroupService::Join(
           break;
         }
         const pb::GroupParts& p = msg.parts();
-        if (parts.tensors.size() + p.tensors_size() > kMaxGroupTensors) {
+        if (parts.tensors.size() + p.tensors_size() > engine::kMaxGroupTensors) {
           member_status = absl::InvalidArgumentError(
-              absl::StrCat("more than ", kMaxGroupTensors, " tensor names"));
+              absl::StrCat("more than ", engine::kMaxGroupTensors, " tensor names"));
           break;
         }
-        for (const std::string& name : p.tensors()) parts.tensors.push_back(name);
+        for (const std::string& name : p.tensors()) {
+          name_bytes += name.size();
+          if (name.empty() || name.size() > engine::kMaxGroupTensorNameBytes) {
+            member_status = absl::InvalidArgumentError(
+                absl::StrCat("a tensor name of ", name.size(), " bytes (1 to ",
+                             engine::kMaxGroupTensorNameBytes, " allowed)"));
+          } else if (name_bytes > engine::kMaxGroupNameBytes) {
+            member_status = absl::InvalidArgumentError(
+                absl::StrCat("its tensor names exceed ", engine::kMaxGroupNameBytes, " bytes"));
+          }
+          if (!member_status.ok()) break;
+          parts.tensors.push_back(name);
+        }
+        if (!member_status.ok()) break;
         if (p.last()) {
           parts.bytes_in = p.bytes_in();
           parts.bytes_out = p.bytes_out();

@@ -22,9 +22,6 @@
 
 namespace wpub::server {
 
-// Most tensor names one member may report (the bound of a declared manifest).
-inline constexpr size_t kMaxGroupTensors = size_t{1} << 22;
-
 class GroupService final : public wpub::v1::Group::Service {
  public:
   // `coordinator` must outlive the service.

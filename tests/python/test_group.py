@@ -342,6 +342,33 @@ class GroupTest(unittest.TestCase):
         finally:
             proxy.close()
 
+    def test_04c_a_member_cannot_make_the_leader_hold_unbounded_names(self):
+        # A hostile or broken member on the daemon-to-daemon API: an oversized tensor name is
+        # refused naming the bound, the version aborts, the leader keeps serving.
+        import grpc
+        from wpub._proto import pb
+        v = self.next_version()
+        channel = grpc.insecure_channel(self.targets[0])
+        join = channel.stream_stream("/wpub.v1.Group/Join",
+                                     request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=pb.GroupLeaderMessage.FromString)
+
+        def messages():
+            yield pb.GroupMemberMessage(join=pb.GroupJoin(group="glm", members=MEMBERS, member=1,
+                                                          publisher="hostile", version=v,
+                                                          recipe="nvfp4"))
+            yield pb.GroupMemberMessage(parts=pb.GroupParts(tensors=["x" * 2000], last=True))
+
+        with self.assertRaises(grpc.RpcError) as cm:
+            replies = list(join(messages(), timeout=20))
+            self.assertEqual(replies[0].WhichOneof("kind"), "accepted")
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("2000 bytes (1 to 1024 allowed)", cm.exception.details())
+        channel.close()
+        s = self.pubs[0].status().raw.publication_group
+        self.assertEqual((s.version, s.outcome, s.failed_member), (v, "aborted", 1))
+        self.commit_version(47)
+
     def test_05_a_follower_killed_mid_publication_aborts_the_version(self):
         self.kill_and_restart(2, 51, "member 2", "connection")
 
