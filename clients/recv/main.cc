@@ -14,11 +14,11 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "clients/recv/receiver.h"
+#include "server/cli/command_line.h"
+#include "server/cli/logging.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151",
           "wpubd gRPC address; for a publication group, every member's address, comma-separated "
@@ -46,9 +46,17 @@ ABSL_FLAG(int64_t, leave_after_buckets, -1,
 ABSL_FLAG(int64_t, corrupt_bucket, -1,
           "Testing: corrupt bucket N of every publication after pulling it (-1: never).");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
+ABSL_FLAG(std::string, log_format, "text", "text or json (one JSON object per line).");
 ABSL_FLAG(std::string, engine_listen, "",
           "NCCL data path: serve SGLang's weight-update routes on host:port and receive over the "
           "publisher's NCCL group (wpubd --engines=http://host:port) instead of pulling.");
+ABSL_FLAG(std::string, engine_protocol, "sglang",
+          "NCCL data path: the engine protocol --engine_listen serves: sglang (SGLang's "
+          "weight-update routes; wpubd --engines=http://host:port) or vllm (vLLM's "
+          "weight-transfer routes and rendezvous, v0.21+; wpubd --engines=vllm+http://host:port).");
+ABSL_FLAG(bool, vllm_packing_in_init, true,
+          "--engine_protocol=vllm: take the packing fields in init_info (vLLM v0.26+); false "
+          "behaves as v0.21-v0.25 (refused at init, taken per update).");
 ABSL_FLAG(int32_t, gpu_device, 0, "NCCL data path: the CUDA device to receive on.");
 ABSL_FLAG(std::vector<std::string>, gpu_devices, {},
           "NCCL data path: several CUDA devices, one group rank each (an engine with TP ranks: "
@@ -66,19 +74,97 @@ ABSL_FLAG(int32_t, nccl_ctas, 0,
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "clients/recv/nccl/receiver_endpoint.h"
+#include "clients/recv/nccl/vllm_nccl_path.h"
+#include "clients/recv/vllm_engine.h"
 #include "clients/recv/safetensors.h"
 #include "core/nccl/nccl_comm.h"
 
 namespace {
 
-// The NCCL data path: an SGLang-compatible endpoint; every version announced with
-// /update_weight_version is kept in memory and written to --output when given.
-int RunEngineEndpoint(const sigset_t& signals) {
+// --engine_listen, --gpu_device(s), --nccl_ctas into *o; false (after saying why) when invalid.
+bool EndpointOptions(wpub::nccl::ReceiverEndpointOptions* o) {
   const std::string listen = absl::GetFlag(FLAGS_engine_listen);
   const size_t colon = listen.rfind(':');
   int port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port)) {
     std::fprintf(stderr, "wpub-recv: --engine_listen '%s' is not host:port\n", listen.c_str());
+    return false;
+  }
+  o->host = listen.substr(0, colon);
+  o->port = port;
+  o->devices = {absl::GetFlag(FLAGS_gpu_device)};
+  if (const std::vector<std::string> list = absl::GetFlag(FLAGS_gpu_devices); !list.empty()) {
+    o->devices.clear();
+    for (const std::string& d : list) {
+      int device = 0;
+      if (!absl::SimpleAtoi(d, &device) || device < 0) {
+        std::fprintf(stderr, "wpub-recv: --gpu_devices entry '%s' is not a device number\n",
+                     d.c_str());
+        return false;
+      }
+      o->devices.push_back(device);
+    }
+  }
+  o->nccl_ctas = absl::GetFlag(FLAGS_nccl_ctas);
+  if (absl::Status s = wpub::nccl::CheckCtas(o->nccl_ctas, "--nccl_ctas"); !s.ok()) {
+    std::fprintf(stderr, "wpub-recv: %s\n", std::string(s.message()).c_str());
+    return false;
+  }
+  return true;
+}
+
+// The NCCL data path as a vLLM-protocol engine: every complete version (a finish with a
+// weight_version) is written to --output when given.
+int RunVllmEngine(const sigset_t& signals, wpub::nccl::ReceiverEndpointOptions o) {
+  const std::string output = absl::GetFlag(FLAGS_output);
+  auto path = wpub::nccl::VllmNcclPath::Create(o);
+  if (!path.ok()) {
+    std::fprintf(stderr, "wpub-recv: %s\n", path.status().ToString().c_str());
+    return 2;
+  }
+  wpub::recv::VllmEngineOptions eo;
+  eo.host = o.host;
+  eo.port = o.port;
+  eo.packing_in_init = absl::GetFlag(FLAGS_vllm_packing_in_init);
+  wpub::recv::VllmEngine::Callbacks cb;
+  cb.on_update = [](uint64_t index, const wpub::recv::VllmUpdate& u) {
+    spdlog::debug("update {}: {} tensors, {} bytes in {} chunks", index, u.tensors.size(),
+                  u.nbytes, u.chunks.size());
+  };
+  cb.on_version = [&output](const wpub::recv::VllmEngineState& s) {
+    spdlog::info("version {} applied ({} tensors)", s.weight_version, s.weights.size());
+    if (output.empty()) return;
+    std::vector<wpub::recv::SafetensorsEntry> entries;
+    for (const auto& [name, t] : s.weights) entries.push_back({t.first, t.second});
+    if (absl::Status st =
+            wpub::recv::WriteSafetensors(output, entries, {{"version", s.weight_version}});
+        !st.ok()) {
+      spdlog::error("{}", st.ToString());
+    }
+  };
+  auto engine = wpub::recv::VllmEngine::Start(eo, *std::move(path), std::move(cb));
+  if (!engine.ok()) {
+    std::fprintf(stderr, "wpub-recv: %s\n", engine.status().ToString().c_str());
+    return 2;
+  }
+  spdlog::info("serving vLLM's weight-transfer routes on {}:{} (GPUs {})", o.host,
+               (*engine)->port(), absl::StrJoin(o.devices, ","));
+  int sig = 0;
+  sigwait(&signals, &sig);
+  spdlog::info("received {}: stopping", strsignal(sig));
+  return 0;
+}
+
+// The NCCL data path: an SGLang-compatible endpoint; every version announced with
+// /update_weight_version is kept in memory and written to --output when given.
+int RunEngineEndpoint(const sigset_t& signals) {
+  wpub::nccl::ReceiverEndpointOptions o;
+  if (!EndpointOptions(&o)) return 2;
+  const std::string protocol = absl::GetFlag(FLAGS_engine_protocol);
+  if (protocol == "vllm") return RunVllmEngine(signals, o);
+  if (protocol != "sglang") {
+    std::fprintf(stderr, "wpub-recv: --engine_protocol '%s' is not sglang or vllm\n",
+                 protocol.c_str());
     return 2;
   }
   std::mutex mu;
@@ -106,29 +192,8 @@ int RunEngineEndpoint(const sigset_t& signals) {
       spdlog::error("{}", s.ToString());
     }
   };
-  wpub::nccl::ReceiverEndpointOptions o;
-  o.host = listen.substr(0, colon);
-  o.port = port;
-  o.devices = {absl::GetFlag(FLAGS_gpu_device)};
-  if (const std::vector<std::string> list = absl::GetFlag(FLAGS_gpu_devices); !list.empty()) {
-    o.devices.clear();
-    for (const std::string& d : list) {
-      int device = 0;
-      if (!absl::SimpleAtoi(d, &device) || device < 0) {
-        std::fprintf(stderr, "wpub-recv: --gpu_devices entry '%s' is not a device number\n",
-                     d.c_str());
-        return 2;
-      }
-      o.devices.push_back(device);
-    }
-  }
   // Without --output the bytes are only verified: checksum on the device, nothing copied back.
   o.copy_to_host = !output.empty();
-  o.nccl_ctas = absl::GetFlag(FLAGS_nccl_ctas);
-  if (absl::Status s = wpub::nccl::CheckCtas(o.nccl_ctas, "--nccl_ctas"); !s.ok()) {
-    std::fprintf(stderr, "wpub-recv: %s\n", std::string(s.message()).c_str());
-    return 2;
-  }
   auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(cb));
   if (!endpoint.ok()) {
     std::fprintf(stderr, "wpub-recv: %s\n", endpoint.status().ToString().c_str());
@@ -155,13 +220,25 @@ int main(int argc, char** argv) {
   // of killing the process.
   signal(SIGXFSZ, SIG_IGN);
 
-  absl::SetProgramUsageMessage(
-      "wpub-recv: receive publications from wpubd.\n"
-      "Usage: wpub-recv --target=127.0.0.1:50151 --name=recv-0 "
-      "[--output=model.safetensors]");
-  absl::ParseCommandLine(argc, argv);
-  spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [wpub-recv] %v");
+  wpub::cli::Command command;
+  command.program = command.name = "wpub-recv";
+  command.summary =
+      "wpub-recv: receive publications from wpubd. By default it subscribes to --target (every "
+      "member of a publication group, comma-separated), pulls and verifies every bucket and "
+      "keeps the last committed version (in --output as safetensors when given).\n"
+      "With --engine_listen=HOST:PORT (a build with CUDA and NCCL) it is an engine instead: it "
+      "serves SGLang's (--engine_protocol=sglang) or vLLM's (vllm) weight-update routes and "
+      "receives over the publisher's NCCL group on --gpu_device(s).";
+  command.flags = wpub::cli::FlagsDefinedIn("clients/recv/");
+  const wpub::cli::Parsed parsed =
+      wpub::cli::Parse(command, std::vector<std::string>(argv + 1, argv + argc));
+  if (parsed.exit_code >= 0) return parsed.exit_code;
+  if (absl::Status s = wpub::cli::ConfigureLogging("wpub-recv", absl::GetFlag(FLAGS_log_level),
+                                                   absl::GetFlag(FLAGS_log_format));
+      !s.ok()) {
+    std::fprintf(stderr, "wpub-recv: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   if (!absl::GetFlag(FLAGS_engine_listen).empty()) {
 #ifdef WPUB_WITH_GPU_PATH
     return RunEngineEndpoint(signals);

@@ -40,6 +40,9 @@ struct EngineRequest {
   bool update = false;
   // Sent even to an engine that failed this publication (resuming one after an abort).
   bool always = false;
+  // Opens a state the engine must be told to end (vLLM's /start_weight_update): once it is
+  // taken for sending, EngineRequestQueue::opened says so until the next Reset.
+  bool opens = false;
   // When set: an answer 4xx whose body contains `fallback_when` is not final; the request is
   // sent again with this body (an older release's form), and the queue remembers it did so
   // (EngineRequestQueue::fell_back).
@@ -101,6 +104,7 @@ class EngineRequestQueue {
     std::lock_guard lock(mu_);
     outcome_ = EngineOutcome();
     outcome_.url = url_;
+    opened_ = false;
   }
   // Forgets requests not yet sent (those of an aborted publication must never reach the engine
   // after it: each would post a receive that no broadcast matches).
@@ -137,6 +141,12 @@ class EngineRequestQueue {
     std::lock_guard lock(mu_);
     return fell_back_;
   }
+  // A request with `opens` was taken for sending since the last Reset (answered or not): after
+  // DropQueued, whether the engine may be in the state it opens.
+  bool opened() const {
+    std::lock_guard lock(mu_);
+    return opened_;
+  }
 
  private:
   // Whether the front request may start now (mu_ held, queue non-empty).
@@ -160,6 +170,7 @@ class EngineRequestQueue {
       // Counted before it is sent, under the lock DropQueued takes: once an abort dropped the
       // queue, updates_sent says exactly which engines may hold bytes of the aborted version.
       if (r.update) ++outcome_.updates_sent;
+      if (r.opens) opened_ = true;
       ++in_flight_;
       exclusive_in_flight_ = !r.overlappable;
       lock.unlock();
@@ -217,6 +228,7 @@ class EngineRequestQueue {
   bool stop_ = false;                 // guarded by mu_
   EngineOutcome outcome_;             // guarded by mu_
   bool fell_back_ = false;            // guarded by mu_
+  bool opened_ = false;               // guarded by mu_
 };
 
 // Over a driver's queues: waits for every request posted so far (ABORTED naming the failed

@@ -122,14 +122,9 @@ VllmDriver::VllmDriver(VllmDriverOptions options, GroupLayout layout)
     : options_(std::move(options)), layout_(std::move(layout)) {}
 VllmDriver::~VllmDriver() = default;
 
-void VllmDriver::PostAll(const std::string& path, const std::string& body,
-                         const std::string& on_404) {
+void VllmDriver::PostAll(const std::string& path, const std::string& body) {
   auto shared = std::make_shared<const std::string>(body);
-  for (auto& w : workers_) {
-    EngineRequest r{"POST", path, shared};
-    r.on_404 = on_404;
-    w->Post(std::move(r));
-  }
+  for (auto& w : workers_) w->Post(EngineRequest{"POST", path, shared});
 }
 
 void VllmDriver::StartJoin() {
@@ -163,9 +158,15 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
     PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "");
   }
   // v0.21 to v0.24 parse a JSON body here; later releases read none.
-  PostAll(kStart, "{}",
-          "this vLLM has no /start_weight_update (a release before v0.21); wpub needs v0.21 or "
-          "later");
+  auto body = std::make_shared<const std::string>("{}");
+  for (auto& w : workers_) {
+    EngineRequest r{"POST", kStart, body};
+    r.opens = true;  // an abort then finishes the update (ResumeAfterAbort)
+    r.on_404 =
+        "this vLLM has no /start_weight_update (a release before v0.21); wpub needs v0.21 or "
+        "later";
+    w->Post(std::move(r));
+  }
 }
 
 void VllmDriver::PostBucket(const engine::BucketManifest& bucket) {
@@ -206,12 +207,14 @@ std::vector<bool> VllmDriver::ResumeAfterAbort(const std::set<std::string>& stil
     workers_[i]->DropQueued();
     dirty[i] = dirty[i] || workers_[i]->outcome().updates_sent > 0;
     if (!lifecycle_calls_) continue;
-    // Ends the weight update on every engine (one that received nothing restores its previous
-    // weights); only the clean ones serve again.
-    auto finish = std::make_shared<const std::string>("{}");
-    EngineRequest f{"POST", kFinish, finish};
-    f.always = true;
-    workers_[i]->Post(std::move(f));
+    // Ends the weight update on every engine that was asked to start one (one that received
+    // nothing restores its previous weights; one never asked has none to end and would refuse
+    // the finish); only the clean ones serve again.
+    if (workers_[i]->opened()) {
+      EngineRequest f{"POST", kFinish, std::make_shared<const std::string>("{}")};
+      f.always = true;
+      workers_[i]->Post(std::move(f));
+    }
     if (!dirty[i] && !options_.pause_mode.empty()) {
       EngineRequest r{"POST", kResume, std::make_shared<const std::string>("")};
       r.always = true;

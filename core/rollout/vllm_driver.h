@@ -77,7 +77,7 @@ class VllmDriver final : public EngineDriver {
 
  private:
   VllmDriver(VllmDriverOptions options, GroupLayout layout);
-  void PostAll(const std::string& path, const std::string& body, const std::string& on_404 = "");
+  void PostAll(const std::string& path, const std::string& body);
 
   const VllmDriverOptions options_;
   const GroupLayout layout_;

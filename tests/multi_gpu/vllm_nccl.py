@@ -4,7 +4,9 @@ GPUs): three versions of a GLM-like MoE from torch CUDA tensors (CUDA IPC), ever
 emulator received equal to the CPU reference byte for byte, the lifecycle once per version and
 no resume on a mix; a version with a non-finite weight is rejected before any byte reaches the
 engine; then the same against an emulator of a release that takes the packing fields per update
-(--release v0.25). Writes OUT/vllm_nccl.json; exit 0 when every check holds.
+(--release v0.25); then the C++ vLLM-protocol engine (wpub-recv --engine_listen
+--engine_protocol=vllm --gpu_device=1) at both placements, its --output file checked against the
+reference after each version. Writes OUT/vllm_nccl.json; exit 0 when every check holds.
 
 Usage (a two-GPU host, binaries staged): see run_group_vllm_h200x2.sh.
 """
@@ -88,10 +90,61 @@ def run(out, release):
     return res
 
 
+def read_safetensors(path):
+    """{name: bytes} and the metadata of a safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    body = data[8 + n:]
+    return {k: body[v["data_offsets"][0]:v["data_offsets"][1]] for k, v in header.items()}, meta
+
+
+def run_cpp(out, packing_in_init):
+    """The C++ vLLM-protocol engine on GPU 1: three versions, its output byte for byte."""
+    tag = "cpp-init" if packing_in_init else "cpp-update"
+    port = free_port()
+    target = os.path.join(out, f"{tag}.safetensors")
+    eng = subprocess.Popen([os.environ["WPUB_RECV"], f"--engine_listen=127.0.0.1:{port}",
+                            "--engine_protocol=vllm", "--gpu_device=1", f"--output={target}",
+                            f"--vllm_packing_in_init={'true' if packing_in_init else 'false'}"],
+                           stdout=open(os.path.join(out, f"{tag}.log"), "w"),
+                           stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", 30)
+    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines=vllm+{url}",
+               "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=60)
+    pub = wpub.Publisher(d.target, timeout=300)
+    res = {"release": tag, "versions": [], "ok": True}
+    try:
+        for version in (1, 2, 3):
+            model = glm_batches(version, hidden=256, inter=128, experts=8)
+            ref = reference(out, model)
+            wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+            r = pub.publish(version, wire, bucket_bytes=1 << 20, check=False)
+            got, meta = read_safetensors(target)
+            bad = [n for n, (_, _, raw) in ref.items() if got.get(n) != raw]
+            entry = {"version": version, "status": r.status, "wall_seconds": r.wall_seconds,
+                     "tensors": len(ref), "held": len(got), "file_version": meta.get("version"),
+                     "mismatches": bad[:5]}
+            entry["ok"] = (r.committed and not bad and len(got) == len(ref) and
+                           meta.get("version") == str(version))
+            res["ok"] &= entry["ok"]
+            res["versions"].append(entry)
+            print(json.dumps(entry))
+    finally:
+        pub.close()
+        res["daemon_exit"] = d.stop()
+        eng.terminate()
+        eng.wait(10)
+    return res
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/wpub_vllm_nccl"
     os.makedirs(out, exist_ok=True)
-    results = [run(out, "main"), run(out, "v0.25")]
+    results = [run(out, "main"), run(out, "v0.25"), run_cpp(out, True), run_cpp(out, False)]
     with open(os.path.join(out, "vllm_nccl.json"), "w") as f:
         json.dump(results, f, indent=1)
     sys.exit(0 if all(r["ok"] for r in results) else 1)

@@ -39,6 +39,7 @@ struct BucketReceiver::ParsedUpdate {
   ReceivedBucket bucket;  // tensors, version, nbytes
   std::string group;      // the request's group_name
   int64_t sequence = -1;  // `wpub_sequence`, -1 when absent
+  std::vector<uint64_t> chunks;  // the broadcasts that carry the bucket (one, or vLLM's packed)
   Clock::time_point decoding, waiting, receiving;
 };
 
@@ -108,6 +109,15 @@ absl::Status BucketReceiver::Join(GroupMemberOptions group, int rank_offset) {
   {
     std::lock_guard guard(members_mu_);
     for (size_t i = 0; i < ranks_.size(); ++i) members_[i] = std::move(members[i]);
+  }
+  if (group.rendezvous == Rendezvous::kVllm) {
+    // vLLM's workers all-reduce one float once their communicator is up; the publisher waits
+    // for it before it takes the join as answered (rank failures leave the group).
+    const auto deadline = Clock::now() + ToChrono(options_.join_timeout);
+    WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
+      WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueWarmUp(*members_[i]));
+      return WaitRank(i, failed, deadline);
+    }));
   }
   joined_ = true;
   group_name_ = group.group_name;
@@ -286,7 +296,7 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveRaw(uint64_t n, uint64_t coun
   WPUB_RETURN_IF_ERROR(ReserveAll(n, lock, deadline));
   WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
     for (uint64_t c = 0; c < count; ++c) {
-      WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueReceive(*members_[i], 0, n));
+      WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueReceive(*members_[i], 0, {n}));
     }
     return WaitRank(i, failed, deadline);
   }));
@@ -305,7 +315,28 @@ absl::StatusOr<std::string> BucketReceiver::Update(const std::string& body) {
     u.bucket.version = std::move(request.fields.weight_version);
     u.bucket.tensors = std::move(request.tensors);
     u.bucket.nbytes = request.nbytes;
+    u.chunks = {request.nbytes};
   }
+  return ReceiveParsed(u);
+}
+
+absl::StatusOr<ReceivedBucket> BucketReceiver::ReceiveChunks(
+    std::string version, std::vector<engine::ManifestTensor> tensors, uint64_t nbytes,
+    std::vector<uint64_t> chunks) {
+  if (!options_.copy_to_host) {
+    return absl::FailedPreconditionError("ReceiveChunks needs copy_to_host");
+  }
+  ParsedUpdate u;
+  u.decoding = Clock::now();
+  u.bucket.version = std::move(version);
+  u.bucket.tensors = std::move(tensors);
+  u.bucket.nbytes = nbytes;
+  u.chunks = std::move(chunks);
+  WPUB_RETURN_IF_ERROR(ReceiveParsed(u).status());
+  return std::move(u.bucket);
+}
+
+absl::StatusOr<std::string> BucketReceiver::ReceiveParsed(ParsedUpdate& u) {
   u.waiting = Clock::now();
   const auto deadline = u.waiting + ToChrono(options_.receive_timeout);
   std::unique_lock lock(mu_);  // receives are posted one bucket at a time, in order
@@ -332,11 +363,12 @@ absl::StatusOr<std::string> BucketReceiver::Update(const std::string& body) {
 // Copying to the host: one rank's share of a bucket (slot 0, buffers reserved), received and
 // waited for under mu_; rank 0 copies the bucket back and checksums it on the host, the other
 // ranks checksum on the device.
-absl::Status BucketReceiver::ReceiveOnRank(size_t i, uint64_t n, std::vector<uint8_t>* bytes,
+absl::Status BucketReceiver::ReceiveOnRank(size_t i, absl::Span<const uint64_t> chunks,
+                                           uint64_t n, std::vector<uint8_t>* bytes,
                                            uint64_t* checksum, const std::atomic<bool>& failed,
                                            Clock::time_point deadline) {
   DeviceRank& k = *ranks_[i];
-  WPUB_RETURN_IF_ERROR(k.EnqueueReceive(*members_[i], 0, n));
+  WPUB_RETURN_IF_ERROR(k.EnqueueReceive(*members_[i], 0, chunks));
   WPUB_RETURN_IF_ERROR(WaitRank(i, failed, deadline));
   if (bytes != nullptr) {
     WPUB_RETURN_IF_ERROR(k.CopyToHost(0, n, bytes));
@@ -355,7 +387,8 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveCopied(ParsedUpdate& u,
   ReceivedBucket& b = u.bucket;
   std::vector<uint64_t> sums(ranks_.size(), 0);
   WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& others) {
-    return ReceiveOnRank(i, b.nbytes, i == 0 ? &b.bytes : nullptr, &sums[i], others, deadline);
+    return ReceiveOnRank(i, u.chunks, b.nbytes, i == 0 ? &b.bytes : nullptr, &sums[i], others,
+                         deadline);
   }));
   WPUB_ASSIGN_OR_RETURN(b.checksum, AgreedChecksum(sums, ranks_, b.version));
   ReceiverVersionStats& st = stats_[b.version];
@@ -382,7 +415,7 @@ absl::StatusOr<std::string> BucketReceiver::ReceivePipelined(ParsedUpdate& u, Ad
   const int slot = next_slot_;
   WPUB_RETURN_IF_ERROR(AwaitSlot(slot, lock, deadline));
   WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>&) {
-    return ranks_[i]->EnqueueVerifiedReceive(*members_[i], slot, n);
+    return ranks_[i]->EnqueueVerifiedReceive(*members_[i], slot, u.chunks);
   }));
   next_slot_ ^= 1;
   slot_busy_[slot] = true;

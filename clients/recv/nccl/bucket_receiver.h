@@ -34,6 +34,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "clients/recv/nccl/device_rank.h"
 #include "clients/recv/nccl/group_member.h"
 #include "clients/recv/nccl/receiver_endpoint.h"
@@ -61,7 +62,8 @@ class BucketReceiver {
   // /init_weights_update_group: leaves the current group (aborting a receive still blocked on
   // it) and joins `group` with one rank per device, rank_offset + i on device i (group.rank and
   // group.device are set here). Every rank's communicator init is started before any is
-  // awaited. The join timeout and channel count come from the options.
+  // awaited. The join timeout and channel count come from the options. With vLLM's rendezvous
+  // it returns once every rank ran the warm-up all-reduce.
   absl::Status Join(GroupMemberOptions group, int rank_offset);
   // /destroy_weights_update_group: aborts the members and leaves the group.
   void Destroy();
@@ -72,6 +74,13 @@ class BucketReceiver {
   // group changed while it waited, DEADLINE_EXCEEDED after receive_timeout, DATA_LOSS when the
   // devices' checksums differ; a receive that failed leaves the group.
   absl::StatusOr<std::string> Update(const std::string& body);
+  // A bucket already decoded (vLLM's /update_weights, clients/recv/vllm_engine.h): `tensors`
+  // back to back over `nbytes`, carried by the broadcasts `chunks` (summing to nbytes), received
+  // on every device and verified as Update does, in arrival order. Needs copy_to_host (the bytes
+  // come back in the result). Errors as Update's.
+  absl::StatusOr<ReceivedBucket> ReceiveChunks(std::string version,
+                                               std::vector<engine::ManifestTensor> tensors,
+                                               uint64_t nbytes, std::vector<uint64_t> chunks);
   // /receive_raw: `count` broadcasts of `nbytes` back to back, no decoding, no checksum.
   absl::StatusOr<std::string> ReceiveRaw(uint64_t nbytes, uint64_t count);
 
@@ -100,8 +109,11 @@ class BucketReceiver {
   absl::Status WaitRank(size_t i, const std::atomic<bool>& others_failed,
                         Clock::time_point deadline);
   absl::Status OnEveryRank(RankFn fn);
-  absl::Status ReceiveOnRank(size_t i, uint64_t n, std::vector<uint8_t>* bytes, uint64_t* checksum,
+  absl::Status ReceiveOnRank(size_t i, absl::Span<const uint64_t> chunks, uint64_t n,
+                             std::vector<uint8_t>* bytes, uint64_t* checksum,
                              const std::atomic<bool>& failed, Clock::time_point deadline);
+  // Update and ReceiveChunks after decoding: the turn, the reservation, one receive path.
+  absl::StatusOr<std::string> ReceiveParsed(ParsedUpdate& update);
   // The two receive paths of Update (mu_ held on entry; ReceivePipelined releases it).
   absl::StatusOr<std::string> ReceiveCopied(ParsedUpdate& update, Clock::time_point deadline);
   absl::StatusOr<std::string> ReceivePipelined(ParsedUpdate& update, Advance& advance,

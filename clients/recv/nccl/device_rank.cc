@@ -76,19 +76,34 @@ absl::Status DeviceRank::Reserve(uint64_t n) {
   return absl::OkStatus();
 }
 
-absl::Status DeviceRank::EnqueueReceive(GroupMember& member, int slot, uint64_t n) {
+absl::Status DeviceRank::EnqueueReceive(GroupMember& member, int slot,
+                                        absl::Span<const uint64_t> chunks) {
   WPUB_RETURN_IF_ERROR(UseDevice());
-  return member.Receive(slots_[slot].buffer.data(), n, receive_.get());
+  return member.Receive(slots_[slot].buffer.data(), chunks, receive_.get());
 }
 
-absl::Status DeviceRank::EnqueueVerifiedReceive(GroupMember& member, int slot, uint64_t n) {
+absl::Status DeviceRank::EnqueueWarmUp(GroupMember& member) {
   WPUB_RETURN_IF_ERROR(UseDevice());
+  if (warmup_.size() < sizeof(float)) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(sizeof(float), &warmup_);
+        e != cudaSuccess) {
+      return CudaError("allocating the warm-up's float", e);
+    }
+  }
+  return member.WarmUp(static_cast<float*>(warmup_.data()), receive_.get());
+}
+
+absl::Status DeviceRank::EnqueueVerifiedReceive(GroupMember& member, int slot,
+                                                absl::Span<const uint64_t> chunks) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  uint64_t n = 0;
+  for (const uint64_t c : chunks) n += c;
   Slot& s = slots_[slot];
   cudaError_t e = cudaStreamWaitEvent(receive_.get(), s.verified.get(), 0);
   if (e != cudaSuccess) return CudaError("ordering the receive", e);
   e = s.posted.Record(receive_.get());
   if (e != cudaSuccess) return CudaError("timing the receive", e);
-  WPUB_RETURN_IF_ERROR(member.Receive(s.buffer.data(), n, receive_.get()));
+  WPUB_RETURN_IF_ERROR(member.Receive(s.buffer.data(), chunks, receive_.get()));
   e = s.landed.Record(receive_.get());
   if (e == cudaSuccess) e = cudaStreamWaitEvent(verify_.get(), s.landed.get(), 0);
   if (e == cudaSuccess) e = EnqueueChecksumOn(slot, n, verify_.get());

@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "clients/recv/nccl/group_member.h"
 #include "kernels/cuda/cuda_raii.h"
 
@@ -53,13 +54,17 @@ class DeviceRank {
   absl::Status Reserve(uint64_t n);
   uint64_t slot_bytes() const { return slot_bytes_; }
 
-  // Enqueues the receive of `n` bytes (<= slot_bytes()) into `slot` on the receive stream; no
-  // checksum, no events (the plain receive of the host-checksum path and of /receive_raw).
-  absl::Status EnqueueReceive(GroupMember& member, int slot, uint64_t n);
+  // Enqueues the receive of a bucket of `chunks` (byte sizes, summing to <= slot_bytes()) into
+  // `slot` on the receive stream; no checksum, no events (the plain receive of the host-checksum
+  // path and of /receive_raw).
+  absl::Status EnqueueReceive(GroupMember& member, int slot, absl::Span<const uint64_t> chunks);
   // The device-checksum pipeline for one bucket in `slot`: on the receive stream, after the
   // slot's previous checksum read the buffer, `posted`, the receive and `landed`; on the verify
   // stream, after `landed`, the checksum, its read-back and `verified`. Never waits.
-  absl::Status EnqueueVerifiedReceive(GroupMember& member, int slot, uint64_t n);
+  absl::Status EnqueueVerifiedReceive(GroupMember& member, int slot,
+                                      absl::Span<const uint64_t> chunks);
+  // Enqueues vLLM's warm-up all-reduce (GroupMember::WarmUp) on the receive stream.
+  absl::Status EnqueueWarmUp(GroupMember& member);
   // Enqueues on the receive stream the checksum of `slot`'s first `n` bytes and its read-back
   // (the host-copy path's other ranks, which verify without copying).
   absl::Status EnqueueChecksum(int slot, uint64_t n);
@@ -97,7 +102,8 @@ class DeviceRank {
   kernels::cuda::Stream receive_;  // receives (and copies to the host)
   kernels::cuda::Stream verify_;   // checksums of received buckets
   Slot slots_[kSlots];
-  uint64_t slot_bytes_ = 0;  // of each slot's buffer
+  uint64_t slot_bytes_ = 0;           // of each slot's buffer
+  kernels::cuda::DeviceBuffer warmup_;  // EnqueueWarmUp's float, allocated on first use
 };
 
 // The engine's checksum of a bucket: every rank's must agree (DATA_LOSS naming the version and

@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
+#include "clients/recv/vllm_engine.h"
 #include "core/rendezvous/tcp_store_client.h"
+#include "core/rollout/vllm_driver.h"
 
 namespace wpub::nccl {
 
@@ -16,8 +18,11 @@ absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options) {
   if (options.unique_id_key_templates.empty()) {
     return absl::InvalidArgumentError("no unique-id key template");
   }
+  const bool vllm = options.rendezvous == Rendezvous::kVllm;
   std::vector<std::string> keys;
+  if (vllm) keys.push_back(rollout::kVllmUniqueIdKey);
   for (const std::string& t : options.unique_id_key_templates) {
+    if (vllm) break;
     WPUB_ASSIGN_OR_RETURN(std::string key, rendezvous::UniqueIdKey(t, options.group_name, 0));
     keys.push_back(std::move(key));
   }
@@ -34,6 +39,15 @@ absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options) {
       WPUB_ASSIGN_OR_RETURN(bool present, client->Check({key}));
       if (!present) continue;
       WPUB_ASSIGN_OR_RETURN(std::vector<uint8_t> value, client->Get(key));
+      if (vllm) {
+        absl::StatusOr<std::vector<uint8_t>> id = recv::DecodeVllmUniqueIdPickle(
+            std::string_view(reinterpret_cast<const char*>(value.data()), value.size()));
+        if (!id.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("TCPStore key ", key, ": ", id.status().message()));
+        }
+        value = *std::move(id);
+      }
       if (value.size() != sizeof(UniqueId)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "TCPStore key ", key, " holds ", value.size(), " bytes, not an ncclUniqueId"));
@@ -70,9 +84,26 @@ absl::StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMember
 
 absl::Status GroupMember::WaitReady() { return comm_->WaitReady(deadline_, nullptr); }
 
-absl::Status GroupMember::Receive(void* device_buffer, uint64_t bytes, cudaStream_t stream) {
+absl::Status GroupMember::Receive(void* device_buffer, absl::Span<const uint64_t> chunks,
+                                  cudaStream_t stream) {
   WPUB_RETURN_IF_ERROR(WaitReady());
-  return comm_->Broadcast(device_buffer, bytes, /*root=*/0, stream);
+  uint64_t at = 0;
+  for (const uint64_t n : chunks) {
+    if (n == 0) continue;
+    WPUB_RETURN_IF_ERROR(
+        comm_->Broadcast(static_cast<uint8_t*>(device_buffer) + at, n, /*root=*/0, stream));
+    at += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GroupMember::WarmUp(float* device_float, cudaStream_t stream) {
+  WPUB_RETURN_IF_ERROR(WaitReady());
+  if (const cudaError_t e = cudaMemsetAsync(device_float, 0, sizeof(float), stream);
+      e != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("warm-up: ", cudaGetErrorString(e)));
+  }
+  return comm_->AllReduceSumFloat(device_float, 1, stream);
 }
 
 }  // namespace wpub::nccl

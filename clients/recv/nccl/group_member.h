@@ -1,8 +1,10 @@
 // The receiving side of a weight-update group, for a C++ receiver (wpub-recv's NCCL data
 // path): joins exactly as an SGLang engine does -- a TCPStore client to the publisher's
 // rendezvous (torch's wire format: VALIDATE, PING, ADD "init/"), the ncclUniqueId read under
-// the key ProcessGroupNCCL would read, a nonblocking communicator as rank `rank` -- and then
-// receives each flattened bucket with one broadcast from rank 0.
+// the key ProcessGroupNCCL would read, a nonblocking communicator as rank `rank` -- or as a vLLM
+// worker does (Rendezvous::kVllm: the pickled id StatelessProcessGroup broadcasts, read at
+// rollout::kVllmUniqueIdKey; the caller then runs the warm-up all-reduce, WarmUp), and then
+// receives each bucket with broadcasts from rank 0 (one, or vLLM's packed chunks).
 //
 // Thread-compatible: one owner thread. Receive only enqueues (the caller waits on its stream);
 // Abort may be called from any thread (NcclComm's contract).
@@ -16,19 +18,23 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/nccl/nccl_comm.h"
 #include "core/rendezvous/tcp_store_server.h"
 
 namespace wpub::nccl {
 
+enum class Rendezvous { kSglang, kVllm };
+
 struct GroupMemberOptions {
+  Rendezvous rendezvous = Rendezvous::kSglang;
   std::string master_address = "127.0.0.1";
   uint16_t master_port = 0;
   std::string group_name;
   int rank = 1;
   int world_size = 2;
   int device = 0;
-  // Tried in order; the first key present wins (see rollout::RolloutGroupOptions).
+  // Tried in order; the first key present wins (see rollout::RolloutGroupOptions). kSglang only.
   std::vector<std::string> unique_id_key_templates = {
       std::string(rendezvous::kDefaultUniqueIdKeyTemplate), "/{group}/{group}/{index}"};
   absl::Duration timeout = absl::Seconds(120);  // store connect + id lookup + NCCL init
@@ -36,8 +42,9 @@ struct GroupMemberOptions {
 };
 
 // Reads the ncclUniqueId of `options.group_name` from the store (the first template whose key
-// appears before the timeout). DEADLINE_EXCEEDED naming every key tried; INVALID_ARGUMENT for
-// a value that is not 128 bytes.
+// appears before the timeout; kVllm: the pickle at rollout::kVllmUniqueIdKey).
+// DEADLINE_EXCEEDED naming every key tried; INVALID_ARGUMENT for a value that is not 128 bytes
+// (or not vLLM's pickle of them).
 absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options);
 
 class GroupMember {
@@ -47,8 +54,13 @@ class GroupMember {
 
   // Waits (polling, bounded by the join timeout) until every rank joined.
   absl::Status WaitReady();
-  // Enqueues the receive of one bucket of `bytes` into `device_buffer` on `stream`.
-  absl::Status Receive(void* device_buffer, uint64_t bytes, cudaStream_t stream);
+  // Enqueues the receive of one bucket into `device_buffer` on `stream`: one broadcast per
+  // chunk (byte sizes, back to back; empty chunks are skipped, as no publisher sends them).
+  absl::Status Receive(void* device_buffer, absl::Span<const uint64_t> chunks,
+                       cudaStream_t stream);
+  // Enqueues vLLM's warm-up: a one-element float32 sum all-reduce of `device_float` (zeroed
+  // first) on `stream`.
+  absl::Status WarmUp(float* device_float, cudaStream_t stream);
   void Abort() { comm_->Abort(); }
   // NcclComm::AsyncError: OK while healthy; any thread.
   absl::Status AsyncError() { return comm_->AsyncError(); }

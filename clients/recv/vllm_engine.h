@@ -1,0 +1,146 @@
+// A C++ engine that speaks vLLM's weight-transfer protocol (the dev-mode HTTP routes of `vllm
+// serve --weight-transfer-config '{"backend":"nccl"}'`, v0.21 and later; docs/specs/engines.md,
+// "vLLM"): what wpub-recv --engine_listen --engine_protocol=vllm serves, and what the CPU tests
+// of the vLLM driver publish to. It keeps the engine's side of the protocol -- the routes, their
+// bodies, their order and the weights an engine holds after each of them -- and leaves the bytes
+// to a VllmDataPath: NCCL on the GPU build (clients/recv/nccl/vllm_nccl_path.h), an in-process
+// channel in tests.
+//
+// Lifecycle, as a vLLM engine keeps it:
+//   POST /init_weight_transfer_engine {"init_info": {master_address, master_port, rank_offset,
+//        world_size[, packed, packed_buffer_size_bytes, packed_num_buffers]}}  -> DataPath::Join
+//   POST /pause?mode=abort|wait|keep, POST /resume, GET /is_paused
+//   POST /start_weight_update [{...}]        an update begins (one at a time)
+//   POST /update_weights {"update_info": {names, dtype_names, shapes[, packed...]}}
+//        -> the tensors' bytes, in vLLM's packed chunks (VllmChunks) or one broadcast per tensor
+//   POST /finish_weight_update [{"weight_version": "V"}]   what the update received is applied
+// A finish after an update that received nothing keeps the previous weights; one after a partial
+// update applies what arrived (the engine then holds a mix, reported by state().mixed), which is
+// why a publisher must never resume such an engine. With VllmEngineOptions::packing_in_init
+// false the engine behaves as v0.21-v0.25: init refuses the packing fields (HTTP 400 "Invalid
+// init_info") and each update carries them (packed false or absent: one broadcast per tensor).
+// Failures answer vLLM's error shape, HTTP 4xx/5xx {"error": {"message", "type", "code"}};
+// successes 200 {"message": ...}. Also: GET /health, GET /weight_info {"weight_version"}.
+//
+// Threading: the HTTP server runs on its own threads; requests are handled one at a time (one
+// lock over the lifecycle and the data path), as vLLM's engine core runs them. Public methods
+// are thread-safe. Destruction aborts the data path and stops the server.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/engine/types.h"
+
+namespace wpub::recv {
+
+struct VllmInitInfo {
+  std::string master_address;
+  int master_port = 0;
+  int rank_offset = 1;
+  int world_size = 2;
+  bool packed = false;  // given in init_info (packing_in_init) or per update
+  uint64_t packed_buffer_size_bytes = uint64_t{1} << 30;  // vLLM's default when not given
+  int packed_num_buffers = 2;
+};
+
+// One /update_weights: the tensors back to back (offsets from the dtypes and shapes, in request
+// order), and the broadcasts that carry them.
+struct VllmUpdate {
+  std::vector<engine::ManifestTensor> tensors;
+  uint64_t nbytes = 0;
+  std::vector<uint64_t> chunks;  // byte sizes, in order, summing to nbytes
+};
+
+// vLLM's packed chunks of tensors of `sizes` bytes (request order): a chunk closes after the
+// tensor that takes it past `limit`; the rest is the last chunk. Computed here from the request
+// alone, as vLLM's receiver does, independently of the publisher's planner.
+std::vector<uint64_t> VllmChunks(absl::Span<const uint64_t> sizes, uint64_t limit);
+
+// The request bodies. INVALID_ARGUMENT naming the field (and the tensor by index and name) for a
+// body that is not the route's JSON object, missing or mistyped fields, arrays of different
+// lengths, an unknown dtype name, a negative dimension, a size past 2^48 bytes, or packing
+// fields where this release does not take them (`packing_allowed`).
+absl::StatusOr<VllmInitInfo> DecodeVllmInit(std::string_view body, bool packing_allowed);
+// `init` supplies the packing of releases that take it at init; an update's own packing fields
+// are refused unless `packing_allowed`.
+absl::StatusOr<VllmUpdate> DecodeVllmUpdate(std::string_view body, const VllmInitInfo& init,
+                                            bool packing_allowed);
+
+// The ncclUniqueId in a pickle of vLLM's ctypes `ncclUniqueId` (what StatelessProcessGroup's
+// broadcast_obj stores for the workers): pickle protocols 3 to 5 as Python writes a ctypes
+// Structure (`_ctypes._unpickle(cls, (state, bytes))`). Walks the opcodes it knows and refuses
+// any other (INVALID_ARGUMENT naming it), a class other than ncclUniqueId, and anything but
+// exactly one 128-byte bytes object; nothing is executed.
+absl::StatusOr<std::vector<uint8_t>> DecodeVllmUniqueIdPickle(std::string_view pickle);
+
+// Where an engine's bytes come from.
+class VllmDataPath {
+ public:
+  virtual ~VllmDataPath() = default;
+  // /init_weight_transfer_engine: joins the publisher's group (the rendezvous and the warm-up
+  // all-reduce), leaving any previous one. Returns when this engine's ranks are ready.
+  virtual absl::Status Join(const VllmInitInfo& init) = 0;
+  // One /update_weights: receives update.chunks in order into *bytes (update.nbytes long).
+  virtual absl::Status Receive(const VllmUpdate& update, std::vector<uint8_t>* bytes) = 0;
+  // Ends a Join or Receive blocked on another thread (destruction, a new init). Any thread.
+  virtual void Abort() = 0;
+};
+
+struct VllmEngineOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: an ephemeral port (port() says which)
+  // true: v0.26+ (packing fields in init_info). false: v0.21-v0.25 (packing per update).
+  bool packing_in_init = true;
+};
+
+// What the engine holds and where its lifecycle stands (state()).
+struct VllmEngineState {
+  bool joined = false;
+  bool paused = false;
+  std::string pause_mode;  // of the last /pause
+  bool updating = false;   // between start and finish
+  uint64_t updates = 0;    // /update_weights received in the current (or last) update
+  // The last finish's weight_version ("" when it gave none), and whether what the engine holds
+  // mixes versions: a finish applied a partial update (one without a weight_version after
+  // receiving something) or a later complete one has not replaced it.
+  std::string weight_version;
+  bool mixed = false;
+  std::map<std::string, std::pair<TensorDesc, std::vector<uint8_t>>> weights;
+  std::vector<std::string> calls;  // every request, "POST /path[?mode=m]", in order
+};
+
+class VllmEngine {
+ public:
+  struct Callbacks {
+    // After every update's bytes arrived (index: within the update).
+    std::function<void(uint64_t index, const VllmUpdate&)> on_update;
+    // After a finish applied a complete update (one with a weight_version).
+    std::function<void(const VllmEngineState&)> on_version;
+  };
+  // Binds and serves. UNAVAILABLE when the port cannot be bound.
+  static absl::StatusOr<std::unique_ptr<VllmEngine>> Start(const VllmEngineOptions& options,
+                                                           std::unique_ptr<VllmDataPath> data,
+                                                           Callbacks callbacks = {});
+  ~VllmEngine();
+  VllmEngine(const VllmEngine&) = delete;
+  VllmEngine& operator=(const VllmEngine&) = delete;
+
+  int port() const;
+  std::string url() const;
+  VllmEngineState state() const;
+
+ private:
+  class Impl;
+  explicit VllmEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace wpub::recv

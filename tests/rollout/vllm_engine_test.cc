@@ -1,0 +1,488 @@
+// The vLLM driver against the C++ vLLM-protocol engine (clients/recv/vllm_engine.h) over an
+// in-process wire that plays the NCCL broadcast: the publisher side cuts each bucket into the
+// driver's packed chunks, the engine side computes its own from the update request alone (as
+// vLLM's receiver does) and refuses a chunk of another size. Covered: three versions to two
+// engines of both packing placements, byte for byte with names, dtypes and shapes (NVFP4's
+// uint8 / float8_e4m3fn / float32 triple, bf16, a 0-d scale declared [1]); the abort paths (no
+// bucket sent: every engine resumes with its weights unchanged; a bucket sent: the engines hold
+// a mix, stay paused and report no version until the next complete version); the engine's
+// refusals (bodies, order) in vLLM's error shape, and the driver naming the engine when a
+// receive fails; the pickled unique id read back, from the driver's encoder and from Python's
+// pickle of vLLM's ctypes struct (protocols 3 to 5), and hostile pickles refused.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/escaping.h"
+#include "clients/recv/vllm_engine.h"
+#include "core/rollout/vllm_driver.h"
+#include "nlohmann/json.hpp"
+
+namespace wpub::recv {
+namespace {
+
+using json = nlohmann::json;
+using rollout::VllmDriver;
+using rollout::VllmDriverOptions;
+
+constexpr uint64_t kChunkLimit = 4096;
+
+// One engine's end of the broadcast: the publisher pushes chunks, the engine pops them in order.
+class Wire {
+ public:
+  void Push(std::vector<uint8_t> chunk) {
+    std::lock_guard lock(mu_);
+    chunks_.push_back(std::move(chunk));
+    cv_.notify_all();
+  }
+  // The next chunk, or nullopt once aborted or after 10 s without one.
+  std::optional<std::vector<uint8_t>> Pop() {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(10),
+                      [&] { return aborted_ || !chunks_.empty(); }) ||
+        aborted_) {
+      return std::nullopt;
+    }
+    std::vector<uint8_t> c = std::move(chunks_.front());
+    chunks_.pop_front();
+    return c;
+  }
+  void Abort() {
+    std::lock_guard lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+  size_t pending() {
+    std::lock_guard lock(mu_);
+    return chunks_.size();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> chunks_;
+  bool aborted_ = false;
+};
+
+class WireDataPath final : public VllmDataPath {
+ public:
+  explicit WireDataPath(std::shared_ptr<Wire> wire) : wire_(std::move(wire)) {}
+  absl::Status Join(const VllmInitInfo& init) override {
+    if (fail_join_) return absl::UnavailableError("no ncclUniqueId at /broadcast_from/0/0");
+    joins_.push_back(init);
+    return absl::OkStatus();
+  }
+  absl::Status Receive(const VllmUpdate& u, std::vector<uint8_t>* bytes) override {
+    for (size_t k = 0; k < u.chunks.size(); ++k) {
+      std::optional<std::vector<uint8_t>> c = wire_->Pop();
+      if (!c) return absl::DeadlineExceededError("no broadcast arrived");
+      if (c->size() != u.chunks[k]) {
+        return absl::DataLossError(absl::StrCat("chunk ", k, ": ", c->size(),
+                                                " bytes broadcast, ", u.chunks[k], " expected"));
+      }
+      bytes->insert(bytes->end(), c->begin(), c->end());
+    }
+    return absl::OkStatus();
+  }
+  void Abort() override { wire_->Abort(); }
+  std::vector<VllmInitInfo> joins_;
+  bool fail_join_ = false;
+
+ private:
+  std::shared_ptr<Wire> wire_;
+};
+
+// A bucket in the planner's layout (back to back, in order) and its bytes.
+struct TestBucket {
+  engine::BucketManifest manifest;
+  std::vector<uint8_t> bytes;
+};
+
+TestBucket MakeBucket(uint32_t index, int layer, uint32_t seed) {
+  TestBucket b;
+  b.manifest.index = index;
+  const std::string p = absl::StrCat("model.layers.", layer, ".");
+  const std::vector<std::pair<std::string, TensorDesc>> tensors = {
+      {"", {p + "mlp.experts.0.down_proj.weight_scale_2", DType::kFloat32, {}}},
+      {"", {p + "mlp.experts.0.down_proj.input_scale", DType::kFloat32, {}}},
+      {"", {p + "self_attn.o_proj.weight", DType::kBFloat16, {32, 48}}},
+      {"", {p + "mlp.experts.0.down_proj.weight", DType::kUInt8, {64, 24}}},
+      {"", {p + "mlp.experts.0.down_proj.weight_scale", DType::kFloat8E4M3, {64, 3}}},
+      {"", {p + "mlp.shared_experts.up_proj.weight", DType::kBFloat16, {40, 40}}},
+  };
+  std::mt19937 rng(seed);
+  for (const auto& [unused, d] : tensors) {
+    engine::ManifestTensor t{d.name, d.dtype, d.shape, b.bytes.size(),
+                             static_cast<uint64_t>(d.nbytes())};
+    for (uint64_t i = 0; i < t.nbytes; ++i) b.bytes.push_back(static_cast<uint8_t>(rng()));
+    b.manifest.tensors.push_back(std::move(t));
+  }
+  b.manifest.nbytes = b.bytes.size();
+  return b;
+}
+
+class Harness {
+ public:
+  // One engine per placement: v0.26+ (packing at init) and v0.21-v0.25 (packing per update).
+  explicit Harness(std::vector<bool> packing_in_init) {
+    for (const bool at_init : packing_in_init) {
+      auto wire = std::make_shared<Wire>();
+      auto path = std::make_unique<WireDataPath>(wire);
+      paths_.push_back(path.get());
+      VllmEngineOptions o;
+      o.packing_in_init = at_init;
+      auto e = VllmEngine::Start(o, std::move(path));
+      EXPECT_TRUE(e.ok()) << e.status();
+      engines_.push_back(*std::move(e));
+      wires_.push_back(std::move(wire));
+    }
+    VllmDriverOptions d;
+    for (auto& e : engines_) d.engines.push_back({e->url(), 1, "vllm"});
+    d.master_address = "127.0.0.1";
+    d.master_port = 29511;
+    d.packed_buffer_bytes = kChunkLimit;
+    d.request_timeout = absl::Seconds(20);
+    auto driver = VllmDriver::Create(d);
+    EXPECT_TRUE(driver.ok()) << driver.status();
+    driver_ = *std::move(driver);
+  }
+
+  absl::Status Join() {
+    driver_->StartJoin();
+    return driver_->WaitIdle(absl::Now() + absl::Seconds(20));
+  }
+  // PostBucket, then the broadcast of the bucket's packed chunks to every engine.
+  void Send(const TestBucket& b) {
+    driver_->PostBucket(b.manifest);
+    uint64_t at = 0;
+    for (const uint64_t n : driver_->BroadcastChunks(b.manifest)) {
+      for (auto& w : wires_) {
+        const uint64_t end = std::min<uint64_t>(at + n, b.bytes.size());
+        w->Push(std::vector<uint8_t>(b.bytes.begin() + at, b.bytes.begin() + end));
+      }
+      at += n;
+    }
+  }
+  absl::Status Publish(uint64_t version, const std::vector<TestBucket>& buckets) {
+    driver_->BeginPublication(version, /*lifecycle_calls=*/true);
+    for (const TestBucket& b : buckets) Send(b);
+    driver_->EndPublication();
+    return driver_->WaitIdle(absl::Now() + absl::Seconds(20));
+  }
+
+  VllmDriver& driver() { return *driver_; }
+  // What the publisher reads of the engines' versions (GET /weight_info).
+  std::vector<uint64_t> WeightVersions() const {
+    return rollout::VllmFamily({}).WeightVersions(driver_->engines(), absl::Seconds(5));
+  }
+  VllmEngine& engine(size_t i) { return *engines_[i]; }
+  WireDataPath& path(size_t i) { return *paths_[i]; }
+  size_t size() const { return engines_.size(); }
+
+ private:
+  std::vector<std::shared_ptr<Wire>> wires_;
+  std::vector<WireDataPath*> paths_;
+  std::vector<std::unique_ptr<VllmEngine>> engines_;
+  std::unique_ptr<VllmDriver> driver_;
+};
+
+// Every tensor of `buckets` is held by the engine with its bytes, dtype and vLLM's shape.
+void ExpectHolds(const VllmEngineState& s, const std::vector<TestBucket>& buckets) {
+  size_t n = 0;
+  for (const TestBucket& b : buckets) {
+    for (const engine::ManifestTensor& t : b.manifest.tensors) {
+      ++n;
+      auto it = s.weights.find(t.name);
+      ASSERT_NE(it, s.weights.end()) << t.name;
+      EXPECT_EQ(it->second.first.dtype, t.dtype) << t.name;
+      EXPECT_EQ(it->second.first.shape, t.shape.empty() ? Shape{1} : t.shape) << t.name;
+      EXPECT_EQ(it->second.second, std::vector<uint8_t>(b.bytes.begin() + t.offset,
+                                                        b.bytes.begin() + t.offset + t.nbytes))
+          << t.name;
+    }
+  }
+  EXPECT_EQ(s.weights.size(), n);
+}
+
+std::vector<TestBucket> Version(uint32_t seed) {
+  return {MakeBucket(0, 0, seed), MakeBucket(1, 1, seed + 1), MakeBucket(2, 2, seed + 2)};
+}
+
+TEST(VllmEngine, ThreeVersionsArriveByteForByteAtBothPackingPlacements) {
+  Harness h({true, false});
+  ASSERT_TRUE(h.Join().ok());
+  EXPECT_EQ(h.path(0).joins_.size(), 1u);
+  EXPECT_TRUE(h.path(0).joins_[0].packed);
+  EXPECT_EQ(h.path(0).joins_[0].packed_buffer_size_bytes, kChunkLimit);
+  EXPECT_EQ(h.path(0).joins_[0].rank_offset, 1);
+  EXPECT_EQ(h.path(1).joins_[0].rank_offset, 2);
+  EXPECT_EQ(h.path(1).joins_[0].world_size, 3);
+  EXPECT_EQ(h.path(1).joins_[0].master_port, 29511);
+  // The buckets span several chunks of the limit.
+  ASSERT_GT(h.driver().BroadcastChunks(Version(1)[0].manifest).size(), 1u);
+  for (uint64_t v = 1; v <= 3; ++v) {
+    const std::vector<TestBucket> buckets = Version(static_cast<uint32_t>(v * 10));
+    ASSERT_TRUE(h.Publish(v, buckets).ok()) << "version " << v;
+    for (size_t e = 0; e < h.size(); ++e) {
+      const VllmEngineState s = h.engine(e).state();
+      EXPECT_EQ(s.weight_version, std::to_string(v));
+      EXPECT_FALSE(s.mixed);
+      EXPECT_FALSE(s.paused);
+      EXPECT_EQ(s.pause_mode, "keep");
+      EXPECT_EQ(s.updates, 3u);
+      ExpectHolds(s, buckets);
+    }
+  }
+  const std::vector<std::string> publication = {
+      "POST /pause?mode=keep", "POST /start_weight_update", "POST /update_weights",
+      "POST /update_weights",  "POST /update_weights",      "POST /finish_weight_update",
+      "POST /resume"};
+  std::vector<std::string> want = {"POST /init_weight_transfer_engine"};
+  for (int v = 0; v < 3; ++v) want.insert(want.end(), publication.begin(), publication.end());
+  EXPECT_EQ(h.engine(0).state().calls, want);
+  // The older release refused the packing at init once, then took it per update.
+  want.insert(want.begin(), "POST /init_weight_transfer_engine");
+  EXPECT_EQ(h.engine(1).state().calls, want);
+  httplib::Client c(h.engine(0).url());
+  auto info = c.Get("/weight_info");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(json::parse(info->body)["weight_version"], "3");
+  EXPECT_EQ(h.WeightVersions(), std::vector<uint64_t>({3, 3}));
+}
+
+TEST(VllmEngine, AnAbortBeforeAnyBucketResumesEveryEngineUnchanged) {
+  Harness h({true, true});
+  ASSERT_TRUE(h.Join().ok());
+  const std::vector<TestBucket> v1 = Version(1);
+  ASSERT_TRUE(h.Publish(1, v1).ok());
+  h.driver().BeginPublication(2, true);
+  const std::vector<bool> dirty = h.driver().ResumeAfterAbort();
+  absl::Status idle = h.driver().WaitIdle(absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(idle.ok()) << idle;
+  EXPECT_EQ(dirty, std::vector<bool>({false, false}));
+  for (size_t e = 0; e < h.size(); ++e) {
+    const VllmEngineState s = h.engine(e).state();
+    EXPECT_FALSE(s.paused);
+    EXPECT_FALSE(s.mixed);
+    EXPECT_FALSE(s.updating);
+    EXPECT_EQ(s.weight_version, "1");
+    ExpectHolds(s, v1);
+  }
+}
+
+TEST(VllmEngine, AnAbortAfterABucketLeavesTheEnginesPausedUntilAWholeVersion) {
+  Harness h({true, false});
+  ASSERT_TRUE(h.Join().ok());
+  ASSERT_TRUE(h.Publish(1, Version(1)).ok());
+  h.driver().BeginPublication(2, true);
+  const std::vector<TestBucket> v2 = Version(20);
+  h.Send(v2[0]);
+  ASSERT_TRUE(h.driver().WaitIdle(absl::Now() + absl::Seconds(20)).ok());
+  const std::vector<bool> dirty = h.driver().ResumeAfterAbort();
+  ASSERT_TRUE(h.driver().WaitIdle(absl::Now() + absl::Seconds(20)).ok());
+  EXPECT_EQ(dirty, std::vector<bool>({true, true}));
+  httplib::Client c(h.engine(1).url());
+  for (size_t e = 0; e < h.size(); ++e) {
+    const VllmEngineState s = h.engine(e).state();
+    EXPECT_TRUE(s.paused) << "a dirty engine was resumed";
+    EXPECT_TRUE(s.mixed);
+    EXPECT_EQ(s.calls.back(), "POST /finish_weight_update");
+  }
+  auto info = c.Get("/weight_info");
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(json::parse(info->body)["weight_version"].is_null()) << info->body;
+  EXPECT_EQ(h.WeightVersions(), std::vector<uint64_t>({0, 0}));
+  // The next complete version heals them.
+  const std::vector<TestBucket> v3 = Version(30);
+  ASSERT_TRUE(h.Publish(3, v3).ok());
+  for (size_t e = 0; e < h.size(); ++e) {
+    const VllmEngineState s = h.engine(e).state();
+    EXPECT_FALSE(s.paused);
+    EXPECT_FALSE(s.mixed);
+    EXPECT_EQ(s.weight_version, "3");
+    ExpectHolds(s, v3);
+  }
+}
+
+TEST(VllmEngine, AFailedReceiveFailsThePublicationNamingTheEngine) {
+  Harness h({true});
+  ASSERT_TRUE(h.Join().ok());
+  h.driver().BeginPublication(1, true);
+  TestBucket b = MakeBucket(0, 0, 5);
+  b.bytes.pop_back();  // the broadcast's last chunk is a byte short of what the request declares
+  h.Send(b);
+  absl::Status s = h.driver().WaitIdle(absl::Now() + absl::Seconds(20));
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(h.engine(0).url()), std::string::npos) << s;
+  EXPECT_NE(s.message().find("POST /update_weights: HTTP 500"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("bytes broadcast"), std::string::npos) << s;
+  EXPECT_TRUE(h.driver().any_failed());
+  const VllmEngineState st = h.engine(0).state();
+  EXPECT_FALSE(st.joined);  // a failed receive leaves the group
+  EXPECT_TRUE(st.weights.empty());
+}
+
+// The engine's refusals, in vLLM's error shape.
+TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
+  auto wire = std::make_shared<Wire>();
+  auto e = VllmEngine::Start({}, std::make_unique<WireDataPath>(wire));
+  ASSERT_TRUE(e.ok());
+  httplib::Client c((*e)->url());
+  auto post = [&](const std::string& path, const std::string& body) {
+    auto r = c.Post(path, body, "application/json");
+    EXPECT_TRUE(r) << path;
+    return std::make_pair(r ? r->status : 0, r ? json::parse(r->body, nullptr, false) : json());
+  };
+  auto error = [](const std::pair<int, json>& r) {
+    return r.second.is_object() && r.second.contains("error")
+               ? r.second["error"]["message"].get<std::string>()
+               : std::string("(no error)");
+  };
+  // Order: nothing before init, no update before start.
+  auto r = post("/start_weight_update", "{}");
+  EXPECT_EQ(r.first, 400);
+  EXPECT_NE(error(r).find("init_weight_transfer_engine first"), std::string::npos) << error(r);
+  const std::string init =
+      R"({"init_info":{"master_address":"127.0.0.1","master_port":29500,"rank_offset":1,)"
+      R"("world_size":2,"packed":true,"packed_buffer_size_bytes":4096,"packed_num_buffers":2}})";
+  EXPECT_EQ(post("/init_weight_transfer_engine", init).first, 200);
+  const std::string update =
+      R"({"update_info":{"names":["a"],"dtype_names":["bfloat16"],"shapes":[[2,2]]}})";
+  r = post("/update_weights", update);
+  EXPECT_EQ(r.first, 400);
+  EXPECT_NE(error(r).find("start_weight_update first"), std::string::npos) << error(r);
+  EXPECT_EQ(post("/start_weight_update", "").first, 200);
+  r = post("/start_weight_update", "{}");
+  EXPECT_NE(error(r).find("already in progress"), std::string::npos) << error(r);
+  // Bodies.
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"not json", "not a JSON object"},
+      {R"({"update_info":[]})", "update_info must be an object"},
+      {R"({"update_info":{"names":["a","b"],"dtype_names":["bfloat16"],"shapes":[[1]]}})",
+       "different lengths"},
+      {R"({"update_info":{"names":["w"],"dtype_names":["complex32"],"shapes":[[1]]}})",
+       "dtype_names[0] of 'w'"},
+      {R"({"update_info":{"names":["w"],"dtype_names":["uint8"],"shapes":[[-1]]}})",
+       "shapes[0] of 'w'"},
+      {R"({"update_info":{"names":["w"],"dtype_names":["uint8"],"shapes":[[4294967296,4294967296]]}})",
+       "oversized"},
+      {R"({"update_info":{"names":[7],"dtype_names":["uint8"],"shapes":[[1]]}})",
+       "names[0] is not a string"},
+      {R"({"update_info":{"names":["w"],"dtype_names":["uint8"],"shapes":[[1]],"packed":true}})",
+       "set at init_weight_transfer_engine"},
+  };
+  for (const auto& [body, want] : bad) {
+    r = post("/update_weights", body);
+    EXPECT_EQ(r.first, 400) << body;
+    EXPECT_NE(error(r).find(want), std::string::npos) << body << " -> " << error(r);
+    EXPECT_EQ(r.second["error"]["code"], 400);
+  }
+  r = post("/pause?mode=sometimes", "");
+  EXPECT_NE(error(r).find("not abort, wait or keep"), std::string::npos) << error(r);
+  r = post("/finish_weight_update", R"({"weight_version":7})");
+  EXPECT_NE(error(r).find("weight_version must be a string"), std::string::npos) << error(r);
+  EXPECT_EQ(post("/finish_weight_update", "{}").first, 200);
+  EXPECT_EQ((*e)->state().weights.size(), 0u);  // refused updates stage nothing
+  // Init fields.
+  for (const std::string& body :
+       {std::string(R"({"init_info":{"master_port":1,"rank_offset":1,"world_size":2}})"),
+        std::string(R"({"init_info":{"master_address":"h","master_port":1,"rank_offset":2,)"
+                    R"("world_size":2}})"),
+        std::string(R"({"init_info":{"master_address":"h","master_port":70000,"rank_offset":1,)"
+                    R"("world_size":2}})")}) {
+    r = post("/init_weight_transfer_engine", body);
+    EXPECT_EQ(r.first, 400) << body;
+    EXPECT_NE(error(r).find("init_info"), std::string::npos) << error(r);
+  }
+  // An older release refuses the packing at init with the message the driver falls back on.
+  auto old = VllmEngine::Start({.packing_in_init = false},
+                               std::make_unique<WireDataPath>(std::make_shared<Wire>()));
+  ASSERT_TRUE(old.ok());
+  httplib::Client oc((*old)->url());
+  auto refused = oc.Post("/init_weight_transfer_engine", init, "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_NE(refused->body.find("Invalid init_info"), std::string::npos) << refused->body;
+}
+
+TEST(VllmEngine, ChunksCloseAfterTheTensorThatPassesTheLimit) {
+  const std::vector<uint64_t> sizes = {3000, 2000, 100, 5000, 10};
+  EXPECT_EQ(VllmChunks(sizes, 4096), (std::vector<uint64_t>{5000, 5100, 10}));
+  EXPECT_EQ(VllmChunks(sizes, 1 << 20), (std::vector<uint64_t>{10110}));
+  EXPECT_EQ(VllmChunks({}, 4096), (std::vector<uint64_t>{0}));
+  // The engine's rule and the driver's agree on every bucket of a version.
+  for (const TestBucket& b : Version(3)) {
+    std::vector<uint64_t> s;
+    for (const auto& t : b.manifest.tensors) s.push_back(t.nbytes);
+    EXPECT_EQ(VllmChunks(s, kChunkLimit), rollout::VllmPackedChunks(b.manifest, kChunkLimit));
+  }
+}
+
+// Python's pickle.dumps of vLLM's ctypes ncclUniqueId (internal[i] = (i*37+11)%256-128, signed
+// c_byte), protocols 3, 4 and 5 (the class's module is vllm's pynccl_wrapper).
+constexpr const char* kPythonPickles[] = {
+    "8003635f6374797065730a5f756e7069636b6c650a710063766c6c6d2e64697374726962757465642e64657669"
+    "63655f636f6d6d756e696361746f72732e70796e63636c5f777261707065720a6e63636c556e6971756549640a"
+    "71017d710243808bb0d5fa1f44698eb3d8fd22476c91b6db00254a6f94b9de03284d7297bce1062b50759abfe4"
+    "092e53789dc2e70c31567ba0c5ea0f34597ea3c8ed12375c81a6cbf0153a5f84a9cef3183d6287acd1f61b4065"
+    "8aafd4f91e43688db2d7fc21466b90b5daff24496e93b8dd02274c7196bbe0052a4f7499bee3082d52779cc1e6"
+    "71038671048671055271062e",
+    "800495ec000000000000008c075f637479706573948c095f756e7069636b6c659493948c34766c6c6d2e646973"
+    "74726962757465642e6465766963655f636f6d6d756e696361746f72732e70796e63636c5f7772617070657294"
+    "8c0c6e63636c556e6971756549649493947d9443808bb0d5fa1f44698eb3d8fd22476c91b6db00254a6f94b9de"
+    "03284d7297bce1062b50759abfe4092e53789dc2e70c31567ba0c5ea0f34597ea3c8ed12375c81a6cbf0153a5f"
+    "84a9cef3183d6287acd1f61b40658aafd4f91e43688db2d7fc21466b90b5daff24496e93b8dd02274c7196bbe0"
+    "052a4f7499bee3082d52779cc1e6948694869452942e",
+    "800595ec000000000000008c075f637479706573948c095f756e7069636b6c659493948c34766c6c6d2e646973"
+    "74726962757465642e6465766963655f636f6d6d756e696361746f72732e70796e63636c5f7772617070657294"
+    "8c0c6e63636c556e6971756549649493947d9443808bb0d5fa1f44698eb3d8fd22476c91b6db00254a6f94b9de"
+    "03284d7297bce1062b50759abfe4092e53789dc2e70c31567ba0c5ea0f34597ea3c8ed12375c81a6cbf0153a5f"
+    "84a9cef3183d6287acd1f61b40658aafd4f91e43688db2d7fc21466b90b5daff24496e93b8dd02274c7196bbe0"
+    "052a4f7499bee3082d52779cc1e6948694869452942e",
+};
+
+TEST(VllmUniqueIdPickle, ReadsTheDriversPickleAndPythons) {
+  std::vector<uint8_t> id(128);
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<uint8_t>((i * 37 + 11 + 128) % 256);
+  absl::StatusOr<std::vector<uint8_t>> ours =
+      DecodeVllmUniqueIdPickle(rollout::VllmUniqueIdPickle(id));
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  EXPECT_EQ(*ours, id);
+  for (const char* hex : kPythonPickles) {
+    absl::StatusOr<std::vector<uint8_t>> theirs =
+        DecodeVllmUniqueIdPickle(absl::HexStringToBytes(hex));
+    ASSERT_TRUE(theirs.ok()) << theirs.status();
+    EXPECT_EQ(*theirs, id);
+  }
+}
+
+TEST(VllmUniqueIdPickle, RefusesWhatIsNotVllmsStruct) {
+  const std::string good = rollout::VllmUniqueIdPickle(std::vector<uint8_t>(128, 7));
+  std::string other_class = good;
+  other_class.replace(other_class.find("ncclUniqueId"), 12, "os_system___");
+  std::string short_id = rollout::VllmUniqueIdPickle(std::vector<uint8_t>(64, 7));
+  std::string two = good;
+  two.insert(two.size() - 4, std::string("C\x02xy", 4));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {good.substr(0, good.size() - 1), "no STOP"},
+      {good.substr(0, 80), "truncated"},
+      {other_class, "no such class"},
+      {short_id, "not one of 128"},
+      {two, "2 bytes objects"},
+      {std::string("\x80\x02.", 3), "protocol 2"},
+      {std::string("\x80\x04i", 3), "opcode 0x69"},  // INST: never in a ctypes pickle
+      {good + "x", "bytes after STOP"},
+  };
+  for (const auto& [pickle, want] : cases) {
+    absl::Status s = DecodeVllmUniqueIdPickle(pickle).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << want << ": " << s;
+    EXPECT_NE(s.message().find(want), std::string::npos) << want << ": " << s;
+  }
+}
+
+}  // namespace
+}  // namespace wpub::recv
