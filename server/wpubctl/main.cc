@@ -1,51 +1,84 @@
 // wpubctl entry point: `wpubctl <subcommand> [--flags] [args]`. Dispatches over the table below;
-// flags of every subcommand are absl flags parsed once, after the subcommand name is removed.
-#include <algorithm>
+// each subcommand takes only its own flags (server/cli/command_line.h parses them, --help lists
+// them).
 #include <cstdio>
 #include <string>
 #include <vector>
 
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "server/cli/build_info.h"
+#include "server/cli/command_line.h"
 #include "server/wpubctl/subcommand.h"
 
 namespace wpub::wpubctl {
 namespace {
 
+// Flag sets several subcommands share.
+const std::vector<std::string> kDaemonFlags = {"target",        "auth_token_file", "tls_ca_file",
+                                               "tls_cert_file", "tls_key_file",    "connect_timeout"};
+const std::vector<std::string> kModelFlags = {
+    "model_style", "num_layers",  "first_k_dense",         "num_experts",
+    "num_shared_experts", "num_mtp_layers", "hidden_size", "moe_intermediate_size",
+    "intermediate_size", "vocab_size", "model_dtype"};
+const std::vector<std::string> kPolicyFlags = {
+    "policy_settings",  "recipe", "quantization_config", "extra_high_precision_layers_megatron",
+    "extra_high_precision_layers_hf", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
+    "num_layers_at_end_in_bf16"};
+const std::vector<std::string> kPublishFlags = {"chunk_bytes", "payload",  "parts",
+                                                "concat_dim",  "seed",     "model_id",
+                                                "bucket_bytes", "allow_non_finite"};
+
+std::vector<std::string> Join(std::initializer_list<std::vector<std::string>> sets) {
+  std::vector<std::string> all;
+  for (const auto& s : sets) all.insert(all.end(), s.begin(), s.end());
+  return all;
+}
+
 // One row per subcommand (each implemented in its own file).
-constexpr Subcommand kSubcommands[] = {
-    {"policy-report",
-     "Plan a synthetic MoE model through the publication policy and print what is quantized, "
-     "passed through or ignored, with tensor and byte totals.",
-     &RunPolicyReport},
-    {"publish-synthetic",
-     "Publish a synthetic MoE model (deterministic data; model and policy flags) to a running "
-     "wpubd and print each publication's report.",
-     &RunPublishSynthetic},
-    {"status", "Show a running wpubd's committed version, receivers and recent reports.",
-     &RunStatus},
-    {"connect-engines",
-     "Connect SGLang engines to a running GPU-path wpubd (--engines=http://h:p=gpus,...): form "
-     "its NCCL weight-update group and print the ranks.",
-     &RunConnectEngines},
-    {"demo",
-     "The project's main job: start wpubd and two wpub-recv, publish several versions of a "
-     "synthetic GLM-like MoE end to end, print a per-publication table, stop cleanly.",
-     &RunDemo},
-    {"convert", "Convert an HF safetensors checkpoint to NVFP4 (routed experts) for SGLang/vLLM.",
-     &RunConvert},
-};
+const std::vector<Subcommand>& Subcommands() {
+  static const auto* table = new std::vector<Subcommand>{
+      {"policy-report",
+       "Plan a synthetic MoE model through the publication policy and print what is quantized, "
+       "passed through or ignored, with tensor and byte totals.",
+       &RunPolicyReport, Join({kModelFlags, kPolicyFlags, {"report_format"}})},
+      {"publish-synthetic",
+       "Publish a synthetic MoE model (deterministic data; model and policy flags) to a running "
+       "wpubd and print each publication's report.",
+       &RunPublishSynthetic,
+       Join({kDaemonFlags, kPublishFlags, kModelFlags, kPolicyFlags, {"version", "count"}})},
+      {"status", "Show a running wpubd's committed version, receivers and recent reports.",
+       &RunStatus, Join({kDaemonFlags, {"reports"}})},
+      {"connect-engines",
+       "Connect SGLang or vLLM engines to a running GPU-path wpubd "
+       "(--engines=http://h:p=gpus,vllm+http://h:p,...): form its NCCL weight-update group and "
+       "print the ranks.",
+       &RunConnectEngines, Join({kDaemonFlags, {"engines", "group_name", "join_timeout"}})},
+      {"demo",
+       "The project's main job: start wpubd and two wpub-recv, publish several versions of a "
+       "synthetic GLM-like MoE end to end, print a per-publication table, stop cleanly.",
+       &RunDemo,
+       Join({kModelFlags,
+             {"demo_dir", "demo_receivers", "demo_versions", "wpubd_path", "recv_path"}})},
+      {"convert",
+       "Convert an HF safetensors checkpoint to NVFP4 (routed experts) for SGLang/vLLM.",
+       &RunConvert,
+       {"model_dir", "save_dir", "device", "four_over_six_metric", "four_over_six_e4m3_max",
+        "four_over_six_error", "cpu_threads", "staging_mb", "progress", "recipe",
+        "extra_high_precision_layers_hf", "num_layers_at_start_in_bf16",
+        "num_layers_at_end_in_bf16"}},
+  };
+  return *table;
+}
 
 std::string Usage() {
   std::string out = "usage: wpubctl <subcommand> [--flags] [args]\n\nsubcommands:\n";
-  for (const Subcommand& s : kSubcommands) {
+  for (const Subcommand& s : Subcommands()) {
     absl::StrAppend(&out, "  ", s.name, "\n      ", s.summary, "\n");
   }
   absl::StrAppend(&out,
-                  "\n`wpubctl <subcommand> --help` lists the flags; `wpubctl help` this text.");
+                  "\n`wpubctl <subcommand> --help` lists its flags; `wpubctl help` this text; "
+                  "`wpubctl --version` the build's version.");
   return out;
 }
 
@@ -53,57 +86,39 @@ std::string Usage() {
 }  // namespace wpub::wpubctl
 
 int main(int argc, char** argv) {
-  using wpub::wpubctl::kSubcommands;
+  using wpub::wpubctl::Subcommands;
   const std::string usage = wpub::wpubctl::Usage();
-  absl::SetProgramUsageMessage(usage);
-  absl::FlagsUsageConfig config;
-  // --help lists every flag this binary defines (they all live in server/wpubctl/ or core).
-  config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "wpubctl/");
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
-
-  if (argc < 2 || absl::string_view(argv[1]) == "help" || absl::string_view(argv[1]) == "-h") {
-    std::fprintf(argc < 2 ? stderr : stdout, "%s\n", usage.c_str());
-    return argc < 2 ? 2 : 0;
+  if (argc < 2) {
+    std::fprintf(stderr, "%s\n", usage.c_str());
+    return 2;
   }
-  const absl::string_view name = argv[1];
+  const std::string name = argv[1];
+  if (name == "help" || name == "-h" || name == "--help" || name == "--helpfull") {
+    std::fprintf(stdout, "%s\n", usage.c_str());
+    return 0;
+  }
+  if (name == "--version" || name == "version") {
+    std::fprintf(stdout, "%s\n", wpub::cli::VersionLine("wpubctl").c_str());
+    return 0;
+  }
   const wpub::wpubctl::Subcommand* chosen = nullptr;
-  for (const auto& s : kSubcommands) {
+  for (const auto& s : Subcommands()) {
     if (s.name == name) chosen = &s;
   }
   if (chosen == nullptr) {
-    // Let `wpubctl --help` and friends reach absl's usage printer.
-    if (absl::StartsWith(name, "-")) {
-      absl::ParseCommandLine(argc, argv);
-      std::fprintf(stderr, "%s\n", usage.c_str());
-      return 2;
-    }
     std::fprintf(stderr, "wpubctl: unknown subcommand \"%s\"\n\n%s\n", argv[1], usage.c_str());
     return 2;
   }
-  // argv without the subcommand name, so absl sees only flags and positional arguments. Flag
-  // names are accepted with dashes too (`--model-dir`), the spelling users of HF tools expect;
-  // absl flags are declared with underscores.
-  std::vector<std::string> storage;
-  storage.reserve(argc);
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") {
-      for (; i < argc; ++i) storage.emplace_back(argv[i]);
-      break;
-    }
-    if (absl::StartsWith(arg, "--")) {
-      const size_t end = std::min(arg.find('='), arg.size());
-      std::replace(arg.begin() + 2, arg.begin() + static_cast<std::ptrdiff_t>(end), '-', '_');
-    }
-    storage.push_back(std::move(arg));
-  }
-  std::vector<char*> rest = {argv[0]};
-  for (std::string& a : storage) rest.push_back(a.data());
-  std::vector<char*> positional =
-      absl::ParseCommandLine(static_cast<int>(rest.size()), rest.data());
-  std::vector<std::string> args(positional.begin() + 1, positional.end());
-  return chosen->run(args);
+  wpub::cli::Command command;
+  command.program = "wpubctl";
+  command.name = "wpubctl " + chosen->name;
+  command.summary = chosen->summary;
+  command.flags = chosen->flags;
+  command.max_positional = chosen->max_positional;
+  command.positional = chosen->positional;
+  // Dashes in flag names (`--model-dir`, the spelling of HF tools) read as underscores.
+  const wpub::cli::Parsed parsed =
+      wpub::cli::Parse(command, std::vector<std::string>(argv + 2, argv + argc));
+  if (parsed.exit_code >= 0) return parsed.exit_code;
+  return chosen->run(parsed.positional);
 }

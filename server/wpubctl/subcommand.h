@@ -14,9 +14,12 @@ namespace wpub::wpubctl {
 using SubcommandFn = int (*)(const std::vector<std::string>& args);
 
 struct Subcommand {
-  absl::string_view name;     // as typed: `wpubctl <name> [flags]`
-  absl::string_view summary;  // one line for `wpubctl help`
+  std::string name;                // as typed: `wpubctl <name> [flags]`
+  std::string summary;             // for `wpubctl help` and the subcommand's --help
   SubcommandFn run;
+  std::vector<std::string> flags;  // the flags it takes (any other is refused)
+  int max_positional = 0;          // -1: any number
+  std::string positional;          // its usage line's arguments, e.g. "PATH [PATH]"
 };
 
 // policy_report.cc: what the publication policy does to a (synthetic) model.

@@ -17,9 +17,6 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -27,6 +24,7 @@
 #include "server/common/log_escape.h"
 #include "server/service/daemon_server.h"
 #include "server/wpubd/metrics_server.h"
+#include "server/cli/command_line.h"
 #include "server/wpubd/options.h"
 #ifdef WPUB_WITH_GPU_PATH
 #include "absl/strings/numbers.h"
@@ -203,21 +201,19 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
 
 int main(int argc, char** argv) {
   const sigset_t signals = BlockShutdownSignals();
-  // --help lists the daemon's own flags (declared in server/wpubd/), not only main.cc's.
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::StrContains(file, "wpubd/");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::SetProgramUsageMessage(
-      "wpubd: publishes model weights from an RL trainer to its rollout engines.\n"
-      "Usage: wpubd [--listen=127.0.0.1:50151] [--metrics_listen=127.0.0.1:9464] "
-      "[--config=FILE] ...");
+  // The daemon's own flags (declared in server/wpubd/), none of another binary's.
+  wpub::cli::Command command;
+  command.program = command.name = "wpubd";
+  command.summary =
+      "wpubd: publishes model weights from an RL trainer to its rollout engines (a sidecar per "
+      "training node). Trainers publish over gRPC (--listen); receivers pull or engines receive "
+      "over NCCL (--gpu_path, --engines); Prometheus scrapes --metrics_listen.\n"
+      "--config=FILE reads flags from FILE, one per line (as --flagfile).";
+  command.flags = wpub::cli::FlagsDefinedIn("server/wpubd/");
   std::vector<std::string> args = wpub::wpubd::RewriteConfigFlag(argc, argv);
-  std::vector<char*> arg_ptrs;
-  for (std::string& a : args) arg_ptrs.push_back(a.data());
-  absl::ParseCommandLine(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
+  args.erase(args.begin());
+  const wpub::cli::Parsed parsed = wpub::cli::Parse(command, args);
+  if (parsed.exit_code >= 0) return parsed.exit_code;
   absl::StatusOr<wpub::wpubd::DaemonOptions> options = wpub::wpubd::OptionsFromFlags();
   if (!options.ok()) {
     std::fprintf(stderr, "wpubd: %s\n", std::string(options.status().message()).c_str());

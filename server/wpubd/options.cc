@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/common/status.h"
+#include "server/cli/build_info.h"
+#include "server/cli/logging.h"
 
 ABSL_FLAG(std::string, config, "",
           "File of flags, one `--name=value` per line (absl flagfile syntax); flags given after "
@@ -135,6 +137,10 @@ ABSL_FLAG(int32_t, nccl_ctas, 0,
 ABSL_FLAG(std::string, ready_file, "",
           "Written once serving: JSON with the bound grpc_port, metrics_port and pid.");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error or critical.");
+ABSL_FLAG(std::string, log_format, "text",
+          "text (one line per event, UTC timestamps with offset) or json (one JSON object per "
+          "line: ts, level, logger, msg, thread, and the event's version, phase, engine or "
+          "bucket where it has them).");
 
 namespace wpub::wpubd {
 namespace {
@@ -229,7 +235,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
         ") must be at least 4 x --max_message_bytes (", o.server.max_message_bytes, ")"));
   }
   o.server.service.allow_non_finite = absl::GetFlag(FLAGS_allow_non_finite);
-  o.server.service.daemon_version = "wpubd 0.1.0";
+  o.server.service.daemon_version = absl::StrCat("wpubd ", cli::Build().version);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
     std::ifstream in(path);
     if (!in) {
@@ -273,8 +279,13 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--engine_deadline must be positive");
   }
   o.log_level = absl::GetFlag(FLAGS_log_level);
+  o.log_format = absl::GetFlag(FLAGS_log_format);
   if (spdlog::level::from_str(o.log_level) == spdlog::level::off && o.log_level != "off") {
     return absl::InvalidArgumentError(absl::StrCat("--log_level '", o.log_level, "' is unknown"));
+  }
+  if (o.log_format != "text" && o.log_format != "json") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log_format '", o.log_format, "' is not text or json"));
   }
   o.group.default_timeout = absl::GetFlag(FLAGS_group_timeout);
   o.group_client.join_timeout = absl::GetFlag(FLAGS_group_join_timeout);
@@ -305,8 +316,8 @@ std::vector<std::string> RewriteConfigFlag(int argc, char** argv) {
 }
 
 void ConfigureLogging(const DaemonOptions& options) {
-  spdlog::set_level(spdlog::level::from_str(options.log_level));
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ [wpubd] %v");
+  // Validated by OptionsFromFlags.
+  (void)cli::ConfigureLogging("wpubd", options.log_level, options.log_format);
 }
 
 }  // namespace wpub::wpubd

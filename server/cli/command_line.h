@@ -1,0 +1,48 @@
+// Flag parsing for one command -- a binary (wpubd, wpub-recv) or one wpubctl subcommand --
+// against the flags it takes, instead of every flag linked into the binary. absl flags hold the
+// values; this module decides what a command line may say and what --help prints.
+//
+//   --help, -h, --helpfull   print Help(command) to `out`; exit code 0
+//   --version                print VersionLine(command.program); exit code 0
+//   --name=value, --name value, --name / --noname (bools); dashes in names read as underscores
+//   --flagfile=FILE          the file's lines as arguments (blank lines and # comments skipped)
+//   --                       the rest is positional
+// A flag this command does not take -- one of another subcommand, or none at all -- is an error
+// naming it; so are more positional arguments than the command takes, a missing value, and a
+// value its flag cannot parse (with a hint for durations: they need a unit). Errors go to `err`
+// and give exit code 2. Thread-compatible: call from main before other threads start.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace wpub::cli {
+
+struct Command {
+  std::string program;           // as --version names it: "wpubd", "wpubctl"
+  std::string name;              // as usage lines name it: "wpubd", "wpubctl status"
+  std::string summary;           // what it does (paragraphs, printed first by --help)
+  std::vector<std::string> flags;  // the absl flags it takes (names without "--")
+  int max_positional = 0;          // -1: any number
+  std::string positional;          // the usage line's argument part, e.g. "FILE [FILE]"
+};
+
+struct Parsed {
+  std::vector<std::string> positional;
+  int exit_code = -1;  // >= 0: the command line was handled (help, version) or refused
+};
+
+// `args` excludes argv[0]. Every flag named in command.flags must be defined (an unknown name
+// there is a programming error, reported as one).
+Parsed Parse(const Command& command, const std::vector<std::string>& args, std::FILE* out = stdout,
+             std::FILE* err = stderr);
+
+// The names of the flags defined in source files whose path contains `fragment` (e.g.
+// "server/wpubd/"): a binary's own flags, without those of the libraries it links.
+std::vector<std::string> FlagsDefinedIn(const std::string& fragment);
+
+// The command's usage line, summary, and its flags: name, value kind, default and help text.
+std::string Help(const Command& command);
+
+}  // namespace wpub::cli

@@ -1,0 +1,133 @@
+"""The binaries' command lines as an operator types them: `--help` lists the command's own flags
+(per subcommand for wpubctl) and exits 0 with no source paths; `--version` names the project
+version and what the build was made against; a foreign flag, an unknown one, a stray positional
+argument and a duration without a unit are errors that say so and exit 2; `--log_format=json`
+writes one JSON object per line."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+WPUBD, WPUBCTL, RECV = os.environ["WPUBD"], os.environ["WPUBCTL"], os.environ["WPUB_RECV"]
+VERSION = os.environ["WPUB_VERSION"]
+SUBCOMMANDS = ["policy-report", "publish-synthetic", "status", "connect-engines", "demo",
+               "convert"]
+
+
+def run(*args, timeout=30):
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def flags_listed(text):
+    return set(re.findall(r"^  --([a-z0-9_]+)", text, re.M))
+
+
+class HelpAndVersion(unittest.TestCase):
+    def check_help(self, r, must_have):
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("Usage:", r.stdout)
+        for f in must_have:
+            self.assertIn(f"--{f}", r.stdout)
+        self.assertNotRegex(r.stdout, r"\.cc\b|/work/|No flags matched|undefined: a defect")
+        return flags_listed(r.stdout)
+
+    def test_each_binary_lists_its_own_flags(self):
+        wpubd = self.check_help(run(WPUBD, "--help"), ["listen", "gpu_path", "log_format"])
+        recv = self.check_help(run(RECV, "--help"), ["target", "engine_listen", "engine_protocol"])
+        self.assertNotIn("bucket_bytes", recv)
+        self.assertNotIn("engine_listen", wpubd)
+
+    def test_wpubctl_lists_each_subcommands_flags_only(self):
+        seen = {}
+        for sub in SUBCOMMANDS:
+            seen[sub] = self.check_help(run(WPUBCTL, sub, "--help"), [])
+        self.assertIn("reports", seen["status"])
+        self.assertIn("target", seen["status"])
+        self.assertNotIn("model_dir", seen["status"])
+        self.assertNotIn("target", seen["convert"])
+        self.assertIn("model_dir", seen["convert"])
+        self.assertIn("engines", seen["connect-engines"])
+        self.assertLess(len(seen["status"]), 12)
+        top = run(WPUBCTL, "help")
+        self.assertEqual(top.returncode, 0)
+        for sub in SUBCOMMANDS:
+            self.assertIn(sub, top.stdout)
+
+    def test_version(self):
+        for argv in ([WPUBD, "--version"], [RECV, "--version"], [WPUBCTL, "--version"]):
+            r = run(*argv)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            name = os.path.basename(argv[0])
+            self.assertRegex(r.stdout, rf"^{re.escape(name)} {re.escape(VERSION)} \(CUDA [^,]+, "
+                                       r"NCCL [^,]+, gRPC 1\.\d+\.\d+, protobuf \d+\.\d+\.\d+")
+        # A subcommand's own --version flag is the subcommand's (publish-synthetic's version
+        # number), not the build's.
+        r = run(WPUBCTL, "publish-synthetic", "--version=3", "--target=127.0.0.1:1",
+                "--connect_timeout=100ms")
+        self.assertNotIn(VERSION + " (CUDA", r.stdout)
+        self.assertIn("cannot connect", r.stdout + r.stderr)
+
+
+class Refusals(unittest.TestCase):
+    def refused(self, argv, want):
+        r = run(*argv)
+        self.assertEqual(r.returncode, 2, f"{argv}: {r.stdout}{r.stderr}")
+        self.assertIn(want, r.stderr)
+        self.assertIn("--help` lists its flags", r.stderr)
+
+    def test_foreign_and_unknown_flags(self):
+        self.refused([WPUBCTL, "status", "--model_dir=/x"],
+                     "--model_dir is not a flag of this command")
+        self.refused([WPUBCTL, "convert", "--target=h:1"], "--target is not a flag of this command")
+        self.refused([WPUBD, "--no_such=1"], "--no_such is not a flag")
+        self.refused([RECV, "--gpu_path"], "--gpu_path is not a flag")
+
+    def test_positional_arguments(self):
+        self.refused([WPUBD, "serve"], "unexpected argument 'serve'")
+        self.refused([WPUBCTL, "status", "now"], "unexpected argument 'now'")
+        self.refused([RECV, "127.0.0.1:50151"], "unexpected argument '127.0.0.1:50151'")
+
+    def test_a_duration_without_a_unit_gets_a_hint(self):
+        self.refused([WPUBD, "--drain_deadline=60"], "a duration needs a unit")
+        self.refused([RECV, "--connect_timeout", "10"], "a duration needs a unit")
+
+    def test_a_bad_log_format(self):
+        r = run(WPUBD, "--log_format=xml", "--listen=127.0.0.1:0", "--metrics_listen=")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not text or json", r.stderr)
+
+
+class JsonLogs(unittest.TestCase):
+    def test_every_line_is_one_json_object(self):
+        with tempfile.TemporaryDirectory() as d:
+            ready = os.path.join(d, "ready.json")
+            p = subprocess.Popen([WPUBD, "--log_format=json", "--log_level=debug",
+                                  "--listen=127.0.0.1:0", "--metrics_listen=",
+                                  f"--ready_file={ready}"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 20
+            while not os.path.exists(ready) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.assertTrue(os.path.exists(ready), p.stderr.read() if p.poll() else "not ready")
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=60)
+            self.assertEqual(p.returncode, 0, err)
+        self.assertEqual(err, "")
+        lines = [line for line in out.splitlines() if line.strip()]
+        self.assertGreater(len(lines), 1)
+        for line in lines:
+            j = json.loads(line)
+            self.assertEqual(j["logger"], "wpubd")
+            self.assertIn(j["level"], ("trace", "debug", "info", "warning", "error", "critical"))
+            self.assertRegex(j["ts"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\+00:00$")
+            self.assertIsInstance(j["msg"], str)
+        self.assertTrue(any("stopped" in json.loads(x)["msg"] for x in lines), out)
+
+
+if __name__ == "__main__":
+    unittest.main()
