@@ -12,6 +12,8 @@ find_package(PkgConfig REQUIRED)
 # RE2 and cpp-httplib ship only pkg-config files in Debian 12.
 pkg_check_modules(RE2 REQUIRED IMPORTED_TARGET re2)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# sd_notify for systemd Type=notify units (wpubd).
+pkg_check_modules(SYSTEMD REQUIRED IMPORTED_TARGET libsystemd)
 if(WPUB_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

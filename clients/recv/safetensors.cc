@@ -63,8 +63,11 @@ absl::Status StageSafetensors(const std::string& path, const std::vector<Safeten
     tensors.push_back(
         {e.desc.name, std::string(safetensors::DTypeName(e.desc.dtype)), e.desc.shape});
   }
+  // transformers loads a file only with format "pt" in its metadata (when it has metadata).
+  std::map<std::string, std::string> with_format = metadata;
+  with_format.emplace("format", "pt");
   absl::StatusOr<std::unique_ptr<safetensors::Writer>> writer =
-      safetensors::Writer::Create(path, std::move(tensors), metadata);
+      safetensors::Writer::Create(path, std::move(tensors), with_format);
   absl::Status status = writer.status();
   for (size_t i = 0; i < entries.size() && status.ok(); ++i) {
     status = (*writer)->Write(i, 0, entries[i].bytes);

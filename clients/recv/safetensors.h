@@ -22,7 +22,8 @@ struct SafetensorsEntry {
   absl::Span<const uint8_t> bytes;  // desc.nbytes() bytes, borrowed
 };
 
-// Writes `entries` in order to `path` atomically (a temporary file renamed over `path`).
+// Writes `entries` in order to `path` atomically (a temporary file renamed over `path`), with
+// `metadata` plus {"format": "pt"} (what transformers requires of a file with metadata).
 // INVALID_ARGUMENT naming the tensor when a byte count does not match its shape or a name
 // repeats; INTERNAL naming the path on I/O errors.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,

@@ -21,6 +21,9 @@
 namespace wpub::convert {
 namespace {
 
+// hf_quant_config.json's producer version: this project's (the build sets WPUB_PROJECT_VERSION).
+constexpr char kProducerVersion[] = "wpub " WPUB_PROJECT_VERSION;
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -203,13 +206,18 @@ absl::StatusOr<ConvertSummary> ConvertCheckpoint(const ConvertOptions& options) 
   qc["quant_algo"] = "NVFP4";
   qc["quant_method"] = "modelopt";
   qc["group_size"] = 16;
+  qc["kv_cache_quant_algo"] = nullptr;  // the KV cache stays unquantized
   qc["ignore"] = plan.ignore;
   config["quantization_config"] = qc;
   WPUB_RETURN_IF_ERROR(WriteText(tmp / "config.json", config.dump(2) + "\n"));
   nlohmann::ordered_json hf;
-  hf["producer"] = {{"name", "modelopt"}};
+  // ModelOpt's layout (the loaders read "quantization"; "producer" is informational).
+  hf["producer"] = {{"name", "modelopt"}, {"version", kProducerVersion}};
   nlohmann::ordered_json quant;
   quant["quant_algo"] = "NVFP4";
+  // vLLM's nested-format reader requires the key (null: no KV-cache quantization); older
+  // SGLang indexes it directly.
+  quant["kv_cache_quant_algo"] = nullptr;
   quant["group_size"] = 16;
   quant["exclude_modules"] = plan.ignore;
   hf["quantization"] = quant;

@@ -145,6 +145,9 @@ class PublicationSession::State {
   PublicationState state() const { return lifecycle_.public_state(); }
   uint64_t num_batches() const { return num_batches_.load(); }
   uint64_t num_tensors() const { return num_tensors_.load(); }
+  uint64_t bytes_ingested() const { return bytes_in_.load(); }
+  uint64_t bytes_sent() const { return bytes_out_.load(); }
+  uint32_t buckets_sent() const { return buckets_out_.load(); }
 
   // A group publication: joins it (Engine::Open, before the session is handed out). The
   // leader's abort of the version stops this publication from the vote's thread.
@@ -183,6 +186,11 @@ class PublicationSession::State {
   // with *bad_input set when the backend found the trainer's input bad (non-finite weights).
   absl::Status Transfer(const ExecutionPlan& plan, const PublicationManifest& manifest,
                         bool* bad_input);
+  // After bucket `index` (of `total`) went to the transports: a debug line per bucket, and for
+  // a publication open longer than kProgressEvery an info line at most every kProgressEvery.
+  void LogBucket(uint32_t index, uint64_t nbytes, size_t total, const absl::Status& sent);
+  static constexpr absl::Duration kProgressEvery = absl::Seconds(5);
+  absl::Time last_progress_ = absl::InfinitePast();  // the publication's thread only
 
   // Shared so a session may outlive the Engine; the ledger points back while this publication
   // is active (the cycle ends when Record frees the slot).
@@ -201,7 +209,9 @@ class PublicationSession::State {
   PhaseSeconds phases_;
   double policy_seconds_in_ingest_ = 0;
   uint64_t non_finite_ = 0;
-  uint64_t bytes_out_ = 0;
+  // Written by the publication's thread, read by GetStatus.
+  std::atomic<uint64_t> bytes_out_{0};
+  std::atomic<uint32_t> buckets_out_{0};
   std::map<std::string, uint64_t> bytes_by_format_;
   uint32_t num_buckets_ = 0;
   int attempts_ = 0;                       // transfers begun

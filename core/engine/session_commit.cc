@@ -1,10 +1,15 @@
 // Commit: inputs checked, buckets planned, the transfer (retried for dirty receivers), the point
 // of no return. Every exit ends the publication through End or Reject (session.cc).
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
+#include <spdlog/spdlog.h>
+
+#include "core/common/log_context.h"
 #include "core/engine/engine_impl.h"
 #include "core/engine/planner.h"
 
@@ -82,8 +87,10 @@ absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
                                                  const PublicationManifest& manifest,
                                                  bool* bad_input) {
   Transport* transport = &engine_->transports();
+  const LogField phase("phase", "transfer");
   WPUB_RETURN_IF_ERROR(lifecycle_.BeginTransfer());
   bytes_out_ = 0;
+  buckets_out_ = 0;
   auto t0 = Clock::now();
   if (absl::Status s = transport->Begin(manifest).status(); !s.ok()) return s;
   phases_.transfer += Since(t0);
@@ -95,8 +102,12 @@ absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
   hooks.emit = [&](std::shared_ptr<const Bucket> bucket) {
     const auto t = Clock::now();
     bytes_out_ += bucket->manifest.nbytes;
+    ++buckets_out_;
+    const uint32_t index = bucket->manifest.index;
+    const uint64_t nbytes = bucket->manifest.nbytes;
     absl::Status s = transport->Send(std::move(bucket));
     phases_.transfer += Since(t);
+    LogBucket(index, nbytes, plan.buckets.size(), s);
     return s;
   };
   hooks.cancelled = [&] {
@@ -122,6 +133,24 @@ absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
   absl::Status acked = transport->WaitAcknowledged(absl::Now() + engine_->options().ack_deadline);
   phases_.transfer += Since(t0);
   return acked;
+}
+
+void PublicationSession::State::LogBucket(uint32_t index, uint64_t nbytes, size_t total,
+                                          const absl::Status& sent) {
+  const LogField field("bucket", std::to_string(index));
+  if (!sent.ok()) {
+    spdlog::debug("v{} bucket {}/{} not sent ({})", version(), index + 1, total,
+                  absl::StatusCodeToString(sent.code()));
+    return;
+  }
+  spdlog::debug("v{} bucket {}/{} sent: {} bytes", version(), index + 1, total, nbytes);
+  const absl::Time now = absl::Now();
+  if (now - opened_at_ < kProgressEvery || now - last_progress_ < kProgressEvery) return;
+  last_progress_ = now;
+  spdlog::info("v{} in progress: {} of {} buckets sent ({:.1f} MB), {:.1f} s since open",
+               version(), buckets_out_.load(), total,
+               static_cast<double>(bytes_out_.load()) / 1e6,
+               absl::ToDoubleSeconds(now - opened_at_));
 }
 
 absl::Status PublicationSession::State::TransferWithRetries(const ExecutionPlan& plan,

@@ -370,6 +370,9 @@ struct ActivePublication {
   absl::Time opened_at = absl::InfinitePast();
   uint64_t batches = 0;
   uint64_t tensors = 0;
+  uint64_t bytes_ingested = 0;  // input tensor bytes taken so far
+  uint64_t bytes_sent = 0;      // bucket bytes handed to the transports so far (this attempt)
+  uint32_t buckets_sent = 0;
 };
 
 struct EngineStatus {

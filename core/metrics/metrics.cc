@@ -101,6 +101,21 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
       const std::string name = engine::ReceiverFailureName(f);
       m->failures_[name] = &failures.Add({{"reason", name}});
     }
+    auto& attempts = prometheus::BuildHistogram()
+                         .Name(kPublicationAttemptSeconds)
+                         .Help("Wall clock of every publication that ended, by final status "
+                               "(wpub_publication_seconds: committed ones only)")
+                         .Register(*registry);
+    for (auto s : {engine::PublicationStatus::kCommitted, engine::PublicationStatus::kAborted,
+                   engine::PublicationStatus::kFailed}) {
+      const std::string name = engine::PublicationStatusName(s);
+      m->attempt_seconds_[name] = &attempts.Add({{"status", name}}, SecondsBuckets());
+    }
+    m->receiver_failures_ = &prometheus::BuildCounter()
+                                 .Name(kReceiverFailuresTotal)
+                                 .Help("Publications each receiver (engine) failed, by receiver "
+                                       "(64 receivers at most; the rest as receiver=\"_other\")")
+                                 .Register(*registry);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(std::string("metrics: registration failed: ") + e.what());
   }
@@ -114,9 +129,18 @@ void EngineMetrics::RecordReport(const engine::PublicationReport& r) {
   publications_[engine::PublicationStatusName(r.status)]->Increment();
   host_syncs_total_->Increment(static_cast<double>(r.host_syncs));
   publication_host_syncs_->Set(static_cast<double>(r.host_syncs));
+  attempt_seconds_[engine::PublicationStatusName(r.status)]->Observe(r.wall_seconds);
   for (const engine::ReceiverOutcome& o : r.receivers) {
     if (o.failure == engine::ReceiverFailure::kNone) continue;
     failures_[engine::ReceiverFailureName(o.failure)]->Increment();
+    auto it = receiver_failures_by_name_.find(o.name);
+    if (it == receiver_failures_by_name_.end()) {
+      const std::string label =
+          receiver_failures_by_name_.size() < kMaxReceiverFailureSeries ? o.name : "_other";
+      prometheus::Counter* c = &receiver_failures_->Add({{"receiver", label}});
+      it = receiver_failures_by_name_.emplace(label == o.name ? o.name : "_other", c).first;
+    }
+    it->second->Increment();
   }
   if (r.status != engine::PublicationStatus::kCommitted) return;
   publication_seconds_->Observe(r.wall_seconds);

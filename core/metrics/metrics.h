@@ -38,6 +38,11 @@ inline constexpr char kIgnoreCacheMissesTotal[] = "wpub_ignore_snapshot_cache_mi
 inline constexpr char kEngines[] = "wpub_engines";
 inline constexpr char kLastCommittedVersion[] = "wpub_last_committed_version";
 inline constexpr char kEngineFailuresTotal[] = "wpub_engine_failures_total";
+inline constexpr char kPublicationAttemptSeconds[] = "wpub_publication_attempt_seconds";
+inline constexpr char kReceiverFailuresTotal[] = "wpub_receiver_failures_total";
+// Receivers with a series of their own in wpub_receiver_failures_total; the rest count under
+// receiver="_other" (collectors.h bounds the live per-receiver series the same way).
+inline constexpr size_t kMaxReceiverFailureSeries = 64;
 
 class EngineMetrics {
  public:
@@ -47,7 +52,9 @@ class EngineMetrics {
   ~EngineMetrics();
 
   // Every report: wpub_publications_total{status}, wpub_host_syncs_total,
-  // wpub_publication_host_syncs, wpub_engine_failures_total{reason} (one per failed receiver).
+  // wpub_publication_host_syncs, wpub_engine_failures_total{reason} and
+  // wpub_receiver_failures_total{receiver} (one per failed receiver),
+  // wpub_publication_attempt_seconds{status} (the wall clock of every outcome).
   // Committed reports also: wpub_publication_seconds, wpub_publication_phase_seconds{phase},
   // wpub_published_bytes_total{format}, wpub_tensors_total{action},
   // wpub_last_committed_version.
@@ -81,6 +88,9 @@ class EngineMetrics {
   std::map<std::string, prometheus::Gauge*> engines_;
   prometheus::Gauge* last_committed_version_ = nullptr;
   std::map<std::string, prometheus::Counter*> failures_;
+  std::map<std::string, prometheus::Histogram*> attempt_seconds_;
+  prometheus::Family<prometheus::Counter>* receiver_failures_ = nullptr;
+  std::map<std::string, prometheus::Counter*> receiver_failures_by_name_;  // guarded by mu_
 };
 
 }  // namespace wpub::metrics

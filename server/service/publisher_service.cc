@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/log_context.h"
 #include "server/common/log_escape.h"
 #include "wire/convert.h"
 #include "wire/status_map.h"
@@ -184,6 +185,8 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   absl::StatusOr<engine::PublicationHeader> header = FromProto(request.header());
   if (!header.ok()) return ToGrpcStatus(header.status());
   header->allow_non_finite = header->allow_non_finite || options_.allow_non_finite;
+  // Every line of this publication on this thread carries its version (JSON logs).
+  const LogField version_field("version", std::to_string(header->version));
   if (header->group.has_value() && header->group->publisher.empty()) {
     header->group->publisher = publisher_name();
   }

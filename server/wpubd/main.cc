@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include <prometheus/gauge.h>
 #include <prometheus/registry.h>
+#include <systemd/sd-daemon.h>
 #include <spdlog/spdlog.h>
 
 #include "absl/flags/flag.h"
@@ -21,6 +23,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/engine/engine.h"
+#include "core/metrics/collectors.h"
+#include "server/cli/build_info.h"
 #include "server/common/log_escape.h"
 #include "server/service/daemon_server.h"
 #include "server/wpubd/metrics_server.h"
@@ -159,8 +163,28 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
     spdlog::critical("cannot start the gRPC server: {}", LogEscape(server.status().ToString()));
     return 1;
   }
+  // The scrape-time series: the build, the process, the live state (core/metrics/collectors.h).
+  const wpub::cli::BuildInfo& build = wpub::cli::Build();
+  prometheus::BuildGauge()
+      .Name("wpub_build_info")
+      .Help("1, labelled with the build's version and what it was built against")
+      .Register(*registry)
+      .Add({{"version", build.version},
+            {"cuda", build.cuda},
+            {"nccl", build.nccl},
+            {"grpc", build.grpc},
+            {"backend", (*engine)->GetStatus().backend}})
+      .Set(1);
+  auto status_collector = std::make_shared<wpub::metrics::StatusCollector>(
+      [e = engine->get()] { return e->GetStatus(); });
+  if (metrics != nullptr) {
+    metrics->AddCollectable(std::make_shared<wpub::metrics::ProcessCollector>());
+    metrics->AddCollectable(status_collector);
+  }
   spdlog::info("wpubd serving gRPC on {} (port {}), metrics on {} (port {})", options.server.listen,
                (*server)->port(), options.metrics_listen, metrics_port);
+  // systemd (Type=notify): ready once every listener is bound. No-op without NOTIFY_SOCKET.
+  sd_notify(0, "READY=1");
   if (!options.ready_file.empty() &&
       !WriteReadyFile(options.ready_file, (*server)->port(), metrics_port)) {
     spdlog::critical("cannot write --ready_file '{}'", options.ready_file);
@@ -171,6 +195,7 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
   sigwait(&signals, &signal_number);
   spdlog::info("received {}: shutting down (drain deadline {})", strsignal(signal_number),
                absl::FormatDuration(options.drain_deadline));
+  sd_notify(0, "STOPPING=1");
 
   // Ordered shutdown: stop advertising, refuse new publications, let the active one finish or
   // abort it at the deadline (this also ends every receiver stream), then stop the gRPC server
@@ -188,6 +213,7 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
   (*server)->Shutdown(absl::Now() + options.shutdown_grace);
   spdlog::debug("gRPC server stopped");
   server->reset();
+  status_collector->Detach();  // a scrape from now on reads no engine
   engine->reset();
   spdlog::info("wpubd stopped");
   // The metrics endpoint needs no orderly teardown (its pool would wait out an idle

@@ -62,12 +62,23 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
   http.set_keep_alive_timeout(
       std::max<time_t>(1, static_cast<time_t>(absl::ToInt64Seconds(options.keep_alive_timeout))));
   http.set_payload_max_length(4096);  // a scrape has no body
-  prometheus::Registry* reg = server->registry_.get();
+  MetricsServer* self = server.get();
   // httplib matches the whole path (std::regex_match): "/metricsx", "//metrics" and
   // "/metrics/" do not match and get 404.
-  http.Get(kMetricsPath, [reg](const httplib::Request&, httplib::Response& res) {
+  http.Get(kMetricsPath, [self](const httplib::Request&, httplib::Response& res) {
+    std::vector<prometheus::MetricFamily> families = self->registry_->Collect();
+    std::vector<std::shared_ptr<prometheus::Collectable>> more;
+    {
+      std::lock_guard lock(self->mu_);
+      more = self->collectables_;
+    }
+    for (const auto& c : more) {
+      std::vector<prometheus::MetricFamily> f = c->Collect();
+      families.insert(families.end(), std::make_move_iterator(f.begin()),
+                      std::make_move_iterator(f.end()));
+    }
     std::ostringstream out;
-    prometheus::TextSerializer().Serialize(out, reg->Collect());
+    prometheus::TextSerializer().Serialize(out, families);
     res.set_content(out.str(), "text/plain; version=0.0.4; charset=utf-8");
   });
   const bool bound =
@@ -80,6 +91,11 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
   // stop() is a no-op until the listener runs: wait for it so destruction always ends it.
   while (!http.is_running()) absl::SleepFor(absl::Milliseconds(1));
   return server;
+}
+
+void MetricsServer::AddCollectable(std::shared_ptr<prometheus::Collectable> c) {
+  std::lock_guard lock(mu_);
+  collectables_.push_back(std::move(c));
 }
 
 MetricsServer::~MetricsServer() {

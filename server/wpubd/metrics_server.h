@@ -4,6 +4,8 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
+#include <vector>
 #include <string>
 #include <thread>
 
@@ -50,10 +52,15 @@ class MetricsServer {
 
   // The bound TCP port.
   int port() const { return port_; }
+  // Also serves what `c` collects at each scrape (after the registry's families; its families
+  // must not repeat the registry's names). Any thread.
+  void AddCollectable(std::shared_ptr<prometheus::Collectable> c);
 
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Registry> registry_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;  // guarded by mu_
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
   int port_ = 0;

@@ -175,6 +175,15 @@ def main():
     hq = json.load(open(os.path.join(args.output, "hf_quant_config.json")))
     assert hq["producer"]["name"] == "modelopt" and hq["quantization"]["quant_algo"] == "NVFP4"
     assert hq["quantization"]["exclude_modules"] == qc["ignore"]
+    # What vLLM's ModelOpt NVFP4 reader requires of the nested format (group_size,
+    # kv_cache_quant_algo, exclude_modules as keys; kv_cache_quant_algo null or a string) and
+    # older SGLang indexes directly; the producer names its version.
+    for key in ("group_size", "kv_cache_quant_algo", "exclude_modules"):
+        assert key in hq["quantization"], f"hf_quant_config.json lacks quantization.{key}"
+    assert hq["quantization"]["kv_cache_quant_algo"] is None
+    assert isinstance(hq["quantization"]["exclude_modules"], list)
+    assert hq["producer"].get("version"), "hf_quant_config.json producer has no version"
+    assert "kv_cache_quant_algo" in qc and qc["kv_cache_quant_algo"] is None
 
     quantized = sorted(n[: -len("_scale_2")] for n in out.where if n.endswith(".weight_scale_2"))
     kept = [n for n in inp.where if n not in quantized]

@@ -171,7 +171,11 @@ absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
   if (config != config_in) return Fail("config.json lost or changed keys");
   r->ignore = qc["ignore"].get<std::vector<std::string>>();
   auto hf = nlohmann::json::parse(Slurp(fs::path(out_dir) / "hf_quant_config.json"));
-  if (hf["producer"]["name"] != "modelopt" || hf["quantization"]["quant_algo"] != "NVFP4" ||
+  // The keys vLLM's nested-format reader requires (kv_cache_quant_algo null: no KV-cache
+  // quantization) and the producer's version.
+  if (hf["producer"]["name"] != "modelopt" || !hf["producer"]["version"].is_string() ||
+      hf["quantization"]["quant_algo"] != "NVFP4" || !hf["quantization"].contains("kv_cache_quant_algo") ||
+      !hf["quantization"]["kv_cache_quant_algo"].is_null() || !qc.contains("kv_cache_quant_algo") ||
       hf["quantization"]["group_size"] != 16 ||
       hf["quantization"]["exclude_modules"].get<std::vector<std::string>>() != r->ignore) {
     return Fail("hf_quant_config.json: ", hf.dump());

@@ -291,6 +291,8 @@ class DaemonTestCase(unittest.TestCase):
 
     def assertReceivedEqual(self, expected, version: int, index: int = 0):
         got, meta = self.received(index, version)
+        # transformers refuses a safetensors file whose metadata lacks format "pt".
+        self.assertEqual(meta.get("format"), "pt")
         self.assertEqual(sorted(got), sorted(expected))
         for name, (dtype, shape, raw) in expected.items():
             gd, gs, gr = got[name]

@@ -1,0 +1,144 @@
+// ProcessCollector against this process, StatusCollector over fake statuses (in flight, idle,
+// 70 receivers bounded to 64 with the rest counted, one-hot states, Detach), and EngineMetrics'
+// series of failed and aborted publications and per-receiver failures (bounded).
+#include "core/metrics/collectors.h"
+
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/metrics/metrics.h"
+
+namespace wpub::metrics {
+namespace {
+
+using prometheus::MetricFamily;
+
+// name{label=value,...} -> value (counters and gauges; histograms as name_count).
+std::map<std::string, double> Flatten(const std::vector<MetricFamily>& families) {
+  std::map<std::string, double> out;
+  for (const MetricFamily& f : families) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::string key = f.name;
+      std::string labels;
+      for (const auto& l : m.label) absl::StrAppend(&labels, labels.empty() ? "" : ",", l.name, "=", l.value);
+      if (f.type == prometheus::MetricType::Histogram) {
+        out[absl::StrCat(key, "_count{", labels, "}")] =
+            static_cast<double>(m.histogram.sample_count);
+        continue;
+      }
+      key = absl::StrCat(key, "{", labels, "}");
+      out[key] = f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    }
+  }
+  return out;
+}
+
+TEST(ProcessCollector, ReadsThisProcess) {
+  const auto m = Flatten(ProcessCollector().Collect());
+  EXPECT_GT(m.at("process_resident_memory_bytes{}"), 1e6);
+  EXPECT_GE(m.at("process_virtual_memory_bytes{}"), m.at("process_resident_memory_bytes{}"));
+  EXPECT_GE(m.at("process_open_fds{}"), 3);
+  EXPECT_GE(m.at("process_max_fds{}"), m.at("process_open_fds{}"));
+  EXPECT_GE(m.at("process_cpu_seconds_total{}"), 0);
+  const double now = static_cast<double>(absl::ToUnixMicros(absl::Now())) / 1e6;
+  EXPECT_LE(m.at("process_start_time_seconds{}"), now + 2);
+  EXPECT_GT(m.at("process_start_time_seconds{}"), now - 3600);
+}
+
+engine::EngineStatus Status(bool active, size_t receivers) {
+  engine::EngineStatus s;
+  if (active) {
+    engine::ActivePublication a;
+    a.version = 42;
+    a.opened_at = absl::Now() - absl::Seconds(30);
+    a.bytes_ingested = 1000;
+    a.bytes_sent = 600;
+    s.active = a;
+  }
+  for (size_t i = 0; i < receivers; ++i) {
+    engine::ReceiverInfo r;
+    r.name = absl::StrCat("recv-", 100 + i);
+    r.state = i == 1 ? engine::ReceiverState::kDirty : engine::ReceiverState::kIdle;
+    r.last_committed_version = i == 1 ? 40 : 41;
+    s.receivers.push_back(r);
+  }
+  return s;
+}
+
+TEST(StatusCollector, ThePublicationInFlight) {
+  StatusCollector c([] { return Status(true, 2); });
+  const auto m = Flatten(c.Collect());
+  EXPECT_EQ(m.at("wpub_publication_in_flight{}"), 1);
+  EXPECT_EQ(m.at("wpub_publication_in_flight_version{}"), 42);
+  EXPECT_GE(m.at("wpub_publication_in_flight_age_seconds{}"), 30);
+  EXPECT_LT(m.at("wpub_publication_in_flight_age_seconds{}"), 300);
+  EXPECT_EQ(m.at("wpub_publication_in_flight_bytes{stage=ingested}"), 1000);
+  EXPECT_EQ(m.at("wpub_publication_in_flight_bytes{stage=sent}"), 600);
+  EXPECT_EQ(m.at("wpub_receiver_last_committed_version{receiver=recv-101}"), 40);
+  EXPECT_EQ(m.at("wpub_receiver_last_committed_version{receiver=recv-100}"), 41);
+  EXPECT_EQ(m.at("wpub_receiver_state{receiver=recv-101,state=dirty}"), 1);
+  EXPECT_EQ(m.at("wpub_receiver_state{receiver=recv-101,state=idle}"), 0);
+  EXPECT_EQ(m.at("wpub_receiver_state{receiver=recv-100,state=idle}"), 1);
+  EXPECT_EQ(m.at("wpub_receivers_unlisted{}"), 0);
+}
+
+TEST(StatusCollector, IdleAndBoundedAndDetached) {
+  StatusCollector c([] { return Status(false, 70); });
+  const auto m = Flatten(c.Collect());
+  EXPECT_EQ(m.at("wpub_publication_in_flight{}"), 0);
+  EXPECT_EQ(m.at("wpub_publication_in_flight_age_seconds{}"), 0);
+  size_t listed = 0;
+  for (const auto& [k, v] : m) listed += k.rfind("wpub_receiver_last_committed_version{", 0) == 0;
+  EXPECT_EQ(listed, kMaxReceiverSeries);
+  EXPECT_EQ(m.at("wpub_receivers_unlisted{}"), 6);
+  // Name order: the first 64 names are listed.
+  EXPECT_TRUE(m.count("wpub_receiver_state{receiver=recv-163,state=idle}"));
+  EXPECT_FALSE(m.count("wpub_receiver_state{receiver=recv-164,state=idle}"));
+  c.Detach();
+  EXPECT_TRUE(c.Collect().empty());
+}
+
+engine::PublicationReport Report(engine::PublicationStatus status, double seconds,
+                                 std::vector<std::string> failed) {
+  engine::PublicationReport r;
+  r.status = status;
+  r.wall_seconds = seconds;
+  for (const std::string& n : failed) {
+    engine::ReceiverOutcome o;
+    o.name = n;
+    o.failure = engine::ReceiverFailure::kTimeout;
+    r.receivers.push_back(o);
+  }
+  return r;
+}
+
+TEST(EngineMetrics, EveryOutcomesDurationAndBoundedReceiverFailures) {
+  prometheus::Registry registry;
+  auto m = EngineMetrics::Create(&registry);
+  ASSERT_TRUE(m.ok()) << m.status();
+  (*m)->RecordReport(Report(engine::PublicationStatus::kAborted, 2.5, {"recv-a"}));
+  (*m)->RecordReport(Report(engine::PublicationStatus::kFailed, 0.1, {"recv-a", "recv-b"}));
+  (*m)->RecordReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
+  std::vector<std::string> many;
+  for (int i = 0; i < 100; ++i) many.push_back(absl::StrCat("r", i));
+  (*m)->RecordReport(Report(engine::PublicationStatus::kAborted, 3.0, many));
+  const auto v = Flatten(registry.Collect());
+  EXPECT_EQ(v.at("wpub_publication_attempt_seconds_count{status=aborted}"), 2);
+  EXPECT_EQ(v.at("wpub_publication_attempt_seconds_count{status=failed}"), 1);
+  EXPECT_EQ(v.at("wpub_publication_attempt_seconds_count{status=committed}"), 1);
+  EXPECT_EQ(v.at("wpub_publication_seconds_count{}"), 1);  // committed only, as before
+  EXPECT_EQ(v.at("wpub_receiver_failures_total{receiver=recv-a}"), 2);
+  EXPECT_EQ(v.at("wpub_receiver_failures_total{receiver=recv-b}"), 1);
+  size_t series = 0;
+  for (const auto& [k, x] : v) series += k.rfind("wpub_receiver_failures_total{", 0) == 0;
+  EXPECT_EQ(series, kMaxReceiverFailureSeries + 1);  // 64 names and "_other"
+  EXPECT_EQ(v.at("wpub_receiver_failures_total{receiver=_other}"), 100 - 62);
+}
+
+}  // namespace
+}  // namespace wpub::metrics
