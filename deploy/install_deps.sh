@@ -10,7 +10,7 @@ packages=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-yaml
   python3-torch python3-build python3-venv python3-pip python3-wheel python3-setuptools
-  prometheus openssl
+  prometheus openssl python3-jsonschema libsystemd-dev
 )
 
 missing=()

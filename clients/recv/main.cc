@@ -75,8 +75,8 @@ ABSL_FLAG(int32_t, nccl_ctas, 0,
 #include "absl/strings/str_join.h"
 #include "clients/recv/nccl/receiver_endpoint.h"
 #include "clients/recv/nccl/vllm_nccl_path.h"
-#include "clients/recv/vllm_engine.h"
 #include "clients/recv/safetensors.h"
+#include "clients/recv/vllm_engine.h"
 #include "core/nccl/nccl_comm.h"
 
 namespace {
@@ -128,8 +128,8 @@ int RunVllmEngine(const sigset_t& signals, wpub::nccl::ReceiverEndpointOptions o
   eo.packing_in_init = absl::GetFlag(FLAGS_vllm_packing_in_init);
   wpub::recv::VllmEngine::Callbacks cb;
   cb.on_update = [](uint64_t index, const wpub::recv::VllmUpdate& u) {
-    spdlog::debug("update {}: {} tensors, {} bytes in {} chunks", index, u.tensors.size(),
-                  u.nbytes, u.chunks.size());
+    spdlog::debug("update {}: {} tensors, {} bytes in {} chunks", index, u.tensors.size(), u.nbytes,
+                  u.chunks.size());
   };
   cb.on_version = [&output](const wpub::recv::VllmEngineState& s) {
     spdlog::info("version {} applied ({} tensors)", s.weight_version, s.weights.size());

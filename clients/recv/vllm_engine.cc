@@ -27,7 +27,8 @@ constexpr size_t kServerThreads = 8;
 absl::StatusOr<json> ParseObject(std::string_view body, const char* route) {
   constexpr JsonBounds kBounds{kMaxRequestBytes, kClientJsonBounds.max_depth};
   if (body.empty()) return json::object();  // vLLM's routes that take a body accept none
-  WPUB_RETURN_IF_ERROR(CheckJsonBounds(absl::string_view(body.data(), body.size()), route, kBounds));
+  WPUB_RETURN_IF_ERROR(
+      CheckJsonBounds(absl::string_view(body.data(), body.size()), route, kBounds));
   json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(route, ": the body is not a JSON object"));
@@ -169,9 +170,9 @@ absl::StatusOr<VllmUpdate> DecodeVllmUpdate(std::string_view body, const VllmIni
   }
   const size_t n = arrays[0]->size();
   if (arrays[1]->size() != n || arrays[2]->size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "update_info: names, dtype_names and shapes have different lengths (", n, ", ",
-        arrays[1]->size(), ", ", arrays[2]->size(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("update_info: names, dtype_names and shapes have different lengths (", n, ", ",
+                     arrays[1]->size(), ", ", arrays[2]->size(), ")"));
   }
   VllmUpdate u;
   std::vector<uint64_t> sizes;
@@ -183,8 +184,9 @@ absl::StatusOr<VllmUpdate> DecodeVllmUpdate(std::string_view body, const VllmIni
     engine::ManifestTensor t;
     t.name = name.get<std::string>();
     const json& dtype = (*arrays[1])[i];
-    absl::StatusOr<DType> parsed = dtype.is_string() ? ParseDType(dtype.get_ref<const std::string&>())
-                                                     : absl::InvalidArgumentError("not a string");
+    absl::StatusOr<DType> parsed = dtype.is_string()
+                                       ? ParseDType(dtype.get_ref<const std::string&>())
+                                       : absl::InvalidArgumentError("not a string");
     if (!parsed.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("update_info.dtype_names[", i, "] of '",
                                                      t.name, "': ", dtype.dump().substr(0, 64),
@@ -200,9 +202,9 @@ absl::StatusOr<VllmUpdate> DecodeVllmUpdate(std::string_view body, const VllmIni
     for (const json& d : shape) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0 ||
           (d.get<int64_t>() > 0 && numel > kMaxTensorBytes / d.get<uint64_t>())) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "update_info.shapes[", i, "] of '", t.name, "': ", shape.dump().substr(0, 64),
-            " has a negative or oversized dimension"));
+        return absl::InvalidArgumentError(absl::StrCat("update_info.shapes[", i, "] of '", t.name,
+                                                       "': ", shape.dump().substr(0, 64),
+                                                       " has a negative or oversized dimension"));
       }
       t.shape.push_back(d.get<int64_t>());
       numel *= d.get<uint64_t>();
@@ -327,17 +329,17 @@ absl::StatusOr<std::vector<uint8_t>> DecodeVllmUniqueIdPickle(std::string_view p
               "unique-id pickle: not a pickle of vLLM's ncclUniqueId (no such class named)");
         }
         if (byte_objects.size() != 1 || byte_objects[0].size() != kIdBytes) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "unique-id pickle: ", byte_objects.size(), " bytes objects (",
-              byte_objects.empty() ? 0 : byte_objects[0].size(), " bytes first), not one of ",
-              kIdBytes));
+          return absl::InvalidArgumentError(
+              absl::StrCat("unique-id pickle: ", byte_objects.size(), " bytes objects (",
+                           byte_objects.empty() ? 0 : byte_objects[0].size(),
+                           " bytes first), not one of ", kIdBytes));
         }
         return std::move(byte_objects[0]);
       }
       default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unique-id pickle: opcode 0x", absl::Hex(op), " at byte ", i - 1,
-            " is not one a ctypes Structure's pickle uses"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unique-id pickle: opcode 0x", absl::Hex(op), " at byte ", i - 1,
+                         " is not one a ctypes Structure's pickle uses"));
     }
   }
   return absl::InvalidArgumentError("unique-id pickle: no STOP");
@@ -465,8 +467,9 @@ class VllmEngine::Impl {
       return absl::FailedPreconditionError(
           "no weight update in progress: POST /start_weight_update first");
     }
-    WPUB_ASSIGN_OR_RETURN(VllmUpdate u,
-                          DecodeVllmUpdate(q.body, init_, /*packing_allowed=*/!options_.packing_in_init));
+    WPUB_ASSIGN_OR_RETURN(
+        VllmUpdate u,
+        DecodeVllmUpdate(q.body, init_, /*packing_allowed=*/!options_.packing_in_init));
     std::vector<uint8_t> bytes;
     if (absl::Status s = data_->Receive(u, &bytes); !s.ok()) {
       // The group is unusable after a failed receive; the engine needs a new init.
@@ -474,14 +477,15 @@ class VllmEngine::Impl {
       return s;
     }
     for (const engine::ManifestTensor& t : u.tensors) {
-      staged_[t.name] = {TensorDesc{t.name, t.dtype, t.shape},
-                         std::vector<uint8_t>(bytes.begin() + t.offset,
-                                              bytes.begin() + t.offset + t.nbytes)};
+      staged_[t.name] = {
+          TensorDesc{t.name, t.dtype, t.shape},
+          std::vector<uint8_t>(bytes.begin() + t.offset, bytes.begin() + t.offset + t.nbytes)};
     }
     const uint64_t index = state_.updates++;
     if (callbacks_.on_update) callbacks_.on_update(index, u);
     return absl::StrCat("update ", index, ": ", u.tensors.size(), " tensors, ", u.nbytes,
-                        " bytes, checksum ", absl::Hex(engine::Checksum(bytes.data(), bytes.size())));
+                        " bytes, checksum ",
+                        absl::Hex(engine::Checksum(bytes.data(), bytes.size())));
   }
 
   absl::StatusOr<std::string> Finish(const Request& q) {

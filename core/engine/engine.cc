@@ -195,11 +195,10 @@ EngineStatus Engine::GetStatus() const {
   s.shutting_down = ledger.shutting_down;
   s.last_reports = std::move(ledger.last_reports);
   if (const auto& active = ledger.active) {
-    s.active = ActivePublication{active->version(),        active->model_id(),
-                                 active->state(),          active->opened_at(),
-                                 active->num_batches(),    active->num_tensors(),
-                                 active->bytes_ingested(), active->bytes_sent(),
-                                 active->buckets_sent()};
+    s.active =
+        ActivePublication{active->version(),        active->model_id(),    active->state(),
+                          active->opened_at(),      active->num_batches(), active->num_tensors(),
+                          active->bytes_ingested(), active->bytes_sent(),  active->buckets_sent()};
   }
   s.receivers = impl_->transports().Receivers();
   s.backend = std::string(impl_->backend().name());

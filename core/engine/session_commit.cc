@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
-#include <spdlog/spdlog.h>
 
 #include "core/common/log_context.h"
 #include "core/engine/engine_impl.h"
@@ -147,9 +147,8 @@ void PublicationSession::State::LogBucket(uint32_t index, uint64_t nbytes, size_
   const absl::Time now = absl::Now();
   if (now - opened_at_ < kProgressEvery || now - last_progress_ < kProgressEvery) return;
   last_progress_ = now;
-  spdlog::info("v{} in progress: {} of {} buckets sent ({:.1f} MB), {:.1f} s since open",
-               version(), buckets_out_.load(), total,
-               static_cast<double>(bytes_out_.load()) / 1e6,
+  spdlog::info("v{} in progress: {} of {} buckets sent ({:.1f} MB), {:.1f} s since open", version(),
+               buckets_out_.load(), total, static_cast<double>(bytes_out_.load()) / 1e6,
                absl::ToDoubleSeconds(now - opened_at_));
 }
 

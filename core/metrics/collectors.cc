@@ -69,12 +69,13 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
                       MetricType::Counter);
     Add(cpu, (std::stod(f[11]) + std::stod(f[12])) / ticks);
     out.push_back(std::move(cpu));
-    auto start = Family("process_start_time_seconds",
-                        "Start time of the process since unix epoch in seconds.", MetricType::Gauge);
+    auto start =
+        Family("process_start_time_seconds",
+               "Start time of the process since unix epoch in seconds.", MetricType::Gauge);
     Add(start, BootTimeSeconds() + std::stod(f[19]) / ticks);
     out.push_back(std::move(start));
-    auto vsize = Family("process_virtual_memory_bytes", "Virtual memory size in bytes.",
-                        MetricType::Gauge);
+    auto vsize =
+        Family("process_virtual_memory_bytes", "Virtual memory size in bytes.", MetricType::Gauge);
     Add(vsize, std::stod(f[20]));
     out.push_back(std::move(vsize));
     auto rss = Family("process_resident_memory_bytes", "Resident memory size in bytes.",
@@ -93,8 +94,8 @@ std::vector<prometheus::MetricFamily> ProcessCollector::Collect() const {
   out.push_back(std::move(open));
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) == 0) {
-    auto max = Family("process_max_fds", "Maximum number of open file descriptors.",
-                      MetricType::Gauge);
+    auto max =
+        Family("process_max_fds", "Maximum number of open file descriptors.", MetricType::Gauge);
     Add(max, static_cast<double>(lim.rlim_cur));
     out.push_back(std::move(max));
   }
@@ -115,14 +116,14 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
     s = status_();
   }
   std::vector<prometheus::MetricFamily> out;
-  auto in_flight = Family("wpub_publication_in_flight",
-                          "1 while a publication is open or transferring, else 0",
-                          MetricType::Gauge);
+  auto in_flight =
+      Family("wpub_publication_in_flight", "1 while a publication is open or transferring, else 0",
+             MetricType::Gauge);
   auto version = Family("wpub_publication_in_flight_version",
                         "The version of the publication in flight (0: none)", MetricType::Gauge);
-  auto age = Family("wpub_publication_in_flight_age_seconds",
-                    "Seconds since the publication in flight was opened (0: none)",
-                    MetricType::Gauge);
+  auto age =
+      Family("wpub_publication_in_flight_age_seconds",
+             "Seconds since the publication in flight was opened (0: none)", MetricType::Gauge);
   auto bytes = Family("wpub_publication_in_flight_bytes",
                       "Bytes of the publication in flight so far: ingested from the trainer, "
                       "sent in buckets",
@@ -137,12 +138,12 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
 
   std::map<std::string, const engine::ReceiverInfo*> by_name;
   for (const engine::ReceiverInfo& r : s.receivers) by_name.emplace(r.name, &r);
-  auto last = Family("wpub_receiver_last_committed_version",
-                     "The last version each receiver (engine) was told to commit",
-                     MetricType::Gauge);
-  auto state = Family("wpub_receiver_state",
-                      "Each receiver's (engine's) state: 1 on its current state",
-                      MetricType::Gauge);
+  auto last =
+      Family("wpub_receiver_last_committed_version",
+             "The last version each receiver (engine) was told to commit", MetricType::Gauge);
+  auto state =
+      Family("wpub_receiver_state", "Each receiver's (engine's) state: 1 on its current state",
+             MetricType::Gauge);
   size_t listed = 0;
   for (const auto& [name, r] : by_name) {
     if (listed++ == kMaxReceiverSeries) break;
@@ -155,9 +156,9 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
           {{"receiver", name}, {"state", engine::ReceiverStateName(st)}});
     }
   }
-  auto unlisted = Family("wpub_receivers_unlisted",
-                         "Receivers beyond the per-receiver series bound (64), not listed",
-                         MetricType::Gauge);
+  auto unlisted =
+      Family("wpub_receivers_unlisted",
+             "Receivers beyond the per-receiver series bound (64), not listed", MetricType::Gauge);
   Add(unlisted, by_name.size() > kMaxReceiverSeries
                     ? static_cast<double>(by_name.size() - kMaxReceiverSeries)
                     : 0);

@@ -103,8 +103,9 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
     }
     auto& attempts = prometheus::BuildHistogram()
                          .Name(kPublicationAttemptSeconds)
-                         .Help("Wall clock of every publication that ended, by final status "
-                               "(wpub_publication_seconds: committed ones only)")
+                         .Help(
+                             "Wall clock of every publication that ended, by final status "
+                             "(wpub_publication_seconds: committed ones only)")
                          .Register(*registry);
     for (auto s : {engine::PublicationStatus::kCommitted, engine::PublicationStatus::kAborted,
                    engine::PublicationStatus::kFailed}) {
@@ -113,8 +114,9 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
     }
     m->receiver_failures_ = &prometheus::BuildCounter()
                                  .Name(kReceiverFailuresTotal)
-                                 .Help("Publications each receiver (engine) failed, by receiver "
-                                       "(64 receivers at most; the rest as receiver=\"_other\")")
+                                 .Help(
+                                     "Publications each receiver (engine) failed, by receiver "
+                                     "(64 receivers at most; the rest as receiver=\"_other\")")
                                  .Register(*registry);
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(std::string("metrics: registration failed: ") + e.what());

@@ -121,8 +121,7 @@ std::string Help(const Command& c) {
     absl::StrAppend(&head, "  (default: ", def.empty() ? "\"\"" : def, ")");
     absl::StrAppend(&out, head, "\n", Wrap(f->Help(), 6));
   }
-  absl::StrAppend(&out,
-                  "  --flagfile=FILE\n", Wrap("Read more flags from FILE, one per line.", 6),
+  absl::StrAppend(&out, "  --flagfile=FILE\n", Wrap("Read more flags from FILE, one per line.", 6),
                   "  --help, --version\n",
                   Wrap("Print this text, or the build's version, and exit.", 6));
   return out;
@@ -182,8 +181,8 @@ Parsed Parse(const Command& c, const std::vector<std::string>& raw, std::FILE* o
     }
     if (f == nullptr) {
       const bool elsewhere = absl::FindCommandLineFlag(name) != nullptr;
-      return fail(absl::StrCat("--", name, elsewhere ? " is not a flag of this command"
-                                                     : " is not a flag"));
+      return fail(absl::StrCat("--", name,
+                               elsewhere ? " is not a flag of this command" : " is not a flag"));
     }
     if (!value.has_value()) {
       if (f->IsOfType<bool>()) {
@@ -200,9 +199,9 @@ Parsed Parse(const Command& c, const std::vector<std::string>& raw, std::FILE* o
     }
   }
   if (c.max_positional >= 0 && p.positional.size() > static_cast<size_t>(c.max_positional)) {
-    return fail(absl::StrCat(
-        "unexpected argument '", p.positional[static_cast<size_t>(c.max_positional)], "'",
-        c.max_positional == 0 ? " (this command takes none)" : ""));
+    return fail(absl::StrCat("unexpected argument '",
+                             p.positional[static_cast<size_t>(c.max_positional)], "'",
+                             c.max_positional == 0 ? " (this command takes none)" : ""));
   }
   return p;
 }

@@ -20,9 +20,9 @@
 namespace wpub::cli {
 
 struct Command {
-  std::string program;           // as --version names it: "wpubd", "wpubctl"
-  std::string name;              // as usage lines name it: "wpubd", "wpubctl status"
-  std::string summary;           // what it does (paragraphs, printed first by --help)
+  std::string program;             // as --version names it: "wpubd", "wpubctl"
+  std::string name;                // as usage lines name it: "wpubd", "wpubctl status"
+  std::string summary;             // what it does (paragraphs, printed first by --help)
   std::vector<std::string> flags;  // the absl flags it takes (names without "--")
   int max_positional = 0;          // -1: any number
   std::string positional;          // the usage line's argument part, e.g. "FILE [FILE]"

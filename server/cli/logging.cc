@@ -19,8 +19,8 @@ class JsonLinesFormatter final : public spdlog::formatter {
 
   void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
     nlohmann::json j;
-    j["ts"] = absl::FormatTime("%Y-%m-%dT%H:%M:%E6S%Ez", absl::FromChrono(msg.time),
-                               absl::UTCTimeZone());
+    j["ts"] =
+        absl::FormatTime("%Y-%m-%dT%H:%M:%E6S%Ez", absl::FromChrono(msg.time), absl::UTCTimeZone());
     const spdlog::string_view_t level = spdlog::level::to_string_view(msg.level);
     j["level"] = std::string(level.data(), level.size());
     j["logger"] = logger_;

@@ -15,19 +15,23 @@ namespace wpub::wpubctl {
 namespace {
 
 // Flag sets several subcommands share.
-const std::vector<std::string> kDaemonFlags = {"target",        "auth_token_file", "tls_ca_file",
-                                               "tls_cert_file", "tls_key_file",    "connect_timeout"};
+const std::vector<std::string> kDaemonFlags = {
+    "target", "auth_token_file", "tls_ca_file", "tls_cert_file", "tls_key_file", "connect_timeout"};
 const std::vector<std::string> kModelFlags = {
-    "model_style", "num_layers",  "first_k_dense",         "num_experts",
-    "num_shared_experts", "num_mtp_layers", "hidden_size", "moe_intermediate_size",
-    "intermediate_size", "vocab_size", "model_dtype"};
-const std::vector<std::string> kPolicyFlags = {
-    "policy_settings",  "recipe", "quantization_config", "extra_high_precision_layers_megatron",
-    "extra_high_precision_layers_hf", "first_last_layers_bf16", "num_layers_at_start_in_bf16",
-    "num_layers_at_end_in_bf16"};
-const std::vector<std::string> kPublishFlags = {"chunk_bytes", "payload",  "parts",
-                                                "concat_dim",  "seed",     "model_id",
-                                                "bucket_bytes", "allow_non_finite"};
+    "model_style",        "num_layers",     "first_k_dense", "num_experts",
+    "num_shared_experts", "num_mtp_layers", "hidden_size",   "moe_intermediate_size",
+    "intermediate_size",  "vocab_size",     "model_dtype"};
+const std::vector<std::string> kPolicyFlags = {"policy_settings",
+                                               "recipe",
+                                               "quantization_config",
+                                               "extra_high_precision_layers_megatron",
+                                               "extra_high_precision_layers_hf",
+                                               "first_last_layers_bf16",
+                                               "num_layers_at_start_in_bf16",
+                                               "num_layers_at_end_in_bf16"};
+const std::vector<std::string> kPublishFlags = {
+    "chunk_bytes", "payload",  "parts",        "concat_dim",
+    "seed",        "model_id", "bucket_bytes", "allow_non_finite"};
 
 std::vector<std::string> Join(std::initializer_list<std::vector<std::string>> sets) {
   std::vector<std::string> all;

@@ -14,8 +14,8 @@ namespace wpub::wpubctl {
 using SubcommandFn = int (*)(const std::vector<std::string>& args);
 
 struct Subcommand {
-  std::string name;                // as typed: `wpubctl <name> [flags]`
-  std::string summary;             // for `wpubctl help` and the subcommand's --help
+  std::string name;     // as typed: `wpubctl <name> [flags]`
+  std::string summary;  // for `wpubctl help` and the subcommand's --help
   SubcommandFn run;
   std::vector<std::string> flags;  // the flags it takes (any other is refused)
   int max_positional = 0;          // -1: any number

@@ -15,8 +15,8 @@
 
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
-#include <systemd/sd-daemon.h>
 #include <spdlog/spdlog.h>
+#include <systemd/sd-daemon.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
@@ -25,10 +25,10 @@
 #include "core/engine/engine.h"
 #include "core/metrics/collectors.h"
 #include "server/cli/build_info.h"
+#include "server/cli/command_line.h"
 #include "server/common/log_escape.h"
 #include "server/service/daemon_server.h"
 #include "server/wpubd/metrics_server.h"
-#include "server/cli/command_line.h"
 #include "server/wpubd/options.h"
 #ifdef WPUB_WITH_GPU_PATH
 #include "absl/strings/numbers.h"

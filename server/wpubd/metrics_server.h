@@ -5,9 +5,9 @@
 
 #include <memory>
 #include <mutex>
-#include <vector>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <prometheus/registry.h>
 

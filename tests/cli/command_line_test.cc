@@ -66,8 +66,8 @@ Outcome Do(const std::vector<std::string>& args, int max_positional = 0) {
 }
 
 TEST(CommandLine, SetsTheCommandsFlagsInEveryForm) {
-  Outcome r = Do({"--cli_test_name=a", "--cli-test-count", "7", "--cli_test_fast",
-              "--cli_test_wait=250ms"});
+  Outcome r = Do(
+      {"--cli_test_name=a", "--cli-test-count", "7", "--cli_test_fast", "--cli_test_wait=250ms"});
   EXPECT_EQ(r.parsed.exit_code, -1) << r.err;
   EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_name), "a");
   EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_count), 7);

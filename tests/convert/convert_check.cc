@@ -174,7 +174,8 @@ absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
   // The keys vLLM's nested-format reader requires (kv_cache_quant_algo null: no KV-cache
   // quantization) and the producer's version.
   if (hf["producer"]["name"] != "modelopt" || !hf["producer"]["version"].is_string() ||
-      hf["quantization"]["quant_algo"] != "NVFP4" || !hf["quantization"].contains("kv_cache_quant_algo") ||
+      hf["quantization"]["quant_algo"] != "NVFP4" ||
+      !hf["quantization"].contains("kv_cache_quant_algo") ||
       !hf["quantization"]["kv_cache_quant_algo"].is_null() || !qc.contains("kv_cache_quant_algo") ||
       hf["quantization"]["group_size"] != 16 ||
       hf["quantization"]["exclude_modules"].get<std::vector<std::string>>() != r->ignore) {

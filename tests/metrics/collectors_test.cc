@@ -25,7 +25,8 @@ std::map<std::string, double> Flatten(const std::vector<MetricFamily>& families)
     for (const prometheus::ClientMetric& m : f.metric) {
       std::string key = f.name;
       std::string labels;
-      for (const auto& l : m.label) absl::StrAppend(&labels, labels.empty() ? "" : ",", l.name, "=", l.value);
+      for (const auto& l : m.label)
+        absl::StrAppend(&labels, labels.empty() ? "" : ",", l.name, "=", l.value);
       if (f.type == prometheus::MetricType::Histogram) {
         out[absl::StrCat(key, "_count{", labels, "}")] =
             static_cast<double>(m.histogram.sample_count);

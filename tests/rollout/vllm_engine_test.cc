@@ -81,8 +81,8 @@ class WireDataPath final : public VllmDataPath {
       std::optional<std::vector<uint8_t>> c = wire_->Pop();
       if (!c) return absl::DeadlineExceededError("no broadcast arrived");
       if (c->size() != u.chunks[k]) {
-        return absl::DataLossError(absl::StrCat("chunk ", k, ": ", c->size(),
-                                                " bytes broadcast, ", u.chunks[k], " expected"));
+        return absl::DataLossError(absl::StrCat("chunk ", k, ": ", c->size(), " bytes broadcast, ",
+                                                u.chunks[k], " expected"));
       }
       bytes->insert(bytes->end(), c->begin(), c->end());
     }

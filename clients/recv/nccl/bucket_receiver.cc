@@ -36,9 +36,9 @@ std::string BucketMessage(const ReceivedBucket& b) {
 // A decoded update request and the moments its handling reached: decoding started, the wait for
 // the lock and its turn started, the receives were posted.
 struct BucketReceiver::ParsedUpdate {
-  ReceivedBucket bucket;  // tensors, version, nbytes
-  std::string group;      // the request's group_name
-  int64_t sequence = -1;  // `wpub_sequence`, -1 when absent
+  ReceivedBucket bucket;         // tensors, version, nbytes
+  std::string group;             // the request's group_name
+  int64_t sequence = -1;         // `wpub_sequence`, -1 when absent
   std::vector<uint64_t> chunks;  // the broadcasts that carry the bucket (one, or vLLM's packed)
   Clock::time_point decoding, waiting, receiving;
 };
@@ -363,9 +363,9 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveParsed(ParsedUpdate& u) {
 // Copying to the host: one rank's share of a bucket (slot 0, buffers reserved), received and
 // waited for under mu_; rank 0 copies the bucket back and checksums it on the host, the other
 // ranks checksum on the device.
-absl::Status BucketReceiver::ReceiveOnRank(size_t i, absl::Span<const uint64_t> chunks,
-                                           uint64_t n, std::vector<uint8_t>* bytes,
-                                           uint64_t* checksum, const std::atomic<bool>& failed,
+absl::Status BucketReceiver::ReceiveOnRank(size_t i, absl::Span<const uint64_t> chunks, uint64_t n,
+                                           std::vector<uint8_t>* bytes, uint64_t* checksum,
+                                           const std::atomic<bool>& failed,
                                            Clock::time_point deadline) {
   DeviceRank& k = *ranks_[i];
   WPUB_RETURN_IF_ERROR(k.EnqueueReceive(*members_[i], 0, chunks));

@@ -102,7 +102,7 @@ class DeviceRank {
   kernels::cuda::Stream receive_;  // receives (and copies to the host)
   kernels::cuda::Stream verify_;   // checksums of received buckets
   Slot slots_[kSlots];
-  uint64_t slot_bytes_ = 0;           // of each slot's buffer
+  uint64_t slot_bytes_ = 0;             // of each slot's buffer
   kernels::cuda::DeviceBuffer warmup_;  // EnqueueWarmUp's float, allocated on first use
 };
 

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/common/status.h"
 #include "clients/recv/vllm_engine.h"
+#include "core/common/status.h"
 #include "core/rendezvous/tcp_store_client.h"
 #include "core/rollout/vllm_driver.h"
 

@@ -56,8 +56,7 @@ class GroupMember {
   absl::Status WaitReady();
   // Enqueues the receive of one bucket into `device_buffer` on `stream`: one broadcast per
   // chunk (byte sizes, back to back; empty chunks are skipped, as no publisher sends them).
-  absl::Status Receive(void* device_buffer, absl::Span<const uint64_t> chunks,
-                       cudaStream_t stream);
+  absl::Status Receive(void* device_buffer, absl::Span<const uint64_t> chunks, cudaStream_t stream);
   // Enqueues vLLM's warm-up: a one-element float32 sum all-reduce of `device_float` (zeroed
   // first) on `stream`.
   absl::Status WarmUp(float* device_float, cudaStream_t stream);
