@@ -56,10 +56,6 @@ class Wire {
     aborted_ = true;
     cv_.notify_all();
   }
-  size_t pending() {
-    std::lock_guard lock(mu_);
-    return chunks_.size();
-  }
 
  private:
   std::mutex mu_;
@@ -72,7 +68,6 @@ class WireDataPath final : public VllmDataPath {
  public:
   explicit WireDataPath(std::shared_ptr<Wire> wire) : wire_(std::move(wire)) {}
   absl::Status Join(const VllmInitInfo& init) override {
-    if (fail_join_) return absl::UnavailableError("no ncclUniqueId at /broadcast_from/0/0");
     joins_.push_back(init);
     return absl::OkStatus();
   }
@@ -90,7 +85,6 @@ class WireDataPath final : public VllmDataPath {
   }
   void Abort() override { wire_->Abort(); }
   std::vector<VllmInitInfo> joins_;
-  bool fail_join_ = false;
 
  private:
   std::shared_ptr<Wire> wire_;
