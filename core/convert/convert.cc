@@ -174,6 +174,7 @@ absl::StatusOr<ConvertSummary> ConvertCheckpoint(const ConvertOptions& options) 
 
   ConvertSummary summary;
   summary.device = options.device;
+  summary.quant_algo = options.weight_only ? "W4A16_NVFP4" : "NVFP4";
   summary.tensors_in = static_cast<int64_t>(ckpt->num_tensors());
   summary.tensors_quantized = plan.tensors_quantized;
   summary.tensors_kept = plan.tensors_kept;
@@ -203,7 +204,7 @@ absl::StatusOr<ConvertSummary> ConvertCheckpoint(const ConvertOptions& options) 
   WPUB_RETURN_IF_ERROR(WriteText(tmp / std::string(safetensors::kIndexFileName),
                                  safetensors::IndexJson(plan.bytes_out, weight_map)));
   nlohmann::ordered_json qc;
-  qc["quant_algo"] = "NVFP4";
+  qc["quant_algo"] = summary.quant_algo;
   qc["quant_method"] = "modelopt";
   qc["group_size"] = 16;
   qc["kv_cache_quant_algo"] = nullptr;  // the KV cache stays unquantized
@@ -214,7 +215,7 @@ absl::StatusOr<ConvertSummary> ConvertCheckpoint(const ConvertOptions& options) 
   // ModelOpt's layout (the loaders read "quantization"; "producer" is informational).
   hf["producer"] = {{"name", "modelopt"}, {"version", kProducerVersion}};
   nlohmann::ordered_json quant;
-  quant["quant_algo"] = "NVFP4";
+  quant["quant_algo"] = summary.quant_algo;
   // vLLM's nested-format reader requires the key (null: no KV-cache quantization); older
   // SGLang indexes it directly.
   quant["kv_cache_quant_algo"] = nullptr;
@@ -246,8 +247,9 @@ std::string FormatSummary(const ConvertSummary& s) {
   absl::StrAppendFormat(&out, "%-28s %s\n", "device", s.device == Device::kCuda ? "cuda" : "cpu");
   absl::StrAppendFormat(&out, "%-28s %d\n", "shards", s.shards);
   absl::StrAppendFormat(&out, "%-28s %d\n", "tensors in", s.tensors_in);
-  absl::StrAppendFormat(&out, "%-28s %d (-> 4 tensors each)\n", "tensors quantized (NVFP4)",
-                        s.tensors_quantized);
+  absl::StrAppendFormat(&out, "%-28s %s\n", "quant_algo", s.quant_algo);
+  absl::StrAppendFormat(&out, "%-28s %d (-> %d tensors each)\n", "tensors quantized (NVFP4)",
+                        s.tensors_quantized, s.quant_algo == "W4A16_NVFP4" ? 3 : 4);
   absl::StrAppendFormat(&out, "%-28s %d\n", "tensors kept", s.tensors_kept);
   absl::StrAppendFormat(&out, "%-28s %d\n", "tensors out", s.tensors_out);
   absl::StrAppendFormat(&out, "%-28s %.3f GB (%d bytes)\n", "bytes in", gb_in, s.bytes_in);

@@ -43,6 +43,11 @@ struct ConvertOptions {
   std::vector<std::string> extra_high_precision_layers_hf;
   // Standard NVFP4 or one of the eight 4over6 modes (same tensor layout).
   kernels::QuantMode mode = kernels::QuantMode::Standard();
+  // false: quant_algo "NVFP4" (W4A4), each NVFP4 module with input_scale = 1.0, which W4A4
+  // kernels (Blackwell) use as the activation scale. true: quant_algo "W4A16_NVFP4" (weight-only:
+  // activations stay bf16), no input_scale; the weight bytes are the same. README says which
+  // engines load which.
+  bool weight_only = false;
   // CPU path: worker threads per quantize call (0: all hardware threads). CUDA path: host
   // threads that read inputs into and write results from the pinned buffers (0: up to 8).
   int cpu_threads = 0;
@@ -56,7 +61,8 @@ struct ConvertOptions {
 
 struct ConvertSummary {
   int64_t tensors_in = 0;
-  int64_t tensors_quantized = 0;  // input tensors written as NVFP4 (4 output tensors each)
+  int64_t tensors_quantized = 0;  // input tensors written as NVFP4 (4 output tensors each, 3
+                                  // when weight_only)
   int64_t tensors_kept = 0;       // input tensors copied unchanged
   int64_t tensors_out = 0;
   uint64_t bytes_in = 0;   // tensor bytes read
@@ -66,6 +72,7 @@ struct ConvertSummary {
   int64_t ignore_entries = 0;      // length of the written ignore list
   double seconds = 0;
   Device device = Device::kCpu;
+  std::string quant_algo;  // as written to the configs: "NVFP4" or "W4A16_NVFP4"
 };
 
 // Converts options.model_dir into options.save_dir. Errors (nothing written to save_dir) name

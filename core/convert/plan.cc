@@ -106,7 +106,7 @@ absl::Status WriteQuantized(const Unit& unit, size_t m, const uint8_t* packed,
   WPUB_RETURN_IF_ERROR(
       w->Write(u.out_index + 2, before.scale2,
                absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(scale2), size.scale2)));
-  if (unit.slice_begin == 0) {
+  if (unit.input_scale && unit.slice_begin == 0) {
     const float one = 1.0f;
     WPUB_RETURN_IF_ERROR(w->Write(
         u.out_index + 3, 0, absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(&one), 4)));
@@ -230,7 +230,9 @@ absl::StatusOr<std::vector<size_t>> LayOutOutputs(const Checkpoint& ckpt,
     for (const TensorDesc& o : q) {
       outs.push_back({o.name, std::string(safetensors::DTypeName(o.dtype)), o.shape});
     }
-    outs.push_back({absl::StrCat(ModuleOf(d.info->name), ".input_scale"), "F32", {}});
+    if (plan.input_scale) {
+      outs.push_back({absl::StrCat(ModuleOf(d.info->name), ".input_scale"), "F32", {}});
+    }
   }
   for (size_t s = 0; s < plan.outputs.size(); ++s) {
     for (const safetensors::OutputTensor& o : plan.outputs[s]) {
@@ -266,6 +268,7 @@ void MakeUnits(const std::vector<Decided>& all, const Pairs& pairs,
     const Decided& d = all[i];
     Unit unit;
     unit.quantize = d.decision.quantize;
+    unit.input_scale = plan.input_scale;
     if (!unit.quantize) {
       unit.members.push_back(member(i));
       plan.units.push_back(std::move(unit));
@@ -346,6 +349,7 @@ absl::StatusOr<ConvertPlan> BuildPlan(const Checkpoint& ckpt, const ConvertOptio
   WPUB_ASSIGN_OR_RETURN(const std::vector<Decided> all, Decide(ckpt, exceptions));
   WPUB_ASSIGN_OR_RETURN(const Pairs pairs, PairUp(ckpt, all));
   ConvertPlan plan;
+  plan.input_scale = !options.weight_only;
   WPUB_ASSIGN_OR_RETURN(const std::vector<size_t> out_index, LayOutOutputs(ckpt, all, &plan));
   MakeUnits(all, pairs, out_index, max_unit_bytes, &plan);
   IgnoreList(all, &plan);

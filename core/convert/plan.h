@@ -21,7 +21,8 @@ struct UnitMember {
   int shard = -1;                                 // input shard (= output shard)
   const safetensors::TensorInfo* info = nullptr;  // input
   // Output tensor index in that shard's writer: the tensor itself for a kept tensor; for a
-  // quantized one X.weight, then X.weight_scale (+1), X.weight_scale_2 (+2), X.input_scale (+3).
+  // quantized one X.weight, then X.weight_scale (+1), X.weight_scale_2 (+2), X.input_scale (+3,
+  // W4A4 output only).
   size_t out_index = 0;
   kernels::ElemType type = kernels::ElemType::kBF16;
   int64_t rows = 0;  // per slice
@@ -36,7 +37,8 @@ struct Unit {
   std::vector<UnitMember> members;  // 1, or {gate, up}
   int64_t slice_begin = 0;
   int64_t slice_end = 1;
-  bool stacked = false;  // rank-3 input: weight_scale_2 has shape [E]
+  bool stacked = false;     // rank-3 input: weight_scale_2 has shape [E]
+  bool input_scale = true;  // quantized: X.input_scale is written (ConvertPlan::input_scale)
   // Input bytes of the members over this unit's slices.
   uint64_t input_bytes() const;
   // This unit's piece of member m's input.
@@ -49,6 +51,7 @@ struct ConvertPlan {
   std::vector<std::vector<safetensors::OutputTensor>> outputs;
   std::vector<Unit> units;          // processing order: input shard order, data-offset order
   std::vector<std::string> ignore;  // compact ignore list for the quantization config
+  bool input_scale = true;          // W4A4 (quant_algo NVFP4): each NVFP4 module gets X.input_scale
   int64_t tensors_quantized = 0;
   int64_t tensors_kept = 0;
   uint64_t bytes_out = 0;
@@ -70,7 +73,7 @@ struct QuantSizes {
 QuantSizes QuantizedSizes(const UnitMember& m, int64_t slices);
 
 // Writes a unit's results for member m: packed, scales, weight_scale_2 for the unit's slices,
-// and input_scale (fp32 1.0) once with the first slice.
+// and, when unit.input_scale, input_scale (fp32 1.0) once with the first slice.
 absl::Status WriteQuantized(const Unit& unit, size_t m, const uint8_t* packed,
                             const uint8_t* scales, const float* scale2,
                             const std::vector<safetensors::Writer*>& writers);

@@ -203,6 +203,9 @@ Parsed Parse(const Command& c, const std::vector<std::string>& raw, std::FILE* o
                              p.positional[static_cast<size_t>(c.max_positional)], "'",
                              c.max_positional == 0 ? " (this command takes none)" : ""));
   }
+  if (p.positional.size() < static_cast<size_t>(c.min_positional)) {
+    return fail(absl::StrCat("expects ", c.positional, " (", UsageLine(c), ")"));
+  }
   return p;
 }
 

@@ -8,7 +8,8 @@
 //   --flagfile=FILE          the file's lines as arguments (blank lines and # comments skipped)
 //   --                       the rest is positional
 // A flag this command does not take -- one of another subcommand, or none at all -- is an error
-// naming it; so are more positional arguments than the command takes, a missing value, and a
+// naming it; so are more (or fewer) positional arguments than the command takes, a missing value,
+// and a
 // value its flag cannot parse (with a hint for durations: they need a unit). Errors go to `err`
 // and give exit code 2. Thread-compatible: call from main before other threads start.
 #pragma once
@@ -25,6 +26,7 @@ struct Command {
   std::string summary;             // what it does (paragraphs, printed first by --help)
   std::vector<std::string> flags;  // the absl flags it takes (names without "--")
   int max_positional = 0;          // -1: any number
+  int min_positional = 0;          // fewer is an error naming the usage line
   std::string positional;          // the usage line's argument part, e.g. "FILE [FILE]"
 };
 

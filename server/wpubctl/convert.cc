@@ -37,6 +37,10 @@ ABSL_FLAG(std::string, four_over_six_error, "exact",
 ABSL_FLAG(int32_t, cpu_threads, 0, "convert --device=cpu: worker threads (0: all cores).");
 ABSL_FLAG(uint64_t, staging_mb, 256,
           "convert --device=cuda: MiB of input per pinned staging buffer (two are used).");
+ABSL_FLAG(std::string, quant_algo, "NVFP4",
+          "convert: NVFP4 (W4A4: input_scale 1.0 per module, which W4A4 kernels use as the "
+          "activation scale) or W4A16_NVFP4 (weight-only, no input_scale; vLLM's ModelOpt "
+          "W4A16 loader). Same weight bytes either way.");
 ABSL_FLAG(std::string, progress, "auto",
           "convert: auto (a live line on a terminal, a line every 10 s otherwise), always, never.");
 
@@ -142,6 +146,13 @@ int RunConvert(const std::vector<std::string>& args) {
     return 2;
   }
   options.mode = *mode;
+  const std::string algo = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_quant_algo));
+  if (algo != "NVFP4" && algo != "W4A16_NVFP4") {
+    std::fprintf(stderr, "wpubctl convert: --quant_algo must be NVFP4 or W4A16_NVFP4, got \"%s\"\n",
+                 absl::GetFlag(FLAGS_quant_algo).c_str());
+    return 2;
+  }
+  options.weight_only = algo == "W4A16_NVFP4";
   options.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   options.staging_bytes = absl::GetFlag(FLAGS_staging_mb) << 20;
   ProgressPrinter printer(progress_mode);

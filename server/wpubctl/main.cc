@@ -68,9 +68,28 @@ const std::vector<Subcommand>& Subcommands() {
        "Convert an HF safetensors checkpoint to NVFP4 (routed experts) for SGLang/vLLM.",
        &RunConvert,
        {"model_dir", "save_dir", "device", "four_over_six_metric", "four_over_six_e4m3_max",
-        "four_over_six_error", "cpu_threads", "staging_mb", "progress", "recipe",
+        "four_over_six_error", "cpu_threads", "staging_mb", "progress", "recipe", "quant_algo",
         "extra_high_precision_layers_hf", "num_layers_at_start_in_bf16",
         "num_layers_at_end_in_bf16"}},
+      {"inspect",
+       "What a published version (a wpub-recv --output file) or a checkpoint directory holds: "
+       "tensors, formats, bytes, checksums and a digest, which modules are NVFP4 and why the "
+       "rest is not, and what an engine's NVFP4 loader would reject (exit code 1 then).",
+       &RunInspect,
+       {"output_format", "tensors"},
+       1,
+       1,
+       "PATH"},
+      {"diff",
+       "The tensor-by-tensor difference of two published versions or checkpoints (files or "
+       "directories, in any sharding): identical, changed bytes (how many elements, the largest "
+       "difference of the values, dequantized for NVFP4), changed dtype or shape, one side only; "
+       "metadata and quantization config changes. Exit code 0 when every tensor is identical.",
+       &RunDiff,
+       {"output_format", "max_rows"},
+       2,
+       2,
+       "A B"},
   };
   return *table;
 }
@@ -119,6 +138,7 @@ int main(int argc, char** argv) {
   command.summary = chosen->summary;
   command.flags = chosen->flags;
   command.max_positional = chosen->max_positional;
+  command.min_positional = chosen->min_positional;
   command.positional = chosen->positional;
   // Dashes in flag names (`--model-dir`, the spelling of HF tools) read as underscores.
   const wpub::cli::Parsed parsed =

@@ -19,7 +19,8 @@ struct Subcommand {
   SubcommandFn run;
   std::vector<std::string> flags;  // the flags it takes (any other is refused)
   int max_positional = 0;          // -1: any number
-  std::string positional;          // its usage line's arguments, e.g. "PATH [PATH]"
+  int min_positional = 0;
+  std::string positional;  // its usage line's arguments, e.g. "PATH [PATH]"
 };
 
 // policy_report.cc: what the publication policy does to a (synthetic) model.
@@ -34,5 +35,9 @@ int RunStatus(const std::vector<std::string>& args);
 int RunConnectEngines(const std::vector<std::string>& args);
 // convert.cc: offline HF checkpoint -> NVFP4 checkpoint conversion.
 int RunConvert(const std::vector<std::string>& args);
+// inspect.cc: what a receiver's file or a checkpoint directory holds (args: PATH).
+int RunInspect(const std::vector<std::string>& args);
+// inspect.cc: the tensor-by-tensor difference of two of them (args: A B).
+int RunDiff(const std::vector<std::string>& args);
 
 }  // namespace wpub::wpubctl

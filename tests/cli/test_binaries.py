@@ -7,7 +7,9 @@ writes one JSON object per line."""
 import json
 import os
 import re
+import shutil
 import signal
+import struct
 import subprocess
 import tempfile
 import time
@@ -16,7 +18,7 @@ import unittest
 WPUBD, WPUBCTL, RECV = os.environ["WPUBD"], os.environ["WPUBCTL"], os.environ["WPUB_RECV"]
 VERSION = os.environ["WPUB_VERSION"]
 SUBCOMMANDS = ["policy-report", "publish-synthetic", "status", "connect-engines", "demo",
-               "convert"]
+               "convert", "inspect", "diff"]
 
 
 def run(*args, timeout=30):
@@ -92,6 +94,11 @@ class Refusals(unittest.TestCase):
         self.refused([WPUBCTL, "status", "now"], "unexpected argument 'now'")
         self.refused([RECV, "127.0.0.1:50151"], "unexpected argument '127.0.0.1:50151'")
 
+    def test_missing_positional_arguments(self):
+        self.refused([WPUBCTL, "inspect"], "expects PATH")
+        self.refused([WPUBCTL, "diff", "a.safetensors"], "expects A B")
+        self.refused([WPUBCTL, "inspect", "a", "b"], "unexpected argument 'b'")
+
     def test_a_duration_without_a_unit_gets_a_hint(self):
         self.refused([WPUBD, "--drain_deadline=60"], "a duration needs a unit")
         self.refused([RECV, "--connect_timeout", "10"], "a duration needs a unit")
@@ -131,3 +138,89 @@ class JsonLogs(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """A safetensors file written from the format's definition: {name: (dtype, shape, bytes)}."""
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + data)
+
+
+class InspectAndDiff(unittest.TestCase):
+    """`wpubctl inspect` and `diff` on receivers' files: reports, JSON, exit codes."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="wpub-inspect-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        m = "model.layers.1.mlp.experts.0.down_proj"
+        self.tensors = {
+            f"{m}.weight": ("U8", [2, 16], bytes([0x22]) * 32),
+            f"{m}.weight_scale": ("F8_E4M3", [2, 2], bytes([0x40]) * 4),  # 2.0
+            f"{m}.weight_scale_2": ("F32", [], struct.pack("<f", 0.25)),
+            "model.norm.weight": ("F32", [4], struct.pack("<4f", 1, 2, 3, 4)),
+        }
+        self.a = os.path.join(self.dir, "v1.safetensors")
+        write_safetensors(self.a, self.tensors, {"version": "1", "format": "pt"})
+
+    def test_inspect_text_and_json(self):
+        r = run(WPUBCTL, "inspect", self.a, "--tensors")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("1 NVFP4 (0 with input_scale)", r.stdout)
+        self.assertIn("version = 1", r.stdout)
+        self.assertIn("problems: none", r.stdout)
+        self.assertRegex(r.stdout, r"model\.norm\.weight +F32 +\[4\] +16 +0x[0-9a-f]{16} "
+                                   r"+high_precision +not_routed_expert")
+        r = run(WPUBCTL, "inspect", self.a, "--output_format=json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        j = json.loads(r.stdout)
+        self.assertEqual(j["kind"], "file")
+        self.assertEqual(len(j["tensors"]), 4)
+        self.assertEqual(j["nvfp4_modules"][0]["logical_shape"], [2, 32])
+        self.assertEqual(j["by_role"]["nvfp4_weight"], {"tensors": 1, "bytes": 32})
+
+    def test_inspect_exits_1_on_a_problem_and_2_on_unreadable_input(self):
+        broken = dict(self.tensors)
+        del broken["model.layers.1.mlp.experts.0.down_proj.weight_scale_2"]
+        path = os.path.join(self.dir, "broken.safetensors")
+        write_safetensors(path, broken)
+        r = run(WPUBCTL, "inspect", path)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("down_proj.weight_scale_2: missing", r.stdout)
+        with open(path, "r+b") as f:
+            f.truncate(40)
+        r = run(WPUBCTL, "inspect", path)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("broken.safetensors", r.stderr)
+        r = run(WPUBCTL, "inspect", os.path.join(self.dir, "absent"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("absent", r.stderr)
+        r = run(WPUBCTL, "inspect", self.a, "--output_format=xml")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--output_format must be text or json", r.stderr)
+
+    def test_diff(self):
+        r = run(WPUBCTL, "diff", self.a, self.a)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("identical tensors", r.stdout)
+        changed = dict(self.tensors)
+        changed["model.norm.weight"] = ("F32", [4], struct.pack("<4f", 1, 2, 3.5, 4))
+        b = os.path.join(self.dir, "v2.safetensors")
+        write_safetensors(b, changed, {"version": "2", "format": "pt"})
+        r = run(WPUBCTL, "diff", self.a, b)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("model.norm.weight: 1 of 4 elements differ, max |a-b| 0.5", r.stdout)
+        self.assertIn("metadata.version: 1 -> 2", r.stdout)
+        r = run(WPUBCTL, "diff", self.a, b, "--output_format=json")
+        self.assertEqual(r.returncode, 1)
+        j = json.loads(r.stdout)
+        self.assertFalse(j["identical"])
+        self.assertEqual(j["counts"], {"identical": 3, "changed_bytes": 1})
+        self.assertEqual(j["tensors"][0]["differing_elements"], 1)

@@ -10,6 +10,7 @@ codes, E4M3 block scales, weight_scale_2, input_scale. It also decodes the weigh
 (code x scale x scale_2, the engines' formula) and reports the error against the input.
 
 Usage: check_output.py --input IN_DIR --output OUT_DIR [--samples N] [--mode nvfp4|other]
+                       [--require-safetensors]
 Exit status 0 when every check passes.
 """
 import argparse
@@ -157,7 +158,11 @@ def main():
     ap.add_argument("--output", required=True)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--mode", default="nvfp4", help="nvfp4: compare bytes; else layout only")
+    ap.add_argument("--require-safetensors", action="store_true",
+                    help="fail unless the safetensors library (with torch) reads the files")
     args = ap.parse_args()
+    if args.require_safetensors and not HAVE_ST:
+        sys.exit("the safetensors library (with torch) is not importable here")
     print(f"loader: {'safetensors ' + __import__('safetensors').__version__ if HAVE_ST else 'stdlib+numpy'}")
 
     out, inp = Checkpoint(args.output), Checkpoint(args.input)
@@ -171,9 +176,12 @@ def main():
                 for s in out.shards.values() for e in s.head.values())
     assert out.index["metadata"]["total_size"] == total, "index total_size"
     qc = json.load(open(os.path.join(args.output, "config.json")))["quantization_config"]
-    assert qc["quant_algo"] == "NVFP4" and qc["quant_method"] == "modelopt" and qc["group_size"] == 16
+    # NVFP4 (W4A4: input_scale per module) or W4A16_NVFP4 (weight-only: none).
+    algo = qc["quant_algo"]
+    assert algo in ("NVFP4", "W4A16_NVFP4"), algo
+    assert qc["quant_method"] == "modelopt" and qc["group_size"] == 16
     hq = json.load(open(os.path.join(args.output, "hf_quant_config.json")))
-    assert hq["producer"]["name"] == "modelopt" and hq["quantization"]["quant_algo"] == "NVFP4"
+    assert hq["producer"]["name"] == "modelopt" and hq["quantization"]["quant_algo"] == algo
     assert hq["quantization"]["exclude_modules"] == qc["ignore"]
     # What vLLM's ModelOpt NVFP4 reader requires of the nested format (group_size,
     # kv_cache_quant_algo, exclude_modules as keys; kv_cache_quant_algo null or a string) and
@@ -198,7 +206,10 @@ def main():
         assert h[n + "_scale"]["dtype"] == "F8_E4M3", n
         assert h[n + "_scale"]["shape"] == ih["shape"][:-1] + [k // 16], n
         base = n[: -len(".weight")]
-        assert out.array(base + ".input_scale").reshape(-1).tolist() == [1.0], n
+        if algo == "NVFP4":
+            assert out.array(base + ".input_scale").reshape(-1).tolist() == [1.0], n
+        else:
+            assert base + ".input_scale" not in out.where, n
 
     # Samples: spread over the list, plus every pair whose halves sit in different shards.
     picks = set(quantized[:: max(1, len(quantized) // max(1, args.samples))][: args.samples])

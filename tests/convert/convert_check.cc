@@ -89,7 +89,8 @@ absl::Status Bytes(const Checkpoint& out, const std::string& name, int shard,
 
 absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
                       const std::set<std::string>& quantized, kernels::QuantMode mode,
-                      CheckResult* r) {
+                      bool weight_only, CheckResult* r) {
+  const std::string algo = weight_only ? "W4A16_NVFP4" : "NVFP4";
   WPUB_ASSIGN_OR_RETURN(auto in, Checkpoint::Open(in_dir));
   WPUB_ASSIGN_OR_RETURN(auto out, Checkpoint::Open(out_dir));
   if (in->shard_names() != out->shard_names()) return Fail("output shard names differ");
@@ -105,7 +106,7 @@ absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
         continue;
       }
       seen_quantized.insert(t.name);
-      expected_out += 4;
+      expected_out += weight_only ? 3 : 4;
       const kernels::WeightDesc w = Desc(*in, here);
       std::vector<float> amax(w.num_slices);
       const std::string partner = Partner(t.name);
@@ -135,8 +136,13 @@ absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
           Bytes(*out, t.name + "_scale", s, "F8_E4M3", ss, scales.data(), scales.size()));
       WPUB_RETURN_IF_ERROR(
           Bytes(*out, t.name + "_scale_2", s, "F32", s2s, s2.data(), s2.size() * 4));
-      const float one = 1.0f;
-      WPUB_RETURN_IF_ERROR(Bytes(*out, ModuleOf(t.name) + ".input_scale", s, "F32", {}, &one, 4));
+      const std::string input_scale = ModuleOf(t.name) + ".input_scale";
+      if (weight_only) {
+        if (out->Find(input_scale)) return Fail(input_scale, " in a weight-only output");
+      } else {
+        const float one = 1.0f;
+        WPUB_RETURN_IF_ERROR(Bytes(*out, input_scale, s, "F32", {}, &one, 4));
+      }
     }
   }
   if (seen_quantized != quantized) return Fail("expected quantized names missing from the input");
@@ -164,7 +170,7 @@ absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
   auto config_in = nlohmann::json::parse(Slurp(fs::path(in_dir) / "config.json"));
   auto config = nlohmann::json::parse(Slurp(fs::path(out_dir) / "config.json"));
   const nlohmann::json qc = config["quantization_config"];
-  if (qc["quant_algo"] != "NVFP4" || qc["quant_method"] != "modelopt" || qc["group_size"] != 16) {
+  if (qc["quant_algo"] != algo || qc["quant_method"] != "modelopt" || qc["group_size"] != 16) {
     return Fail("config.json quantization_config: ", qc.dump());
   }
   config.erase("quantization_config");
@@ -174,7 +180,7 @@ absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
   // The keys vLLM's nested-format reader requires (kv_cache_quant_algo null: no KV-cache
   // quantization) and the producer's version.
   if (hf["producer"]["name"] != "modelopt" || !hf["producer"]["version"].is_string() ||
-      hf["quantization"]["quant_algo"] != "NVFP4" ||
+      hf["quantization"]["quant_algo"] != algo ||
       !hf["quantization"].contains("kv_cache_quant_algo") ||
       !hf["quantization"]["kv_cache_quant_algo"].is_null() || !qc.contains("kv_cache_quant_algo") ||
       hf["quantization"]["group_size"] != 16 ||
@@ -200,9 +206,9 @@ absl::Status CheckAll(const std::string& in_dir, const std::string& out_dir,
 
 CheckResult CheckConvertedCheckpoint(const std::string& in_dir, const std::string& out_dir,
                                      const std::set<std::string>& quantized,
-                                     kernels::QuantMode mode) {
+                                     kernels::QuantMode mode, bool weight_only) {
   CheckResult r;
-  r.status = CheckAll(in_dir, out_dir, quantized, mode, &r);
+  r.status = CheckAll(in_dir, out_dir, quantized, mode, weight_only, &r);
   return r;
 }
 

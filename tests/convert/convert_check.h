@@ -21,9 +21,11 @@ struct CheckResult {
   int pairs_across_shards = 0;      // gate/up pairs whose halves sit in different shards
 };
 
+// weight_only: the output must say quant_algo W4A16_NVFP4 and hold no input_scale; otherwise
+// NVFP4 with input_scale 1.0 per module.
 CheckResult CheckConvertedCheckpoint(const std::string& in_dir, const std::string& out_dir,
                                      const std::set<std::string>& quantized,
-                                     kernels::QuantMode mode);
+                                     kernels::QuantMode mode, bool weight_only = false);
 
 // OK iff both directories hold the same regular files (recursively) with identical bytes.
 absl::Status CompareDirectories(const std::string& a, const std::string& b);

@@ -213,6 +213,42 @@ TEST_F(ConvertTest, StackedExpertTensorsSplitIntoSliceUnits) {
   ASSERT_TRUE(r.status.ok()) << r.status;
 }
 
+TEST_F(ConvertTest, WeightOnlyOutputSaysW4A16AndHasNoInputScale) {
+  CheckpointSpec spec = SpecFor(synthetic::NamingStyle::kQwen3Moe, 2);
+  spec.tensors.push_back(
+      {"model.layers.1.mlp.experts.gate_up_proj.weight", DType::kBFloat16, {3, 64, 64}});
+  ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+  ConvertOptions o = Options();
+  o.weight_only = true;
+  o.staging_bytes = 1;  // the stacked tensor in one-slice units: input_scale must not appear
+  auto summary = ConvertCheckpoint(o);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->quant_algo, "W4A16_NVFP4");
+  EXPECT_THAT(FormatSummary(*summary), HasSubstr("-> 3 tensors each"));
+  std::set<std::string> expected = ExpectedQuantized(spec, 0, 0, 4);
+  expected.insert("model.layers.1.mlp.experts.gate_up_proj.weight");
+  CheckResult r = CheckConvertedCheckpoint(In(), Out(), expected, kernels::QuantMode::Standard(),
+                                           /*weight_only=*/true);
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  // The weights are the W4A4 output's, byte for byte; only input_scale and the algo differ.
+  ConvertOptions w4a4 = Options();
+  w4a4.save_dir = (root_ / "w4a4").string();
+  ASSERT_TRUE(ConvertCheckpoint(w4a4).ok());
+  auto a = safetensors::Checkpoint::Open(Out());
+  auto b = safetensors::Checkpoint::Open(w4a4.save_dir);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*b)->num_tensors(), (*a)->num_tensors() + expected.size());
+  for (const auto& reader : (*a)->readers()) {
+    for (const safetensors::TensorInfo& t : reader->tensors()) {
+      auto l = (*b)->Find(t.name);
+      ASSERT_TRUE(l.has_value()) << t.name;
+      auto x = reader->Data(t);
+      auto y = (*b)->readers()[l->shard]->Data(*l->info);
+      ASSERT_TRUE(std::equal(x.begin(), x.end(), y.begin(), y.end())) << t.name;
+    }
+  }
+}
+
 // ---- bad inputs: refused, naming the file and tensor, nothing written ----
 
 // Replaces shard `index` (in sorted order) of the input with raw bytes.

@@ -11,7 +11,7 @@ set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_gpu_group_out}
 mkdir -p "$OUT"
-BIN=$ROOT/.devbin/group
+BIN=${WPUB_DEVBIN:-$ROOT/.devbin/group}  # staged binaries (lib/ beside them)
 if [[ ! -d $BIN && -f $BIN.tgz ]]; then tar -xzf "$BIN.tgz" -C "$(dirname "$BIN")"; fi
 NCCL_LIB=$(python3 -c "import os, nvidia.nccl as m; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
 rc=0

@@ -1,0 +1,790 @@
+// Snapshot opening, module grouping, the engines' checks, and the tensor-by-tensor diff.
+#include "core/inspect/inspect.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/common/json_bounds.h"
+#include "core/common/status.h"
+#include "core/engine/checksum.h"
+#include "core/policy/policy.h"
+#include "core/safetensors/safetensors.h"
+#include "kernels/nvfp4_math.h"
+
+namespace wpub::inspect {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Config files are small; anything past this is not a config an engine reads either.
+constexpr JsonBounds kConfigBounds{size_t{64} << 20, 64};
+
+absl::StatusOr<std::optional<nlohmann::json>> ReadJsonFile(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::optional<nlohmann::json>();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
+  std::ostringstream s;
+  s << in.rdbuf();
+  const std::string text = s.str();
+  WPUB_RETURN_IF_ERROR(CheckJsonBounds(text, path.string(), kConfigBounds));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": not a JSON object"));
+  }
+  return std::optional<nlohmann::json>(std::move(j));
+}
+
+// The quantization block's quant_algo and exclude list, from hf_quant_config.json's
+// "quantization" or config.json's "quantization_config".
+absl::Status ReadQuantConfig(const nlohmann::json& block, const std::string& where,
+                             const char* list_key, std::string* algo,
+                             std::optional<std::vector<std::string>>* exclude) {
+  if (!block.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
+  }
+  if (auto it = block.find("quant_algo"); it != block.end() && it->is_string()) {
+    *algo = it->get<std::string>();
+  }
+  auto it = block.find(list_key);
+  if (it == block.end() || it->is_null()) {
+    exclude->emplace();
+    return absl::OkStatus();
+  }
+  if (!it->is_array()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".", list_key, ": not a list"));
+  }
+  std::vector<std::string> entries;
+  for (const auto& e : *it) {
+    if (!e.is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".", list_key, ": entry ", e.dump(), " is not a string"));
+    }
+    entries.push_back(e.get<std::string>());
+  }
+  *exclude = std::move(entries);
+  return absl::OkStatus();
+}
+
+std::string ModuleOf(absl::string_view name) {
+  const size_t dot = name.rfind('.');
+  return std::string(dot == absl::string_view::npos ? absl::string_view() : name.substr(0, dot));
+}
+
+std::string Hex(uint64_t v) { return absl::StrFormat("0x%016x", v); }
+
+std::string Bytes(uint64_t n) {
+  if (n >= uint64_t{1} << 30)
+    return absl::StrFormat("%.3f GiB", static_cast<double>(n) / (1 << 30));
+  if (n >= uint64_t{1} << 20)
+    return absl::StrFormat("%.3f MiB", static_cast<double>(n) / (1 << 20));
+  if (n >= uint64_t{1} << 10)
+    return absl::StrFormat("%.3f KiB", static_cast<double>(n) / (1 << 10));
+  return absl::StrCat(n, " B");
+}
+
+float LoadF32(const uint8_t* p) {
+  float f;
+  std::memcpy(&f, p, sizeof f);
+  return f;
+}
+
+// Element value of a float dtype; nullopt for any other dtype.
+struct FloatDecoder {
+  int64_t size = 0;
+  float (*decode)(const uint8_t*) = nullptr;
+};
+
+std::optional<FloatDecoder> DecoderFor(absl::string_view dtype) {
+  if (dtype == "BF16") {
+    return FloatDecoder{2, [](const uint8_t* p) {
+                          uint16_t h;
+                          std::memcpy(&h, p, 2);
+                          return kernels::Bf16ToFloat(h);
+                        }};
+  }
+  if (dtype == "F16") {
+    return FloatDecoder{2, [](const uint8_t* p) {
+                          uint16_t h;
+                          std::memcpy(&h, p, 2);
+                          return kernels::Fp16ToFloat(h);
+                        }};
+  }
+  if (dtype == "F32") return FloatDecoder{4, &LoadF32};
+  if (dtype == "F8_E4M3") {
+    return FloatDecoder{1, [](const uint8_t* p) { return kernels::E4M3ToFloat(*p); }};
+  }
+  return std::nullopt;
+}
+
+// The parts of one NVFP4 module, validated against each other.
+struct Nvfp4Parts {
+  const Tensor* weight = nullptr;
+  const Tensor* scale = nullptr;
+  const Tensor* scale_2 = nullptr;
+  const Tensor* input_scale = nullptr;
+  Shape logical;
+  int64_t slices = 1;
+};
+
+// The NVFP4 module whose packed weight is `weight_name`, when `snapshot` has one there: a U8
+// `.weight` beside an F8_E4M3 `.weight_scale`. `problem` gets the first inconsistency found
+// (the module is still returned so that its tensors are reported as its parts).
+std::optional<Nvfp4Parts> FindNvfp4(const Snapshot& snapshot, const Tensor& weight,
+                                    std::string* problem) {
+  if (weight.dtype != "U8" || !absl::EndsWith(weight.name, ".weight")) return std::nullopt;
+  Nvfp4Parts p;
+  p.weight = &weight;
+  const std::string module = ModuleOf(weight.name);
+  p.scale = snapshot.Find(weight.name + "_scale");
+  p.scale_2 = snapshot.Find(weight.name + "_scale_2");
+  p.input_scale = snapshot.Find(module + ".input_scale");
+  if (p.scale == nullptr || p.scale->dtype != "F8_E4M3") {
+    *problem = absl::StrCat(weight.name, ": a U8 weight without an F8_E4M3 ", weight.name,
+                            "_scale (not a loadable NVFP4 module)");
+    return std::nullopt;
+  }
+  const Shape& w = weight.shape;
+  const Shape& s = p.scale->shape;
+  if (w.size() < 2 || w.size() > 3) {
+    *problem = absl::StrCat(weight.name, ": NVFP4 weight of rank ", w.size(), " (2 or 3 expected)");
+    return p;
+  }
+  p.logical = w;
+  p.logical.back() = w.back() * 2;
+  p.slices = w.size() == 3 ? w[0] : 1;
+  Shape want_scale = w;
+  want_scale.back() = p.logical.back() / policy::kNvfp4GroupSize;
+  if (s != want_scale) {
+    *problem = absl::StrCat(p.scale->name, ": shape ", ShapeString(s), ", expected ",
+                            ShapeString(want_scale), " for a packed weight of ", ShapeString(w));
+    return p;
+  }
+  if (p.logical.back() % policy::kNvfp4GroupSize != 0) {
+    *problem = absl::StrCat(weight.name, ": logical K = ", p.logical.back(),
+                            " is not a multiple of ", policy::kNvfp4GroupSize);
+    return p;
+  }
+  if (p.scale_2 == nullptr) {
+    *problem = absl::StrCat(weight.name, "_scale_2: missing (the module's global scale)");
+    return p;
+  }
+  if (p.scale_2->dtype != "F32" || NumElements(p.scale_2->shape) != p.slices) {
+    *problem = absl::StrCat(p.scale_2->name, ": ", p.scale_2->dtype, " ",
+                            ShapeString(p.scale_2->shape), ", expected F32 with ", p.slices,
+                            p.slices == 1 ? " element" : " elements (one per slice)");
+    return p;
+  }
+  if (p.input_scale != nullptr &&
+      (p.input_scale->dtype != "F32" ||
+       (NumElements(p.input_scale->shape) != 1 && NumElements(p.input_scale->shape) != p.slices))) {
+    *problem = absl::StrCat(p.input_scale->name, ": ", p.input_scale->dtype, " ",
+                            ShapeString(p.input_scale->shape), ", expected F32 with 1 or ",
+                            p.slices, " elements");
+  }
+  return p;
+}
+
+bool IsEmbeddingOrHead(absl::string_view module) {
+  return absl::EndsWith(module, "embed_tokens") || absl::EndsWith(module, "lm_head") ||
+         absl::EndsWith(module, "word_embeddings") || absl::EndsWith(module, "wte") ||
+         absl::EndsWith(module, "embed_in") || absl::EndsWith(module, "embed_out");
+}
+
+const std::string* FirstExcludeMatch(const std::optional<std::vector<std::string>>& exclude,
+                                     absl::string_view module) {
+  if (!exclude.has_value()) return nullptr;
+  for (const std::string& e : *exclude) {
+    if (ExcludeEntryMatches(e, module)) return &e;
+  }
+  return nullptr;
+}
+
+uint64_t Digest(const std::vector<TensorRow>& rows) {
+  std::string buf;
+  for (const TensorRow& r : rows) {
+    absl::StrAppend(&buf, r.name, std::string(1, '\0'), r.dtype, std::string(1, '\0'));
+    for (int64_t d : r.shape) buf.append(reinterpret_cast<const char*>(&d), sizeof d);
+    buf.append(reinterpret_cast<const char*>(&r.checksum), sizeof r.checksum);
+  }
+  return engine::Checksum(reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
+}
+
+}  // namespace
+
+struct Snapshot::Storage {
+  std::unique_ptr<safetensors::Checkpoint> checkpoint;
+  std::unique_ptr<safetensors::Reader> reader;
+};
+
+Snapshot::~Snapshot() = default;
+
+absl::StatusOr<std::unique_ptr<Snapshot>> Snapshot::Open(const std::string& path) {
+  std::unique_ptr<Snapshot> s(new Snapshot());
+  s->path_ = path;
+  s->storage_ = std::make_unique<Storage>();
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::exists(p, ec)) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  auto add = [&](const safetensors::Reader& r, const std::string& file) {
+    for (const safetensors::TensorInfo& t : r.tensors()) {
+      s->tensors_.push_back(Tensor{t.name, t.dtype, t.shape, r.Data(t), file});
+    }
+  };
+  if (fs::is_directory(p, ec)) {
+    s->kind_ = Kind::kDirectory;
+    WPUB_ASSIGN_OR_RETURN(s->storage_->checkpoint, safetensors::Checkpoint::Open(path));
+    const safetensors::Checkpoint& c = *s->storage_->checkpoint;
+    for (size_t i = 0; i < c.readers().size(); ++i) add(*c.readers()[i], c.shard_names()[i]);
+    s->files_ = c.shard_names();
+    if (!c.readers().empty()) s->metadata_ = c.readers()[0]->metadata();
+    WPUB_ASSIGN_OR_RETURN(std::optional<nlohmann::json> hf,
+                          ReadJsonFile(p / "hf_quant_config.json"));
+    WPUB_ASSIGN_OR_RETURN(std::optional<nlohmann::json> config, ReadJsonFile(p / "config.json"));
+    if (hf.has_value() && hf->contains("quantization")) {
+      WPUB_RETURN_IF_ERROR(ReadQuantConfig((*hf)["quantization"],
+                                           (p / "hf_quant_config.json").string() + ": quantization",
+                                           "exclude_modules", &s->quant_algo_, &s->exclude_));
+    } else if (config.has_value() && config->contains("quantization_config")) {
+      WPUB_RETURN_IF_ERROR(ReadQuantConfig((*config)["quantization_config"],
+                                           (p / "config.json").string() + ": quantization_config",
+                                           "ignore", &s->quant_algo_, &s->exclude_));
+    }
+  } else {
+    WPUB_ASSIGN_OR_RETURN(s->storage_->reader, safetensors::Reader::Open(path));
+    const std::string file = p.filename().string();
+    add(*s->storage_->reader, file);
+    s->files_ = {file};
+    s->metadata_ = s->storage_->reader->metadata();
+  }
+  std::sort(s->tensors_.begin(), s->tensors_.end(),
+            [](const Tensor& a, const Tensor& b) { return a.name < b.name; });
+  return s;
+}
+
+const Tensor* Snapshot::Find(absl::string_view name) const {
+  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                             [](const Tensor& t, absl::string_view n) { return t.name < n; });
+  return it != tensors_.end() && it->name == name ? &*it : nullptr;
+}
+
+bool ExcludeEntryMatches(absl::string_view entry, absl::string_view module) {
+  if (absl::StrContains(entry, '*') || absl::StrContains(entry, '?')) {
+    const std::string e(entry), m(module);
+    return ::fnmatch(e.c_str(), m.c_str(), 0) == 0;
+  }
+  return module == entry || (absl::StartsWith(module, entry) && module.size() > entry.size() &&
+                             module[entry.size()] == '.');
+}
+
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kNvfp4Weight:
+      return "nvfp4_weight";
+    case Role::kNvfp4BlockScale:
+      return "nvfp4_block_scale";
+    case Role::kNvfp4GlobalScale:
+      return "nvfp4_global_scale";
+    case Role::kNvfp4InputScale:
+      return "nvfp4_input_scale";
+    case Role::kHighPrecision:
+      return "high_precision";
+  }
+  return "?";
+}
+
+Inventory Inspect(const Snapshot& snapshot) {
+  Inventory inv;
+  inv.path = snapshot.path();
+  inv.kind = snapshot.kind();
+  inv.metadata = snapshot.metadata();
+  inv.quant_algo = snapshot.quant_algo();
+  inv.exclude_modules = snapshot.exclude_modules();
+  inv.files = snapshot.files();
+
+  const std::vector<Tensor>& tensors = snapshot.tensors();
+  absl::flat_hash_map<std::string, Role> roles;  // NVFP4 parts
+  for (const Tensor& t : tensors) {
+    std::string problem;
+    std::optional<Nvfp4Parts> parts = FindNvfp4(snapshot, t, &problem);
+    if (!problem.empty()) inv.problems.push_back(problem);
+    if (!parts.has_value()) continue;
+    roles[parts->weight->name] = Role::kNvfp4Weight;
+    roles[parts->scale->name] = Role::kNvfp4BlockScale;
+    Nvfp4Module m;
+    m.name = ModuleOf(t.name);
+    m.logical_shape = parts->logical;
+    if (parts->scale_2 != nullptr) {
+      roles[parts->scale_2->name] = Role::kNvfp4GlobalScale;
+      if (problem.empty()) {
+        const uint8_t* d = parts->scale_2->bytes.data();
+        m.min_global_scale = m.max_global_scale = LoadF32(d);
+        for (int64_t i = 0; i < parts->slices; ++i) {
+          const float g = LoadF32(d + 4 * i);
+          m.min_global_scale = std::min(m.min_global_scale, g);
+          m.max_global_scale = std::max(m.max_global_scale, g);
+          if (!std::isfinite(g) || !(g > 0)) {
+            inv.problems.push_back(absl::StrCat(parts->scale_2->name, ": global scale ", g,
+                                                " at slice ", i, " (finite and > 0 expected)"));
+            break;
+          }
+        }
+      }
+    }
+    if (parts->input_scale != nullptr) {
+      roles[parts->input_scale->name] = Role::kNvfp4InputScale;
+      m.has_input_scale = true;
+    } else if (snapshot.kind() == Snapshot::Kind::kDirectory && inv.quant_algo == "NVFP4") {
+      inv.problems.push_back(absl::StrCat(
+          m.name,
+          ".input_scale: missing; quant_algo NVFP4 (W4A4) loaders create the parameter "
+          "and read it as the activation scale"));
+    }
+    if (const std::string* e = FirstExcludeMatch(inv.exclude_modules, m.name)) {
+      inv.problems.push_back(absl::StrCat(m.name, ": NVFP4 module named by exclude entry \"", *e,
+                                          "\" (engines would load it unquantized)"));
+    }
+    inv.modules.push_back(std::move(m));
+  }
+  if (!inv.modules.empty() && snapshot.kind() == Snapshot::Kind::kDirectory &&
+      inv.quant_algo.empty()) {
+    inv.problems.push_back(absl::StrCat(
+        inv.modules.size(),
+        " NVFP4 modules but neither hf_quant_config.json nor config.json names a quant_algo"));
+  }
+
+  for (const Tensor& t : tensors) {
+    TensorRow row;
+    row.name = t.name;
+    row.dtype = t.dtype;
+    row.shape = t.shape;
+    row.nbytes = t.bytes.size();
+    row.checksum = engine::Checksum(t.bytes.data(), t.bytes.size());
+    row.module = ModuleOf(t.name);
+    row.file = t.file;
+    auto it = roles.find(t.name);
+    if (it != roles.end()) {
+      row.role = it->second;
+      row.reason = "quantized";
+    } else {
+      absl::StatusOr<DType> dtype = ParseDType(t.dtype);
+      if (!dtype.ok()) {
+        row.reason = std::string(policy::ReasonName(policy::Reason::kUnsupportedDType));
+      } else {
+        absl::StatusOr<policy::OfflineDecision> d =
+            policy::ClassifyOfflineTensor(TensorDesc{t.name, *dtype, t.shape}, {});
+        if (!d.ok()) {
+          row.reason = "not_quantizable";  // e.g. an expert weight with K % 16 != 0
+        } else if (!d->quantize) {
+          row.reason = std::string(policy::ReasonName(d->reason));
+        } else if (const std::string* e = FirstExcludeMatch(inv.exclude_modules, row.module)) {
+          row.reason = absl::StrCat("excluded:", *e);
+        } else {
+          row.reason = "not_excluded";
+        }
+      }
+      // A high-precision linear weight the exclude list does not name: engines build an NVFP4
+      // layer there and find no scales.
+      if (inv.exclude_modules.has_value() && !inv.modules.empty() &&
+          absl::EndsWith(t.name, ".weight") && t.shape.size() >= 2 && dtype.ok() &&
+          IsQuantizableFloat(*dtype) && !IsEmbeddingOrHead(row.module) &&
+          FirstExcludeMatch(inv.exclude_modules, row.module) == nullptr) {
+        inv.problems.push_back(absl::StrCat(t.name, ": high precision, but no exclude entry names ",
+                                            row.module, " (engines would expect NVFP4 there)"));
+      }
+      Tally& r = inv.by_reason[row.reason];
+      ++r.tensors;
+      r.bytes += row.nbytes;
+    }
+    Tally& ro = inv.by_role[std::string(RoleName(row.role))];
+    ++ro.tensors;
+    ro.bytes += row.nbytes;
+    Tally& dt = inv.by_dtype[row.dtype];
+    ++dt.tensors;
+    dt.bytes += row.nbytes;
+    inv.total_bytes += row.nbytes;
+    inv.tensors.push_back(std::move(row));
+  }
+  inv.digest = Digest(inv.tensors);
+  return inv;
+}
+
+std::string FormatInventory(const Inventory& inv, bool list_tensors) {
+  std::string out;
+  absl::StrAppendFormat(&out, "%-12s %s (%s, %d file%s)\n", "snapshot", inv.path,
+                        inv.kind == Snapshot::Kind::kFile ? "file" : "directory", inv.files.size(),
+                        inv.files.size() == 1 ? "" : "s");
+  for (const auto& [k, v] : inv.metadata) {
+    absl::StrAppendFormat(&out, "%-12s %s = %s\n", "metadata", k, v);
+  }
+  if (!inv.quant_algo.empty() || inv.exclude_modules.has_value()) {
+    absl::StrAppendFormat(&out, "%-12s quant_algo %s, %d exclude entries\n", "quantization",
+                          inv.quant_algo.empty() ? "<none>" : inv.quant_algo,
+                          inv.exclude_modules ? inv.exclude_modules->size() : 0);
+  }
+  absl::StrAppendFormat(&out, "%-12s %d (%s, %d bytes)\n", "tensors", inv.tensors.size(),
+                        Bytes(inv.total_bytes), inv.total_bytes);
+  absl::StrAppendFormat(&out, "%-12s %s\n", "digest", Hex(inv.digest));
+  int64_t with_input = 0;
+  float lo = 0, hi = 0;
+  for (size_t i = 0; i < inv.modules.size(); ++i) {
+    const Nvfp4Module& m = inv.modules[i];
+    with_input += m.has_input_scale;
+    lo = i == 0 ? m.min_global_scale : std::min(lo, m.min_global_scale);
+    hi = i == 0 ? m.max_global_scale : std::max(hi, m.max_global_scale);
+  }
+  absl::StrAppendFormat(&out, "%-12s %d NVFP4 (%d with input_scale)", "modules", inv.modules.size(),
+                        with_input);
+  if (!inv.modules.empty()) absl::StrAppendFormat(&out, ", global scales [%g, %g]", lo, hi);
+  out += "\n";
+  auto table = [&](const char* title, const std::map<std::string, Tally>& t) {
+    absl::StrAppendFormat(&out, "\n%-40s %9s %16s\n", title, "tensors", "bytes");
+    for (const auto& [k, v] : t)
+      absl::StrAppendFormat(&out, "  %-38s %9d %16d\n", k, v.tensors, v.bytes);
+  };
+  table("by role", inv.by_role);
+  table("by dtype", inv.by_dtype);
+  table("high precision, by reason", inv.by_reason);
+  if (inv.problems.empty()) {
+    out += "\nproblems: none\n";
+  } else {
+    absl::StrAppendFormat(&out, "\nproblems: %d\n", inv.problems.size());
+    for (const std::string& p : inv.problems) absl::StrAppend(&out, "  ", p, "\n");
+  }
+  if (list_tensors) {
+    absl::StrAppendFormat(&out, "\n%-64s %-8s %-20s %12s %-18s %-18s %s\n", "tensor", "dtype",
+                          "shape", "bytes", "checksum", "role", "reason");
+    for (const TensorRow& r : inv.tensors) {
+      absl::StrAppendFormat(&out, "%-64s %-8s %-20s %12d %-18s %-18s %s\n", r.name, r.dtype,
+                            ShapeString(r.shape), r.nbytes, Hex(r.checksum), RoleName(r.role),
+                            r.reason);
+    }
+  }
+  return out;
+}
+
+std::string InventoryJson(const Inventory& inv) {
+  nlohmann::ordered_json j;
+  j["path"] = inv.path;
+  j["kind"] = inv.kind == Snapshot::Kind::kFile ? "file" : "directory";
+  j["files"] = inv.files;
+  j["metadata"] = inv.metadata;
+  j["quant_algo"] =
+      inv.quant_algo.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(inv.quant_algo);
+  j["exclude_modules"] =
+      inv.exclude_modules ? nlohmann::ordered_json(*inv.exclude_modules) : nlohmann::ordered_json();
+  j["total_bytes"] = inv.total_bytes;
+  j["digest"] = Hex(inv.digest);
+  auto tallies = [](const std::map<std::string, Tally>& t) {
+    nlohmann::ordered_json o = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : t) o[k] = {{"tensors", v.tensors}, {"bytes", v.bytes}};
+    return o;
+  };
+  j["by_role"] = tallies(inv.by_role);
+  j["by_dtype"] = tallies(inv.by_dtype);
+  j["by_reason"] = tallies(inv.by_reason);
+  j["problems"] = inv.problems;
+  nlohmann::ordered_json modules = nlohmann::ordered_json::array();
+  for (const Nvfp4Module& m : inv.modules) {
+    modules.push_back({{"name", m.name},
+                       {"logical_shape", m.logical_shape},
+                       {"input_scale", m.has_input_scale},
+                       {"min_global_scale", m.min_global_scale},
+                       {"max_global_scale", m.max_global_scale}});
+  }
+  j["nvfp4_modules"] = std::move(modules);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const TensorRow& r : inv.tensors) {
+    rows.push_back({{"name", r.name},
+                    {"dtype", r.dtype},
+                    {"shape", r.shape},
+                    {"bytes", r.nbytes},
+                    {"checksum", Hex(r.checksum)},
+                    {"role", RoleName(r.role)},
+                    {"reason", r.reason},
+                    {"file", r.file}});
+  }
+  j["tensors"] = std::move(rows);
+  return j.dump(2) + "\n";
+}
+
+// ---- Diff ----
+
+absl::string_view ChangeName(Change change) {
+  switch (change) {
+    case Change::kIdentical:
+      return "identical";
+    case Change::kChangedBytes:
+      return "changed_bytes";
+    case Change::kChangedDesc:
+      return "changed_desc";
+    case Change::kOnlyInA:
+      return "only_in_a";
+    case Change::kOnlyInB:
+      return "only_in_b";
+  }
+  return "?";
+}
+
+bool DiffReport::identical() const {
+  for (const TensorDiff& t : tensors) {
+    if (t.change != Change::kIdentical) return false;
+  }
+  return true;
+}
+
+namespace {
+
+// Decoded values of element i of an NVFP4 weight (both nibbles of a byte, low first).
+class Nvfp4Values {
+ public:
+  explicit Nvfp4Values(const Nvfp4Parts& p)
+      : codes_(p.weight->bytes.data()),
+        scales_(p.scale->bytes.data()),
+        global_(p.scale_2->bytes.data()),
+        per_slice_(NumElements(p.logical) / p.slices) {}
+
+  float At(int64_t i) const {
+    const uint8_t byte = codes_[i / 2];
+    const uint8_t code = i % 2 == 0 ? byte & 0xF : byte >> 4;
+    const float block = kernels::E4M3ToFloat(scales_[i / policy::kNvfp4GroupSize]);
+    return kernels::E2M1ToFloat(code) * block * LoadF32(global_ + 4 * (i / per_slice_));
+  }
+
+ private:
+  const uint8_t* codes_;
+  const uint8_t* scales_;
+  const uint8_t* global_;
+  int64_t per_slice_;
+};
+
+void CompareBytes(const Snapshot& sa, const Snapshot& sb, const Tensor& a, const Tensor& b,
+                  TensorDiff* d) {
+  std::string pa, pb;
+  std::optional<Nvfp4Parts> na = FindNvfp4(sa, a, &pa);
+  std::optional<Nvfp4Parts> nb = FindNvfp4(sb, b, &pb);
+  if (na && nb && pa.empty() && pb.empty() && na->logical == nb->logical) {
+    const Nvfp4Values va(*na), vb(*nb);
+    d->elements = NumElements(na->logical);
+    double max_diff = 0;
+    for (int64_t i = 0; i < d->elements; ++i) {
+      const uint8_t ba = a.bytes[i / 2], bb = b.bytes[i / 2];
+      const bool code_differs = i % 2 == 0 ? (ba & 0xF) != (bb & 0xF) : (ba >> 4) != (bb >> 4);
+      d->differing_elements += code_differs;
+      const float x = va.At(i), y = vb.At(i);
+      if (std::isfinite(x) != std::isfinite(y)) {
+        ++d->finiteness_changes;
+      } else if (std::isfinite(x)) {
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(x) - y));
+      }
+    }
+    d->max_abs_diff = max_diff;
+    return;
+  }
+  std::optional<FloatDecoder> dec = DecoderFor(a.dtype);
+  const int64_t size = dec ? dec->size : safetensors::DTypeSizeOf(a.dtype).value_or(1);
+  d->elements = static_cast<int64_t>(a.bytes.size()) / std::max<int64_t>(size, 1);
+  double max_diff = 0;
+  for (int64_t i = 0; i < d->elements; ++i) {
+    const uint8_t* x = a.bytes.data() + i * size;
+    const uint8_t* y = b.bytes.data() + i * size;
+    if (std::memcmp(x, y, size) == 0) continue;
+    ++d->differing_elements;
+    if (!dec) continue;
+    const float fx = dec->decode(x), fy = dec->decode(y);
+    if (std::isfinite(fx) != std::isfinite(fy)) {
+      ++d->finiteness_changes;
+    } else if (std::isfinite(fx)) {
+      max_diff = std::max(max_diff, std::fabs(static_cast<double>(fx) - fy));
+    }
+  }
+  if (dec) d->max_abs_diff = max_diff;
+}
+
+void ConfigChange(DiffReport* r, const std::string& key, const std::optional<std::string>& a,
+                  const std::optional<std::string>& b) {
+  if (a != b) r->config_changes[key] = {a.value_or("<absent>"), b.value_or("<absent>")};
+}
+
+}  // namespace
+
+DiffReport Diff(const Snapshot& a, const Snapshot& b) {
+  DiffReport r;
+  r.path_a = a.path();
+  r.path_b = b.path();
+  const std::vector<Tensor>& ta = a.tensors();
+  const std::vector<Tensor>& tb = b.tensors();
+  size_t i = 0, j = 0;
+  while (i < ta.size() || j < tb.size()) {
+    TensorDiff d;
+    if (j == tb.size() || (i < ta.size() && ta[i].name < tb[j].name)) {
+      d.name = ta[i].name;
+      d.change = Change::kOnlyInA;
+      d.dtype_a = ta[i].dtype;
+      d.shape_a = ta[i].shape;
+      ++i;
+    } else if (i == ta.size() || tb[j].name < ta[i].name) {
+      d.name = tb[j].name;
+      d.change = Change::kOnlyInB;
+      d.dtype_b = tb[j].dtype;
+      d.shape_b = tb[j].shape;
+      ++j;
+    } else {
+      const Tensor& x = ta[i++];
+      const Tensor& y = tb[j++];
+      d.name = x.name;
+      d.dtype_a = x.dtype;
+      d.dtype_b = y.dtype;
+      d.shape_a = x.shape;
+      d.shape_b = y.shape;
+      if (x.dtype != y.dtype || x.shape != y.shape) {
+        d.change = Change::kChangedDesc;
+      } else if (x.bytes.size() == y.bytes.size() &&
+                 std::memcmp(x.bytes.data(), y.bytes.data(), x.bytes.size()) == 0) {
+        d.change = Change::kIdentical;
+      } else {
+        d.change = Change::kChangedBytes;
+        CompareBytes(a, b, x, y, &d);
+      }
+    }
+    ++r.counts[std::string(ChangeName(d.change))];
+    r.tensors.push_back(std::move(d));
+  }
+  auto digest = [](const std::vector<Tensor>& tensors) {
+    std::vector<TensorRow> rows(tensors.size());
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const Tensor& t = tensors[k];
+      rows[k].name = t.name;
+      rows[k].dtype = t.dtype;
+      rows[k].shape = t.shape;
+      rows[k].checksum = engine::Checksum(t.bytes.data(), t.bytes.size());
+    }
+    return Digest(rows);
+  };
+  r.digest_a = digest(ta);
+  r.digest_b = digest(tb);
+
+  std::set<std::string> keys;
+  for (const auto& [k, v] : a.metadata()) keys.insert(k);
+  for (const auto& [k, v] : b.metadata()) keys.insert(k);
+  for (const std::string& k : keys) {
+    auto get = [&k](const Snapshot& s) -> std::optional<std::string> {
+      auto it = s.metadata().find(k);
+      return it == s.metadata().end() ? std::nullopt : std::optional<std::string>(it->second);
+    };
+    ConfigChange(&r, "metadata." + k, get(a), get(b));
+  }
+  auto algo = [](const Snapshot& s) {
+    return s.quant_algo().empty() ? std::nullopt : std::optional<std::string>(s.quant_algo());
+  };
+  ConfigChange(&r, "quant_algo", algo(a), algo(b));
+  std::set<std::string> ea, eb;
+  if (a.exclude_modules()) ea.insert(a.exclude_modules()->begin(), a.exclude_modules()->end());
+  if (b.exclude_modules()) eb.insert(b.exclude_modules()->begin(), b.exclude_modules()->end());
+  for (const std::string& e : ea) {
+    if (!eb.contains(e)) ConfigChange(&r, "exclude_modules: " + e, "listed", std::nullopt);
+  }
+  for (const std::string& e : eb) {
+    if (!ea.contains(e)) ConfigChange(&r, "exclude_modules: " + e, std::nullopt, "listed");
+  }
+  return r;
+}
+
+std::string FormatDiff(const DiffReport& r, int64_t max_rows) {
+  std::string out;
+  absl::StrAppendFormat(&out, "a: %s (digest %s)\nb: %s (digest %s)\n", r.path_a, Hex(r.digest_a),
+                        r.path_b, Hex(r.digest_b));
+  for (Change c : {Change::kIdentical, Change::kChangedBytes, Change::kChangedDesc,
+                   Change::kOnlyInA, Change::kOnlyInB}) {
+    auto it = r.counts.find(std::string(ChangeName(c)));
+    absl::StrAppendFormat(&out, "  %-14s %d\n", ChangeName(c),
+                          it == r.counts.end() ? 0 : it->second);
+  }
+  if (!r.config_changes.empty()) {
+    out += "\nconfig and metadata:\n";
+    for (const auto& [k, v] : r.config_changes) {
+      absl::StrAppendFormat(&out, "  %s: %s -> %s\n", k, v.first, v.second);
+    }
+  }
+  int64_t shown = 0, not_identical = 0;
+  for (const TensorDiff& d : r.tensors) {
+    if (d.change == Change::kIdentical) continue;
+    ++not_identical;
+    if (max_rows >= 0 && shown >= max_rows) continue;
+    if (shown++ == 0) out += "\ntensors:\n";
+    switch (d.change) {
+      case Change::kChangedBytes:
+        absl::StrAppendFormat(&out, "  %-14s %s: %d of %d elements differ", ChangeName(d.change),
+                              d.name, d.differing_elements, d.elements);
+        if (d.max_abs_diff) absl::StrAppendFormat(&out, ", max |a-b| %g", *d.max_abs_diff);
+        if (d.finiteness_changes > 0) {
+          absl::StrAppendFormat(&out, ", %d finite on one side only", d.finiteness_changes);
+        }
+        out += "\n";
+        break;
+      case Change::kChangedDesc:
+        absl::StrAppendFormat(&out, "  %-14s %s: %s %s -> %s %s\n", ChangeName(d.change), d.name,
+                              d.dtype_a, ShapeString(d.shape_a), d.dtype_b, ShapeString(d.shape_b));
+        break;
+      case Change::kOnlyInA:
+        absl::StrAppendFormat(&out, "  %-14s %s: %s %s\n", ChangeName(d.change), d.name, d.dtype_a,
+                              ShapeString(d.shape_a));
+        break;
+      case Change::kOnlyInB:
+        absl::StrAppendFormat(&out, "  %-14s %s: %s %s\n", ChangeName(d.change), d.name, d.dtype_b,
+                              ShapeString(d.shape_b));
+        break;
+      case Change::kIdentical:
+        break;
+    }
+  }
+  if (shown < not_identical) {
+    absl::StrAppendFormat(&out, "  ... %d more (--max_rows)\n", not_identical - shown);
+  }
+  out += r.identical() ? "\nidentical tensors\n" : "\ntensors differ\n";
+  return out;
+}
+
+std::string DiffJson(const DiffReport& r) {
+  nlohmann::ordered_json j;
+  j["a"] = {{"path", r.path_a}, {"digest", Hex(r.digest_a)}};
+  j["b"] = {{"path", r.path_b}, {"digest", Hex(r.digest_b)}};
+  j["identical"] = r.identical();
+  j["counts"] = r.counts;
+  nlohmann::ordered_json changes = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : r.config_changes) changes[k] = {{"a", v.first}, {"b", v.second}};
+  j["config_changes"] = std::move(changes);
+  nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+  for (const TensorDiff& d : r.tensors) {
+    if (d.change == Change::kIdentical) continue;
+    nlohmann::ordered_json row = {{"name", d.name}, {"change", ChangeName(d.change)}};
+    if (!d.dtype_a.empty()) row["a"] = {{"dtype", d.dtype_a}, {"shape", d.shape_a}};
+    if (!d.dtype_b.empty()) row["b"] = {{"dtype", d.dtype_b}, {"shape", d.shape_b}};
+    if (d.change == Change::kChangedBytes) {
+      row["elements"] = d.elements;
+      row["differing_elements"] = d.differing_elements;
+      row["max_abs_diff"] =
+          d.max_abs_diff ? nlohmann::ordered_json(*d.max_abs_diff) : nlohmann::ordered_json();
+      row["finiteness_changes"] = d.finiteness_changes;
+    }
+    rows.push_back(std::move(row));
+  }
+  j["tensors"] = std::move(rows);
+  return j.dump(2) + "\n";
+}
+
+}  // namespace wpub::inspect
