@@ -330,7 +330,7 @@ Inventory Inspect(const Snapshot& snapshot) {
     m.logical_shape = parts->logical;
     if (parts->scale_2 != nullptr) {
       roles[parts->scale_2->name] = Role::kNvfp4GlobalScale;
-      if (problem.empty()) {
+      if (problem.empty() && parts->slices > 0) {
         const uint8_t* d = parts->scale_2->bytes.data();
         m.min_global_scale = m.max_global_scale = LoadF32(d);
         for (int64_t i = 0; i < parts->slices; ++i) {
@@ -519,7 +519,7 @@ std::string InventoryJson(const Inventory& inv) {
                     {"file", r.file}});
   }
   j["tensors"] = std::move(rows);
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 // ---- Diff ----
@@ -556,7 +556,7 @@ class Nvfp4Values {
       : codes_(p.weight->bytes.data()),
         scales_(p.scale->bytes.data()),
         global_(p.scale_2->bytes.data()),
-        per_slice_(NumElements(p.logical) / p.slices) {}
+        per_slice_(p.slices > 0 ? NumElements(p.logical) / p.slices : 1) {}
 
   float At(int64_t i) const {
     const uint8_t byte = codes_[i / 2];
@@ -784,7 +784,7 @@ std::string DiffJson(const DiffReport& r) {
     rows.push_back(std::move(row));
   }
   j["tensors"] = std::move(rows);
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace wpub::inspect

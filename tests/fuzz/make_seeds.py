@@ -182,6 +182,21 @@ def safetensors_seeds():
         safetensors_file([("t", "I16", [3], b"\x01\x00" * 3), ("u", "BOOL", [1], b"\x01")],
                          {"total": "1"}),
         b"\x02\x00\x00\x00\x00\x00\x00\x00{}",
+        # NVFP4 modules as `wpubctl inspect` groups them: rank 2 with input_scale, a stack of two
+        # slices, an empty stack, and a block scale of the wrong shape.
+        safetensors_file([("m.experts.0.w.weight", "U8", [2, 8], bytes(range(16))),
+                          ("m.experts.0.w.weight_scale", "F8_E4M3", [2, 1], b"\x40\x38"),
+                          ("m.experts.0.w.weight_scale_2", "F32", [], b"\x00\x00\x80\x3e"),
+                          ("m.experts.0.w.input_scale", "F32", [], b"\x00\x00\x80\x3f")]),
+        safetensors_file([("s.weight", "U8", [2, 1, 8], bytes(range(16))),
+                          ("s.weight_scale", "F8_E4M3", [2, 1, 1], b"\x40\x38"),
+                          ("s.weight_scale_2", "F32", [2], b"\x00\x00\x80\x3e" * 2)]),
+        safetensors_file([("e.weight", "U8", [0, 2, 8], b""),
+                          ("e.weight_scale", "F8_E4M3", [0, 2, 1], b""),
+                          ("e.weight_scale_2", "F32", [0], b"")]),
+        safetensors_file([("b.weight", "U8", [2, 8], bytes(16)),
+                          ("b.weight_scale", "F8_E4M3", [1, 2], b"\x40\x40"),
+                          ("b.weight_scale_2", "F32", [1], b"\x00\x00\xc0\x7f")]),
     ]
 
 

@@ -3,7 +3,10 @@
 // memfd opened by its /proc path, so nothing touches the disk. Properties of an accepted file:
 // every tensor's span lies inside the file and has dtype x shape bytes, Find returns it, and
 // writing the same tensors and metadata with safetensors::Writer and reading that back gives
-// the same names, dtypes, shapes, bytes and metadata.
+// the same names, dtypes, shapes, bytes and metadata. And `wpubctl inspect` / `diff` of it
+// (core/inspect): the snapshot opens, its report and JSON are produced (NVFP4-looking modules of
+// any shape, empty stacks, scales of the wrong size), the digest is deterministic, and the file
+// diffs identical against itself.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/inspect/inspect.h"
 #include "core/safetensors/safetensors.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -93,6 +97,22 @@ void CheckRoundTrip(const Reader& r) {
   }
 }
 
+void CheckInspect(const std::string& path, size_t tensors) {
+  absl::StatusOr<std::unique_ptr<wpub::inspect::Snapshot>> s = wpub::inspect::Snapshot::Open(path);
+  FUZZ_CHECK(s.ok(), s.status().ToString());
+  const wpub::inspect::Inventory a = wpub::inspect::Inspect(**s);
+  const wpub::inspect::Inventory b = wpub::inspect::Inspect(**s);
+  FUZZ_CHECK(a.tensors.size() == tensors, "inspect lost tensors");
+  FUZZ_CHECK(a.digest == b.digest, "digest not deterministic");
+  FUZZ_CHECK(!wpub::inspect::FormatInventory(a, true).empty(), "empty report");
+  FUZZ_CHECK(!wpub::inspect::InventoryJson(a).empty(), "empty JSON");
+  const wpub::inspect::DiffReport d = wpub::inspect::Diff(**s, **s);
+  FUZZ_CHECK(d.identical(), "a file differs from itself");
+  FUZZ_CHECK(d.digest_a == a.digest, "diff digest differs from inspect's");
+  FUZZ_CHECK(!wpub::inspect::FormatDiff(d, -1).empty() && !wpub::inspect::DiffJson(d).empty(),
+             "empty diff report");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -105,5 +125,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   CheckConsistent(**r);
   CheckRoundTrip(**r);
+  CheckInspect(file.path(), (*r)->tensors().size());
   return 0;
 }
