@@ -4,12 +4,16 @@
 #include <fnmatch.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -214,6 +218,28 @@ const std::string* FirstExcludeMatch(const std::optional<std::vector<std::string
   return nullptr;
 }
 
+// fn(i) for i in [0, n) on `threads` threads (0: the hardware's) pulling from one counter.
+void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), n));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+std::vector<uint64_t> Checksums(const std::vector<Tensor>& tensors, int threads) {
+  std::vector<uint64_t> out(tensors.size());
+  ParallelFor(tensors.size(), threads, [&](size_t i) {
+    out[i] = engine::Checksum(tensors[i].bytes.data(), tensors[i].bytes.size());
+  });
+  return out;
+}
+
 uint64_t Digest(const std::vector<TensorRow>& rows) {
   std::string buf;
   for (const TensorRow& r : rows) {
@@ -307,7 +333,7 @@ absl::string_view RoleName(Role role) {
   return "?";
 }
 
-Inventory Inspect(const Snapshot& snapshot) {
+Inventory Inspect(const Snapshot& snapshot, int threads) {
   Inventory inv;
   inv.path = snapshot.path();
   inv.kind = snapshot.kind();
@@ -367,13 +393,15 @@ Inventory Inspect(const Snapshot& snapshot) {
         " NVFP4 modules but neither hf_quant_config.json nor config.json names a quant_algo"));
   }
 
-  for (const Tensor& t : tensors) {
+  const std::vector<uint64_t> checksums = Checksums(tensors, threads);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
     TensorRow row;
     row.name = t.name;
     row.dtype = t.dtype;
     row.shape = t.shape;
     row.nbytes = t.bytes.size();
-    row.checksum = engine::Checksum(t.bytes.data(), t.bytes.size());
+    row.checksum = checksums[k];
     row.module = ModuleOf(t.name);
     row.file = t.file;
     auto it = roles.find(t.name);
@@ -549,28 +577,47 @@ bool DiffReport::identical() const {
 
 namespace {
 
-// Decoded values of element i of an NVFP4 weight (both nibbles of a byte, low first).
-class Nvfp4Values {
- public:
-  explicit Nvfp4Values(const Nvfp4Parts& p)
-      : codes_(p.weight->bytes.data()),
-        scales_(p.scale->bytes.data()),
-        global_(p.scale_2->bytes.data()),
-        per_slice_(p.slices > 0 ? NumElements(p.logical) / p.slices : 1) {}
-
-  float At(int64_t i) const {
-    const uint8_t byte = codes_[i / 2];
-    const uint8_t code = i % 2 == 0 ? byte & 0xF : byte >> 4;
-    const float block = kernels::E4M3ToFloat(scales_[i / policy::kNvfp4GroupSize]);
-    return kernels::E2M1ToFloat(code) * block * LoadF32(global_ + 4 * (i / per_slice_));
+// Both sides of an NVFP4 weight, block by block (16 elements: 8 bytes of codes, one E4M3
+// scale, the slice's global scale); value = (E2M1(code) x block scale) x global scale, the
+// first product exact. A block whose codes, block scale and global scale are all equal holds
+// equal values and is skipped.
+void CompareNvfp4(const Nvfp4Parts& pa, const Nvfp4Parts& pb, TensorDiff* d) {
+  std::array<float, 16> e2m1;
+  for (int c = 0; c < 16; ++c) e2m1[c] = kernels::E2M1ToFloat(static_cast<uint8_t>(c));
+  d->elements = NumElements(pa.logical);
+  const int64_t blocks = d->elements / policy::kNvfp4GroupSize;
+  const int64_t per_slice = pa.slices > 0 ? std::max<int64_t>(blocks / pa.slices, 1) : 1;
+  const uint8_t* ca = pa.weight->bytes.data();
+  const uint8_t* cb = pb.weight->bytes.data();
+  const uint8_t* sa = pa.scale->bytes.data();
+  const uint8_t* sb = pb.scale->bytes.data();
+  const uint8_t* ga = pa.scale_2->bytes.data();
+  const uint8_t* gb = pb.scale_2->bytes.data();
+  double max_diff = 0;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t g = 4 * (blk / per_slice);
+    const uint8_t* x = ca + 8 * blk;
+    const uint8_t* y = cb + 8 * blk;
+    if (sa[blk] == sb[blk] && std::memcmp(ga + g, gb + g, 4) == 0 && std::memcmp(x, y, 8) == 0) {
+      continue;
+    }
+    const float block_a = kernels::E4M3ToFloat(sa[blk]), block_b = kernels::E4M3ToFloat(sb[blk]);
+    const float global_a = LoadF32(ga + g), global_b = LoadF32(gb + g);
+    for (int k = 0; k < 16; ++k) {
+      const uint8_t qa = k % 2 == 0 ? x[k / 2] & 0xF : x[k / 2] >> 4;
+      const uint8_t qb = k % 2 == 0 ? y[k / 2] & 0xF : y[k / 2] >> 4;
+      d->differing_elements += qa != qb;
+      const float va = (e2m1[qa] * block_a) * global_a;
+      const float vb = (e2m1[qb] * block_b) * global_b;
+      if (std::isfinite(va) != std::isfinite(vb)) {
+        ++d->finiteness_changes;
+      } else if (std::isfinite(va)) {
+        max_diff = std::max(max_diff, std::fabs(static_cast<double>(va) - vb));
+      }
+    }
   }
-
- private:
-  const uint8_t* codes_;
-  const uint8_t* scales_;
-  const uint8_t* global_;
-  int64_t per_slice_;
-};
+  d->max_abs_diff = max_diff;
+}
 
 void CompareBytes(const Snapshot& sa, const Snapshot& sb, const Tensor& a, const Tensor& b,
                   TensorDiff* d) {
@@ -578,21 +625,7 @@ void CompareBytes(const Snapshot& sa, const Snapshot& sb, const Tensor& a, const
   std::optional<Nvfp4Parts> na = FindNvfp4(sa, a, &pa);
   std::optional<Nvfp4Parts> nb = FindNvfp4(sb, b, &pb);
   if (na && nb && pa.empty() && pb.empty() && na->logical == nb->logical) {
-    const Nvfp4Values va(*na), vb(*nb);
-    d->elements = NumElements(na->logical);
-    double max_diff = 0;
-    for (int64_t i = 0; i < d->elements; ++i) {
-      const uint8_t ba = a.bytes[i / 2], bb = b.bytes[i / 2];
-      const bool code_differs = i % 2 == 0 ? (ba & 0xF) != (bb & 0xF) : (ba >> 4) != (bb >> 4);
-      d->differing_elements += code_differs;
-      const float x = va.At(i), y = vb.At(i);
-      if (std::isfinite(x) != std::isfinite(y)) {
-        ++d->finiteness_changes;
-      } else if (std::isfinite(x)) {
-        max_diff = std::max(max_diff, std::fabs(static_cast<double>(x) - y));
-      }
-    }
-    d->max_abs_diff = max_diff;
+    CompareNvfp4(*na, *nb, d);
     return;
   }
   std::optional<FloatDecoder> dec = DecoderFor(a.dtype);
@@ -622,12 +655,16 @@ void ConfigChange(DiffReport* r, const std::string& key, const std::optional<std
 
 }  // namespace
 
-DiffReport Diff(const Snapshot& a, const Snapshot& b) {
+DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads) {
   DiffReport r;
   r.path_a = a.path();
   r.path_b = b.path();
   const std::vector<Tensor>& ta = a.tensors();
   const std::vector<Tensor>& tb = b.tensors();
+  // Names are merged here; the byte comparisons of tensors present on both sides with one dtype
+  // and shape run in parallel after.
+  std::vector<std::pair<const Tensor*, const Tensor*>> pairs;
+  std::vector<size_t> pair_row;
   size_t i = 0, j = 0;
   while (i < ta.size() || j < tb.size()) {
     TensorDiff d;
@@ -653,25 +690,34 @@ DiffReport Diff(const Snapshot& a, const Snapshot& b) {
       d.shape_b = y.shape;
       if (x.dtype != y.dtype || x.shape != y.shape) {
         d.change = Change::kChangedDesc;
-      } else if (x.bytes.size() == y.bytes.size() &&
-                 std::memcmp(x.bytes.data(), y.bytes.data(), x.bytes.size()) == 0) {
-        d.change = Change::kIdentical;
       } else {
-        d.change = Change::kChangedBytes;
-        CompareBytes(a, b, x, y, &d);
+        pairs.emplace_back(&x, &y);
+        pair_row.push_back(r.tensors.size());
       }
     }
-    ++r.counts[std::string(ChangeName(d.change))];
     r.tensors.push_back(std::move(d));
   }
-  auto digest = [](const std::vector<Tensor>& tensors) {
+  ParallelFor(pairs.size(), threads, [&](size_t k) {
+    const Tensor& x = *pairs[k].first;
+    const Tensor& y = *pairs[k].second;
+    TensorDiff& d = r.tensors[pair_row[k]];
+    if (x.bytes.size() == y.bytes.size() &&
+        std::memcmp(x.bytes.data(), y.bytes.data(), x.bytes.size()) == 0) {
+      d.change = Change::kIdentical;
+    } else {
+      d.change = Change::kChangedBytes;
+      CompareBytes(a, b, x, y, &d);
+    }
+  });
+  for (const TensorDiff& d : r.tensors) ++r.counts[std::string(ChangeName(d.change))];
+  auto digest = [threads](const std::vector<Tensor>& tensors) {
+    const std::vector<uint64_t> checksums = Checksums(tensors, threads);
     std::vector<TensorRow> rows(tensors.size());
     for (size_t k = 0; k < tensors.size(); ++k) {
-      const Tensor& t = tensors[k];
-      rows[k].name = t.name;
-      rows[k].dtype = t.dtype;
-      rows[k].shape = t.shape;
-      rows[k].checksum = engine::Checksum(t.bytes.data(), t.bytes.size());
+      rows[k].name = tensors[k].name;
+      rows[k].dtype = tensors[k].dtype;
+      rows[k].shape = tensors[k].shape;
+      rows[k].checksum = checksums[k];
     }
     return Digest(rows);
   };

@@ -26,7 +26,9 @@
 // dequantized values for NVFP4 weights), a changed dtype or shape, or present on one side only.
 //
 // Thread-safety: a Snapshot is immutable after Open and its mapped bytes may be read from any
-// thread while it lives; Inspect and Diff use the calling thread only.
+// thread while it lives. Inspect and Diff block the caller; they checksum and compare tensors
+// on `threads` worker threads (0: one per hardware thread), each tensor on one thread, and
+// their results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
@@ -163,7 +165,7 @@ struct Inventory {
   std::vector<std::string> problems;
 };
 
-Inventory Inspect(const Snapshot& snapshot);
+Inventory Inspect(const Snapshot& snapshot, int threads = 0);
 
 // The text report: the snapshot's kind, metadata and quantization config, tallies by role,
 // dtype and reason, the digest, the problems; with `list_tensors`, one line per tensor
@@ -207,7 +209,7 @@ struct DiffReport {
   bool identical() const;  // every tensor identical (metadata may differ)
 };
 
-DiffReport Diff(const Snapshot& a, const Snapshot& b);
+DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads = 0);
 
 // The text report: counts, config changes, and one line per tensor that is not identical (at
 // most `max_rows`; -1 for all).

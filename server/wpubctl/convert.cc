@@ -34,7 +34,8 @@ ABSL_FLAG(std::string, four_over_six_metric, "mae", "convert with --recipe=4over
 ABSL_FLAG(int32_t, four_over_six_e4m3_max, 256, "convert with --recipe=4over6: 256 or 448.");
 ABSL_FLAG(std::string, four_over_six_error, "exact",
           "convert with --recipe=4over6: exact or fp16 (TE's fast-math error).");
-ABSL_FLAG(int32_t, cpu_threads, 0, "convert --device=cpu: worker threads (0: all cores).");
+ABSL_FLAG(int32_t, cpu_threads, 0,
+          "convert --device=cpu, inspect, diff: worker threads (0: all cores).");
 ABSL_FLAG(uint64_t, staging_mb, 256,
           "convert --device=cuda: MiB of input per pinned staging buffer (two are used).");
 ABSL_FLAG(std::string, quant_algo, "NVFP4",

@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "core/inspect/inspect.h"
 #include "server/wpubctl/subcommand.h"
 
 ABSL_FLAG(std::string, output_format, "text", "inspect/diff output: text or json.");
+ABSL_DECLARE_FLAG(int32_t, cpu_threads);  // convert.cc
 ABSL_FLAG(bool, tensors, false, "inspect --output_format=text: also list every tensor.");
 ABSL_FLAG(int64_t, max_rows, 50,
           "diff --output_format=text: tensors listed that are not identical (-1: all).");
@@ -47,7 +49,7 @@ int RunInspect(const std::vector<std::string>& args) {
   if (!FormatFlag("inspect", &json)) return 2;
   std::unique_ptr<inspect::Snapshot> s = OpenOrPrint("inspect", args.at(0));
   if (s == nullptr) return 2;
-  const inspect::Inventory inv = inspect::Inspect(*s);
+  const inspect::Inventory inv = inspect::Inspect(*s, absl::GetFlag(FLAGS_cpu_threads));
   const std::string out = json ? inspect::InventoryJson(inv)
                                : inspect::FormatInventory(inv, absl::GetFlag(FLAGS_tensors));
   std::fwrite(out.data(), 1, out.size(), stdout);
@@ -61,7 +63,7 @@ int RunDiff(const std::vector<std::string>& args) {
   if (a == nullptr) return 2;
   std::unique_ptr<inspect::Snapshot> b = OpenOrPrint("diff", args.at(1));
   if (b == nullptr) return 2;
-  const inspect::DiffReport r = inspect::Diff(*a, *b);
+  const inspect::DiffReport r = inspect::Diff(*a, *b, absl::GetFlag(FLAGS_cpu_threads));
   const std::string out =
       json ? inspect::DiffJson(r) : inspect::FormatDiff(r, absl::GetFlag(FLAGS_max_rows));
   std::fwrite(out.data(), 1, out.size(), stdout);

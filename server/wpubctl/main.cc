@@ -76,7 +76,7 @@ const std::vector<Subcommand>& Subcommands() {
        "tensors, formats, bytes, checksums and a digest, which modules are NVFP4 and why the "
        "rest is not, and what an engine's NVFP4 loader would reject (exit code 1 then).",
        &RunInspect,
-       {"output_format", "tensors"},
+       {"output_format", "tensors", "cpu_threads"},
        1,
        1,
        "PATH"},
@@ -86,7 +86,7 @@ const std::vector<Subcommand>& Subcommands() {
        "difference of the values, dequantized for NVFP4), changed dtype or shape, one side only; "
        "metadata and quantization config changes. Exit code 0 when every tensor is identical.",
        &RunDiff,
-       {"output_format", "max_rows"},
+       {"output_format", "max_rows", "cpu_threads"},
        2,
        2,
        "A B"},

@@ -20,7 +20,7 @@ struct Subcommand {
   std::vector<std::string> flags;  // the flags it takes (any other is refused)
   int max_positional = 0;          // -1: any number
   int min_positional = 0;
-  std::string positional;  // its usage line's arguments, e.g. "PATH [PATH]"
+  std::string positional = "";  // its usage line's arguments, e.g. "PATH [PATH]"
 };
 
 // policy_report.cc: what the publication policy does to a (synthetic) model.

@@ -171,7 +171,7 @@ class InspectAndDiff(unittest.TestCase):
         write_safetensors(self.a, self.tensors, {"version": "1", "format": "pt"})
 
     def test_inspect_text_and_json(self):
-        r = run(WPUBCTL, "inspect", self.a, "--tensors")
+        r = run(WPUBCTL, "inspect", self.a, "--tensors", "--cpu_threads=2")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("1 NVFP4 (0 with input_scale)", r.stdout)
         self.assertIn("version = 1", r.stdout)

@@ -264,9 +264,12 @@ TEST_F(InspectTest, DiffOfTwoRecipesChangesOnlyNvfp4TensorsAndMeasuresThemDequan
   auto b = Open(Path("4o6"));
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
-  const Inventory inv = Inspect(*a);
-  const DiffReport d = Diff(*a, *b);
+  const Inventory inv = Inspect(*a, /*threads=*/3);
+  const DiffReport d = Diff(*a, *b, /*threads=*/4);
   EXPECT_FALSE(d.identical());
+  // One thread or several: the same report.
+  EXPECT_EQ(DiffJson(Diff(*a, *b, /*threads=*/1)), DiffJson(d));
+  EXPECT_EQ(InventoryJson(Inspect(*a, /*threads=*/1)), InventoryJson(inv));
   int64_t changed_weights = 0;
   for (const TensorDiff& t : d.tensors) {
     const TensorRow* row = Row(inv, t.name);
