@@ -225,6 +225,12 @@ absl::StatusOr<std::vector<size_t>> LayOutOutputs(const Checkpoint& ckpt,
       ++plan.tensors_kept;
       continue;
     }
+    if (d.info->shape.size() == 3 && d.info->shape[0] == 0) {
+      // No slice, so no unit would ever write its scales: refused rather than half written.
+      return absl::InvalidArgumentError(
+          absl::StrCat(d.info->name, ": a stacked expert tensor of shape ",
+                       ShapeString(d.info->shape), " holds no expert"));
+    }
     ++plan.tensors_quantized;
     WPUB_ASSIGN_OR_RETURN(std::vector<TensorDesc> q, policy::Nvfp4OutputDescs(d.info->desc()));
     for (const TensorDesc& o : q) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -40,6 +41,12 @@ constexpr JsonBounds kConfigBounds{size_t{64} << 20, 64};
 absl::StatusOr<std::optional<nlohmann::json>> ReadJsonFile(const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::optional<nlohmann::json>();
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > kConfigBounds.max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": ", size,
+                                                   " bytes, more than a config holds (",
+                                                   kConfigBounds.max_bytes, ")"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path.string(), ": cannot open"));
   std::ostringstream s;
@@ -143,13 +150,17 @@ struct Nvfp4Parts {
   const Tensor* input_scale = nullptr;
   Shape logical;
   int64_t slices = 1;
+  // weight, scale and scale_2 are consistent: the values can be decoded (input_scale plays no
+  // part in that).
+  bool decodable = false;
+  std::vector<std::string> problems;  // every inconsistency found, each naming its tensor
 };
 
-// The NVFP4 module whose packed weight is `weight_name`, when `snapshot` has one there: a U8
-// `.weight` beside an F8_E4M3 `.weight_scale`. `problem` gets the first inconsistency found
-// (the module is still returned so that its tensors are reported as its parts).
+// The NVFP4 module whose packed weight is `weight`, when `snapshot` has one there: a U8
+// `.weight` beside an F8_E4M3 `.weight_scale`. A U8 `.weight` without that scale is no module
+// (nullopt) but a problem in `*orphan`.
 std::optional<Nvfp4Parts> FindNvfp4(const Snapshot& snapshot, const Tensor& weight,
-                                    std::string* problem) {
+                                    std::string* orphan = nullptr) {
   if (weight.dtype != "U8" || !absl::EndsWith(weight.name, ".weight")) return std::nullopt;
   Nvfp4Parts p;
   p.weight = &weight;
@@ -158,69 +169,87 @@ std::optional<Nvfp4Parts> FindNvfp4(const Snapshot& snapshot, const Tensor& weig
   p.scale_2 = snapshot.Find(weight.name + "_scale_2");
   p.input_scale = snapshot.Find(module + ".input_scale");
   if (p.scale == nullptr || p.scale->dtype != "F8_E4M3") {
-    *problem = absl::StrCat(weight.name, ": a U8 weight without an F8_E4M3 ", weight.name,
-                            "_scale (not a loadable NVFP4 module)");
+    if (orphan != nullptr) {
+      *orphan = absl::StrCat(weight.name, ": a U8 weight without an F8_E4M3 ", weight.name,
+                             "_scale (not a loadable NVFP4 module)");
+    }
     return std::nullopt;
   }
+  auto problem = [&p](auto&&... parts) { p.problems.push_back(absl::StrCat(parts...)); };
   const Shape& w = weight.shape;
-  const Shape& s = p.scale->shape;
+  bool shapes_ok = false;
   if (w.size() < 2 || w.size() > 3) {
-    *problem = absl::StrCat(weight.name, ": NVFP4 weight of rank ", w.size(), " (2 or 3 expected)");
-    return p;
-  }
-  p.logical = w;
-  p.logical.back() = w.back() * 2;
-  p.slices = w.size() == 3 ? w[0] : 1;
-  Shape want_scale = w;
-  want_scale.back() = p.logical.back() / policy::kNvfp4GroupSize;
-  if (s != want_scale) {
-    *problem = absl::StrCat(p.scale->name, ": shape ", ShapeString(s), ", expected ",
-                            ShapeString(want_scale), " for a packed weight of ", ShapeString(w));
-    return p;
-  }
-  if (p.logical.back() % policy::kNvfp4GroupSize != 0) {
-    *problem = absl::StrCat(weight.name, ": logical K = ", p.logical.back(),
-                            " is not a multiple of ", policy::kNvfp4GroupSize);
-    return p;
+    problem(weight.name, ": NVFP4 weight of rank ", w.size(), " (2 or 3 expected)");
+  } else if (w.back() > std::numeric_limits<int64_t>::max() / 2) {
+    // Checked before anything is multiplied (a zero dim lets a header carry any other dim).
+    problem(weight.name, ": packed K = ", w.back(), " is too large");
+  } else if (w.back() % (policy::kNvfp4GroupSize / 2) != 0) {
+    problem(weight.name, ": packed K = ", w.back(), " (the logical K = 2 x it must be a ",
+            "multiple of ", policy::kNvfp4GroupSize, ")");
+  } else {
+    p.logical = w;
+    p.logical.back() = w.back() * 2;
+    p.slices = w.size() == 3 ? w[0] : 1;
+    Shape want_scale = w;
+    want_scale.back() = p.logical.back() / policy::kNvfp4GroupSize;
+    if (p.scale->shape != want_scale) {
+      problem(p.scale->name, ": shape ", ShapeString(p.scale->shape), ", expected ",
+              ShapeString(want_scale), " for a packed weight of ", ShapeString(w));
+    } else {
+      shapes_ok = true;
+    }
   }
   if (p.scale_2 == nullptr) {
-    *problem = absl::StrCat(weight.name, "_scale_2: missing (the module's global scale)");
-    return p;
-  }
-  if (p.scale_2->dtype != "F32" || NumElements(p.scale_2->shape) != p.slices) {
-    *problem = absl::StrCat(p.scale_2->name, ": ", p.scale_2->dtype, " ",
-                            ShapeString(p.scale_2->shape), ", expected F32 with ", p.slices,
-                            p.slices == 1 ? " element" : " elements (one per slice)");
-    return p;
+    problem(weight.name, "_scale_2: missing (the module's global scale)");
+  } else if (shapes_ok &&
+             (p.scale_2->dtype != "F32" || NumElements(p.scale_2->shape) != p.slices)) {
+    problem(p.scale_2->name, ": ", p.scale_2->dtype, " ", ShapeString(p.scale_2->shape),
+            ", expected F32 with ", p.slices,
+            p.slices == 1 ? " element" : " elements (one per slice)");
+  } else if (shapes_ok) {
+    p.decodable = true;
   }
   if (p.input_scale != nullptr &&
       (p.input_scale->dtype != "F32" ||
-       (NumElements(p.input_scale->shape) != 1 && NumElements(p.input_scale->shape) != p.slices))) {
-    *problem = absl::StrCat(p.input_scale->name, ": ", p.input_scale->dtype, " ",
-                            ShapeString(p.input_scale->shape), ", expected F32 with 1 or ",
-                            p.slices, " elements");
+       (NumElements(p.input_scale->shape) != 1 &&
+        (!shapes_ok || NumElements(p.input_scale->shape) != p.slices)))) {
+    problem(p.input_scale->name, ": ", p.input_scale->dtype, " ", ShapeString(p.input_scale->shape),
+            ", expected F32 with 1",
+            shapes_ok && p.slices != 1 ? absl::StrCat(" or ", p.slices) : std::string(), " element",
+            shapes_ok && p.slices != 1 ? "s" : "");
   }
   return p;
 }
 
-bool IsEmbeddingOrHead(absl::string_view module) {
-  return absl::EndsWith(module, "embed_tokens") || absl::EndsWith(module, "lm_head") ||
-         absl::EndsWith(module, "word_embeddings") || absl::EndsWith(module, "wte") ||
-         absl::EndsWith(module, "embed_in") || absl::EndsWith(module, "embed_out");
+// Embeddings are never quantized layers (an LM head is: vLLM's ModelOpt config quantizes it
+// unless excluded).
+bool IsEmbedding(absl::string_view module) {
+  return absl::EndsWith(module, "embed_tokens") || absl::EndsWith(module, "word_embeddings") ||
+         absl::EndsWith(module, "wte") || absl::EndsWith(module, "embed_in");
 }
 
+// How an entry is read: by every engine (the narrowest reading: exact, dotted ancestor, glob) or
+// by any (also vLLM's substring rule).
+enum Reading { kEveryEngine, kAnyEngine };
+
 const std::string* FirstExcludeMatch(const std::optional<std::vector<std::string>>& exclude,
-                                     absl::string_view module) {
+                                     absl::string_view module, Reading reading) {
   if (!exclude.has_value()) return nullptr;
   for (const std::string& e : *exclude) {
-    if (ExcludeEntryMatches(e, module)) return &e;
+    if (reading == kEveryEngine ? ExcludeEntryMatches(e, module)
+                                : ExcludeEntryMatchesAnyEngine(e, module)) {
+      return &e;
+    }
   }
   return nullptr;
 }
 
 // fn(i) for i in [0, n) on `threads` threads (0: the hardware's) pulling from one counter.
 void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // More threads than the hardware's only add contention (and one per tensor could exhaust
+  // the process's thread limit).
+  threads = threads <= 0 ? hardware : std::min(threads, hardware);
   threads = static_cast<int>(std::min<size_t>(static_cast<size_t>(threads), n));
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -243,7 +272,10 @@ std::vector<uint64_t> Checksums(const std::vector<Tensor>& tensors, int threads)
 uint64_t Digest(const std::vector<TensorRow>& rows) {
   std::string buf;
   for (const TensorRow& r : rows) {
-    absl::StrAppend(&buf, r.name, std::string(1, '\0'), r.dtype, std::string(1, '\0'));
+    const uint64_t name_size = r.name.size(), rank = r.shape.size();
+    buf.append(reinterpret_cast<const char*>(&name_size), sizeof name_size);
+    absl::StrAppend(&buf, r.name, r.dtype, std::string(1, '\0'));
+    buf.append(reinterpret_cast<const char*>(&rank), sizeof rank);
     for (int64_t d : r.shape) buf.append(reinterpret_cast<const char*>(&d), sizeof d);
     buf.append(reinterpret_cast<const char*>(&r.checksum), sizeof r.checksum);
   }
@@ -281,11 +313,12 @@ absl::StatusOr<std::unique_ptr<Snapshot>> Snapshot::Open(const std::string& path
     WPUB_ASSIGN_OR_RETURN(std::optional<nlohmann::json> hf,
                           ReadJsonFile(p / "hf_quant_config.json"));
     WPUB_ASSIGN_OR_RETURN(std::optional<nlohmann::json> config, ReadJsonFile(p / "config.json"));
-    if (hf.has_value() && hf->contains("quantization")) {
+    if (hf.has_value() && hf->contains("quantization") && !(*hf)["quantization"].is_null()) {
       WPUB_RETURN_IF_ERROR(ReadQuantConfig((*hf)["quantization"],
                                            (p / "hf_quant_config.json").string() + ": quantization",
                                            "exclude_modules", &s->quant_algo_, &s->exclude_));
-    } else if (config.has_value() && config->contains("quantization_config")) {
+    } else if (config.has_value() && config->contains("quantization_config") &&
+               !(*config)["quantization_config"].is_null()) {
       WPUB_RETURN_IF_ERROR(ReadQuantConfig((*config)["quantization_config"],
                                            (p / "config.json").string() + ": quantization_config",
                                            "ignore", &s->quant_algo_, &s->exclude_));
@@ -317,6 +350,10 @@ bool ExcludeEntryMatches(absl::string_view entry, absl::string_view module) {
                              module[entry.size()] == '.');
 }
 
+bool ExcludeEntryMatchesAnyEngine(absl::string_view entry, absl::string_view module) {
+  return ExcludeEntryMatches(entry, module) || (!entry.empty() && absl::StrContains(module, entry));
+}
+
 absl::string_view RoleName(Role role) {
   switch (role) {
     case Role::kNvfp4Weight:
@@ -343,30 +380,36 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
   inv.files = snapshot.files();
 
   const std::vector<Tensor>& tensors = snapshot.tensors();
+  // ModelOpt MIXED_PRECISION checkpoints list their quantized layers instead of excluding the
+  // rest: the exclude checks do not apply to them.
+  const bool exclude_checks =
+      inv.exclude_modules.has_value() && inv.quant_algo != "MIXED_PRECISION";
   absl::flat_hash_map<std::string, Role> roles;  // NVFP4 parts
   for (const Tensor& t : tensors) {
-    std::string problem;
-    std::optional<Nvfp4Parts> parts = FindNvfp4(snapshot, t, &problem);
-    if (!problem.empty()) inv.problems.push_back(problem);
+    std::string orphan;
+    std::optional<Nvfp4Parts> parts = FindNvfp4(snapshot, t, &orphan);
+    if (!orphan.empty()) inv.problems.push_back(orphan);
     if (!parts.has_value()) continue;
+    for (std::string& problem : parts->problems) inv.problems.push_back(std::move(problem));
     roles[parts->weight->name] = Role::kNvfp4Weight;
     roles[parts->scale->name] = Role::kNvfp4BlockScale;
     Nvfp4Module m;
     m.name = ModuleOf(t.name);
     m.logical_shape = parts->logical;
-    if (parts->scale_2 != nullptr) {
-      roles[parts->scale_2->name] = Role::kNvfp4GlobalScale;
-      if (problem.empty() && parts->slices > 0) {
-        const uint8_t* d = parts->scale_2->bytes.data();
-        m.min_global_scale = m.max_global_scale = LoadF32(d);
-        for (int64_t i = 0; i < parts->slices; ++i) {
-          const float g = LoadF32(d + 4 * i);
-          m.min_global_scale = std::min(m.min_global_scale, g);
-          m.max_global_scale = std::max(m.max_global_scale, g);
-          if (!std::isfinite(g) || !(g > 0)) {
+    if (parts->scale_2 != nullptr) roles[parts->scale_2->name] = Role::kNvfp4GlobalScale;
+    if (parts->decodable && parts->slices > 0) {
+      const uint8_t* d = parts->scale_2->bytes.data();
+      m.has_global_scale = true;
+      m.min_global_scale = m.max_global_scale = LoadF32(d);
+      int64_t bad = 0;
+      for (int64_t i = 0; i < parts->slices; ++i) {
+        const float g = LoadF32(d + 4 * i);
+        m.min_global_scale = std::min(m.min_global_scale, g);
+        m.max_global_scale = std::max(m.max_global_scale, g);
+        if (!std::isfinite(g) || !(g > 0)) {
+          if (bad++ == 0) {
             inv.problems.push_back(absl::StrCat(parts->scale_2->name, ": global scale ", g,
                                                 " at slice ", i, " (finite and > 0 expected)"));
-            break;
           }
         }
       }
@@ -380,17 +423,38 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
           ".input_scale: missing; quant_algo NVFP4 (W4A4) loaders create the parameter "
           "and read it as the activation scale"));
     }
-    if (const std::string* e = FirstExcludeMatch(inv.exclude_modules, m.name)) {
-      inv.problems.push_back(absl::StrCat(m.name, ": NVFP4 module named by exclude entry \"", *e,
-                                          "\" (engines would load it unquantized)"));
+    if (exclude_checks) {
+      if (const std::string* e = FirstExcludeMatch(inv.exclude_modules, m.name, kAnyEngine)) {
+        inv.problems.push_back(absl::StrCat(m.name, ": NVFP4 module named by exclude entry \"", *e,
+                                            "\" (an engine would load it unquantized)"));
+      }
     }
     inv.modules.push_back(std::move(m));
   }
-  if (!inv.modules.empty() && snapshot.kind() == Snapshot::Kind::kDirectory &&
-      inv.quant_algo.empty()) {
-    inv.problems.push_back(absl::StrCat(
-        inv.modules.size(),
-        " NVFP4 modules but neither hf_quant_config.json nor config.json names a quant_algo"));
+  if (!inv.modules.empty() && snapshot.kind() == Snapshot::Kind::kDirectory) {
+    if (inv.quant_algo.empty()) {
+      inv.problems.push_back(absl::StrCat(
+          inv.modules.size(),
+          " NVFP4 modules but neither hf_quant_config.json nor config.json names a quant_algo"));
+    } else if (!absl::StrContains(inv.quant_algo, "FP4") && inv.quant_algo != "MIXED_PRECISION") {
+      inv.problems.push_back(absl::StrCat(inv.modules.size(), " NVFP4 modules under quant_algo ",
+                                          inv.quant_algo,
+                                          " (engines would not build NVFP4 layers)"));
+    }
+  }
+  // Scales without the NVFP4 weight they belong to: an engine has no parameter for them, or
+  // finds a high-precision weight where it built an NVFP4 layer.
+  const bool nvfp4_config = absl::StrContains(inv.quant_algo, "FP4");
+  for (const Tensor& t : tensors) {
+    if (roles.contains(t.name)) continue;
+    const bool orphan =
+        absl::EndsWith(t.name, ".weight_scale_2") ||
+        (absl::EndsWith(t.name, ".weight_scale") && t.dtype == "F8_E4M3") ||
+        (absl::EndsWith(t.name, ".input_scale") && (nvfp4_config || !inv.modules.empty()));
+    if (orphan) {
+      inv.problems.push_back(absl::StrCat(t.name, ": an NVFP4 scale without the U8 ",
+                                          ModuleOf(t.name), ".weight it belongs to"));
+    }
   }
 
   const std::vector<uint64_t> checksums = Checksums(tensors, threads);
@@ -419,7 +483,8 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
           row.reason = "not_quantizable";  // e.g. an expert weight with K % 16 != 0
         } else if (!d->quantize) {
           row.reason = std::string(policy::ReasonName(d->reason));
-        } else if (const std::string* e = FirstExcludeMatch(inv.exclude_modules, row.module)) {
+        } else if (const std::string* e =
+                       FirstExcludeMatch(inv.exclude_modules, row.module, kEveryEngine)) {
           row.reason = absl::StrCat("excluded:", *e);
         } else {
           row.reason = "not_excluded";
@@ -427,12 +492,12 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
       }
       // A high-precision linear weight the exclude list does not name: engines build an NVFP4
       // layer there and find no scales.
-      if (inv.exclude_modules.has_value() && !inv.modules.empty() &&
-          absl::EndsWith(t.name, ".weight") && t.shape.size() >= 2 && dtype.ok() &&
-          IsQuantizableFloat(*dtype) && !IsEmbeddingOrHead(row.module) &&
-          FirstExcludeMatch(inv.exclude_modules, row.module) == nullptr) {
+      if (exclude_checks && !inv.modules.empty() && absl::EndsWith(t.name, ".weight") &&
+          t.shape.size() >= 2 && dtype.ok() && IsQuantizableFloat(*dtype) &&
+          !IsEmbedding(row.module) &&
+          FirstExcludeMatch(inv.exclude_modules, row.module, kEveryEngine) == nullptr) {
         inv.problems.push_back(absl::StrCat(t.name, ": high precision, but no exclude entry names ",
-                                            row.module, " (engines would expect NVFP4 there)"));
+                                            row.module, " (an engine would expect NVFP4 there)"));
       }
       Tally& r = inv.by_reason[row.reason];
       ++r.tensors;
@@ -467,17 +532,18 @@ std::string FormatInventory(const Inventory& inv, bool list_tensors) {
   absl::StrAppendFormat(&out, "%-12s %d (%s, %d bytes)\n", "tensors", inv.tensors.size(),
                         Bytes(inv.total_bytes), inv.total_bytes);
   absl::StrAppendFormat(&out, "%-12s %s\n", "digest", Hex(inv.digest));
-  int64_t with_input = 0;
+  int64_t with_input = 0, with_global = 0;
   float lo = 0, hi = 0;
-  for (size_t i = 0; i < inv.modules.size(); ++i) {
-    const Nvfp4Module& m = inv.modules[i];
+  for (const Nvfp4Module& m : inv.modules) {
     with_input += m.has_input_scale;
-    lo = i == 0 ? m.min_global_scale : std::min(lo, m.min_global_scale);
-    hi = i == 0 ? m.max_global_scale : std::max(hi, m.max_global_scale);
+    if (!m.has_global_scale) continue;
+    lo = with_global == 0 ? m.min_global_scale : std::min(lo, m.min_global_scale);
+    hi = with_global == 0 ? m.max_global_scale : std::max(hi, m.max_global_scale);
+    ++with_global;
   }
   absl::StrAppendFormat(&out, "%-12s %d NVFP4 (%d with input_scale)", "modules", inv.modules.size(),
                         with_input);
-  if (!inv.modules.empty()) absl::StrAppendFormat(&out, ", global scales [%g, %g]", lo, hi);
+  if (with_global > 0) absl::StrAppendFormat(&out, ", global scales [%g, %g]", lo, hi);
   out += "\n";
   auto table = [&](const char* title, const std::map<std::string, Tally>& t) {
     absl::StrAppendFormat(&out, "\n%-40s %9s %16s\n", title, "tensors", "bytes");
@@ -558,6 +624,8 @@ absl::string_view ChangeName(Change change) {
       return "identical";
     case Change::kChangedBytes:
       return "changed_bytes";
+    case Change::kChangedScales:
+      return "changed_scales";
     case Change::kChangedDesc:
       return "changed_desc";
     case Change::kOnlyInA:
@@ -621,10 +689,9 @@ void CompareNvfp4(const Nvfp4Parts& pa, const Nvfp4Parts& pb, TensorDiff* d) {
 
 void CompareBytes(const Snapshot& sa, const Snapshot& sb, const Tensor& a, const Tensor& b,
                   TensorDiff* d) {
-  std::string pa, pb;
-  std::optional<Nvfp4Parts> na = FindNvfp4(sa, a, &pa);
-  std::optional<Nvfp4Parts> nb = FindNvfp4(sb, b, &pb);
-  if (na && nb && pa.empty() && pb.empty() && na->logical == nb->logical) {
+  std::optional<Nvfp4Parts> na = FindNvfp4(sa, a);
+  std::optional<Nvfp4Parts> nb = FindNvfp4(sb, b);
+  if (na && nb && na->decodable && nb->decodable && na->logical == nb->logical) {
     CompareNvfp4(*na, *nb, d);
     return;
   }
@@ -704,6 +771,19 @@ DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads) {
     if (x.bytes.size() == y.bytes.size() &&
         std::memcmp(x.bytes.data(), y.bytes.data(), x.bytes.size()) == 0) {
       d.change = Change::kIdentical;
+      // An NVFP4 weight is its codes and its scales: equal codes under other scales are other
+      // values.
+      std::optional<Nvfp4Parts> na = FindNvfp4(a, x);
+      std::optional<Nvfp4Parts> nb = FindNvfp4(b, y);
+      auto same = [](const Tensor* p, const Tensor* q) {
+        return p->bytes.size() == q->bytes.size() &&
+               std::memcmp(p->bytes.data(), q->bytes.data(), p->bytes.size()) == 0;
+      };
+      if (na && nb && na->decodable && nb->decodable && na->logical == nb->logical &&
+          (!same(na->scale, nb->scale) || !same(na->scale_2, nb->scale_2))) {
+        d.change = Change::kChangedScales;
+        CompareNvfp4(*na, *nb, &d);
+      }
     } else {
       d.change = Change::kChangedBytes;
       CompareBytes(a, b, x, y, &d);
@@ -738,6 +818,15 @@ DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads) {
     return s.quant_algo().empty() ? std::nullopt : std::optional<std::string>(s.quant_algo());
   };
   ConfigChange(&r, "quant_algo", algo(a), algo(b));
+  if (a.exclude_modules().has_value() != b.exclude_modules().has_value()) {
+    // One side has no quantization config (a receiver's file): the list as a whole.
+    auto entries = [](const Snapshot& s) -> std::optional<std::string> {
+      if (!s.exclude_modules()) return std::nullopt;
+      return absl::StrCat(s.exclude_modules()->size(), " entries");
+    };
+    ConfigChange(&r, "exclude_modules", entries(a), entries(b));
+    return r;
+  }
   std::set<std::string> ea, eb;
   if (a.exclude_modules()) ea.insert(a.exclude_modules()->begin(), a.exclude_modules()->end());
   if (b.exclude_modules()) eb.insert(b.exclude_modules()->begin(), b.exclude_modules()->end());
@@ -754,8 +843,8 @@ std::string FormatDiff(const DiffReport& r, int64_t max_rows) {
   std::string out;
   absl::StrAppendFormat(&out, "a: %s (digest %s)\nb: %s (digest %s)\n", r.path_a, Hex(r.digest_a),
                         r.path_b, Hex(r.digest_b));
-  for (Change c : {Change::kIdentical, Change::kChangedBytes, Change::kChangedDesc,
-                   Change::kOnlyInA, Change::kOnlyInB}) {
+  for (Change c : {Change::kIdentical, Change::kChangedBytes, Change::kChangedScales,
+                   Change::kChangedDesc, Change::kOnlyInA, Change::kOnlyInB}) {
     auto it = r.counts.find(std::string(ChangeName(c)));
     absl::StrAppendFormat(&out, "  %-14s %d\n", ChangeName(c),
                           it == r.counts.end() ? 0 : it->second);
@@ -774,6 +863,7 @@ std::string FormatDiff(const DiffReport& r, int64_t max_rows) {
     if (shown++ == 0) out += "\ntensors:\n";
     switch (d.change) {
       case Change::kChangedBytes:
+      case Change::kChangedScales:
         absl::StrAppendFormat(&out, "  %-14s %s: %d of %d elements differ", ChangeName(d.change),
                               d.name, d.differing_elements, d.elements);
         if (d.max_abs_diff) absl::StrAppendFormat(&out, ", max |a-b| %g", *d.max_abs_diff);
@@ -820,7 +910,7 @@ std::string DiffJson(const DiffReport& r) {
     nlohmann::ordered_json row = {{"name", d.name}, {"change", ChangeName(d.change)}};
     if (!d.dtype_a.empty()) row["a"] = {{"dtype", d.dtype_a}, {"shape", d.shape_a}};
     if (!d.dtype_b.empty()) row["b"] = {{"dtype", d.dtype_b}, {"shape", d.shape_b}};
-    if (d.change == Change::kChangedBytes) {
+    if (d.change == Change::kChangedBytes || d.change == Change::kChangedScales) {
       row["elements"] = d.elements;
       row["differing_elements"] = d.differing_elements;
       row["max_abs_diff"] =

@@ -12,18 +12,22 @@
 // precision and gets the offline policy's reason for not being quantized (specs/policy.md), or,
 // where that reason would have been "quantized", the exclude_modules entry that kept it (a BF16
 // layer's glob, an excluded module) when the checkpoint has one. Checks report what an engine's
-// NVFP4 loader would reject: incomplete or misshapen NVFP4 modules, a non-finite or non-positive
-// global scale, a quantized module the exclude list names, a high-precision linear weight the
-// exclude list does not name (engines would expect NVFP4 there).
+// NVFP4 loader would reject: incomplete or misshapen NVFP4 modules, scales without their NVFP4
+// weight, a non-finite or non-positive global scale, a quantized module some engine's reading
+// of the exclude list names, a high-precision linear weight (not an embedding) that no
+// reading names (engines would expect NVFP4 there), NVFP4 modules under a quant_algo that is
+// not an FP4 one; the exclude checks are skipped for MIXED_PRECISION configs.
 //
 // Checksums are the project's 64-bit bucket checksum (core/engine/checksum.h) over each tensor's
-// bytes; a snapshot's digest is that checksum over the (name, dtype, shape, checksum) of every
-// tensor in name order, so two snapshots with one digest hold the same bytes under the same
-// names, whatever their sharding.
+// bytes; a snapshot's digest is that checksum over the (name length, name, dtype, rank, shape,
+// checksum) of every tensor in name order, so two snapshots with one digest hold the same bytes
+// under the same names, whatever their sharding -- against accidents, not tampering (the
+// checksum is not cryptographic), and configs are not part of it.
 //
 // Diff matches tensors by name: identical bytes, changed bytes (with the count of differing
 // elements and the largest absolute difference: of the values for float tensors, of the
-// dequantized values for NVFP4 weights), a changed dtype or shape, or present on one side only.
+// dequantized values for NVFP4 weights), an NVFP4 weight whose codes are equal but whose scales
+// changed (its dequantized values differ), a changed dtype or shape, or present on one side only.
 //
 // Thread-safety: a Snapshot is immutable after Open and its mapped bytes may be read from any
 // thread while it lives. Inspect and Diff block the caller; they checksum and compare tensors
@@ -99,11 +103,14 @@ class Snapshot {
   std::vector<std::string> files_;
 };
 
-// True iff exclude_modules entry `entry` names module `module` as the engines read the list: an
-// entry with '*' is a glob ('*' any run of characters, '?' one) over the whole module name;
-// otherwise the module itself or a dotted ancestor ("model.layers.3" names
-// "model.layers.3.mlp.gate").
+// True iff exclude_modules entry `entry` names module `module` as every engine reads the list
+// (the narrowest reading): an entry with '*' is a glob ('*' any run of characters, '?' one) over
+// the whole module name; otherwise the module itself or a dotted ancestor ("model.layers.3"
+// names "model.layers.3.mlp.gate", the way a fused-MoE layer's prefix names its experts).
 bool ExcludeEntryMatches(absl::string_view entry, absl::string_view module);
+// True iff some engine reads `entry` as naming `module`: ExcludeEntryMatches, or vLLM's
+// substring rule ("model.layers.1" also names "model.layers.10.mlp.gate" there).
+bool ExcludeEntryMatchesAnyEngine(absl::string_view entry, absl::string_view module);
 
 // What one tensor is.
 enum class Role : uint8_t {
@@ -137,7 +144,8 @@ struct Nvfp4Module {
   std::string name;
   Shape logical_shape;  // the unquantized weight's shape ([slices,] rows, cols)
   bool has_input_scale = false;
-  float min_global_scale = 0;  // over the slices of weight_scale_2
+  bool has_global_scale = false;  // weight_scale_2 was consistent and read (min/max below)
+  float min_global_scale = 0;     // over the slices of weight_scale_2
   float max_global_scale = 0;
 };
 
@@ -176,12 +184,13 @@ std::string InventoryJson(const Inventory& inventory);
 
 enum class Change : uint8_t {
   kIdentical,
-  kChangedBytes,  // same dtype and shape, other bytes
-  kChangedDesc,   // other dtype or shape
+  kChangedBytes,   // same dtype and shape, other bytes
+  kChangedScales,  // an NVFP4 weight with the same codes whose block or global scales changed
+  kChangedDesc,    // other dtype or shape
   kOnlyInA,
   kOnlyInB,
 };
-// "identical", "changed_bytes", "changed_desc", "only_in_a", "only_in_b".
+// "identical", "changed_bytes", "changed_scales", "changed_desc", "only_in_a", "only_in_b".
 absl::string_view ChangeName(Change change);
 
 struct TensorDiff {
@@ -189,8 +198,8 @@ struct TensorDiff {
   Change change = Change::kIdentical;
   std::string dtype_a, dtype_b;
   Shape shape_a, shape_b;
-  int64_t elements = 0;            // kChangedBytes: elements compared
-  int64_t differing_elements = 0;  // kChangedBytes: elements whose bytes differ
+  int64_t elements = 0;            // kChangedBytes/kChangedScales: elements compared
+  int64_t differing_elements = 0;  // elements whose bytes (NVFP4: codes) differ
   // kChangedBytes, float tensors and NVFP4 weights (dequantized with each side's own scales):
   // the largest |a - b| over elements where both are finite; nullopt for other dtypes.
   std::optional<double> max_abs_diff;

@@ -9,9 +9,8 @@
 //   --                       the rest is positional
 // A flag this command does not take -- one of another subcommand, or none at all -- is an error
 // naming it; so are more (or fewer) positional arguments than the command takes, a missing value,
-// and a
-// value its flag cannot parse (with a hint for durations: they need a unit). Errors go to `err`
-// and give exit code 2. Thread-compatible: call from main before other threads start.
+// and a value its flag cannot parse (with a hint for durations: they need a unit). Errors go to
+// `err` and give exit code 2. Thread-compatible: call from main before other threads start.
 #pragma once
 
 #include <cstdio>

@@ -40,18 +40,19 @@ std::string Slurp(std::FILE* f) {
   return s;
 }
 
-Command Cmd(int max_positional = 0) {
+Command Cmd(int max_positional = 0, int min_positional = 0) {
   Command c;
   c.program = "tool";
   c.name = "tool sub";
   c.summary = "Does a thing.";
   c.flags = {"cli_test_name", "cli_test_count", "cli_test_fast", "cli_test_wait"};
   c.max_positional = max_positional;
+  c.min_positional = min_positional;
   c.positional = "FILE";
   return c;
 }
 
-Outcome Do(const std::vector<std::string>& args, int max_positional = 0) {
+Outcome Do(const std::vector<std::string>& args, int max_positional = 0, int min_positional = 0) {
   absl::SetFlag(&FLAGS_cli_test_name, "n0");
   absl::SetFlag(&FLAGS_cli_test_count, 3);
   absl::SetFlag(&FLAGS_cli_test_fast, false);
@@ -59,7 +60,7 @@ Outcome Do(const std::vector<std::string>& args, int max_positional = 0) {
   std::FILE* out = std::tmpfile();
   std::FILE* err = std::tmpfile();
   Outcome r;
-  r.parsed = Parse(Cmd(max_positional), args, out, err);
+  r.parsed = Parse(Cmd(max_positional, min_positional), args, out, err);
   r.out = Slurp(out);
   r.err = Slurp(err);
   return r;
@@ -125,6 +126,13 @@ TEST(CommandLine, RefusesWhatTheCommandDoesNotTakeNamingIt) {
   Outcome two = Do({"a", "b"}, /*max_positional=*/1);
   EXPECT_EQ(two.parsed.exit_code, 2);
   EXPECT_NE(two.err.find("unexpected argument 'b'"), std::string::npos) << two.err;
+  Outcome none = Do({"--cli_test_fast"}, /*max_positional=*/1, /*min_positional=*/1);
+  EXPECT_EQ(none.parsed.exit_code, 2);
+  EXPECT_NE(none.err.find("expects FILE (Usage: tool sub [flags] FILE)"), std::string::npos)
+      << none.err;
+  Outcome one = Do({"a"}, /*max_positional=*/1, /*min_positional=*/1);
+  EXPECT_EQ(one.parsed.exit_code, -1) << one.err;
+  EXPECT_EQ(one.parsed.positional, std::vector<std::string>{"a"});
 }
 
 TEST(CommandLine, AFlagFileIsReadAsArguments) {

@@ -136,9 +136,6 @@ class JsonLogs(unittest.TestCase):
         self.assertTrue(any("stopped" in json.loads(x)["msg"] for x in lines), out)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 def write_safetensors(path, tensors, metadata=None):
     """A safetensors file written from the format's definition: {name: (dtype, shape, bytes)}."""
@@ -224,3 +221,7 @@ class InspectAndDiff(unittest.TestCase):
         self.assertFalse(j["identical"])
         self.assertEqual(j["counts"], {"identical": 3, "changed_bytes": 1})
         self.assertEqual(j["tensors"][0]["differing_elements"], 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

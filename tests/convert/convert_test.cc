@@ -196,13 +196,15 @@ TEST_F(ConvertTest, StackedExpertTensorsSplitIntoSliceUnits) {
   CheckpointSpec spec;
   spec.num_hidden_layers = 1;
   spec.num_shards = 2;
-  spec.tensors = {{"model.layers.0.mlp.experts.gate_proj.weight", DType::kBFloat16, {5, 32, 64}},
-                  {"model.layers.0.mlp.experts.up_proj.weight", DType::kBFloat16, {5, 32, 64}},
-                  {"model.layers.0.mlp.experts.down_proj.weight", DType::kFloat32, {5, 64, 32}},
-                  {"model.norm.weight", DType::kBFloat16, {64}}};
+  // Slices of 2 MiB, above the 1 MiB floor of the unit size.
+  spec.tensors = {
+      {"model.layers.0.mlp.experts.gate_proj.weight", DType::kBFloat16, {3, 1024, 1024}},
+      {"model.layers.0.mlp.experts.up_proj.weight", DType::kBFloat16, {3, 1024, 1024}},
+      {"model.layers.0.mlp.experts.down_proj.weight", DType::kFloat32, {3, 1024, 512}},
+      {"model.norm.weight", DType::kBFloat16, {64}}};
   ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
   ConvertOptions o = Options();
-  o.staging_bytes = 1;  // one slice per unit
+  o.staging_bytes = 1;  // one slice per unit (units are at least 1 MiB of input)
   auto summary = ConvertCheckpoint(o);
   ASSERT_TRUE(summary.ok()) << summary.status();
   CheckResult r = CheckConvertedCheckpoint(
@@ -215,12 +217,14 @@ TEST_F(ConvertTest, StackedExpertTensorsSplitIntoSliceUnits) {
 
 TEST_F(ConvertTest, WeightOnlyOutputSaysW4A16AndHasNoInputScale) {
   CheckpointSpec spec = SpecFor(synthetic::NamingStyle::kQwen3Moe, 2);
+  // Slices of 2 MiB: one unit each (units are at least 1 MiB of input), so input_scale's
+  // first-slice write is skipped by more than one unit of the tensor.
   spec.tensors.push_back(
-      {"model.layers.1.mlp.experts.gate_up_proj.weight", DType::kBFloat16, {3, 64, 64}});
+      {"model.layers.1.mlp.experts.gate_up_proj.weight", DType::kBFloat16, {3, 1024, 1024}});
   ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
   ConvertOptions o = Options();
   o.weight_only = true;
-  o.staging_bytes = 1;  // the stacked tensor in one-slice units: input_scale must not appear
+  o.staging_bytes = 1;
   auto summary = ConvertCheckpoint(o);
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->quant_algo, "W4A16_NVFP4");
@@ -316,6 +320,24 @@ TEST_F(ConvertTest, RefusesBadInputsWritingNothing) {
     c.damage();
     absl::Status s = ExpectRefused(Options());
     for (const std::string& e : c.expect) EXPECT_THAT(s.message(), HasSubstr(e)) << s;
+    EXPECT_FALSE(fs::exists(Out()));
+  }
+}
+
+TEST_F(ConvertTest, RefusesAStackWithoutExperts) {
+  CheckpointSpec spec;
+  spec.num_hidden_layers = 1;
+  spec.num_shards = 1;
+  spec.tensors = {{"model.layers.0.mlp.experts.down_proj.weight", DType::kBFloat16, {0, 32, 64}},
+                  {"model.norm.weight", DType::kBFloat16, {64}}};
+  ASSERT_TRUE(testing::WriteSyntheticCheckpoint(In(), spec).ok());
+  for (bool weight_only : {false, true}) {
+    ConvertOptions o = Options();
+    o.weight_only = weight_only;
+    absl::Status s = ExpectRefused(o);
+    EXPECT_THAT(s.message(),
+                ::testing::AllOf(HasSubstr("model.layers.0.mlp.experts.down_proj.weight"),
+                                 HasSubstr("[0, 32, 64] holds no expert")));
     EXPECT_FALSE(fs::exists(Out()));
   }
 }

@@ -197,6 +197,9 @@ def safetensors_seeds():
         safetensors_file([("b.weight", "U8", [2, 8], bytes(16)),
                           ("b.weight_scale", "F8_E4M3", [1, 2], b"\x40\x40"),
                           ("b.weight_scale_2", "F32", [1], b"\x00\x00\xc0\x7f")]),
+        # A packed K beyond int64 / 2 behind a zero dim (the header is valid).
+        safetensors_file([("g.weight", "U8", [0, 4611686018427387904], b""),
+                          ("g.weight_scale", "F8_E4M3", [0, 1], b"")]),
     ]
 
 

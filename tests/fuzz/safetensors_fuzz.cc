@@ -5,11 +5,14 @@
 // writing the same tensors and metadata with safetensors::Writer and reading that back gives
 // the same names, dtypes, shapes, bytes and metadata. And `wpubctl inspect` / `diff` of it
 // (core/inspect): the snapshot opens, its report and JSON are produced (NVFP4-looking modules of
-// any shape, empty stacks, scales of the wrong size), the digest is deterministic, and the file
-// diffs identical against itself.
+// any shape, empty stacks, scales of the wrong size), the digest is deterministic, the file
+// diffs identical against itself, and against a copy with the first and last byte of every
+// tensor flipped every non-empty tensor differs (dequantized where it is an NVFP4 weight) with
+// a count of differing elements within the tensor's and no NaN difference.
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -97,20 +100,51 @@ void CheckRoundTrip(const Reader& r) {
   }
 }
 
-void CheckInspect(const std::string& path, size_t tensors) {
-  absl::StatusOr<std::unique_ptr<wpub::inspect::Snapshot>> s = wpub::inspect::Snapshot::Open(path);
+void CheckInspect(const Reader& r, const std::string& path) {
+  using namespace wpub::inspect;  // NOLINT: a test's local scope
+  absl::StatusOr<std::unique_ptr<Snapshot>> s = Snapshot::Open(path);
   FUZZ_CHECK(s.ok(), s.status().ToString());
-  const wpub::inspect::Inventory a = wpub::inspect::Inspect(**s);
-  const wpub::inspect::Inventory b = wpub::inspect::Inspect(**s);
-  FUZZ_CHECK(a.tensors.size() == tensors, "inspect lost tensors");
+  const Inventory a = Inspect(**s, 1);
+  const Inventory b = Inspect(**s, 1);
+  FUZZ_CHECK(a.tensors.size() == r.tensors().size(), "inspect lost tensors");
   FUZZ_CHECK(a.digest == b.digest, "digest not deterministic");
-  FUZZ_CHECK(!wpub::inspect::FormatInventory(a, true).empty(), "empty report");
-  FUZZ_CHECK(!wpub::inspect::InventoryJson(a).empty(), "empty JSON");
-  const wpub::inspect::DiffReport d = wpub::inspect::Diff(**s, **s);
-  FUZZ_CHECK(d.identical(), "a file differs from itself");
-  FUZZ_CHECK(d.digest_a == a.digest, "diff digest differs from inspect's");
-  FUZZ_CHECK(!wpub::inspect::FormatDiff(d, -1).empty() && !wpub::inspect::DiffJson(d).empty(),
-             "empty diff report");
+  FUZZ_CHECK(!FormatInventory(a, true).empty(), "empty report");
+  FUZZ_CHECK(!InventoryJson(a).empty(), "empty JSON");
+  const DiffReport self = Diff(**s, **s, 1);
+  FUZZ_CHECK(self.identical(), "a file differs from itself");
+  FUZZ_CHECK(self.digest_a == a.digest, "diff digest differs from inspect's");
+
+  // The flipped copy.
+  std::vector<wpub::safetensors::OutputTensor> out;
+  for (const TensorInfo& t : r.tensors()) out.push_back({t.name, t.dtype, t.shape});
+  MemFile copy("wpub-fuzz-safetensors-flipped");
+  auto w = wpub::safetensors::Writer::Create(copy.path(), out, r.metadata());
+  if (!w.ok()) return;  // names the writer refuses (CheckRoundTrip says which)
+  for (size_t i = 0; i < r.tensors().size(); ++i) {
+    const absl::Span<const uint8_t> data = r.Data(r.tensors()[i]);
+    std::vector<uint8_t> flipped(data.begin(), data.end());
+    if (!flipped.empty()) flipped.front() ^= 0xFF;
+    if (flipped.size() > 1) flipped.back() ^= 0xFF;
+    FUZZ_CHECK((*w)->Write(i, 0, flipped).ok(), "write");
+  }
+  FUZZ_CHECK((*w)->Finish().ok(), "finish");
+  absl::StatusOr<std::unique_ptr<Snapshot>> f = Snapshot::Open(copy.path());
+  FUZZ_CHECK(f.ok(), f.status().ToString());
+  const DiffReport d = Diff(**s, **f, 1);
+  FUZZ_CHECK(d.tensors.size() == r.tensors().size(), "diff lost tensors");
+  FUZZ_CHECK(d.config_changes.empty(), "same metadata reported as changed");
+  for (const TensorDiff& t : d.tensors) {
+    const TensorInfo* info = r.Find(t.name);
+    FUZZ_CHECK(info != nullptr, t.name);
+    if (info->nbytes() == 0) {
+      FUZZ_CHECK(t.change == Change::kIdentical || t.change == Change::kChangedScales, t.name);
+      continue;
+    }
+    FUZZ_CHECK(t.change == Change::kChangedBytes, absl::StrCat(t.name, ": ", ChangeName(t.change)));
+    FUZZ_CHECK(t.differing_elements >= 1 && t.differing_elements <= t.elements, t.name);
+    FUZZ_CHECK(!t.max_abs_diff.has_value() || !std::isnan(*t.max_abs_diff), t.name);
+  }
+  FUZZ_CHECK(!FormatDiff(d, -1).empty() && !DiffJson(d).empty(), "empty diff report");
 }
 
 }  // namespace
@@ -125,6 +159,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   CheckConsistent(**r);
   CheckRoundTrip(**r);
-  CheckInspect(file.path(), (*r)->tensors().size());
+  CheckInspect(**r, file.path());
   return 0;
 }

@@ -441,6 +441,149 @@ TEST_F(InspectTest, ExcludeEntriesMatchAsEnginesReadThem) {
   EXPECT_TRUE(ExcludeEntryMatches("*.mlp.gate", "model.layers.7.mlp.gate"));
   EXPECT_TRUE(ExcludeEntryMatches("model.layers.?.mlp.gate", "model.layers.7.mlp.gate"));
   EXPECT_FALSE(ExcludeEntryMatches("model.layers.?.mlp.gate", "model.layers.17.mlp.gate"));
+  // vLLM also reads an entry as a substring of the module name.
+  EXPECT_TRUE(ExcludeEntryMatchesAnyEngine("model.layers.3", "model.layers.30.mlp.gate"));
+  EXPECT_TRUE(ExcludeEntryMatchesAnyEngine("mlp.gate", "model.layers.7.mlp.gate_proj"));
+  EXPECT_TRUE(ExcludeEntryMatchesAnyEngine("model.layers.0.*", "model.layers.0.self_attn"));
+  EXPECT_FALSE(ExcludeEntryMatchesAnyEngine("model.layers.4", "model.layers.3.mlp.gate"));
+  EXPECT_FALSE(ExcludeEntryMatchesAnyEngine("", "model.layers.3.mlp.gate"));
+}
+
+TEST_F(InspectTest, EveryModuleProblemIsReportedAndNoneHidesAnother) {
+  std::vector<Raw> t;
+  // A stack of two slices with a NaN global scale in slice 1 and a BF16 input_scale: both
+  // reported, and the module still decodes for diff.
+  const uint8_t two = kernels::FloatToE4M3(2.0f);
+  t.push_back({"model.layers.1.mlp.experts.down_proj.weight",
+               "U8",
+               {2, 1, 8},
+               std::vector<uint8_t>(16, 0x22)});
+  t.push_back(
+      {"model.layers.1.mlp.experts.down_proj.weight_scale", "F8_E4M3", {2, 1, 1}, {two, two}});
+  t.push_back(
+      {"model.layers.1.mlp.experts.down_proj.weight_scale_2", "F32", {2}, F32Bytes({1.0f, NAN})});
+  t.push_back({"model.layers.1.mlp.experts.down_proj.input_scale", "BF16", {}, Bf16Bytes({1})});
+  // Packed K = 4 (logical 8): named as such, not as a scale shape.
+  t.push_back(
+      {"model.layers.2.mlp.experts.0.up_proj.weight", "U8", {2, 4}, std::vector<uint8_t>(8)});
+  t.push_back({"model.layers.2.mlp.experts.0.up_proj.weight_scale", "F8_E4M3", {2, 1}, {two, two}});
+  t.push_back({"model.layers.2.mlp.experts.0.up_proj.weight_scale_2", "F32", {}, F32Bytes({1})});
+  // A header-valid giant packed K behind a zero dim: no overflow, a problem.
+  t.push_back({"model.layers.2.mlp.experts.1.up_proj.weight", "U8", {0, int64_t{1} << 62}, {}});
+  t.push_back({"model.layers.2.mlp.experts.1.up_proj.weight_scale", "F8_E4M3", {0, 1}, {}});
+  // Scales beside a BF16 weight: orphans.
+  t.push_back({"model.layers.3.mlp.experts.0.up_proj.weight",
+               "BF16",
+               {2, 16},
+               Bf16Bytes(std::vector<float>(32, 1.0f))});
+  t.push_back({"model.layers.3.mlp.experts.0.up_proj.weight_scale", "F8_E4M3", {2, 1}, {two, two}});
+  t.push_back({"model.layers.3.mlp.experts.0.up_proj.weight_scale_2", "F32", {}, F32Bytes({1})});
+  WriteFile(Path("a.safetensors"), t);
+  auto s = Open(Path("a.safetensors"));
+  ASSERT_NE(s, nullptr);
+  const Inventory inv = Inspect(*s);
+  const std::string m = "model.layers.1.mlp.experts.down_proj";
+  EXPECT_THAT(inv.problems,
+              Contains(HasSubstr(m + ".weight_scale_2: global scale nan at slice 1")));
+  EXPECT_THAT(inv.problems, Contains(HasSubstr(m + ".input_scale: BF16 [], expected F32 with 1 "
+                                                   "or 2 elements")));
+  EXPECT_THAT(inv.problems, Contains(HasSubstr("experts.0.up_proj.weight: packed K = 4")));
+  EXPECT_THAT(inv.problems, Contains(HasSubstr("experts.1.up_proj.weight: packed K = "
+                                               "4611686018427387904 is too large")));
+  EXPECT_THAT(inv.problems, Contains(HasSubstr("experts.1.up_proj.weight_scale_2: missing")));
+  EXPECT_THAT(inv.problems,
+              Contains(HasSubstr("layers.3.mlp.experts.0.up_proj.weight_scale: an NVFP4 scale "
+                                 "without the U8 model.layers.3.mlp.experts.0.up_proj.weight")));
+  EXPECT_THAT(inv.problems, Contains(HasSubstr("layers.3.mlp.experts.0.up_proj.weight_scale_2: an "
+                                               "NVFP4 scale without")));
+  EXPECT_EQ(inv.problems.size(), 7u) << ::testing::PrintToString(inv.problems);
+  // The decodable stack is compared dequantized even with its bad input_scale: slice 0's global
+  // scale 1.0 x block 2.0, one code 1.0 -> 1.5.
+  std::vector<Raw> b = t;
+  b[0].bytes[0] = kernels::PackE2M1(0x3, 0x2);
+  WriteFile(Path("b.safetensors"), b);
+  auto sb = Open(Path("b.safetensors"));
+  ASSERT_NE(sb, nullptr);
+  const DiffReport d = Diff(*s, *sb, 1);
+  ASSERT_EQ(d.counts.at("changed_bytes"), 1);
+  for (const TensorDiff& x : d.tensors) {
+    if (x.change != Change::kChangedBytes) continue;
+    EXPECT_EQ(x.elements, 32);
+    EXPECT_EQ(x.differing_elements, 1);
+    ASSERT_TRUE(x.max_abs_diff.has_value());
+    EXPECT_DOUBLE_EQ(*x.max_abs_diff, 1.0);
+  }
+}
+
+TEST_F(InspectTest, EngineReadingsOfTheExcludeList) {
+  std::vector<Raw> t;
+  AddNvfp4(&t, "model.layers.10.mlp.experts.0.down_proj", 2, 32, 0x2, 0.5f);
+  t.push_back({"model.layers.10.self_attn.q_proj.weight", "BF16", {2, 2}, Bf16Bytes({1, 2, 3, 4})});
+  t.push_back({"lm_head.weight", "BF16", {2, 2}, Bf16Bytes({1, 2, 3, 4})});
+  t.push_back({"model.embed_tokens.weight", "BF16", {2, 2}, Bf16Bytes({1, 2, 3, 4})});
+  fs::create_directories(Path("ckpt"));
+  WriteFile(Path("ckpt/model.safetensors"), t);
+  // "model.layers.1" is a substring of layer 10's names: vLLM would leave its experts
+  // unquantized; the exact readers do not exclude q_proj; lm_head is a quantized layer to vLLM.
+  WriteText(Path("ckpt/hf_quant_config.json"),
+            R"({"quantization": {"quant_algo": "NVFP4", "group_size": 16,
+               "kv_cache_quant_algo": null, "exclude_modules": ["model.layers.1"]}})");
+  auto s = Open(Path("ckpt"));
+  ASSERT_NE(s, nullptr);
+  Inventory inv = Inspect(*s);
+  EXPECT_THAT(inv.problems, Contains(AllOf(HasSubstr("model.layers.10.mlp.experts.0.down_proj: "
+                                                     "NVFP4 module named by exclude entry"),
+                                           HasSubstr("\"model.layers.1\""))));
+  EXPECT_THAT(inv.problems, Contains(HasSubstr("model.layers.10.self_attn.q_proj.weight: high "
+                                               "precision")));
+  EXPECT_THAT(inv.problems, Contains(HasSubstr("lm_head.weight: high precision")));
+  EXPECT_EQ(inv.problems.size(), 3u) << ::testing::PrintToString(inv.problems);
+  // MIXED_PRECISION lists what is quantized: no exclude checks. FP8: NVFP4 modules are wrong.
+  WriteText(Path("ckpt/hf_quant_config.json"),
+            R"({"quantization": {"quant_algo": "MIXED_PRECISION", "exclude_modules": []}})");
+  s = Open(Path("ckpt"));
+  ASSERT_NE(s, nullptr);
+  EXPECT_THAT(Inspect(*s).problems, ::testing::IsEmpty());
+  WriteText(Path("ckpt/hf_quant_config.json"),
+            R"({"quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head",
+               "model.layers.10.self_attn"]}})");
+  s = Open(Path("ckpt"));
+  ASSERT_NE(s, nullptr);
+  inv = Inspect(*s);
+  EXPECT_THAT(inv.problems,
+              ::testing::ElementsAre(HasSubstr("1 NVFP4 modules under quant_algo FP8")));
+  // A null quantization block is no quantization config.
+  fs::remove(Path("ckpt/hf_quant_config.json"));
+  WriteText(Path("ckpt/config.json"), R"({"quantization_config": null})");
+  s = Open(Path("ckpt"));
+  ASSERT_NE(s, nullptr);
+  EXPECT_FALSE(s->exclude_modules().has_value());
+}
+
+TEST_F(InspectTest, EqualCodesUnderOtherScalesAreChangedScales) {
+  std::vector<Raw> a;
+  AddNvfp4(&a, "layers.1.mlp.experts.0.down_proj", 2, 32, 0x2, 0.25f);
+  std::vector<Raw> b = a;
+  b[2].bytes = F32Bytes({0.5f});  // weight_scale_2 doubled: every value doubles
+  WriteFile(Path("a.safetensors"), a);
+  WriteFile(Path("b.safetensors"), b);
+  auto sa = Open(Path("a.safetensors"));
+  auto sb = Open(Path("b.safetensors"));
+  ASSERT_NE(sa, nullptr);
+  ASSERT_NE(sb, nullptr);
+  const DiffReport d = Diff(*sa, *sb);
+  EXPECT_EQ(d.counts.at("changed_scales"), 1);
+  EXPECT_EQ(d.counts.at("changed_bytes"), 1);  // weight_scale_2 itself
+  for (const TensorDiff& t : d.tensors) {
+    if (t.change != Change::kChangedScales) continue;
+    EXPECT_EQ(t.name, "layers.1.mlp.experts.0.down_proj.weight");
+    EXPECT_EQ(t.differing_elements, 0);
+    ASSERT_TRUE(t.max_abs_diff.has_value());
+    EXPECT_DOUBLE_EQ(*t.max_abs_diff, 0.5);  // 1.0 x 2.0 x (0.5 - 0.25)
+  }
+  EXPECT_THAT(FormatDiff(d, -1),
+              HasSubstr("changed_scales layers.1.mlp.experts.0.down_proj.weight: "
+                        "0 of 64 elements differ, max |a-b| 0.5"));
 }
 
 TEST_F(InspectTest, HostileSnapshotsAreRefusedNamingTheFile) {
