@@ -23,15 +23,15 @@ cmake --build "$build_dir" -j "$jobs"
 # The sanitizer step of `test`: no CUDA, no benchmarks; every UBSan finding is fatal
 # (-fno-sanitize-recover) and ASan stops at the first error. It builds and runs the unit tests
 # of the test folders in sanitize_dirs: the modules that take bytes from outside (trainer
-# streams, checkpoints, engine answers, TCPStore clients, policy text) and the fuzz targets'
-# short runs. DEVELOPERS.md says why not the whole unit label.
-sanitize_dirs=(fuzz policy engine group rollout rendezvous convert)
+# streams, checkpoints and receivers' files, engine answers, TCPStore clients, policy text) and
+# the fuzz targets' short runs. DEVELOPERS.md says why not the whole unit label.
+sanitize_dirs=(fuzz policy engine group rollout rendezvous convert inspect)
 sanitize_targets=(fuzz_publish_test fuzz_safetensors_test fuzz_tcp_store_test
   fuzz_update_request_test fuzz_sglang_answers_test fuzz_policy_test policy_test
   engine_unit_test rendezvous_test rollout_sglang_driver_test
   rollout_update_request_test engine_connect_engines_test rollout_sglang_dirty_test
   policy_bounds_test convert_test group_unit_test rollout_vllm_driver_test
-  rollout_family_router_test)
+  rollout_family_router_test inspect_test)
 sanitize() {
   local dir=${ASAN_BUILD_DIR:-build-asan}
   cmake -S . -B "$dir" -G Ninja -DWPUB_SANITIZE=ON -DWPUB_ENABLE_CUDA=OFF -DWPUB_BUILD_BENCH=OFF
