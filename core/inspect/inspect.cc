@@ -64,7 +64,7 @@ absl::StatusOr<std::optional<nlohmann::json>> ReadJsonFile(const fs::path& path)
 // "quantization" or config.json's "quantization_config".
 absl::Status ReadQuantConfig(const nlohmann::json& block, const std::string& where,
                              const char* list_key, std::string* algo,
-                             std::optional<std::vector<std::string>>* exclude) {
+                             std::optional<ExcludeList>* exclude) {
   if (!block.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));
   }
@@ -72,14 +72,14 @@ absl::Status ReadQuantConfig(const nlohmann::json& block, const std::string& whe
     *algo = it->get<std::string>();
   }
   auto it = block.find(list_key);
+  std::vector<std::string> entries;
   if (it == block.end() || it->is_null()) {
-    exclude->emplace();
+    exclude->emplace(*ExcludeList::Create({}));
     return absl::OkStatus();
   }
   if (!it->is_array()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ".", list_key, ": not a list"));
   }
-  std::vector<std::string> entries;
   for (const auto& e : *it) {
     if (!e.is_string()) {
       return absl::InvalidArgumentError(
@@ -87,7 +87,12 @@ absl::Status ReadQuantConfig(const nlohmann::json& block, const std::string& whe
     }
     entries.push_back(e.get<std::string>());
   }
-  *exclude = std::move(entries);
+  absl::StatusOr<ExcludeList> list = ExcludeList::Create(std::move(entries));
+  if (!list.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ".", list_key, ": ", list.status().message()));
+  }
+  exclude->emplace(*std::move(list));
   return absl::OkStatus();
 }
 
@@ -228,22 +233,6 @@ bool IsEmbedding(absl::string_view module) {
          absl::EndsWith(module, "wte") || absl::EndsWith(module, "embed_in");
 }
 
-// How an entry is read: by every engine (the narrowest reading: exact, dotted ancestor, glob) or
-// by any (also vLLM's substring rule).
-enum Reading { kEveryEngine, kAnyEngine };
-
-const std::string* FirstExcludeMatch(const std::optional<std::vector<std::string>>& exclude,
-                                     absl::string_view module, Reading reading) {
-  if (!exclude.has_value()) return nullptr;
-  for (const std::string& e : *exclude) {
-    if (reading == kEveryEngine ? ExcludeEntryMatches(e, module)
-                                : ExcludeEntryMatchesAnyEngine(e, module)) {
-      return &e;
-    }
-  }
-  return nullptr;
-}
-
 // fn(i) for i in [0, n) on `threads` threads (0: the hardware's) pulling from one counter.
 void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -341,17 +330,35 @@ const Tensor* Snapshot::Find(absl::string_view name) const {
   return it != tensors_.end() && it->name == name ? &*it : nullptr;
 }
 
-bool ExcludeEntryMatches(absl::string_view entry, absl::string_view module) {
-  if (absl::StrContains(entry, '*') || absl::StrContains(entry, '?')) {
-    const std::string e(entry), m(module);
-    return ::fnmatch(e.c_str(), m.c_str(), 0) == 0;
-  }
-  return module == entry || (absl::StartsWith(module, entry) && module.size() > entry.size() &&
-                             module[entry.size()] == '.');
+bool IsGlob(absl::string_view entry) {
+  return !policy::IsRegexRule(entry) &&
+         (absl::StrContains(entry, '*') || absl::StrContains(entry, '?'));
 }
 
-bool ExcludeEntryMatchesAnyEngine(absl::string_view entry, absl::string_view module) {
-  return ExcludeEntryMatches(entry, module) || (!entry.empty() && absl::StrContains(module, entry));
+absl::StatusOr<ExcludeList> ExcludeList::Create(std::vector<std::string> entries) {
+  WPUB_ASSIGN_OR_RETURN(policy::RegexIgnoreRules rules, policy::RegexIgnoreRules::Create(entries));
+  return ExcludeList(std::move(entries), std::move(rules));
+}
+
+const std::string* ExcludeList::EveryEngine(absl::string_view module) const {
+  size_t first = rules_.FirstMatch(module).value_or(entries_.size());
+  const std::string m(module);
+  for (size_t i = 0; i < first; ++i) {
+    if (IsGlob(entries_[i]) && ::fnmatch(entries_[i].c_str(), m.c_str(), 0) == 0) first = i;
+  }
+  return first < entries_.size() ? &entries_[first] : nullptr;
+}
+
+const std::string* ExcludeList::AnyEngine(absl::string_view module) const {
+  const std::string* every = EveryEngine(module);
+  const size_t first = every == nullptr ? entries_.size() : every - entries_.data();
+  for (size_t i = 0; i < first; ++i) {
+    const std::string& e = entries_[i];
+    if (!e.empty() && !IsGlob(e) && !policy::IsRegexRule(e) && absl::StrContains(module, e)) {
+      return &e;
+    }
+  }
+  return every;
 }
 
 absl::string_view RoleName(Role role) {
@@ -376,14 +383,14 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
   inv.kind = snapshot.kind();
   inv.metadata = snapshot.metadata();
   inv.quant_algo = snapshot.quant_algo();
-  inv.exclude_modules = snapshot.exclude_modules();
+  const ExcludeList* exclude = snapshot.exclude_list();
+  if (exclude != nullptr) inv.exclude_modules = exclude->entries();
   inv.files = snapshot.files();
 
   const std::vector<Tensor>& tensors = snapshot.tensors();
   // ModelOpt MIXED_PRECISION checkpoints list their quantized layers instead of excluding the
   // rest: the exclude checks do not apply to them.
-  const bool exclude_checks =
-      inv.exclude_modules.has_value() && inv.quant_algo != "MIXED_PRECISION";
+  const bool exclude_checks = exclude != nullptr && inv.quant_algo != "MIXED_PRECISION";
   absl::flat_hash_map<std::string, Role> roles;  // NVFP4 parts
   for (const Tensor& t : tensors) {
     std::string orphan;
@@ -424,7 +431,7 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
           "and read it as the activation scale"));
     }
     if (exclude_checks) {
-      if (const std::string* e = FirstExcludeMatch(inv.exclude_modules, m.name, kAnyEngine)) {
+      if (const std::string* e = exclude->AnyEngine(m.name)) {
         inv.problems.push_back(absl::StrCat(m.name, ": NVFP4 module named by exclude entry \"", *e,
                                             "\" (an engine would load it unquantized)"));
       }
@@ -484,7 +491,7 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
         } else if (!d->quantize) {
           row.reason = std::string(policy::ReasonName(d->reason));
         } else if (const std::string* e =
-                       FirstExcludeMatch(inv.exclude_modules, row.module, kEveryEngine)) {
+                       exclude != nullptr ? exclude->EveryEngine(row.module) : nullptr) {
           row.reason = absl::StrCat("excluded:", *e);
         } else {
           row.reason = "not_excluded";
@@ -494,8 +501,7 @@ Inventory Inspect(const Snapshot& snapshot, int threads) {
       // layer there and find no scales.
       if (exclude_checks && !inv.modules.empty() && absl::EndsWith(t.name, ".weight") &&
           t.shape.size() >= 2 && dtype.ok() && IsQuantizableFloat(*dtype) &&
-          !IsEmbedding(row.module) &&
-          FirstExcludeMatch(inv.exclude_modules, row.module, kEveryEngine) == nullptr) {
+          !IsEmbedding(row.module) && exclude->EveryEngine(row.module) == nullptr) {
         inv.problems.push_back(absl::StrCat(t.name, ": high precision, but no exclude entry names ",
                                             row.module, " (an engine would expect NVFP4 there)"));
       }
@@ -818,18 +824,20 @@ DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads) {
     return s.quant_algo().empty() ? std::nullopt : std::optional<std::string>(s.quant_algo());
   };
   ConfigChange(&r, "quant_algo", algo(a), algo(b));
-  if (a.exclude_modules().has_value() != b.exclude_modules().has_value()) {
+  const ExcludeList* xa = a.exclude_list();
+  const ExcludeList* xb = b.exclude_list();
+  if ((xa == nullptr) != (xb == nullptr)) {
     // One side has no quantization config (a receiver's file): the list as a whole.
-    auto entries = [](const Snapshot& s) -> std::optional<std::string> {
-      if (!s.exclude_modules()) return std::nullopt;
-      return absl::StrCat(s.exclude_modules()->size(), " entries");
+    auto entries = [](const ExcludeList* x) -> std::optional<std::string> {
+      if (x == nullptr) return std::nullopt;
+      return absl::StrCat(x->entries().size(), " entries");
     };
-    ConfigChange(&r, "exclude_modules", entries(a), entries(b));
+    ConfigChange(&r, "exclude_modules", entries(xa), entries(xb));
     return r;
   }
   std::set<std::string> ea, eb;
-  if (a.exclude_modules()) ea.insert(a.exclude_modules()->begin(), a.exclude_modules()->end());
-  if (b.exclude_modules()) eb.insert(b.exclude_modules()->begin(), b.exclude_modules()->end());
+  if (xa != nullptr) ea.insert(xa->entries().begin(), xa->entries().end());
+  if (xb != nullptr) eb.insert(xb->entries().begin(), xb->entries().end());
   for (const std::string& e : ea) {
     if (!eb.contains(e)) ConfigChange(&r, "exclude_modules: " + e, "listed", std::nullopt);
   }

@@ -46,8 +46,36 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/common/tensor.h"
+#include "core/policy/ignore_rules.h"
 
 namespace wpub::inspect {
+
+// An exclude list (hf_quant_config.json's exclude_modules, config.json's ignore) as the engines
+// read it, which is not one way. Immutable; thread-safe.
+class ExcludeList {
+ public:
+  // INVALID_ARGUMENT quoting the entry for a `re:` entry that does not compile (the project's
+  // ignore-rule bounds and RE2 syntax, core/policy/ignore_rules.h).
+  static absl::StatusOr<ExcludeList> Create(std::vector<std::string> entries);
+
+  const std::vector<std::string>& entries() const { return entries_; }
+  // The first entry every engine reads as naming `module` (the narrowest reading), nullptr for
+  // none: an entry with '*' or '?' is a glob over the whole name (fnmatch); a `re:` entry and
+  // any other are the project's ignore rules -- a regex anchored at the start, or the module
+  // itself or a dotted ancestor ("model.layers.3" names "model.layers.3.mlp.gate", the way a
+  // fused-MoE layer's prefix names its experts).
+  const std::string* EveryEngine(absl::string_view module) const;
+  // The first entry some engine reads as naming it: EveryEngine's, or a plain entry that is a
+  // substring of the name (vLLM's rule: "model.layers.1" also names "model.layers.10.mlp.gate").
+  const std::string* AnyEngine(absl::string_view module) const;
+
+ private:
+  ExcludeList(std::vector<std::string> entries, policy::RegexIgnoreRules rules)
+      : entries_(std::move(entries)), rules_(std::move(rules)) {}
+  std::vector<std::string> entries_;
+  // entries_ as ignore rules; a glob entry is inert there (no name holds its '*' or '?').
+  policy::RegexIgnoreRules rules_;
+};
 
 // One tensor of a snapshot: its header entry and its bytes (mapped, valid while the Snapshot
 // lives).
@@ -67,7 +95,7 @@ class Snapshot {
   // when it does not exist or the directory holds no checkpoint, whatever
   // safetensors::Reader/Checkpoint::Open rejects (malformed headers, offsets, index entries),
   // INVALID_ARGUMENT for an hf_quant_config.json or config.json that is not JSON or whose
-  // exclude list is not a list of strings.
+  // exclude list is not a list of strings or holds a `re:` entry that does not compile.
   static absl::StatusOr<std::unique_ptr<Snapshot>> Open(const std::string& path);
   ~Snapshot();
   Snapshot(const Snapshot&) = delete;
@@ -85,8 +113,8 @@ class Snapshot {
   // quantization_config.quant_algo; empty when neither names one.
   const std::string& quant_algo() const { return quant_algo_; }
   // hf_quant_config.json's quantization.exclude_modules, else config.json's
-  // quantization_config.ignore; nullopt when the snapshot has no quantization config.
-  const std::optional<std::vector<std::string>>& exclude_modules() const { return exclude_; }
+  // quantization_config.ignore; nullptr when the snapshot has no quantization config.
+  const ExcludeList* exclude_list() const { return exclude_ ? &*exclude_ : nullptr; }
   // Shard file names (one for a file).
   const std::vector<std::string>& files() const { return files_; }
 
@@ -99,18 +127,9 @@ class Snapshot {
   std::vector<Tensor> tensors_;
   std::map<std::string, std::string> metadata_;
   std::string quant_algo_;
-  std::optional<std::vector<std::string>> exclude_;
+  std::optional<ExcludeList> exclude_;
   std::vector<std::string> files_;
 };
-
-// True iff exclude_modules entry `entry` names module `module` as every engine reads the list
-// (the narrowest reading): an entry with '*' is a glob ('*' any run of characters, '?' one) over
-// the whole module name; otherwise the module itself or a dotted ancestor ("model.layers.3"
-// names "model.layers.3.mlp.gate", the way a fused-MoE layer's prefix names its experts).
-bool ExcludeEntryMatches(absl::string_view entry, absl::string_view module);
-// True iff some engine reads `entry` as naming `module`: ExcludeEntryMatches, or vLLM's
-// substring rule ("model.layers.1" also names "model.layers.10.mlp.gate" there).
-bool ExcludeEntryMatchesAnyEngine(absl::string_view entry, absl::string_view module);
 
 // What one tensor is.
 enum class Role : uint8_t {

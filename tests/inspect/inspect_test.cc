@@ -164,7 +164,7 @@ TEST_F(InspectTest, ConvertedCheckpointIsClassifiedModuleByModule) {
   ASSERT_NE(snapshot, nullptr);
   EXPECT_EQ(snapshot->kind(), Snapshot::Kind::kDirectory);
   EXPECT_EQ(snapshot->quant_algo(), "NVFP4");
-  ASSERT_TRUE(snapshot->exclude_modules().has_value());
+  ASSERT_NE(snapshot->exclude_list(), nullptr);
   const Inventory inv = Inspect(*snapshot);
   EXPECT_THAT(inv.problems, ::testing::IsEmpty());
   // Layers 1-2, experts 0-1, three GEMMs each: one NVFP4 module per quantized input tensor.
@@ -432,21 +432,52 @@ TEST_F(InspectTest, ChecksNameWhatAnEngineWouldReject) {
 }
 
 TEST_F(InspectTest, ExcludeEntriesMatchAsEnginesReadThem) {
-  EXPECT_TRUE(ExcludeEntryMatches("lm_head", "lm_head"));
-  EXPECT_TRUE(ExcludeEntryMatches("model.layers.3", "model.layers.3.mlp.gate"));
-  EXPECT_FALSE(ExcludeEntryMatches("model.layers.3", "model.layers.30.mlp.gate"));
-  EXPECT_FALSE(ExcludeEntryMatches("model.layers.3.mlp", "model.layers.3"));
-  EXPECT_TRUE(ExcludeEntryMatches("model.layers.0.*", "model.layers.0.self_attn.q_proj"));
-  EXPECT_FALSE(ExcludeEntryMatches("model.layers.0.*", "model.layers.10.self_attn.q_proj"));
-  EXPECT_TRUE(ExcludeEntryMatches("*.mlp.gate", "model.layers.7.mlp.gate"));
-  EXPECT_TRUE(ExcludeEntryMatches("model.layers.?.mlp.gate", "model.layers.7.mlp.gate"));
-  EXPECT_FALSE(ExcludeEntryMatches("model.layers.?.mlp.gate", "model.layers.17.mlp.gate"));
-  // vLLM also reads an entry as a substring of the module name.
-  EXPECT_TRUE(ExcludeEntryMatchesAnyEngine("model.layers.3", "model.layers.30.mlp.gate"));
-  EXPECT_TRUE(ExcludeEntryMatchesAnyEngine("mlp.gate", "model.layers.7.mlp.gate_proj"));
-  EXPECT_TRUE(ExcludeEntryMatchesAnyEngine("model.layers.0.*", "model.layers.0.self_attn"));
-  EXPECT_FALSE(ExcludeEntryMatchesAnyEngine("model.layers.4", "model.layers.3.mlp.gate"));
-  EXPECT_FALSE(ExcludeEntryMatchesAnyEngine("", "model.layers.3.mlp.gate"));
+  auto one = [](const std::string& entry) {
+    absl::StatusOr<ExcludeList> list = ExcludeList::Create({entry});
+    EXPECT_TRUE(list.ok()) << list.status();
+    return *std::move(list);
+  };
+  auto every = [&](const std::string& entry, const std::string& module) {
+    return one(entry).EveryEngine(module) != nullptr;
+  };
+  auto any = [&](const std::string& entry, const std::string& module) {
+    return one(entry).AnyEngine(module) != nullptr;
+  };
+  EXPECT_TRUE(every("lm_head", "lm_head"));
+  EXPECT_TRUE(every("model.layers.3", "model.layers.3.mlp.gate"));
+  EXPECT_FALSE(every("model.layers.3", "model.layers.30.mlp.gate"));
+  EXPECT_FALSE(every("model.layers.3.mlp", "model.layers.3"));
+  EXPECT_TRUE(every("model.layers.0.*", "model.layers.0.self_attn.q_proj"));
+  EXPECT_FALSE(every("model.layers.0.*", "model.layers.10.self_attn.q_proj"));
+  EXPECT_TRUE(every("*.mlp.gate", "model.layers.7.mlp.gate"));
+  EXPECT_TRUE(every("model.layers.?.mlp.gate", "model.layers.7.mlp.gate"));
+  EXPECT_FALSE(every("model.layers.?.mlp.gate", "model.layers.17.mlp.gate"));
+  // `re:` entries as the project's ignore rules: a regex anchored at the start.
+  EXPECT_TRUE(every("re:model\\.layers\\.[0-9]+\\.mlp\\.gate$", "model.layers.7.mlp.gate"));
+  EXPECT_FALSE(every("re:model\\.layers\\.[0-9]+\\.mlp\\.gate$", "model.layers.7.mlp.gate_proj"));
+  EXPECT_FALSE(every("re:mlp\\.gate", "model.layers.7.mlp.gate"));
+  EXPECT_TRUE(every("re:.*mlp\\.gate", "model.layers.7.mlp.gate"));
+  // vLLM also reads a plain entry as a substring of the module name.
+  EXPECT_TRUE(any("model.layers.3", "model.layers.30.mlp.gate"));
+  EXPECT_TRUE(any("mlp.gate", "model.layers.7.mlp.gate_proj"));
+  EXPECT_TRUE(any("model.layers.0.*", "model.layers.0.self_attn"));
+  EXPECT_FALSE(any("model.layers.4", "model.layers.3.mlp.gate"));
+  EXPECT_FALSE(any("", "model.layers.3.mlp.gate"));
+  EXPECT_FALSE(any("re:mlp\\.gate", "model.layers.7.mlp.gate"));
+  // The first entry in list order that names the module, whichever reading found it.
+  auto list = ExcludeList::Create({"model.layers.9", "*.mlp.gate", "model.layers.7", "mlp"});
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_NE(list->EveryEngine("model.layers.7.mlp.gate"), nullptr);
+  EXPECT_EQ(*list->EveryEngine("model.layers.7.mlp.gate"), "*.mlp.gate");
+  EXPECT_EQ(*list->EveryEngine("model.layers.7.self_attn"), "model.layers.7");
+  EXPECT_EQ(*list->AnyEngine("model.layers.7.self_attn"), "model.layers.7");
+  EXPECT_EQ(*list->AnyEngine("model.layers.99.mlp.up"), "model.layers.9");
+  EXPECT_EQ(list->EveryEngine("model.layers.99.mlp.up"), nullptr);
+  // A pattern RE2 cannot compile is refused, quoting it.
+  absl::StatusOr<ExcludeList> bad = ExcludeList::Create({"lm_head", "re:(unclosed"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_THAT(bad.status().message(), HasSubstr("re:(unclosed"));
 }
 
 TEST_F(InspectTest, EveryModuleProblemIsReportedAndNoneHidesAnother) {
@@ -557,7 +588,7 @@ TEST_F(InspectTest, EngineReadingsOfTheExcludeList) {
   WriteText(Path("ckpt/config.json"), R"({"quantization_config": null})");
   s = Open(Path("ckpt"));
   ASSERT_NE(s, nullptr);
-  EXPECT_FALSE(s->exclude_modules().has_value());
+  EXPECT_EQ(s->exclude_list(), nullptr);
 }
 
 TEST_F(InspectTest, EqualCodesUnderOtherScalesAreChangedScales) {
@@ -604,6 +635,7 @@ TEST_F(InspectTest, HostileSnapshotsAreRefusedNamingTheFile) {
       {"hf_quant_config.json", "{not json"},
       {"hf_quant_config.json", std::string(100, '[') + std::string(100, ']')},
       {"config.json", R"({"quantization_config": {"ignore": {"a": 1}}})"},
+      {"hf_quant_config.json", R"({"quantization": {"exclude_modules": ["re:(unclosed"]}})"},
   };
   for (size_t i = 0; i < configs.size(); ++i) {
     const std::string dir = Path("bad" + std::to_string(i));
@@ -622,7 +654,7 @@ TEST_F(InspectTest, HostileSnapshotsAreRefusedNamingTheFile) {
   WriteText(fs::path(plain) / "config.json", R"({"num_hidden_layers": 2})");
   auto ok = Open(plain);
   ASSERT_NE(ok, nullptr);
-  EXPECT_FALSE(ok->exclude_modules().has_value());
+  EXPECT_EQ(ok->exclude_list(), nullptr);
   EXPECT_TRUE(ok->quant_algo().empty());
 }
 
