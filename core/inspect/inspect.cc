@@ -693,14 +693,13 @@ void CompareNvfp4(const Nvfp4Parts& pa, const Nvfp4Parts& pb, TensorDiff* d) {
   d->max_abs_diff = max_diff;
 }
 
-void CompareBytes(const Snapshot& sa, const Snapshot& sb, const Tensor& a, const Tensor& b,
-                  TensorDiff* d) {
-  std::optional<Nvfp4Parts> na = FindNvfp4(sa, a);
-  std::optional<Nvfp4Parts> nb = FindNvfp4(sb, b);
-  if (na && nb && na->decodable && nb->decodable && na->logical == nb->logical) {
-    CompareNvfp4(*na, *nb, d);
-    return;
-  }
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.bytes.size() == b.bytes.size() &&
+         std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0;
+}
+
+// Element by element, as values where the dtype is a float one.
+void CompareElements(const Tensor& a, const Tensor& b, TensorDiff* d) {
   std::optional<FloatDecoder> dec = DecoderFor(a.dtype);
   const int64_t size = dec ? dec->size : safetensors::DTypeSizeOf(a.dtype).value_or(1);
   d->elements = static_cast<int64_t>(a.bytes.size()) / std::max<int64_t>(size, 1);
@@ -774,25 +773,20 @@ DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads) {
     const Tensor& x = *pairs[k].first;
     const Tensor& y = *pairs[k].second;
     TensorDiff& d = r.tensors[pair_row[k]];
-    if (x.bytes.size() == y.bytes.size() &&
-        std::memcmp(x.bytes.data(), y.bytes.data(), x.bytes.size()) == 0) {
-      d.change = Change::kIdentical;
-      // An NVFP4 weight is its codes and its scales: equal codes under other scales are other
-      // values.
-      std::optional<Nvfp4Parts> na = FindNvfp4(a, x);
-      std::optional<Nvfp4Parts> nb = FindNvfp4(b, y);
-      auto same = [](const Tensor* p, const Tensor* q) {
-        return p->bytes.size() == q->bytes.size() &&
-               std::memcmp(p->bytes.data(), q->bytes.data(), p->bytes.size()) == 0;
-      };
-      if (na && nb && na->decodable && nb->decodable && na->logical == nb->logical &&
-          (!same(na->scale, nb->scale) || !same(na->scale_2, nb->scale_2))) {
-        d.change = Change::kChangedScales;
-        CompareNvfp4(*na, *nb, &d);
-      }
-    } else {
+    // An NVFP4 weight on both sides is compared as values: its codes under its scales (equal
+    // codes under other scales are other values).
+    const std::optional<Nvfp4Parts> na = FindNvfp4(a, x);
+    const std::optional<Nvfp4Parts> nb = FindNvfp4(b, y);
+    const bool nvfp4 = na && nb && na->decodable && nb->decodable && na->logical == nb->logical;
+    if (!SameBytes(x, y)) {
       d.change = Change::kChangedBytes;
-      CompareBytes(a, b, x, y, &d);
+      nvfp4 ? CompareNvfp4(*na, *nb, &d) : CompareElements(x, y, &d);
+    } else if (nvfp4 &&
+               (!SameBytes(*na->scale, *nb->scale) || !SameBytes(*na->scale_2, *nb->scale_2))) {
+      d.change = Change::kChangedScales;
+      CompareNvfp4(*na, *nb, &d);
+    } else {
+      d.change = Change::kIdentical;
     }
   });
   for (const TensorDiff& d : r.tensors) ++r.counts[std::string(ChangeName(d.change))];
