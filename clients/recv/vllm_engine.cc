@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "clients/recv/engine_http.h"
 #include "core/common/json_bounds.h"
 #include "core/common/status.h"
 #include "core/common/tensor.h"
@@ -19,13 +20,10 @@ namespace {
 
 using json = nlohmann::json;
 
-// An update request lists one bucket's names, dtypes and shapes: thousands of tensors.
-constexpr size_t kMaxRequestBytes = size_t{64} << 20;
 constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 48;
-constexpr size_t kServerThreads = 8;
 
 absl::StatusOr<json> ParseObject(std::string_view body, const char* route) {
-  constexpr JsonBounds kBounds{kMaxRequestBytes, kClientJsonBounds.max_depth};
+  constexpr JsonBounds kBounds{kEngineMaxRequestBytes, kClientJsonBounds.max_depth};
   if (body.empty()) return json::object();  // vLLM's routes that take a body accept none
   WPUB_RETURN_IF_ERROR(
       CheckJsonBounds(absl::string_view(body.data(), body.size()), route, kBounds));
@@ -359,18 +357,8 @@ class VllmEngine::Impl {
 
   absl::Status Start() {
     AddRoutes();
-    server_.set_tcp_nodelay(true);
-    server_.set_payload_max_length(kMaxRequestBytes);
-    server_.set_keep_alive_max_count(size_t{1} << 20);
-    server_.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
-    port_ = options_.port == 0
-                ? server_.bind_to_any_port(options_.host)
-                : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);
-    if (port_ <= 0) {
-      return absl::UnavailableError(
-          absl::StrCat("vLLM engine: cannot listen on ", options_.host, ":", options_.port));
-    }
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    WPUB_ASSIGN_OR_RETURN(
+        port_, ServeEngineHttp(server_, options_.host, options_.port, "vLLM engine", &thread_));
     return absl::OkStatus();
   }
 

@@ -403,6 +403,30 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
   EXPECT_NE(refused->body.find("Invalid init_info"), std::string::npos) << refused->body;
 }
 
+// A publisher keeps up to 8 request lanes open for a whole publication, beside probes: every
+// kept-alive connection holds a server thread until it idles out (5 s), so the engine must
+// serve more connections at once than that. Twelve clients each keep their connection; every
+// one is answered within its 2 s read timeout, while the earlier ones still hold theirs.
+TEST(VllmEngine, ServesMoreKeptAliveConnectionsThanAPublisherOpens) {
+  auto wire = std::make_shared<Wire>();
+  auto e = VllmEngine::Start({}, std::make_unique<WireDataPath>(wire));
+  ASSERT_TRUE(e.ok()) << e.status();
+  std::vector<std::unique_ptr<httplib::Client>> clients;
+  for (int i = 0; i < 12; ++i) {
+    clients.push_back(std::make_unique<httplib::Client>("127.0.0.1", (*e)->port()));
+    clients.back()->set_keep_alive(true);
+    clients.back()->set_read_timeout(2, 0);
+    httplib::Result r = clients.back()->Get("/health");
+    ASSERT_TRUE(r) << "connection " << i << ": " << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200) << "connection " << i;
+  }
+  for (auto& c : clients) {  // each still holds its connection: a second request on it
+    httplib::Result r = c->Get("/health");
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+  }
+}
+
 TEST(VllmEngine, ChunksCloseAfterTheTensorThatPassesTheLimit) {
   const std::vector<uint64_t> sizes = {3000, 2000, 100, 5000, 10};
   EXPECT_EQ(VllmChunks(sizes, 4096), (std::vector<uint64_t>{5000, 5100, 10}));

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "clients/recv/engine_http.h"
 #include "clients/recv/nccl/bucket_receiver.h"
 #include "core/common/json_bounds.h"
 #include "core/nccl/nccl_comm.h"
@@ -18,19 +19,10 @@ namespace {
 
 using json = nlohmann::json;
 
-// Requests one connection may carry before the server closes it (httplib's default is 5).
-constexpr size_t kKeepAliveRequests = size_t{1} << 20;
-// Server threads. httplib gives each open connection a thread until it has been idle for its
-// keep-alive timeout (5 s); a publisher holds up to 8 (wpubd --engine_requests_in_flight), plus
-// probes and /stats readers, whatever the host's core count (httplib's default pool).
-constexpr size_t kServerThreads = 32;
-// Largest request body: an update request carries one bucket's names, dtypes and shapes.
-constexpr size_t kMaxRequestBytes = size_t{64} << 20;
-
 // A request body as JSON, or a discarded value when it is not JSON or exceeds the bounds of
 // client JSON (core/common/json_bounds.h): the callers answer "not JSON" either way.
 json ParseBody(const std::string& body) {
-  constexpr JsonBounds kBounds{kMaxRequestBytes, kClientJsonBounds.max_depth};
+  constexpr JsonBounds kBounds{recv::kEngineMaxRequestBytes, kClientJsonBounds.max_depth};
   if (!CheckJsonBounds(body, "body", kBounds).ok()) return json(json::value_t::discarded);
   return json::parse(body, nullptr, /*allow_exceptions=*/false);
 }
@@ -81,22 +73,10 @@ class ReceiverEndpoint::Impl {
 
   absl::Status Start() {
     AddRoutes();
-    server_.set_tcp_nodelay(true);
-    // Update requests carry one bucket's names, dtypes and shapes; nothing legitimate is larger.
-    server_.set_payload_max_length(kMaxRequestBytes);
-    // A publisher keeps one connection per request lane for a whole publication (17+ update
-    // requests and the lifecycle calls); httplib's default closes a connection after 5
-    // requests, and each reconnection delayed the request behind it.
-    server_.set_keep_alive_max_count(kKeepAliveRequests);
-    server_.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
-    port_ = options_.port == 0
-                ? server_.bind_to_any_port(options_.host)
-                : (server_.bind_to_port(options_.host, options_.port) ? options_.port : -1);
-    if (port_ <= 0) {
-      return absl::UnavailableError(
-          absl::StrCat("receiver endpoint: cannot listen on ", options_.host, ":", options_.port));
-    }
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    absl::StatusOr<int> port =
+        recv::ServeEngineHttp(server_, options_.host, options_.port, "receiver endpoint", &thread_);
+    if (!port.ok()) return port.status();
+    port_ = *port;
     return absl::OkStatus();
   }
 
