@@ -30,6 +30,15 @@ def to_cuda(a):
     return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda(0)
 
 
+def start_daemon(out, url):
+    """A GPU-path wpubd on GPU 0 with the vLLM engine at `url` (once it answers /health), and a
+    publisher to it."""
+    wait_http(url + "/health", 30)
+    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines=vllm+{url}",
+               "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=60)
+    return d, wpub.Publisher(d.target, timeout=300)
+
+
 def run(out, release):
     expect = os.path.join(out, f"expect-{release}")
     port = free_port()
@@ -39,10 +48,7 @@ def run(out, release):
                            stdout=open(os.path.join(out, f"emulator-{release}.log"), "w"),
                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health", 30)
-    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines=vllm+{url}",
-               "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=60)
-    pub = wpub.Publisher(d.target, timeout=300)
+    d, pub = start_daemon(out, url)
     res = {"release": release, "versions": [], "ok": True}
     try:
         for version in (1, 2, 3):
@@ -112,10 +118,7 @@ def run_cpp(out, packing_in_init):
                            stdout=open(os.path.join(out, f"{tag}.log"), "w"),
                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health", 30)
-    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines=vllm+{url}",
-               "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=60)
-    pub = wpub.Publisher(d.target, timeout=300)
+    d, pub = start_daemon(out, url)
     res = {"release": tag, "versions": [], "ok": True}
     try:
         for version in (1, 2, 3):
