@@ -4,12 +4,10 @@
 
 #include <algorithm>
 
-#include <spdlog/spdlog.h>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/common/status.h"
-
 #include "core/common/log_context.h"
+#include "core/common/status.h"
 #include "core/engine/engine_impl.h"
 #include "core/engine/planner.h"
 

@@ -46,10 +46,10 @@ struct EngineRequest {
   // When set: an answer 4xx whose body contains `fallback_when` is not final; the request is
   // sent again with this body (an older release's form), and the queue remembers it did so
   // (EngineRequestQueue::fell_back).
-  std::shared_ptr<const std::string> fallback_body;
-  std::string fallback_when;
+  std::shared_ptr<const std::string> fallback_body = nullptr;
+  std::string fallback_when = "";
   // Said instead of the body of an HTTP 404 answer (what the missing route means).
-  std::string on_404;
+  std::string on_404 = "";
 };
 
 // The verdict on a 2xx answer (within the JSON bounds): "" when it succeeded, otherwise a

@@ -122,9 +122,14 @@ VllmDriver::VllmDriver(VllmDriverOptions options, GroupLayout layout)
     : options_(std::move(options)), layout_(std::move(layout)) {}
 VllmDriver::~VllmDriver() = default;
 
-void VllmDriver::PostAll(const std::string& path, const std::string& body) {
+void VllmDriver::PostAll(const std::string& path, const std::string& body,
+                         void (*customize)(EngineRequest&)) {
   auto shared = std::make_shared<const std::string>(body);
-  for (auto& w : workers_) w->Post(EngineRequest{"POST", path, shared});
+  for (auto& w : workers_) {
+    EngineRequest r{"POST", path, shared};
+    if (customize != nullptr) customize(r);
+    w->Post(std::move(r));
+  }
 }
 
 void VllmDriver::StartJoin() {
@@ -158,15 +163,12 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
     PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "");
   }
   // v0.21 to v0.24 parse a JSON body here; later releases read none.
-  auto body = std::make_shared<const std::string>("{}");
-  for (auto& w : workers_) {
-    EngineRequest r{"POST", kStart, body};
+  PostAll(kStart, "{}", [](EngineRequest& r) {
     r.opens = true;  // an abort then finishes the update (ResumeAfterAbort)
     r.on_404 =
         "this vLLM has no /start_weight_update (a release before v0.21); wpub needs v0.21 or "
         "later";
-    w->Post(std::move(r));
-  }
+  });
 }
 
 void VllmDriver::PostBucket(const engine::BucketManifest& bucket) {

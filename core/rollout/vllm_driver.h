@@ -39,6 +39,7 @@
 namespace wpub::rollout {
 
 class EngineRequestQueue;  // engine_http.h
+struct EngineRequest;      // engine_http.h
 
 struct VllmDriverOptions {
   std::vector<EngineSpec> engines;
@@ -77,7 +78,10 @@ class VllmDriver final : public EngineDriver {
 
  private:
   VllmDriver(VllmDriverOptions options, GroupLayout layout);
-  void PostAll(const std::string& path, const std::string& body);
+  // POST `body` to `path` on every engine; `customize` (when given) sets the request's other
+  // fields first.
+  void PostAll(const std::string& path, const std::string& body,
+               void (*customize)(EngineRequest&) = nullptr);
 
   const VllmDriverOptions options_;
   const GroupLayout layout_;
