@@ -9,6 +9,9 @@
 # scripts unpack it on the device when the folder is missing or older.
 #
 # Usage: deploy/stage_devbin.sh [--build] BUILD_DIR SET [BINARY...]
+#   SET onegpu: every test tests/gpu/run_one_gpu.sh runs on one GPU (GPU unit tests, multi_gpu,
+#                multi-rank, groups, vLLM and mixed engines over NCCL, Python GPU tests) plus
+#                the GPU-path benchmark
 #   SET gpu_path (or gpu): every GPU test and benchmark, for tests/multi_gpu/run_all_h200x2.sh,
 #                run_h200x2.sh, run_fanout.sh and tests/python/run_gpu_{connect,gather}.sh
 #   SET kernels: the NVFP4 GPU tests, kernel benchmark and L2 probe (bench/kernels/device_run.sh)
@@ -37,6 +40,30 @@ BUILD=$(cd "$1" && pwd)
 SET=$2
 shift 2
 case $SET in
+  onegpu)
+    BINS=(
+      tests/kernels_gpu/kernels_gpu_test
+      tests/kernels_gpu/kernels_status_test
+      tests/gpu/gpu_ipc_cache_test
+      tests/gpu/gpu_backend_test
+      tests/convert/convert_gpu_test
+      tests/rendezvous/rendezvous_test
+      tests/rollout/rollout_group_test
+      tests/rollout/rollout_gpu_path_test
+      tests/rollout/rollout_sglang_driver_test
+      tests/rollout/rollout_sglang_dirty_test
+      tests/multi_gpu/multi_gpu_publish_test
+      tests/multi_gpu/multi_gpu_ipc_trainer
+      tests/multi_gpu/multi_gpu_cpp_receiver
+      tests/multi_gpu/multi_gpu_multi_rank_test
+      server/wpubd/wpubd
+      server/wpubctl/wpubctl
+      clients/recv/wpub-recv
+      tests/python/wpub-quantize-ref
+      bench/convert/convert_bench_checkpoint
+      bench/gpu_path/gpu_path_bench
+    )
+    ;;
   gpu | gpu_path)
     SET=gpu_path
     BINS=(

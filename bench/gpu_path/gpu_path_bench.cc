@@ -1,6 +1,7 @@
 // GPU publication path benchmark (a program, not a test): a synthetic model shaped like
 // Qwen3-30B-A3B (48 layers, 128 routed experts of [768, 2048], hidden 2048, attention and norms
-// in BF16) in GPU 0 memory, published to GPU 1, measured in one run:
+// in BF16) in GPU 0 memory, published to GPU 1 (or, on a machine of one GPU, to engines sharing
+// GPU 0 over NCCL's loopback sockets: correct bytes, a socket's speed), measured in one run:
 //   (a) wpub NVFP4: GPU backend (amax, quantize, pack, checksums) + NCCL transport, to a C++
 //       engine on GPU 1 (multi_gpu_cpp_receiver: SGLang's weight-update routes over
 //       nccl::ReceiverEndpoint, every bucket checksummed on the device), three update requests
@@ -54,6 +55,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
+#include "tests/multi_gpu/shared_gpu.h"
 
 namespace wpub::bench {
 namespace {
@@ -194,18 +196,23 @@ json RunPull(const char* label, const RunSettings& run, const testing::ModelLayo
 int Main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
   const RunSettings run{args.iters, args.bucket_bytes, args.nccl_ctas};
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n < (args.backend_only ? 1 : 2)) {
-    std::fprintf(stderr, "gpu_path_bench needs %d GPUs (found %d)\n", args.backend_only ? 1 : 2, n);
+  // The engines' GPU: GPU 1, or GPU 0 itself on a machine of one GPU (shared_gpu.h: NCCL's
+  // socket transport on loopback, so the figures are a socket's, not NVLink's).
+  const int engine_gpu = testing::EngineGpu();
+  if (engine_gpu < 0) {
+    std::fprintf(stderr, "gpu_path_bench needs a GPU\n");
     return 1;
   }
+  const bool shared = testing::SharesPublisherGpu(engine_gpu);
+  testing::AdoptOwnNcclHost(shared && !args.backend_only);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   const testing::ModelLayout layout = testing::LayoutModel(args.shape);
   std::printf(
-      "device: 2 x %s; model: %d layers, %d experts [%ld, %ld], hidden %ld: %.2f GB bf16 "
+      "device: %s; engines on GPU %d%s; model: %d layers, %d experts [%ld, %ld], hidden %ld: %.2f GB bf16 "
       "(%.2f GB routed experts); buckets of %lu MiB\n",
-      prop.name, args.shape.layers, args.shape.experts, static_cast<long>(args.shape.inter),
+      prop.name, engine_gpu, shared ? " (shared: NCCL over loopback sockets)" : "",
+      args.shape.layers, args.shape.experts, static_cast<long>(args.shape.inter),
       static_cast<long>(args.shape.hidden), static_cast<long>(args.shape.hidden),
       layout.total_bytes / 1e9, layout.expert_bytes / 1e9,
       static_cast<unsigned long>(args.bucket_bytes >> 20));
@@ -242,24 +249,25 @@ int Main(int argc, char** argv) {
     return 0;
   }
 
-  // The two engines on GPU 1: the SGLang emulator (also the receiver of the plain broadcasts)
+  // The two engines on the engine GPU: the SGLang emulator (also the receiver of the plain broadcasts)
   // and the C++ engine. Each gets its own NCCL transport (own store, own group).
   const int port = testing::FreePort();
   // The emulator's torch.distributed takes NCCL's channel bounds from its environment only: with
   // --nccl_ctas it gets that count there (the ranks of a group must agree on them, or NCCL fails
   // the broadcasts).
-  std::vector<std::string> emulator_env;
+  std::vector<std::string> emulator_env = testing::OwnNcclHostEnv(shared);
   if (args.nccl_ctas > 0) {
-    emulator_env = {absl::StrCat("NCCL_MIN_CTAS=", args.nccl_ctas),
-                    absl::StrCat("NCCL_MAX_CTAS=", args.nccl_ctas)};
+    emulator_env.push_back(absl::StrCat("NCCL_MIN_CTAS=", args.nccl_ctas));
+    emulator_env.push_back(absl::StrCat("NCCL_MAX_CTAS=", args.nccl_ctas));
   }
   auto emulator = testing::StartEmulator(
-      port, 1, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"), emulator_env);
+      port, engine_gpu, {}, absl::StrCat(args.log_dir, "/bench_emulator.log"), emulator_env);
   BENCH_OK(emulator.status());
   const int cpp_port = testing::FreePort();
   const std::string cpp_log = absl::StrCat(args.log_dir, "/bench_cpp_engine.log");
   auto cpp_engine = testing::SpawnCppReceiver(
-      cpp_port, {1}, {"device", "-1", std::to_string(args.nccl_ctas)}, cpp_log, args.cpp_receiver);
+      cpp_port, {engine_gpu}, {"device", "-1", std::to_string(args.nccl_ctas)}, cpp_log,
+      args.cpp_receiver, testing::OwnNcclHostEnv(shared));
   BENCH_OK(cpp_engine.status());
   BENCH_OK(
       testing::WaitForHealth(**cpp_engine, cpp_port, absl::Seconds(30), "the C++ engine", cpp_log));

@@ -1,56 +1,189 @@
 #!/usr/bin/env bash
-# Every test one GPU runs (nvidia-h200), with the binaries staged by
-#   deploy/stage_devbin.sh build onegpu server/wpubd/wpubd clients/recv/wpub-recv \
-#     server/wpubctl/wpubctl tests/python/wpub-quantize-ref tests/rollout/rollout_group_test \
-#     tests/rollout/rollout_sglang_driver_test tests/rollout/rollout_sglang_dirty_test \
-#     tests/rollout/rollout_gpu_path_test tests/gpu/gpu_backend_test tests/gpu/gpu_ipc_cache_test \
-#     tests/kernels_gpu/kernels_gpu_test tests/kernels_gpu/kernels_status_test \
-#     tests/convert/convert_gpu_test bench/convert/convert_bench_checkpoint
-# (carry .devbin/onegpu.tgz): the GPU gtests (kernels against the CPU reference, status kernels,
-# the IPC cache, the converter's CUDA path), a CUDA conversion read back by the real
-# `safetensors` library with torch (check_output.py --require-safetensors, as the engines load
-# it) and `wpubctl inspect` of it, then tests/python/run_gpu_group.sh (the rollout group, SGLang
-# driver, dirty engines, GPU path, GPU backend, vLLM's rendezvous and the Python GPU tests).
-# Logs to $OUT. Exit status 0 when everything passed.
-# Usage (from the repository root): bash tests/gpu/run_one_gpu.sh
+# Every GPU test of the project on ONE GPU (a lent nvidia-h200), NCCL paths included, within one
+# device call (< 10 minutes). NCCL refuses two ranks on one device only when they report the same
+# host: every process of an NCCL test gets a host identity of its own (NCCL_HOSTID) and NCCL's
+# loopback socket transport (tests/multi_gpu/shared_gpu.h, tests/python/harness.nccl_env), so
+# publisher and engine ranks share GPU 0 -- correct bytes and protocol, a socket's bandwidth.
+#
+# Staged binaries: deploy/stage_devbin.sh build onegpu (carry .devbin/onegpu.tgz).
+# Two lanes run side by side (the GPU has room for both):
+#   lane A, the GPU unit tests: kernels against the CPU reference, status kernels, the CUDA IPC
+#     cache, the converter's CUDA path and its output read by the real `safetensors` library
+#     (when importable) and `wpubctl inspect`, the GPU backend, rendezvous, the rollout group,
+#     SGLang driver, dirty engines and GPU path; then vLLM's rendezvous refusal
+#     (vllm_handshake.py) and the Python client's one-GPU tests (CUDA IPC, the two-rank gather,
+#     two GPU-path daemons as one group to a pull receiver);
+#   lane B, the NCCL tests: tests/multi_gpu (byte-exact versions from trainer IPC memory,
+#     non-finite rejection, receiver killed mid-publication, host syncs flat in experts, the
+#     engine with GPU components, C++ engines with host and device checksums, mismatched channel
+#     counts), the multi-rank tests (2 engines, 2 TP=2 engines with a process per rank, 3 engines
+#     with one killed), publication groups over NCCL (group_nccl.py: two publishers, a shared
+#     engine, a follower killed), the vLLM emulator and C++ vLLM engine (vllm_nccl.py: three
+#     versions byte for byte per release, non-finite rejection, an engine killed), SGLang and
+#     vLLM engines in one publication and a dirty SGLang engine whose retry commits
+#     (engines_nccl.py), and ConnectEngines + CUDA IPC publications from Python
+#     (test_gpu_connect_publish).
+# Writes to $OUT: verdicts.txt (one line per test: PASS/FAIL/SKIP, seconds, the test's own
+# summary), summary.log, the JSON results of the Python runs, logs.tar.gz (every log).
+# Exit status 0 when every test passed.
+# Usage (from the repository root): bash tests/gpu/run_one_gpu.sh [lane ...]   (default: A B)
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_one_gpu_out}
 mkdir -p "$OUT"
+LOGS=$(mktemp -d /tmp/wpub_one_gpu.XXXXXX)
+exec > >(tee -a "$OUT/summary.log") 2>&1
 BIN=${WPUB_DEVBIN:-$ROOT/.devbin/onegpu}
-if [[ ! -d $BIN && -f $BIN.tgz ]]; then tar -xzf "$BIN.tgz" -C "$(dirname "$BIN")"; fi
-NCCL_LIB=$(python3 -c "import os, nvidia.nccl as m; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true)
-export LD_LIBRARY_PATH="$BIN/lib${NCCL_LIB:+:$NCCL_LIB}:${LD_LIBRARY_PATH:-}" NCCL_NVLS_ENABLE=0
-nvidia-smi -L
-rc=0
-for t in kernels_gpu_test kernels_status_test gpu_ipc_cache_test convert_gpu_test; do
-  timeout 400 "$BIN/$t" --gtest_color=no >"$OUT/$t.log" 2>&1
-  r=$?
-  echo "--- $t: exit $r $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')"
-  ((r != 0)) && rc=1
-done
-if python3 -c "import numpy, torch, safetensors" 2>/dev/null; then
-  d=$(mktemp -d /tmp/wpub_convert.XXXXXX)
-  {
-    "$BIN/convert_bench_checkpoint" --dir "$d/in" --gb 0.05 --hidden_size 512 \
-      --moe_intermediate_size 256 --experts 16 --vocab_size 1024 --shard_gb 0.01 --threads 8 &&
-      "$BIN/wpubctl" convert --model_dir "$d/in" --save_dir "$d/out" --device cuda \
-        --num_layers_at_start_in_bf16 1 --progress never &&
-      python3 "$ROOT/tests/convert/check_output.py" --input "$d/in" --output "$d/out" \
-        --samples 16 --require-safetensors
-  } >"$OUT/convert_safetensors.log" 2>&1
-  r=$?
-  "$BIN/wpubctl" inspect "$d/out" >"$OUT/inspect.txt" 2>&1
-  ri=$?
-  rm -rf "$d"
-  echo "--- convert read by safetensors: exit $r; wpubctl inspect: exit $ri"
-  grep -E "^loader|^OK|Error|assert" "$OUT/convert_safetensors.log" | head -5
-  ((r != 0 || ri != 0)) && rc=1
-else
-  echo "--- convert read by safetensors: skipped (numpy, torch or safetensors not importable)"
+if [[ -f $BIN.tgz && (! -d $BIN || $BIN.tgz -nt $BIN) ]]; then
+  rm -rf "$BIN" && tar -xzf "$BIN.tgz" -C "$(dirname "$BIN")" && touch "$BIN"
 fi
-WPUB_DEVBIN=$BIN OUT=$OUT/group bash "$ROOT/tests/python/run_gpu_group.sh"
-r=$?
-((r != 0)) && rc=1
+# NVLink multicast stays off on these machines, also for child processes.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+wheel_lib() {  # the lib folder of an nvidia.* wheel package, or nothing
+  python3 -c "import os, $1 as m; print(os.path.join(m.__path__[0], 'lib'))" 2>/dev/null || true
+}
+NCCL_LIB=$(wheel_lib nvidia.nccl)
+CUPTI_LIB=$(wheel_lib nvidia.cuda_cupti)  # dlopened by gpu_backend_test's CUPTI counter
+LIBS=$BIN/lib${NCCL_LIB:+:$NCCL_LIB}${CUPTI_LIB:+:$CUPTI_LIB}
+# wpub's binaries get the staged libraries through wrappers; Python keeps the machine's own.
+WRAP=$(mktemp -d /tmp/wpub_wrap.XXXXXX)
+for b in wpubd wpub-recv wpub-quantize-ref; do
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec "%s" "$@"\n' "$LIBS:${LD_LIBRARY_PATH:-}" \
+    "$BIN/$b" >"$WRAP/$b"
+  chmod +x "$WRAP/$b"
+done
+printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec python3 "$@"\n' "${LD_LIBRARY_PATH:-}" >"$WRAP/python"
+chmod +x "$WRAP/python"
+export WPUBD=$WRAP/wpubd WPUB_RECV=$WRAP/wpub-recv WPUB_QUANTIZE_REF=$WRAP/wpub-quantize-ref
+export WPUB_SOURCE_DIR=$ROOT WPUB_PYTHON=$WRAP/python PYTHONDONTWRITEBYTECODE=1
+START=$(date +%s)
+nvidia-smi -L
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
+echo "NCCL_LIB=$NCCL_LIB"
+echo "engines on GPU ${WPUB_TEST_ENGINE_GPU:-(1 when there are two GPUs, else 0: shared)}"
+
+# verdict NAME RC SECONDS SUMMARY: one line of verdicts.txt (rc 77: skipped).
+verdict() {
+  local v=PASS
+  (($2 == 77)) && v=SKIP
+  (($2 != 0 && $2 != 77)) && v=FAIL
+  printf '%-34s %s %4ss  %s\n' "$1" "$v" "$3" "$4" | tee -a "$OUT/verdicts.txt"
+}
+# Runs a command under `timeout` (which makes itself a process-group leader), then kills what is
+# left of that group (emulators or daemons of a test that timed out or exited early).
+guarded() {
+  local t=$1
+  shift
+  timeout "$t" "$@" &
+  local pid=$!
+  wait "$pid"
+  local rc=$?
+  kill -KILL -- -"$pid" 2>/dev/null
+  return "$rc"
+}
+# gtest NAME TIMEOUT: a staged gtest binary; the verdict carries its counts.
+gtest() {
+  local t0=$SECONDS log=$LOGS/$1.log
+  LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}" WPUB_TEST_LOG_DIR=$LOGS/$1.d \
+    guarded "$2" "$BIN/$1" --gtest_color=no >"$log" 2>&1
+  local rc=$?
+  local passed failed skipped
+  passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$')
+  failed=$(grep -cE '^\[  FAILED  \] [A-Za-z]' "$log")
+  skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$log" | grep -oE '[0-9]+$')
+  if ((rc == 0)) && [[ -n $skipped && ${passed:-0} == 0 ]]; then rc=77; fi
+  verdict "$1" "$rc" $((SECONDS - t0)) \
+    "passed ${passed:-0}, failed $((failed / 2)), skipped ${skipped:-0}$( ((rc == 124)) && echo ', TIMED OUT')"
+  grep -E '^\[  FAILED  \]|^\[  SKIPPED \] [A-Za-z]|Skipped|Failure$' "$log" | head -8 | sed 's/^/    /'
+  return "$rc"
+}
+# script NAME TIMEOUT CMD...: a Python run writing OUT_DIR/NAME.json (copied to $OUT).
+script() {
+  local name=$1 t=$2 t0=$SECONDS
+  shift 2
+  guarded "$t" "$@" "$LOGS/$name" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  cp "$LOGS/$name/$name.json" "$OUT/" 2>/dev/null
+  verdict "$name" "$rc" $((SECONDS - t0)) "$(tail -1 "$LOGS/$name.log" | cut -c1-150)"
+  return "$rc"
+}
+# unittest NAME TIMEOUT MODULE...: Python client tests (tests/python).
+unittest_run() {
+  local name=$1 t=$2 t0=$SECONDS log=$LOGS/$1.log
+  shift 2
+  (cd "$ROOT/tests/python" && PYTHONPATH=$ROOT/clients/python WPUB_TEST_KEEP=1 \
+    TMPDIR=$LOGS guarded "$t" python3 -m unittest -v "$@") >"$log" 2>&1
+  local rc=$?
+  verdict "$name" "$rc" $((SECONDS - t0)) "$(grep -E '^Ran |^OK|^FAILED' "$log" | tr '\n' ' ')"
+  grep -E '(ERROR|FAIL):' "$log" | head -8 | sed 's/^/    /'
+  return "$rc"
+}
+
+lane_a() {
+  local rc=0
+  for t in kernels_gpu_test:300 kernels_status_test:60 gpu_ipc_cache_test:60 \
+    convert_gpu_test:120 gpu_backend_test:120 rendezvous_test:60 rollout_group_test:120 \
+    rollout_sglang_driver_test:120 rollout_sglang_dirty_test:120 rollout_gpu_path_test:60; do
+    gtest "${t%%:*}" "${t##*:}" || rc=1
+  done
+  if python3 -c "import numpy, torch, safetensors" 2>/dev/null; then
+    local t0=$SECONDS d
+    d=$(mktemp -d /tmp/wpub_convert.XXXXXX)
+    {
+      LD_LIBRARY_PATH="$LIBS" "$BIN/convert_bench_checkpoint" --dir "$d/in" --gb 0.05 \
+        --hidden_size 512 --moe_intermediate_size 256 --experts 16 --vocab_size 1024 \
+        --shard_gb 0.01 --threads 8 &&
+        LD_LIBRARY_PATH="$LIBS" "$BIN/wpubctl" convert --model_dir "$d/in" --save_dir "$d/out" \
+          --device cuda --num_layers_at_start_in_bf16 1 --progress never &&
+        python3 "$ROOT/tests/convert/check_output.py" --input "$d/in" --output "$d/out" \
+          --samples 16 --require-safetensors &&
+        LD_LIBRARY_PATH="$LIBS" "$BIN/wpubctl" inspect "$d/out"
+    } >"$LOGS/convert_safetensors.log" 2>&1
+    local r=$?
+    rm -rf "$d"
+    verdict convert_read_by_safetensors "$r" $((SECONDS - t0)) \
+      "$(grep -E '^OK|Error|problem' "$LOGS/convert_safetensors.log" | head -2 | tr '\n' ' ')"
+    ((r != 0)) && rc=1
+  else
+    verdict convert_read_by_safetensors 77 0 "numpy, torch or safetensors not importable"
+  fi
+  script vllm_handshake 120 python3 "$ROOT/tests/multi_gpu/vllm_handshake.py" || rc=1
+  unittest_run python_gpu_one_gpu 300 test_local_gather.LocalGatherCudaTest test_gpu_ipc \
+    test_gpu_group test_proto_compat test_client_glue.TargetAndVersionTest || rc=1
+  return $rc
+}
+
+lane_b() {
+  local rc=0
+  gtest multi_gpu_publish_test 300 || rc=1
+  gtest multi_gpu_multi_rank_test 240 || rc=1
+  script group_nccl 240 python3 "$ROOT/tests/multi_gpu/group_nccl.py" || rc=1
+  script vllm_nccl 300 python3 "$ROOT/tests/multi_gpu/vllm_nccl.py" || rc=1
+  script engines_nccl 240 python3 "$ROOT/tests/multi_gpu/engines_nccl.py" || rc=1
+  unittest_run python_gpu_connect_publish 240 test_gpu_connect_publish || rc=1
+  return $rc
+}
+
+lanes=("$@")
+((${#lanes[@]} == 0)) && lanes=(A B)
+pids=()
+for lane in "${lanes[@]}"; do
+  case $lane in
+    A) lane_a >"$LOGS/lane_A.log" 2>&1 & pids+=($!) ;;
+    B) lane_b >"$LOGS/lane_B.log" 2>&1 & pids+=($!) ;;
+    *) echo "unknown lane $lane (A or B)" >&2; exit 2 ;;
+  esac
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+echo
+echo "=== verdicts (+$(($(date +%s) - START)) s)"
+cat "$OUT/verdicts.txt"
+for lane in "${lanes[@]}"; do
+  echo "--- lane $lane"
+  grep -E '^    ' "$LOGS/lane_$lane.log" | head -40
+done
+tar -czf "$OUT/logs.tar.gz" --exclude='expect*' --exclude='*.safetensors' --exclude='*.bin' \
+  -C "$LOGS" . 2>/dev/null
 echo "--- all: exit $rc"
 exit $rc

@@ -3,7 +3,9 @@
 // is tested end to end without Python or SGLang.
 // Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
 //                               [nccl_ctas]
-//   several GPUs: one group rank each, as the TP ranks of one engine;
+//   several GPUs: one group rank each, as the TP ranks of one engine; a list that repeats a
+//   device (a TP engine on one shared GPU) runs each rank as a process of its own behind this
+//   one (rank_processes.h), since NCCL refuses two ranks of one process on one device;
 //   host|device: where checksums are computed (after a copy of every bucket to the host, the
 //   default, or on the device with nothing copied);
 //   die_after_buckets: SIGKILL itself after receiving that many buckets (fault tests; -1: never);
@@ -15,8 +17,12 @@
 #include <cstdlib>
 #include <string>
 
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_split.h"
 #include "clients/recv/nccl/receiver_endpoint.h"
+#include "tests/multi_gpu/rank_processes.h"
 
 int main(int argc, char** argv) {
   if (argc < 3 || argc > 6) {
@@ -38,6 +44,12 @@ int main(int argc, char** argv) {
   o.devices.clear();
   for (const absl::string_view d : absl::StrSplit(argv[2], ',')) {
     o.devices.push_back(std::atoi(std::string(d).c_str()));
+  }
+  std::vector<int> sorted = o.devices;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return wpub::testing::RunRankProcesses("/proc/self/exe", port, o.devices,
+                                           std::vector<std::string>(argv + 3, argv + argc));
   }
   o.join_timeout = absl::Seconds(60);
   o.copy_to_host = mode == "host";

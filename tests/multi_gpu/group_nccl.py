@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Publication groups over NCCL (two GPUs): two GPU-path wpubd on GPU 0, each with its own
-weight-update group (its own TCPStore and group name) to ONE SGLang emulator on GPU 1 that joined
-both; they publish a GLM-like MoE from torch CUDA tensors, half each, as one version. Checks,
-per version: every tensor the emulator received equals the CPU reference byte for byte, the
+"""Publication groups over NCCL: two GPU-path wpubd on GPU 0, each with its own weight-update
+group (its own TCPStore and group name) to ONE SGLang emulator on harness.engine_gpu() (GPU 1, or
+GPU 0 itself on a machine of one GPU: every process then its own NCCL host identity,
+harness.nccl_env) that joined both; they publish a GLM-like MoE from torch CUDA tensors, half
+each, as one version. Checks, per version: every tensor the emulator received equals the CPU reference byte for byte, the
 engine's lifecycle calls happened once (pause .. continue, by the leader alone), and no resume
 served a mix of versions. Then the follower's daemon is killed mid-publication: the version
 aborts on the leader, the emulator stays paused (dirty) and the next version (with the follower
 restarted) commits and resumes it.
 
-Usage (a two-GPU host, binaries staged; see run_group_vllm_h200x2.sh):
+Usage (a GPU host, binaries staged; see tests/gpu/run_one_gpu.sh):
     WPUBD=... WPUB_RECV=... WPUB_QUANTIZE_REF=... python3 tests/multi_gpu/group_nccl.py OUT_DIR
 """
 import json
@@ -25,7 +26,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import wpub  # noqa: E402
-from harness import Daemon, free_port, http_json as get, wait_http, glm_batches, reference  # noqa: E402
+from harness import (Daemon, engine_gpu, free_port, http_json as get, nccl_env, wait_http,  # noqa: E402
+                     glm_batches, reference)
 
 
 
@@ -38,10 +40,12 @@ def main():
     os.makedirs(out, exist_ok=True)
     expect = os.path.join(out, "expect")
     port = free_port()
+    gpu = engine_gpu()
+    shared = gpu == 0
     emu_log = open(os.path.join(out, "emulator.log"), "w")
     emu = subprocess.Popen([sys.executable, os.path.join(HERE, "sglang_emulator.py"),
-                            f"--port={port}", "--gpu=1", f"--expect-dir={expect}"],
-                           stdout=emu_log, stderr=subprocess.STDOUT)
+                            f"--port={port}", f"--gpu={gpu}", f"--expect-dir={expect}"],
+                           stdout=emu_log, stderr=subprocess.STDOUT, env=nccl_env(shared))
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", 60)
     ports = [free_port(), free_port()]
@@ -49,7 +53,8 @@ def main():
     def start(i):
         return Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines={url}",
                       f"--nccl_group=wpub_member{i}", "--nccl_store_listen=127.0.0.1:0",
-                      listen=f"127.0.0.1:{ports[i]}", log_level="info", timeout=60)
+                      listen=f"127.0.0.1:{ports[i]}", log_level="info", timeout=60,
+                      env=nccl_env(shared))
 
     daemons = [start(0), start(1)]
     targets = [d.target for d in daemons]

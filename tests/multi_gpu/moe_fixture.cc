@@ -438,12 +438,13 @@ absl::Status WaitForHealth(Child& child, int port, absl::Duration timeout, const
 absl::StatusOr<std::unique_ptr<Child>> SpawnCppReceiver(int port, const std::vector<int>& gpus,
                                                         const std::vector<std::string>& args,
                                                         const std::string& log_path,
-                                                        const std::string& binary) {
+                                                        const std::string& binary,
+                                                        const std::vector<std::string>& env) {
   std::vector<std::string> argv = {
       binary.empty() ? SiblingBinary("multi_gpu_cpp_receiver") : binary, std::to_string(port),
       absl::StrJoin(gpus, ",")};
   argv.insert(argv.end(), args.begin(), args.end());
-  return Child::Spawn(argv, log_path, false);
+  return Child::Spawn(argv, log_path, false, env);
 }
 
 }  // namespace wpub::testing

@@ -127,12 +127,14 @@ absl::Status WaitForHealth(Child& child, int port, absl::Duration timeout, const
 
 // Spawns tests/multi_gpu/cpp_receiver.cc's binary (`binary`, or multi_gpu_cpp_receiver next to
 // the running one when empty) serving `port` with one group rank per GPU of `gpus`, `args` after
-// them (checksum mode, die_after_buckets, nccl_ctas). Returns at once, so several engines start
-// together: wait for each with WaitForHealth.
+// them (checksum mode, die_after_buckets, nccl_ctas), with the "NAME=value" entries of `env` in
+// its environment (OwnNcclHostEnv when it shares the publisher's GPU). Returns at once, so
+// several engines start together: wait for each with WaitForHealth.
 absl::StatusOr<std::unique_ptr<Child>> SpawnCppReceiver(int port, const std::vector<int>& gpus,
                                                         const std::vector<std::string>& args,
                                                         const std::string& log_path,
-                                                        const std::string& binary = "");
+                                                        const std::string& binary = "",
+                                                        const std::vector<std::string>& env = {});
 
 // Starts tests/multi_gpu/sglang_emulator.py on `gpu` (with `extra` arguments and the "NAME=value"
 // entries of `env` in its environment) and waits for /health.

@@ -1,13 +1,16 @@
 // One publisher, many receiving ranks (label multi_gpu): wpub's GPU backend + NCCL transport on
 // GPU 0 publishing to C++ engines (multi_gpu_cpp_receiver: SGLang's weight-update routes over
 // nccl::ReceiverEndpoint) on every other visible GPU, in two layouts: one engine per GPU, and
-// engines of two GPUs each (the ranks of an SGLang TP=2 engine join from its rank_offset).
+// engines of two GPUs each (the ranks of an SGLang TP=2 engine join from its rank_offset). On a
+// machine of one GPU (or with WPUB_TEST_ENGINE_GPU=0) every engine rank shares GPU 0 with the
+// publisher (shared_gpu.h): 2 engines of one rank, 2 TP=2 engines (each rank a process of its
+// own), 3 engines for the fault test; WPUB_TEST_SHARED_ENGINES sets how many.
 //  1. Several versions; every engine's every bucket checksum (computed on each of its GPUs,
 //     which must agree) equals the publisher's.
 //  2. One engine killed mid-publication: the publication aborts within the deadline, the next
 //     publication re-forms the group with the survivors and commits on them.
-// Needs 2 GPUs for the one-engine-per-GPU layout (then a single receiving rank), 3 for the TP=2
-// layout and for the fault test (a survivor must remain); skips with the reason otherwise.
+// With several GPUs: 2 for the one-engine-per-GPU layout (then a single receiving rank), 3 for the
+// TP=2 layout and for the fault test (a survivor must remain); skips with the reason otherwise.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -25,6 +28,7 @@
 #include "tests/multi_gpu/device_model.h"
 #include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
+#include "tests/multi_gpu/shared_gpu.h"
 
 namespace wpub::testing {
 namespace {
@@ -47,11 +51,27 @@ std::vector<std::vector<int>> Engines(int devices, int tp) {
   return out;
 }
 
+// `count` engines of `tp` ranks, every rank on `gpu` (shared with the publisher).
+std::vector<std::vector<int>> SharedEngines(int gpu, int count, int tp) {
+  return std::vector<std::vector<int>>(static_cast<size_t>(count),
+                                       std::vector<int>(static_cast<size_t>(tp), gpu));
+}
+
+// How many engines share the GPU: WPUB_TEST_SHARED_ENGINES, else `fallback`.
+int SharedEngineCount(int fallback) {
+  const char* v = std::getenv("WPUB_TEST_SHARED_ENGINES");
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n > 0 ? n : fallback;
+}
+
 class MultiRankTest : public ::testing::Test {
  protected:
   void SetUp() override {
     devices_ = DeviceCount();
-    if (devices_ < 2) GTEST_SKIP() << "needs 2 or more CUDA devices; found " << devices_;
+    engine_gpu_ = EngineGpu();
+    if (engine_gpu_ < 0) GTEST_SKIP() << "needs a CUDA device";
+    shared_ = SharesPublisherGpu(engine_gpu_);
+    AdoptOwnNcclHost(shared_);  // before this process's first NCCL communicator
     dir_ = TestWorkDir("wpub_multi_rank_",
                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     ASSERT_FALSE(dir_.empty());
@@ -73,7 +93,8 @@ class MultiRankTest : public ::testing::Test {
       r.port = FreePort();
       std::vector<std::string> args = {"device"};
       if (i < die_after.size() && die_after[i] > 0) args.push_back(std::to_string(die_after[i]));
-      auto c = SpawnCppReceiver(r.port, r.gpus, args, absl::StrCat(dir_, "/engine", i, ".log"));
+      auto c = SpawnCppReceiver(r.port, r.gpus, args, absl::StrCat(dir_, "/engine", i, ".log"),
+                                "", OwnNcclHostEnv(shared_));
       EXPECT_TRUE(c.ok()) << c.status();
       if (!c.ok()) return {};
       r.child = std::move(*c);
@@ -117,8 +138,14 @@ class MultiRankTest : public ::testing::Test {
     }
   }
 
+  // The engines of `tp` ranks: every other GPU's, or `shared_count` on the shared GPU.
+  std::vector<std::vector<int>> Layout(int tp, int shared_count) const {
+    return shared_ ? SharedEngines(engine_gpu_, SharedEngineCount(shared_count), tp)
+                   : Engines(devices_, tp);
+  }
+
   void PublishVersions(int tp, int in_flight) {
-    const std::vector<std::vector<int>> layout = Engines(devices_, tp);
+    const std::vector<std::vector<int>> layout = Layout(tp, 2);
     std::vector<Running> engines = StartEngines(layout);
     ASSERT_EQ(engines.size(), layout.size());
     auto transport = Transport(engines, absl::Seconds(60), in_flight);
@@ -146,6 +173,8 @@ class MultiRankTest : public ::testing::Test {
   }
 
   int devices_ = 0;
+  int engine_gpu_ = -1;
+  bool shared_ = false;  // every engine rank shares the publisher's GPU
   std::string dir_;
   MoeShape shape_;  // the defaults: 2 layers, 8 experts of [128, 256], hidden 256
 };
@@ -154,13 +183,15 @@ class MultiRankTest : public ::testing::Test {
 TEST_F(MultiRankTest, EveryEngineOfOneGpuGetsEveryVersion) { PublishVersions(1, 2); }
 
 TEST_F(MultiRankTest, EveryTp2EngineGetsEveryVersionOnBothRanks) {
-  if (devices_ < 3) GTEST_SKIP() << "a TP=2 engine needs GPUs 1 and 2; found " << devices_;
+  if (!shared_ && devices_ < 3) GTEST_SKIP() << "a TP=2 engine needs GPUs 1 and 2; found " << devices_;
   PublishVersions(2, 1);
 }
 
 TEST_F(MultiRankTest, KilledEngineAbortsThenSurvivorsCommit) {
-  if (devices_ < 3) GTEST_SKIP() << "needs 2 receiving GPUs so one survives; found " << devices_;
-  const std::vector<std::vector<int>> layout = Engines(devices_, 1);
+  if (!shared_ && devices_ < 3) {
+    GTEST_SKIP() << "needs 2 receiving GPUs so one survives; found " << devices_;
+  }
+  const std::vector<std::vector<int>> layout = Layout(1, 3);
   // The first engine (GPU 1: next to rank 0 in NCCL's chain, so the others' receives stall
   // behind it) dies after 2 buckets of the first publication.
   std::vector<long> die(layout.size(), 0);

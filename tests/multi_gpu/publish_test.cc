@@ -1,6 +1,7 @@
-// Multi-GPU tests of the GPU publication path (label multi_gpu; skipped with a reason without
-// two GPUs or without python3+torch): wpub's GPU backend + NCCL transport on GPU 0 publishing to
-// the SGLang emulator (torch.distributed as SGLang uses it) on GPU 1.
+// Multi-GPU tests of the GPU publication path (label multi_gpu; skipped with a reason without a
+// GPU or without python3+torch): wpub's GPU backend + NCCL transport on GPU 0 publishing to the
+// SGLang emulator (torch.distributed as SGLang uses it) on EngineGpu() -- GPU 1 when there are
+// two, else GPU 0 itself, every process then with a host identity of its own (shared_gpu.h).
 //  1. A synthetic MoE read in place from trainer-owned memory (CUDA IPC), several versions,
 //     every tensor byte-compared by the emulator with the CPU reference's buckets.
 //  2. Non-finite weights are rejected before any bucket is sent.
@@ -35,6 +36,7 @@
 #include "tests/multi_gpu/device_model.h"
 #include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
+#include "tests/multi_gpu/shared_gpu.h"
 
 namespace wpub::testing {
 namespace {
@@ -44,10 +46,10 @@ using json = nlohmann::json;
 class MultiGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
-      GTEST_SKIP() << "needs 2 CUDA devices (one per NCCL rank); found " << n;
-    }
+    engine_gpu_ = EngineGpu();
+    if (engine_gpu_ < 0) GTEST_SKIP() << "needs a CUDA device";
+    shared_ = SharesPublisherGpu(engine_gpu_);
+    AdoptOwnNcclHost(shared_);  // before this process's first NCCL communicator
     if (std::system((Python() + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
       GTEST_SKIP() << Python() << " with torch is not available (set WPUB_PYTHON)";
     }
@@ -60,7 +62,8 @@ class MultiGpuTest : public ::testing::Test {
     // A short store/NCCL timeout makes a rendezvous problem show in the emulator's log (torch
     // names the key it waited for) well within the test's deadline.
     extra.insert(extra.end(), {"--nccl-timeout", "30"});
-    auto e = StartEmulator(port, 1, extra, absl::StrCat(dir_, "/emulator_", port, ".log"));
+    auto e = StartEmulator(port, engine_gpu_, extra, absl::StrCat(dir_, "/emulator_", port, ".log"),
+                           OwnNcclHostEnv(shared_));
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? std::move(*e) : nullptr;
   }
@@ -76,11 +79,13 @@ class MultiGpuTest : public ::testing::Test {
     return t.ok() ? std::move(*t) : nullptr;
   }
 
-  // A C++ engine serving `port` on GPU 1 (SpawnCppReceiver's `args`), answering /health.
+  // A C++ engine serving `port` on the engine GPU (SpawnCppReceiver's `args`), answering /health.
   absl::StatusOr<std::unique_ptr<Child>> StartCppReceiver(int port,
                                                           const std::vector<std::string>& args,
                                                           const std::string& log) {
-    WPUB_ASSIGN_OR_RETURN(std::unique_ptr<Child> child, SpawnCppReceiver(port, {1}, args, log));
+    WPUB_ASSIGN_OR_RETURN(
+        std::unique_ptr<Child> child,
+        SpawnCppReceiver(port, {engine_gpu_}, args, log, "", OwnNcclHostEnv(shared_)));
     WPUB_RETURN_IF_ERROR(WaitForHealth(*child, port, absl::Seconds(30), "the C++ engine", log));
     return child;
   }
@@ -145,6 +150,8 @@ class MultiGpuTest : public ::testing::Test {
   }
 
   std::string dir_;
+  int engine_gpu_ = -1;
+  bool shared_ = false;  // the engines share the publisher's GPU
   MoeShape shape_;  // the defaults: 2 layers, 8 experts of [128, 256], hidden 256
 };
 

@@ -16,6 +16,8 @@ cannot roll back either). /finish_weight_update {"weight_version": V} marks the 
 with --expect-dir, compares every tensor of it with `<dir>/v<V>/tensors/<name>.bin`.
 
 Test-only switches: --release v0.25 (packing fields refused in init_info, taken per update),
+--die-at-update N (SIGKILL itself when its N-th /update_weights, counted from 0 over its life,
+arrives: an engine dying mid-publication),
 --handshake-only (stop after reading and unpickling the unique id; answer the init without
 joining NCCL: what one GPU allows, as the publisher's rank needs a GPU of its own).
 GET /stats: calls, per version the tensors, bytes, mismatches; the unique id seen; serving;
@@ -25,6 +27,7 @@ import ctypes
 import json
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -99,6 +102,7 @@ class Engine:
         self.pending = {}      # name -> host bytes of the update in progress
         self.live = {}         # name -> the version (or update marker) the live weight holds
         self.marker = 0
+        self.updates_seen = 0  # /update_weights requests over the emulator's life
         self.stats = {"calls": [], "versions": {}, "serving": True, "mixed_resumes": 0,
                       "served": [], "unique_id": None, "unique_id_type": None, "rank": None}
 
@@ -150,6 +154,10 @@ class Engine:
         return 200, {"message": "Weight update started"}
 
     def update(self, body):
+        self.updates_seen += 1
+        if self.args.die_at_update is not None and self.updates_seen - 1 == self.args.die_at_update:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
         if not self.updating:
             return 400, {"error": {"message": "start_weight_update must be called before "
                                               "update_weights."}}
@@ -257,6 +265,7 @@ def main():
     p.add_argument("--expect-dir", default="")
     p.add_argument("--release", default="main", choices=["main", "v0.25"])
     p.add_argument("--handshake-only", action="store_true")
+    p.add_argument("--die-at-update", type=int, default=None)
     args = p.parse_args()
     register_vllm_stand_in()
     engine = Engine(args)

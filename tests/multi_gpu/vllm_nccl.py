@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
-"""wpubd on GPU 0 to the vLLM emulator on GPU 1 over vLLM's own weight-transfer protocol (two
-GPUs): three versions of a GLM-like MoE from torch CUDA tensors (CUDA IPC), every tensor the
+"""wpubd on GPU 0 to the vLLM emulator on harness.engine_gpu() (GPU 1, or GPU 0 itself on a machine
+of one GPU: every process then its own NCCL host identity, harness.nccl_env) over vLLM's own
+weight-transfer protocol: three versions of a GLM-like MoE from torch CUDA tensors (CUDA IPC), every tensor the
 emulator received equal to the CPU reference byte for byte, the lifecycle once per version and
 no resume on a mix; a version with a non-finite weight is rejected before any byte reaches the
 engine; then the same against an emulator of a release that takes the packing fields per update
-(--release v0.25); then the C++ vLLM-protocol engine (wpub-recv --engine_listen
---engine_protocol=vllm --gpu_device=1) at both placements, its --output file checked against the
-reference after each version. Writes OUT/vllm_nccl.json; exit 0 when every check holds.
+(--release v0.25); then an emulator that dies at its second update request: the version aborts
+within the deadline, and the next one commits to the engine restarted at the same address; then
+the C++ vLLM-protocol engine (wpub-recv --engine_listen --engine_protocol=vllm) at both
+placements, its --output file checked against the reference after each version. Writes
+OUT/vllm_nccl.json; exit 0 when every check holds.
 
-Usage (a two-GPU host, binaries staged): see run_group_vllm_h200x2.sh.
+Usage (a GPU host, binaries staged): see tests/gpu/run_one_gpu.sh.
 """
 import json
 import os
@@ -22,7 +25,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import wpub  # noqa: E402
-from harness import Daemon, free_port, http_json as get, wait_http, glm_batches, reference  # noqa: E402
+from harness import (Daemon, engine_gpu, free_port, http_json as get, nccl_env, wait_http,  # noqa: E402
+                     glm_batches, reference)
+
+GPU = engine_gpu()
+SHARED = GPU == 0  # the engines share wpubd's GPU
 
 
 
@@ -30,23 +37,35 @@ def to_cuda(a):
     return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda(0)
 
 
-def start_daemon(out, url):
+def start_daemon(out, url, *flags):
     """A GPU-path wpubd on GPU 0 with the vLLM engine at `url` (once it answers /health), and a
     publisher to it."""
     wait_http(url + "/health", 30)
     d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines=vllm+{url}",
-               "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=60)
+               "--nccl_store_listen=127.0.0.1:0", *flags, log_level="info", timeout=60,
+               env=nccl_env(SHARED))
     return d, wpub.Publisher(d.target, timeout=300)
+
+
+def start_emulator(out, port, tag, *flags):
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_emulator.py"),
+                             f"--port={port}", f"--gpu={GPU}", *flags],
+                            stdout=open(os.path.join(out, f"emulator-{tag}.log"), "a"),
+                            stderr=subprocess.STDOUT, env=nccl_env(SHARED))
+
+
+def write_expected(expect, version, ref):
+    vdir = os.path.join(expect, f"v{version}", "tensors")
+    os.makedirs(vdir, exist_ok=True)
+    for name, (_, _, raw) in ref.items():
+        with open(os.path.join(vdir, name + ".bin"), "wb") as f:
+            f.write(raw)
 
 
 def run(out, release):
     expect = os.path.join(out, f"expect-{release}")
     port = free_port()
-    emu = subprocess.Popen([sys.executable, os.path.join(HERE, "vllm_emulator.py"),
-                            f"--port={port}", "--gpu=1", f"--expect-dir={expect}",
-                            f"--release={release}"],
-                           stdout=open(os.path.join(out, f"emulator-{release}.log"), "w"),
-                           stderr=subprocess.STDOUT)
+    emu = start_emulator(out, port, release, f"--expect-dir={expect}", f"--release={release}")
     url = f"http://127.0.0.1:{port}"
     d, pub = start_daemon(out, url)
     res = {"release": release, "versions": [], "ok": True}
@@ -54,11 +73,7 @@ def run(out, release):
         for version in (1, 2, 3):
             model = glm_batches(version, hidden=256, inter=128, experts=8)
             ref = reference(out, model)
-            vdir = os.path.join(expect, f"v{version}", "tensors")
-            os.makedirs(vdir, exist_ok=True)
-            for name, (_, _, raw) in ref.items():
-                with open(os.path.join(vdir, name + ".bin"), "wb") as f:
-                    f.write(raw)
+            write_expected(expect, version, ref)
             wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
             r = pub.publish(version, wire, bucket_bytes=1 << 20, check=False)
             s = get(url + "/stats")
@@ -96,6 +111,55 @@ def run(out, release):
     return res
 
 
+def run_killed(out):
+    """An engine that dies at its second update request (bucket 1 of version 1): the version
+    aborts within the deadline with the engine named, then the engine restarted at the same
+    address takes version 2 byte for byte (the daemon re-forms the group) and resumes once on
+    it, never on a mix."""
+    expect = os.path.join(out, "expect-killed")
+    port = free_port()
+    emu = start_emulator(out, port, "killed", f"--expect-dir={expect}", "--die-at-update=1")
+    url = f"http://127.0.0.1:{port}"
+    d, pub = start_daemon(out, url, "--engine_deadline=20s")
+    res = {"release": "killed", "ok": True}
+    try:
+        model = glm_batches(21, hidden=256, inter=128, experts=8)
+        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+        t0 = time.monotonic()
+        try:
+            r = pub.publish(1, wire, bucket_bytes=256 << 10, check=False)
+            res["killed"] = {"status": r.status, "error": r.error_message[:300]}
+            aborted = not r.committed
+        except wpub.WpubError as e:
+            res["killed"] = {"error": str(e)[:300]}
+            aborted = True
+        res["killed"]["seconds"] = round(time.monotonic() - t0, 3)
+        res["killed"]["engine_exited"] = emu.wait(30) is not None
+        res["ok"] &= aborted and res["killed"]["seconds"] < 60 and res["killed"]["engine_exited"]
+        emu = start_emulator(out, port, "killed", f"--expect-dir={expect}")
+        wait_http(url + "/health", 60)
+        model = glm_batches(22, hidden=256, inter=128, experts=8)
+        ref = reference(out, model)
+        write_expected(expect, 2, ref)
+        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+        r = pub.publish(2, wire, bucket_bytes=256 << 10, check=False)
+        s = get(url + "/stats")
+        v = s["versions"].get("2", {})
+        res["next"] = {"status": r.status, "error": r.error_message[:300], "tensors": len(ref),
+                       "checked": v.get("checked"), "mismatches": v.get("mismatches", [])[:5],
+                       "serving": s["serving"], "served": s["served"],
+                       "mixed_resumes": s["mixed_resumes"]}
+        res["ok"] &= (r.committed and v.get("checked") == len(ref) and not v.get("mismatches")
+                      and s["serving"] and s["mixed_resumes"] == 0)
+        print(json.dumps(res))
+    finally:
+        pub.close()
+        res["daemon_exit"] = d.stop()
+        emu.terminate()
+        emu.wait(10)
+    return res
+
+
 def read_safetensors(path):
     """{name: bytes} and the metadata of a safetensors file."""
     with open(path, "rb") as f:
@@ -108,15 +172,16 @@ def read_safetensors(path):
 
 
 def run_cpp(out, packing_in_init):
-    """The C++ vLLM-protocol engine on GPU 1: three versions, its output byte for byte."""
+    """The C++ vLLM-protocol engine on the engine GPU: three versions, its output byte for
+    byte."""
     tag = "cpp-init" if packing_in_init else "cpp-update"
     port = free_port()
     target = os.path.join(out, f"{tag}.safetensors")
     eng = subprocess.Popen([os.environ["WPUB_RECV"], f"--engine_listen=127.0.0.1:{port}",
-                            "--engine_protocol=vllm", "--gpu_device=1", f"--output={target}",
+                            "--engine_protocol=vllm", f"--gpu_device={GPU}", f"--output={target}",
                             f"--vllm_packing_in_init={'true' if packing_in_init else 'false'}"],
                            stdout=open(os.path.join(out, f"{tag}.log"), "w"),
-                           stderr=subprocess.STDOUT)
+                           stderr=subprocess.STDOUT, env=nccl_env(SHARED))
     url = f"http://127.0.0.1:{port}"
     d, pub = start_daemon(out, url)
     res = {"release": tag, "versions": [], "ok": True}
@@ -147,7 +212,8 @@ def run_cpp(out, packing_in_init):
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/wpub_vllm_nccl"
     os.makedirs(out, exist_ok=True)
-    results = [run(out, "main"), run(out, "v0.25"), run_cpp(out, True), run_cpp(out, False)]
+    results = [run(out, "main"), run(out, "v0.25"), run_killed(out), run_cpp(out, True),
+               run_cpp(out, False)]
     with open(os.path.join(out, "vllm_nccl.json"), "w") as f:
         json.dump(results, f, indent=1)
     sys.exit(0 if all(r["ok"] for r in results) else 1)

@@ -2,6 +2,7 @@
 (binaries from the env vars WPUBD / WPUB_RECV set by CTest), reads the receivers' safetensors,
 builds small Qwen3-MoE-shaped conversion batches and runs the NVFP4 reference tool."""
 
+import itertools
 import json
 import os
 import shutil
@@ -35,17 +36,46 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_HOST_IDS = itertools.count()
+
+
+def engine_gpu() -> int:
+    """The GPU the engine ranks of a GPU test use: WPUB_TEST_ENGINE_GPU when set, else GPU 1 when
+    torch sees two, else GPU 0 -- shared with wpubd's rank (see nccl_env). wpubd and the
+    trainer's tensors are on GPU 0."""
+    forced = os.environ.get("WPUB_TEST_ENGINE_GPU", "")
+    if forced:
+        return int(forced)
+    import torch  # the GPU tests have it; the CPU tests never call this
+    return 1 if torch.cuda.device_count() >= 2 else 0
+
+
+def nccl_env(shared: bool, base=None) -> dict:
+    """The environment of a process that joins an NCCL group (wpubd, an engine, wpub-recv): a
+    copy of `base` (os.environ) that, when `shared` (its rank shares a GPU with another rank),
+    gives it a host identity of its own and NCCL's loopback socket settings. NCCL (2.28)
+    refuses two ranks on one device only when they report the same host, and reads the host
+    from NCCL_HOSTID once per process; the ranks then talk over NCCL's socket transport (the
+    real protocol and bytes, a socket's speed). Not shared: `base` as it is."""
+    env = dict(os.environ if base is None else base)
+    if shared:
+        env.update(NCCL_HOSTID=f"wpub-test-{os.getpid()}-{next(_HOST_IDS)}-{time.monotonic_ns()}",
+                   NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1")
+    return env
+
+
 class ChildProcess:
-    """A child process whose stdout and stderr go to `log_path`; `stop()` sends SIGTERM, kills
-    it after `stop_grace` seconds, and returns its exit code."""
+    """A child process whose stdout and stderr go to `log_path` (in `env`, default this
+    process's environment); `stop()` sends SIGTERM, kills it after `stop_grace` seconds, and
+    returns its exit code."""
 
     stop_grace = 20.0
     log_tail = 4000
 
-    def _start(self, args, log_path: str) -> None:
+    def _start(self, args, log_path: str, env=None) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
 
     def log(self) -> str:
         with open(self.log_path, "rb") as f:
@@ -65,15 +95,16 @@ class ChildProcess:
 
 class Daemon(ChildProcess):
     """A wpubd child process; waits for its --ready_file and records the bound ports (`port`,
-    `metrics_port`, `target`). `stop()` sends SIGTERM and returns the exit code. Shared by the
-    Python client tests and the deployment tests."""
+    `metrics_port`, `target`). `stop()` sends SIGTERM and returns the exit code. `env`: its
+    environment (nccl_env for a GPU-path daemon whose rank shares a GPU). Shared by the Python
+    client tests and the deployment tests."""
 
     stop_grace = 30.0
     log_tail = 6000
 
     def __init__(self, workdir: str, *flags: str, token: str = "", listen: str = "127.0.0.1:0",
                  metrics: str = "", timeout: float = 20.0, log_level: str = "warn",
-                 commit_deadline: str = "30s"):
+                 commit_deadline: str = "30s", env=None):
         self.workdir = workdir
         ready = os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.ready.json")
         args = [binary("WPUBD"), f"--listen={listen}", f"--metrics_listen={metrics}",
@@ -85,7 +116,7 @@ class Daemon(ChildProcess):
             with open(tf, "w") as f:
                 f.write(token)
             args.append(f"--auth_token_file={tf}")
-        self._start(args, os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.log"))
+        self._start(args, os.path.join(workdir, f"wpubd-{time.monotonic_ns()}.log"), env)
         deadline = time.monotonic() + timeout
         while not os.path.exists(ready):
             if self.proc.poll() is not None:

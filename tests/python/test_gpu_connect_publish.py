@@ -1,6 +1,7 @@
-"""The GPU path end to end from Python (label multi_gpu; two GPUs): wpubd runs the GPU path on
-GPU 0 and starts WITHOUT engines; `wpub-recv --engine_listen --gpu_device=1` plays the SGLang
-engine; the client connects it with Publisher.connect_engines, then publishes torch CUDA tensors
+"""The GPU path end to end from Python (label multi_gpu; one GPU or more): wpubd runs the GPU
+path on GPU 0 and starts WITHOUT engines; `wpub-recv --engine_listen --gpu_device=G` plays the
+SGLang engine on G = harness.engine_gpu() (GPU 1, or GPU 0 itself on a machine of one GPU, each
+process then with an NCCL host identity of its own: harness.nccl_env); the client connects it with Publisher.connect_engines, then publishes torch CUDA tensors
 by CUDA IPC (including tensors assembled from two TP shards living in two different
 allocations, dim 0 and dim 1) over two versions, reconnecting between them, and every tensor
 wpub-recv wrote must equal the reference bytes (wpub-quantize-ref for quantized experts, the
@@ -8,7 +9,7 @@ input for passed-through tensors) bit for bit. Also: a dead engine URL is UNAVAI
 and leaves no engines connected, and a publication before any engine is connected commits with
 no receivers.
 
-Skips with the reason when torch with two CUDA devices, the binaries (WPUBD, WPUB_RECV,
+Skips with the reason when torch with a CUDA device, the binaries (WPUBD, WPUB_RECV,
 WPUB_QUANTIZE_REF) or a wpubd built with the GPU path are missing."""
 
 import os
@@ -20,8 +21,8 @@ import urllib.request
 
 import numpy as np
 
-from harness import (ChildProcess, Daemon, bf16, binary, free_port, qwen3_batches,
-                     read_safetensors, reference)
+from harness import (ChildProcess, Daemon, bf16, binary, engine_gpu, free_port, nccl_env,
+                     qwen3_batches, read_safetensors, reference)
 
 import wpub
 
@@ -38,16 +39,16 @@ def to_cuda(a: np.ndarray):
 
 
 class EngineProcess(ChildProcess):
-    """wpub-recv serving SGLang's weight-update routes on GPU 1, writing each applied version
-    to `output`."""
+    """wpub-recv serving SGLang's weight-update routes on `device`, writing each applied
+    version to `output` (a host identity of its own when it shares GPU 0 with wpubd)."""
 
-    def __init__(self, workdir: str, device: int = 1):
+    def __init__(self, workdir: str, device: int):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.output = os.path.join(workdir, "engine.safetensors")
         self._start([binary("WPUB_RECV"), f"--engine_listen=127.0.0.1:{self.port}",
                      f"--gpu_device={device}", f"--output={self.output}", "--log_level=info"],
-                    os.path.join(workdir, "engine.log"))
+                    os.path.join(workdir, "engine.log"), nccl_env(device == 0))
         deadline = time.monotonic() + 60
         while True:
             if self.proc.poll() is not None:
@@ -96,7 +97,7 @@ def model(seed: int):
     return batches, wire, shards
 
 
-@unittest.skipUnless(GPUS >= 2, f"needs torch with 2 CUDA devices (found {GPUS})")
+@unittest.skipUnless(GPUS >= 1, "needs torch with a CUDA device")
 class GpuConnectPublishTest(unittest.TestCase):
 
     @classmethod
@@ -104,7 +105,8 @@ class GpuConnectPublishTest(unittest.TestCase):
         cls.workdir = tempfile.mkdtemp(prefix="wpub-py-gpu-connect-")
         cls.daemon = Daemon(cls.workdir, "--gpu_path", "--gpu_device=0",
                             "--engine_deadline=120s", "--nccl_group=wpub_py", log_level="info",
-                            commit_deadline="120s", timeout=60)
+                            commit_deadline="120s", timeout=60,
+                            env=nccl_env(engine_gpu() == 0))
         cls.pub = wpub.Publisher(cls.daemon.target, timeout=300)
         cls.pub.wait_ready()
         backend = cls.pub.status().backend
@@ -185,7 +187,7 @@ class GpuConnectPublishTest(unittest.TestCase):
         self.assertEqual(report.receivers, [])
         self.assertGreater(report.num_buckets, 0)
 
-        type(self).engine = EngineProcess(self.workdir, device=1)
+        type(self).engine = EngineProcess(self.workdir, device=engine_gpu())
         group = self.pub.connect_engines([(self.engine.url, 1)], timeout=60)
         self.assertEqual(group.world_size, 2)
         self.assertEqual([(e.url, e.gpus, e.rank_offset) for e in group.engines],
