@@ -92,7 +92,7 @@ struct ConnectedEngine {
 
 // The weight-update group (GPU path).
 struct EngineGroupInfo {
-  std::string group_name;  // "<base>_<generation>"; empty before the first group
+  std::string group_name;  // "<base>_<incarnation>_<generation>"; empty before the first group
   int world_size = 0;      // 1 + sum of the engines' GPUs; 0 before the first group
   uint64_t generation = 0;
   bool healthy = false;  // formed, and no failure seen since

@@ -2,6 +2,9 @@
 // update request + broadcast, re-formation at the next Begin, dirty engines.
 #include "core/rollout/rollout_group.h"
 
+#include <cstdio>
+#include <random>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
@@ -18,6 +21,13 @@ engine::ReceiverFailure Classify(const std::string& error) {
     return engine::ReceiverFailure::kDisconnected;
   }
   return engine::ReceiverFailure::kProtocol;
+}
+
+std::string NewIncarnation() {
+  std::random_device rd;
+  char hex[9];
+  std::snprintf(hex, sizeof(hex), "%08x", static_cast<unsigned>(rd()));
+  return hex;
 }
 
 }  // namespace
@@ -63,7 +73,8 @@ RolloutGroup::RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const En
       family_(family),
       sglang_family_(std::move(family)),
       engines_(options_.engines),
-      base_group_(options_.group_name) {}
+      base_group_(options_.group_name),
+      incarnation_(NewIncarnation()) {}
 
 RolloutGroup::~RolloutGroup() {
   if (nccl_) {  // null when Create failed before making it
@@ -185,7 +196,7 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   address.engines = alive;
   address.master_address = options_.advertise_address;
   address.master_port = store_->port();
-  address.group_name = absl::StrCat(base_group, "_", generation);
+  address.group_name = absl::StrCat(base_group, "_", incarnation_, "_", generation);
   // Everything that may fail before an engine is asked to join comes first, so a failure here
   // leaves no group behind.
   WPUB_ASSIGN_OR_RETURN(nccl::UniqueId id, nccl::NewUniqueId());
@@ -358,8 +369,8 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
 
 absl::Status RolloutGroup::Send(std::shared_ptr<const engine::Bucket> bucket) {
   if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
-  WPUB_RETURN_IF_ERROR(nccl_->failure());
   if (!driver_) return absl::OkStatus();  // no engines: no participants
+  WPUB_RETURN_IF_ERROR(nccl_->failure());
   // The engine posts its receive inside this request's handler: issue it first.
   driver_->PostBucket(bucket->manifest);
   const std::vector<uint64_t> chunks = driver_->BroadcastChunks(bucket->manifest);
@@ -390,11 +401,11 @@ absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {
 absl::Status RolloutGroup::Commit() {
   if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
   nccl_->End();
-  WPUB_RETURN_IF_ERROR(nccl_->failure());
   if (!driver_) {  // no engines
     in_flight_ = false;
     return absl::OkStatus();
   }
+  WPUB_RETURN_IF_ERROR(nccl_->failure());
   driver_->EndPublication();
   resume_pending_ = false;
   absl::Status s = driver_->WaitIdle(absl::Now() + family_->request_timeout());
@@ -416,7 +427,13 @@ absl::Status RolloutGroup::Commit() {
 }
 
 void RolloutGroup::Abort(absl::string_view reason) {
-  nccl_->Fail(absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
+  // A group without engines has no communicator in use and must keep no failure: only Begin
+  // with engines (NcclTransport::Begin) forgets one, so a failure recorded here would end the
+  // next publication of this empty group -- the other family's in a mixed deployment -- with
+  // this one's reason.
+  if (driver_) {
+    nccl_->Fail(absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
+  }
   ResumeCleanEngines();
   in_flight_ = false;
 }

@@ -64,7 +64,8 @@ struct RolloutGroupOptions {
   rendezvous::TcpStoreServerOptions store;
   // The address engines use to reach this host's TCPStore.
   std::string advertise_address = "127.0.0.1";
-  // The initial engines (may be empty) and the base group name ("<base>_<generation>").
+  // The initial engines (may be empty) and the base group name: groups are named
+  // "<base>_<incarnation>_<generation>" (RolloutGroup::group_name_prefix).
   std::vector<EngineSpec> engines;
   std::string group_name = "wpub_weights";
   // The engines' protocols, chosen per engine set by EngineSpec::family (one family per group:
@@ -110,6 +111,11 @@ class RolloutGroup final : public engine::Transport, public FamilyConnector {
   engine::EngineGroupInfo Group() const override;
   uint16_t store_port() const { return store_->port(); }
   int generation() const { return generation_; }
+  // 8 hex digits drawn when the group object is created: part of every group name, so a
+  // restarted daemon never asks an engine to join a group under a name its previous
+  // incarnation left there (SGLang refuses a name it already holds, and an engine keeps the
+  // group of a daemon that died without leaving it).
+  const std::string& incarnation() const { return incarnation_; }
 
   engine::TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest& m) override;
@@ -170,6 +176,7 @@ class RolloutGroup final : public engine::Transport, public FamilyConnector {
 
   // Group state (publication thread, or a Connect under connect_mu_).
   std::unique_ptr<EngineDriver> driver_;
+  const std::string incarnation_;
   std::atomic<int> generation_{0};
   std::atomic<bool> formed_{false};  // a group formed and was not torn down since
   std::atomic<bool> in_flight_{false};

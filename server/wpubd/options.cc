@@ -101,7 +101,8 @@ ABSL_FLAG(std::string, engines, "",
           "group) (implies --gpu_path; ConnectEngines replaces them).");
 ABSL_FLAG(int32_t, gpu_device, 0, "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
 ABSL_FLAG(std::string, nccl_group, "wpub_weights",
-          "GPU path: weight-update group name (a generation suffix is added).");
+          "GPU path: weight-update group name (the daemon's incarnation and a generation are "
+          "added: <name>_<incarnation>_<generation>).");
 ABSL_FLAG(std::string, nccl_store_listen, "127.0.0.1:0",
           "GPU path: ip:port of the TCPStore rendezvous the engines join.");
 ABSL_FLAG(std::string, nccl_advertise_address, "127.0.0.1",

@@ -387,11 +387,14 @@ def http_json(url: str, timeout: float = 10.0):
 
 
 def wait_http(url: str, timeout: float = 30.0) -> None:
-    """Polls `url` until it answers (an emulator coming up)."""
+    """Polls `url` until it answers 200, whatever the body (an emulator or engine coming up:
+    wpub-recv's /health has no JSON body)."""
+    import urllib.request
     deadline = time.monotonic() + timeout
     while True:
         try:
-            http_json(url)
+            with urllib.request.urlopen(url, timeout=5) as r:
+                r.read()
             return
         except Exception:
             if time.monotonic() > deadline:

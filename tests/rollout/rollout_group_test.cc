@@ -18,6 +18,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "clients/recv/nccl/receiver_endpoint.h"
 #include "core/nccl/nccl_comm.h"
 #include "core/rollout/rollout_group.h"
@@ -281,9 +282,36 @@ TEST_F(NcclConnectTest, PublicationWithoutEnginesAndConnectWhileInFlight) {
   EXPECT_TRUE(absl::IsUnavailable(after.status())) << after.status();
 }
 
+// A group without engines (the other family's group of every GPU-path daemon) takes part in
+// every publication: an aborted one must leave nothing behind, or the next publication -- and
+// every later one -- ends with the old reason though its engines committed.
+TEST_F(NcclConnectTest, AbortWithoutEnginesLeavesNothingForTheNextPublication) {
+  for (uint64_t version = 1; version <= 3; ++version) {
+    engine::PublicationManifest m;
+    m.version = version;
+    auto names = transport_->Begin(m);
+    ASSERT_TRUE(names.ok()) << names.status();
+    EXPECT_TRUE(names->empty());
+    if (version == 1) {
+      transport_->Abort("attempt 1 failed (an engine of the other family)");
+      continue;
+    }
+    auto b = std::make_shared<engine::Bucket>();
+    b->manifest.nbytes = 16;
+    b->bytes.assign(16, 1);
+    EXPECT_TRUE(transport_->Send(b).ok()) << "version " << version;
+    EXPECT_TRUE(transport_->WaitAcknowledged(absl::Now() + absl::Seconds(5)).ok());
+    const absl::Status committed = transport_->Commit();
+    EXPECT_TRUE(committed.ok()) << "version " << version << ": " << committed;
+    EXPECT_TRUE(transport_->Outcomes().empty());
+  }
+}
+
 // A second engine family plugs in beside SGLang's through rollout::EngineFamily alone: the
-// group probes through it, hands its driver the group's address (this store, "<base>_1"), and
-// a join its driver refuses leaves no engines connected, naming the family's error.
+// group probes through it, hands its driver the group's address (this store,
+// "<base>_<incarnation>_1"), and a join its driver refuses leaves no engines connected, naming
+// the family's error. A second group object of the same base name (a restarted daemon) names
+// its groups differently.
 class RefusingDriver final : public rollout::EngineDriver {
  public:
   explicit RefusingDriver(rollout::GroupAddress a)
@@ -355,11 +383,24 @@ TEST(RolloutGroupFamilyTest, AnotherEngineFamilyPlugsInWithoutTheTransport) {
       << g.status();
   EXPECT_EQ(family->probes, 1);
   ASSERT_EQ(family->addresses.size(), 1u);
-  EXPECT_EQ(family->addresses[0].group_name, "wpub_other_1");
+  EXPECT_EQ(family->addresses[0].group_name,
+            absl::StrCat("wpub_other_", (*group)->incarnation(), "_1"));
   EXPECT_EQ(family->addresses[0].master_port, (*group)->store_port());
   ASSERT_EQ(family->addresses[0].engines.size(), 1u);
   EXPECT_EQ(family->addresses[0].engines[0].gpus, 2);
   EXPECT_TRUE((*group)->Group().engines.empty()) << "never half-connected";
+
+  // A restarted daemon: the same base name, another incarnation, so the engines never see a
+  // name an earlier daemon's group may still hold.
+  auto restarted = rollout::RolloutGroup::Create(o);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ((*restarted)->incarnation().size(), 8u);
+  EXPECT_NE((*restarted)->incarnation(), (*group)->incarnation());
+  EXPECT_FALSE((*restarted)->Connect(r).ok());
+  ASSERT_EQ(family->addresses.size(), 2u);
+  EXPECT_NE(family->addresses[1].group_name, family->addresses[0].group_name);
+  EXPECT_EQ(family->addresses[1].group_name,
+            absl::StrCat("wpub_other_", (*restarted)->incarnation(), "_1"));
 }
 
 }  // namespace

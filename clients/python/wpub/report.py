@@ -159,7 +159,7 @@ class ConnectedEngine:
 class EngineGroup:
     """The NCCL weight-update group (Publisher.connect_engines' result; Status.engine_group).
     store_address and healthy are filled in by status() only."""
-    group_name: str  # "<base>_<generation>"
+    group_name: str  # "<base>_<incarnation>_<generation>"
     world_size: int  # 1 + the engines' GPUs; the publisher is rank 0
     generation: int
     engines: List[ConnectedEngine]
