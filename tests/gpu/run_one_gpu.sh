@@ -26,12 +26,14 @@
 # Writes to $OUT: verdicts.txt (one line per test: PASS/FAIL/SKIP, seconds, the test's own
 # summary), summary.log, the JSON results of the Python runs, logs.tar.gz (every log).
 # Exit status 0 when every test passed.
-# Usage (from the repository root): bash tests/gpu/run_one_gpu.sh [lane ...]   (default: A B)
+# Usage (from the repository root): bash tests/gpu/run_one_gpu.sh [A|B|TEST ...]
+#   (default: both lanes; TEST names run only those tests, e.g. group_nccl multi_gpu_publish_test)
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_one_gpu_out}
 mkdir -p "$OUT"
 LOGS=$(mktemp -d /tmp/wpub_one_gpu.XXXXXX)
+: >"$OUT/verdicts.txt"
 exec > >(tee -a "$OUT/summary.log") 2>&1
 BIN=${WPUB_DEVBIN:-$ROOT/.devbin/onegpu}
 if [[ -f $BIN.tgz && (! -d $BIN || $BIN.tgz -nt $BIN) ]]; then
@@ -62,6 +64,14 @@ python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.versio
 echo "NCCL_LIB=$NCCL_LIB"
 echo "engines on GPU ${WPUB_TEST_ENGINE_GPU:-(1 when there are two GPUs, else 0: shared)}"
 
+ONLY=()  # test names given on the command line: run only those
+# want NAME: whether NAME runs (every test when none was named).
+want() {
+  ((${#ONLY[@]} == 0)) && return 0
+  local n
+  for n in "${ONLY[@]}"; do [[ $n == "$1" ]] && return 0; done
+  return 1
+}
 # verdict NAME RC SECONDS SUMMARY: one line of verdicts.txt (rc 77: skipped).
 verdict() {
   local v=PASS
@@ -83,6 +93,7 @@ guarded() {
 }
 # gtest NAME TIMEOUT: a staged gtest binary; the verdict carries its counts.
 gtest() {
+  want "$1" || return 0
   local t0=$SECONDS log=$LOGS/$1.log
   LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}" WPUB_TEST_LOG_DIR=$LOGS/$1.d \
     guarded "$2" "$BIN/$1" --gtest_color=no >"$log" 2>&1
@@ -101,6 +112,7 @@ gtest() {
 script() {
   local name=$1 t=$2 t0=$SECONDS
   shift 2
+  want "$name" || return 0
   guarded "$t" "$@" "$LOGS/$name" >"$LOGS/$name.log" 2>&1
   local rc=$?
   cp "$LOGS/$name/$name.json" "$OUT/" 2>/dev/null
@@ -111,6 +123,7 @@ script() {
 unittest_run() {
   local name=$1 t=$2 t0=$SECONDS log=$LOGS/$1.log
   shift 2
+  want "$name" || return 0
   (cd "$ROOT/tests/python" && PYTHONPATH=$ROOT/clients/python WPUB_TEST_KEEP=1 \
     TMPDIR=$LOGS guarded "$t" python3 -m unittest -v "$@") >"$log" 2>&1
   local rc=$?
@@ -126,7 +139,9 @@ lane_a() {
     rollout_sglang_driver_test:120 rollout_sglang_dirty_test:120 rollout_gpu_path_test:60; do
     gtest "${t%%:*}" "${t##*:}" || rc=1
   done
-  if python3 -c "import numpy, torch, safetensors" 2>/dev/null; then
+  if ! want convert_read_by_safetensors; then
+    :
+  elif python3 -c "import numpy, torch, safetensors" 2>/dev/null; then
     local t0=$SECONDS d
     d=$(mktemp -d /tmp/wpub_convert.XXXXXX)
     {
@@ -164,14 +179,19 @@ lane_b() {
   return $rc
 }
 
-lanes=("$@")
+lanes=()
+for a in "$@"; do
+  case $a in
+    A | B) lanes+=("$a") ;;
+    *) ONLY+=("$a") ;;
+  esac
+done
 ((${#lanes[@]} == 0)) && lanes=(A B)
 pids=()
 for lane in "${lanes[@]}"; do
   case $lane in
     A) lane_a >"$LOGS/lane_A.log" 2>&1 & pids+=($!) ;;
     B) lane_b >"$LOGS/lane_B.log" 2>&1 & pids+=($!) ;;
-    *) echo "unknown lane $lane (A or B)" >&2; exit 2 ;;
   esac
 done
 rc=0
