@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The publication-group CPU benchmark (bench/group/group_bench.py) on a GPU host's CPUs (16
 # cores: the daemons, receiver and Python members each get a core), with the binaries staged in
-# .devbin/group (see tests/python/run_gpu_group.sh). Writes group_bench.json and the log to $OUT.
+# .devbin/group (deploy/stage_devbin.sh build group server/wpubd/wpubd clients/recv/wpub-recv).
+# Writes group_bench.json and the log to $OUT.
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_group_bench_out}

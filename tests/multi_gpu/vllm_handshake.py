@@ -7,7 +7,7 @@ then waits for the warm-up all-reduce, which never comes, and refuses the group 
 daemon is left with no engines. Also checks the packed chunk decoding of the emulator on the GPU
 against vLLM's rule. Exit 0 when every check holds; prints one JSON line of results.
 
-Usage (binaries staged; see tests/python/run_gpu_group.sh for the wrappers):
+Usage (binaries staged; tests/gpu/run_one_gpu.sh runs it with the wrappers):
     WPUBD=... python3 tests/multi_gpu/vllm_handshake.py OUT_DIR
 """
 import json

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs rollout_group_test and tests/python/test_gpu_connect_publish.py (plus the
-# client's fake-service and protobuf-compatibility tests) on a two-GPU host (e.g.
-# nvidia-h200-x2) with the binaries staged by `deploy/stage_devbin.sh <build> gpu_path`
+# client's fake-service and protobuf-compatibility tests) on a GPU host (the engine on GPU 1, or
+# sharing GPU 0 on a machine of one: harness.nccl_env; tests/gpu/run_one_gpu.sh runs the same
+# test with every other one) with the binaries staged by `deploy/stage_devbin.sh <build> gpu_path`
 # (carry .devbin/gpu_path.tgz). The binaries get the staged libraries (and torch's NCCL wheel)
 # through small wrapper scripts, so the Python process itself keeps the host's own libraries.
 # Writes summary.log and the tests' work folders (wpubd and engine logs, no safetensors) as
