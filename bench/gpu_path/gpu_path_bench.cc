@@ -209,7 +209,8 @@ int Main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   const testing::ModelLayout layout = testing::LayoutModel(args.shape);
   std::printf(
-      "device: %s; engines on GPU %d%s; model: %d layers, %d experts [%ld, %ld], hidden %ld: %.2f GB bf16 "
+      "device: %s; engines on GPU %d%s; model: %d layers, %d experts [%ld, %ld], hidden %ld: %.2f "
+      "GB bf16 "
       "(%.2f GB routed experts); buckets of %lu MiB\n",
       prop.name, engine_gpu, shared ? " (shared: NCCL over loopback sockets)" : "",
       args.shape.layers, args.shape.experts, static_cast<long>(args.shape.inter),
@@ -249,8 +250,8 @@ int Main(int argc, char** argv) {
     return 0;
   }
 
-  // The two engines on the engine GPU: the SGLang emulator (also the receiver of the plain broadcasts)
-  // and the C++ engine. Each gets its own NCCL transport (own store, own group).
+  // The two engines on the engine GPU: the SGLang emulator (also the receiver of the plain
+  // broadcasts) and the C++ engine. Each gets its own NCCL transport (own store, own group).
   const int port = testing::FreePort();
   // The emulator's torch.distributed takes NCCL's channel bounds from its environment only: with
   // --nccl_ctas it gets that count there (the ranks of a group must agree on them, or NCCL fails

@@ -93,8 +93,8 @@ class MultiRankTest : public ::testing::Test {
       r.port = FreePort();
       std::vector<std::string> args = {"device"};
       if (i < die_after.size() && die_after[i] > 0) args.push_back(std::to_string(die_after[i]));
-      auto c = SpawnCppReceiver(r.port, r.gpus, args, absl::StrCat(dir_, "/engine", i, ".log"),
-                                "", OwnNcclHostEnv(shared_));
+      auto c = SpawnCppReceiver(r.port, r.gpus, args, absl::StrCat(dir_, "/engine", i, ".log"), "",
+                                OwnNcclHostEnv(shared_));
       EXPECT_TRUE(c.ok()) << c.status();
       if (!c.ok()) return {};
       r.child = std::move(*c);
@@ -183,7 +183,8 @@ class MultiRankTest : public ::testing::Test {
 TEST_F(MultiRankTest, EveryEngineOfOneGpuGetsEveryVersion) { PublishVersions(1, 2); }
 
 TEST_F(MultiRankTest, EveryTp2EngineGetsEveryVersionOnBothRanks) {
-  if (!shared_ && devices_ < 3) GTEST_SKIP() << "a TP=2 engine needs GPUs 1 and 2; found " << devices_;
+  if (!shared_ && devices_ < 3)
+    GTEST_SKIP() << "a TP=2 engine needs GPUs 1 and 2; found " << devices_;
   PublishVersions(2, 1);
 }
 

@@ -152,7 +152,7 @@ class MultiGpuTest : public ::testing::Test {
   std::string dir_;
   int engine_gpu_ = -1;
   bool shared_ = false;  // the engines share the publisher's GPU
-  MoeShape shape_;  // the defaults: 2 layers, 8 experts of [128, 256], hidden 256
+  MoeShape shape_;       // the defaults: 2 layers, 8 experts of [128, 256], hidden 256
 };
 
 TEST_F(MultiGpuTest, EveryByteFromTrainerIpcMemoryReachesTheEngine) {

@@ -46,8 +46,9 @@ bool StartRank(const std::string& self, int device, int index,
   args.push_back(nullptr);
   const char* base = std::getenv("NCCL_HOSTID");
   std::vector<std::string> own = {
-      absl::StrCat("NCCL_HOSTID=", base != nullptr ? base : absl::StrCat("wpub-engine-", ::getpid()),
-                   "-rank", index),
+      absl::StrCat(
+          "NCCL_HOSTID=", base != nullptr ? base : absl::StrCat("wpub-engine-", ::getpid()),
+          "-rank", index),
       "NCCL_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1"};
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -118,7 +119,8 @@ std::string StatsDifference(const std::vector<Answer>& answers) {
     if (other.is_discarded()) return absl::StrCat("rank ", i, "'s /stats is not JSON");
     for (const char* field : {"buckets", "bytes", "checksums"}) {
       for (const auto& [version, record] : first.items()) {
-        if (!other.contains(version) || other[version].value(field, json()) != record.value(field, json())) {
+        if (!other.contains(version) ||
+            other[version].value(field, json()) != record.value(field, json())) {
           return absl::StrCat("rank ", i, " differs from rank 0 in version ", version, "'s ",
                               field);
         }
@@ -183,9 +185,9 @@ int RunRankProcesses(const std::string& self, int port, const std::vector<int>& 
     for (size_t i = 0; i < answers.size(); ++i) {
       if (answers[i].status == 0) {
         res.status = 502;
-        res.set_content(absl::StrCat("{\"success\": false, \"message\": \"rank ", i,
-                                     " did not answer\"}"),
-                        "application/json");
+        res.set_content(
+            absl::StrCat("{\"success\": false, \"message\": \"rank ", i, " did not answer\"}"),
+            "application/json");
         return;
       }
       if (answers[i].status != 200) {
@@ -227,14 +229,15 @@ int RunRankProcesses(const std::string& self, int port, const std::vector<int>& 
                   return req.body;
                 }
                 json mine = parsed;
-                mine["rank_offset"] = parsed["rank_offset"].get<int64_t>() + static_cast<int64_t>(i);
+                mine["rank_offset"] =
+                    parsed["rank_offset"].get<int64_t>() + static_cast<int64_t>(i);
                 return mine.dump();
               }),
           res);
   });
   std::thread serving;
-  auto bound = recv::ServeEngineHttp(server, "127.0.0.1", port, "the rank processes' front",
-                                     &serving);
+  auto bound =
+      recv::ServeEngineHttp(server, "127.0.0.1", port, "the rank processes' front", &serving);
   if (!bound.ok()) {
     std::fprintf(stderr, "%s\n", bound.status().ToString().c_str());
     for (const Rank& r : ranks) ::kill(r.pid, SIGKILL);

@@ -38,8 +38,7 @@ int EngineGpu() {
 
 std::vector<std::string> OwnNcclHostEnv(bool shared) {
   if (!shared) return {};
-  return {absl::StrCat("NCCL_HOSTID=", NewHostId()), "NCCL_SOCKET_IFNAME=lo",
-          "NCCL_IB_DISABLE=1"};
+  return {absl::StrCat("NCCL_HOSTID=", NewHostId()), "NCCL_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1"};
 }
 
 void AdoptOwnNcclHost(bool shared) {
