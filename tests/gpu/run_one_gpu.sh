@@ -60,7 +60,8 @@ export WPUBD=$WRAP/wpubd WPUB_RECV=$WRAP/wpub-recv WPUB_QUANTIZE_REF=$WRAP/wpub-
 export WPUB_SOURCE_DIR=$ROOT WPUB_PYTHON=$WRAP/python PYTHONDONTWRITEBYTECODE=1
 START=$(date +%s)
 nvidia-smi -L
-python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+  "nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count())'
 echo "NCCL_LIB=$NCCL_LIB"
 echo "engines on GPU ${WPUB_TEST_ENGINE_GPU:-(1 when there are two GPUs, else 0: shared)}"
 
@@ -103,9 +104,11 @@ gtest() {
   failed=$(grep -cE '^\[  FAILED  \] [A-Za-z]' "$log")
   skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$log" | grep -oE '[0-9]+$')
   if ((rc == 0)) && [[ -n $skipped && ${passed:-0} == 0 ]]; then rc=77; fi
-  verdict "$1" "$rc" $((SECONDS - t0)) \
-    "passed ${passed:-0}, failed $((failed / 2)), skipped ${skipped:-0}$( ((rc == 124)) && echo ', TIMED OUT')"
-  grep -E '^\[  FAILED  \]|^\[  SKIPPED \] [A-Za-z]|Skipped|Failure$' "$log" | head -8 | sed 's/^/    /'
+  local note="passed ${passed:-0}, failed $((failed / 2)), skipped ${skipped:-0}"
+  ((rc == 124)) && note+=", TIMED OUT"
+  verdict "$1" "$rc" $((SECONDS - t0)) "$note"
+  grep -E '^\[  FAILED  \]|^\[  SKIPPED \] [A-Za-z]|Skipped|Failure$' "$log" | head -8 |
+    sed 's/^/    /'
   return "$rc"
 }
 # script NAME TIMEOUT CMD...: a Python run writing OUT_DIR/NAME.json (copied to $OUT).

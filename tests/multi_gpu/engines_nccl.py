@@ -27,18 +27,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
 import wpub  # noqa: E402
-from harness import (Daemon, engine_gpu, free_port, http_json as get, nccl_env, wait_http,  # noqa: E402
-                     glm_batches, reference)
+from harness import (Daemon, bf16_cuda, engine_gpu, free_port, glm_batches,  # noqa: E402
+                     http_json as get, nccl_env, reference, wait_http)
 
 GPU = engine_gpu()
 SHARED = GPU == 0  # the engines share wpubd's GPU
-
-
-def to_cuda(a):
-    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda(0)
 
 
 def emulator(out, script, tag, *flags):
@@ -64,7 +58,7 @@ def expect(out, tag, version, ref):
 
 def version_of(seed):
     model = glm_batches(seed, hidden=256, inter=128, experts=8)
-    return model, [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+    return model, [(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in model]
 
 
 def mixed_families(out):

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Publication groups over NCCL: two GPU-path wpubd on GPU 0, each with its own weight-update
-group (its own TCPStore and group name) to ONE SGLang emulator on harness.engine_gpu() (GPU 1, or
-GPU 0 itself on a machine of one GPU: every process then its own NCCL host identity,
-harness.nccl_env) that joined both; they publish a GLM-like MoE from torch CUDA tensors, half
-each, as one version. Checks, per version: every tensor the emulator received equals the CPU reference byte for byte, the
+"""Publication groups over NCCL: two GPU-path wpubd on GPU 0, each with its own weight-update group
+(its own TCPStore and group name) to ONE SGLang emulator on harness.engine_gpu() (GPU 1, or GPU 0
+itself on a machine of one GPU: every process then its own NCCL host identity, harness.nccl_env)
+that joined both; they publish a GLM-like MoE from torch CUDA tensors, half each, as one version.
+Checks, per version: every tensor the emulator received equals the CPU reference byte for byte, the
 engine's lifecycle calls happened once (pause .. continue, by the leader alone), and no resume
-served a mix of versions. Then the follower's daemon is killed mid-publication: the version
-aborts on the leader, the emulator stays paused (dirty) and the next version (with the follower
-restarted) commits and resumes it.
+served a mix of versions. Then the follower's daemon is killed mid-publication: the version aborts
+on the leader, the emulator is resumed only if none of the version reached it (else it stays paused,
+dirty), and the next version -- with the follower restarted, a new daemon incarnation whose group
+names the emulator has not seen -- commits byte for byte and resumes it, never on a mix.
 
 Usage (a GPU host, binaries staged; see tests/gpu/run_one_gpu.sh):
     WPUBD=... WPUB_RECV=... WPUB_QUANTIZE_REF=... python3 tests/multi_gpu/group_nccl.py OUT_DIR
@@ -23,16 +24,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
 import wpub  # noqa: E402
-from harness import (Daemon, engine_gpu, free_port, http_json as get, nccl_env, wait_http,  # noqa: E402
-                     glm_batches, reference)
+from harness import (Daemon, bf16_cuda, engine_gpu, free_port, glm_batches,  # noqa: E402
+                     http_json as get, nccl_env, reference, wait_http)
 
-
-
-def to_cuda(a):
-    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda(0)
 
 
 def main():
@@ -73,7 +68,7 @@ def main():
             with open(os.path.join(vdir, name + ".bin"), "wb") as f:
                 f.write(raw)
         parts = [model[0::2], model[1::2]]
-        wire = [[(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in p] for p in parts]
+        wire = [[(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in p] for p in parts]
         res = [None, None]
 
         def run(i):

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """wpubd on GPU 0 to the vLLM emulator on harness.engine_gpu() (GPU 1, or GPU 0 itself on a machine
 of one GPU: every process then its own NCCL host identity, harness.nccl_env) over vLLM's own
-weight-transfer protocol: three versions of a GLM-like MoE from torch CUDA tensors (CUDA IPC), every tensor the
-emulator received equal to the CPU reference byte for byte, the lifecycle once per version and
-no resume on a mix; a version with a non-finite weight is rejected before any byte reaches the
-engine; then the same against an emulator of a release that takes the packing fields per update
-(--release v0.25); then an emulator that dies at its second update request: the version aborts
-within the deadline, and the next one commits to the engine restarted at the same address; then
-the C++ vLLM-protocol engine (wpub-recv --engine_listen --engine_protocol=vllm) at both
+weight-transfer protocol: three versions of a GLM-like MoE from torch CUDA tensors (CUDA IPC),
+every tensor the emulator received equal to the CPU reference byte for byte, the lifecycle once per
+version and no resume on a mix; a version with a non-finite weight is rejected before any byte
+reaches the engine; then the same against an emulator of a release that takes the packing fields
+per update (--release v0.25); then an emulator that dies at its second update request: the version
+aborts within the deadline, and the next one commits to the engine restarted at the same address;
+then the C++ vLLM-protocol engine (wpub-recv --engine_listen --engine_protocol=vllm) at both
 placements, its --output file checked against the reference after each version. Writes
 OUT/vllm_nccl.json; exit 0 when every check holds.
 
@@ -22,19 +22,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
 import wpub  # noqa: E402
-from harness import (Daemon, engine_gpu, free_port, http_json as get, nccl_env, wait_http,  # noqa: E402
-                     glm_batches, reference)
+from harness import (Daemon, bf16_cuda, engine_gpu, free_port, glm_batches,  # noqa: E402
+                     http_json as get, nccl_env, reference, wait_http)
 
 GPU = engine_gpu()
 SHARED = GPU == 0  # the engines share wpubd's GPU
 
-
-
-def to_cuda(a):
-    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).cuda(0)
 
 
 def start_daemon(out, url, *flags):
@@ -74,7 +68,7 @@ def run(out, release):
             model = glm_batches(version, hidden=256, inter=128, experts=8)
             ref = reference(out, model)
             write_expected(expect, version, ref)
-            wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+            wire = [(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in model]
             r = pub.publish(version, wire, bucket_bytes=1 << 20, check=False)
             s = get(url + "/stats")
             v = s["versions"].get(str(version), {})
@@ -94,7 +88,7 @@ def run(out, release):
                 if ".mlp.experts.3.down_proj" in n:
                     a[0, 0] = 0x7FC0  # bf16 NaN
         before = get(url + "/stats")["calls"].count("/update_weights")
-        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+        wire = [(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in model]
         try:
             pub.publish(4, wire, bucket_bytes=1 << 20)
             res["non_finite"] = "published (defect)"
@@ -124,7 +118,7 @@ def run_killed(out):
     res = {"release": "killed", "ok": True}
     try:
         model = glm_batches(21, hidden=256, inter=128, experts=8)
-        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+        wire = [(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in model]
         t0 = time.monotonic()
         try:
             r = pub.publish(1, wire, bucket_bytes=256 << 10, check=False)
@@ -141,7 +135,7 @@ def run_killed(out):
         model = glm_batches(22, hidden=256, inter=128, experts=8)
         ref = reference(out, model)
         write_expected(expect, 2, ref)
-        wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+        wire = [(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in model]
         r = pub.publish(2, wire, bucket_bytes=256 << 10, check=False)
         s = get(url + "/stats")
         v = s["versions"].get("2", {})
@@ -189,7 +183,7 @@ def run_cpp(out, packing_in_init):
         for version in (1, 2, 3):
             model = glm_batches(version, hidden=256, inter=128, experts=8)
             ref = reference(out, model)
-            wire = [(m, [(n, to_cuda(a)) for n, a in ts]) for m, ts in model]
+            wire = [(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in model]
             r = pub.publish(version, wire, bucket_bytes=1 << 20, check=False)
             got, meta = read_safetensors(target)
             bad = [n for n, (_, _, raw) in ref.items() if got.get(n) != raw]

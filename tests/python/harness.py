@@ -36,6 +36,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def bf16_cuda(a: np.ndarray, device: int = 0):
+    """A uint16 bf16 array as a torch bfloat16 tensor of its own on `device` (GPU 0: the
+    trainer's and wpubd's). Needs torch (the GPU tests)."""
+    import torch
+    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to(f"cuda:{device}")
+
+
 _HOST_IDS = itertools.count()
 
 

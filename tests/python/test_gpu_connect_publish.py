@@ -1,13 +1,13 @@
-"""The GPU path end to end from Python (label multi_gpu; one GPU or more): wpubd runs the GPU
-path on GPU 0 and starts WITHOUT engines; `wpub-recv --engine_listen --gpu_device=G` plays the
-SGLang engine on G = harness.engine_gpu() (GPU 1, or GPU 0 itself on a machine of one GPU, each
-process then with an NCCL host identity of its own: harness.nccl_env); the client connects it with Publisher.connect_engines, then publishes torch CUDA tensors
-by CUDA IPC (including tensors assembled from two TP shards living in two different
-allocations, dim 0 and dim 1) over two versions, reconnecting between them, and every tensor
-wpub-recv wrote must equal the reference bytes (wpub-quantize-ref for quantized experts, the
-input for passed-through tensors) bit for bit. Also: a dead engine URL is UNAVAILABLE naming it
-and leaves no engines connected, and a publication before any engine is connected commits with
-no receivers.
+"""The GPU path end to end from Python (label multi_gpu; one GPU or more): wpubd runs the GPU path
+on GPU 0 and starts WITHOUT engines; `wpub-recv --engine_listen --gpu_device=G` plays the SGLang
+engine on G = harness.engine_gpu() (GPU 1, or GPU 0 itself on a machine of one GPU, each process
+then with an NCCL host identity of its own: harness.nccl_env); the client connects it with
+Publisher.connect_engines, then publishes torch CUDA tensors by CUDA IPC (including tensors
+assembled from two TP shards living in two different allocations, dim 0 and dim 1) over two
+versions, reconnecting between them, and every tensor wpub-recv wrote must equal the reference
+bytes (wpub-quantize-ref for quantized experts, the input for passed-through tensors) bit for bit.
+Also: a dead engine URL is UNAVAILABLE naming it and leaves no engines connected, and a publication
+before any engine is connected commits with no receivers.
 
 Skips with the reason when torch with a CUDA device, the binaries (WPUBD, WPUB_RECV,
 WPUB_QUANTIZE_REF) or a wpubd built with the GPU path are missing."""
@@ -21,8 +21,8 @@ import urllib.request
 
 import numpy as np
 
-from harness import (ChildProcess, Daemon, bf16, binary, engine_gpu, free_port, nccl_env,
-                     qwen3_batches, read_safetensors, reference)
+from harness import (ChildProcess, Daemon, bf16, bf16_cuda, binary, engine_gpu, free_port,
+                     nccl_env, qwen3_batches, read_safetensors, reference)
 
 import wpub
 
@@ -31,11 +31,6 @@ try:
     GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 except ImportError:
     torch, GPUS = None, 0
-
-
-def to_cuda(a: np.ndarray):
-    """A uint16 bf16 array as a torch bfloat16 tensor of its own on GPU 0 (the daemon's)."""
-    return torch.from_numpy(a.astype(np.int16)).view(torch.bfloat16).to("cuda:0")
 
 
 class EngineProcess(ChildProcess):
@@ -84,13 +79,13 @@ def model(seed: int):
         ("decoder.layers.1.self_attention.linear_proj.weight",
          [(f"{a}.o_proj.weight", bf16(rng, (hidden, 2 * rows)), 1)]),
     ]
-    wire = [(m, [(n, to_cuda(x)) for n, x in ts]) for m, ts in batches]
+    wire = [(m, [(n, bf16_cuda(x)) for n, x in ts]) for m, ts in batches]
     shards = {}
     for m, ts in sharded:
         batches.append((m, [(n, x) for n, x, _ in ts]))
         out = []
         for n, x, dim in ts:
-            parts = [to_cuda(np.ascontiguousarray(h)) for h in np.split(x, 2, axis=dim)]
+            parts = [bf16_cuda(np.ascontiguousarray(h)) for h in np.split(x, 2, axis=dim)]
             shards[n] = parts
             out.append((n, wpub.concat(parts, dim)))
         wire.append((m, out))
@@ -182,7 +177,7 @@ class GpuConnectPublishTest(unittest.TestCase):
         # Without engines a publication has no NCCL participants: the GPU backend still runs
         # (its device buckets only ordered on the comm stream) and it commits to nobody.
         small = qwen3_batches(seed=30)
-        report = self.pub.publish(1, [(m, [(n, to_cuda(x)) for n, x in ts]) for m, ts in small])
+        report = self.pub.publish(1, [(m, [(n, bf16_cuda(x)) for n, x in ts]) for m, ts in small])
         self.assertTrue(report.committed, report.summary())
         self.assertEqual(report.receivers, [])
         self.assertGreater(report.num_buckets, 0)
