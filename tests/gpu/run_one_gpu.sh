@@ -179,6 +179,17 @@ lane_b() {
   script vllm_nccl 300 python3 "$ROOT/tests/multi_gpu/vllm_nccl.py" || rc=1
   script engines_nccl 240 python3 "$ROOT/tests/multi_gpu/engines_nccl.py" || rc=1
   unittest_run python_gpu_connect_publish 240 test_gpu_connect_publish || rc=1
+  # The GPU-path benchmark on the shared GPU, only when named: its figures are a socket's.
+  if [[ " ${ONLY[*]} " == *" gpu_path_bench "* ]]; then
+    local t0=$SECONDS
+    LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}" guarded 300 "$BIN/gpu_path_bench" \
+      --layers 4 --experts 32 --iters 2 --bucket_mib 64 --json "$OUT/gpu_path_bench.json" \
+      --cpp_receiver "$BIN/multi_gpu_cpp_receiver" --log_dir "$LOGS" >"$LOGS/gpu_path_bench.log" 2>&1
+    local r=$?
+    verdict gpu_path_bench "$r" $((SECONDS - t0)) "$(grep -E '^\(a\)|^device' "$LOGS/gpu_path_bench.log" |
+      head -2 | tr '\n' ' ' | cut -c1-150)"
+    ((r != 0)) && rc=1
+  fi
   return $rc
 }
 
