@@ -4,6 +4,7 @@
 #include <httplib.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/listen_socket.h"
 
 namespace wpub::recv {
 namespace {
@@ -16,13 +17,15 @@ constexpr size_t kServerThreads = 32;
 absl::StatusOr<int> ServeEngineHttp(httplib::Server& server, const std::string& host, int port,
                                     absl::string_view what, std::thread* thread) {
   server.set_tcp_nodelay(true);
+  server.set_socket_options(ExclusiveListenSocketOptions);  // a second engine cannot share it
   server.set_payload_max_length(kEngineMaxRequestBytes);
   server.set_keep_alive_max_count(kKeepAliveRequests);
   server.new_task_queue = [] { return new httplib::ThreadPool(kServerThreads); };
   const int bound =
       port == 0 ? server.bind_to_any_port(host) : (server.bind_to_port(host, port) ? port : -1);
   if (bound <= 0) {
-    return absl::UnavailableError(absl::StrCat(what, ": cannot listen on ", host, ":", port));
+    return absl::UnavailableError(absl::StrCat(what, ": cannot listen on ", host, ":", port,
+                                               " (in use by another process?)"));
   }
   *thread = std::thread([&server] { server.listen_after_bind(); });
   return bound;

@@ -77,6 +77,13 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
                             .Help("Ignore-rule snapshot cache misses (snapshot builds)")
                             .Register(*registry)
                             .Add({});
+    m->without_receivers_ =
+        &prometheus::BuildCounter()
+             .Name(kPublicationsWithoutReceiversTotal)
+             .Help("Committed publications that reached no receiver (no engine or pull receiver "
+                   "connected): no rollout engine holds them")
+             .Register(*registry)
+             .Add({});
     auto& engines = prometheus::BuildGauge()
                         .Name(kEngines)
                         .Help("Connected receivers (engines), by state")
@@ -162,6 +169,7 @@ void EngineMetrics::RecordReport(const engine::PublicationReport& r) {
   tensors_["passthrough"]->Increment(static_cast<double>(r.tensors_passthrough));
   tensors_["ignored"]->Increment(static_cast<double>(r.tensors_ignored));
   last_committed_version_->Set(static_cast<double>(r.version));
+  if (r.receivers.empty()) without_receivers_->Increment();
 }
 
 void EngineMetrics::SetReceivers(const std::vector<engine::ReceiverInfo>& receivers) {

@@ -40,6 +40,8 @@ inline constexpr char kLastCommittedVersion[] = "wpub_last_committed_version";
 inline constexpr char kEngineFailuresTotal[] = "wpub_engine_failures_total";
 inline constexpr char kPublicationAttemptSeconds[] = "wpub_publication_attempt_seconds";
 inline constexpr char kReceiverFailuresTotal[] = "wpub_receiver_failures_total";
+inline constexpr char kPublicationsWithoutReceiversTotal[] =
+    "wpub_publications_without_receivers_total";
 // Receivers with a series of their own in wpub_receiver_failures_total; the rest count under
 // receiver="_other" (collectors.h bounds the live per-receiver series the same way).
 inline constexpr size_t kMaxReceiverFailureSeries = 64;
@@ -57,7 +59,8 @@ class EngineMetrics {
   // wpub_publication_attempt_seconds{status} (the wall clock of every outcome).
   // Committed reports also: wpub_publication_seconds, wpub_publication_phase_seconds{phase},
   // wpub_published_bytes_total{format}, wpub_tensors_total{action},
-  // wpub_last_committed_version.
+  // wpub_last_committed_version, and wpub_publications_without_receivers_total when no
+  // receiver took part (committed to nobody).
   void RecordReport(const engine::PublicationReport& report);
 
   // wpub_engines{state}: the number of connected receivers in each state.
@@ -83,6 +86,7 @@ class EngineMetrics {
   std::map<std::string, prometheus::Counter*> tensors_;
   prometheus::Counter* cache_hits_ = nullptr;
   prometheus::Counter* cache_misses_ = nullptr;
+  prometheus::Counter* without_receivers_ = nullptr;
   uint64_t last_hits_ = 0;    // guarded by mu_
   uint64_t last_misses_ = 0;  // guarded by mu_
   std::map<std::string, prometheus::Gauge*> engines_;

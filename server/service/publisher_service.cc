@@ -290,6 +290,14 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
                report->version, engine::PublicationStatusName(report->status), report->wall_seconds,
                report->bytes_out, report->tensors_quantized, report->tensors_passthrough,
                report->error.empty() ? "" : ": ", LogEscape(report->error));
+  if (report->status == engine::PublicationStatus::kCommitted && report->receivers.empty()) {
+    // Committed to nobody: no engine or pull receiver held it. Counted in
+    // wpub_publications_without_receivers_total (alert WpubCommittedToNoReceiver).
+    spdlog::warn(
+        "publish v{} committed to no receiver: no engine or pull receiver was connected, so no "
+        "rollout engine holds this version (--min_receivers=N aborts such a publication)",
+        report->version);
+  }
   // An aborted publication (receiver failure, cancellation, shutdown) is still answered with
   // its report: the trainer needs the per-receiver outcome, and the status field says ABORTED.
   return grpc::Status::OK;

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/common/listen_socket.h"
 
 namespace wpub::wpubd {
 namespace {
@@ -81,10 +82,15 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
     prometheus::TextSerializer().Serialize(out, families);
     res.set_content(out.str(), "text/plain; version=0.0.4; charset=utf-8");
   });
+  // A second wpubd on this port is refused instead of sharing it (Prometheus would scrape the
+  // two alternately).
+  http.set_socket_options(ExclusiveListenSocketOptions);
   const bool bound =
       port == 0 ? (port = http.bind_to_any_port(host)) > 0 : http.bind_to_port(host, port);
   if (!bound) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen, "'"));
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", options.listen,
+                                               "': in use by another process (another wpubd?) or "
+                                               "not an address of this host"));
   }
   server->port_ = port;
   server->listener_ = std::thread([&http] { http.listen_after_bind(); });

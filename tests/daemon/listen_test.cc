@@ -2,6 +2,7 @@
 // address that is not this host's, and a port or socket another wpubd already serves on. Each
 // time the daemon says "cannot listen on '<address>': <why>" and exits 1 (it used to crash),
 // and a daemon already serving keeps serving alone.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -90,6 +91,31 @@ TEST_F(ListenTest, SecondDaemonOnTheSamePortIsRefused) {
   EXPECT_TRUE((*h)->daemon().Running());
   EXPECT_EQ(HealthCheck((*h)->target()).value_or(-1), 1);
   EXPECT_TRUE((*h)->client().GetStatus().ok());
+}
+
+// The metrics port too: a second daemon that shared it (SO_REUSEPORT, cpp-httplib's default)
+// would be scraped alternately with the first.
+TEST_F(ListenTest, SecondDaemonOnTheSameMetricsPortIsRefused) {
+  HarnessOptions options;
+  options.receivers = 0;
+  auto h = DaemonHarness::Start(options);
+  ASSERT_TRUE(h.ok()) << h.status();
+  const std::string metrics = absl::StrCat("127.0.0.1:", (*h)->metrics_port());
+
+  Exit e = RunWpubd(dir_, {"--listen=127.0.0.1:0", "--metrics_listen=" + metrics});
+  EXPECT_EQ(e.code, 1) << e.log;
+  EXPECT_NE(e.log.find(absl::StrCat("cannot listen on '", metrics, "'")), std::string::npos)
+      << e.log;
+  EXPECT_NE(e.log.find("another wpubd"), std::string::npos) << e.log;
+  // Every scrape still reaches the first daemon.
+  for (int i = 0; i < 4; ++i) {
+    auto scraped = ScrapeMetrics((*h)->metrics_port());
+    ASSERT_TRUE(scraped.ok()) << scraped.status();
+    EXPECT_TRUE(
+        std::any_of(scraped->begin(), scraped->end(),
+                    [](const auto& kv) { return kv.first.rfind("wpub_build_info", 0) == 0; }))
+        << "scrape " << i;
+  }
 }
 
 TEST_F(ListenTest, SecondDaemonOnTheSameUnixSocketIsRefused) {

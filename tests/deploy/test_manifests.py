@@ -364,6 +364,9 @@ class KubernetesTest(unittest.TestCase):
         # GPU path: the TCPStore on a fixed port the container names, vLLM's on the next one,
         # reachable from other pods (non-loopback bind, acknowledged), advertised as the pod IP.
         self.assertEqual(flags.get("--gpu_path"), "true", name)
+        # A publication that would reach no engine or receiver aborts instead of committing.
+        self.assertGreaterEqual(int(flags.get("--min_receivers", "0")), 1,
+                                f"{name}: --min_receivers")
         store_host, store_port = flags["--nccl_store_listen"].rsplit(":", 1)
         self.assertEqual(store_host, "0.0.0.0", name)
         self.assertEqual(int(store_port), ports["nccl-store"],

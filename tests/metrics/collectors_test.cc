@@ -141,5 +141,23 @@ TEST(EngineMetrics, EveryOutcomesDurationAndBoundedReceiverFailures) {
   EXPECT_EQ(v.at("wpub_receiver_failures_total{receiver=_other}"), 100 - 62);
 }
 
+// A publication committed to nobody is counted (the alert WpubCommittedToNoReceiver reads it);
+// one that reached a receiver, or that aborted with none, is not.
+TEST(EngineMetrics, CommittedToNoReceiverIsCounted) {
+  prometheus::Registry registry;
+  auto m = EngineMetrics::Create(&registry);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(Flatten(registry.Collect()).at("wpub_publications_without_receivers_total{}"), 0);
+  engine::PublicationReport reached = Report(engine::PublicationStatus::kCommitted, 1.0, {});
+  reached.receivers.push_back(engine::ReceiverOutcome{});
+  reached.receivers.back().name = "engine-0";
+  reached.receivers.back().committed = true;
+  (*m)->RecordReport(reached);
+  (*m)->RecordReport(Report(engine::PublicationStatus::kAborted, 1.0, {}));
+  (*m)->RecordReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
+  (*m)->RecordReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
+  EXPECT_EQ(Flatten(registry.Collect()).at("wpub_publications_without_receivers_total{}"), 2);
+}
+
 }  // namespace
 }  // namespace wpub::metrics

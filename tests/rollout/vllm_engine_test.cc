@@ -427,6 +427,26 @@ TEST(VllmEngine, ServesMoreKeptAliveConnectionsThanAPublisherOpens) {
   }
 }
 
+// A second engine on a port the first listens on is refused (cpp-httplib's default SO_REUSEPORT
+// would have let it answer half of a publisher's connections).
+TEST(VllmEngine, SecondEngineOnTheSamePortIsRefused) {
+  auto wire = std::make_shared<Wire>();
+  auto first = VllmEngine::Start({}, std::make_unique<WireDataPath>(wire));
+  ASSERT_TRUE(first.ok()) << first.status();
+  VllmEngineOptions o;
+  o.port = (*first)->port();
+  auto second = VllmEngine::Start(o, std::make_unique<WireDataPath>(wire));
+  ASSERT_FALSE(second.ok());
+  EXPECT_TRUE(absl::IsUnavailable(second.status())) << second.status();
+  EXPECT_NE(second.status().message().find(absl::StrCat("cannot listen on 127.0.0.1:", o.port)),
+            std::string::npos)
+      << second.status();
+  httplib::Client c("127.0.0.1", (*first)->port());
+  httplib::Result r = c.Get("/health");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+}
+
 TEST(VllmEngine, ChunksCloseAfterTheTensorThatPassesTheLimit) {
   const std::vector<uint64_t> sizes = {3000, 2000, 100, 5000, 10};
   EXPECT_EQ(VllmChunks(sizes, 4096), (std::vector<uint64_t>{5000, 5100, 10}));
