@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "clients/recv/receiver.h"
+#include "server/cli/bytes.h"
 #include "server/cli/command_line.h"
 #include "server/cli/logging.h"
 
@@ -30,7 +31,7 @@ ABSL_FLAG(std::string, output, "",
           "beside it and fsynced before the last bucket is acknowledged; its directory must be "
           "writable at start). A version in an existing file's metadata is the version held.");
 ABSL_FLAG(uint64_t, exit_after_versions, 0, "Exit 0 after this many commits (0: run forever).");
-ABSL_FLAG(uint64_t, chunk_bytes, 0, "PullBucket chunk size (0: the daemon's limit).");
+ABSL_FLAG(wpub::cli::Bytes, chunk_bytes, 0, "PullBucket chunk size (0: the daemon's limit).");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
 ABSL_FLAG(absl::Duration, resubscribe_timeout, absl::Minutes(5),
           "When wpubd goes away (restart, crash), how long to keep subscribing again, holding "
@@ -230,6 +231,7 @@ int main(int argc, char** argv) {
       "serves SGLang's (--engine_protocol=sglang) or vLLM's (vllm) weight-update routes and "
       "receives over the publisher's NCCL group on --gpu_device(s).";
   command.flags = wpub::cli::FlagsDefinedIn("clients/recv/");
+  command.environment = wpub::cli::ClientEnvironment();  // as the Python client reads them
   const wpub::cli::Parsed parsed =
       wpub::cli::Parse(command, std::vector<std::string>(argv + 1, argv + argc));
   if (parsed.exit_code >= 0) return parsed.exit_code;
@@ -258,7 +260,7 @@ int main(int argc, char** argv) {
   options.name = absl::GetFlag(FLAGS_name);
   options.output_path = absl::GetFlag(FLAGS_output);
   options.exit_after_versions = absl::GetFlag(FLAGS_exit_after_versions);
-  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes).value;
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.resubscribe_timeout = absl::GetFlag(FLAGS_resubscribe_timeout);
   options.leave_after_buckets = absl::GetFlag(FLAGS_leave_after_buckets);

@@ -80,8 +80,9 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
     m->without_receivers_ =
         &prometheus::BuildCounter()
              .Name(kPublicationsWithoutReceiversTotal)
-             .Help("Committed publications that reached no receiver (no engine or pull receiver "
-                   "connected): no rollout engine holds them")
+             .Help(
+                 "Committed publications that reached no receiver (no engine or pull receiver "
+                 "connected): no rollout engine holds them")
              .Register(*registry)
              .Add({});
     auto& engines = prometheus::BuildGauge()

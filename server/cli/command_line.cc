@@ -2,6 +2,7 @@
 #include "server/cli/command_line.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "server/cli/build_info.h"
+#include "server/cli/bytes.h"
 
 namespace wpub::cli {
 namespace {
@@ -23,6 +25,7 @@ constexpr size_t kWidth = 78;
 std::string Kind(const absl::CommandLineFlag& f) {
   if (f.IsOfType<bool>()) return "";
   if (f.IsOfType<absl::Duration>()) return "=DURATION";
+  if (f.IsOfType<Bytes>()) return "=BYTES";
   if (f.IsOfType<std::string>()) return "=STRING";
   if (f.IsOfType<std::vector<std::string>>()) return "=A,B,...";
   if (f.IsOfType<double>() || f.IsOfType<float>()) return "=NUMBER";
@@ -118,7 +121,11 @@ std::string Help(const Command& c) {
     }
     std::string head = absl::StrCat("  --", name, Kind(*f));
     const std::string def = f->DefaultValue();
-    absl::StrAppend(&head, "  (default: ", def.empty() ? "\"\"" : def, ")");
+    absl::StrAppend(&head, "  (default: ", def.empty() ? "\"\"" : def);
+    for (const auto& [var, flag] : c.environment) {
+      if (flag == name) absl::StrAppend(&head, "; or $", var);
+    }
+    absl::StrAppend(&head, ")");
     absl::StrAppend(&out, head, "\n", Wrap(f->Help(), 6));
   }
   absl::StrAppend(&out, "  --flagfile=FILE\n", Wrap("Read more flags from FILE, one per line.", 6),
@@ -146,6 +153,16 @@ Parsed Parse(const Command& c, const std::vector<std::string>& raw, std::FILE* o
       return p;
     }
     if (a == "--") break;
+  }
+  // The environment before the arguments, so that the command line overrides it (after --help,
+  // which works whatever the environment holds).
+  for (const auto& [var, flag] : c.environment) {
+    const char* v = std::getenv(var.c_str());
+    absl::CommandLineFlag* f = allowed.count(flag) ? absl::FindCommandLineFlag(flag) : nullptr;
+    if (v == nullptr || *v == '\0' || f == nullptr) continue;
+    if (std::string error; !f->ParseFrom(v, &error)) {
+      return fail(absl::StrCat("$", var, "=", v, " (for --", flag, "): ", error, Hint(*f)));
+    }
   }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -207,6 +224,14 @@ Parsed Parse(const Command& c, const std::vector<std::string>& raw, std::FILE* o
     return fail(absl::StrCat("expects ", c.positional, " (", UsageLine(c), ")"));
   }
   return p;
+}
+
+std::vector<std::pair<std::string, std::string>> ClientEnvironment() {
+  return {{"WPUB_TARGET", "target"},
+          {"WPUB_TOKEN_FILE", "auth_token_file"},
+          {"WPUB_TLS_CA_FILE", "tls_ca_file"},
+          {"WPUB_TLS_CERT_FILE", "tls_cert_file"},
+          {"WPUB_TLS_KEY_FILE", "tls_key_file"}};
 }
 
 }  // namespace wpub::cli

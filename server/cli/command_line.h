@@ -15,6 +15,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wpub::cli {
@@ -27,7 +28,17 @@ struct Command {
   int max_positional = 0;          // -1: any number
   int min_positional = 0;          // fewer is an error naming the usage line
   std::string positional;          // the usage line's argument part, e.g. "FILE [FILE]"
+  // Environment variables that set a flag of this command when the command line does not:
+  // (variable, flag name) pairs; an empty or unset variable is ignored, a flag this command
+  // does not take is skipped, and a value the flag cannot parse is an error naming the
+  // variable. --help lists each flag's variable.
+  std::vector<std::pair<std::string, std::string>> environment;
 };
+
+// The variables every client of wpubd reads, as the Python client (wpub.Publisher.from_env) and
+// the shipped manifests do: WPUB_TARGET, WPUB_TOKEN_FILE, WPUB_TLS_CA_FILE, WPUB_TLS_CERT_FILE,
+// WPUB_TLS_KEY_FILE (flags target, auth_token_file, tls_ca_file, tls_cert_file, tls_key_file).
+std::vector<std::pair<std::string, std::string>> ClientEnvironment();
 
 struct Parsed {
   std::vector<std::string> positional;

@@ -1,6 +1,7 @@
 // ConfigureLogging: spdlog's pattern formatter for text, JsonLinesFormatter for JSON.
 #include "server/cli/logging.h"
 
+#include <grpc/support/log.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
 
@@ -41,6 +42,27 @@ class JsonLinesFormatter final : public spdlog::formatter {
   const std::string logger_;
 };
 
+// gRPC's own log lines (its gpr_log: a listener that cannot bind, TLS handshakes, ...) in the
+// binary's format instead of gRPC's "E1204 ..." lines on stderr: one spdlog line each, at the
+// matching level, tagged with the field source=grpc and gRPC's file:line.
+void GrpcLogToSpdlog(gpr_log_func_args* args) {
+  const LogField source("source", "grpc");
+  const LogField where("grpc_location",
+                       absl::StrCat(args->file != nullptr ? args->file : "?", ":", args->line));
+  const char* message = args->message != nullptr ? args->message : "";
+  switch (args->severity) {
+    case GPR_LOG_SEVERITY_DEBUG:
+      spdlog::debug("grpc: {}", message);
+      break;
+    case GPR_LOG_SEVERITY_INFO:
+      spdlog::info("grpc: {}", message);
+      break;
+    default:
+      spdlog::error("grpc: {}", message);
+      break;
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<spdlog::formatter> JsonFormatter(absl::string_view logger) {
@@ -65,6 +87,7 @@ absl::Status ConfigureLogging(absl::string_view program, absl::string_view level
     spdlog::set_pattern(absl::StrCat("%Y-%m-%dT%H:%M:%S.%e%z %^%l%$ [", program, "] %v"),
                         spdlog::pattern_time_type::utc);
   }
+  gpr_set_log_function(GrpcLogToSpdlog);  // one log format, gRPC's lines included
   return absl::OkStatus();
 }
 

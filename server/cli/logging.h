@@ -2,7 +2,8 @@
 // text lines ("2026-12-02T10:00:01.123+00:00 info [wpubd] message") or JSON lines, one object
 // per line: {"ts": RFC 3339 with offset, "level", "logger", "msg", "thread", and this thread's
 // structured fields (core/common/log_context.h: "version", "phase", "engine", "bucket", ...)}.
-// Call once from main, before other threads log.
+// gRPC's own log lines go through the same logger ("grpc: ..." with the fields source=grpc and
+// grpc_location). Call once from main, before other threads log.
 #pragma once
 
 #include <memory>

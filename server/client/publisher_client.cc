@@ -117,13 +117,22 @@ absl::StatusOr<std::unique_ptr<PublisherClient>> PublisherClient::Create(
       ChannelCredentialsFor(options.tls);
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<PublisherClient> client(new PublisherClient(options, *std::move(credentials)));
-  if (!client->channel_->WaitForConnected(
-          absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to wpubd at '", options.target,
-                                               "' within ",
-                                               absl::FormatDuration(options.connect_timeout)));
+  const auto deadline = absl::ToChronoTime(absl::Now() + options.connect_timeout);
+  for (;;) {
+    const grpc_connectivity_state s = client->channel_->GetState(/*try_to_connect=*/true);
+    if (s == GRPC_CHANNEL_READY) return client;
+    if (s == GRPC_CHANNEL_TRANSIENT_FAILURE && options.fail_fast) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot connect to wpubd at '", options.target,
+          "': the connection failed (is wpubd running and listening there? the address comes "
+          "from --target or WPUB_TARGET)"));
+    }
+    if (!client->channel_->WaitForStateChange(s, deadline)) {
+      return absl::UnavailableError(absl::StrCat("cannot connect to wpubd at '", options.target,
+                                                 "' within ",
+                                                 absl::FormatDuration(options.connect_timeout)));
+    }
   }
-  return client;
 }
 
 void PublisherClient::Authorize(grpc::ClientContext* context) const {

@@ -25,6 +25,11 @@ struct ClientOptions {
   std::string target = "127.0.0.1:50151";
   std::string auth_token;  // sent as `authorization: Bearer <token>` when non-empty
   absl::Duration connect_timeout = absl::Seconds(10);
+  // true: a connection that fails (refused, a name that does not resolve) is UNAVAILABLE at once,
+  // naming the target and what to check, instead of being retried until connect_timeout -- what
+  // a command-line tool wants. false: wait up to connect_timeout for a daemon that is starting
+  // (a long-lived client such as wpub-recv).
+  bool fail_fast = false;
   int max_message_bytes = 8 << 20;  // client-side send limit (the daemon enforces its own)
   ClientTls tls;                    // plaintext unless tls.ca_file is set
 };

@@ -140,6 +140,7 @@ int main(int argc, char** argv) {
   command.max_positional = chosen->max_positional;
   command.min_positional = chosen->min_positional;
   command.positional = chosen->positional;
+  command.environment = wpub::cli::ClientEnvironment();  // as the Python client reads them
   // Dashes in flag names (`--model-dir`, the spelling of HF tools) read as underscores.
   const wpub::cli::Parsed parsed =
       wpub::cli::Parse(command, std::vector<std::string>(argv + 2, argv + argc));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "server/cli/bytes.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151", "wpubd gRPC address.");
 ABSL_FLAG(std::string, auth_token_file, "", "File holding wpubd's bearer token, if it has one.");
@@ -20,7 +21,7 @@ ABSL_FLAG(std::string, tls_cert_file, "",
           "PEM client certificate for a daemon that verifies clients (with --tls_key_file).");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file.");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
-ABSL_FLAG(uint64_t, chunk_bytes, uint64_t{1} << 20,
+ABSL_FLAG(wpub::cli::Bytes, chunk_bytes, uint64_t{1} << 20,
           "Inline payload chunk size in bytes (the daemon accepts up to its --max_chunk_bytes).");
 ABSL_FLAG(std::string, payload, "inline",
           "How tensor bytes reach wpubd: inline (chunks on the gRPC stream) or shm (one POSIX "
@@ -30,7 +31,7 @@ ABSL_FLAG(int32_t, parts, 1,
 ABSL_FLAG(int32_t, concat_dim, 0, "Dimension the parts are concatenated along (0 or 1).");
 ABSL_FLAG(uint64_t, seed, 1, "Base seed of the synthetic data (version v uses seed + v).");
 ABSL_FLAG(std::string, model_id, "synthetic-moe", "Model identifier put in the header.");
-ABSL_FLAG(uint64_t, bucket_bytes, 0, "Bucket size for the publication (0: the daemon's).");
+ABSL_FLAG(wpub::cli::Bytes, bucket_bytes, 0, "Bucket size for the publication (0: the daemon's).");
 ABSL_FLAG(bool, allow_non_finite, false, "Ask the daemon to publish NaN/Inf weights.");
 
 namespace wpub::wpubctl {
@@ -39,6 +40,7 @@ absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags() {
   client::ClientOptions o;
   o.target = absl::GetFlag(FLAGS_target);
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
+  o.fail_fast = true;  // a command line answers at once when nothing listens there
   o.tls.ca_file = absl::GetFlag(FLAGS_tls_ca_file);
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
@@ -57,7 +59,7 @@ absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags() {
 
 absl::StatusOr<client::StreamOptions> StreamOptionsFromFlags() {
   client::StreamOptions o;
-  o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes);
+  o.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes).value;
   if (o.chunk_bytes == 0) return absl::InvalidArgumentError("--chunk_bytes must be > 0");
   const std::string payload = absl::GetFlag(FLAGS_payload);
   if (payload == "inline") {
@@ -111,7 +113,7 @@ wpub::v1::PublicationHeader HeaderFromSettings(const synthetic::SyntheticModel& 
     pe->set_num_layers_at_end_in_bf16(static_cast<uint32_t>(e.num_layers_at_end_in_bf16));
   }
   h.set_allow_non_finite(absl::GetFlag(FLAGS_allow_non_finite));
-  h.set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes));
+  h.set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes).value);
   return h;
 }
 

@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "core/common/status.h"
 #include "server/cli/build_info.h"
+#include "server/cli/bytes.h"
 #include "server/cli/logging.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -39,7 +40,7 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
 ABSL_FLAG(int32_t, metrics_threads, 16,
           "Connections the metrics endpoint serves at once (a connection that sends nothing or "
           "half a request is dropped after about a second).");
-ABSL_FLAG(uint64_t, grpc_memory_bytes, uint64_t{256} << 20,
+ABSL_FLAG(wpub::cli::Bytes, grpc_memory_bytes, uint64_t{256} << 20,
           "Memory gRPC may hold for all connections together (read buffers and messages being "
           "received; a grpc::ResourceQuota): past it gRPC cancels the streams holding it. At "
           "least 4 x --max_message_bytes.");
@@ -67,7 +68,7 @@ ABSL_FLAG(int32_t, malloc_arena_max, 2,
           "glibc malloc arenas (mallopt M_ARENA_MAX), set at startup unless the environment "
           "sets MALLOC_ARENA_MAX: bounds the fragmentation that otherwise grows RSS with every "
           "publication. 0 keeps glibc's default (8 per core).");
-ABSL_FLAG(uint64_t, bucket_bytes, uint64_t{256} << 20,
+ABSL_FLAG(wpub::cli::Bytes, bucket_bytes, uint64_t{256} << 20,
           "Default bucket size in bytes (a publication header may override it).");
 ABSL_FLAG(absl::Duration, commit_deadline, absl::Seconds(60),
           "How long receivers have, after the last bucket was sent, to acknowledge every "
@@ -77,11 +78,11 @@ ABSL_FLAG(bool, allow_non_finite, false,
           "publication; a header may also ask for it).");
 ABSL_FLAG(uint64_t, min_receivers, 0,
           "A publication aborts at commit when fewer receivers are connected.");
-ABSL_FLAG(uint64_t, max_chunk_bytes, uint64_t{4} << 20,
+ABSL_FLAG(wpub::cli::Bytes, max_chunk_bytes, uint64_t{4} << 20,
           "Largest inline payload chunk accepted, and the PullBucket chunk size.");
-ABSL_FLAG(int32_t, max_message_bytes, 8 << 20,
+ABSL_FLAG(wpub::cli::Bytes, max_message_bytes, uint64_t{8} << 20,
           "Largest gRPC message accepted or sent (must exceed max_chunk_bytes plus framing).");
-ABSL_FLAG(uint64_t, max_inline_bytes, uint64_t{64} << 30,
+ABSL_FLAG(wpub::cli::Bytes, max_inline_bytes, uint64_t{64} << 30,
           "Most bytes one publication may stage from inline chunks.");
 ABSL_FLAG(int32_t, cpu_threads, 1, "Worker threads of the CPU quantizer.");
 ABSL_FLAG(absl::Duration, drain_deadline, absl::Seconds(30),
@@ -178,7 +179,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   if (o.server.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError("--max_concurrent_streams must be >= 1");
   }
-  o.server.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes);
+  o.server.grpc_memory_bytes = absl::GetFlag(FLAGS_grpc_memory_bytes).value;
   o.server.grpc_max_threads = absl::GetFlag(FLAGS_grpc_max_threads);
   WPUB_RETURN_IF_ERROR(IntFlagInRange("grpc_max_threads", o.server.grpc_max_threads, 8));
   o.server.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
@@ -207,7 +208,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
         absl::StrCat("--metrics_listen '", o.metrics_listen,
                      "' is not loopback: pass --insecure_listen to acknowledge"));
   }
-  o.engine.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+  o.engine.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes).value;
   if (o.engine.bucket_bytes < o.engine.min_bucket_bytes ||
       o.engine.bucket_bytes > o.engine.max_bucket_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("--bucket_bytes=", o.engine.bucket_bytes,
@@ -219,16 +220,21 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--commit_deadline must be positive");
   }
   o.engine.min_receivers = absl::GetFlag(FLAGS_min_receivers);
-  o.engine.max_inline_bytes = absl::GetFlag(FLAGS_max_inline_bytes);
+  o.engine.max_inline_bytes = absl::GetFlag(FLAGS_max_inline_bytes).value;
   o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (o.engine.cpu_threads < 1) {
     return absl::InvalidArgumentError("--cpu_threads must be >= 1");
   }
-  o.server.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes);
+  o.server.service.max_chunk_bytes = absl::GetFlag(FLAGS_max_chunk_bytes).value;
   if (o.server.service.max_chunk_bytes < 1024) {
     return absl::InvalidArgumentError("--max_chunk_bytes must be >= 1024");
   }
-  o.server.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  const uint64_t max_message = absl::GetFlag(FLAGS_max_message_bytes).value;
+  if (max_message > uint64_t{1} << 30) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_message_bytes=", max_message, " is more than 1GiB"));
+  }
+  o.server.max_message_bytes = static_cast<int32_t>(max_message);
   if (o.server.max_message_bytes < 0 ||
       o.server.grpc_memory_bytes < 4 * static_cast<uint64_t>(o.server.max_message_bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -1,6 +1,7 @@
 // cli::Parse and cli::Help over flags defined here, and the JSON-lines log formatter.
 #include "server/cli/command_line.h"
 
+#include <grpc/support/log.h>
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
@@ -14,6 +15,7 @@
 #include "core/common/log_context.h"
 #include "nlohmann/json.hpp"
 #include "server/cli/build_info.h"
+#include "server/cli/bytes.h"
 #include "server/cli/logging.h"
 
 ABSL_FLAG(std::string, cli_test_name, "n0", "A name.");
@@ -21,6 +23,7 @@ ABSL_FLAG(int64_t, cli_test_count, 3, "A count.");
 ABSL_FLAG(bool, cli_test_fast, false, "Go fast.");
 ABSL_FLAG(absl::Duration, cli_test_wait, absl::Seconds(5), "How long to wait.");
 ABSL_FLAG(std::string, cli_test_other, "", "A flag of another command.");
+ABSL_FLAG(wpub::cli::Bytes, cli_test_size, uint64_t{256} << 20, "A size.");
 
 namespace wpub::cli {
 namespace {
@@ -97,6 +100,112 @@ TEST(CommandLine, HelpListsOnlyTheCommandsFlagsAndExitsZero) {
   }
 }
 
+// Environment variables set flags the command line leaves alone, as the Python client reads
+// WPUB_TARGET and WPUB_TOKEN_FILE; the command line wins, an empty variable is unset, a value
+// the flag cannot parse names the variable, a flag the command does not take is never set.
+TEST(CommandLine, TheEnvironmentSetsFlagsTheCommandLineDoesNot) {
+  Command c = Cmd();
+  c.environment = {{"WPUB_CLI_TEST_NAME", "cli_test_name"},
+                   {"WPUB_CLI_TEST_WAIT", "cli_test_wait"},
+                   {"WPUB_CLI_TEST_OTHER", "cli_test_other"}};
+  auto run = [&](const std::vector<std::string>& args) {
+    absl::SetFlag(&FLAGS_cli_test_name, "n0");
+    absl::SetFlag(&FLAGS_cli_test_wait, absl::Seconds(5));
+    absl::SetFlag(&FLAGS_cli_test_other, "");
+    std::FILE* out = std::tmpfile();
+    std::FILE* err = std::tmpfile();
+    Outcome r;
+    r.parsed = Parse(c, args, out, err);
+    r.out = Slurp(out);
+    r.err = Slurp(err);
+    return r;
+  };
+  ::setenv("WPUB_CLI_TEST_NAME", "from-env", 1);
+  ::setenv("WPUB_CLI_TEST_WAIT", "", 1);
+  ::setenv("WPUB_CLI_TEST_OTHER", "foreign", 1);
+  Outcome r = run({});
+  EXPECT_EQ(r.parsed.exit_code, -1) << r.err;
+  EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_name), "from-env");
+  EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_wait), absl::Seconds(5)) << "an empty variable is unset";
+  EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_other), "") << "not a flag of this command";
+  r = run({"--cli_test_name=from-args"});
+  EXPECT_EQ(r.parsed.exit_code, -1) << r.err;
+  EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_name), "from-args");
+  ::setenv("WPUB_CLI_TEST_WAIT", "5", 1);
+  r = run({});
+  EXPECT_EQ(r.parsed.exit_code, 2);
+  EXPECT_NE(r.err.find("$WPUB_CLI_TEST_WAIT=5 (for --cli_test_wait)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("unit"), std::string::npos) << "the duration hint: " << r.err;
+  r = run({"--help"});
+  EXPECT_NE(r.out.find("--cli_test_name=STRING  (default: n0; or $WPUB_CLI_TEST_NAME)"),
+            std::string::npos)
+      << r.out;
+  ::unsetenv("WPUB_CLI_TEST_NAME");
+  ::unsetenv("WPUB_CLI_TEST_WAIT");
+  ::unsetenv("WPUB_CLI_TEST_OTHER");
+  // The clients' variables are the Python client's.
+  const auto env = ClientEnvironment();
+  EXPECT_EQ(env.front(), (std::pair<std::string, std::string>{"WPUB_TARGET", "target"}));
+  EXPECT_EQ(env[1], (std::pair<std::string, std::string>{"WPUB_TOKEN_FILE", "auth_token_file"}));
+}
+
+TEST(Bytes, UnitsOrPlainBytesAndNothingAmbiguous) {
+  const std::pair<const char*, uint64_t> good[] = {
+      {"0", 0},
+      {"1048576", 1048576},
+      {"64KiB", 64 << 10},
+      {"256MiB", uint64_t{256} << 20},
+      {"256 MiB", uint64_t{256} << 20},
+      {"1.5GiB", uint64_t{3} << 29},
+      {"2TiB", uint64_t{2} << 40},
+      {"4MB", 4000000},
+      {"1kB", 1000},
+      {"1KB", 1000},
+      {"7B", 7},
+      {"18446744073709551615", UINT64_MAX},
+  };
+  for (const auto& [text, want] : good) {
+    Bytes b;
+    std::string error;
+    EXPECT_TRUE(AbslParseFlag(text, &b, &error)) << text << ": " << error;
+    EXPECT_EQ(b.value, want) << text;
+  }
+  for (const char* bad : {"", "64M", "1 gigabyte", "-1", "0.3B", "1.2.3MiB", "MiB", "16EiB",
+                          "18446744073709551616", "17179869184GiB", "1e3"}) {
+    Bytes b;
+    std::string error;
+    EXPECT_FALSE(AbslParseFlag(bad, &b, &error)) << bad;
+    EXPECT_FALSE(error.empty()) << bad;
+  }
+  EXPECT_EQ(AbslUnparseFlag(Bytes(uint64_t{256} << 20)), "256MiB");
+  EXPECT_EQ(AbslUnparseFlag(Bytes(uint64_t{64} << 30)), "64GiB");
+  EXPECT_EQ(AbslUnparseFlag(Bytes(1000)), "1000");
+  EXPECT_EQ(AbslUnparseFlag(Bytes(0)), "0");
+  // Through the command line: the flag's kind, its default in units, and a refusal naming it.
+  Command c = Cmd();
+  c.flags.push_back("cli_test_size");
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  Parsed p = Parse(c, {"--cli_test_size=64MiB"}, out, err);
+  (void)Slurp(out);
+  EXPECT_EQ(p.exit_code, -1) << Slurp(err);
+  EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_size).value, uint64_t{64} << 20);
+  out = std::tmpfile();
+  err = std::tmpfile();
+  p = Parse(c, {"--cli_test_size=64M"}, out, err);
+  (void)Slurp(out);
+  const std::string e = Slurp(err);
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(e.find("--cli_test_size=64M"), std::string::npos) << e;
+  EXPECT_NE(e.find("MiB"), std::string::npos) << e;
+  out = std::tmpfile();
+  err = std::tmpfile();
+  p = Parse(c, {"--help"}, out, err);
+  const std::string help = Slurp(out);
+  (void)Slurp(err);
+  EXPECT_NE(help.find("--cli_test_size=BYTES  (default: 256MiB)"), std::string::npos) << help;
+}
+
 TEST(CommandLine, VersionNamesTheBuild) {
   Outcome r = Do({"--version"});
   EXPECT_EQ(r.parsed.exit_code, 0);
@@ -157,7 +266,7 @@ TEST(CommandLine, AFlagFileIsReadAsArguments) {
 TEST(CommandLine, FlagsDefinedInFindsThisFilesFlags) {
   const std::vector<std::string> names = FlagsDefinedIn("tests/cli/command_line_test");
   EXPECT_EQ(names, (std::vector<std::string>{"cli_test_count", "cli_test_fast", "cli_test_name",
-                                             "cli_test_other", "cli_test_wait"}));
+                                             "cli_test_other", "cli_test_size", "cli_test_wait"}));
 }
 
 TEST(Logging, JsonLinesCarryTheThreadsFieldsAndEscape) {
@@ -195,6 +304,33 @@ TEST(Logging, JsonLinesCarryTheThreadsFieldsAndEscape) {
   std::string why;
   EXPECT_TRUE(absl::ParseTime(absl::RFC3339_full, ts, &t, &why)) << ts << ": " << why;
   EXPECT_LT(absl::AbsDuration(absl::Now() - t), absl::Minutes(5));
+}
+
+// gRPC's own lines (gpr_log) come out in the binary's format: a JSON line with source=grpc and
+// gRPC's location, at the matching level -- not gRPC's "E1204 ..." line on stderr.
+TEST(Logging, GrpcLinesGoThroughTheSameLogger) {
+  ASSERT_TRUE(ConfigureLogging("wpubd", "info", "json").ok());
+  std::ostringstream sink_out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(sink_out);
+  sink->set_formatter(JsonFormatter("wpubd"));
+  const std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("t", sink));
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_INFO);  // gRPC's default drops its info lines
+  gpr_log("src/core/lib/iomgr/tcp_server.cc", 42, GPR_LOG_SEVERITY_ERROR, "bind failed: %s",
+          "Address already in use");
+  gpr_log("x.cc", 1, GPR_LOG_SEVERITY_INFO, "%s", "informational");
+  gpr_set_log_verbosity(GPR_LOG_SEVERITY_ERROR);
+  spdlog::set_default_logger(previous);
+  std::istringstream lines(sink_out.str());
+  std::vector<nlohmann::json> j;
+  for (std::string line; std::getline(lines, line);) j.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(j.size(), 2u) << sink_out.str();
+  EXPECT_EQ(j[0]["msg"], "grpc: bind failed: Address already in use");
+  EXPECT_EQ(j[0]["level"], "error");
+  EXPECT_EQ(j[0]["source"], "grpc");
+  EXPECT_EQ(j[0]["grpc_location"], "src/core/lib/iomgr/tcp_server.cc:42");
+  EXPECT_EQ(j[1]["level"], "info");
+  ASSERT_TRUE(ConfigureLogging("wpubd", "info", "text").ok());
 }
 
 TEST(Logging, RefusesUnknownLevelsAndFormats) {

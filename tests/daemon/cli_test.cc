@@ -1,6 +1,13 @@
 // The wpubctl subcommands as a user runs them: publish-synthetic and status against a real
 // wpubd with two receivers, connect-engines against the CPU path, and the whole demo (the
 // project's main job) end to end.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -68,6 +75,47 @@ TEST(Wpubctl, PublishSyntheticThenStatus) {
   args.push_back("--version=1");
   EXPECT_EQ(RunWpubctl(h.dir(), args, &out), 1);
   EXPECT_NE(out.find("FAILED_PRECONDITION"), std::string::npos) << out;
+}
+
+// A loopback port nothing listens on (bound once, then closed).
+int UnusedPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// wpubctl reads WPUB_TARGET (and WPUB_TOKEN_FILE) as the Python client does, --target wins over
+// it, and a target nothing listens on fails at once naming it instead of after
+// --connect_timeout.
+TEST(Wpubctl, ReadsTheClientEnvironmentAndFailsFastWhenNothingListens) {
+  HarnessOptions options;
+  options.receivers = 0;
+  auto harness = DaemonHarness::Start(options);
+  ASSERT_TRUE(harness.ok()) << harness.status();
+  DaemonHarness& h = **harness;
+  const std::string dead = absl::StrCat("127.0.0.1:", UnusedPort());
+  std::string out;
+  ::setenv("WPUB_TARGET", h.target().c_str(), 1);
+  EXPECT_EQ(RunWpubctl(h.dir(), {"status"}, &out), 0) << out;
+  EXPECT_NE(out.find("committed"), std::string::npos) << out;
+  ::setenv("WPUB_TARGET", dead.c_str(), 1);
+  EXPECT_EQ(RunWpubctl(h.dir(), {"status", "--target=" + h.target()}, &out), 0) << out;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NE(RunWpubctl(h.dir(), {"status", "--connect_timeout=300s"}, &out), 0) << out;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::unsetenv("WPUB_TARGET");
+  EXPECT_NE(out.find(absl::StrCat("cannot connect to wpubd at '", dead, "'")), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("WPUB_TARGET"), std::string::npos) << "the hint: " << out;
+  // Not the 300 s connect timeout: the refused connection ends it.
+  EXPECT_LT(seconds, 120) << out;
 }
 
 // ConnectEngines on the CPU path: the daemon names why (no GPU path) and, first, any bad entry;
