@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # One entry point for a fresh Debian 12 machine: installs the dependencies, configures and
 # builds, then runs what was asked.
-#   deploy/dev.sh demo   -- the main job (see README)
+#   deploy/dev.sh demo [DIR [wpubctl demo flags]]
+#                        -- the main job (see README): builds wpubd, wpub-recv and wpubctl alone
+#                           (CPU only, into build-demo) and runs `wpubctl demo`, keeping its files
+#                           in DIR (default ./wpub-demo)
 #   deploy/dev.sh test   -- the whole test suite (CPU tests; GPU tests skip without a GPU), then
 #                           the sanitizer step: a second CPU tree built with ASan+UBSan
 #                           (-DWPUB_SANITIZE=ON, into build-asan) running the tests of the
 #                           modules that parse untrusted input (DEVELOPERS.md, "Fuzzing and
 #                           sanitizers")
 #   deploy/dev.sh build  -- install and build only
-# BUILD_DIR (default build), CMAKE_ARGS, ASAN_BUILD_DIR (default build-asan) and SANITIZE
+# BUILD_DIR (default build), DEMO_BUILD_DIR (default build-demo), CMAKE_ARGS, ASAN_BUILD_DIR
+# (default build-asan) and SANITIZE
 # (1, the default; 0 skips the sanitizer step) may be set in the environment.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +21,21 @@ build_dir=${BUILD_DIR:-build}
 jobs=$(nproc)
 
 bash deploy/install_deps.sh
+
+# The demo runs the CPU path only (wpubd, two wpub-recv, wpubctl): a tree of its own without CUDA
+# or benchmarks, and only those three targets -- minutes on 2 cores instead of the whole build.
+if [ "$what" = demo ]; then
+  demo_dir=${DEMO_BUILD_DIR:-build-demo}
+  if [ ! -x "$demo_dir/server/wpubctl/wpubctl" ]; then
+    echo "dev.sh: building wpubd, wpub-recv and wpubctl into $demo_dir (CPU only; the first build" \
+      "takes about 7 minutes on 2 cores, later runs rebuild only what changed)"
+  fi
+  cmake -S . -B "$demo_dir" -G Ninja -DWPUB_ENABLE_CUDA=OFF -DWPUB_BUILD_BENCH=OFF ${CMAKE_ARGS:-}
+  cmake --build "$demo_dir" -j "$jobs" --target wpubd wpub-recv wpubctl
+  files=${2:-$PWD/wpub-demo}
+  exec "$demo_dir/server/wpubctl/wpubctl" demo --demo_dir="$files" "${@:3}"
+fi
+
 cmake -S . -B "$build_dir" -G Ninja ${CMAKE_ARGS:-}
 cmake --build "$build_dir" -j "$jobs"
 
@@ -52,9 +71,6 @@ case "$what" in
   test)
     ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" --timeout 900
     if [ "${SANITIZE:-1}" != 0 ]; then sanitize; fi
-    ;;
-  demo)
-    "$build_dir/server/wpubctl/wpubctl" demo "${@:2}"
     ;;
   *) echo "usage: $0 {build|test|demo}" >&2; exit 2 ;;
 esac

@@ -40,8 +40,8 @@ ABSL_FLAG(uint32_t, demo_receivers, 2, "wpub-recv processes the demo starts.");
 ABSL_FLAG(std::string, wpubd_path, "", "wpubd binary (default: next to wpubctl in the build).");
 ABSL_FLAG(std::string, recv_path, "", "wpub-recv binary (default: in the same build tree).");
 ABSL_FLAG(std::string, demo_dir, "",
-          "Directory for logs and the receivers' safetensors (default: a fresh /tmp dir, "
-          "removed afterwards).");
+          "Directory for logs and the receivers' safetensors, kept afterwards (default: a fresh "
+          "/tmp/wpub-demo-XXXXXX).");
 
 namespace wpub::wpubctl {
 namespace {
@@ -112,8 +112,7 @@ absl::Status Demo() {
     }
   }
   std::string dir = absl::GetFlag(FLAGS_demo_dir);
-  const bool temp_dir = dir.empty();
-  if (temp_dir) {
+  if (dir.empty()) {
     char tmpl[] = "/tmp/wpub-demo-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
     dir = tmpl;
@@ -216,7 +215,10 @@ absl::Status Demo() {
   }
   const int daemon_code = daemon->Stop(absl::Seconds(40));
   std::printf("wpubd stopped (exit %d)\n", daemon_code);
-  if (temp_dir) std::filesystem::remove_all(dir);
+  // The files stay: the receivers' versions, wpubd's and the receivers' logs.
+  std::printf("\nthe demo's files are kept in %s (`wpubctl inspect %s/recv-0.safetensors` lists "
+              "what a receiver holds)\n",
+              dir.c_str(), dir.c_str());
   if (daemon_code != 0) return absl::InternalError("wpubd did not exit cleanly");
   if (last != absl::GetFlag(FLAGS_demo_versions) || status.committed_version() != last) {
     return absl::InternalError("not every version committed");
