@@ -87,11 +87,20 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$root/share/wpub"
 cp -r "$here/systemd" "$here/prometheus" "$here/grafana" "$root/share/wpub/"
+# The Python client as a wheel for the trainer's host (python/wpub-<version>-py3-none-any.whl),
+# built offline from clients/python as CI builds it (the tree is left unchanged).
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+if "$py" -c "import build, wheel, setuptools" 2>/dev/null; then
+  "$py" -m build --wheel --no-isolation --outdir "$root/python" "$here/../clients/python" >/dev/null
+else
+  echo "bundle: python3-build, python3-wheel or python3-setuptools missing: no Python client wheel" >&2
+fi
 cat > "$root/README" <<EOF2
 wpub $version ($arch): relocatable bundle. Unpack anywhere, then run bin/wpubd --help,
 bin/wpubctl demo. share/wpub holds the systemd unit, the Prometheus scrape config and the
-Grafana dashboard. Needs glibc as new as the build host's and, for the GPU path, the NVIDIA
-driver.
+Grafana dashboard; python/ the trainer's client (pip install python/wpub-*.whl). Needs glibc as
+new as the build host's and, for the GPU path, the NVIDIA driver.
 EOF2
 (cd "$root" && find libexec lib -type f | sort | xargs sha256sum > SHA256SUMS)
 tar -C "$stage" -czf "$output" "$name"

@@ -28,7 +28,7 @@ if [ "$what" = demo ]; then
   demo_dir=${DEMO_BUILD_DIR:-build-demo}
   if [ ! -x "$demo_dir/server/wpubctl/wpubctl" ]; then
     echo "dev.sh: building wpubd, wpub-recv and wpubctl into $demo_dir (CPU only; the first build" \
-      "takes about 7 minutes on 2 cores, later runs rebuild only what changed)"
+      "takes about 3 minutes on 2 cores, later runs rebuild only what changed)"
   fi
   cmake -S . -B "$demo_dir" -G Ninja -DWPUB_ENABLE_CUDA=OFF -DWPUB_BUILD_BENCH=OFF ${CMAKE_ARGS:-}
   cmake --build "$demo_dir" -j "$jobs" --target wpubd wpub-recv wpubctl

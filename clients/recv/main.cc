@@ -231,7 +231,8 @@ int main(int argc, char** argv) {
       "serves SGLang's (--engine_protocol=sglang) or vLLM's (vllm) weight-update routes and "
       "receives over the publisher's NCCL group on --gpu_device(s).";
   command.flags = wpub::cli::FlagsDefinedIn("clients/recv/");
-  command.environment = wpub::cli::ClientEnvironment();  // as the Python client reads them
+  command.environment = wpub::cli::ClientEnvironment();        // as the Python client reads them
+  command.hidden = {"leave_after_buckets", "corrupt_bucket"};  // the tests' fault injection
   const wpub::cli::Parsed parsed =
       wpub::cli::Parse(command, std::vector<std::string>(argv + 1, argv + argc));
   if (parsed.exit_code >= 0) return parsed.exit_code;

@@ -111,7 +111,10 @@ std::string Help(const Command& c) {
     absl::StrAppend(&out, Wrap(std::string(para), 0));
   }
   absl::StrAppend(&out, "\nFlags:\n");
-  std::vector<std::string> names = c.flags;
+  std::vector<std::string> names;
+  for (const std::string& name : c.flags) {
+    if (std::find(c.hidden.begin(), c.hidden.end(), name) == c.hidden.end()) names.push_back(name);
+  }
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
     const absl::CommandLineFlag* f = absl::FindCommandLineFlag(name);

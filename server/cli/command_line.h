@@ -33,6 +33,9 @@ struct Command {
   // does not take is skipped, and a value the flag cannot parse is an error naming the
   // variable. --help lists each flag's variable.
   std::vector<std::pair<std::string, std::string>> environment;
+  // Flags of `flags` that --help does not list: fault injection for tests, accepted as any
+  // other flag but nothing an operator should find.
+  std::vector<std::string> hidden;
 };
 
 // The variables every client of wpubd reads, as the Python client (wpub.Publisher.from_env) and

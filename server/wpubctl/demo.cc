@@ -37,8 +37,10 @@ ABSL_DECLARE_FLAG(std::optional<int64_t>, vocab_size);
 
 ABSL_FLAG(uint32_t, demo_versions, 3, "Versions the demo publishes.");
 ABSL_FLAG(uint32_t, demo_receivers, 2, "wpub-recv processes the demo starts.");
-ABSL_FLAG(std::string, wpubd_path, "", "wpubd binary (default: next to wpubctl in the build).");
-ABSL_FLAG(std::string, recv_path, "", "wpub-recv binary (default: in the same build tree).");
+ABSL_FLAG(std::string, wpubd_path, "",
+          "wpubd binary (default: the build tree's, else the one beside wpubctl).");
+ABSL_FLAG(std::string, recv_path, "",
+          "wpub-recv binary (default: the build tree's, else the one beside wpubctl).");
 ABSL_FLAG(std::string, demo_dir, "",
           "Directory for logs and the receivers' safetensors, kept afterwards (default: a fresh "
           "/tmp/wpub-demo-XXXXXX).");
@@ -99,11 +101,20 @@ absl::Status Demo() {
   WPUB_ASSIGN_OR_RETURN(policy::PolicySettings settings, PolicySettingsFromFlags(model));
   WPUB_ASSIGN_OR_RETURN(client::StreamOptions stream, StreamOptionsFromFlags());
 
+  // The build tree's layout, else beside wpubctl (`cmake --install`, the bundle's libexec/).
   const std::string exe_dir = client::ExecutableDir();
+  const auto first_of = [](std::initializer_list<std::string> paths) {
+    for (const std::string& p : paths) {
+      if (std::filesystem::exists(p)) return p;
+    }
+    return *paths.begin();
+  };
   std::string wpubd = absl::GetFlag(FLAGS_wpubd_path);
-  if (wpubd.empty()) wpubd = exe_dir + "/../wpubd/wpubd";
+  if (wpubd.empty()) wpubd = first_of({exe_dir + "/../wpubd/wpubd", exe_dir + "/wpubd"});
   std::string recv = absl::GetFlag(FLAGS_recv_path);
-  if (recv.empty()) recv = exe_dir + "/../../clients/recv/wpub-recv";
+  if (recv.empty()) {
+    recv = first_of({exe_dir + "/../../clients/recv/wpub-recv", exe_dir + "/wpub-recv"});
+  }
   for (const std::string& bin : {wpubd, recv}) {
     if (!std::filesystem::exists(bin)) {
       return absl::NotFoundError(absl::StrCat("binary '", bin,
@@ -216,9 +227,10 @@ absl::Status Demo() {
   const int daemon_code = daemon->Stop(absl::Seconds(40));
   std::printf("wpubd stopped (exit %d)\n", daemon_code);
   // The files stay: the receivers' versions, wpubd's and the receivers' logs.
-  std::printf("\nthe demo's files are kept in %s (`wpubctl inspect %s/recv-0.safetensors` lists "
-              "what a receiver holds)\n",
-              dir.c_str(), dir.c_str());
+  std::printf(
+      "\nthe demo's files are kept in %s (`wpubctl inspect %s/recv-0.safetensors` lists "
+      "what a receiver holds)\n",
+      dir.c_str(), dir.c_str());
   if (daemon_code != 0) return absl::InternalError("wpubd did not exit cleanly");
   if (last != absl::GetFlag(FLAGS_demo_versions) || status.committed_version() != last) {
     return absl::InternalError("not every version committed");

@@ -206,6 +206,28 @@ TEST(Bytes, UnitsOrPlainBytesAndNothingAmbiguous) {
   EXPECT_NE(help.find("--cli_test_size=BYTES  (default: 256MiB)"), std::string::npos) << help;
 }
 
+// A hidden flag (a test's fault injection) is taken but --help does not list it.
+TEST(CommandLine, HiddenFlagsAreTakenButNotListed) {
+  Command c = Cmd();
+  c.flags.push_back("cli_test_other");
+  c.hidden = {"cli_test_other"};
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  Parsed p = Parse(c, {"--cli_test_other=x"}, out, err);
+  (void)Slurp(out);
+  EXPECT_EQ(p.exit_code, -1) << Slurp(err);
+  EXPECT_EQ(absl::GetFlag(FLAGS_cli_test_other), "x");
+  out = std::tmpfile();
+  err = std::tmpfile();
+  p = Parse(c, {"--help"}, out, err);
+  const std::string help = Slurp(out);
+  (void)Slurp(err);
+  EXPECT_EQ(p.exit_code, 0);
+  EXPECT_EQ(help.find("cli_test_other"), std::string::npos) << help;
+  EXPECT_NE(help.find("cli_test_name"), std::string::npos) << help;
+  absl::SetFlag(&FLAGS_cli_test_other, "");
+}
+
 TEST(CommandLine, VersionNamesTheBuild) {
   Outcome r = Do({"--version"});
   EXPECT_EQ(r.parsed.exit_code, 0);

@@ -88,6 +88,19 @@ class BundleTest(unittest.TestCase):
         r = self.run_clean(os.path.join(self.root, "bin", "wpubd"), "--helpfull")
         self.assertIn("--tls_cert_file", r.stdout + r.stderr)
 
+    def test_python_client_wheel(self):
+        import importlib.util
+        if not all(importlib.util.find_spec(m) for m in ("build", "wheel", "setuptools")):
+            self.skipTest("python3-build, python3-wheel or python3-setuptools missing")
+        wheels = [n for n in self.names if n.endswith(".whl")]
+        self.assertEqual(len(wheels), 1, self.names)
+        self.assertRegex(wheels[0], r"/python/wpub-[0-9.]+-py3-none-any\.whl$")
+        import zipfile
+        with zipfile.ZipFile(os.path.join(os.path.dirname(self.root), wheels[0])) as z:
+            files = z.namelist()
+        for f in ("wpub/__init__.py", "wpub/publisher.py", "wpub/wpub_v1.binpb"):
+            self.assertIn(f, files)
+
     def test_wpubctl_demo(self):
         r = self.run_clean(os.path.join(self.root, "bin", "wpubctl"), "demo", timeout=300)
         out = r.stdout + r.stderr
@@ -97,6 +110,41 @@ class BundleTest(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.root, "wpubd")))
         self.assertIn("committed", out.lower())
         self.assertIn("wpubd stopped (exit 0)", out)
+
+
+class InstallTest(unittest.TestCase):
+    """`cmake --install` of the build tree into a fresh prefix: the three binaries in bin/ run,
+    `wpubctl demo` finds wpubd and wpub-recv beside it, share/wpub holds the deployment files."""
+
+    def test_install_into_a_prefix(self):
+        wpubd = binary("WPUBD")
+        build_dir = os.environ.get("WPUB_BUILD_DIR") or os.path.dirname(
+            os.path.dirname(os.path.dirname(wpubd)))
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            self.skipTest("cmake is not on PATH")
+        prefix = tempfile.mkdtemp(prefix="wpub-install-")
+        try:
+            r = subprocess.run([cmake, "--install", build_dir, "--prefix", prefix],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for b in ("wpubd", "wpubctl", "wpub-recv"):
+                path = os.path.join(prefix, "bin", b)
+                self.assertTrue(os.access(path, os.X_OK), b)
+                v = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+                self.assertEqual(v.returncode, 0, b + ": " + v.stdout + v.stderr)
+            for f in ("systemd/wpubd.service", "prometheus/wpub-alerts.rules.yml",
+                      "grafana/wpub-dashboard.json"):
+                self.assertTrue(os.path.isfile(os.path.join(prefix, "share", "wpub", f)), f)
+            demo = os.path.join(prefix, "demo")
+            r = subprocess.run([os.path.join(prefix, "bin", "wpubctl"), "demo",
+                                "--demo_versions=1", "--demo_receivers=1", f"--demo_dir={demo}"],
+                               capture_output=True, text=True, timeout=300, cwd=prefix)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertTrue(os.path.isfile(os.path.join(demo, "recv-0.safetensors")),
+                            "the demo's files are kept")
+        finally:
+            shutil.rmtree(prefix, ignore_errors=True)
 
 
 if __name__ == "__main__":

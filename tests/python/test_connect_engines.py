@@ -68,7 +68,9 @@ class CpuDaemonTest(unittest.TestCase):
                                 ([("http://a:1", "2")], "gpus='2'"),
                                 ([{"url": "http://a:1", "gpu": 2}], "engines[0]"),
                                 ([42], "engines[0] 42"), ([("http://a:1", 1, 2)], "engines[0]"),
-                                ([{"url": "http://a:1", "kind": "trt"}], "kind='trt'")]:
+                                ([{"url": "http://a:1", "kind": "trt"}], "kind='trt'"),
+                                (["http://a:1=two"], "GPU count"),
+                                (["http://a:1=0"], "gpus=0")]:
             with self.subTest(engines=engines):
                 with self.assertRaises(wpub.InvalidArgument) as cm:
                     self.pub.connect_engines(engines)
@@ -145,6 +147,13 @@ class FakeDaemonTest(unittest.TestCase):
         req = self.fake.requests[-1]
         self.assertEqual([(e.url, e.gpus, e.kind) for e in req.engines],
                          [("vllm+http://v0:8000", 1, ""), ("http://v1:8000", 2, "vllm")])
+        # "url=gpus", the form of wpubd --engines and the deploy README's example.
+        self.pub.connect_engines(["http://sglang-engine-0:30000=2",
+                                  "vllm+http://vllm-engine-0:8000=4"])
+        req = self.fake.requests[-1]
+        self.assertEqual([(e.url, e.gpus, e.kind) for e in req.engines],
+                         [("http://sglang-engine-0:30000", 2, ""),
+                          ("vllm+http://vllm-engine-0:8000", 4, "")])
         # Defaults: the daemon's group name and join timeout (the RPC still waits longer).
         self.pub.connect_engines("http://h0:30000")
         req = self.fake.requests[-1]

@@ -123,8 +123,8 @@ def build_header(version: int, recipe: str, policy, quantization_config, model_i
 
 
 def engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int, str]]:
-    """[(url, gpus, kind)] of connect_engines' `engines`; InvalidArgument naming the entry for a
-    form it does not accept (the daemon checks URLs and counts again). kind: "sglang", "vllm" or
+    """[(url, gpus, kind)] of connect_engines' `engines` ("url", "url=gpus", (url, gpus) or a
+    dict); InvalidArgument naming the entry for a form it does not accept (the daemon checks URLs and counts again). kind: "sglang", "vllm" or
     "" (the URL's "vllm+" / "sglang+" prefix decides, default sglang)."""
     if isinstance(engines, (str, bytes, dict)):
         engines = [engines]
@@ -133,7 +133,16 @@ def engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int, str]]:
         gpus: Any = 1
         kind: Any = ""
         if isinstance(e, str):
-            url = e
+            # "url=gpus", as wpubd --engines and `wpubctl connect-engines` take them.
+            url, eq, count = e.rpartition("=")
+            if not eq:
+                url = e
+            elif count.isdigit():
+                gpus = int(count)
+            else:
+                raise errors.InvalidArgument(
+                    f"engines[{i}] {e!r}: after '=' comes the engine's GPU count, e.g. "
+                    "'http://engine:30000=2'")
         elif isinstance(e, dict):
             unknown = set(e) - {"url", "gpus", "kind"}
             if "url" not in e or unknown:
