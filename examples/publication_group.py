@@ -4,6 +4,7 @@ a node (or a pipeline stage) holding some layers of the model; it publishes them
 node's daemon, the daemons agree on the version among themselves (rank 0's daemon leads), and
 rank 0 learns the outcome of every member through torch.distributed.
 
+    cmake --install build --prefix ~/.local   # once: wpubd, wpub-recv on PATH (~/.local/bin)
     wpubd --listen=127.0.0.1:50151 --metrics_listen= &
     wpubd --listen=127.0.0.1:50152 --metrics_listen= &
     wpub-recv --target=127.0.0.1:50151,127.0.0.1:50152 --output=/tmp/engine.safetensors &

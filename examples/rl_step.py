@@ -3,6 +3,7 @@
 under Megatron parameter names, a small Megatron->HF converter (fused QKV split into q/k/v,
 fused expert fc1 split into gate/up), and one publish() per step.
 
+    cmake --install build --prefix ~/.local   # once: wpubd, wpub-recv on PATH (~/.local/bin)
     wpubd &                         # the sidecar (CPU backend is enough for this example)
     wpub-recv --output=/tmp/engine.safetensors &
     PYTHONPATH=clients/python python3 examples/rl_step.py --target=127.0.0.1:50151 --steps=3

@@ -2,6 +2,7 @@
 """Publishing a torch model that has HF names (an FSDP / plain-HF trainer) with wpub.torch,
 asynchronously: the next step's rollouts and backward run while the publication is in flight.
 
+    cmake --install build --prefix ~/.local   # once: wpubd, wpub-recv on PATH (~/.local/bin)
     wpubd &                            # the sidecar (CPU backend is enough for this example)
     wpub-recv --output=/tmp/engine.safetensors &
     PYTHONPATH=clients/python python3 examples/torch_module_publish.py --steps=3

@@ -5,6 +5,7 @@ the trainer's own torch.distributed as references (CUDA IPC handles on GPUs, sha
 segments on the CPU): no weight is copied between ranks and nothing is all-gathered; wpubd
 reads every shard in place and assembles the TP tensors (wpub.concat).
 
+    cmake --install build --prefix ~/.local   # once: wpubd, wpub-recv on PATH (~/.local/bin)
     wpubd &  wpub-recv --output=/tmp/engine.safetensors &
     PYTHONPATH=clients/python python3 examples/torch_ranks_per_node.py --ranks=2 --steps=2
 
