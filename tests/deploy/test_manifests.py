@@ -14,6 +14,7 @@ import copy
 import json
 import os
 import re
+import secrets
 import shutil
 import socket
 import struct
@@ -248,12 +249,14 @@ class KubernetesTest(unittest.TestCase):
         by_kind = _by_kind(objects)
         for o in objects:
             self.assertIn("apiVersion", o, name)
-        for kind in ("Job", "Service", "PodMonitor", "ConfigMap", "Secret", "NetworkPolicy",
+        for kind in ("Job", "Service", "PodMonitor", "ConfigMap", "NetworkPolicy",
                      "PrometheusRule"):
             self.assertEqual(len(by_kind.get(kind, [])), 1, f"{name}: one {kind}")
+        # No secret is shipped: the token's Secret is created by the operator (base README).
+        self.assertNotIn("Secret", by_kind, f"{name}: a Secret with a token in the manifests")
         self.assertNotIn("Deployment", by_kind, f"{name}: the example engines are not in it")
         job, svc, mon = by_kind["Job"][0], by_kind["Service"][0], by_kind["PodMonitor"][0]
-        cfg, secret = by_kind["ConfigMap"][0], by_kind["Secret"][0]
+        cfg = by_kind["ConfigMap"][0]
         pod = _pod_spec(job)
         pod_labels = job["spec"]["template"]["metadata"]["labels"]
 
@@ -319,15 +322,16 @@ class KubernetesTest(unittest.TestCase):
                            f"{name}: terminationGracePeriodSeconds vs --drain_deadline")
 
         # The token: wpubd's --auth_token_file and the trainer's WPUB_TOKEN_FILE are the same
-        # file of the same Secret, mounted in both containers.
+        # file (key `token`) of the same Secret, `wpubd-token`, which the operator creates
+        # (deploy/k8s/base/kustomization.yaml, deploy/README.md say how), mounted in both.
         token_path = flags["--auth_token_file"]
+        self.assertEqual(os.path.basename(token_path), "token", name)
         for c in (wpubd, trainer):
             tmount = [m for m in c["volumeMounts"]
                       if token_path.startswith(m["mountPath"].rstrip("/") + "/")]
             self.assertEqual(len(tmount), 1, f"{name}: token file mounted in {c['name']}")
-            self.assertEqual(vols[tmount[0]["name"]]["secret"]["secretName"],
-                             secret["metadata"]["name"], f"{name}: {c['name']}")
-        self.assertIn(os.path.basename(token_path), secret["stringData"])
+            self.assertEqual(vols[tmount[0]["name"]]["secret"]["secretName"], "wpubd-token",
+                             f"{name}: {c['name']}")
 
         # The trainer's environment: only variables wpub.Publisher.from_env() reads, a target
         # that is wpubd's listener, the token file wpubd reads.
@@ -597,12 +601,11 @@ class KubernetesTest(unittest.TestCase):
         paths to the temporary ones."""
         by_kind = _by_kind(objects)
         job, cfg = by_kind["Job"][0], by_kind["ConfigMap"][0]
-        secret = by_kind["Secret"][0]
         wpubd = _pod_spec(job)["initContainers"][0]
         flags, config_path, overrides = effective_flags(wpubd, cfg)
         token = os.path.join(d, "token")
-        with open(token, "w") as f:
-            f.write(secret["stringData"][os.path.basename(flags["--auth_token_file"])] + "\n")
+        with open(token, "w") as f:  # what the operator's Secret holds
+            f.write(secrets.token_hex(32) + "\n")
         rewrite = {flags["--auth_token_file"]: token}
         listen = flags["--listen"]
         if listen.startswith("unix:"):
@@ -769,8 +772,9 @@ class KubernetesSchemaTest(unittest.TestCase):
     def test_rendered_objects_validate(self):
         objects = self.all_objects()
         kinds = {o["kind"] for _, o in objects}
-        self.assertTrue({"Job", "Deployment", "Service", "NetworkPolicy", "ConfigMap", "Secret",
+        self.assertTrue({"Job", "Deployment", "Service", "NetworkPolicy", "ConfigMap",
                          "PodMonitor", "PrometheusRule"} <= kinds, kinds)
+        self.assertNotIn("Secret", kinds, "no Secret (a token) is shipped")
         for where, o in objects:
             with self.subTest(where=where, kind=o["kind"], name=o["metadata"]["name"]):
                 self.assert_valid(o, where)
@@ -888,9 +892,13 @@ class KubernetesSchemaTest(unittest.TestCase):
             ("Deployment without a selector", "Deployment", deleter(["spec"], "selector"),
              ["spec"]),
         ]
+        # The Secret the operator creates (not shipped): what the schema must accept and refuse.
+        operator_secret = {"apiVersion": "v1", "kind": "Secret",
+                           "metadata": {"name": "wpubd-token"}, "stringData": {"token": "x"}}
         for what, kind, mutate, path in cases:
             with self.subTest(broken=what):
-                original = engine if kind == "Deployment" else base[kind]
+                original = (engine if kind == "Deployment" else
+                            operator_secret if kind == "Secret" else base[kind])
                 self.assert_valid(original, "unmodified")
                 obj = copy.deepcopy(original)
                 mutate(obj)
