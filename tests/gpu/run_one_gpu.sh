@@ -80,18 +80,8 @@ verdict() {
   (($2 != 0 && $2 != 77)) && v=FAIL
   printf '%-34s %s %4ss  %s\n' "$1" "$v" "$3" "$4" | tee -a "$OUT/verdicts.txt"
 }
-# Runs a command under `timeout` (which makes itself a process-group leader), then kills what is
-# left of that group (emulators or daemons of a test that timed out or exited early).
-guarded() {
-  local t=$1
-  shift
-  timeout "$t" "$@" &
-  local pid=$!
-  wait "$pid"
-  local rc=$?
-  kill -KILL -- -"$pid" 2>/dev/null
-  return "$rc"
-}
+# shellcheck source=tests/gpu/guarded.sh
+source "$ROOT/tests/gpu/guarded.sh"
 # gtest NAME TIMEOUT: a staged gtest binary; the verdict carries its counts.
 gtest() {
   want "$1" || return 0

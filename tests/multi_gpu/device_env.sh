@@ -40,18 +40,8 @@ tmo() {
   ((left < 10)) && left=10
   ((cap < left)) && echo "$cap" || echo "$left"
 }
-# Runs a command under `timeout` (which makes itself a process-group leader) and then kills
-# whatever is left of that group: emulators or trainers of a test that timed out or exited early.
-guarded() {
-  local t=$1
-  shift
-  timeout "$t" "$@" &
-  local pid=$!
-  wait "$pid"
-  local rc=$?
-  kill -KILL -- -"$pid" 2>/dev/null
-  return "$rc"
-}
+# shellcheck source=tests/gpu/guarded.sh
+source "$ROOT/tests/gpu/guarded.sh"
 step() { echo; echo "=== $(date -u +%H:%M:%S) (+$(($(date +%s) - START)) s) $*"; }
 brief() {  # the lines of a gtest log worth reading
   grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\]|Failure|Expected|Which is|Value of|error|Skipped|^version|^engine|experts/layer|aborted after|Stats|status|^TP=|engines, one killed|re-formed' "$1" | head -60
