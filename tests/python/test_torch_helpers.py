@@ -75,6 +75,33 @@ if torch is not None:
                     p.data = torch.from_numpy(bits).view(torch.bfloat16).clone()
 
 
+if torch is not None:
+    class FusedExperts(torch.nn.Module):
+        """transformers v5's expert container: gate_up_proj [E, 2I, H] (gate rows first),
+        down_proj [E, H, I], with the intermediate_dim and hidden_dim attributes it keeps."""
+        def __init__(self):
+            super().__init__()
+            self.num_experts, self.hidden_dim, self.intermediate_dim = EXPERTS, HIDDEN, INTER
+            self.gate_up_proj = torch.nn.Parameter(torch.empty(EXPERTS, 2 * INTER, HIDDEN))
+            self.down_proj = torch.nn.Parameter(torch.empty(EXPERTS, HIDDEN, INTER))
+
+    def fused_from_split(split: "HfMoe") -> "HfMoe":
+        """The same weights as `split`, its experts held as transformers v5 fused parameters."""
+        fused = HfMoe(seed=0)
+        moe = fused.model.layers[0].mlp
+        experts = moe.experts
+        moe.experts = FusedExperts()
+        with torch.no_grad():
+            fused.load_state_dict({k: v for k, v in split.state_dict().items()
+                                   if ".experts." not in k}, strict=False)
+            src = split.model.layers[0].mlp.experts
+            moe.experts.gate_up_proj.data = torch.stack(
+                [torch.cat([e.gate_proj.weight, e.up_proj.weight]) for e in src]).contiguous()
+            moe.experts.down_proj.data = torch.stack([e.down_proj.weight for e in src]).contiguous()
+        del experts
+        return fused
+
+
 @unittest.skipIf(torch is None, "torch is not installed for this Python (apt-get install "
                                 "python3-torch)")
 class TorchHelpersTest(DaemonTestCase):
@@ -96,6 +123,53 @@ class TorchHelpersTest(DaemonTestCase):
         self.assertTrue(report.committed, report.summary())
         self.assertEqual(report.tensors_quantized, 3 * EXPERTS)
         self.assertReceivedEqual(expected, version)
+
+    def test_transformers_v5_fused_experts_are_published_as_the_split_form(self):
+        split = HfMoe(seed=63)
+        fused = fused_from_split(split)
+        flat = {n: _bits(t) for _, ts in wt.conversion_batches(split) for n, t in ts}
+        batches = list(wt.conversion_batches(fused))
+        got = {n: _bits(t) for _, ts in batches for n, t in ts}
+        self.assertEqual(sorted(got), sorted(flat))
+        for n in flat:
+            self.assertTrue(np.array_equal(got[n], flat[n]), n)
+        # Every expert's gate and up share a batch (one amax per pair), as in the split form.
+        for _, ts in batches:
+            names = [n for n, _ in ts]
+            for n in names:
+                if n.endswith("gate_proj.weight"):
+                    self.assertIn(n.replace("gate_proj", "up_proj"), names)
+        # Views of the fused parameters, not copies.
+        gate0 = dict(next(ts for _, ts in batches if any("gate_proj" in n for n, _ in ts)))
+        self.assertEqual(gate0["model.layers.0.mlp.experts.0.gate_proj.weight"].data_ptr(),
+                         fused.model.layers[0].mlp.experts.gate_up_proj.data_ptr())
+        # Through wpubd: the receiver holds exactly what the split-form model publishes.
+        version = self.next_version()
+        expected = reference(self.workdir, self.expected_batches(
+            list(wt.conversion_batches(split))))
+        report = wt.publish(self.pub, version, fused, recipe="nvfp4")
+        self.assertTrue(report.committed, report.summary())
+        self.assertEqual(report.tensors_quantized, 3 * EXPERTS)
+        self.assertReceivedEqual(expected, version)
+        # A state dict of it: names alone do not tell the layout -- refused naming the tensor,
+        # published per expert through fused_experts_converter.
+        state = fused.state_dict()
+        with self.assertRaises(wpub.TensorError) as cm:
+            list(wt.conversion_batches(state))
+        self.assertIn("model.layers.0.mlp.experts.gate_up_proj", str(cm.exception))
+        self.assertIn("fused_experts_converter", str(cm.exception))
+        conv = wt.fused_experts_converter(HIDDEN, INTER)
+        got = {n: _bits(t) for _, ts in wt.conversion_batches(state, conv) for n, t in ts}
+        self.assertEqual(sorted(got), sorted(flat))
+        for n in flat:
+            self.assertTrue(np.array_equal(got[n], flat[n]), n)
+        # Another layout under the same names (gpt-oss keeps gate_up as [E, H, 2I]): refused
+        # (with hidden 48 and intermediate 32 the two layouts have different shapes; when
+        # hidden == 2 x intermediate, as in this toy model, no shape can tell them apart).
+        other = wt.fused_experts_converter(48, 32)
+        with self.assertRaises(wpub.TensorError) as cm:
+            other("model.layers.0.mlp.experts.gate_up_proj", torch.zeros(EXPERTS, 48, 64))
+        self.assertIn("not transformers v5's fused layout", str(cm.exception))
 
     def test_state_dict_with_converter_and_dtype(self):
         model = HfMoe(seed=61)

@@ -11,7 +11,14 @@
                                                            expert_offset=ep_rank * local))
 
 conversion_batches() groups converted tensors into conversion batches that keep each gate/up
-pair together (the daemon quantizes a pair with one shared amax, within one batch).
+pair together (the daemon quantizes a pair with one shared amax, within one batch). A module
+with transformers v5 fused experts (`experts.gate_up_proj` [E, 2I, H], `experts.down_proj`
+[E, H, I]) is published per expert under the split names the checkpoints and engines use
+(`experts.{e}.gate_proj.weight` = gate_up_proj[e, :I], `up_proj` = gate_up_proj[e, I:],
+`down_proj` = down_proj[e]): views of the fused tensors, no copy, the same bytes as a
+split-form model -- so quantized exactly as one. A state dict holding them needs
+fused_experts_converter(hidden_size, moe_intermediate_size): its names alone do not tell the
+layout.
 LocalGather (wpub/_local_gather.py) hands the shards of several ranks of one node to the
 publishing rank over the trainer's own torch.distributed.
 """
@@ -25,7 +32,8 @@ from ._local_gather import LocalGather, hf_tp_dim
 from .tensors import TensorError
 
 __all__ = ["named_tensors", "clean_name", "conversion_batches", "megatron_batches",
-           "megatron_expert_name", "publish", "publish_async", "LocalGather", "hf_tp_dim"]
+           "megatron_expert_name", "fused_experts_converter", "publish", "publish_async",
+           "LocalGather", "hf_tp_dim"]
 
 Converter = Callable[[str, Any], Iterable[Tuple[str, Any]]]
 
@@ -57,6 +65,61 @@ def named_tensors(source, clean: bool = True) -> Iterator[Tuple[str, Any]]:
         items = source
     for name, t in items:
         yield (clean_name(name) if clean else name), t
+
+
+_FUSED_EXPERTS = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
+
+
+def _split_fused(name: str, t, inter: int, hidden: int) -> List[Tuple[str, Any]]:
+    """The per-expert split-form tensors of one transformers v5 fused expert parameter (views,
+    no copy); TensorError naming it when its shape is not the v5 layout for (inter, hidden)."""
+    m = _FUSED_EXPERTS.match(name)
+    prefix, kind = m.group(1), m.group(2)
+    want = (2 * inter, hidden) if kind == "gate_up_proj" else (hidden, inter)
+    if t.dim() != 3 or tuple(t.shape[1:]) != want:
+        raise TensorError(
+            f"{name}: shape {tuple(t.shape)} is not transformers v5's fused layout "
+            f"[experts, {want[0]}, {want[1]}] for intermediate {inter} and hidden {hidden} (a "
+            "transposed or interleaved layout, e.g. gpt-oss, needs a converter of its own)")
+    out = []
+    for e in range(t.shape[0]):
+        if kind == "gate_up_proj":
+            out.append((f"{prefix}.{e}.gate_proj.weight", t[e, :inter]))
+            out.append((f"{prefix}.{e}.up_proj.weight", t[e, inter:]))
+        else:
+            out.append((f"{prefix}.{e}.down_proj.weight", t[e]))
+    return out
+
+
+def fused_experts_converter(hidden_size: int, moe_intermediate_size: int) -> Converter:
+    """A converter for state dicts (or (name, tensor) pairs) of transformers v5 models with
+    fused experts: every `...experts.gate_up_proj` [E, 2I, H] and `...experts.down_proj`
+    [E, H, I] becomes the per-expert split-form tensors (views), every other tensor passes
+    as it is. A fused tensor of another shape is a TensorError naming it -- but when
+    hidden_size == 2 x moe_intermediate_size a transposed layout has the same shape: use it
+    only for models that keep transformers v5's layout (Qwen3-MoE, Mixtral, DeepSeek-V3,
+    OLMoE, ...; not gpt-oss)."""
+    def convert(name: str, t) -> List[Tuple[str, Any]]:
+        if _FUSED_EXPERTS.match(name) and isinstance(t, torch.Tensor):
+            return _split_fused(name, t, moe_intermediate_size, hidden_size)
+        return [(name, t)]
+    return convert
+
+
+def _fused_layouts(source) -> dict:
+    """For a module: {parameter name: (intermediate, hidden)} of its transformers v5 fused
+    expert parameters, read from their owning modules (intermediate_dim, hidden_dim)."""
+    out = {}
+    if not isinstance(source, torch.nn.Module):
+        return out
+    for mod_name, mod in source.named_modules():
+        inter, hidden = getattr(mod, "intermediate_dim", None), getattr(mod, "hidden_dim", None)
+        for kind in ("gate_up_proj", "down_proj"):
+            p = getattr(mod, kind, None)
+            if isinstance(p, torch.nn.Parameter) and isinstance(inter, int) and \
+                    isinstance(hidden, int):
+                out[clean_name(f"{mod_name}.{kind}" if mod_name else kind)] = (inter, hidden)
+    return out
 
 
 def _pair_key(hf_name: str) -> Optional[Tuple[str, bool]]:
@@ -93,11 +156,22 @@ def conversion_batches(source, converter: Optional[Converter] = None, *,
     pending_name: Optional[str] = None
     pending: List[Tuple[str, Any]] = []
     waiting = {}  # base -> is_gate of the half seen without its partner
+    fused = _fused_layouts(source) if converter is None else {}
     with torch.no_grad():
         for name, t in named_tensors(source, clean):
             if rename is not None:
                 name = rename(name)
-            outs = [(name, t)] if converter is None else converter(name, t)
+            if converter is not None:
+                outs = converter(name, t)
+            elif name in fused:
+                outs = _split_fused(name, t, *fused[name])
+            elif _FUSED_EXPERTS.match(name) and isinstance(t, torch.Tensor) and t.dim() == 3:
+                raise TensorError(
+                    f"{name}: a fused expert tensor without its module (a state dict): pass "
+                    "converter=wpub.torch.fused_experts_converter(hidden_size, "
+                    "moe_intermediate_size) so that it is published per expert and quantized")
+            else:
+                outs = [(name, t)]
             if outs is None:
                 raise TensorError(f"converter returned None for {name} (return a list of "
                                   "(hf_name, tensor) pairs; [] drops the tensor)")
