@@ -644,7 +644,8 @@ absl::string_view ChangeName(Change change) {
 
 bool DiffReport::identical() const {
   for (const TensorDiff& t : tensors) {
-    if (t.change != Change::kIdentical) return false;
+    const bool one_side = t.change == Change::kOnlyInA || t.change == Change::kOnlyInB;
+    if (t.change != Change::kIdentical && !(common_only && one_side)) return false;
   }
   return true;
 }
@@ -894,6 +895,16 @@ std::string FormatDiff(const DiffReport& r, int64_t max_rows) {
     absl::StrAppendFormat(&out, "  ... %d more (--max_rows)\n", not_identical - shown);
   }
   out += r.identical() ? "\nidentical tensors\n" : "\ntensors differ\n";
+  if (r.common_only) {
+    const auto count = [&](const char* k) {
+      const auto it = r.counts.find(k);
+      return it == r.counts.end() ? int64_t{0} : it->second;
+    };
+    absl::StrAppendFormat(&out,
+                          "(--common_only: compared the tensors both hold; %d only in A, "
+                          "%d only in B not counted)\n",
+                          count("only_in_a"), count("only_in_b"));
+  }
   return out;
 }
 
@@ -902,6 +913,7 @@ std::string DiffJson(const DiffReport& r) {
   j["a"] = {{"path", r.path_a}, {"digest", Hex(r.digest_a)}};
   j["b"] = {{"path", r.path_b}, {"digest", Hex(r.digest_b)}};
   j["identical"] = r.identical();
+  j["common_only"] = r.common_only;
   j["counts"] = r.counts;
   nlohmann::ordered_json changes = nlohmann::ordered_json::object();
   for (const auto& [k, v] : r.config_changes) changes[k] = {{"a", v.first}, {"b", v.second}};

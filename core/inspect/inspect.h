@@ -234,7 +234,13 @@ struct DiffReport {
   // Metadata keys and quantization config fields whose values differ: key -> (a, b); an absent
   // value reads "<absent>".
   std::map<std::string, std::pair<std::string, std::string>> config_changes;
-  bool identical() const;  // every tensor identical (metadata may differ)
+  // Compare what both sides carry: a tensor only one side has is listed (only_in_a/b) but does
+  // not make the report differ -- e.g. an offline conversion (with input_scale) against a live
+  // publication of the same weights (which carries none). Set by the caller before formatting.
+  bool common_only = false;
+  // Every tensor identical (metadata may differ); with common_only, every tensor both sides
+  // hold.
+  bool identical() const;
 };
 
 DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads = 0);

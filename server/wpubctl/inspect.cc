@@ -18,6 +18,10 @@ ABSL_DECLARE_FLAG(int32_t, cpu_threads);  // convert.cc
 ABSL_FLAG(bool, tensors, false, "inspect --output_format=text: also list every tensor.");
 ABSL_FLAG(int64_t, max_rows, 50,
           "diff --output_format=text: tensors listed that are not identical (-1: all).");
+ABSL_FLAG(bool, common_only, false,
+          "diff: compare only the tensors both sides hold (one side's extra tensors are listed "
+          "but do not count), e.g. an offline conversion with input_scale against a live "
+          "publication of the same weights, which carries none.");
 
 namespace wpub::wpubctl {
 namespace {
@@ -63,7 +67,8 @@ int RunDiff(const std::vector<std::string>& args) {
   if (a == nullptr) return 2;
   std::unique_ptr<inspect::Snapshot> b = OpenOrPrint("diff", args.at(1));
   if (b == nullptr) return 2;
-  const inspect::DiffReport r = inspect::Diff(*a, *b, absl::GetFlag(FLAGS_cpu_threads));
+  inspect::DiffReport r = inspect::Diff(*a, *b, absl::GetFlag(FLAGS_cpu_threads));
+  r.common_only = absl::GetFlag(FLAGS_common_only);
   const std::string out =
       json ? inspect::DiffJson(r) : inspect::FormatDiff(r, absl::GetFlag(FLAGS_max_rows));
   std::fwrite(out.data(), 1, out.size(), stdout);

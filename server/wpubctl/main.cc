@@ -84,9 +84,10 @@ const std::vector<Subcommand>& Subcommands() {
        "The tensor-by-tensor difference of two published versions or checkpoints (files or "
        "directories, in any sharding): identical, changed bytes (how many elements, the largest "
        "difference of the values, dequantized for NVFP4), changed dtype or shape, one side only; "
-       "metadata and quantization config changes. Exit code 0 when every tensor is identical.",
+       "metadata and quantization config changes. Exit code 0 when every tensor is identical "
+       "(with --common_only: every tensor both sides hold).",
        &RunDiff,
-       {"output_format", "max_rows", "cpu_threads"},
+       {"output_format", "max_rows", "cpu_threads", "common_only"},
        2,
        2,
        "A B"},

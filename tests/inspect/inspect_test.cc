@@ -230,6 +230,43 @@ TEST_F(InspectTest, WeightOnlyConversionHasNoInputScaleAndNoProblem) {
   EXPECT_THAT(FormatInventory(inv, false), HasSubstr("quant_algo W4A16_NVFP4"));
 }
 
+// An output with input_scale (the default recipe) against one without (as a live publication
+// carries none, or --quant_algo=W4A16_NVFP4): every tensor both hold is identical; the diff says
+// so with --common_only and still differs without it. A changed tensor both hold still counts.
+TEST_F(InspectTest, CommonOnlyComparesWhatBothSidesCarry) {
+  ASSERT_TRUE(convert::testing::WriteSyntheticCheckpoint(Path("in"), Spec(2)).ok());
+  for (const bool weight_only : {false, true}) {
+    convert::ConvertOptions o;
+    o.model_dir = Path("in");
+    o.save_dir = Path(weight_only ? "w4a16" : "w4a4");
+    o.cpu_threads = 2;
+    o.weight_only = weight_only;
+    ASSERT_TRUE(convert::ConvertCheckpoint(o).ok());
+  }
+  auto a = Open(Path("w4a4"));
+  auto b = Open(Path("w4a16"));
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  DiffReport d = Diff(*a, *b);
+  EXPECT_FALSE(d.identical());
+  const int64_t modules = static_cast<int64_t>(Inspect(*a).modules.size());
+  ASSERT_GT(modules, 0);
+  EXPECT_EQ(d.counts.at("only_in_a"), modules);  // one input_scale per NVFP4 module
+  EXPECT_EQ(d.counts.count("only_in_b"), 0u);
+  EXPECT_EQ(d.counts.count("changed_bytes"), 0u);
+  d.common_only = true;
+  EXPECT_TRUE(d.identical());
+  EXPECT_THAT(FormatDiff(d, 50), HasSubstr("identical tensors"));
+  EXPECT_THAT(FormatDiff(d, 50), HasSubstr(absl::StrCat(modules, " only in A")));
+  EXPECT_THAT(DiffJson(d), HasSubstr("\"common_only\": true"));
+  // Tensors both hold that differ still make the report differ.
+  auto in = Open(Path("in"));
+  ASSERT_NE(in, nullptr);
+  DiffReport io = Diff(*in, *b);
+  io.common_only = true;
+  EXPECT_FALSE(io.identical());
+}
+
 TEST_F(InspectTest, DigestAndDiffDoNotDependOnSharding) {
   Convert(Path("in1"), Path("out1"), 1);
   Convert(Path("in3"), Path("out3"), 3);
