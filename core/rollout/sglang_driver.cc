@@ -147,7 +147,11 @@ void SglangDriver::EndPublication() {
   closed_ = true;
   if (!lifecycle_calls_) return;
   const SglangEndpoints& e = options_.endpoints;
-  PostAll("POST", e.version, json({{"new_version", std::to_string(version_)}}).dump());
+  // SGLang's UpdateWeightVersionReqInput defaults abort_all_requests to true (io_struct.py):
+  // left out, every publication would abort every in-flight rollout request, the ones the
+  // pause kept included.
+  PostAll("POST", e.version,
+          json({{"new_version", std::to_string(version_)}, {"abort_all_requests", false}}).dump());
   PostAll("POST", e.end, "{}");
   PostAll("POST", e.resume, "{}");
 }

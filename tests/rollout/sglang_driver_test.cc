@@ -221,6 +221,8 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
   EXPECT_FALSE(u.contains("wpub_sequence"));  // one request in flight: SGLang's own protocol
   EXPECT_EQ(a.max_active(), 1);
   EXPECT_EQ(json::parse(a.bodies()[5])["new_version"], "7");
+  // SGLang aborts every running request unless told not to (its default is true).
+  EXPECT_EQ(json::parse(a.bodies()[5])["abort_all_requests"], false);
   for (const EngineOutcome& o : (*d)->outcomes()) {
     EXPECT_FALSE(o.failed) << o.error;
     EXPECT_EQ(o.requests, 8u);
