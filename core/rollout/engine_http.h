@@ -43,7 +43,8 @@ struct EngineRequest {
   // Opens a state the engine must be told to end (vLLM's /start_weight_update): once it is
   // taken for sending, EngineRequestQueue::opened says so until the next Reset.
   bool opens = false;
-  // When set: an answer 4xx whose body contains `fallback_when` is not final; the request is
+  // When set: an answer 4xx or 5xx whose body contains `fallback_when` is not final (vLLM
+  // answers a worker's ValueError with 500, an API-level refusal with 400); the request is
   // sent again with this body (an older release's form), and the queue remembers it did so
   // (EngineRequestQueue::fell_back).
   std::shared_ptr<const std::string> fallback_body = nullptr;
@@ -194,7 +195,7 @@ class EngineRequestQueue {
         r.method == "GET" ? client.Get(r.path) : client.Post(r.path, *r.body, "application/json");
     const std::string what = absl::StrCat("engine ", url_, " ", r.method, " ", r.path);
     if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
-    if (r.fallback_body && res->status >= 400 && res->status < 500 &&
+    if (r.fallback_body && res->status >= 400 && res->status < 600 &&
         res->body.find(r.fallback_when) != std::string::npos) {
       res = client.Post(r.path, *r.fallback_body, "application/json");
       if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));

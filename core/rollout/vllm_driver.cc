@@ -138,11 +138,12 @@ void VllmDriver::StartJoin() {
     EngineRequest r{
         "POST", kInit,
         std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/true))};
-    // Releases that take the packing parameters per update refuse them here (TypeError ->
-    // 400 "Invalid init_info"): ask again without, and send them with every update.
+    // Releases that take the packing parameters per update refuse them here
+    // (WeightTransferEngine.parse_init_info's ValueError "Invalid init_info for ...", answered
+    // 400 or, from the worker, 500): ask again without, and send them with every update.
     r.fallback_body =
         std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/false));
-    r.fallback_when = "init_info";
+    r.fallback_when = "Invalid init_info";
     r.on_404 =
         "no /init_weight_transfer_engine: start vLLM (v0.21 or later) with "
         "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\":\"nccl\"}'";

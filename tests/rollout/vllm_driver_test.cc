@@ -22,7 +22,10 @@ namespace {
 using json = nlohmann::json;
 
 // A fake vLLM server. `release`: "main" takes the packing fields in init_info, "v0.25" refuses
-// them there (400 "Invalid init_info") and takes them per update, "v0.20" has no
+// them there (400 "Invalid init_info") and takes them per update, "v0.25-500" refuses them with
+// HTTP 500 (the worker's ValueError from WeightTransferEngine.parse_init_info, "Invalid
+// init_info for <engine>: __init__() got an unexpected keyword argument 'packed'", surfacing
+// as an internal error through collective_rpc), "v0.20" has no
 // /start_weight_update, "nodev" has no weight-transfer routes at all.
 class FakeVllm {
  public:
@@ -48,6 +51,13 @@ class FakeVllm {
           res.status = 400;
           res.set_content(
               R"({"error":{"message":"Invalid init_info: unexpected keyword argument 'packed'","type":"BadRequestError","code":400}})",
+              "application/json");
+          return;
+        }
+        if (packing && release_ == "v0.25-500") {
+          res.status = 500;
+          res.set_content(
+              R"({"error":{"message":"Invalid init_info for NCCLWeightTransferEngine: __init__() got an unexpected keyword argument 'packed'","type":"InternalServerError","code":500}})",
               "application/json");
           return;
         }
@@ -190,22 +200,25 @@ TEST(VllmDriver, JoinAndPublicationInOrderWithTheirBodies) {
 }
 
 TEST(VllmDriver, AnOlderReleaseTakesThePackingFieldsPerUpdate) {
-  FakeVllm old("v0.25");
-  auto d = VllmDriver::Create(Options({&old}, {1}));
-  ASSERT_TRUE(d.ok());
-  (*d)->StartJoin();
-  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
-  // Asked twice: with the packing fields (refused), then without.
-  EXPECT_EQ(old.calls(), (std::vector<std::string>{"/init_weight_transfer_engine",
-                                                   "/init_weight_transfer_engine"}));
-  EXPECT_FALSE(json::parse(old.bodies()[1])["init_info"].contains("packed"));
-  (*d)->BeginPublication(3, true);
-  (*d)->PostBucket(Bucket(0));
-  (*d)->EndPublication();
-  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
-  json u = json::parse(old.bodies()[4])["update_info"];
-  EXPECT_EQ(u["packed"], true);
-  EXPECT_EQ(u["packed_buffer_size_bytes"], 1 << 20);
+  for (const char* release : {"v0.25", "v0.25-500"}) {
+    SCOPED_TRACE(release);
+    FakeVllm old(release);
+    auto d = VllmDriver::Create(Options({&old}, {1}));
+    ASSERT_TRUE(d.ok());
+    (*d)->StartJoin();
+    ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+    // Asked twice: with the packing fields (refused), then without.
+    EXPECT_EQ(old.calls(), (std::vector<std::string>{"/init_weight_transfer_engine",
+                                                     "/init_weight_transfer_engine"}));
+    EXPECT_FALSE(json::parse(old.bodies()[1])["init_info"].contains("packed"));
+    (*d)->BeginPublication(3, true);
+    (*d)->PostBucket(Bucket(0));
+    (*d)->EndPublication();
+    ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+    json u = json::parse(old.bodies()[4])["update_info"];
+    EXPECT_EQ(u["packed"], true);
+    EXPECT_EQ(u["packed_buffer_size_bytes"], 1 << 20);
+  }
 }
 
 TEST(VllmDriver, UnsupportedEnginesAreClearErrorsNamingThem) {
