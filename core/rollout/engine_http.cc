@@ -39,6 +39,7 @@ std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& en
       const int64_t us = absl::ToInt64Microseconds(timeout);
       c.set_connection_timeout(us / 1000000, us % 1000000);
       c.set_read_timeout(us / 1000000, us % 1000000);
+      if (!engines[i].auth_token.empty()) c.set_bearer_token_auth(engines[i].auth_token);
       httplib::Result r = c.Get(path);
       if (r && r->status >= 200 && r->status < 300) bodies[i] = std::move(r->body);
     });

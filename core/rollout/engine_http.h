@@ -64,8 +64,10 @@ using AnswerCheck = std::function<std::string(const std::string& what, const std
 // before it is answered.
 class EngineRequestQueue {
  public:
+  // `auth_token` (EngineSpec::auth_token): a bearer token sent with every request, or "".
   EngineRequestQueue(std::string url, absl::Duration connect_timeout,
-                     absl::Duration request_timeout, int lanes, AnswerCheck check)
+                     absl::Duration request_timeout, int lanes, AnswerCheck check,
+                     const std::string& auth_token = "")
       : url_(std::move(url)), check_(std::move(check)) {
     outcome_.url = url_;
     const auto us = [](absl::Duration d) { return absl::ToInt64Microseconds(d); };
@@ -76,6 +78,7 @@ class EngineRequestQueue {
       c->set_write_timeout(us(request_timeout) / 1000000, us(request_timeout) % 1000000);
       c->set_keep_alive(true);
       c->set_tcp_nodelay(true);  // small JSON requests: no Nagle delay per bucket
+      if (!auth_token.empty()) c->set_bearer_token_auth(auth_token);
       clients_.push_back(std::move(c));
     }
     for (size_t i = 0; i < clients_.size(); ++i) {

@@ -32,6 +32,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
     ro.vllm.driver.request_timeout = options.request_timeout;
     ro.publication_deadline = options.publication_deadline;
     ro.nccl_ctas = options.nccl_ctas;
+    ro.engine_auth_token = options.engine_auth_token;
     WPUB_ASSIGN_OR_RETURN(std::unique_ptr<RolloutGroup> group, RolloutGroup::Create(ro));
     groups.push_back(std::move(group));
   }

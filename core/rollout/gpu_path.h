@@ -26,10 +26,11 @@ struct GpuPathOptions {
   absl::Duration request_timeout = absl::Seconds(120);
   absl::Duration publication_deadline = absl::Seconds(120);
   bool reject_non_finite_before_send = true;
-  int requests_in_flight = 1;   // SglangDriverOptions::requests_in_flight
-  int compute_sms = 0;          // gpu::GpuBackendOptions::compute_sms (0: every SM)
-  int overlap_ctas_per_sm = 3;  // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap)
-  int nccl_ctas = 0;            // RolloutGroupOptions::nccl_ctas (0: NCCL's choice)
+  int requests_in_flight = 1;     // SglangDriverOptions::requests_in_flight
+  int compute_sms = 0;            // gpu::GpuBackendOptions::compute_sms (0: every SM)
+  int overlap_ctas_per_sm = 3;    // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap)
+  int nccl_ctas = 0;              // RolloutGroupOptions::nccl_ctas (0: NCCL's choice)
+  std::string engine_auth_token;  // RolloutGroupOptions::engine_auth_token ("": none)
 };
 
 // The GPU backend on options.device, the rollout group as the engine's extra transport and as

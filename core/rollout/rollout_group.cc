@@ -23,6 +23,14 @@ engine::ReceiverFailure Classify(const std::string& error) {
   return engine::ReceiverFailure::kProtocol;
 }
 
+// `engines` with `token` as the bearer token of each that has none of its own.
+std::vector<EngineSpec> WithToken(std::vector<EngineSpec> engines, const std::string& token) {
+  for (EngineSpec& e : engines) {
+    if (e.auth_token.empty()) e.auth_token = token;
+  }
+  return engines;
+}
+
 std::string NewIncarnation() {
   std::random_device rd;
   char hex[9];
@@ -72,7 +80,7 @@ RolloutGroup::RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const En
     : options_(std::move(options)),
       family_(family),
       sglang_family_(std::move(family)),
-      engines_(options_.engines),
+      engines_(WithToken(options_.engines, options_.engine_auth_token)),
       base_group_(options_.group_name),
       incarnation_(NewIncarnation()) {}
 
@@ -252,7 +260,8 @@ absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
   }
   std::vector<EngineSpec> want;
   for (const engine::EngineEndpoint& e : request.engines) {
-    want.push_back({e.url, e.gpus, e.family.empty() ? std::string("sglang") : e.family});
+    want.push_back({e.url, e.gpus, e.family.empty() ? std::string("sglang") : e.family,
+                    options_.engine_auth_token});
   }
   const std::string base = request.group_name.empty() ? base_group_ : request.group_name;
   const absl::Duration timeout =

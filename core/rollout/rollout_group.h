@@ -68,6 +68,9 @@ struct RolloutGroupOptions {
   // "<base>_<incarnation>_<generation>" (RolloutGroup::group_name_prefix).
   std::vector<EngineSpec> engines;
   std::string group_name = "wpub_weights";
+  // The bearer token of every engine of this group, those of `engines` and of every
+  // ConnectEngines request (EngineSpec::auth_token; an engine's own token wins); "": none.
+  std::string engine_auth_token;
   // The engines' protocols, chosen per engine set by EngineSpec::family (one family per group:
   // a ConnectEngines mixing them is INVALID_ARGUMENT). `family` null: SGLang with the settings
   // below; `vllm_family` null: vLLM with `vllm`'s.

@@ -85,7 +85,7 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
   for (const EngineSpec& e : options.engines) {
     d->workers_.push_back(std::make_unique<EngineRequestQueue>(
         e.url, options.connect_timeout, options.request_timeout, options.requests_in_flight,
-        SglangAnswer));
+        SglangAnswer, e.auth_token));
   }
   return d;
 }

@@ -112,8 +112,9 @@ absl::StatusOr<std::unique_ptr<VllmDriver>> VllmDriver::Create(const VllmDriverO
   }
   std::unique_ptr<VllmDriver> d(new VllmDriver(options, *std::move(layout)));
   for (const EngineSpec& e : options.engines) {
-    d->workers_.push_back(std::make_unique<EngineRequestQueue>(
-        e.url, options.connect_timeout, options.request_timeout, /*lanes=*/1, VllmAnswer));
+    d->workers_.push_back(std::make_unique<EngineRequestQueue>(e.url, options.connect_timeout,
+                                                               options.request_timeout, /*lanes=*/1,
+                                                               VllmAnswer, e.auth_token));
   }
   return d;
 }

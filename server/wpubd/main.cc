@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
   g.compute_sms = options.gpu_compute_sms;
   g.overlap_ctas_per_sm = options.gpu_overlap_ctas_per_sm;
   g.nccl_ctas = options.nccl_ctas;
+  g.engine_auth_token = options.engine_api_key;
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
   absl::StatusOr<wpub::engine::EngineComponents> components =
       wpub::rollout::MakeGpuPathComponents(g);

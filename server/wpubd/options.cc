@@ -117,6 +117,10 @@ ABSL_FLAG(absl::Duration, group_join_timeout, absl::Seconds(30),
 ABSL_FLAG(std::string, group_tls_ca_file, "",
           "Publication groups: PEM CA the leader's TLS certificate must chain to (empty: "
           "plaintext to the leader). The bearer token sent is --auth_token_file's.");
+ABSL_FLAG(std::string, engine_api_key_file, "",
+          "GPU path: file holding the API key the engines were started with (SGLang --api-key / "
+          "--admin-api-key, vLLM --api-key), sent as a bearer token with every engine request; "
+          "never logged.");
 ABSL_FLAG(absl::Duration, engine_deadline, absl::Seconds(120),
           "GPU path: every engine must receive a publication within this (else NCCL abort).");
 ABSL_FLAG(int32_t, engine_requests_in_flight, 1,
@@ -156,6 +160,19 @@ absl::Status IntFlagInRange(absl::string_view flag, int value, int lo,
                                 ? absl::StrCat(">= ", lo)
                                 : absl::StrCat("in [", lo, ", ", hi, "]");
   return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", range, ", not ", value));
+}
+
+// A secret read from `path` (surrounding whitespace stripped); INVALID_ARGUMENT naming `flag`
+// and the path when it cannot be read or is empty. The secret itself is never in a message.
+absl::StatusOr<std::string> ReadToken(const std::string& path, absl::string_view flag) {
+  std::ifstream in(path);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " '", path, "' cannot be read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string token(absl::StripAsciiWhitespace(ss.str()));
+  if (token.empty())
+    return absl::InvalidArgumentError(absl::StrCat(flag, " '", path, "' is empty"));
+  return token;
 }
 
 }  // namespace
@@ -244,19 +261,11 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.server.service.allow_non_finite = absl::GetFlag(FLAGS_allow_non_finite);
   o.server.service.daemon_version = absl::StrCat("wpubd ", cli::Build().version);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    std::ifstream in(path);
-    if (!in) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--auth_token_file '", path, "' cannot be read"));
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string token(absl::StripAsciiWhitespace(ss.str()));
-    if (token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--auth_token_file '", path, "' is empty"));
-    }
-    o.server.service.auth_token = std::move(token);
+    WPUB_ASSIGN_OR_RETURN(o.server.service.auth_token, ReadToken(path, "--auth_token_file"));
     o.group_client.auth_token = o.server.service.auth_token;
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_engine_api_key_file); !path.empty()) {
+    WPUB_ASSIGN_OR_RETURN(o.engine_api_key, ReadToken(path, "--engine_api_key_file"));
   }
   o.drain_deadline = absl::GetFlag(FLAGS_drain_deadline);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);

@@ -51,6 +51,8 @@ struct DaemonOptions {
   std::string nccl_store_listen = "127.0.0.1:0";
   std::string nccl_advertise_address = "127.0.0.1";
   absl::Duration engine_deadline = absl::Seconds(120);
+  // --engine_api_key_file's key: the bearer token of every engine request ("": none).
+  std::string engine_api_key;
   // rollout::SglangDriverOptions::requests_in_flight (1: SGLang's protocol).
   int engine_requests_in_flight = 1;
   // gpu::GpuBackendOptions::compute_sms: quantize/pack on this many SMs (0: all).

@@ -211,6 +211,8 @@ TEST(Wpubd, GpuPathFlagsOutOfRangeAreRefusedNamingTheFlag) {
       {"--gpu_overlap_ctas_per_sm=-4", "--gpu_overlap_ctas_per_sm must be >= 0, not -4"},
       {"--nccl_ctas=-1", "--nccl_ctas must be in [0, 64], not -1"},
       {"--nccl_ctas=65", "--nccl_ctas must be in [0, 64], not 65"},
+      {"--engine_api_key_file=/nonexistent/wpub-key",
+       "--engine_api_key_file '/nonexistent/wpub-key' cannot be read"},
   };
   for (const auto& [flag, message] : cases) {
     std::string out;

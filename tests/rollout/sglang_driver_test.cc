@@ -29,6 +29,13 @@ class FakeEngine {
         std::lock_guard lock(mu_);
         calls_.push_back(req.path);
         bodies_.push_back(req.body);
+        // An engine started with an API key (SGLang's --api-key / --admin-api-key middleware):
+        // 401 {"error": "Unauthorized"} unless the request carries "Bearer <key>".
+        if (!api_key_.empty() && req.get_header_value("Authorization") != "Bearer " + api_key_) {
+          res.status = 401;
+          res.set_content(R"({"error": "Unauthorized"})", "application/json");
+          return;
+        }
         // Concurrency seen by the engine: lifecycle calls must never overlap anything.
         if (active_ > 0 && (!update || lifecycle_active_ > 0)) lifecycle_overlapped_ = true;
         ++active_;
@@ -66,6 +73,10 @@ class FakeEngine {
     thread_.join();
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  void RequireApiKey(std::string key) {
+    std::lock_guard lock(mu_);
+    api_key_ = std::move(key);
+  }
   std::vector<std::string> calls() const {
     std::lock_guard lock(mu_);
     return calls_;
@@ -104,6 +115,7 @@ class FakeEngine {
   mutable std::mutex mu_;
   std::vector<std::string> calls_, bodies_;
   std::string fail_path_, soft_fail_path_, slow_path_;
+  std::string api_key_;  // guarded by mu_
   int fail_on_nth_ = 0, fail_count_ = 0, slow_ms_ = 0;
   int active_ = 0, lifecycle_active_ = 0, max_active_ = 0;
   bool lifecycle_overlapped_ = false;
@@ -133,6 +145,40 @@ SglangDriverOptions Options(const std::vector<FakeEngine*>& engines, std::vector
   o.group_name = "wpub_g0";
   o.request_timeout = absl::Seconds(5);
   return o;
+}
+
+// An engine started with an API key answers 401 to every route without it: with the key in its
+// EngineSpec every request -- the join, the updates, the lifecycle calls and the probes --
+// carries it; without it the join fails at once naming the engine, the route and the status.
+TEST(SglangDriver, EnginesBehindAnApiKeyGetItOnEveryRequest) {
+  FakeEngine a;
+  a.RequireApiKey("s3cret-key");
+  SglangDriverOptions o = Options({&a}, {1});
+  {
+    auto refused = SglangDriver::Create(o);
+    ASSERT_TRUE(refused.ok());
+    (*refused)->StartJoin();
+    const absl::Status s = (*refused)->WaitIdle(absl::Now() + absl::Seconds(5));
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.message().find(a.url()), std::string::npos) << s;
+    EXPECT_NE(s.message().find("HTTP 401"), std::string::npos) << s;
+    EXPECT_EQ(s.message().find("s3cret"), std::string::npos) << "the key in a message: " << s;
+  }
+  o.engines[0].auth_token = "s3cret-key";
+  EXPECT_EQ(ProbeEngines(o.engines, "/health", absl::Seconds(2)), std::vector<bool>{true});
+  std::vector<EngineSpec> keyless = o.engines;
+  keyless[0].auth_token.clear();
+  EXPECT_EQ(ProbeEngines(keyless, "/health", absl::Seconds(2)), std::vector<bool>{false});
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok());
+  (*d)->StartJoin();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  (*d)->BeginPublication(7, /*lifecycle_calls=*/true);
+  (*d)->PostBucket(Bucket(0));
+  (*d)->EndPublication();
+  const absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(s.ok()) << s;
+  for (const EngineOutcome& e : (*d)->outcomes()) EXPECT_FALSE(e.failed) << e.error;
 }
 
 TEST(ParseEngineSpecs, UrlsWithGpuCounts) {
