@@ -27,9 +27,9 @@ struct EngineSpec {
   std::string url;                // "http://host:port"
   int gpus = 1;                   // TP ranks that join the group
   std::string family = "sglang";  // the engine's protocol: "sglang" | "vllm" (EngineFamily::name)
-  // Sent as "Authorization: Bearer <token>" with every request to this engine (an SGLang engine
-  // started with --admin-api-key / --api-key, a vLLM one with --api-key); empty: none. Never
-  // logged or reported.
+  // Sent as "Authorization: Bearer <token>" with every request to this engine (an engine that
+  // checks an API key on its weight routes answers 401 without it; vLLM's --api-key guards only
+  // its /v1 routes, so sending it there is harmless); empty: none. Never logged or reported.
   std::string auth_token;
 };
 

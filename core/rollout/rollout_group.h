@@ -65,7 +65,7 @@ struct RolloutGroupOptions {
   // The address engines use to reach this host's TCPStore.
   std::string advertise_address = "127.0.0.1";
   // The initial engines (may be empty) and the base group name: groups are named
-  // "<base>_<incarnation>_<generation>" (RolloutGroup::group_name_prefix).
+  // "<base>_<incarnation>_<generation>" (RolloutGroup::incarnation).
   std::vector<EngineSpec> engines;
   std::string group_name = "wpub_weights";
   // The bearer token of every engine of this group, those of `engines` and of every

@@ -118,8 +118,9 @@ ABSL_FLAG(std::string, group_tls_ca_file, "",
           "Publication groups: PEM CA the leader's TLS certificate must chain to (empty: "
           "plaintext to the leader). The bearer token sent is --auth_token_file's.");
 ABSL_FLAG(std::string, engine_api_key_file, "",
-          "GPU path: file holding the API key the engines were started with (SGLang --api-key / "
-          "--admin-api-key, vLLM --api-key), sent as a bearer token with every engine request; "
+          "GPU path: file holding the API key the engines check on their weight routes (an "
+          "engine started with one answers 401 without it), sent as a bearer token with every "
+          "engine request; "
           "never logged.");
 ABSL_FLAG(absl::Duration, engine_deadline, absl::Seconds(120),
           "GPU path: every engine must receive a publication within this (else NCCL abort).");

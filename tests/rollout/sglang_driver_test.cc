@@ -29,8 +29,10 @@ class FakeEngine {
         std::lock_guard lock(mu_);
         calls_.push_back(req.path);
         bodies_.push_back(req.body);
-        // An engine started with an API key (SGLang's --api-key / --admin-api-key middleware):
-        // 401 {"error": "Unauthorized"} unless the request carries "Bearer <key>".
+        // An engine started with an API key: 401 {"error": "Unauthorized"} unless the request
+        // carries "Bearer <key>" -- the answer of vLLM's AuthenticationMiddleware
+        // (vllm/entrypoints/openai/api_server.py; commit not pinned). SGLang's API-key check on
+        // its weight routes is modelled as the same status; its exact body is unverified.
         if (!api_key_.empty() && req.get_header_value("Authorization") != "Bearer " + api_key_) {
           res.status = 401;
           res.set_content(R"({"error": "Unauthorized"})", "application/json");

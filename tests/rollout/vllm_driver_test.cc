@@ -23,9 +23,10 @@ using json = nlohmann::json;
 
 // A fake vLLM server. `release`: "main" takes the packing fields in init_info, "v0.25" refuses
 // them there (400 "Invalid init_info") and takes them per update, "v0.25-500" refuses them with
-// HTTP 500 (the worker's ValueError from WeightTransferEngine.parse_init_info, "Invalid
-// init_info for <engine>: __init__() got an unexpected keyword argument 'packed'", surfacing
-// as an internal error through collective_rpc), "v0.20" has no
+// HTTP 500 (the worker's ValueError from WeightTransferEngine.parse_init_info in
+// vllm/distributed/weight_transfer/base.py, "Invalid init_info for <engine>: __init__() got an
+// unexpected keyword argument 'packed'", surfacing as an internal error through collective_rpc;
+// the 500 mapping as observed against released engines, commit not pinned), "v0.20" has no
 // /start_weight_update, "nodev" has no weight-transfer routes at all.
 class FakeVllm {
  public:
