@@ -5,8 +5,6 @@
 #include <signal.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +18,7 @@
 #include "server/cli/bytes.h"
 #include "server/cli/command_line.h"
 #include "server/cli/logging.h"
+#include "server/cli/secret_file.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151",
           "wpubd gRPC address; for a publication group, every member's address, comma-separated "
@@ -270,15 +269,12 @@ int main(int argc, char** argv) {
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    options.auth_token = std::string(absl::StripAsciiWhitespace(ss.str()));
-    if (!in || options.auth_token.empty()) {
-      std::fprintf(stderr, "wpub-recv: --auth_token_file '%s' is unreadable or empty\n",
-                   path.c_str());
+    absl::StatusOr<std::string> token = wpub::cli::ReadSecretFile(path, "--auth_token_file");
+    if (!token.ok()) {
+      std::fprintf(stderr, "wpub-recv: %s\n", std::string(token.status().message()).c_str());
       return 2;
     }
+    options.auth_token = *std::move(token);
   }
   absl::StatusOr<std::unique_ptr<wpub::recv::Receiver>> receiver =
       wpub::recv::Receiver::Create(options);

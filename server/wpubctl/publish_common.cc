@@ -1,17 +1,16 @@
 // Shared flags and formatting of the daemon-facing wpubctl subcommands.
 #include "server/wpubctl/publish_common.h"
 
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "core/common/status.h"
 #include "server/cli/bytes.h"
+#include "server/cli/secret_file.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151", "wpubd gRPC address.");
 ABSL_FLAG(std::string, auth_token_file, "", "File holding wpubd's bearer token, if it has one.");
@@ -45,14 +44,7 @@ absl::StatusOr<client::ClientOptions> ClientOptionsFromFlags() {
   o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   o.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    o.auth_token = std::string(absl::StripAsciiWhitespace(ss.str()));
-    if (!in || o.auth_token.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--auth_token_file '", path, "' is unreadable or empty"));
-    }
+    WPUB_ASSIGN_OR_RETURN(o.auth_token, cli::ReadSecretFile(path, "--auth_token_file"));
   }
   return o;
 }

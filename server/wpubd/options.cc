@@ -2,9 +2,7 @@
 #include "server/wpubd/options.h"
 
 #include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -13,11 +11,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "core/common/status.h"
 #include "server/cli/build_info.h"
 #include "server/cli/bytes.h"
 #include "server/cli/logging.h"
+#include "server/cli/secret_file.h"
 
 ABSL_FLAG(std::string, config, "",
           "File of flags, one `--name=value` per line (absl flagfile syntax); flags given after "
@@ -163,19 +161,6 @@ absl::Status IntFlagInRange(absl::string_view flag, int value, int lo,
   return absl::InvalidArgumentError(absl::StrCat("--", flag, " must be ", range, ", not ", value));
 }
 
-// A secret read from `path` (surrounding whitespace stripped); INVALID_ARGUMENT naming `flag`
-// and the path when it cannot be read or is empty. The secret itself is never in a message.
-absl::StatusOr<std::string> ReadToken(const std::string& path, absl::string_view flag) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(flag, " '", path, "' cannot be read"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string token(absl::StripAsciiWhitespace(ss.str()));
-  if (token.empty())
-    return absl::InvalidArgumentError(absl::StrCat(flag, " '", path, "' is empty"));
-  return token;
-}
-
 }  // namespace
 
 absl::StatusOr<DaemonOptions> OptionsFromFlags() {
@@ -262,11 +247,12 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.server.service.allow_non_finite = absl::GetFlag(FLAGS_allow_non_finite);
   o.server.service.daemon_version = absl::StrCat("wpubd ", cli::Build().version);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    WPUB_ASSIGN_OR_RETURN(o.server.service.auth_token, ReadToken(path, "--auth_token_file"));
+    WPUB_ASSIGN_OR_RETURN(o.server.service.auth_token,
+                          cli::ReadSecretFile(path, "--auth_token_file"));
     o.group_client.auth_token = o.server.service.auth_token;
   }
   if (const std::string path = absl::GetFlag(FLAGS_engine_api_key_file); !path.empty()) {
-    WPUB_ASSIGN_OR_RETURN(o.engine_api_key, ReadToken(path, "--engine_api_key_file"));
+    WPUB_ASSIGN_OR_RETURN(o.engine_api_key, cli::ReadSecretFile(path, "--engine_api_key_file"));
   }
   o.drain_deadline = absl::GetFlag(FLAGS_drain_deadline);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
