@@ -14,6 +14,16 @@ constexpr size_t kServerThreads = 32;
 
 }  // namespace
 
+void AnswerOtherMethods(httplib::Server& server, const std::string& path) {
+  auto refuse = [](const httplib::Request&, httplib::Response& r) {
+    r.status = 405;
+    r.set_header("Allow", "POST");
+    r.set_content(R"({"detail":"Method Not Allowed"})", "application/json");
+  };
+  server.Get(path, refuse);
+  server.Put(path, refuse);
+}
+
 absl::StatusOr<int> ServeEngineHttp(httplib::Server& server, const std::string& host, int port,
                                     absl::string_view what, std::thread* thread) {
   server.set_tcp_nodelay(true);

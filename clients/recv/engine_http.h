@@ -28,6 +28,11 @@ inline constexpr size_t kEngineMaxRequestBytes = size_t{64} << 20;
 // thread per open connection until it idles out, and a publisher keeps up to 8 -- wpubd
 // --engine_requests_in_flight -- beside probes and readers, whatever the host's cores).
 // Returns the bound port; UNAVAILABLE naming `what` and the address when it cannot be bound.
+// Answers GET and PUT on `path` (a POST route of `server`) as FastAPI answers a method a route
+// does not take: 405 {"detail": "Method Not Allowed"} with an Allow header. Publishers probe an
+// engine's routes this way (a route it lacks answers 404).
+void AnswerOtherMethods(httplib::Server& server, const std::string& path);
+
 absl::StatusOr<int> ServeEngineHttp(httplib::Server& server, const std::string& host, int port,
                                     absl::string_view what, std::thread* thread);
 

@@ -66,16 +66,47 @@ bool HasPacking(const json& o) {
          o.contains("packed_num_buffers");
 }
 
-// vLLM's error answer: {"error": {"message", "type", "code"}} with the HTTP status.
+// vLLM's error answer, {"error": {"message", "type", "param", "code"}} (serve/engine/protocol.py
+// ErrorResponse at vllm-project/vllm f1bf7bd07a112d72d905d355a8206b8d1e82cb5d). Only the API
+// process's own checks answer 400 -- a body that is not JSON, a missing init_info/update_info
+// (serve/dev/rlhf/api_router.py at 0100a2129224e729af1b3b8ed42a900cdfe9a452), a query or field
+// that fails validation (handlers/validation.py at 4da14a5cf11a5a5ed50bd267b7460d9957f84c35):
+// INVALID_ARGUMENT here. Everything a worker raises -- "Invalid init_info ...", a call out of
+// phase, a failed receive -- reaches the caller as a plain Exception and is answered 500
+// (v1/engine/core_client.py at 00080ee13c7a451fce071ccb8d0e94d395acf5a7;
+// exception_handling/register.py at 8a8be3dcc35e02e60c940f7aff3aef8cc7524259): WorkerError.
 void ReplyError(httplib::Response& res, const absl::Status& s) {
-  const bool client = absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s);
-  res.status = client ? 400 : 500;
+  const bool api = absl::IsInvalidArgument(s);
+  res.status = api ? 400 : 500;
   res.set_content(json{{"error",
                         {{"message", std::string(s.message())},
-                         {"type", client ? "BadRequestError" : "InternalServerError"},
+                         {"type", api ? "Bad Request" : "InternalServerError"},
+                         {"param", nullptr},
                          {"code", res.status}}}}
                       .dump(),
                   "application/json");
+}
+
+// What a worker's exception becomes on its way to the HTTP caller: the executor's RuntimeError
+// (v1/executor/multiproc_executor.py at c5c40ab252786c8d25f9336824c6b805973974cd) wrapped by the
+// engine core's utility call (v1/engine/core.py at 00080ee13c7a451fce071ccb8d0e94d395acf5a7).
+absl::Status WorkerError(const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::InternalError(
+      absl::StrCat("Call to collective_rpc method failed: Worker failed with error '", s.message(),
+                   "', please check the stack trace above for the root cause"));
+}
+
+// The API process's own check of a route's JSON body: INVALID_ARGUMENT (400) for a body that
+// is not a JSON object or lacks `key` (api_router.py's "Invalid JSON format" and "Missing
+// '<key>' in request body").
+absl::Status CheckRouteBody(std::string_view body, const char* key) {
+  json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::InvalidArgumentError("Invalid JSON format");
+  if (!j.contains(key)) {
+    return absl::InvalidArgumentError(absl::StrCat("Missing '", key, "' in request body"));
+  }
+  return absl::OkStatus();
 }
 
 void Reply(httplib::Response& res, const absl::StatusOr<std::string>& message) {
@@ -375,6 +406,7 @@ class VllmEngine::Impl {
   using Handler = absl::StatusOr<std::string> (Impl::*)(const Request&);
 
   void Route(const char* path, Handler h) {
+    AnswerOtherMethods(server_, path);
     server_.Post(path, [this, path, h](const Request& q, Response& r) {
       std::lock_guard lock(mu_);
       std::string call = absl::StrCat("POST ", path);
@@ -392,9 +424,18 @@ class VllmEngine::Impl {
     });
     server_.Get("/weight_info", [this](const Request&, Response& r) {
       std::lock_guard lock(mu_);
+      // vLLM keeps the version of the last finish that named one (AsyncLLM.finish_weight_update
+      // sets it only when given: v1/engine/async_llm.py at
+      // 00080ee13c7a451fce071ccb8d0e94d395acf5a7), also after a partial update was applied;
+      // "mixed" is this engine's own account, for tests.
       json j = {{"mixed", state_.mixed}};
-      j["weight_version"] = state_.mixed ? json(nullptr) : json(state_.weight_version);
+      j["weight_version"] =
+          state_.weight_version.empty() ? json("default") : json(state_.weight_version);
       r.set_content(j.dump(), "application/json");
+    });
+    // The release, as vLLM's /version answers it.
+    server_.Get("/version", [](const Request&, Response& r) {
+      r.set_content(json{{"version", "wpub-recv"}}.dump(), "application/json");
     });
     Route("/init_weight_transfer_engine", &Impl::Init);
     Route("/pause", &Impl::Pause);
@@ -405,11 +446,14 @@ class VllmEngine::Impl {
   }
 
   absl::StatusOr<std::string> Init(const Request& q) {
-    WPUB_ASSIGN_OR_RETURN(VllmInitInfo init, DecodeVllmInit(q.body, options_.packing_in_init));
+    WPUB_RETURN_IF_ERROR(CheckRouteBody(q.body, "init_info"));
+    absl::StatusOr<VllmInitInfo> decoded = DecodeVllmInit(q.body, options_.packing_in_init);
+    if (!decoded.ok()) return WorkerError(decoded.status());  // the worker parses init_info
+    const VllmInitInfo init = *std::move(decoded);
     state_.joined = false;
     state_.updating = false;
     staged_.clear();
-    WPUB_RETURN_IF_ERROR(data_->Join(init));
+    WPUB_RETURN_IF_ERROR(WorkerError(data_->Join(init)));
     init_ = init;
     state_.joined = true;
     return absl::StrCat("joined as rank ", init.rank_offset, " of ", init.world_size);
@@ -431,14 +475,18 @@ class VllmEngine::Impl {
     return std::string("resumed");
   }
 
+  // The phase checks and their texts are the worker's (v1/worker/gpu_worker.py at
+  // 6fbea1171830682c53ecb7d3ae67495fa799e62f), answered 500 as every worker error.
   absl::StatusOr<std::string> StartUpdate(const Request& q) {
     WPUB_RETURN_IF_ERROR(ParseObject(q.body, "start_weight_update").status());
     if (!state_.joined) {
-      return absl::FailedPreconditionError(
-          "no weight transfer engine: POST /init_weight_transfer_engine first");
+      return WorkerError(absl::FailedPreconditionError(
+          "no weight transfer engine: POST /init_weight_transfer_engine first"));
     }
     if (state_.updating) {
-      return absl::FailedPreconditionError("a weight update is already in progress");
+      return WorkerError(absl::FailedPreconditionError(
+          "start_weight_update called while a weight update is already active. Call "
+          "finish_weight_update first."));
     }
     state_.updating = true;
     state_.updates = 0;
@@ -447,28 +495,46 @@ class VllmEngine::Impl {
   }
 
   absl::StatusOr<std::string> Update(const Request& q) {
-    if (!state_.joined) {
-      return absl::FailedPreconditionError(
-          "no weight transfer engine: POST /init_weight_transfer_engine first");
-    }
+    WPUB_RETURN_IF_ERROR(CheckRouteBody(q.body, "update_info"));
     if (!state_.updating) {
-      return absl::FailedPreconditionError(
-          "no weight update in progress: POST /start_weight_update first");
+      return WorkerError(absl::FailedPreconditionError(
+          "start_weight_update must be called before update_weights."));
     }
-    WPUB_ASSIGN_OR_RETURN(
-        VllmUpdate u,
-        DecodeVllmUpdate(q.body, init_, /*packing_allowed=*/!options_.packing_in_init));
+    if (!state_.joined) {
+      return WorkerError(absl::FailedPreconditionError(
+          "no weight transfer engine: POST /init_weight_transfer_engine first"));
+    }
+    // From here a failure ends the update on the worker (it clears its session: a finish then
+    // fails, a new start is taken); what earlier updates loaded stays loaded.
+    absl::StatusOr<VllmUpdate> decoded =
+        DecodeVllmUpdate(q.body, init_, /*packing_allowed=*/!options_.packing_in_init);
+    if (!decoded.ok()) {
+      EndFailedUpdate();
+      return WorkerError(decoded.status());
+    }
+    const VllmUpdate u = *std::move(decoded);
+    if (fail_update_at_ >= 0 && static_cast<uint64_t>(fail_update_at_) == state_.updates) {
+      fail_update_at_ = -1;
+      // A loader failure after the bytes arrived (a shape the model refuses, a quantization
+      // check): the tensors before the failing one were loaded.
+      std::vector<uint8_t> bytes;
+      absl::Status received = data_->Receive(u, &bytes);
+      if (received.ok()) {
+        for (size_t k = 0; k < u.tensors.size() / 2; ++k) Stage(u.tensors[k], bytes);
+      }
+      EndFailedUpdate();
+      return WorkerError(absl::InternalError(absl::StrCat(
+          "loading ", u.tensors.empty() ? std::string("(no tensor)") : u.tensors.back().name,
+          " failed (injected)")));
+    }
     std::vector<uint8_t> bytes;
     if (absl::Status s = data_->Receive(u, &bytes); !s.ok()) {
       // The group is unusable after a failed receive; the engine needs a new init.
       state_.joined = false;
-      return s;
+      EndFailedUpdate();
+      return WorkerError(s);
     }
-    for (const engine::ManifestTensor& t : u.tensors) {
-      staged_[t.name] = {
-          TensorDesc{t.name, t.dtype, t.shape},
-          std::vector<uint8_t>(bytes.begin() + t.offset, bytes.begin() + t.offset + t.nbytes)};
-    }
+    for (const engine::ManifestTensor& t : u.tensors) Stage(t, bytes);
     const uint64_t index = state_.updates++;
     if (callbacks_.on_update) callbacks_.on_update(index, u);
     return absl::StrCat("update ", index, ": ", u.tensors.size(), " tensors, ", u.nbytes,
@@ -478,14 +544,14 @@ class VllmEngine::Impl {
 
   absl::StatusOr<std::string> Finish(const Request& q) {
     WPUB_ASSIGN_OR_RETURN(json j, ParseObject(q.body, "finish_weight_update"));
-    if (!state_.updating) {
-      return absl::FailedPreconditionError(
-          "no weight update in progress: POST /start_weight_update first");
-    }
     std::optional<std::string> version;
     if (auto it = j.find("weight_version"); it != j.end() && !it->is_null()) {
       if (!it->is_string()) return absl::InvalidArgumentError("weight_version must be a string");
       version = it->get<std::string>();
+    }
+    if (!state_.updating) {
+      return WorkerError(absl::FailedPreconditionError(
+          "finish_weight_update called without a matching start_weight_update."));
     }
     state_.updating = false;
     if (state_.updates == 0) return std::string("nothing received: the weights are unchanged");
@@ -501,6 +567,30 @@ class VllmEngine::Impl {
     return absl::StrCat("weight version ", *version, " applied");
   }
 
+  void Stage(const engine::ManifestTensor& t, const std::vector<uint8_t>& bytes) {
+    staged_[t.name] = {
+        TensorDesc{t.name, t.dtype, t.shape},
+        std::vector<uint8_t>(bytes.begin() + t.offset, bytes.begin() + t.offset + t.nbytes)};
+  }
+  // A failed /update_weights: the worker leaves the update (no finish is taken until the next
+  // start), keeping what earlier updates of it loaded -- the layers a layerwise reload processed
+  // as they completed (model_loader/reload/layerwise.py at
+  // 01424e4b5c6768cacbb637fa08e7064a4301ec68): the weights now mix versions.
+  void EndFailedUpdate() {
+    state_.updating = false;
+    if (staged_.empty()) return;
+    for (auto& [name, t] : staged_) state_.weights[name] = std::move(t);
+    staged_.clear();
+    state_.mixed = true;
+  }
+
+ public:
+  void FailUpdateAt(int64_t index) {
+    std::lock_guard lock(mu_);
+    fail_update_at_ = index;
+  }
+
+ private:
   const VllmEngineOptions options_;
   const std::unique_ptr<VllmDataPath> data_;
   const Callbacks callbacks_;
@@ -508,6 +598,7 @@ class VllmEngine::Impl {
   VllmEngineState state_;  // guarded by mu_
   VllmInitInfo init_;      // guarded by mu_
   std::map<std::string, std::pair<TensorDesc, std::vector<uint8_t>>> staged_;  // guarded by mu_
+  int64_t fail_update_at_ = -1;                                                // guarded by mu_
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
@@ -527,5 +618,6 @@ VllmEngine::~VllmEngine() = default;
 int VllmEngine::port() const { return impl_->port(); }
 std::string VllmEngine::url() const { return absl::StrCat("http://127.0.0.1:", impl_->port()); }
 VllmEngineState VllmEngine::state() const { return impl_->state(); }
+void VllmEngine::FailUpdateAt(int64_t index) { impl_->FailUpdateAt(index); }
 
 }  // namespace wpub::recv

@@ -136,6 +136,10 @@ class VllmEngine {
   int port() const;
   std::string url() const;
   VllmEngineState state() const;
+  // Fault injection: the `index`th /update_weights of the next update (0 = its first) fails as a
+  // loader error after its bytes arrived, half of its tensors loaded (HTTP 500; the worker then
+  // leaves the update). Once.
+  void FailUpdateAt(int64_t index);
 
  private:
   class Impl;

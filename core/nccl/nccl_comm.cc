@@ -7,15 +7,24 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/nccl/nccl_version.h"
 
 namespace wpub::nccl {
 namespace {
 
-absl::Status NcclError(ncclResult_t r, const char* what, ncclComm_t comm) {
+// `rank_name`: NcclCommOptions::rank_name (may be null).
+absl::Status NcclError(ncclResult_t r, const char* what, ncclComm_t comm,
+                       const std::function<std::string(int)>& rank_name = nullptr) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-  return absl::InternalError(
+  std::string text =
       absl::StrCat(what, ": ", ncclGetErrorString(r),
-                   last != nullptr && *last ? absl::StrCat(" (", last, ")") : std::string()));
+                   last != nullptr && *last ? absl::StrCat(" (", last, ")") : std::string());
+  if (last != nullptr) {
+    if (std::optional<std::string> why = ExplainVersionMismatch(last, rank_name)) {
+      absl::StrAppend(&text, ": ", *why);
+    }
+  }
+  return absl::InternalError(text);
 }
 
 }  // namespace
@@ -92,7 +101,8 @@ absl::Status NcclComm::WaitReady(absl::Time deadline, const std::function<bool()
       absl::Status s;
       {
         std::lock_guard lock(abort_mu_);
-        s = NcclError(state, "NCCL communicator init", aborted_.load() ? nullptr : comm);
+        s = NcclError(state, "NCCL communicator init", aborted_.load() ? nullptr : comm,
+                      options_.rank_name);
       }
       Abort();
       return s;
@@ -142,7 +152,7 @@ absl::Status NcclComm::Enqueue(const char* what, const std::function<int(void*)>
   if (r != ncclSuccess) {
     std::lock_guard lock(abort_mu_);
     if (aborted_.load()) return absl::AbortedError("NCCL communicator was aborted");
-    return NcclError(r, what, comm);
+    return NcclError(r, what, comm, options_.rank_name);
   }
   return absl::OkStatus();
 }
@@ -154,7 +164,7 @@ absl::Status NcclComm::AsyncError() {
   const ncclResult_t r = ncclCommGetAsyncError(static_cast<ncclComm_t>(comm_), &state);
   if (r != ncclSuccess) return NcclError(r, "ncclCommGetAsyncError", nullptr);
   if (state == ncclSuccess || state == ncclInProgress) return absl::OkStatus();
-  return NcclError(state, "NCCL communicator", static_cast<ncclComm_t>(comm_));
+  return NcclError(state, "NCCL communicator", static_cast<ncclComm_t>(comm_), options_.rank_name);
 }
 
 void NcclComm::Abort() {

@@ -48,6 +48,9 @@ struct NcclCommOptions {
   // tests/multi_gpu/publish_test.cc. Engines whose communicators wpub does not create take the
   // same count from their environment.
   int ctas = 0;
+  // Names a rank in errors (e.g. the engine that holds it): an error that is NCCL's version
+  // mismatch names both ranks' NCCL versions (nccl_version.h). Null or "": "rank N".
+  std::function<std::string(int rank)> rank_name;
 };
 
 class NcclComm {

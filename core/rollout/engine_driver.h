@@ -30,7 +30,7 @@ struct EngineSpec {
   // Sent as "Authorization: Bearer <token>" with every request to this engine (an engine that
   // checks an API key on its weight routes answers 401 without it; vLLM's --api-key guards only
   // its /v1 routes, so sending it there is harmless); empty: none. Never logged or reported.
-  std::string auth_token;
+  std::string auth_token = "";
 };
 
 // SplitEngineFamily ("vllm+http://..."): core/engine/types.h.
@@ -64,11 +64,31 @@ struct EngineOutcome {
   // Bucket update requests sent to the engine (answered or not) in the current publication:
   // more than 0 means it may hold bytes of it.
   uint64_t updates_sent = 0;
+  // The last refusal of a call that may fail without failing the engine (e.g. a cache flush
+  // the engine could not do), for the logs; "" when none.
+  std::string warning;
+};
+
+// What one engine offers, as its family's probe found it at join (EngineFamily::Profile) with
+// requests that change nothing on the engine. Drivers speak to each engine accordingly.
+struct EngineProfile {
+  // The engine's release as it reports it ("0.5.16"); "" when it does not say.
+  std::string release;
+  // What the engine lacks: the optional routes it answered 404 for ("/begin_weight_update"), and
+  // named features its release predates ("flattened_bucket").
+  std::set<std::string> lacks;
+  // The engine takes "weight_version" on each bucket's update request without serving it before
+  // the publication ends (wpub's own receivers declare it in their server info). SGLang adopts a
+  // bucket's version as soon as that bucket loads, so it is told the version only at the end.
+  bool bucket_versions = false;
+  bool Lacks(const std::string& what) const { return lacks.count(what) > 0; }
 };
 
 // Where the engines of one group rendezvous: the TCPStore the rollout group serves.
 struct GroupAddress {
   std::vector<EngineSpec> engines;  // in rank order
+  // Per engine (same order), what its probe found; empty: nothing probed (every route assumed).
+  std::vector<EngineProfile> profiles;
   std::string master_address = "127.0.0.1";
   uint16_t master_port = 0;
   std::string group_name;
@@ -128,6 +148,16 @@ class EngineFamily {
   // Per engine, the weight version it serves (0: none or unknown).
   virtual std::vector<uint64_t> WeightVersions(const std::vector<EngineSpec>& engines,
                                                absl::Duration timeout) const = 0;
+  // Per engine, what it offers (its release, the optional routes it lacks), probed with requests
+  // that change nothing on the engine, within `timeout`; or an error naming the engine and why
+  // it cannot take publications (it requires an API key wpubd was not given, it lacks a route
+  // wpub needs, its release is too old). Called on engines that passed Probe, before the join.
+  // Default: nothing probed.
+  virtual std::vector<absl::StatusOr<EngineProfile>> Profile(const std::vector<EngineSpec>& engines,
+                                                             absl::Duration /*timeout*/) const {
+    return std::vector<absl::StatusOr<EngineProfile>>(engines.size(), EngineProfile{});
+  }
+  // A driver for the group at `address` (address.profiles: Profile's answers, or empty).
   virtual absl::StatusOr<std::unique_ptr<EngineDriver>> CreateDriver(
       const GroupAddress& address) const = 0;
   // The TCPStore entries from which the family's engines read the NCCL unique id (`id`, 128
@@ -153,6 +183,23 @@ class EngineFamily {
 // `timeout`. Used to leave dead engines out when (re-)forming a group.
 std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
                                absl::Duration timeout);
+
+// One engine's answer to a GET of one of its routes in a capability probe (ProbeRoutes).
+struct RouteAnswer {
+  int status = 0;     // the HTTP status; 0: no answer (error says why)
+  std::string body;   // bounded as every engine answer
+  std::string error;  // the transport error when there was no answer
+};
+// GETs each of `paths` on `engine`, one after another over one connection, each within
+// `timeout`; stops at the first that gets no answer (the rest get none either). A FastAPI server
+// answers 405 for a route it serves for another method and 404 for one it lacks.
+std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
+                                     const std::vector<std::string>& paths, absl::Duration timeout);
+
+// The error for a probe answer that says the engine cannot be used (nullopt: it can): no
+// answer; HTTP 401/403 (the engine requires an API key: wpubd's --engine_api_key_file). `what`
+// names the engine and route ("engine URL GET /path").
+std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer);
 
 // GETs `path` (SGLang's /get_model_info, vLLM's /weight_info) on every engine concurrently and
 // reads the "weight_version" field of each answer: the version the engine serves, as wpub set it

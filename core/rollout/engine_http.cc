@@ -48,6 +48,42 @@ std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& en
   return bodies;
 }
 
+std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
+                                     const std::vector<std::string>& paths,
+                                     absl::Duration timeout) {
+  std::vector<RouteAnswer> out(paths.size());
+  httplib::Client c(engine.url);
+  const int64_t us = absl::ToInt64Microseconds(timeout);
+  c.set_connection_timeout(us / 1000000, us % 1000000);
+  c.set_read_timeout(us / 1000000, us % 1000000);
+  c.set_keep_alive(true);
+  if (!engine.auth_token.empty()) c.set_bearer_token_auth(engine.auth_token);
+  for (size_t i = 0; i < paths.size(); ++i) {
+    httplib::Result r = c.Get(paths[i]);
+    if (!r) {
+      for (size_t k = i; k < paths.size(); ++k) out[k].error = httplib::to_string(r.error());
+      break;
+    }
+    out[i].status = r->status;
+    if (CheckJsonBounds(r->body, "answer").ok()) out[i].body = std::move(r->body);
+  }
+  return out;
+}
+
+std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer) {
+  if (answer.status == 0) {
+    return absl::UnavailableError(absl::StrCat(what, ": no answer (", answer.error, ")"));
+  }
+  if (answer.status == 401 || answer.status == 403) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, ": HTTP ", answer.status, " ", answer.body.substr(0, 200),
+        ": the engine requires an API key -- start wpubd with --engine_api_key_file naming the "
+        "key the engine was started with (SGLang's --admin-api-key when it has one, else its "
+        "--api-key)"));
+  }
+  return std::nullopt;
+}
+
 absl::Status WaitAllIdle(const EngineQueues& queues, absl::Time deadline) {
   std::vector<std::string> silent, failed;
   for (const auto& q : queues) {

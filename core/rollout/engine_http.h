@@ -51,6 +51,10 @@ struct EngineRequest {
   std::string fallback_when = "";
   // Said instead of the body of an HTTP 404 answer (what the missing route means).
   std::string on_404 = "";
+  // A refusal does not fail the engine: it is kept as EngineOutcome::warning (SGLang's
+  // /flush_cache answers 400 while paused requests wait to resume, as pause mode retract keeps
+  // them).
+  bool best_effort = false;
 };
 
 // The verdict on a 2xx answer (within the JSON bounds): "" when it succeeded, otherwise a
@@ -111,10 +115,13 @@ class EngineRequestQueue {
     opened_ = false;
   }
   // Forgets requests not yet sent (those of an aborted publication must never reach the engine
-  // after it: each would post a receive that no broadcast matches).
+  // after it: each would post a receive that no broadcast matches), except those marked
+  // `always`: the calls that close what an aborted publication opened (SGLang's
+  // /end_weight_update, vLLM's /finish_weight_update) and resumes, which a teardown that follows
+  // the abort at once (a retry re-forming the group) must not take back.
   void DropQueued() {
     std::lock_guard lock(mu_);
-    queue_.clear();
+    std::erase_if(queue_, [](const EngineRequest& r) { return !r.always; });
     cv_.notify_all();
   }
   void Post(EngineRequest r) {
@@ -184,6 +191,8 @@ class EngineRequestQueue {
       if (!r.overlappable) exclusive_in_flight_ = false;
       if (error.empty()) {
         ++outcome_.requests;
+      } else if (r.best_effort) {
+        outcome_.warning = std::move(error);
       } else if (!outcome_.failed) {
         outcome_.failed = true;
         outcome_.error = std::move(error);

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
+#include "core/nccl/nccl_version.h"
+#include "spdlog/spdlog.h"
 
 namespace wpub::rollout {
 namespace {
@@ -198,10 +200,43 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   TearDownGroup();
   PublishInfo();
   WPUB_ASSIGN_OR_RETURN(family_, FamilyOf(want));
-  WPUB_ASSIGN_OR_RETURN(const std::vector<EngineSpec> alive, Alive(want, timeout, strict));
+  WPUB_ASSIGN_OR_RETURN(std::vector<EngineSpec> alive, Alive(want, timeout, strict));
+  // What each engine serves decides what it is sent (its release's routes); one that cannot
+  // take publications (an API key wpubd lacks, a release too old) fails a ConnectEngines and is
+  // left out of a re-formation.
+  std::vector<EngineProfile> profiles;
+  {
+    const std::vector<absl::StatusOr<EngineProfile>> found =
+        family_->Profile(alive, std::min(family_->connect_timeout(), timeout));
+    std::vector<EngineSpec> usable;
+    for (size_t i = 0; i < alive.size(); ++i) {
+      const absl::StatusOr<EngineProfile> p =
+          i < found.size() ? found[i] : absl::StatusOr<EngineProfile>(EngineProfile{});
+      if (!p.ok()) {
+        if (strict) {
+          return absl::Status(p.status().code(),
+                              absl::StrCat(p.status().message(), "; no engine group is connected"));
+        }
+        spdlog::warn("weight-update group: {} left out: {}", alive[i].url,
+                     std::string(p.status().message()));
+        continue;
+      }
+      spdlog::info("engine {} ({}): release {}{}{}", alive[i].url, family_->name(),
+                   p->release.empty() ? "(not reported)" : p->release,
+                   p->lacks.empty() ? "" : ", lacks ", absl::StrJoin(p->lacks, ", "));
+      usable.push_back(alive[i]);
+      profiles.push_back(*p);
+    }
+    if (usable.empty()) {
+      return absl::UnavailableError(absl::StrCat("rollout group: no engine of ", want.size(),
+                                                 " can take publications (see the log)"));
+    }
+    alive = std::move(usable);
+  }
   const int generation = ++generation_;
   GroupAddress address;
   address.engines = alive;
+  address.profiles = profiles;
   address.master_address = options_.advertise_address;
   address.master_port = store_->port();
   address.group_name = absl::StrCat(base_group, "_", incarnation_, "_", generation);
@@ -226,6 +261,17 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   co.rank = 0;
   co.id = id;
   co.ctas = options_.nccl_ctas;
+  // NCCL's errors name ranks; a version mismatch is reported with the engine that holds the rank.
+  co.rank_name = [layout = driver->layout(), engines = alive](int rank) -> std::string {
+    if (rank == 0) return "wpubd";
+    for (size_t i = engines.size(); i-- > 0;) {
+      if (rank >= layout.rank_offsets[i]) return absl::StrCat("engine ", engines[i].url);
+    }
+    return "";
+  };
+  spdlog::info("weight-update group {}: {} {} engine(s), world size {}, wpubd's NCCL {}",
+               address.group_name, alive.size(), family_->name(), driver->layout().world_size,
+               nccl::LoadedNccl());
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<nccl::NcclComm> comm, nccl::NcclComm::Create(co));
   driver_ = std::move(driver);
   nccl_->Attach(std::move(comm));
@@ -423,6 +469,7 @@ absl::Status RolloutGroup::Commit() {
     // may have applied part of it and stays dirty.
     std::lock_guard lock(info_mu_);
     for (const EngineOutcome& o : driver_->outcomes()) {
+      if (!o.warning.empty()) spdlog::warn("publication {}: {}", version_, o.warning);
       if (o.failed) {
         dirty_.insert(o.url);
       } else {

@@ -1,6 +1,7 @@
 // SGLang driver: per-engine ordered request workers over cpp-httplib, JSON bodies.
 #include "core/rollout/sglang_driver.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "core/common/json_bounds.h"
 #include "core/rollout/engine_http.h"
 #include "core/rollout/update_request.h"
@@ -53,12 +55,12 @@ std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, si
 }
 
 std::string UpdateBody(const SglangDriverOptions& o, const engine::BucketManifest& bucket,
-                       uint64_t version) {
+                       const std::string& load_format, const std::string& version) {
   UpdateRequestFields f;
   f.group_name = o.group_name;
   f.flush_cache = o.flush_cache_on_update;
-  f.weight_version = std::to_string(version);
-  f.load_format = o.endpoints.load_format;
+  f.weight_version = version;
+  f.load_format = load_format;
   // Several requests in flight: the engine must receive them in this order (see the option).
   if (o.requests_in_flight > 1) f.sequence = bucket.index;
   return EncodeUpdateRequest(bucket.tensors, f);
@@ -81,7 +83,16 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
     return absl::InvalidArgumentError(
         "SGLang driver: the init_group and update endpoints may not be empty");
   }
+  if (!options.profiles.empty() && options.profiles.size() != options.engines.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("SGLang driver: ", options.profiles.size(),
+                                                   " profiles for ", options.engines.size(),
+                                                   " engines"));
+  }
   std::unique_ptr<SglangDriver> d(new SglangDriver(options, *std::move(layout)));
+  d->load_format_ = options.endpoints.load_format;
+  for (const EngineProfile& p : options.profiles) {
+    if (p.Lacks(std::string(kFlattenedBucket))) d->load_format_.clear();
+  }
   for (const EngineSpec& e : options.engines) {
     d->workers_.push_back(std::make_unique<EngineRequestQueue>(
         e.url, options.connect_timeout, options.request_timeout, options.requests_in_flight,
@@ -95,12 +106,19 @@ SglangDriver::SglangDriver(SglangDriverOptions options, GroupLayout layout)
 SglangDriver::~SglangDriver() = default;
 
 void SglangDriver::PostAll(const std::string& method, const std::string& path,
-                           const std::string& body) {
+                           const std::string& body, void (*customize)(EngineRequest&)) {
   if (path.empty()) return;
   auto shared = std::make_shared<const std::string>(body);
-  for (auto& w : workers_) {
-    w->Post(EngineRequest{method, path, shared, /*overlappable=*/false, /*update=*/false});
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (Lacks(i, path)) continue;
+    EngineRequest r{method, path, shared, /*overlappable=*/false, /*update=*/false};
+    if (customize != nullptr) customize(r);
+    workers_[i]->Post(std::move(r));
   }
+}
+
+bool SglangDriver::Lacks(size_t engine, const std::string& path) const {
+  return engine < options_.profiles.size() && options_.profiles[engine].Lacks(path);
 }
 
 void SglangDriver::StartJoin() {
@@ -124,8 +142,13 @@ void SglangDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   if (!lifecycle_calls) return;
   const SglangEndpoints& e = options_.endpoints;
   PostAll("POST", e.pause, json({{"mode", e.pause_mode}}).dump());
-  PostAll("GET", e.flush, "");
-  PostAll("POST", e.begin, "{}");
+  // Best effort: SGLang refuses a flush while any request waits (after a retract pause, the
+  // retracted ones do) -- the update goes on, the cache keeps what it holds.
+  PostAll("GET", e.flush, "", [](EngineRequest& r) { r.best_effort = true; });
+  // Opens SGLang's weight-update session: every path from here closes it (EndPublication, or
+  // ResumeAfterAbort's end), since the next begin on an engine whose session is still open
+  // fails its scheduler's assertion and takes the server down.
+  PostAll("POST", e.begin, "{}", [](EngineRequest& r) { r.opens = true; });
 }
 
 void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
@@ -133,12 +156,31 @@ void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
   if (path.empty()) return;
   std::lock_guard lock(post_mu_);
   if (closed_) return;  // aborted: no engine may receive more of this version
-  // Encoded here, once for every engine: a 3,300-tensor body takes ~0.3 ms
-  // (bench/rollout/update_request_bench), less than copying the manifest for another thread.
-  auto body = std::make_shared<const std::string>(UpdateBody(options_, bucket, version_));
-  for (auto& w : workers_) {
-    w->Post(EngineRequest{"POST", path, body, /*overlappable=*/true, /*update=*/true});
+  // Encoded here, once for every engine of each form (with or without weight_version): a
+  // 3,300-tensor body takes ~0.3 ms (bench/rollout/update_request_bench), less than copying the
+  // manifest for another thread.
+  std::shared_ptr<const std::string> plain, versioned;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    // Engines taking several requests in flight are wpub's own receivers (see the option).
+    const bool with_version =
+        options_.requests_in_flight > 1 ||
+        (i < options_.profiles.size() && options_.profiles[i].bucket_versions);
+    std::shared_ptr<const std::string>& body = with_version ? versioned : plain;
+    if (!body) {
+      body = std::make_shared<const std::string>(
+          UpdateBody(options_, bucket, load_format_, with_version ? std::to_string(version_) : ""));
+    }
+    workers_[i]->Post(EngineRequest{"POST", path, body, /*overlappable=*/true, /*update=*/true});
   }
+}
+
+std::vector<uint64_t> SglangDriver::BroadcastChunks(const engine::BucketManifest& bucket) const {
+  if (!load_format_.empty()) return {bucket.nbytes};
+  // Per tensor, in request order: the planner lays a bucket's tensors back to back in that
+  // order (engines.md), so these sizes cut the bucket's bytes into the tensors.
+  std::vector<uint64_t> chunks;
+  for (const engine::ManifestTensor& t : bucket.tensors) chunks.push_back(t.nbytes);
+  return chunks;
 }
 
 void SglangDriver::EndPublication() {
@@ -147,12 +189,14 @@ void SglangDriver::EndPublication() {
   closed_ = true;
   if (!lifecycle_calls_) return;
   const SglangEndpoints& e = options_.endpoints;
-  // SGLang's UpdateWeightVersionReqInput defaults abort_all_requests to true (io_struct.py):
-  // left out, every publication would abort every in-flight rollout request, the ones the
-  // pause kept included.
+  // The session ends first (it finalizes the quantized layers); the version is announced only
+  // then, so an engine reports a version once it holds all of it (update requests carry none:
+  // SGLang adopts a bucket's version as soon as that bucket loads). SGLang's
+  // UpdateWeightVersionReqInput defaults abort_all_requests to true (io_struct.py): left out,
+  // every publication would abort every in-flight rollout request, the ones the pause kept.
+  PostAll("POST", e.end, "{}");
   PostAll("POST", e.version,
           json({{"new_version", std::to_string(version_)}, {"abort_all_requests", false}}).dump());
-  PostAll("POST", e.end, "{}");
   PostAll("POST", e.resume, "{}");
 }
 
@@ -166,7 +210,16 @@ std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& st
     workers_[i]->DropQueued();
     // After the drop no further update can start, so this is final for the publication.
     dirty[i] = dirty[i] || workers_[i]->outcome().updates_sent > 0;
-    if (!dirty[i] && lifecycle_calls_ && !options_.endpoints.resume.empty()) {
+    if (!lifecycle_calls_) continue;
+    // Closes the session on every engine that was asked to open one (answered or not: a begin
+    // whose answer was lost may have opened it), dirty ones included, before any resume.
+    if (workers_[i]->opened() && !options_.endpoints.end.empty() &&
+        !Lacks(i, options_.endpoints.end)) {
+      workers_[i]->Post(EngineRequest{"POST", options_.endpoints.end,
+                                      std::make_shared<const std::string>("{}"),
+                                      /*overlappable=*/false, /*update=*/false, /*always=*/true});
+    }
+    if (!dirty[i] && !options_.endpoints.resume.empty() && !Lacks(i, options_.endpoints.resume)) {
       workers_[i]->Post(EngineRequest{"POST", options_.endpoints.resume,
                                       std::make_shared<const std::string>("{}"),
                                       /*overlappable=*/false, /*update=*/false, /*always=*/true});
@@ -202,6 +255,101 @@ std::vector<uint64_t> SglangFamily::WeightVersions(const std::vector<EngineSpec>
   return FetchWeightVersions(engines, options_.model_info_endpoint, timeout);
 }
 
+namespace {
+
+std::vector<int> ParseRelease(absl::string_view release) {
+  // "0.5.5.post3", "0.5.3rc2", "v0.5.16.dev12+g1234": the leading numeric components.
+  absl::ConsumePrefix(&release, "v");
+  std::vector<int> parts;
+  for (absl::string_view piece : absl::StrSplit(release, '.')) {
+    size_t digits = 0;
+    while (digits < piece.size() && absl::ascii_isdigit(piece[digits])) ++digits;
+    int n = 0;
+    if (digits == 0 || !absl::SimpleAtoi(piece.substr(0, digits), &n)) break;
+    parts.push_back(n);
+    if (digits != piece.size()) break;  // "3rc2": 3, then stop
+  }
+  return parts;
+}
+
+}  // namespace
+
+bool ReleaseBefore(absl::string_view release, absl::string_view minimum) {
+  const std::vector<int> a = ParseRelease(release), b = ParseRelease(minimum);
+  if (a.empty() || b.empty()) return false;  // unknown: assume a current release
+  return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end());
+}
+
+std::vector<absl::StatusOr<EngineProfile>> SglangFamily::Profile(
+    const std::vector<EngineSpec>& engines, absl::Duration timeout) const {
+  const SglangEndpoints& e = options_.driver.endpoints;
+  // GETs only: SGLang serves these routes for POST (FastAPI answers 405 to a GET of a route it
+  // has, 404 to one it lacks), so nothing on the engine changes. /flush_cache is not probed (a
+  // GET flushes).
+  std::vector<std::string> required = {e.init_group, e.update};
+  std::vector<std::string> optional;
+  for (const std::string* p :
+       {&e.destroy_group, &e.pause, &e.begin, &e.version, &e.end, &e.resume}) {
+    if (!p->empty()) optional.push_back(*p);
+  }
+  std::vector<std::string> paths = required;
+  paths.insert(paths.end(), optional.begin(), optional.end());
+  // The server's info: /server_info (current releases), /get_server_info (older ones).
+  paths.push_back("/server_info");
+  paths.push_back("/get_server_info");
+  std::vector<absl::StatusOr<EngineProfile>> out(engines.size(), EngineProfile{});
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const std::vector<RouteAnswer> answers = ProbeRoutes(engines[i], paths, timeout);
+      EngineProfile p;
+      for (size_t k = 0; k < paths.size(); ++k) {
+        const std::string what = absl::StrCat("engine ", engines[i].url, " GET ", paths[k]);
+        const bool info = k >= required.size() + optional.size();
+        if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k]);
+            refused.has_value() && !(info && answers[k].status != 0)) {
+          out[i] = *refused;
+          return;
+        }
+        if (info) continue;
+        if (answers[k].status != 404) continue;
+        if (k < required.size()) {
+          out[i] = absl::FailedPreconditionError(absl::StrCat(
+              "engine ", engines[i].url, " has no ", paths[k],
+              " (HTTP 404): not an SGLang server, or one whose weight-update routes are off"));
+          return;
+        }
+        p.lacks.insert(paths[k]);
+      }
+      // Begin and end come as a pair (SGLang's weight-update session): one without the other is
+      // neither.
+      if (!e.begin.empty() && !e.end.empty() && (p.Lacks(e.begin) || p.Lacks(e.end))) {
+        p.lacks.insert(e.begin);
+        p.lacks.insert(e.end);
+      }
+      for (size_t k = required.size() + optional.size(); k < paths.size(); ++k) {
+        if (answers[k].status < 200 || answers[k].status >= 300) continue;
+        json j = json::parse(answers[k].body, nullptr, /*allow_exceptions=*/false);
+        if (!j.is_object()) continue;
+        if (auto v = j.find("version"); v != j.end() && v->is_string()) {
+          p.release = v->get<std::string>().substr(0, 64);
+        }
+        if (auto b = j.find("wpub_bucket_versions"); b != j.end() && b->is_boolean()) {
+          p.bucket_versions = b->get<bool>();
+        }
+        break;
+      }
+      if (!options_.flattened_bucket_since.empty() &&
+          ReleaseBefore(p.release, options_.flattened_bucket_since)) {
+        p.lacks.insert(std::string(kFlattenedBucket));
+      }
+      out[i] = std::move(p);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<EngineDriver>> SglangFamily::CreateDriver(
     const GroupAddress& address) const {
   SglangDriverOptions d = options_.driver;
@@ -209,6 +357,7 @@ absl::StatusOr<std::unique_ptr<EngineDriver>> SglangFamily::CreateDriver(
   d.master_address = address.master_address;
   d.master_port = address.master_port;
   d.group_name = address.group_name;
+  d.profiles = address.profiles;
   absl::StatusOr<std::unique_ptr<SglangDriver>> driver = SglangDriver::Create(d);
   if (!driver.ok()) return driver.status();
   return std::unique_ptr<EngineDriver>(*std::move(driver));

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -39,6 +40,7 @@
 namespace wpub::rollout {
 
 class EngineRequestQueue;  // engine_http.h
+struct EngineRequest;      // engine_http.h
 
 // Engine-specific strings (SGLang versions differ): an empty path skips that call.
 struct SglangEndpoints {
@@ -75,7 +77,19 @@ struct SglangDriverOptions {
   // engines that receive in that order (nccl::ReceiverEndpoint, e.g. wpub-recv), since NCCL
   // matches broadcasts by order. Lifecycle calls never overlap anything.
   int requests_in_flight = 1;
+  // Per engine (same order as `engines`), what the family's probe found (SglangFamily::Profile);
+  // empty: every route of `endpoints` is served. An engine is never sent a route it lacks:
+  // without the session routes (releases before the weight-update session) it gets no begin/end;
+  // without /update_weight_version no version call. When any engine lacks "flattened_bucket"
+  // (kFlattenedBucket: releases before it) the whole group receives one broadcast per tensor
+  // (the engines of a group receive the same broadcasts). `weight_version` rides on update
+  // requests only to engines whose profile says bucket_versions (SGLang adopts a bucket's
+  // version as soon as it loads: the engine would report a version it does not wholly hold).
+  std::vector<EngineProfile> profiles;
 };
+
+// EngineProfile::lacks of an SGLang release that predates the flattened bucket of mixed dtypes.
+inline constexpr std::string_view kFlattenedBucket = "flattened_bucket";
 
 class SglangDriver final : public EngineDriver {
  public:
@@ -117,13 +131,24 @@ class SglangDriver final : public EngineDriver {
   // Per engine, for the current publication (or join).
   std::vector<EngineOutcome> outcomes() const override;
   bool any_failed() const override;
+  // One broadcast per tensor when the group receives per-tensor broadcasts (an engine lacks the
+  // flattened bucket, or the endpoints' load_format is empty); else the whole bucket.
+  std::vector<uint64_t> BroadcastChunks(const engine::BucketManifest& bucket) const override;
+  // The load_format update requests carry ("" : per-tensor broadcasts).
+  const std::string& load_format() const { return load_format_; }
 
  private:
   SglangDriver(SglangDriverOptions options, GroupLayout layout);
-  void PostAll(const std::string& method, const std::string& path, const std::string& body_json);
+  // Queues one request per engine (none when `path` is empty); `customize` sets its optional
+  // fields.
+  void PostAll(const std::string& method, const std::string& path, const std::string& body_json,
+               void (*customize)(EngineRequest&) = nullptr);
+  // Engine `engine`'s profile says it lacks `path`.
+  bool Lacks(size_t engine, const std::string& path) const;
 
   const SglangDriverOptions options_;
   const GroupLayout layout_;
+  std::string load_format_;  // options_.endpoints.load_format, or "" (see profiles)
   // Orders the posts of a publication against an abort's ResumeAfterAbort.
   std::mutex post_mu_;
   uint64_t version_ = 0;         // guarded by post_mu_
@@ -139,6 +164,10 @@ struct SglangFamilyOptions {
   SglangDriverOptions driver;
   std::string health_endpoint = "/health";
   std::string model_info_endpoint = "/get_model_info";
+  // The first release whose update route takes a flattened bucket of mixed dtypes (SGLang PRs
+  // #13413 and #13824, November 2025): engines reporting an older release get one broadcast per
+  // tensor. Empty: never.
+  std::string flattened_bucket_since = "0.5.6";
 };
 
 class SglangFamily final : public EngineFamily {
@@ -149,6 +178,10 @@ class SglangFamily final : public EngineFamily {
                           absl::Duration timeout) const override;
   std::vector<uint64_t> WeightVersions(const std::vector<EngineSpec>& engines,
                                        absl::Duration timeout) const override;
+  // GETs of the weight-update routes (404: the engine lacks it; 401/403: an API key is needed)
+  // and of /server_info or /get_server_info (the release); see SglangDriverOptions::profiles.
+  std::vector<absl::StatusOr<EngineProfile>> Profile(const std::vector<EngineSpec>& engines,
+                                                     absl::Duration timeout) const override;
   absl::StatusOr<std::unique_ptr<EngineDriver>> CreateDriver(
       const GroupAddress& address) const override;
   absl::Duration request_timeout() const override { return options_.driver.request_timeout; }
@@ -158,10 +191,15 @@ class SglangFamily final : public EngineFamily {
   const SglangFamilyOptions options_;
 };
 
-// JSON bodies (exposed for tests).
+// JSON bodies (exposed for tests). UpdateBody: `load_format` as the group receives;
+// `version` empty: no weight_version field.
 std::string InitGroupBody(const SglangDriverOptions& options, const GroupLayout& layout,
                           size_t engine);
 std::string UpdateBody(const SglangDriverOptions& options, const engine::BucketManifest& bucket,
-                       uint64_t version);
+                       const std::string& load_format, const std::string& version);
+
+// An SGLang release ("0.5.5.post3", "v0.5.16") before `minimum` ("0.5.6"), compared by their
+// leading numeric components; false when either has none (unknown: assumed current).
+bool ReleaseBefore(absl::string_view release, absl::string_view minimum);
 
 }  // namespace wpub::rollout

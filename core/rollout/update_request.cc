@@ -71,8 +71,10 @@ std::string EncodeUpdateRequest(const std::vector<engine::ManifestTensor>& tenso
   out += "],\"group_name\":";
   AppendString(out, fields.group_name);
   out += fields.flush_cache ? ",\"flush_cache\":true" : ",\"flush_cache\":false";
-  out += ",\"weight_version\":";
-  AppendString(out, fields.weight_version);
+  if (!fields.weight_version.empty()) {
+    out += ",\"weight_version\":";
+    AppendString(out, fields.weight_version);
+  }
   if (!fields.load_format.empty()) {
     out += ",\"load_format\":";
     AppendString(out, fields.load_format);

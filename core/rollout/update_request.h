@@ -21,6 +21,7 @@ namespace wpub::rollout {
 struct UpdateRequestFields {
   std::string group_name;
   bool flush_cache = false;
+  // Empty: the field is not sent (SGLang would adopt even "" as the version it serves).
   std::string weight_version;
   std::string load_format = "flattened_bucket";  // empty: the field is not sent
   // `wpub_sequence`: the bucket's index within its publication, for engines that take several

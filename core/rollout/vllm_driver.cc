@@ -1,6 +1,8 @@
 // vLLM driver (vllm_driver.h): the weight-transfer routes over the shared engine request queues.
 #include "core/rollout/vllm_driver.h"
 
+#include <thread>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -252,6 +254,53 @@ std::vector<uint64_t> VllmFamily::WeightVersions(const std::vector<EngineSpec>& 
                                                  absl::Duration timeout) const {
   if (options_.weight_info_endpoint.empty()) return std::vector<uint64_t>(engines.size(), 0);
   return FetchWeightVersions(engines, options_.weight_info_endpoint, timeout);
+}
+
+std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
+    const std::vector<EngineSpec>& engines, absl::Duration timeout) const {
+  // What a 404 on each route means (vLLM's dev-mode router registers all four together from
+  // v0.22; before, /init_weight_transfer_engine and /update_weights only).
+  const std::vector<std::pair<std::string, std::string>> routes = {
+      {kInit,
+       "the engine serves no weight-transfer routes: start it with VLLM_SERVER_DEV_MODE=1 and "
+       "--weight-transfer-config '{\"backend\":\"nccl\"}' (v0.22 or later)"},
+      {kStart, "a release before the four-phase weight update (v0.22); wpub needs v0.22 or later"},
+      {kUpdate, "the engine serves no /update_weights"},
+      {kFinish, "a release before the four-phase weight update (v0.22); wpub needs v0.22 or later"},
+  };
+  std::vector<std::string> paths;
+  for (const auto& [path, why] : routes) paths.push_back(path);
+  paths.push_back("/version");
+  std::vector<absl::StatusOr<EngineProfile>> out(engines.size(), EngineProfile{});
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    threads.emplace_back([&, i] {
+      const std::vector<RouteAnswer> answers = ProbeRoutes(engines[i], paths, timeout);
+      EngineProfile p;
+      for (size_t k = 0; k < routes.size(); ++k) {
+        const std::string what = absl::StrCat("engine ", engines[i].url, " GET ", paths[k]);
+        if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k])) {
+          out[i] = *refused;
+          return;
+        }
+        if (answers[k].status == 404) {
+          out[i] = absl::FailedPreconditionError(absl::StrCat(
+              "engine ", engines[i].url, " has no ", paths[k], " (HTTP 404): ", routes[k].second));
+          return;
+        }
+      }
+      const RouteAnswer& version = answers.back();
+      if (version.status >= 200 && version.status < 300) {
+        json j = json::parse(version.body, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && j.contains("version") && j["version"].is_string()) {
+          p.release = j["version"].get<std::string>().substr(0, 64);
+        }
+      }
+      out[i] = std::move(p);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
 }
 
 absl::StatusOr<std::unique_ptr<EngineDriver>> VllmFamily::CreateDriver(

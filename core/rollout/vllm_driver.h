@@ -123,6 +123,12 @@ class VllmFamily final : public EngineFamily {
                           absl::Duration timeout) const override;
   std::vector<uint64_t> WeightVersions(const std::vector<EngineSpec>& engines,
                                        absl::Duration timeout) const override;
+  // GETs of the weight-transfer routes (each POST-only: 405 when served, 404 when not) and of
+  // /version (the release). An engine without /init_weight_transfer_engine (no dev mode, or a
+  // release before v0.16) or without /start_weight_update (a release before the four-phase
+  // update) is refused at join, naming the route and what it means.
+  std::vector<absl::StatusOr<EngineProfile>> Profile(const std::vector<EngineSpec>& engines,
+                                                     absl::Duration timeout) const override;
   absl::StatusOr<std::unique_ptr<EngineDriver>> CreateDriver(
       const GroupAddress& address) const override;
   std::optional<std::vector<StoreEntry>> UniqueIdEntries(

@@ -224,10 +224,24 @@ class Engine:
         torch.cuda.synchronize(self.device)
         return {"success": True, "message": "received"}
 
+    # SGLang serves these for POST only; FastAPI answers a GET of them 405 (a route it lacks:
+    # 404), which is how wpubd's join probes what a release serves.
+    POST_ROUTES = ("/init_weights_update_group", "/destroy_weights_update_group",
+                   "/update_weights_from_distributed", "/update_weight_version",
+                   "/pause_generation", "/continue_generation", "/begin_weight_update",
+                   "/end_weight_update")
+
     def handle(self, method, path, body):
+        if method == "GET" and path in self.POST_ROUTES:
+            return 405, {"detail": "Method Not Allowed"}
         self.stats["calls"].append(path)
         if path == "/health":
             return 200, {"ok": True}
+        if path == "/server_info":
+            # A test receiver, not SGLang: it checks every bucket against the expected bytes of
+            # the version the bucket's request names, so it asks wpubd for weight_version on
+            # every bucket (SGLang itself is told the version only once the publication ends).
+            return 200, {"version": "wpub-emulator", "wpub_bucket_versions": True}
         if path == "/stats":
             return 200, dict(self.stats, held_versions=self.held_versions())
         if path == "/get_model_info":

@@ -240,6 +240,10 @@ class Engine:
                     return 200, {"weight_version": versions[-1] if versions else None}
                 if path == "/stats":
                     return 200, self.stats
+                if path in ("/init_weight_transfer_engine", "/start_weight_update",
+                            "/update_weights", "/finish_weight_update", "/pause", "/resume"):
+                    # POST routes: FastAPI answers another method 405 (wpubd's join probe).
+                    return 405, {"detail": "Method Not Allowed"}
                 return 404, {"detail": "Not Found"}
             routes = {"/init_weight_transfer_engine": self.init,
                       "/start_weight_update": self.start,

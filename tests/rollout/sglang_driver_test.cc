@@ -1,6 +1,6 @@
 // SGLang driver tests against httplib servers that play SGLang's HTTP routes: the engine list
 // syntax (--engines, connect-engines), group layout,
-// request bodies (names/dtypes/shapes/load_format/weight_version), the lifecycle order per
+// request bodies (names/dtypes/shapes/load_format, no weight_version), the lifecycle order per
 // engine, configurable endpoints, and failures (HTTP error, success=false, timeout, refused).
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -251,14 +251,16 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
                                          "/begin_weight_update",
                                          "/update_weights_from_distributed",
                                          "/update_weights_from_distributed",
-                                         "/update_weight_version",
                                          "/end_weight_update",
+                                         "/update_weight_version",
                                          "/continue_generation"};
   EXPECT_EQ(a.calls(), want);
   EXPECT_EQ(b.calls(), want);
   json u = json::parse(a.bodies()[3]);
   EXPECT_EQ(u["load_format"], "flattened_bucket");
-  EXPECT_EQ(u["weight_version"], "7");
+  // SGLang adopts an update's weight_version as soon as it loads: the version is announced
+  // once the session ended, never on a bucket.
+  EXPECT_FALSE(u.contains("weight_version"));
   EXPECT_EQ(u["group_name"], "wpub_g0");
   EXPECT_EQ(u["flush_cache"], false);
   EXPECT_EQ(u["names"][1], "model.layers.0.mlp.experts.0.down_proj.weight");
@@ -268,9 +270,9 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
   EXPECT_EQ(json::parse(a.bodies()[0])["mode"], "retract");
   EXPECT_FALSE(u.contains("wpub_sequence"));  // one request in flight: SGLang's own protocol
   EXPECT_EQ(a.max_active(), 1);
-  EXPECT_EQ(json::parse(a.bodies()[5])["new_version"], "7");
+  EXPECT_EQ(json::parse(a.bodies()[6])["new_version"], "7");
   // SGLang aborts every running request unless told not to (its default is true).
-  EXPECT_EQ(json::parse(a.bodies()[5])["abort_all_requests"], false);
+  EXPECT_EQ(json::parse(a.bodies()[6])["abort_all_requests"], false);
   for (const EngineOutcome& o : (*d)->outcomes()) {
     EXPECT_FALSE(o.failed) << o.error;
     EXPECT_EQ(o.requests, 8u);
@@ -291,7 +293,7 @@ TEST(SglangDriver, WithoutLifecycleCallsOnlyUpdatesArePosted) {
   const std::vector<std::string> want = {"/update_weights_from_distributed",
                                          "/update_weights_from_distributed"};
   EXPECT_EQ(a.calls(), want);
-  EXPECT_EQ(json::parse(a.bodies()[0])["weight_version"], "7");
+  EXPECT_FALSE(json::parse(a.bodies()[0]).contains("weight_version"));
   // After an aborted version: no resume either (the engine holds this member's bytes and is
   // dirty; had it none, resuming it is still the leader's call).
   (*d)->BeginPublication(8, /*lifecycle_calls=*/false);
@@ -433,7 +435,7 @@ TEST(SglangDriver, TwoUpdatesInFlightOverlapButLifecycleCallsNever) {
       std::vector<std::string>(calls.begin(), calls.begin() + 3),
       (std::vector<std::string>{"/pause_generation", "/flush_cache", "/begin_weight_update"}));
   EXPECT_EQ(std::vector<std::string>(calls.end() - 3, calls.end()),
-            (std::vector<std::string>{"/update_weight_version", "/end_weight_update",
+            (std::vector<std::string>{"/end_weight_update", "/update_weight_version",
                                       "/continue_generation"}));
   // Every bucket once, each naming its place in the publication.
   std::vector<int> seen;

@@ -19,6 +19,7 @@
 
 #include "absl/strings/escaping.h"
 #include "clients/recv/vllm_engine.h"
+#include "core/rollout/engine_driver.h"
 #include "core/rollout/vllm_driver.h"
 #include "nlohmann/json.hpp"
 
@@ -26,6 +27,7 @@ namespace wpub::recv {
 namespace {
 
 using json = nlohmann::json;
+using rollout::EngineOutcome;
 using rollout::VllmDriver;
 using rollout::VllmDriverOptions;
 
@@ -55,6 +57,12 @@ class Wire {
     std::lock_guard lock(mu_);
     aborted_ = true;
     cv_.notify_all();
+  }
+  // A new communicator: nothing of the old one's broadcasts is left.
+  void Reset() {
+    std::lock_guard lock(mu_);
+    aborted_ = false;
+    chunks_.clear();
   }
 
  private:
@@ -174,6 +182,7 @@ class Harness {
     return rollout::VllmFamily({}).WeightVersions(driver_->engines(), absl::Seconds(5));
   }
   VllmEngine& engine(size_t i) { return *engines_[i]; }
+  void ResetWire(size_t i) { wires_[i]->Reset(); }
   WireDataPath& path(size_t i) { return *paths_[i]; }
   size_t size() const { return engines_.size(); }
 
@@ -288,8 +297,9 @@ TEST(VllmEngine, AnAbortAfterABucketLeavesTheEnginesPausedUntilAWholeVersion) {
   }
   auto info = c.Get("/weight_info");
   ASSERT_TRUE(info);
-  EXPECT_TRUE(json::parse(info->body)["weight_version"].is_null()) << info->body;
-  EXPECT_EQ(h.WeightVersions(), std::vector<uint64_t>({0, 0}));
+  // vLLM's version changes only with a finish that names one: the engines still report 1.
+  EXPECT_EQ(json::parse(info->body)["weight_version"], "1") << info->body;
+  EXPECT_EQ(h.WeightVersions(), std::vector<uint64_t>({1, 1}));
   // The next complete version heals them.
   const std::vector<TestBucket> v3 = Version(30);
   ASSERT_TRUE(h.Publish(3, v3).ok());
@@ -300,6 +310,61 @@ TEST(VllmEngine, AnAbortAfterABucketLeavesTheEnginesPausedUntilAWholeVersion) {
     EXPECT_EQ(s.weight_version, "3");
     ExpectHolds(s, v3);
   }
+}
+
+// A loader failure on one engine at bucket 1 of 3 (vLLM answers 500 and its worker leaves the
+// update): the publication fails at once naming the engine, route and status; the abort
+// finishes the update wherever one is open (the failed engine refuses the finish: its worker
+// already left it) and resumes nobody that holds part of the version; the retry after the group
+// re-forms (a new init) commits everywhere and resumes every engine; the next version commits
+// with no trace of the first one's error.
+TEST(VllmEngine, ALoaderFailureAbortsAtOnceAndTheRetryAndNextVersionCommit) {
+  Harness h({true, true});
+  ASSERT_TRUE(h.Join().ok());
+  ASSERT_TRUE(h.Publish(1, Version(1)).ok());
+  h.engine(0).FailUpdateAt(1);
+  const std::vector<TestBucket> v2 = Version(20);
+  h.driver().BeginPublication(2, true);
+  for (const TestBucket& b : v2) h.Send(b);
+  const absl::Time t0 = absl::Now();
+  absl::Status failed = h.driver().WaitIdle(absl::Now() + absl::Seconds(20));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5)) << "a refusal must cost seconds, not the deadline";
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.message().find(h.engine(0).url()), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("POST /update_weights: HTTP 500"), std::string::npos) << failed;
+  EXPECT_NE(failed.message().find("(injected)"), std::string::npos) << failed;
+  const std::vector<bool> dirty = h.driver().ResumeAfterAbort();
+  (void)h.driver().WaitIdle(absl::Now() + absl::Seconds(20));
+  EXPECT_EQ(dirty, std::vector<bool>({true, true}));
+  for (size_t e = 0; e < h.size(); ++e) {
+    const VllmEngineState s = h.engine(e).state();
+    EXPECT_TRUE(s.paused) << e;
+    EXPECT_FALSE(s.updating) << e;  // no update left open anywhere
+    EXPECT_TRUE(s.mixed) << e;
+    EXPECT_EQ(s.calls.back(), "POST /finish_weight_update") << e;
+  }
+  // The retry: the group re-forms (a new communicator: every engine joins again).
+  for (size_t e = 0; e < h.size(); ++e) h.ResetWire(e);
+  ASSERT_TRUE(h.Join().ok());
+  absl::Status retried = h.Publish(2, v2);
+  ASSERT_TRUE(retried.ok()) << retried;
+  for (size_t e = 0; e < h.size(); ++e) {
+    const VllmEngineState s = h.engine(e).state();
+    EXPECT_FALSE(s.paused) << e << ": never resumed";
+    EXPECT_FALSE(s.mixed) << e;
+    EXPECT_EQ(s.weight_version, "2");
+    EXPECT_EQ(s.calls.back(), "POST /resume") << e;
+    ExpectHolds(s, v2);
+  }
+  const std::vector<TestBucket> v3 = Version(30);
+  absl::Status next = h.Publish(3, v3);
+  ASSERT_TRUE(next.ok()) << next;
+  for (const EngineOutcome& o : h.driver().outcomes()) {
+    EXPECT_FALSE(o.failed) << o.error;
+    EXPECT_TRUE(o.error.empty()) << o.error;
+  }
+  for (size_t e = 0; e < h.size(); ++e) ExpectHolds(h.engine(e).state(), v3);
+  EXPECT_EQ(h.WeightVersions(), std::vector<uint64_t>({3, 3}));
 }
 
 TEST(VllmEngine, AFailedReceiveFailsThePublicationNamingTheEngine) {
@@ -336,10 +401,11 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
                ? r.second["error"]["message"].get<std::string>()
                : std::string("(no error)");
   };
-  // Order: nothing before init, no update before start.
+  // Order (the worker's checks: HTTP 500, as every worker error reaches the caller).
   auto r = post("/start_weight_update", "{}");
-  EXPECT_EQ(r.first, 400);
+  EXPECT_EQ(r.first, 500);
   EXPECT_NE(error(r).find("init_weight_transfer_engine first"), std::string::npos) << error(r);
+  EXPECT_EQ(r.second["error"]["type"], "InternalServerError");
   const std::string init =
       R"({"init_info":{"master_address":"127.0.0.1","master_port":29500,"rank_offset":1,)"
       R"("world_size":2,"packed":true,"packed_buffer_size_bytes":4096,"packed_num_buffers":2}})";
@@ -347,14 +413,29 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
   const std::string update =
       R"({"update_info":{"names":["a"],"dtype_names":["bfloat16"],"shapes":[[2,2]]}})";
   r = post("/update_weights", update);
-  EXPECT_EQ(r.first, 400);
-  EXPECT_NE(error(r).find("start_weight_update first"), std::string::npos) << error(r);
+  EXPECT_EQ(r.first, 500);
+  EXPECT_NE(error(r).find("start_weight_update must be called before update_weights"),
+            std::string::npos)
+      << error(r);
+  r = post("/finish_weight_update", "{}");
+  EXPECT_EQ(r.first, 500);
+  EXPECT_NE(error(r).find("without a matching start_weight_update"), std::string::npos) << error(r);
   EXPECT_EQ(post("/start_weight_update", "").first, 200);
   r = post("/start_weight_update", "{}");
-  EXPECT_NE(error(r).find("already in progress"), std::string::npos) << error(r);
-  // Bodies.
+  EXPECT_EQ(r.first, 500);
+  EXPECT_NE(error(r).find("already active"), std::string::npos) << error(r);
+  // The API process's own checks of a body: 400.
+  for (const auto& [body, want] : std::vector<std::pair<std::string, std::string>>{
+           {"not json", "Invalid JSON format"},
+           {R"({"names":["a"]})", "Missing 'update_info' in request body"}}) {
+    r = post("/update_weights", body);
+    EXPECT_EQ(r.first, 400) << body;
+    EXPECT_NE(error(r).find(want), std::string::npos) << body << " -> " << error(r);
+    EXPECT_EQ(r.second["error"]["code"], 400);
+  }
+  // What the worker refuses in update_info: 500, and the worker leaves the update (a finish is
+  // then refused, a new start taken).
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"not json", "not a JSON object"},
       {R"({"update_info":[]})", "update_info must be an object"},
       {R"({"update_info":{"names":["a","b"],"dtype_names":["bfloat16"],"shapes":[[1]]}})",
        "different lengths"},
@@ -371,17 +452,22 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
   };
   for (const auto& [body, want] : bad) {
     r = post("/update_weights", body);
-    EXPECT_EQ(r.first, 400) << body;
+    EXPECT_EQ(r.first, 500) << body;
     EXPECT_NE(error(r).find(want), std::string::npos) << body << " -> " << error(r);
-    EXPECT_EQ(r.second["error"]["code"], 400);
+    EXPECT_NE(error(r).find("Worker failed with error"), std::string::npos) << error(r);
+    EXPECT_EQ(r.second["error"]["code"], 500);
+    EXPECT_EQ(post("/finish_weight_update", "{}").first, 500) << "the update ended with " << body;
+    EXPECT_EQ(post("/start_weight_update", "{}").first, 200);
   }
   r = post("/pause?mode=sometimes", "");
+  EXPECT_EQ(r.first, 400);
   EXPECT_NE(error(r).find("not abort, wait or keep"), std::string::npos) << error(r);
   r = post("/finish_weight_update", R"({"weight_version":7})");
+  EXPECT_EQ(r.first, 400);
   EXPECT_NE(error(r).find("weight_version must be a string"), std::string::npos) << error(r);
   EXPECT_EQ(post("/finish_weight_update", "{}").first, 200);
   EXPECT_EQ((*e)->state().weights.size(), 0u);  // refused updates stage nothing
-  // Init fields.
+  // Init fields: parsed by the worker (500); a missing init_info is the router's (400).
   for (const std::string& body :
        {std::string(R"({"init_info":{"master_port":1,"rank_offset":1,"world_size":2}})"),
         std::string(R"({"init_info":{"master_address":"h","master_port":1,"rank_offset":2,)"
@@ -389,9 +475,20 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
         std::string(R"({"init_info":{"master_address":"h","master_port":70000,"rank_offset":1,)"
                     R"("world_size":2}})")}) {
     r = post("/init_weight_transfer_engine", body);
-    EXPECT_EQ(r.first, 400) << body;
+    EXPECT_EQ(r.first, 500) << body;
     EXPECT_NE(error(r).find("init_info"), std::string::npos) << error(r);
   }
+  r = post("/init_weight_transfer_engine", "{}");
+  EXPECT_EQ(r.first, 400);
+  EXPECT_NE(error(r).find("Missing 'init_info'"), std::string::npos) << error(r);
+  // Every POST route answers another method 405, as FastAPI does (a publisher's probe).
+  for (const char* path : {"/init_weight_transfer_engine", "/start_weight_update",
+                           "/update_weights", "/finish_weight_update", "/pause", "/resume"}) {
+    auto g = c.Get(path);
+    ASSERT_TRUE(g) << path;
+    EXPECT_EQ(g->status, 405) << path;
+  }
+  EXPECT_EQ(c.Get("/no_such_route")->status, 404);
   // An older release refuses the packing at init with the message the driver falls back on.
   auto old = VllmEngine::Start({.packing_in_init = false},
                                std::make_unique<WireDataPath>(std::make_shared<Wire>()));
@@ -399,7 +496,7 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
   httplib::Client oc((*old)->url());
   auto refused = oc.Post("/init_weight_transfer_engine", init, "application/json");
   ASSERT_TRUE(refused);
-  EXPECT_EQ(refused->status, 400);
+  EXPECT_EQ(refused->status, 500);  // the worker's ValueError, as vLLM answers it
   EXPECT_NE(refused->body.find("Invalid init_info"), std::string::npos) << refused->body;
 }
 

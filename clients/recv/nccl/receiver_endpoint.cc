@@ -110,11 +110,26 @@ class ReceiverEndpoint::Impl {
     server_.Get("/stats", [this](const Request&, Response& r) {
       r.set_content(StatsJson(receiver_->stats()).dump(), "application/json");
     });
-    for (const char* path : {"/pause_generation", "/flush_cache", "/begin_weight_update",
-                             "/end_weight_update", "/continue_generation"}) {
-      auto ok = [](const Request&, Response& r) { Reply(r, absl::OkStatus(), "ok"); };
+    auto ok = [](const Request&, Response& r) { Reply(r, absl::OkStatus(), "ok"); };
+    for (const char* path : {"/pause_generation", "/begin_weight_update", "/end_weight_update",
+                             "/continue_generation"}) {
       server_.Post(path, ok);
-      server_.Get(path, ok);
+    }
+    server_.Post("/flush_cache", ok);  // SGLang serves it for GET and POST
+    server_.Get("/flush_cache", ok);
+    // What a publisher's probe reads (SGLang's /server_info answers its release as "version"):
+    // this engine stages every bucket under the weight_version its request carries and serves
+    // nothing before the version is announced, so it asks for the version on every bucket.
+    server_.Get("/server_info", [](const Request&, Response& r) {
+      r.set_content(R"({"version": "wpub-recv", "wpub_bucket_versions": true})",
+                    "application/json");
+    });
+    // As FastAPI answers a GET of a POST route: a probe finds each route served.
+    for (const char* path :
+         {"/init_weights_update_group", "/destroy_weights_update_group",
+          "/update_weights_from_distributed", "/update_weight_version", "/pause_generation",
+          "/begin_weight_update", "/end_weight_update", "/continue_generation"}) {
+      recv::AnswerOtherMethods(server_, path);
     }
   }
 
