@@ -53,10 +53,10 @@ ABSL_FLAG(std::string, engine_listen, "",
 ABSL_FLAG(std::string, engine_protocol, "sglang",
           "NCCL data path: the engine protocol --engine_listen serves: sglang (SGLang's "
           "weight-update routes; wpubd --engines=http://host:port) or vllm (vLLM's "
-          "weight-transfer routes and rendezvous, v0.21+; wpubd --engines=vllm+http://host:port).");
+          "weight-transfer routes and rendezvous, v0.22+; wpubd --engines=vllm+http://host:port).");
 ABSL_FLAG(bool, vllm_packing_in_init, true,
-          "--engine_protocol=vllm: take the packing fields in init_info (vLLM v0.26+); false "
-          "behaves as v0.21-v0.25 (refused at init, taken per update).");
+          "--engine_protocol=vllm: take the packing fields in init_info (vLLM v0.28+); false "
+          "behaves as v0.22-v0.27 (refused at init, taken per update).");
 ABSL_FLAG(int32_t, gpu_device, 0, "NCCL data path: the CUDA device to receive on.");
 ABSL_FLAG(std::vector<std::string>, gpu_devices, {},
           "NCCL data path: several CUDA devices, one group rank each (an engine with TP ranks: "

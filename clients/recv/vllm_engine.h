@@ -1,5 +1,5 @@
 // A C++ engine that speaks vLLM's weight-transfer protocol (the dev-mode HTTP routes of `vllm
-// serve --weight-transfer-config '{"backend":"nccl"}'`, v0.21 and later; docs/specs/engines.md,
+// serve --weight-transfer-config '{"backend":"nccl"}'`, v0.22 and later; docs/specs/engines.md,
 // "vLLM"): what wpub-recv --engine_listen --engine_protocol=vllm serves, and what the CPU tests
 // of the vLLM driver publish to. It keeps the engine's side of the protocol -- the routes, their
 // bodies, their order and the weights an engine holds after each of them -- and leaves the bytes
@@ -17,7 +17,7 @@
 // A finish after an update that received nothing keeps the previous weights; one after a partial
 // update applies what arrived (the engine then holds a mix, reported by state().mixed), which is
 // why a publisher must never resume such an engine. With VllmEngineOptions::packing_in_init
-// false the engine behaves as v0.21-v0.25: init refuses the packing fields (HTTP 400 "Invalid
+// false the engine behaves as v0.22-v0.27: init refuses the packing fields (HTTP 400 "Invalid
 // init_info") and each update carries them (packed false or absent: one broadcast per tensor).
 // Failures answer vLLM's error shape, HTTP 4xx/5xx {"error": {"message", "type", "code"}};
 // successes 200 {"message": ...}. Also: GET /health, GET /weight_info {"weight_version"}.
@@ -97,7 +97,7 @@ class VllmDataPath {
 struct VllmEngineOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: an ephemeral port (port() says which)
-  // true: v0.26+ (packing fields in init_info). false: v0.21-v0.25 (packing per update).
+  // true: v0.28+ (packing fields in init_info). false: v0.22-v0.27 (packing per update).
   bool packing_in_init = true;
 };
 

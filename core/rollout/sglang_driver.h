@@ -119,11 +119,13 @@ class SglangDriver final : public EngineDriver {
   // Queues version, end, continue.
   void EndPublication() override;
   // After an aborted publication: drops the requests not yet sent and ends the publication
-  // (later PostBucket/EndPublication calls are ignored), then queues continue for every
-  // engine that is clean: sent no bucket request of this publication and not in `dirty`
-  // (engine URLs left dirty by earlier aborts, which the caller keeps across groups). Returns,
-  // per engine, whether it is dirty now: those stay paused. No-op returning `dirty`'s verdicts
-  // after EndPublication or a first call. Thread-safe against the publication thread's calls.
+  // (later PostBucket/EndPublication calls are ignored), queues end_weight_update for every
+  // engine that was asked to begin (dirty ones too: SGLang kills itself at the next begin on a
+  // session left open), then continue for every engine that is clean: sent no bucket request of
+  // this publication and not in `dirty` (engine URLs left dirty by earlier aborts, which the caller
+  // keeps across groups). Returns, per engine, whether it is dirty now: those stay paused. No-op
+  // returning `dirty`'s verdicts after EndPublication or a first call. Thread-safe against the
+  // publication thread's calls.
   std::vector<bool> ResumeAfterAbort(const std::set<std::string>& dirty = {}) override;
   // Drops the requests not yet sent, then queues destroy_weights_update_group.
   void Leave() override;

@@ -148,7 +148,7 @@ void VllmDriver::StartJoin() {
         std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/false));
     r.fallback_when = "Invalid init_info";
     r.on_404 =
-        "no /init_weight_transfer_engine: start vLLM (v0.21 or later) with "
+        "no /init_weight_transfer_engine: start vLLM (v0.22 or later) with "
         "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\":\"nccl\"}'";
     workers_[i]->Post(std::move(r));
   }
@@ -166,11 +166,11 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   if (!options_.pause_mode.empty()) {
     PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "");
   }
-  // v0.21 to v0.24 parse a JSON body here; later releases read none.
+  // the first four-phase releases parse a JSON body here; later ones read none.
   PostAll(kStart, "{}", [](EngineRequest& r) {
     r.opens = true;  // an abort then finishes the update (ResumeAfterAbort)
     r.on_404 =
-        "this vLLM has no /start_weight_update (a release before v0.21); wpub needs v0.21 or "
+        "this vLLM has no /start_weight_update (a release before v0.22); wpub needs v0.22 or "
         "later";
   });
 }

@@ -2,16 +2,16 @@
 // weight-transfer API with the NCCL backend (`vllm serve ... --weight-transfer-config
 // '{"backend":"nccl"}'` with VLLM_SERVER_DEV_MODE=1; docs/specs/engines.md, "vLLM").
 //
-// Supported releases: v0.21 and later (the four-phase lifecycle). The join is
+// Supported releases: v0.22 and later (the four-phase lifecycle). The join is
 // `/init_weight_transfer_engine` {"init_info": {master_address, master_port, rank_offset,
 // world_size, packed, packed_buffer_size_bytes, packed_num_buffers}}; a release that takes the
-// packing parameters per update instead (v0.21 to v0.25: its init answers HTTP 400 naming
-// init_info) is asked again without them, and its update requests carry them. Per publication:
+// packing parameters per update instead (v0.22 to v0.27: its init answers HTTP 500, or 400,
+// naming init_info) is asked again without them, and its update requests carry them. Per publication:
 // `/pause?mode=<pause_mode>`, `/start_weight_update` {}, one `/update_weights` {"update_info":
 // {names, dtype_names, shapes}} per bucket, `/finish_weight_update` {"weight_version"},
 // `/resume`. A bucket is broadcast as vLLM's packed chunks (BroadcastChunks): its tensors lie back
 // to back without padding in the bucket (the planner's layout), and vLLM closes a chunk after the
-// tensor that takes it past packed_buffer_size_bytes. Releases before v0.21 (no
+// tensor that takes it past packed_buffer_size_bytes. Releases before v0.22 (no
 // `/start_weight_update`) and engines without dev mode (no `/init_weight_transfer_engine`) are
 // refused with an error naming the engine and the route.
 //

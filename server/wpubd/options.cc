@@ -96,7 +96,7 @@ ABSL_FLAG(bool, gpu_path, false,
           "without --engines: a trainer connects engines later with ConnectEngines.");
 ABSL_FLAG(std::string, engines, "",
           "GPU path: engines to publish to over NCCL, \"http://host:port=gpus,...\" (SGLang) or "
-          "\"vllm+http://host:port=gpus,...\" (vLLM v0.21+, its weight-transfer API; one kind per "
+          "\"vllm+http://host:port=gpus,...\" (vLLM v0.22+, its weight-transfer API; one kind per "
           "group) (implies --gpu_path; ConnectEngines replaces them).");
 ABSL_FLAG(int32_t, gpu_device, 0, "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
 ABSL_FLAG(std::string, nccl_group, "wpub_weights",

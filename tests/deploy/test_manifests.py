@@ -1075,8 +1075,8 @@ class SystemdTest(unittest.TestCase):
 
 class DockerfileTest(unittest.TestCase):
 
-    def instructions(self):
-        with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+    def instructions(self, name="Dockerfile"):
+        with open(os.path.join(DEPLOY, name)) as f:
             text = re.sub(r"\\\n", " ", f.read())
         out = []
         for line in text.splitlines():
@@ -1085,6 +1085,21 @@ class DockerfileTest(unittest.TestCase):
                 word, _, rest = line.partition(" ")
                 out.append((word.upper(), rest.strip()))
         return out
+
+    def test_nccl_overlay_puts_the_engines_nccl_first(self):
+        # Dockerfile.nccl: the engine image's libnccl.so.2 beside wpubd, first on the linker's
+        # path; nothing run, the wpubd image's user and entrypoint kept.
+        ins = self.instructions("Dockerfile.nccl")
+        self.assertEqual({w for w, _ in ins}, {"ARG", "FROM", "COPY", "ENV"})
+        froms = [r for w, r in ins if w == "FROM"]
+        self.assertEqual(froms, ["${ENGINE_IMAGE} AS engine", "${WPUBD_IMAGE}"])
+        copies = [r.split() for w, r in ins if w == "COPY"]
+        self.assertEqual(len(copies), 1)
+        self.assertEqual(copies[0][0], "--from=engine")
+        self.assertTrue(copies[0][1].endswith("/libnccl.so.2"), copies)
+        dest = os.path.dirname(copies[0][2])
+        self.assertIn(f"LD_LIBRARY_PATH={dest}", [r for w, r in ins if w == "ENV"])
+        self.assertFalse([r for w, r in ins if w == "USER"])
 
     def test_stages(self):
         ins = self.instructions()

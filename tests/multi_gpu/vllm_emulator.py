@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A vLLM engine stand-in for wpub's GPU tests, written from vLLM's weight-transfer protocol
-(v0.21 and later, NCCL backend; docs/specs/engines.md, "vLLM"), one GPU per engine.
+(v0.22 and later, NCCL backend; docs/specs/engines.md, "vLLM"), one GPU per engine.
 
 HTTP (Python's http.server): GET /health, /version, /get_world_size, /weight_info, /stats; POST
 /init_weight_transfer_engine, /pause, /resume, /start_weight_update, /update_weights,
@@ -231,7 +231,7 @@ class Engine:
                 if path == "/health":
                     return 200, {}
                 if path == "/version":
-                    return 200, {"version": "0.26.0-wpub-emulator" if self.args.release == "main"
+                    return 200, {"version": "0.28.0-wpub-emulator" if self.args.release == "main"
                                  else "0.25.1-wpub-emulator"}
                 if path == "/get_world_size":
                     return 200, {"world_size": 1}

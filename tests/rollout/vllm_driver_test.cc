@@ -1,4 +1,4 @@
-// vLLM driver tests against httplib servers that play vLLM's weight-transfer routes (v0.21+,
+// vLLM driver tests against httplib servers that play vLLM's weight-transfer routes (v0.22+,
 // both packing placements): the engine list syntax (vllm+http://), every route, body and order of
 // a publication, the init retried without packing fields for releases that take them per update,
 // the packed chunk rule, the pickled unique id, refusals (404 on an old or non-dev-mode vLLM, an
@@ -240,7 +240,7 @@ TEST(VllmDriver, UnsupportedEnginesAreClearErrorsNamingThem) {
     (*d)->BeginPublication(1, true);
     (*d)->PostBucket(Bucket(0));
     absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));
-    EXPECT_NE(s.message().find("before v0.21"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("before v0.22"), std::string::npos) << s;
     EXPECT_TRUE((*d)->any_failed());
     // A failed engine gets nothing more of the publication: no update after the refusal.
     for (const std::string& c : old.calls()) EXPECT_NE(c, "/update_weights");

@@ -129,7 +129,7 @@ TestBucket MakeBucket(uint32_t index, int layer, uint32_t seed) {
 
 class Harness {
  public:
-  // One engine per placement: v0.26+ (packing at init) and v0.21-v0.25 (packing per update).
+  // One engine per placement: v0.28+ (packing at init) and v0.22-v0.27 (packing per update).
   explicit Harness(std::vector<bool> packing_in_init) {
     for (const bool at_init : packing_in_init) {
       auto wire = std::make_shared<Wire>();

@@ -268,7 +268,7 @@ class Publisher:
         engines: in rank order, each "http://host:port" (1 GPU), "http://host:port=gpus" (as
         wpubd --engines takes them), ("http://host:port", gpus) or
         {"url": ..., "gpus": ..., "kind": "sglang" | "vllm"}; a "vllm+http://host:port" URL is a
-        vLLM engine (its native weight-transfer API, v0.21 or later). One group holds one kind. group_name: base group name (default: the daemon's
+        vLLM engine (its native weight-transfer API, v0.22 or later). One group holds one kind. group_name: base group name (default: the daemon's
         --nccl_group). timeout: seconds the engines have to answer their health probe and join
         (default: the daemon's --engine_deadline); the RPC waits 30 s longer.
 
