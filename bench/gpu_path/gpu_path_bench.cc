@@ -49,6 +49,7 @@
 #include "core/engine/testing/inproc_receiver.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/nccl/nccl_comm.h"
+#include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/rollout_group.h"
 #include "core/rollout/sglang_driver.h"
@@ -303,7 +304,8 @@ int Main(int argc, char** argv) {
   // The C++ engine's own account of the row's last publication (sums over its buckets) and the
   // publisher's broadcasts as its comm stream timed them.
   auto engine_side = [&](json* row, const rollout::RolloutGroup& group) {
-    const nccl::NcclTransport::BroadcastTiming bt = group.nccl().last_broadcast_timing();
+    const nccl::NcclTransport::BroadcastTiming bt =
+        dynamic_cast<const nccl::NcclTransport&>(group.channel()).last_broadcast_timing();
     double busy = 0, idle = 0, busy_max = 0;
     for (double x : bt.busy) busy += x, busy_max = std::max(busy_max, x);
     for (double x : bt.idle) idle += x;

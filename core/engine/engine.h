@@ -71,7 +71,7 @@ struct EngineOptions {
 struct EngineEndpoint {
   std::string url;  // "http://host:port" or "https://host:port"
   int gpus = 1;
-  std::string family;  // "sglang" | "vllm"; empty: sglang
+  std::string family = "";  // "sglang" | "vllm"; empty: sglang
 };
 
 struct EngineConnectRequest {

@@ -7,6 +7,7 @@
 #include "core/common/status.h"
 #include "core/gpu/host_syncs.h"
 #include "core/gpu/streams.h"
+#include "core/nccl/nccl_version.h"
 
 namespace wpub::nccl {
 
@@ -30,6 +31,24 @@ NcclTransport::~NcclTransport() {
   Attach(nullptr);  // ncclCommAbort: terminates anything still on the comm stream
   if (comm_stream_.get() != nullptr) (void)comm_stream_.Synchronize();
 }
+
+absl::StatusOr<rollout::GroupId> NcclTransport::NewId() { return NewUniqueId(); }
+
+absl::Status NcclTransport::Open(int world_size, const rollout::GroupId& id,
+                                 std::function<std::string(int rank)> rank_name) {
+  NcclCommOptions co;
+  co.device = options_.device;
+  co.nranks = world_size;
+  co.rank = 0;
+  co.id = id;
+  co.ctas = options_.ctas;
+  co.rank_name = std::move(rank_name);
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(co));
+  Attach(std::move(comm));
+  return absl::OkStatus();
+}
+
+std::string NcclTransport::Describe() const { return absl::StrCat("NCCL ", LoadedNccl()); }
 
 void NcclTransport::Attach(std::unique_ptr<NcclComm> comm) {
   std::unique_ptr<NcclComm> old;

@@ -31,6 +31,7 @@
 #include "absl/types/span.h"
 #include "core/engine/bucket.h"
 #include "core/nccl/nccl_comm.h"
+#include "core/rollout/group_channel.h"
 #include "kernels/cuda/cuda_raii.h"
 
 namespace wpub::nccl {
@@ -38,21 +39,13 @@ namespace wpub::nccl {
 struct NcclTransportOptions {
   int device = 0;
   absl::Duration watchdog_interval = absl::Milliseconds(2);
+  // NcclCommOptions::ctas of every communicator Open makes (0: NCCL's choice).
+  int ctas = 0;
 };
 
-// What one publication's watchdog watches besides the communicator.
-struct PublicationWatch {
-  absl::Time deadline = absl::InfiniteFuture();
-  std::string deadline_message;  // the failure's message when the deadline passes
-  // Polled by the watchdog: a non-OK status (a peer failed, e.g. an engine's HTTP answer) fails
-  // the publication with it. May be null.
-  std::function<absl::Status()> peer_failure;
-  // Appended to the error when the communicator does not become ready before the first
-  // broadcast (e.g. the rendezvous keys peers asked for). May be null.
-  std::function<std::string()> not_ready_detail;
-};
+using rollout::PublicationWatch;  // core/rollout/group_channel.h
 
-class NcclTransport {
+class NcclTransport final : public rollout::GroupChannel {
  public:
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const NcclTransportOptions& options);
   // Stops the watchdog, aborts the communicator, waits for the comm stream.
@@ -60,35 +53,43 @@ class NcclTransport {
   NcclTransport(const NcclTransport&) = delete;
   NcclTransport& operator=(const NcclTransport&) = delete;
 
+  // GroupChannel: ncclGetUniqueId; a nonblocking communicator as rank 0 on options.device with
+  // options.ctas (its errors name ranks with `rank_name`); Attach(nullptr); the loaded NCCL.
+  absl::StatusOr<rollout::GroupId> NewId() override;
+  absl::Status Open(int world_size, const rollout::GroupId& id,
+                    std::function<std::string(int rank)> rank_name) override;
+  void Close() override { Attach(nullptr); }
+  std::string Describe() const override;
+
   // Installs the communicator of a newly formed group (null: none); the previous one is aborted
   // and destroyed first.
   void Attach(std::unique_ptr<NcclComm> comm);
   // A communicator is installed and was not aborted.
-  bool usable() const;
+  bool usable() const override;
 
   // Starts a publication: forgets the previous one's failure and starts the watchdog.
-  void Begin(PublicationWatch watch);
+  void Begin(PublicationWatch watch) override;
   // One bucket from rank 0 (see the file comment); waits for the communicator to be ready
   // before the first one, bounded by the deadline. ABORTED with the failure on any error (the
   // communicator is then aborted).
   // `chunks`: the byte sizes of the broadcasts the bucket is sent as, in order, summing to its
   // size (vLLM's packed chunks); empty: one broadcast of the whole bucket. INVALID_ARGUMENT
   // when they do not add up.
-  absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks = {});
+  absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) override;
   // vLLM's communicators run a one-element float32 sum all-reduce right after init, and every
   // rank must match it before the first broadcast: waits (bounded by `deadline`) for the
   // communicator to become ready, runs that all-reduce and waits for it on the device (polled).
   // ABORTED / DEADLINE_EXCEEDED on failure (the communicator is then aborted).
-  absl::Status WarmUp(absl::Time deadline);
+  absl::Status WarmUp(absl::Time deadline) override;
   // Blocks until rank 0's side of every broadcast of the publication completed (polled: no
   // blocking device wait), the publication failed, or min(deadline, its deadline) passed.
-  absl::Status WaitSent(absl::Time deadline);
+  absl::Status WaitSent(absl::Time deadline) override;
   // Ends the publication: stops the watchdog. Idempotent.
-  void End();
+  void End() override;
 
   // Records the first failure of the publication and aborts the communicator. Any thread.
-  void Fail(absl::Status why);
-  absl::Status failure() const;
+  void Fail(absl::Status why) override;
+  absl::Status failure() const override;
 
   cudaStream_t comm_stream() const { return comm_stream_.get(); }
 

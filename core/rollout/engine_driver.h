@@ -190,9 +190,9 @@ struct RouteAnswer {
   std::string body;   // bounded as every engine answer
   std::string error;  // the transport error when there was no answer
 };
-// GETs each of `paths` on `engine`, one after another over one connection, each within
-// `timeout`; stops at the first that gets no answer (the rest get none either). A FastAPI server
-// answers 405 for a route it serves for another method and 404 for one it lacks.
+// GETs each of `paths` on `engine`, one after another over one connection, all of them within
+// `timeout`; stops at the first that gets no answer in the time left (the rest get none either). A
+// FastAPI server answers 405 for a route it serves for another method and 404 for one it lacks.
 std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
                                      const std::vector<std::string>& paths, absl::Duration timeout);
 

@@ -53,12 +53,24 @@ std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
                                      absl::Duration timeout) {
   std::vector<RouteAnswer> out(paths.size());
   httplib::Client c(engine.url);
-  const int64_t us = absl::ToInt64Microseconds(timeout);
-  c.set_connection_timeout(us / 1000000, us % 1000000);
-  c.set_read_timeout(us / 1000000, us % 1000000);
+  const auto us = [](absl::Duration d) {
+    return std::max<int64_t>(1, absl::ToInt64Microseconds(d));
+  };
+  c.set_connection_timeout(us(timeout) / 1000000, us(timeout) % 1000000);
   c.set_keep_alive(true);
   if (!engine.auth_token.empty()) c.set_bearer_token_auth(engine.auth_token);
+  // One budget for the whole probe: an engine that answers slowly cannot hold a join for
+  // `timeout` per route.
+  const absl::Time deadline = absl::Now() + timeout;
   for (size_t i = 0; i < paths.size(); ++i) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      for (size_t k = i; k < paths.size(); ++k) {
+        out[k].error = absl::StrCat("the probe took longer than ", absl::FormatDuration(timeout));
+      }
+      break;
+    }
+    c.set_read_timeout(us(left) / 1000000, us(left) % 1000000);
     httplib::Result r = c.Get(paths[i]);
     if (!r) {
       for (size_t k = i; k < paths.size(); ++k) out[k].error = httplib::to_string(r.error());

@@ -8,11 +8,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
-#include "core/nccl/nccl_version.h"
 #include "spdlog/spdlog.h"
 
 namespace wpub::rollout {
 namespace {
+
+// How long an abort waits for the engines to take its closing calls and resumes.
+constexpr absl::Duration kAbortSettle = absl::Seconds(5);
 
 engine::ReceiverFailure Classify(const std::string& error) {
   if (error.find("imed out") != std::string::npos || error.find("eadline") != std::string::npos ||
@@ -43,8 +45,8 @@ std::string NewIncarnation() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
-    const RolloutGroupOptions& options) {
-  WPUB_RETURN_IF_ERROR(nccl::CheckCtas(options.nccl_ctas, "rollout group: nccl_ctas"));
+    const RolloutGroupOptions& options, std::unique_ptr<GroupChannel> channel) {
+  if (channel == nullptr) return absl::InvalidArgumentError("rollout group: no channel");
   if (!options.engines.empty()) {
     // The initial set obeys the same rules as a ConnectEngines request.
     engine::EngineConnectRequest r;
@@ -67,10 +69,7 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
     WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(options.engines));
   }
   WPUB_ASSIGN_OR_RETURN(g->store_, rendezvous::TcpStoreServer::Create(options.store));
-  nccl::NcclTransportOptions no;
-  no.device = options.device;
-  no.watchdog_interval = options.watchdog_interval;
-  WPUB_ASSIGN_OR_RETURN(g->nccl_, nccl::NcclTransport::Create(no));
+  g->channel_ = std::move(channel);
   {
     std::lock_guard lock(g->connect_mu_);
     g->PublishInfo();
@@ -87,9 +86,9 @@ RolloutGroup::RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const En
       incarnation_(NewIncarnation()) {}
 
 RolloutGroup::~RolloutGroup() {
-  if (nccl_) {  // null when Create failed before making it
-    nccl_->End();
-    nccl_->Attach(nullptr);  // terminates anything still on the comm stream
+  if (channel_) {  // null when Create failed before taking it
+    channel_->End();
+    channel_->Close();  // NCCL: terminates anything still on the comm stream
   }
   driver_.reset();
 }
@@ -99,7 +98,7 @@ void RolloutGroup::TearDownGroup() {
     driver_->Leave();  // best effort: engines drop the old group (they key groups by name)
     (void)driver_->WaitIdle(absl::Now() + absl::Seconds(5));
   }
-  nccl_->Attach(nullptr);  // ncclCommAbort
+  channel_->Close();  // NCCL: ncclCommAbort
   driver_.reset();
   formed_ = false;
 }
@@ -196,7 +195,7 @@ absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
 
 absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::string& base_group,
                                 absl::Duration timeout, bool strict) {
-  nccl_->End();
+  channel_->End();
   TearDownGroup();
   PublishInfo();
   WPUB_ASSIGN_OR_RETURN(family_, FamilyOf(want));
@@ -242,7 +241,7 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   address.group_name = absl::StrCat(base_group, "_", incarnation_, "_", generation);
   // Everything that may fail before an engine is asked to join comes first, so a failure here
   // leaves no group behind.
-  WPUB_ASSIGN_OR_RETURN(nccl::UniqueId id, nccl::NewUniqueId());
+  WPUB_ASSIGN_OR_RETURN(const GroupId id, channel_->NewId());
   if (std::optional<std::vector<EngineFamily::StoreEntry>> entries =
           family_->UniqueIdEntries(absl::MakeConstSpan(id))) {
     for (const auto& [key, value] : *entries) {
@@ -255,32 +254,25 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
     }
   }
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<EngineDriver> driver, family_->CreateDriver(address));
-  nccl::NcclCommOptions co;
-  co.device = options_.device;
-  co.nranks = driver->layout().world_size;
-  co.rank = 0;
-  co.id = id;
-  co.ctas = options_.nccl_ctas;
-  // NCCL's errors name ranks; a version mismatch is reported with the engine that holds the rank.
-  co.rank_name = [layout = driver->layout(), engines = alive](int rank) -> std::string {
+  // Errors name ranks; a version mismatch is reported with the engine that holds the rank.
+  auto rank_name = [layout = driver->layout(), engines = alive](int rank) -> std::string {
     if (rank == 0) return "wpubd";
     for (size_t i = engines.size(); i-- > 0;) {
       if (rank >= layout.rank_offsets[i]) return absl::StrCat("engine ", engines[i].url);
     }
     return "";
   };
-  spdlog::info("weight-update group {}: {} {} engine(s), world size {}, wpubd's NCCL {}",
+  spdlog::info("weight-update group {}: {} {} engine(s), world size {}, wpubd's {}",
                address.group_name, alive.size(), family_->name(), driver->layout().world_size,
-               nccl::LoadedNccl());
-  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<nccl::NcclComm> comm, nccl::NcclComm::Create(co));
+               channel_->Describe());
+  WPUB_RETURN_IF_ERROR(channel_->Open(driver->layout().world_size, id, std::move(rank_name)));
   driver_ = std::move(driver);
-  nccl_->Attach(std::move(comm));
   driver_->StartJoin();
   const absl::Time join_deadline = absl::Now() + timeout;
   absl::Status warm = absl::OkStatus();
   if (family_->warmup_all_reduce()) {
     // The engines answer their join only after the all-reduce every rank runs after init.
-    warm = nccl_->WarmUp(join_deadline);
+    warm = channel_->WarmUp(join_deadline);
     if (!warm.ok() && driver_->any_failed()) warm = driver_->WaitIdle(absl::Now());
   }
   if (absl::Status s = warm.ok() ? driver_->WaitIdle(join_deadline) : warm; !s.ok()) {
@@ -330,7 +322,7 @@ absl::Status RolloutGroup::Disconnect() {
         "publication ", version_, " is in flight on the rollout group; disconnect after it ends"));
   }
   if (engines_.empty() && !driver_) return absl::OkStatus();
-  nccl_->End();
+  channel_->End();
   TearDownGroup();
   engines_.clear();
   PublishInfo();
@@ -346,7 +338,7 @@ engine::EngineGroupInfo RolloutGroup::Group() const {
     dirty = dirty_;
   }
   // Live state: a failure or an abort since the snapshot marks the group down.
-  g.healthy = g.healthy && formed_ && nccl_->usable();
+  g.healthy = g.healthy && formed_ && channel_->usable();
   for (engine::ConnectedEngine& e : g.engines) {
     if (e.state == engine::ReceiverState::kLeft) continue;
     e.state = !g.healthy   ? engine::ReceiverState::kFailed
@@ -385,7 +377,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
     return absl::FailedPreconditionError(
         absl::StrCat("rollout group: publication ", version_, " is in flight"));
   }
-  nccl_->End();  // a watchdog left running by an abort from another thread
+  channel_->End();  // a watchdog left running by an abort from another thread
   if (engines_.empty()) {
     // No engines connected (yet, or after a failed ConnectEngines): no participants here; the
     // publication reaches the other transports' receivers only.
@@ -394,7 +386,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
     in_flight_ = true;
     return std::vector<std::string>{};
   }
-  if (!formed_ || !nccl_->usable()) {
+  if (!formed_ || !channel_->usable()) {
     // Re-formation after a failure: the engines that pass their health check.
     absl::Status s = Form(engines_, base_group_, options_.join_timeout, /*strict=*/false);
     PublishInfo();
@@ -403,7 +395,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
   version_ = m.version;
   in_flight_ = true;
   publication_deadline_ = absl::Now() + options_.publication_deadline;
-  nccl::PublicationWatch watch;
+  PublicationWatch watch;
   watch.deadline = publication_deadline_;
   watch.deadline_message = absl::StrCat(
       "publication ", m.version, " did not reach every engine within ",
@@ -414,7 +406,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
     return absl::StrCat("keys engines asked the store for: ",
                         absl::StrJoin(store_->RecentlyAwaitedKeys(), ", "));
   };
-  nccl_->Begin(std::move(watch));
+  channel_->Begin(std::move(watch));
   driver_->BeginPublication(m.version, m.engine_lifecycle);
   resume_pending_ = true;
   std::vector<std::string> names;
@@ -425,11 +417,11 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
 absl::Status RolloutGroup::Send(std::shared_ptr<const engine::Bucket> bucket) {
   if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
   if (!driver_) return absl::OkStatus();  // no engines: no participants
-  WPUB_RETURN_IF_ERROR(nccl_->failure());
+  WPUB_RETURN_IF_ERROR(channel_->failure());
   // The engine posts its receive inside this request's handler: issue it first.
   driver_->PostBucket(bucket->manifest);
   const std::vector<uint64_t> chunks = driver_->BroadcastChunks(bucket->manifest);
-  return nccl_->Send(*bucket, chunks);
+  return channel_->Send(*bucket, chunks);
 }
 
 absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {
@@ -438,29 +430,29 @@ absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {
   const absl::Time d = std::min(deadline, publication_deadline_);
   // The engines answer their bucket requests once their receives completed.
   for (;;) {
-    WPUB_RETURN_IF_ERROR(nccl_->failure());
+    WPUB_RETURN_IF_ERROR(channel_->failure());
     const absl::Time step = std::min(d, absl::Now() + absl::Milliseconds(20));
     absl::Status s = driver_->WaitIdle(step);
     if (s.ok()) break;
     if (!absl::IsDeadlineExceeded(s) || absl::Now() >= d) {
-      nccl_->Fail(absl::IsDeadlineExceeded(s) ? absl::DeadlineExceededError(absl::StrCat(
-                                                    "publication ", version_, ": ", s.message()))
-                                              : s);
-      return nccl_->failure();
+      channel_->Fail(absl::IsDeadlineExceeded(s) ? absl::DeadlineExceededError(absl::StrCat(
+                                                       "publication ", version_, ": ", s.message()))
+                                                 : s);
+      return channel_->failure();
     }
   }
   // And rank 0's side of every broadcast is complete.
-  return nccl_->WaitSent(d);
+  return channel_->WaitSent(d);
 }
 
 absl::Status RolloutGroup::Commit() {
   if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
-  nccl_->End();
+  channel_->End();
   if (!driver_) {  // no engines
     in_flight_ = false;
     return absl::OkStatus();
   }
-  WPUB_RETURN_IF_ERROR(nccl_->failure());
+  WPUB_RETURN_IF_ERROR(channel_->failure());
   driver_->EndPublication();
   resume_pending_ = false;
   absl::Status s = driver_->WaitIdle(absl::Now() + family_->request_timeout());
@@ -488,7 +480,8 @@ void RolloutGroup::Abort(absl::string_view reason) {
   // next publication of this empty group -- the other family's in a mixed deployment -- with
   // this one's reason.
   if (driver_) {
-    nccl_->Fail(absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
+    channel_->Fail(
+        absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
   }
   ResumeCleanEngines();
   in_flight_ = false;
@@ -505,6 +498,11 @@ void RolloutGroup::ResumeCleanEngines() {
     still_dirty = dirty_;
   }
   const std::vector<bool> dirty = driver_->ResumeAfterAbort(still_dirty);
+  // The calls that close what the publication opened (SGLang's end, vLLM's finish) and the
+  // resumes are delivered before the abort is reported and before the next publication can
+  // begin (connect_mu_ is held): an engine is never left with a session open behind a report
+  // that says the publication is over. Bounded: a hung engine costs at most kAbortSettle.
+  (void)driver_->WaitIdle(absl::Now() + kAbortSettle);
   const std::vector<EngineSpec>& engines = driver_->engines();
   std::lock_guard lock(info_mu_);
   for (size_t i = 0; i < dirty.size() && i < engines.size(); ++i) {
@@ -524,7 +522,7 @@ std::vector<std::string> RolloutGroup::dirty_engines() const {
 
 std::vector<engine::ReceiverOutcome> RolloutGroup::Outcomes() const {
   if (!driver_) return {};
-  const absl::Status f = nccl_->failure();
+  const absl::Status f = channel_->failure();
   const std::vector<EngineOutcome> outcomes = driver_->outcomes();
   bool any_engine_failed = false;
   for (const EngineOutcome& o : outcomes) any_engine_failed |= o.failed;

@@ -1,16 +1,18 @@
 // The rollout engines of the GPU path as one weight-update group: the engine::Transport the
 // engine drives for them and the engine::EngineConnector behind ConnectEngines. wpubd is rank 0:
-// the group serves the TCPStore rendezvous (core/rendezvous), puts the ncclUniqueId under the
-// keys torch.distributed reads, starts its nonblocking communicator and hands it to its NCCL
-// transport (core/nccl/nccl_transport.h: the bytes), and asks every engine to join through the
-// engine family's driver (engine_driver.h: the HTTP side; SGLang's by default). Per bucket it
-// posts the engine's update request, then hands the bucket to the NCCL transport.
+// the group serves the TCPStore rendezvous (core/rendezvous), puts the group id (NCCL's unique
+// id) under the keys torch.distributed reads, opens rank 0 on its channel (group_channel.h: the
+// bytes; NCCL's in production, core/nccl/nccl_transport.h), probes every engine for what its
+// release serves (EngineFamily::Profile) and asks every engine to join through the engine
+// family's driver (engine_driver.h: the HTTP side; SGLang's by default). Per bucket it posts the
+// engine's update request, then hands the bucket to the channel. No CUDA here: CPU tests run
+// the group over a channel of their own against engine fakes.
 //
-// Failure handling: while a publication is in flight the NCCL transport's watchdog polls the
-// communicator's async error, the driver's outcomes (this group's peer check) and the
-// publication deadline; on any failure it aborts the communicator and the publication fails
-// with ABORTED naming the engines. The next Begin re-forms the group with the engines that pass
-// their health check (a new group name generation, a new unique id), so wpubd keeps serving
+// Failure handling: while a publication is in flight the channel's watchdog polls its own
+// health (NCCL: the communicator's async error), the driver's outcomes (this group's peer
+// check) and the publication deadline; on any failure it aborts the group and the publication
+// fails with ABORTED naming the engines. The next Begin re-forms the group with the engines that
+// pass their health check (a new group name generation, a new unique id), so wpubd keeps serving
 // after a dead engine.
 //
 // Engine set: the initial set comes from the options (may be empty: a daemon started without
@@ -34,8 +36,6 @@
 // thread).
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <atomic>
 #include <map>
 #include <memory>
@@ -49,10 +49,10 @@
 #include "absl/time/time.h"
 #include "core/engine/engine.h"
 #include "core/engine/transport.h"
-#include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/engine_driver.h"
 #include "core/rollout/family_router.h"
+#include "core/rollout/group_channel.h"
 #include "core/rollout/sglang_driver.h"
 #include "core/rollout/vllm_driver.h"
 
@@ -96,9 +96,15 @@ struct RolloutGroupOptions {
 
 class RolloutGroup final : public engine::Transport, public FamilyConnector {
  public:
-  // Starts the TCPStore server and the NCCL transport; forms no group yet (the first Begin or
-  // Connect does). INVALID_ARGUMENT for an initial engine set ConnectEngines would refuse, an
-  // empty group name or no unique-id key template.
+  // Starts the TCPStore server and takes `channel` for the bytes; forms no group yet (the first
+  // Begin or Connect does). INVALID_ARGUMENT for an initial engine set ConnectEngines would
+  // refuse, an empty group name, no unique-id key template or no channel. (options.device and
+  // options.nccl_ctas are the NCCL channel's, which the one-argument Create makes.)
+  static absl::StatusOr<std::unique_ptr<RolloutGroup>> Create(
+      const RolloutGroupOptions& options, std::unique_ptr<GroupChannel> channel);
+  // The same over NCCL: an nccl::NcclTransport on options.device with options.nccl_ctas
+  // (INVALID_ARGUMENT outside [0, 64], before any device call). Defined in the NCCL build only
+  // (wpub::rollout_group: rollout_group_nccl.cc).
   static absl::StatusOr<std::unique_ptr<RolloutGroup>> Create(const RolloutGroupOptions& options);
   ~RolloutGroup() override;
 
@@ -137,8 +143,8 @@ class RolloutGroup final : public engine::Transport, public FamilyConnector {
 
   // Engines left paused by an aborted publication (see the file comment).
   std::vector<std::string> dirty_engines() const;
-  // The bytes' side (broadcast timings, the comm stream).
-  const nccl::NcclTransport& nccl() const { return *nccl_; }
+  // The bytes' side (NCCL's: nccl::NcclTransport, for its broadcast timings).
+  const GroupChannel& channel() const { return *channel_; }
 
  private:
   RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const EngineFamily> family);
@@ -175,7 +181,7 @@ class RolloutGroup final : public engine::Transport, public FamilyConnector {
   std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
   std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
-  std::unique_ptr<nccl::NcclTransport> nccl_;
+  std::unique_ptr<GroupChannel> channel_;
 
   // Group state (publication thread, or a Connect under connect_mu_).
   std::unique_ptr<EngineDriver> driver_;

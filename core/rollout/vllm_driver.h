@@ -6,7 +6,8 @@
 // `/init_weight_transfer_engine` {"init_info": {master_address, master_port, rank_offset,
 // world_size, packed, packed_buffer_size_bytes, packed_num_buffers}}; a release that takes the
 // packing parameters per update instead (v0.22 to v0.27: its init answers HTTP 500, or 400,
-// naming init_info) is asked again without them, and its update requests carry them. Per publication:
+// naming init_info) is asked again without them, and its update requests carry them. Per
+// publication:
 // `/pause?mode=<pause_mode>`, `/start_weight_update` {}, one `/update_weights` {"update_info":
 // {names, dtype_names, shapes}} per bucket, `/finish_weight_update` {"weight_version"},
 // `/resume`. A bucket is broadcast as vLLM's packed chunks (BroadcastChunks): its tensors lie back

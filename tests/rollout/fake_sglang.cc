@@ -86,14 +86,22 @@ void FakeSglang::SetModel(size_t tensors, const std::string& version) {
   for (size_t i = 0; i < tensors; ++i) weights_[Name(i)] = version;
 }
 
-void FakeSglang::FailNextUpdate() {
+void FakeSglang::FailNextUpdate() { FailUpdateAt(0); }
+
+void FakeSglang::FailUpdateAt(int k) {
   std::lock_guard lock(mu_);
-  fail_next_ = true;
+  fail_in_ = k;
 }
 
 void FakeSglang::ClearFailure() {
   std::lock_guard lock(mu_);
-  fail_next_ = false;
+  fail_in_ = -1;
+}
+
+void FakeSglang::Kill() {
+  std::lock_guard lock(mu_);
+  dead_ = true;
+  if (death_.empty()) death_ = "killed";
 }
 
 void FakeSglang::SetWaitingRequests(int n) {
@@ -125,7 +133,9 @@ std::string FakeSglang::held_version() const {
   std::lock_guard lock(mu_);
   std::set<std::string> versions;
   for (const auto& [name, v] : weights_) versions.insert(v);
-  return versions.size() == 1 && weights_.size() == model_size_ ? *versions.begin() : "";
+  return versions.size() == 1 && (model_size_ == 0 || weights_.size() == model_size_)
+             ? *versions.begin()
+             : "";
 }
 
 std::string FakeSglang::reported_version() const {
@@ -177,12 +187,21 @@ bool FakeSglang::Authorized(const httplib::Request& q, bool weight_route) const 
   return q.get_header_value("Authorization") == "Bearer " + need;
 }
 
-void FakeSglang::SetDelay(std::chrono::milliseconds delay) { delay_ms_ = delay.count(); }
+void FakeSglang::SetDelay(std::chrono::milliseconds delay, const std::string& prefix) {
+  std::lock_guard lock(mu_);
+  delay_prefix_ = prefix;
+  delay_ms_ = delay.count();
+}
 
 void FakeSglang::Serve(const std::string& method, const std::string& path,
                        const httplib::Request& q, httplib::Response& r) {
   if (const int64_t ms = delay_ms_.load(); ms > 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    bool delayed;
+    {
+      std::lock_guard lock(mu_);
+      delayed = absl::StartsWith(path, delay_prefix_);
+    }
+    if (delayed) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
   }
   std::lock_guard lock(mu_);
   if (dead_) return Die(r, death_);
@@ -245,7 +264,9 @@ void FakeSglang::Serve(const std::string& method, const std::string& path,
     serving_ = true;
     std::set<std::string> versions;
     for (const auto& [name, v] : weights_) versions.insert(v);
-    if (versions.size() > 1 || weights_.size() != model_size_) ++mixed_resumes_;
+    if (versions.size() > 1 || (model_size_ != 0 && weights_.size() != model_size_)) {
+      ++mixed_resumes_;
+    }
     r.set_content(R"({"message":"Generation continued successfully.","status":"ok"})",
                   "application/json");
     return;
@@ -297,10 +318,11 @@ void FakeSglang::Serve(const std::string& method, const std::string& path,
   std::vector<std::string> names;
   for (const json& n : body["names"]) names.push_back(n.is_string() ? n.get<std::string>() : "");
   // Loaded on receipt; a failure may come after part of the bucket was loaded.
-  const size_t loaded = fail_next_ ? names.size() / 2 : names.size();
+  const bool fail = fail_in_ == 0;
+  if (fail_in_ >= 0) --fail_in_;
+  const size_t loaded = fail ? names.size() / 2 : names.size();
   for (size_t i = 0; i < loaded; ++i) weights_[names[i]] = incoming_;
-  if (fail_next_) {
-    fail_next_ = false;
+  if (fail) {
     return Answer(r, false,
                   "Failed to update parameter online: injected. The full weights of the "
                   "ModelRunner are partially updated. Please discard the whole weights.");

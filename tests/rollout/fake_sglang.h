@@ -71,16 +71,22 @@ class FakeSglang {
   std::string url() const;
   // What the broadcasts of the coming updates carry (the test's stand-in for the bytes).
   void SetIncoming(const std::string& version);
-  // The model: `tensors` tensors named Name(i), all of `version`.
+  // The model: `tensors` tensors named Name(i), all of `version`. Without it the model is
+  // whatever names the updates brought (held_version then checks versions only).
   void SetModel(size_t tensors, const std::string& version);
   static std::string Name(size_t i);
   // The next distributed update loads half of its tensors, then fails (success=false, 400).
   void FailNextUpdate();
+  // The same for the `k`th distributed update from now (0: the next).
+  void FailUpdateAt(int k);
+  // The server process dies (SIGKILL): every request from now on gets no answer.
+  void Kill();
   void ClearFailure();
   // Requests queued or running (in flight when generation is paused in mode retract).
   void SetWaitingRequests(int n);
-  // Every answer waits this long first (a busy engine).
-  void SetDelay(std::chrono::milliseconds delay);
+  // Every answer to a path starting with `prefix` ("" : every path) waits this long first (a
+  // busy or stalled engine).
+  void SetDelay(std::chrono::milliseconds delay, const std::string& prefix = "");
 
   // Observations.
   bool serving() const;
@@ -117,7 +123,7 @@ class FakeSglang {
   bool session_open_ = false;
   bool dead_ = false;
   std::string death_;
-  bool fail_next_ = false;
+  int fail_in_ = -1;  // updates to let through before the failing one; -1: none
   int waiting_ = 0;
   std::string weight_version_;  // "" : none reported
   int mixed_resumes_ = 0;
@@ -125,6 +131,7 @@ class FakeSglang {
   std::vector<std::string> calls_;
   std::vector<std::string> load_formats_;
   std::atomic<int64_t> delay_ms_{0};
+  std::string delay_prefix_;  // guarded by mu_
 };
 
 }  // namespace wpub::rollout::testing

@@ -1,0 +1,73 @@
+// The bytes' side of a weight-update group, as the rollout group (rollout_group.h) drives it:
+// rank 0 of a group of engine ranks, one publication at a time, each bucket broadcast to every
+// rank, and a watchdog that ends the publication on the first failure (its own, a peer's, or the
+// deadline). NCCL is the one used in production (core/nccl/nccl_transport.h: NcclTransport);
+// CPU tests give the group a channel of their own, so the group's formation, publication,
+// abort, re-formation and dirty-engine logic runs against engine fakes without a GPU.
+//
+// Thread-safety: Fail, failure and usable are safe from any thread; the rest is called by the
+// publication thread (or a group formation, which the rollout group serializes with
+// publications).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/engine/bucket.h"
+
+namespace wpub::rollout {
+
+// What one publication's watchdog watches besides the channel itself.
+struct PublicationWatch {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::string deadline_message;  // the failure's message when the deadline passes
+  // Polled by the watchdog: a non-OK status (a peer failed, e.g. an engine's HTTP answer) fails
+  // the publication with it. May be null.
+  std::function<absl::Status()> peer_failure;
+  // Appended to the error when the group is not ready before the first broadcast (e.g. the
+  // rendezvous keys peers asked for). May be null.
+  std::function<std::string()> not_ready_detail;
+};
+
+using GroupId = std::array<uint8_t, 128>;  // NCCL's ncclUniqueId bytes
+
+class GroupChannel {
+ public:
+  virtual ~GroupChannel() = default;
+  // A new group identity for the rendezvous (rank 0's ncclGetUniqueId).
+  virtual absl::StatusOr<GroupId> NewId() = 0;
+  // Becomes rank 0 of a new group of `world_size` ranks under `id`, without waiting for the
+  // other ranks (they join as the engines answer their join); any current group is aborted
+  // first. `rank_name` names a rank in errors (e.g. the engine that holds it).
+  virtual absl::Status Open(int world_size, const GroupId& id,
+                            std::function<std::string(int rank)> rank_name) = 0;
+  // Aborts and forgets the current group (none: no-op).
+  virtual void Close() = 0;
+  // A group is open and was not aborted.
+  virtual bool usable() const = 0;
+  // What carries the bytes, for the join's log line ("NCCL 2.28.9 (/path/libnccl.so.2)").
+  virtual std::string Describe() const = 0;
+  // Matches the one-element all-reduce every engine rank runs right after it joined (vLLM's
+  // communicators), bounded by `deadline`.
+  virtual absl::Status WarmUp(absl::Time deadline) = 0;
+  // Starts a publication: forgets the previous one's failure and starts the watchdog.
+  virtual void Begin(PublicationWatch watch) = 0;
+  // Broadcasts one bucket as `chunks` (byte sizes in order summing to its size; empty: one
+  // broadcast). ABORTED with the failure once the publication failed.
+  virtual absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) = 0;
+  // Waits until rank 0's side of every broadcast of the publication completed.
+  virtual absl::Status WaitSent(absl::Time deadline) = 0;
+  // Stops the watchdog (the publication ended).
+  virtual void End() = 0;
+  // Records the publication's first failure and aborts the group. Any thread.
+  virtual void Fail(absl::Status why) = 0;
+  virtual absl::Status failure() const = 0;
+};
+
+}  // namespace wpub::rollout

@@ -1,0 +1,446 @@
+// The rollout group as the daemon runs it -- the engine's publications, its retries of a version
+// that left engines dirty, the group's probe, join, abort and re-formation -- against engines
+// that answer as the released engines' code does (fake_sglang.h; wpub-recv's vLLM engine,
+// clients/recv/vllm_engine.h), over an in-process channel instead of NCCL (no GPU: label unit).
+// Each failure is followed by a committed next version on every live engine, no engine process
+// lost to wpub, no engine left paused, no session left open and no mixed resume:
+//  - a loader failure at bucket k (SGLang: 400 success=false; vLLM: 500, the worker leaves the
+//    update): the version is retried and commits, vLLM byte for byte with the CPU oracle;
+//  - an engine killed mid-publication: the retry re-forms the group without it;
+//  - the trainer's cancel in the middle of the transfer;
+//  - the publication deadline passed by a stalled engine.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "clients/recv/vllm_engine.h"
+#include "core/engine/engine.h"
+#include "core/rollout/group_channel.h"
+#include "core/rollout/rollout_group.h"
+#include "tests/engine/engine_test_util.h"
+#include "tests/rollout/fake_sglang.h"
+
+namespace wpub::rollout {
+namespace {
+
+using engine::Engine;
+using engine::EngineComponents;
+using engine::EngineOptions;
+using engine::PublicationReport;
+using engine::PublicationStatus;
+using testing::FakeSglang;
+using testing::SglangRelease;
+
+// The group's bytes without NCCL: every broadcast is handed to the sinks (the engines' receive
+// sides) in order; a watchdog thread fails the publication on a peer's failure or the deadline,
+// as NcclTransport's does.
+class InprocChannel final : public GroupChannel {
+ public:
+  using Sink = std::function<void(std::vector<uint8_t>)>;
+  struct Shared {
+    std::mutex mu;
+    std::vector<Sink> sinks;
+    int opens = 0;
+  };
+  explicit InprocChannel(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
+  ~InprocChannel() override { StopWatchdog(); }
+
+  absl::StatusOr<GroupId> NewId() override {
+    GroupId id;
+    std::random_device rd;
+    for (uint8_t& b : id) b = static_cast<uint8_t>(rd());
+    return id;
+  }
+  absl::Status Open(int, const GroupId&, std::function<std::string(int)>) override {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    std::lock_guard s(shared_->mu);
+    ++shared_->opens;
+    return absl::OkStatus();
+  }
+  void Close() override {
+    std::lock_guard lock(mu_);
+    open_ = false;
+  }
+  bool usable() const override {
+    std::lock_guard lock(mu_);
+    return open_;
+  }
+  std::string Describe() const override { return "an in-process channel"; }
+  absl::Status WarmUp(absl::Time) override { return absl::OkStatus(); }
+  void Begin(PublicationWatch watch) override {
+    StopWatchdog();
+    {
+      std::lock_guard lock(mu_);
+      failure_ = absl::OkStatus();
+      stop_ = false;
+    }
+    watch_ = std::move(watch);
+    watchdog_ = std::thread([this] {
+      std::unique_lock lock(mu_);
+      while (!stop_) {
+        lock.unlock();
+        absl::Status why = absl::OkStatus();
+        if (absl::Now() >= watch_.deadline)
+          why = absl::DeadlineExceededError(watch_.deadline_message);
+        if (why.ok() && watch_.peer_failure) why = watch_.peer_failure();
+        if (!why.ok()) Fail(why);
+        lock.lock();
+        cv_.wait_for(lock, std::chrono::milliseconds(2));
+      }
+    });
+  }
+  absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) override {
+    if (absl::Status f = failure(); !f.ok()) return f;
+    EXPECT_EQ(bucket.location, engine::BucketLocation::kHost);
+    uint64_t at = 0;
+    std::vector<uint64_t> sizes(chunks.begin(), chunks.end());
+    if (sizes.empty()) sizes.push_back(bucket.bytes.size());
+    std::vector<Sink> sinks;
+    {
+      std::lock_guard s(shared_->mu);
+      sinks = shared_->sinks;
+    }
+    for (const uint64_t n : sizes) {
+      std::vector<uint8_t> chunk(bucket.bytes.begin() + at, bucket.bytes.begin() + at + n);
+      for (const Sink& sink : sinks) sink(chunk);
+      at += n;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WaitSent(absl::Time) override { return failure(); }
+  void End() override { StopWatchdog(); }
+  void Fail(absl::Status why) override {
+    std::lock_guard lock(mu_);
+    if (failure_.ok()) failure_ = std::move(why);
+    open_ = false;  // aborted: the next publication re-forms the group
+  }
+  absl::Status failure() const override {
+    std::lock_guard lock(mu_);
+    return failure_;
+  }
+
+ private:
+  void StopWatchdog() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+  }
+  const std::shared_ptr<Shared> shared_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  bool stop_ = true;
+  absl::Status failure_;
+  PublicationWatch watch_;
+  std::thread watchdog_;
+};
+
+// A vLLM engine's receive side on the in-process channel: the chunks broadcast since its join.
+class ChannelDataPath final : public recv::VllmDataPath {
+ public:
+  absl::Status Join(const recv::VllmInitInfo&) override {
+    std::lock_guard lock(mu_);
+    chunks_.clear();  // a new group: nothing of the old one's broadcasts
+    aborted_ = false;
+    return absl::OkStatus();
+  }
+  absl::Status Receive(const recv::VllmUpdate& u, std::vector<uint8_t>* bytes) override {
+    for (uint64_t expected : u.chunks) {
+      std::unique_lock lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::seconds(10),
+                        [&] { return aborted_ || !chunks_.empty(); }) ||
+          aborted_) {
+        return absl::DeadlineExceededError("no broadcast arrived");
+      }
+      std::vector<uint8_t> c = std::move(chunks_.front());
+      chunks_.pop_front();
+      if (c.size() != expected) {
+        return absl::DataLossError(absl::StrCat(c.size(), " bytes broadcast, ", expected));
+      }
+      bytes->insert(bytes->end(), c.begin(), c.end());
+    }
+    return absl::OkStatus();
+  }
+  void Abort() override {
+    std::lock_guard lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+  void Push(std::vector<uint8_t> chunk) {
+    std::lock_guard lock(mu_);
+    chunks_.push_back(std::move(chunk));
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> chunks_;
+  bool aborted_ = false;
+};
+
+struct Daemon {
+  std::shared_ptr<InprocChannel::Shared> channel = std::make_shared<InprocChannel::Shared>();
+  RolloutGroup* group = nullptr;  // owned by the engine
+  std::unique_ptr<Engine> engine;
+
+  Daemon(const std::vector<EngineSpec>& engines, absl::Duration deadline = absl::Seconds(20)) {
+    RolloutGroupOptions o;
+    o.store.bind_address = "127.0.0.1";
+    o.group_name = "wpub_cpu";
+    o.engines = engines;
+    o.join_timeout = absl::Seconds(10);
+    o.publication_deadline = deadline;
+    o.sglang.driver.connect_timeout = absl::Seconds(2);
+    o.sglang.driver.request_timeout = absl::Seconds(10);
+    o.vllm.driver.connect_timeout = absl::Seconds(2);
+    o.vllm.driver.request_timeout = absl::Seconds(10);
+    o.vllm.driver.packed_buffer_bytes = 3000;  // several chunks per bucket
+    auto g = RolloutGroup::Create(o, std::make_unique<InprocChannel>(channel));
+    EXPECT_TRUE(g.ok()) << g.status();
+    group = g->get();
+    EngineComponents c;
+    c.connector = group;
+    c.transports.push_back(*std::move(g));
+    EngineOptions eo;
+    eo.bucket_bytes = 4096;
+    eo.min_bucket_bytes = 1024;
+    eo.max_attempts = 3;
+    auto e = Engine::Create(eo, nullptr, std::move(c));
+    EXPECT_TRUE(e.ok()) << e.status();
+    engine = *std::move(e);
+  }
+  void AddSink(InprocChannel::Sink sink) {
+    std::lock_guard lock(channel->mu);
+    channel->sinks.push_back(std::move(sink));
+  }
+  // One publication of the small model (seeded by the version), its report.
+  PublicationReport Publish(uint64_t version,
+                            const std::function<void(engine::PublicationSession&)>& during = {}) {
+    auto session = engine->Open(engine::testing::Header(version));
+    EXPECT_TRUE(session.ok()) << session.status();
+    EXPECT_TRUE(engine::testing::Send(**session, Batches(version)).ok());
+    std::thread side;
+    if (during) side = std::thread([&] { during(**session); });
+    absl::StatusOr<PublicationReport> r = (*session)->Commit();
+    if (side.joinable()) side.join();
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : PublicationReport{};
+  }
+  static std::vector<engine::testing::TestBatch> Batches(uint64_t version) {
+    return engine::testing::ModelBatches(engine::testing::SmallShape(), version);
+  }
+};
+
+std::vector<EngineSpec> Specs(const std::vector<std::unique_ptr<FakeSglang>>& engines) {
+  std::vector<EngineSpec> out;
+  for (const auto& e : engines) out.push_back({e->url(), 1, "sglang", ""});
+  return out;
+}
+
+std::vector<std::unique_ptr<FakeSglang>> SglangEngines(int n, SglangRelease release) {
+  std::vector<std::unique_ptr<FakeSglang>> out;
+  for (int i = 0; i < n; ++i)
+    out.push_back(std::make_unique<FakeSglang>(testing::FakeSglangOptions{release}));
+  return out;
+}
+
+void SetIncoming(const std::vector<std::unique_ptr<FakeSglang>>& engines, uint64_t version) {
+  for (const auto& e : engines) e->SetIncoming(std::to_string(version));
+}
+
+// Every engine that is alive serves `version` whole, reports it, holds no open session.
+void ExpectAllServe(const std::vector<std::unique_ptr<FakeSglang>>& engines, uint64_t version) {
+  for (const auto& e : engines) {
+    if (e->dead()) continue;
+    EXPECT_TRUE(e->serving()) << e->url();
+    EXPECT_EQ(e->held_version(), std::to_string(version)) << e->url();
+    EXPECT_EQ(e->reported_version(), std::to_string(version)) << e->url();
+    EXPECT_FALSE(e->session_open()) << e->url();
+    EXPECT_EQ(e->mixed_resumes(), 0) << e->url();
+  }
+}
+
+std::string Errors(const PublicationReport& r) {
+  std::string out = r.error;
+  for (const std::string& e : r.retry_errors) absl::StrAppend(&out, " | ", e);
+  return out;
+}
+
+TEST(RolloutGroupCpu, AnSglangLoaderFailureAtBucketKIsRetriedAndCommits) {
+  for (const SglangRelease release : {SglangRelease::kV0_5_6, SglangRelease::kV0_5_16}) {
+    SCOPED_TRACE(static_cast<int>(release));
+    auto engines = SglangEngines(2, release);
+    Daemon d(Specs(engines));
+    SetIncoming(engines, 1);
+    PublicationReport r1 = d.Publish(1);
+    ASSERT_EQ(r1.status, PublicationStatus::kCommitted) << Errors(r1);
+    ExpectAllServe(engines, 1);
+    const int opens = d.channel->opens;
+    // Engine 0 fails its second bucket's load (after loading half of it).
+    engines[0]->FailUpdateAt(1);
+    SetIncoming(engines, 2);
+    PublicationReport r2 = d.Publish(2);
+    ASSERT_EQ(r2.status, PublicationStatus::kCommitted) << Errors(r2);
+    EXPECT_EQ(r2.attempts, 2u);
+    ASSERT_EQ(r2.retry_errors.size(), 1u);
+    EXPECT_NE(r2.retry_errors[0].find(engines[0]->url()), std::string::npos) << r2.retry_errors[0];
+    EXPECT_NE(r2.retry_errors[0].find("POST /update_weights_from_distributed: HTTP 400"),
+              std::string::npos)
+        << r2.retry_errors[0];
+    EXPECT_NE(r2.retry_errors[0].find("Please discard the whole weights"), std::string::npos)
+        << r2.retry_errors[0];
+    EXPECT_EQ(d.channel->opens, opens + 1) << "the retry re-formed the group";
+    ExpectAllServe(engines, 2);
+    SetIncoming(engines, 3);
+    PublicationReport r3 = d.Publish(3);
+    ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+    EXPECT_TRUE(r3.retry_errors.empty());
+    ExpectAllServe(engines, 3);
+    for (const auto& e : engines) EXPECT_FALSE(e->dead()) << e->death();
+  }
+}
+
+TEST(RolloutGroupCpu, AVllmLoaderFailureIsRetriedAndEveryEngineHoldsTheOraclesBytes) {
+  std::vector<ChannelDataPath*> paths;
+  std::vector<std::unique_ptr<recv::VllmEngine>> engines;
+  std::vector<EngineSpec> specs;
+  for (int i = 0; i < 2; ++i) {
+    auto path = std::make_unique<ChannelDataPath>();
+    paths.push_back(path.get());
+    auto e = recv::VllmEngine::Start({}, std::move(path));
+    ASSERT_TRUE(e.ok()) << e.status();
+    specs.push_back({(*e)->url(), 1, "vllm", ""});
+    engines.push_back(*std::move(e));
+  }
+  Daemon d(specs);
+  for (ChannelDataPath* p : paths)
+    d.AddSink([p](std::vector<uint8_t> c) { p->Push(std::move(c)); });
+  auto expect_holds = [&](uint64_t version) {
+    const auto want = engine::testing::ExpectedOutputs(
+        Daemon::Batches(version), *engine::testing::PlainPolicy(), kernels::QuantMode::Standard());
+    for (auto& e : engines) {
+      const recv::VllmEngineState s = e->state();
+      EXPECT_FALSE(s.paused) << e->url();
+      EXPECT_FALSE(s.updating) << e->url();
+      EXPECT_FALSE(s.mixed) << e->url();
+      EXPECT_EQ(s.weight_version, std::to_string(version)) << e->url();
+      ASSERT_EQ(s.weights.size(), want.size()) << e->url();
+      for (const auto& [name, bytes] : want) {
+        auto it = s.weights.find(name);
+        ASSERT_NE(it, s.weights.end()) << name;
+        EXPECT_EQ(it->second.second, bytes) << name;
+      }
+    }
+  };
+  PublicationReport r1 = d.Publish(1);
+  ASSERT_EQ(r1.status, PublicationStatus::kCommitted) << Errors(r1);
+  expect_holds(1);
+  engines[0]->FailUpdateAt(1);  // the loader fails on the second bucket
+  PublicationReport r2 = d.Publish(2);
+  ASSERT_EQ(r2.status, PublicationStatus::kCommitted) << Errors(r2);
+  ASSERT_EQ(r2.retry_errors.size(), 1u);
+  EXPECT_NE(r2.retry_errors[0].find("POST /update_weights: HTTP 500"), std::string::npos)
+      << r2.retry_errors[0];
+  expect_holds(2);
+  PublicationReport r3 = d.Publish(3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  EXPECT_TRUE(r3.error.empty()) << r3.error;
+  EXPECT_TRUE(r3.retry_errors.empty());
+  expect_holds(3);
+}
+
+TEST(RolloutGroupCpu, AnEngineKilledMidPublicationIsLeftOutAndTheRestCommit) {
+  auto engines = SglangEngines(3, SglangRelease::kV0_5_16);
+  Daemon d(Specs(engines));
+  SetIncoming(engines, 1);
+  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  SetIncoming(engines, 2);
+  const size_t before = engines[1]->load_formats().size();
+  PublicationReport r2 = d.Publish(2, [&](engine::PublicationSession&) {
+    // SIGKILL once it loaded two buckets of version 2.
+    while (engines[1]->load_formats().size() < before + 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    engines[1]->Kill();
+  });
+  // The engines that got buckets are dirty: the version is retried without the dead one.
+  ASSERT_EQ(r2.status, PublicationStatus::kCommitted) << Errors(r2);
+  EXPECT_TRUE(engines[1]->dead());
+  ExpectAllServe(engines, 2);
+  SetIncoming(engines, 3);
+  PublicationReport r3 = d.Publish(3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  ExpectAllServe(engines, 3);
+  const engine::EngineGroupInfo g = d.group->Group();
+  ASSERT_EQ(g.engines.size(), 2u);  // re-formed without the dead one
+}
+
+TEST(RolloutGroupCpu, ATrainerCancelMidTransferLeavesEveryEngineAbleToTakeTheNext) {
+  auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
+  Daemon d(Specs(engines));
+  SetIncoming(engines, 1);
+  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  for (auto& e : engines) e->SetDelay(std::chrono::milliseconds(30));
+  SetIncoming(engines, 2);
+  const size_t before = engines[0]->load_formats().size();
+  PublicationReport r2 = d.Publish(2, [&](engine::PublicationSession& s) {
+    while (engines[0]->load_formats().size() < before + 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    s.Abort(absl::CancelledError("the trainer cancelled"));
+  });
+  EXPECT_EQ(r2.status, PublicationStatus::kAborted) << Errors(r2);
+  for (auto& e : engines) {
+    e->SetDelay(std::chrono::milliseconds(0));
+    EXPECT_FALSE(e->session_open()) << e->url();
+    EXPECT_FALSE(e->serving()) << e->url() << " holds part of 2 and must stay paused";
+    EXPECT_EQ(e->reported_version(), "1");
+  }
+  const engine::EngineGroupInfo g = d.group->Group();
+  for (const auto& e : g.engines) EXPECT_EQ(e.state, engine::ReceiverState::kDirty) << e.url;
+  SetIncoming(engines, 3);
+  PublicationReport r3 = d.Publish(3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  ExpectAllServe(engines, 3);
+}
+
+TEST(RolloutGroupCpu, ADeadlinePassedByAStalledEngineFailsInTimeAndTheNextCommits) {
+  auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
+  Daemon d(Specs(engines), /*deadline=*/absl::Milliseconds(800));
+  SetIncoming(engines, 1);
+  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  // Every update answered later than the deadline.
+  engines[1]->SetDelay(std::chrono::milliseconds(1500), "/update_weights_from_distributed");
+  SetIncoming(engines, 2);
+  const absl::Time t0 = absl::Now();
+  PublicationReport r2 = d.Publish(2);
+  EXPECT_EQ(r2.status, PublicationStatus::kAborted) << Errors(r2);
+  // The watchdog's deadline, or the acknowledgement wait's own at the same instant: both name
+  // the deadline's cause.
+  const std::string why = Errors(r2);
+  EXPECT_TRUE(why.find("did not reach every engine within") != std::string::npos ||
+              why.find("engines did not answer in time: " + engines[1]->url()) != std::string::npos)
+      << why;
+  // Three attempts (the engines got buckets: dirty), each the deadline plus the stalled answer.
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(20));
+  engines[1]->SetDelay(std::chrono::milliseconds(0));
+  SetIncoming(engines, 3);
+  PublicationReport r3 = d.Publish(3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  ExpectAllServe(engines, 3);
+  for (const auto& e : engines) EXPECT_FALSE(e->dead()) << e->death();
+}
+
+}  // namespace
+}  // namespace wpub::rollout
