@@ -8,12 +8,14 @@ harness.nccl_env):
    three versions of a GLM-like MoE from torch CUDA tensors; every tensor each engine received
    equals the CPU reference byte for byte, each engine was paused and resumed once per version
    and never resumed on a mix.
-2. An aborted attempt leaves an SGLang-like engine paused and dirty, and the retry commits: the
-   SGLang emulator fails bucket 2 of the first attempt after loading half of it (SGLang's
+2. For each SGLang release the emulator models (0.5.16 with the weight-update session, 0.5.6
+   without, 0.5.5 without the flattened bucket), an aborted attempt leaves the engine paused
+   and dirty, and the retry commits: the SGLang emulator fails bucket 2 of the first attempt after loading half of it (SGLang's
    "partially updated" answer); the daemon keeps the engine paused (no resume on the mix),
    retries the version within the same publication (the inputs are still held) and commits it
    on the second attempt; the engine then holds that one version, byte for byte, and serves it.
-   A third version commits on the first attempt.
+   A second version commits on the first attempt. Every session opened was closed and the
+   engine process lived throughout (0.5.16 kills itself on a begin over an open session).
 
 Writes OUT/engines_nccl.json; exit 0 when every check holds.
 Usage (a GPU host, binaries staged; see tests/gpu/run_one_gpu.sh):
@@ -115,11 +117,14 @@ def mixed_families(out):
     return res
 
 
-def dirty_then_retry(out):
-    """An SGLang-like engine dirty after a failed attempt, kept paused, then the retry commits."""
-    res = {"run": "sglang dirty, retry commits", "ok": True}
-    sg, url = emulator(out, "sglang_emulator.py", "dirty-sglang",
-                       f"--expect-dir={os.path.join(out, 'expect-dirty')}", "--fail-at-bucket=2")
+def dirty_then_retry(out, release):
+    """An SGLang engine of `release` dirty after a failed attempt, kept paused, then the retry
+    commits; its weight-update sessions (0.5.16) always closed, the server never killed."""
+    res = {"run": f"sglang {release} dirty, retry commits", "ok": True}
+    tag = f"dirty-{release}"
+    sg, url = emulator(out, "sglang_emulator.py", tag,
+                       f"--expect-dir={os.path.join(out, 'expect-' + tag)}", "--fail-at-bucket=2",
+                       f"--release={release}")
     d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines={url}",
                "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=90,
                env=nccl_env(SHARED))
@@ -128,7 +133,7 @@ def dirty_then_retry(out):
         for version in (1, 2):
             model, wire = version_of(60 + version)
             ref = reference(out, model)
-            expect(out, "dirty", version, ref)
+            expect(out, tag, version, ref)
             r = pub.publish(version, wire, bucket_bytes=256 << 10, check=False)
             s = get(url + "/stats")
             v = s["versions"].get(str(version), {})
@@ -138,7 +143,9 @@ def dirty_then_retry(out):
                      "checked": v.get("checked"), "mismatches": v.get("mismatches", []),
                      "served": s["served"], "serving": s["serving"],
                      "held_versions": s["held_versions"], "mixed_resumes": s["mixed_resumes"],
-                     "resumes": s["calls"].count("/continue_generation")}
+                     "resumes": s["calls"].count("/continue_generation"),
+                     "session_open": s["session_open"], "begins": s["begins"],
+                     "ends": s["ends"], "alive": sg.poll() is None}
             # The first attempt failed at bucket 2 after loading half of it; the retry re-sent
             # every bucket, so the engine checked the first attempt's tensors too (the same
             # version's bytes): at least every tensor once, none differing. It never resumed on
@@ -146,7 +153,9 @@ def dirty_then_retry(out):
             ok = (r.committed and (v.get("checked") or 0) >= len(ref) and
                   not entry["mismatches"] and s["mixed_resumes"] == 0 and
                   s["serving"] and s["held_versions"] == [str(version)] and
-                  entry["resumes"] == version)
+                  entry["resumes"] == version and entry["alive"] and
+                  not entry["session_open"] and entry["begins"] == entry["ends"] and
+                  (entry["begins"] > 0) == (release == "0.5.16"))
             if version == 1:
                 ok &= r.raw.attempts == 2 and len(entry["retry_errors"]) == 1
             else:
@@ -168,11 +177,14 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/wpub_engines_nccl"
     os.makedirs(out, exist_ok=True)
     results = []
-    for run in (mixed_families, dirty_then_retry):
+    runs = [("mixed_families", mixed_families)] + [
+        (f"dirty_then_retry {r}", lambda o, r=r: dirty_then_retry(o, r))
+        for r in ("0.5.16", "0.5.6", "0.5.5")]
+    for name, run in runs:
         try:
             results.append(run(out))
         except Exception as e:  # noqa: BLE001 -- one run's failure is reported, the next runs
-            results.append({"run": run.__name__, "ok": False, "exception": repr(e)[:500]})
+            results.append({"run": name, "ok": False, "exception": repr(e)[:500]})
             print(json.dumps(results[-1]), flush=True)
     with open(os.path.join(out, "engines_nccl.json"), "w") as f:
         json.dump(results, f, indent=1)

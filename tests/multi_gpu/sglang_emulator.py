@@ -17,6 +17,14 @@ weights held then, and `mixed_resumes` counts resumes on a mix of versions (a wp
 `/get_model_info` reports `weight_version` as SGLang does; `/generate` answers with the versions
 the live weights hold (HTTP 503 while paused).
 
+Releases (--release, from SGLang's own code: http_server.py, scheduler_components/
+weight_updater.py and scheduler.py at 00a2ca2e56d59f0a19186d7a8a58bdda5201023f, tensor_bucket.py
+before and after PRs #13413/#13824): 0.5.16 has the weight-update session, and its scheduler's
+assertions -- a begin on an open session, an end or a distributed update without one -- kill the
+server (the request gets no answer); 0.5.6 has no session (begin/end answer 404); 0.5.5 takes no
+flattened bucket (one broadcast per tensor, each in its dtype). Every weight route answers
+success=false with HTTP 400.
+
 Test-only extras: GET /health, GET /stats, POST /bench_recv (receive `count` broadcasts of `nbytes`
 for the plain-NCCL baseline), --die-at-bucket N (SIGKILL itself when bucket N's request arrives:
 a receiver dying mid-publication), --fail-at-bucket N (receive bucket N of the first version
@@ -79,7 +87,8 @@ class Engine:
         self.groups = {}
         self.lock = threading.Lock()
         self.stats = {"versions": {}, "weight_version": None, "calls": [], "errors": [],
-                      "serving": True, "served": [], "mixed_resumes": 0, "failed_once": False}
+                      "serving": True, "served": [], "mixed_resumes": 0, "failed_once": False,
+                      "session_open": False, "begins": 0, "ends": 0}
         self.weights = {}
         self.live_versions = {}  # tensor name -> version of the bytes the live weights hold
 
@@ -146,8 +155,13 @@ class Engine:
             os.kill(os.getpid(), signal.SIGKILL)
         fail_here = (self.args.fail_at_bucket is not None and index == self.args.fail_at_bucket
                      and not self.stats["failed_once"])
-        if req.get("load_format") != "flattened_bucket":
-            raise ValueError("this emulator takes load_format=flattened_bucket only")
+        flattened = req.get("load_format") == "flattened_bucket"
+        if flattened and self.args.release == "0.5.5":
+            # Before PRs #13413/#13824 (tensor_bucket.py): no flattened bucket of mixed dtypes.
+            raise ValueError("Failed to update parameter online: load_format flattened_bucket is "
+                             "not supported. Please discard the whole weights.")
+        if not flattened and self.args.release != "0.5.5":
+            raise ValueError("this emulator takes load_format=flattened_bucket from 0.5.6 on")
         sizes = []
         for dt, shp in zip(dtypes, shapes):
             n = 1
@@ -156,8 +170,18 @@ class Engine:
             sizes.append(n * ELEMENT_SIZES[dt])
         total = sum(sizes)
         t0 = time.perf_counter()
-        buf = torch.empty(total, dtype=torch.uint8, device=self.device)
-        dist.broadcast(buf, src=0, group=pg)
+        if flattened:
+            buf = torch.empty(total, dtype=torch.uint8, device=self.device)
+            dist.broadcast(buf, src=0, group=pg)
+        else:
+            # SGLang's per-tensor receive: one broadcast per tensor, each in its own dtype.
+            parts = []
+            for dt, shp in zip(dtypes, shapes):
+                t = torch.empty(shp, dtype=DTYPES[dt], device=self.device)
+                dist.broadcast(t, src=0, group=pg)
+                parts.append(t.reshape(-1).view(torch.uint8))
+            buf = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8,
+                                                               device=self.device)
         torch.cuda.synchronize(self.device)
         recv = time.perf_counter() - t0
         mismatches = []
@@ -231,17 +255,47 @@ class Engine:
                    "/pause_generation", "/continue_generation", "/begin_weight_update",
                    "/end_weight_update")
 
+    SESSION_ROUTES = ("/begin_weight_update", "/end_weight_update")
+
+    def die(self, why):
+        """An assertion in SGLang's scheduler: "Scheduler hit an exception", SIGQUIT to the
+        server's process tree; the request gets no answer (scheduler.py at 00a2ca2e)."""
+        print(f"Scheduler hit an exception: AssertionError: {why}", flush=True)
+        os._exit(1)
+
     def handle(self, method, path, body):
+        session = self.args.release == "0.5.16"
+        if path in self.SESSION_ROUTES and not session:
+            return 404, {"detail": "Not Found"}  # a release before the weight-update session
         if method == "GET" and path in self.POST_ROUTES:
             return 405, {"detail": "Method Not Allowed"}
         self.stats["calls"].append(path)
         if path == "/health":
             return 200, {"ok": True}
-        if path == "/server_info":
-            # A test receiver, not SGLang: it checks every bucket against the expected bytes of
-            # the version the bucket's request names, so it asks wpubd for weight_version on
-            # every bucket (SGLang itself is told the version only once the publication ends).
-            return 200, {"version": "wpub-emulator", "wpub_bucket_versions": True}
+        if path in ("/server_info", "/get_server_info"):
+            if path == "/server_info" and not session:
+                return 404, {"detail": "Not Found"}
+            # A test receiver: it checks every bucket against the expected bytes of the version
+            # the bucket's request names, so it asks wpubd for weight_version on every bucket
+            # (SGLang itself is told the version only once the publication ends).
+            return 200, {"version": self.args.release, "wpub_bucket_versions": True}
+        if session and path == "/begin_weight_update":
+            if self.stats["session_open"]:
+                self.die("begin_weight_update called while a weight-update session is already "
+                         "open")
+            self.stats["session_open"] = True
+            self.stats["begins"] += 1
+            return 200, {"success": True, "message": "Success"}
+        if session and path == "/end_weight_update":
+            if not self.stats["session_open"]:
+                self.die("end_weight_update called without begin_weight_update")
+            self.stats["session_open"] = False
+            self.stats["ends"] += 1
+            return 200, {"success": True, "message": "Success"}
+        if session and path == "/update_weights_from_distributed" and \
+                not self.stats["session_open"]:
+            self.die("update_weights_from_distributed requires an open begin_weight_update "
+                     "session")
         if path == "/stats":
             return 200, dict(self.stats, held_versions=self.held_versions())
         if path == "/get_model_info":
@@ -261,7 +315,9 @@ class Engine:
         if path in routes:
             with self.lock:  # SGLang serializes weight updates (model_update_lock)
                 try:
-                    return 200, routes[path](req)
+                    answer = routes[path](req)
+                    # SGLang answers success=false with HTTP 400 (http_server.py).
+                    return (200 if answer.get("success", True) else 400), answer
                 except Exception as e:
                     self.stats["errors"].append(f"{path}: {e}")
                     traceback.print_exc()
@@ -273,7 +329,7 @@ class Engine:
             return 200, self.pause(req)
         if path == "/continue_generation":
             return 200, self.resume(req)
-        if path in ("/flush_cache", "/begin_weight_update", "/end_weight_update"):
+        if path == "/flush_cache":
             return 200, {"success": True, "message": "ok"}
         return 404, {"success": False, "message": f"no route {path}"}
 
@@ -288,6 +344,10 @@ def main():
     p.add_argument("--eager-init", action="store_true", help="pass device_id (eager NCCL init)")
     p.add_argument("--keep", action="store_true", help="keep received tensors (as weights)")
     p.add_argument("--nccl-timeout", type=float, default=120)
+    p.add_argument("--release", default="0.5.16", choices=["0.5.5", "0.5.6", "0.5.16"],
+                   help="0.5.16: the weight-update session, misuse kills the server; 0.5.6: no "
+                        "session (begin/end 404); 0.5.5: also no flattened bucket (one "
+                        "broadcast per tensor)")
     args = p.parse_args()
     engine = Engine(args)
 
