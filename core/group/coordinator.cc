@@ -10,6 +10,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status.h"
 
 namespace wpub::group {
 
@@ -60,51 +61,87 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
                                                          absl::Duration timeout) {
   const engine::GroupMembership& gm = hello.membership;
   if (absl::Status s = engine::ValidateGroupMembership(gm); !s.ok()) return s;
-  if (timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
-  std::shared_ptr<Round> aborted;  // aborted after the lock is released (callbacks)
+  if (hello.version == 0 || hello.version > options_.max_version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "member ", gm.member, " (", gm.publisher, ") joins group '", gm.group, "' with version ",
+        hello.version, ": versions are 1 to ", options_.max_version));
+  }
+  // The leader's timeouts are the leader's: its own header's, else its --group_timeout.
+  if (gm.member != 0 || timeout <= absl::ZeroDuration()) timeout = options_.default_timeout;
+  const auto same = [&](const std::shared_ptr<Round>& r) {
+    return r->group() == gm.group && r->members() == gm.members && r->version() == hello.version;
+  };
+  std::vector<std::shared_ptr<Round>> aborted;  // aborted after the lock is released (callbacks)
   absl::Status abort_why;
   std::shared_ptr<Round> round;
-  absl::Status joined;
   {
     std::lock_guard lock(mu_);
-    const bool active = active_ != nullptr && !active_->decided();
-    const bool matches = active && active_->group() == gm.group &&
-                         active_->members() == gm.members && active_->version() == hello.version;
-    if (active && !matches) {
-      if (gm.member == 0) {
+    std::erase_if(pending_, [](const std::shared_ptr<Round>& r) { return r->decided(); });
+    const bool led = active_ != nullptr && !active_->decided();
+    if (gm.member == 0) {
+      if (led && !same(active_)) {
         // The leader's own version wins: the stale round cannot complete.
         abort_why = absl::AbortedError(absl::StrCat(
             "the leader opened group '", gm.group, "' version ", hello.version, " while version ",
             active_->version(), " of group '", active_->group(), "' waited for it"));
-        aborted = active_;
-        active_ = nullptr;
-      } else {
-        const absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+        aborted.push_back(active_);
+      } else if (led) {
+        round = active_;
+      }
+      if (round == nullptr) {
+        // The members that joined before the leader wait in a pending round of its version;
+        // every other pending round is for a version the leader does not publish.
+        for (const std::shared_ptr<Round>& r : pending_) {
+          if (round == nullptr && same(r)) {
+            round = r;
+          } else {
+            aborted.push_back(r);
+          }
+        }
+        pending_.clear();
+        if (round == nullptr) {
+          round = std::make_shared<Round>(gm.group, gm.members, hello.version, timeout);
+        }
+        active_ = round;
+      }
+    } else if (led) {
+      if (!same(active_)) {
+        // Refused without disturbing the round: a member that is really missing makes the
+        // round time out, a Join for another group or version changes nothing.
+        return absl::FailedPreconditionError(absl::StrCat(
             "member ", gm.member, " (", gm.publisher, ") joins group '", gm.group, "' version ",
             hello.version, " with ", gm.members, " members, but the leader publishes group '",
             active_->group(), "' version ", active_->version(), " with ", active_->members(),
             " members"));
-        // When the leader is in the round, the round cannot complete without this member.
-        if (active_->joined(0)) {
-          aborted = active_;
-          abort_why = refused;
-        }
-        joined = refused;
-      }
-    }
-    if (joined.ok()) {
-      if (active_ == nullptr || active_->decided() || !matches) {
-        active_ = std::make_shared<Round>(gm.group, gm.members, hello.version, timeout);
       }
       round = active_;
-      joined = round->Join(hello);
+    } else {
+      for (const std::shared_ptr<Round>& r : pending_) {
+        if (same(r)) round = r;
+      }
+      if (round == nullptr) {
+        if (pending_.size() >= kMaxPendingRounds) {
+          return absl::ResourceExhaustedError(
+              absl::StrCat("member ", gm.member, " (", gm.publisher, ") joins group '", gm.group,
+                           "' version ", hello.version, " before its leader, and ", pending_.size(),
+                           " other versions already wait for theirs"));
+        }
+        round = std::make_shared<Round>(gm.group, gm.members, hello.version, timeout);
+        pending_.push_back(round);
+      }
     }
   }
-  if (aborted) {
-    aborted->Abort(abort_why);
-    Observe(aborted);
+  for (const std::shared_ptr<Round>& r : aborted) {
+    // The leader's previous round keeps its message; a pending round learns which version the
+    // leader chose instead of its own.
+    r->Abort(!abort_why.ok() && r == aborted.front()
+                 ? abort_why
+                 : absl::AbortedError(absl::StrCat("the leader opened group '", gm.group,
+                                                   "' version ", hello.version, ", not group '",
+                                                   r->group(), "' version ", r->version())));
+    Observe(r);
   }
-  if (!joined.ok()) return joined;
+  WPUB_RETURN_IF_ERROR(round->Join(hello));
   return round;
 }
 

@@ -2,12 +2,20 @@
 // leads, one at a time, and the vote of its own publication (member 0) in them. The gRPC Group
 // service (server/service/group_service.h) joins the other members' streams to the same rounds.
 //
-// Which round a member joins: the active (undecided) round when its group, member count and
-// version match; a new round when none is active. The leader's own publication (member 0) is
-// authoritative: when it opens a version other than the active round's, that round aborts
-// (naming both versions) and a new one starts. A member other than the leader that joins with
-// another version is refused (FAILED_PRECONDITION naming both versions), and when the leader has
-// joined the active round already that round aborts too: it cannot complete without the member.
+// Which round a member joins: the leader's round (the active one, which the leader joined) when
+// its group, member count and version match; before the leader joined, a pending round of its
+// group, member count and version (at most kMaxPendingRounds of them wait at once). The leader's
+// own publication (member 0) is authoritative: when it opens a version, the pending round of
+// that version becomes the active one and every other round (an undecided active round, the
+// other pending ones) aborts naming the leader's version. A member other than the leader that
+// joins with another group, member count or version than the leader's active round is refused
+// (FAILED_PRECONDITION naming both), and the round is not disturbed: a Join nobody expected
+// changes nothing, and a member really missing makes the round time out. A version outside
+// [1, max_version] is refused (INVALID_ARGUMENT).
+//
+// Timeouts are the leader's: a round's progress timeout is the leader's header's when the
+// leader opens it, else CoordinatorOptions::default_timeout (wpubd --group_timeout); a member's
+// requested timeout is never used.
 //
 // Thread-safe.
 #pragma once
@@ -17,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,9 +44,15 @@ class Histogram;
 namespace wpub::group {
 
 struct CoordinatorOptions {
-  // A round's progress timeout when the leader's header gives none (GroupMembership::timeout).
+  // A round's progress timeout when the leader's header gives none (GroupMembership::timeout),
+  // and of every round a member opens before the leader.
   absl::Duration default_timeout = absl::Seconds(60);
+  // The largest version a member may join with (EngineOptions::max_version).
+  uint64_t max_version = uint64_t{1} << 53;
 };
+
+// Versions waiting for their leader at once (members that joined first).
+inline constexpr size_t kMaxPendingRounds = 4;
 
 class Coordinator {
  public:
@@ -50,7 +65,8 @@ class Coordinator {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // Joins `hello` to its round (see above). On success the round is the member's.
+  // Joins `hello` to its round (see above). On success the round is the member's. `timeout`:
+  // the leader's (member 0) progress timeout; ignored for other members.
   absl::StatusOr<std::shared_ptr<Round>> Join(const MemberHello& hello, absl::Duration timeout);
   // The active round, or the last decided one; nullopt before the first.
   std::optional<engine::GroupSummary> LastRound() const;
@@ -68,7 +84,8 @@ class Coordinator {
   const CoordinatorOptions options_;
   std::unique_ptr<Metrics> metrics_;
   mutable std::mutex mu_;
-  std::shared_ptr<Round> active_;  // the latest round (decided or not)
+  std::shared_ptr<Round> active_;  // the latest round the leader joined (decided or not)
+  std::vector<std::shared_ptr<Round>> pending_;  // joined by members before their leader
   std::shared_ptr<Round> observed_;
 };
 

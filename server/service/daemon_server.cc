@@ -32,17 +32,6 @@
 
 namespace wpub::server {
 
-bool IsLoopbackAddress(const std::string& listen) {
-  if (absl::StartsWith(listen, "unix:")) return true;
-  std::string host = listen;
-  if (!host.empty() && host.front() == '[') {
-    host = host.substr(1, host.find(']') - 1);
-  } else if (auto colon = host.rfind(':'); colon != std::string::npos) {
-    host = host.substr(0, colon);
-  }
-  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
-
 namespace {
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const char* what) {

@@ -71,9 +71,6 @@ struct DaemonServerOptions {
   ServiceOptions service;
 };
 
-// True for "localhost", 127.0.0.0/8, "[::1]" and unix: sockets.
-bool IsLoopbackAddress(const std::string& listen);
-
 // Owns the grpc::Server and its services. Thread-safe: SetServing and Shutdown may be called
 // from any thread (Shutdown once).
 class DaemonServer {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/common/log_escape.h"
 #include "server/service/group_service.h"
+#include "server/service/service_options.h"
 #include "wire/convert.h"
 #include "wire/status_map.h"
 
@@ -209,6 +210,16 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::Join(
     const engine::PublicationHeader& header, std::function<void(absl::Status)> on_abort) {
   const engine::GroupMembership& gm = *header.group;
   if (gm.member == 0) return coordinator_->JoinLocal(header, std::move(on_abort));
+  // An unauthenticated group forms on loopback only (the leader refuses such a member from
+  // another host, and a member does not hand its parts to a leader it cannot authenticate).
+  if (options_.auth_token.empty() && options_.tls.cert_file.empty() &&
+      !IsLoopbackAddress(gm.leader)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the group's leader ", gm.leader,
+        " is not on this host and this daemon has no token: an unauthenticated group forms on "
+        "loopback only -- give every daemon of the group the same --auth_token_file (or mutual "
+        "TLS)"));
+  }
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ChannelTo(gm.leader);
   if (!channel.ok()) return channel.status();

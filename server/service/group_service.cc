@@ -36,6 +36,10 @@ grpc::Status GroupService::Join(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<pb::GroupLeaderMessage, pb::GroupMemberMessage>* stream) {
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  if (grpc::Status peer = CheckGroupPeer(options_, *context); !peer.ok()) {
+    spdlog::warn("group: refused a join: {}", LogEscape(peer.error_message()));
+    return peer;
+  }
   pb::GroupMemberMessage msg;
   if (!stream->Read(&msg) || msg.kind_case() != pb::GroupMemberMessage::kJoin) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "the first Group.Join message must be 'join'"};

@@ -3,10 +3,12 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace wpub::server {
@@ -40,5 +42,18 @@ struct ServiceOptions {
 
 // OK when no token is configured or `context` carries the right bearer token.
 grpc::Status CheckAuth(const ServiceOptions& options, const grpc::ServerContextBase& context);
+
+// gRPC's peer string ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/run/x.sock") names a
+// process of this host: loopback addresses (127.0.0.0/8, ::1, ::ffff:127.x) and Unix sockets.
+bool IsLoopbackPeer(absl::string_view peer);
+// A listen address or target of this host: "localhost", 127.0.0.0/8, "[::1]" (each with a
+// port) and unix: sockets.
+bool IsLoopbackAddress(const std::string& address);
+
+// Who may join a publication group as a member (after CheckAuth): with a token, whoever
+// presented it; without one, a peer authenticated by its TLS client certificate (mutual TLS)
+// or a process of this host. PERMISSION_DENIED otherwise, naming the peer and what to set: an
+// unauthenticated group forms on loopback only.
+grpc::Status CheckGroupPeer(const ServiceOptions& options, const grpc::ServerContextBase& context);
 
 }  // namespace wpub::server

@@ -225,6 +225,18 @@ TEST(DaemonServer, LoopbackDetection) {
   EXPECT_FALSE(IsLoopbackAddress("0.0.0.0:50151"));
   EXPECT_FALSE(IsLoopbackAddress("[::]:50151"));
   EXPECT_FALSE(IsLoopbackAddress("10.1.2.3:50151"));
+  // gRPC's peer strings (who may join a group without a token).
+  EXPECT_TRUE(IsLoopbackPeer("ipv4:127.0.0.1:41234"));
+  EXPECT_TRUE(IsLoopbackPeer("ipv4:127.3.2.1:1"));
+  EXPECT_TRUE(IsLoopbackPeer("ipv6:[::1]:41234"));
+  EXPECT_TRUE(IsLoopbackPeer("ipv6:[::ffff:127.0.0.1]:41234"));
+  EXPECT_TRUE(IsLoopbackPeer("unix:/run/wpub/wpubd.sock"));
+  EXPECT_TRUE(IsLoopbackPeer("unix-abstract:wpub"));
+  EXPECT_FALSE(IsLoopbackPeer("ipv4:10.1.2.3:41234"));
+  EXPECT_FALSE(IsLoopbackPeer("ipv6:[::ffff:10.0.0.1]:1"));
+  EXPECT_FALSE(IsLoopbackPeer("ipv6:[fe80::1]:1"));
+  EXPECT_FALSE(IsLoopbackPeer("ipv4:1127.0.0.1:1"));
+  EXPECT_FALSE(IsLoopbackPeer(""));
 }
 
 TEST(Safetensors, RoundTripWithTorchToSafetensorsDtypes) {

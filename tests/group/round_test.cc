@@ -233,22 +233,100 @@ TEST(GroupCoordinator, MembersShareTheActiveRoundAndMismatchesAreRefused) {
   Coordinator c(CoordinatorOptions{}, &registry);
   absl::StatusOr<std::shared_ptr<Round>> r1 = c.Join(Hello(1), absl::ZeroDuration());
   ASSERT_TRUE(r1.ok()) << r1.status();
-  // Before the leader joined, another version is refused and the round stays.
+  // Before the leader joined, another version waits in a round of its own; this one stays.
   absl::StatusOr<std::shared_ptr<Round>> other = c.Join(Hello(2, 9), absl::ZeroDuration());
-  EXPECT_TRUE(absl::IsFailedPrecondition(other.status()));
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->get(), r1->get());
   EXPECT_FALSE((*r1)->decided());
   absl::StatusOr<std::shared_ptr<Round>> r0 = c.Join(Hello(0), absl::ZeroDuration());
   ASSERT_TRUE(r0.ok());
   EXPECT_EQ(r0->get(), r1->get());
-  // With the leader in, a member with another version aborts the round it cannot complete.
+  // With the leader in, a member with another version or group is refused and the round is
+  // not disturbed (a Join nobody expected changes nothing).
   other = c.Join(Hello(2, 9), absl::ZeroDuration());
   EXPECT_TRUE(absl::IsFailedPrecondition(other.status()));
   EXPECT_THAT(other.status().message(), AllOf(HasSubstr("version 9"), HasSubstr("version 7")));
-  EXPECT_TRUE((*r0)->decided());
-  EXPECT_THAT((*r0)->abort_status().message(), HasSubstr("version 9"));
+  other = c.Join(Hello(2, 7, 3, "elsewhere"), absl::ZeroDuration());
+  EXPECT_TRUE(absl::IsFailedPrecondition(other.status()));
+  EXPECT_FALSE((*r0)->decided());
+  // The real member 2 still joins, and the round completes.
+  absl::StatusOr<std::shared_ptr<Round>> r2 = c.Join(Hello(2), absl::ZeroDuration());
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  (*r0)->Stage(0, Parts({"a"}));
+  (*r0)->Stage(1, Parts({"b"}));
+  (*r0)->Stage(2, Parts({"c"}));
+  for (uint32_t m = 0; m < 3; ++m) (*r0)->Prepared(m, Prepared());
+  EXPECT_TRUE((*r0)->AwaitDecision(0).ok());
+  (*r0)->Abort(absl::AbortedError("too late"));  // decided once
+  EXPECT_TRUE((*r0)->abort_status().ok());
   c.Observe(*r0);
   c.Observe(*r0);  // once per round
-  EXPECT_EQ(c.LastRound()->outcome, "aborted");
+  EXPECT_EQ(c.LastRound()->outcome, "committed");
+}
+
+TEST(GroupCoordinator, MembersBeforeTheLeaderWaitInTheirVersionsRoundUntilItChooses) {
+  Coordinator c(CoordinatorOptions{}, nullptr);
+  // A Join for another group and one for another version arrive first: neither squats the
+  // round the real member waits in.
+  absl::StatusOr<std::shared_ptr<Round>> squat =
+      c.Join(Hello(1, 7, 3, "other"), absl::ZeroDuration());
+  absl::StatusOr<std::shared_ptr<Round>> stale = c.Join(Hello(1, 6), absl::ZeroDuration());
+  absl::StatusOr<std::shared_ptr<Round>> real = c.Join(Hello(1, 7), absl::ZeroDuration());
+  ASSERT_TRUE(squat.ok() && stale.ok() && real.ok());
+  EXPECT_NE(real->get(), squat->get());
+  EXPECT_NE(real->get(), stale->get());
+  absl::StatusOr<std::shared_ptr<Round>> leader = c.Join(Hello(0, 7), absl::ZeroDuration());
+  ASSERT_TRUE(leader.ok()) << leader.status();
+  EXPECT_EQ(leader->get(), real->get());
+  EXPECT_FALSE((*real)->decided());
+  for (const auto* r : {&squat, &stale}) {
+    EXPECT_TRUE((**r)->decided());
+    EXPECT_THAT((**r)->abort_status().message(), HasSubstr("version 7"));
+  }
+  EXPECT_TRUE((*real)->joined(1));
+}
+
+TEST(GroupCoordinator, VersionsOutsideThePublishedRangeAreRefused) {
+  Coordinator c(CoordinatorOptions{}, nullptr);
+  for (const uint64_t v : {uint64_t{0}, (uint64_t{1} << 53) + 1, ~uint64_t{0}}) {
+    absl::StatusOr<std::shared_ptr<Round>> r = c.Join(Hello(1, v), absl::ZeroDuration());
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << v << ": " << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("versions are 1 to"));
+  }
+  EXPECT_FALSE(c.LastRound().has_value());
+}
+
+TEST(GroupCoordinator, PendingVersionsAreBoundedAndFreedWhenTheLeaderChooses) {
+  Coordinator c(CoordinatorOptions{}, nullptr);
+  std::vector<std::shared_ptr<Round>> pending;
+  for (uint64_t v = 1; v <= kMaxPendingRounds; ++v) {
+    absl::StatusOr<std::shared_ptr<Round>> r = c.Join(Hello(1, v), absl::ZeroDuration());
+    ASSERT_TRUE(r.ok()) << r.status();
+    pending.push_back(*r);
+  }
+  absl::StatusOr<std::shared_ptr<Round>> more =
+      c.Join(Hello(1, kMaxPendingRounds + 1), absl::ZeroDuration());
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted) << more.status();
+  // A member of a version already waiting still joins it.
+  EXPECT_TRUE(c.Join(Hello(2, 1), absl::ZeroDuration()).ok());
+  ASSERT_TRUE(c.Join(Hello(0, 2), absl::ZeroDuration()).ok());
+  for (size_t i = 0; i < pending.size(); ++i) EXPECT_EQ(pending[i]->decided(), i != 1) << i;
+  // The leader chose: the next versions may wait again.
+  pending[1]->Abort(absl::AbortedError("done"));
+  EXPECT_TRUE(c.Join(Hello(1, 9), absl::ZeroDuration()).ok());
+}
+
+TEST(GroupCoordinator, TheRoundsTimeoutIsTheLeadersNotAMembers) {
+  CoordinatorOptions o;
+  o.default_timeout = absl::Milliseconds(200);  // wpubd --group_timeout
+  Coordinator c(o, nullptr);
+  // A member asking for a day does not get it: the round it opened times out on the leader's.
+  absl::StatusOr<std::shared_ptr<Round>> r = c.Join(Hello(1), absl::Hours(24));
+  ASSERT_TRUE(r.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  const absl::Status s = (*r)->AwaitTransfer(1);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }
 
 TEST(GroupCoordinator, TheLeadersNewVersionAbortsAStaleRound) {

@@ -1,0 +1,101 @@
+"""Who may join a publication group: a leader without a token takes members on this host only
+(loopback, Unix sockets); one reached over another address refuses the join naming the peer and
+the flags that authenticate a group, and nothing of the member's reaches a round. With the
+daemon's token the same join from that address is taken. The member's side refuses on its own to
+join a leader beyond loopback without a token. Needs an address of this host other than
+loopback (skips without one)."""
+
+import os
+import shutil
+import socket
+import tempfile
+import unittest
+
+import grpc
+
+import wpub
+from harness import Daemon, as_wire, glm_batches
+from wpub._proto import pb
+
+
+def host_address():
+    """An address of this host that is not loopback, or None."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("10.255.255.255", 1))  # no packet is sent: picks the outgoing interface
+        addr = s.getsockname()[0]
+    except OSError:
+        return None
+    finally:
+        s.close()
+    return None if addr.startswith("127.") else addr
+
+
+def join(target, token=""):
+    """A member's Join on `target`: the leader's first answer (or the error)."""
+    channel = grpc.insecure_channel(target)
+    call = channel.stream_stream("/wpub.v1.Group/Join",
+                                 request_serializer=lambda m: m.SerializeToString(),
+                                 response_deserializer=pb.GroupLeaderMessage.FromString)
+
+    def messages():
+        yield pb.GroupMemberMessage(join=pb.GroupJoin(group="g", members=2, member=1,
+                                                      publisher="remote", version=5,
+                                                      recipe="nvfp4"))
+
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    try:
+        for reply in call(messages(), timeout=10, metadata=metadata):
+            return reply.WhichOneof("kind")
+        return "(no answer)"
+    except grpc.RpcError as e:
+        return e
+    finally:
+        channel.close()
+
+
+@unittest.skipIf(host_address() is None, "no address of this host other than loopback")
+class GroupAuthTest(unittest.TestCase):
+
+    def setUp(self):
+        self.workdir = tempfile.mkdtemp(prefix="wpub_group_auth_")
+        self.addr = host_address()
+
+    def tearDown(self):
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def start(self, token=""):
+        d = Daemon(self.workdir, "--insecure_listen", token=token, listen="0.0.0.0:0")
+        self.addCleanup(d.stop)
+        return d
+
+    def test_without_a_token_only_this_hosts_members_join(self):
+        d = self.start()
+        refused = join(f"{self.addr}:{d.port}")
+        self.assertIsInstance(refused, grpc.RpcError)
+        self.assertEqual(refused.code(), grpc.StatusCode.PERMISSION_DENIED)
+        self.assertIn("loopback only", refused.details())
+        self.assertIn("--auth_token_file", refused.details())
+        self.assertIn(self.addr, refused.details())
+        # Nothing of it reached a round; a member on loopback joins.
+        self.assertEqual(join(f"127.0.0.1:{d.port}"), "accepted")
+
+    def test_with_the_token_a_member_beyond_loopback_joins(self):
+        d = self.start(token="s3cret")
+        self.assertEqual(join(f"{self.addr}:{d.port}", token="s3cret"), "accepted")
+        wrong = join(f"{self.addr}:{d.port}", token="guess")
+        self.assertEqual(wrong.code(), grpc.StatusCode.UNAUTHENTICATED)
+
+    def test_a_member_without_a_token_does_not_join_a_leader_beyond_loopback(self):
+        leader = self.start(token="s3cret")
+        member = self.start()
+        pub = wpub.Publisher(member.target, timeout=30)
+        self.addCleanup(pub.close)
+        g = wpub.PublicationGroup(pub, "g", 2, 1, leader=f"{self.addr}:{leader.port}")
+        with self.assertRaises(wpub.WpubError) as cm:
+            g.publish(1, as_wire(glm_batches(3)))
+        self.assertIn("loopback only", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
