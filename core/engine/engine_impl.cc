@@ -37,7 +37,9 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   WPUB_RETURN_IF_ERROR(ValidateOptions(options));
   Parts parts;
   WPUB_ASSIGN_OR_RETURN(parts.cache, policy::IgnoreSnapshotCache::Create({}));
-  WPUB_ASSIGN_OR_RETURN(parts.pull, PullTransport::Create(options.pull));
+  PullTransportOptions pull = options.pull;
+  pull.max_version = options.max_version;  // a receiver's claim is bounded as versions are
+  WPUB_ASSIGN_OR_RETURN(parts.pull, PullTransport::Create(pull));
   if (components.backend) {
     parts.backend = std::move(components.backend);
   } else {

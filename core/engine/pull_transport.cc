@@ -392,6 +392,11 @@ PullTransport::~PullTransport() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::string_view name,
                                                                        uint64_t held_version) {
   if (absl::Status s = ValidateReceiverName(name); !s.ok()) return s;
+  if (held_version > hub_->options.max_version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "receiver '", name, "' claims to hold version ", held_version,
+        ", beyond any version a publication may have (", hub_->options.max_version, ")"));
+  }
   absl::StatusOr<std::string> token = NewToken();
   if (!token.ok()) return token.status();
   std::lock_guard lock(hub_->mu);

@@ -31,6 +31,10 @@ struct PullTransportOptions {
   // A receiver whose undelivered events exceed this many is dropped (it fails the publication
   // in flight with reason "protocol"). A publication produces buckets + 2 events per receiver.
   size_t max_queued_events = 65536;
+  // The largest version a receiver may claim to hold when it subscribes (the largest version
+  // a publication may have: EngineOptions::max_version): a claim beyond any version wpub can
+  // publish would hold every publication back while the receiver stays connected.
+  uint64_t max_version = uint64_t{1} << 53;
 };
 
 class PullTransport;
@@ -113,7 +117,8 @@ class PullTransport final : public Transport {
   ~PullTransport() override;
 
   // Registers receiver `name` (ValidateReceiverName: INVALID_ARGUMENT otherwise; unique among
-  // connected receivers: ALREADY_EXISTS otherwise), which holds `held_version` (0: none). It
+  // connected receivers: ALREADY_EXISTS otherwise), which holds `held_version` (0: none;
+  // INVALID_ARGUMENT naming the receiver above options.max_version). It
   // takes part in the next publication that begins after this call; its GroupInfoEvent carries
   // a fresh subscription token. INTERNAL if the kernel gives no random bytes.
   absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(absl::string_view name,

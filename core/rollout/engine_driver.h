@@ -201,11 +201,14 @@ std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
 // names the engine and route ("engine URL GET /path").
 std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer);
 
+// The largest version an engine's claim is believed up to (EngineOptions::max_version).
+inline constexpr uint64_t kMaxEngineVersion = uint64_t{1} << 53;
+
 // GETs `path` (SGLang's /get_model_info, vLLM's /weight_info) on every engine concurrently and
 // reads the "weight_version" field of each answer: the version the engine serves, as wpub set it
 // with update_weight_version. 0 where the engine did not answer in time, answered without the field
-// (SGLang before weight versions), or with something that is not a decimal version (a
-// checkpoint's own name). Answers are bounded like every engine answer.
+// (SGLang before weight versions), with something that is not a decimal version (a checkpoint's
+// own name) or with one above kMaxEngineVersion. Answers are bounded like every engine answer.
 std::vector<uint64_t> FetchWeightVersions(const std::vector<EngineSpec>& engines,
                                           const std::string& path, absl::Duration timeout);
 

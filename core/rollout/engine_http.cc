@@ -22,12 +22,72 @@ uint64_t WeightVersionOf(const std::string& body) {
   auto it = j.find("weight_version");
   if (it == j.end()) return 0;
   uint64_t v = 0;
-  if (it->is_string() && absl::SimpleAtoi(it->get<std::string>(), &v)) return v;
-  if (it->is_number_unsigned()) return it->get<uint64_t>();
-  return 0;
+  if (it->is_number_unsigned()) {
+    v = it->get<uint64_t>();
+  } else if (!it->is_string() || !absl::SimpleAtoi(it->get<std::string>(), &v)) {
+    return 0;
+  }
+  // Beyond any version a publication may have: not one wpub set, and believed it would hold
+  // every later publication back.
+  return v <= kMaxEngineVersion ? v : 0;
 }
 
 }  // namespace
+
+BoundedAnswer SendBounded(httplib::Client& client, const std::string& method,
+                          const std::string& path, const std::string* body, absl::Time deadline,
+                          size_t max_bytes) {
+  BoundedAnswer out;
+  std::string cut;  // which bound cut the answer
+  httplib::Request req;
+  req.method = method;
+  req.path = path;
+  if (body != nullptr) {
+    req.body = *body;
+    req.set_header("Content-Type", "application/json");
+  }
+  req.response_handler = [&](const httplib::Response& r) {
+    if (r.has_header("Content-Length")) {
+      const std::string n = r.get_header_value("Content-Length");
+      uint64_t declared = 0;
+      if (absl::SimpleAtoi(n, &declared) && declared > max_bytes) {
+        cut = absl::StrCat("an answer of ", declared, " bytes (at most ", max_bytes, " read)");
+        return false;
+      }
+    }
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+    if (out.body.size() + n > max_bytes) {
+      cut = absl::StrCat("an answer of more than ", max_bytes, " bytes");
+      return false;
+    }
+    if (absl::Now() > deadline) {
+      cut = "an answer still arriving at the request's deadline";
+      return false;
+    }
+    out.body.append(data, n);
+    return true;
+  };
+  httplib::Result res = client.send(req);
+  if (!cut.empty()) {
+    out.body.clear();
+    out.error = cut;
+    return out;
+  }
+  if (!res) {
+    out.body.clear();
+    out.error = httplib::to_string(res.error());
+    return out;
+  }
+  if (absl::Now() > deadline && !out.body.empty()) {
+    out.body.clear();
+    out.error = "an answer still arriving at the request's deadline";
+    return out;
+  }
+  out.status = res->status;
+  return out;
+}
 
 std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& engines,
                                                const std::string& path, absl::Duration timeout) {
@@ -40,8 +100,8 @@ std::vector<std::optional<std::string>> GetAll(const std::vector<EngineSpec>& en
       c.set_connection_timeout(us / 1000000, us % 1000000);
       c.set_read_timeout(us / 1000000, us % 1000000);
       if (!engines[i].auth_token.empty()) c.set_bearer_token_auth(engines[i].auth_token);
-      httplib::Result r = c.Get(path);
-      if (r && r->status >= 200 && r->status < 300) bodies[i] = std::move(r->body);
+      BoundedAnswer r = SendBounded(c, "GET", path, nullptr, absl::Now() + timeout);
+      if (r.status >= 200 && r.status < 300) bodies[i] = std::move(r.body);
     });
   }
   for (auto& t : threads) t.join();
@@ -71,13 +131,13 @@ std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
       break;
     }
     c.set_read_timeout(us(left) / 1000000, us(left) % 1000000);
-    httplib::Result r = c.Get(paths[i]);
-    if (!r) {
-      for (size_t k = i; k < paths.size(); ++k) out[k].error = httplib::to_string(r.error());
+    BoundedAnswer r = SendBounded(c, "GET", paths[i], nullptr, deadline);
+    if (r.status == 0) {
+      for (size_t k = i; k < paths.size(); ++k) out[k].error = r.error;
       break;
     }
-    out[i].status = r->status;
-    if (CheckJsonBounds(r->body, "answer").ok()) out[i].body = std::move(r->body);
+    out[i].status = r.status;
+    if (CheckJsonBounds(r.body, "answer").ok()) out[i].body = std::move(r.body);
   }
   return out;
 }

@@ -25,6 +25,24 @@
 
 namespace wpub::rollout {
 
+// The largest engine answer read (as the JSON bounds every answer is checked against allow).
+inline constexpr size_t kMaxEngineAnswerBytes = kClientJsonBounds.max_bytes;
+
+// One engine answer, read within bounds.
+struct BoundedAnswer {
+  int status = 0;     // 0: no complete answer (error says why)
+  std::string body;   // at most kMaxEngineAnswerBytes
+  std::string error;  // the transport error, or which bound cut the answer
+};
+// Sends `method path` (with `body` as application/json when not null) on `client` and reads the
+// answer without buffering more than `max_bytes` (an answer declaring or sending more is cut,
+// before it is held) and without reading past `deadline` (an engine that trickles its answer
+// loses it at the deadline: each read's own timeout alone would let it hold the caller for as
+// long as it keeps sending).
+BoundedAnswer SendBounded(httplib::Client& client, const std::string& method,
+                          const std::string& path, const std::string* body, absl::Time deadline,
+                          size_t max_bytes = kMaxEngineAnswerBytes);
+
 // One request to one engine.
 struct EngineRequest {
   std::string method;  // "GET" | "POST"
@@ -72,7 +90,7 @@ class EngineRequestQueue {
   EngineRequestQueue(std::string url, absl::Duration connect_timeout,
                      absl::Duration request_timeout, int lanes, AnswerCheck check,
                      const std::string& auth_token = "")
-      : url_(std::move(url)), check_(std::move(check)) {
+      : url_(std::move(url)), check_(std::move(check)), request_timeout_(request_timeout) {
     outcome_.url = url_;
     const auto us = [](absl::Duration d) { return absl::ToInt64Microseconds(d); };
     for (int i = 0; i < std::max(1, lanes); ++i) {
@@ -203,34 +221,38 @@ class EngineRequestQueue {
 
   // Empty on success, otherwise a sentence naming the engine and call.
   std::string Send(httplib::Client& client, const EngineRequest& r) {
-    httplib::Result res =
-        r.method == "GET" ? client.Get(r.path) : client.Post(r.path, *r.body, "application/json");
+    const auto send = [&](const std::string* body) {
+      return SendBounded(client, r.method, r.path, r.method == "GET" ? nullptr : body,
+                         absl::Now() + request_timeout_);
+    };
+    BoundedAnswer res = send(r.body.get());
     const std::string what = absl::StrCat("engine ", url_, " ", r.method, " ", r.path);
-    if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
-    if (r.fallback_body && res->status >= 400 && res->status < 600 &&
-        res->body.find(r.fallback_when) != std::string::npos) {
-      res = client.Post(r.path, *r.fallback_body, "application/json");
-      if (!res) return absl::StrCat(what, ": ", httplib::to_string(res.error()));
+    if (res.status == 0) return absl::StrCat(what, ": ", res.error);
+    if (r.fallback_body && res.status >= 400 && res.status < 600 &&
+        res.body.find(r.fallback_when) != std::string::npos) {
+      res = send(r.fallback_body.get());
+      if (res.status == 0) return absl::StrCat(what, ": ", res.error);
       std::lock_guard lock(mu_);
       fell_back_ = true;
     }
-    if (res->status == 404 && !r.on_404.empty()) {
+    if (res.status == 404 && !r.on_404.empty()) {
       return absl::StrCat(what, ": HTTP 404: ", r.on_404);
     }
-    if (res->status < 200 || res->status >= 300) {
-      return absl::StrCat(what, ": HTTP ", res->status, ": ", res->body.substr(0, 300));
+    if (res.status < 200 || res.status >= 300) {
+      return absl::StrCat(what, ": HTTP ", res.status, ": ", res.body.substr(0, 300));
     }
     // An answer beyond the bounds is not one (and would cost the daemon its stack or memory to
     // parse).
-    if (absl::Status bounded = CheckJsonBounds(res->body, "answer"); !bounded.ok()) {
+    if (absl::Status bounded = CheckJsonBounds(res.body, "answer"); !bounded.ok()) {
       return absl::StrCat(what, ": ", bounded.message());
     }
-    if (check_) return check_(what, res->body);
+    if (check_) return check_(what, res.body);
     return "";
   }
 
   const std::string url_;
   const AnswerCheck check_;
+  const absl::Duration request_timeout_;  // the whole of a request: sending and answer
   std::vector<std::unique_ptr<httplib::Client>> clients_;  // one per lane
   std::vector<std::thread> threads_;
   mutable std::mutex mu_;

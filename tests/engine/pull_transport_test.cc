@@ -91,6 +91,24 @@ TEST(PullTransportTest, AClosedSubscriptionGetsNoMoreEvents) {
   EXPECT_EQ((*sub)->Next(absl::Seconds(5)).status().code(), absl::StatusCode::kCancelled);
 }
 
+// A receiver claiming a version beyond any publishable one would hold every publication back
+// while connected (each must go beyond the highest version a receiver holds).
+TEST(PullTransportTest, AClaimedVersionBeyondAnyPublishableOneIsRefused) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto top = (*transport)->Subscribe("r0", uint64_t{1} << 53);  // the largest is taken
+  ASSERT_TRUE(top.ok());
+  for (const uint64_t v : {(uint64_t{1} << 53) + 1, ~uint64_t{0}}) {
+    auto sub = (*transport)->Subscribe("r1", v);
+    ASSERT_FALSE(sub.ok()) << v;
+    EXPECT_EQ(sub.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(sub.status().message().find("receiver 'r1' claims to hold version"),
+              std::string::npos)
+        << sub.status();
+  }
+  EXPECT_EQ((*transport)->HighestHeldVersion()->version, uint64_t{1} << 53);
+}
+
 TEST(PullTransportTest, EverySubscriptionGetsItsOwnRandomToken) {
   auto transport = PullTransport::Create(PullTransportOptions{});
   ASSERT_TRUE(transport.ok());

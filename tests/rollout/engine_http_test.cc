@@ -1,0 +1,135 @@
+// What an engine answers cannot cost the daemon more than its bounds (core/rollout/engine_http.h):
+// an answer declaring or sending more than kMaxEngineAnswerBytes is cut before it is held, an
+// engine that trickles its answer loses it at the call's deadline (probes, version reads and
+// update requests alike), and a claimed weight version beyond any version wpub can publish is
+// not believed.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/rollout/engine_driver.h"
+#include "core/rollout/engine_http.h"
+#include "core/rollout/sglang_driver.h"
+
+namespace wpub::rollout {
+namespace {
+
+class HostileEngine {
+ public:
+  HostileEngine() {
+    // A declared answer far past the bound (nothing of it need arrive).
+    server_.Get("/huge", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content(std::string(kMaxEngineAnswerBytes + 1, 'x'), "application/json");
+    });
+    // An answer that never says its length and keeps coming.
+    server_.Get("/endless", [](const httplib::Request&, httplib::Response& r) {
+      r.set_chunked_content_provider("application/json", [](size_t, httplib::DataSink& sink) {
+        const std::string block(64 << 10, ' ');
+        return sink.write(block.data(), block.size());
+      });
+    });
+    // A byte every 50 ms: every read is quick, the answer never ends in time.
+    server_.Get("/trickle", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_chunked_content_provider("application/json", [this](size_t, httplib::DataSink& sink) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return !stopping_ && sink.write(" ", 1);
+      });
+    });
+    server_.Get("/version", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(version_body_, "application/json");
+    });
+    server_.Post("/update_weights_from_distributed",
+                 [](const httplib::Request&, httplib::Response& r) {
+                   r.set_content(std::string(kMaxEngineAnswerBytes + 10, ' '), "application/json");
+                 });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~HostileEngine() {
+    stopping_ = true;
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  void SetVersionBody(std::string body) { version_body_ = std::move(body); }
+
+ private:
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::string version_body_;
+};
+
+TEST(EngineHttp, AnswersPastTheBoundAreCutBeforeTheyAreHeld) {
+  HostileEngine e;
+  httplib::Client c(e.url());
+  BoundedAnswer huge = SendBounded(c, "GET", "/huge", nullptr, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(huge.status, 0);
+  EXPECT_TRUE(huge.body.empty());
+  EXPECT_NE(huge.error.find(absl::StrCat("an answer of ", kMaxEngineAnswerBytes + 1, " bytes")),
+            std::string::npos)
+      << huge.error;
+  BoundedAnswer endless =
+      SendBounded(c, "GET", "/endless", nullptr, absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(endless.status, 0);
+  EXPECT_NE(endless.error.find("more than"), std::string::npos) << endless.error;
+}
+
+TEST(EngineHttp, ATricklingAnswerEndsAtTheDeadline) {
+  HostileEngine e;
+  const std::vector<EngineSpec> engines = {{e.url(), 1, "sglang", ""}};
+  const absl::Time t0 = absl::Now();
+  // A 1 s probe: once, not once per trickled byte's read timeout.
+  EXPECT_EQ(ProbeEngines(engines, "/trickle", absl::Seconds(1)), std::vector<bool>{false});
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  const std::vector<RouteAnswer> routes =
+      ProbeRoutes(engines[0], {"/trickle", "/version"}, absl::Seconds(1));
+  EXPECT_EQ(routes[0].status, 0);
+  EXPECT_NE(routes[0].error.find("deadline"), std::string::npos) << routes[0].error;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+}
+
+TEST(EngineHttp, AnUpdateAnsweredPastTheBoundFailsTheEngine) {
+  HostileEngine e;
+  SglangDriverOptions o;
+  o.engines = {{e.url(), 1, "sglang", ""}};
+  o.master_port = 29500;
+  o.endpoints.pause = o.endpoints.flush = o.endpoints.begin = "";
+  o.request_timeout = absl::Seconds(5);
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok());
+  (*d)->BeginPublication(1, /*lifecycle_calls=*/true);
+  engine::BucketManifest b;
+  b.tensors.push_back({"w", DType::kBFloat16, {4}, 0, 8});
+  b.nbytes = 8;
+  (*d)->PostBucket(b);
+  absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(10));
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("POST /update_weights_from_distributed: an answer of"),
+            std::string::npos)
+      << s;
+}
+
+TEST(EngineHttp, AClaimedVersionBeyondAnyPublishableOneIsNotBelieved) {
+  HostileEngine e;
+  const std::vector<EngineSpec> engines = {{e.url(), 1, "sglang", ""}};
+  const auto read = [&](const std::string& body) {
+    e.SetVersionBody(body);
+    return FetchWeightVersions(engines, "/version", absl::Seconds(2))[0];
+  };
+  EXPECT_EQ(read(R"({"weight_version": "17"})"), 17u);
+  EXPECT_EQ(read(absl::StrCat(R"({"weight_version": ")", kMaxEngineVersion, R"("})")),
+            kMaxEngineVersion);
+  EXPECT_EQ(read(absl::StrCat(R"({"weight_version": ")", kMaxEngineVersion + 1, R"("})")), 0u);
+  EXPECT_EQ(read(R"({"weight_version": 18446744073709551615})"), 0u);
+  EXPECT_EQ(read(R"({"weight_version": "18446744073709551615"})"), 0u);
+  EXPECT_EQ(read(R"({"weight_version": "default"})"), 0u);
+}
+
+}  // namespace
+}  // namespace wpub::rollout
