@@ -137,6 +137,7 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
     wpub::wpubd::MetricsServerOptions m;
     m.listen = options.metrics_listen;
     m.threads = options.metrics_threads;
+    m.auth_token = options.server.service.auth_token;
     absl::StatusOr<std::unique_ptr<wpub::wpubd::MetricsServer>> created =
         wpub::wpubd::MetricsServer::Create(m, registry);
     if (!created.ok()) {

@@ -33,6 +33,21 @@ absl::Status SplitHostPort(const std::string& listen, std::string* host, int* po
   return absl::OkStatus();
 }
 
+// The request carries "Authorization: Bearer <token>" (compared in constant time).
+bool BearerMatches(const httplib::Request& req, const std::string& token) {
+  const std::string value = req.get_header_value("Authorization");
+  constexpr std::string_view kPrefix = "Bearer ";
+  if (value.size() != kPrefix.size() + token.size() ||
+      value.compare(0, kPrefix.size(), kPrefix) != 0) {
+    return false;
+  }
+  unsigned char diff = 0;
+  for (size_t i = 0; i < token.size(); ++i) {
+    diff |= static_cast<unsigned char>(value[kPrefix.size() + i] ^ token[i]);
+  }
+  return diff == 0;
+}
+
 template <typename F>
 void SetTimeout(absl::Duration d, F set) {
   const int64_t us = absl::ToInt64Microseconds(d);
@@ -66,7 +81,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
   MetricsServer* self = server.get();
   // httplib matches the whole path (std::regex_match): "/metricsx", "//metrics" and
   // "/metrics/" do not match and get 404.
-  http.Get(kMetricsPath, [self](const httplib::Request&, httplib::Response& res) {
+  server->auth_token_ = options.auth_token;
+  http.Get(kMetricsPath, [self](const httplib::Request& req, httplib::Response& res) {
     std::vector<prometheus::MetricFamily> families = self->registry_->Collect();
     std::vector<std::shared_ptr<prometheus::Collectable>> more;
     {
@@ -77,6 +93,16 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
       std::vector<prometheus::MetricFamily> f = c->Collect();
       families.insert(families.end(), std::make_move_iterator(f.begin()),
                       std::make_move_iterator(f.end()));
+    }
+    if (!self->auth_token_.empty() && !BearerMatches(req, self->auth_token_)) {
+      // Who the receivers and engines are is for whoever holds the token.
+      for (prometheus::MetricFamily& f : families) {
+        std::erase_if(f.metric, [](const prometheus::ClientMetric& m) {
+          return std::any_of(
+              m.label.begin(), m.label.end(),
+              [](const prometheus::ClientMetric::Label& l) { return l.name == "receiver"; });
+        });
+      }
     }
     std::ostringstream out;
     prometheus::TextSerializer().Serialize(out, families);

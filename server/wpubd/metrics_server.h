@@ -33,9 +33,15 @@ struct MetricsServerOptions {
   absl::Duration write_timeout = absl::Seconds(2);
   // Longest wait for a (first or next) request on a connection.
   absl::Duration keep_alive_timeout = absl::Seconds(1);
+  // The daemon's token (wpubd --auth_token_file), or "": series that name a receiver or engine
+  // (a `receiver` label) are served only to scrapes that present it as "Authorization: Bearer";
+  // every other series is served to every scrape (dashboards and alerts on aggregates keep
+  // working without it).
+  std::string auth_token;
 };
 
-// Serves GET/HEAD `/metrics` (a query string is ignored) with the text exposition format;
+// Serves GET/HEAD `/metrics` (a query string is ignored) with the text exposition format (with a
+// token, the per-receiver series only to a scrape that presents it);
 // every other path, including `/metricsx` and `//metrics`, is 404 and every other method 405
 // or 404. Thread-safe: scrapes run on the pool's threads; destruction stops the listener and
 // joins every thread.
@@ -59,6 +65,7 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::string auth_token_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;  // guarded by mu_
   std::unique_ptr<httplib::Server> http_;

@@ -6,7 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -87,6 +92,42 @@ TEST_F(MetricsPortTest, ScrapesAreAnsweredWhileHalfOpenConnectionsSit) {
   EXPECT_TRUE(harness_->daemon().Running());
   for (int fd : stalled) close(fd);
   EXPECT_EQ(Get(port, "/metrics"), 200);
+}
+
+// With a token, who the receivers are (the `receiver` label) is served only to a scrape that
+// presents it; the aggregates are served to every scrape.
+TEST(MetricsPortTokenTest, ReceiverNamesNeedTheToken) {
+  char tmpl[] = "/tmp/wpub_metrics_token_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  const std::string token = "scrape-s3cret";
+  std::ofstream(tmpl) << token << "\n";
+  HarnessOptions options;
+  options.receivers = 1;  // a connected receiver: series named after it
+  options.auth_token_file = tmpl;
+  auto h = DaemonHarness::Start(options);
+  ASSERT_TRUE(h.ok()) << h.status();
+  const int port = (*h)->metrics_port();
+  const auto scrape = [&](const std::string& bearer) {
+    httplib::Client http("127.0.0.1", port);
+    http.set_read_timeout(30);
+    if (!bearer.empty()) http.set_bearer_token_auth(bearer);
+    auto res = http.Get("/metrics");
+    return res ? res->body : std::string();
+  };
+  std::string with;
+  for (int i = 0; i < 100 && with.find("receiver=\"") == std::string::npos; ++i) {
+    with = scrape(token);  // until the receiver subscribed
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_NE(with.find("wpub_receiver_state{receiver=\""), std::string::npos) << with;
+  for (const std::string& bearer : {std::string(), std::string("wrong")}) {
+    const std::string without = scrape(bearer);
+    EXPECT_NE(without.find("wpub_publications_total"), std::string::npos);
+    EXPECT_EQ(without.find("receiver=\""), std::string::npos) << bearer;
+  }
+  std::remove(tmpl);
 }
 
 }  // namespace
