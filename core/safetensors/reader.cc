@@ -81,7 +81,9 @@ Reader::~Reader() {
 absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string& path) {
   std::unique_ptr<Reader> r(new Reader());
   r->path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever; it is
+  // refused below, as is everything but a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const std::string why = std::strerror(errno);
     if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
@@ -91,6 +93,17 @@ absl::StatusOr<std::unique_ptr<Reader>> Reader::Open(const std::string& path) {
   if (fstat(fd, &st) != 0) {
     ::close(fd);
     return absl::InternalError(absl::StrCat(path, ": cannot stat: ", std::strerror(errno)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file (",
+                                                   S_ISFIFO(st.st_mode)  ? "a FIFO"
+                                                   : S_ISDIR(st.st_mode) ? "a directory"
+                                                   : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)
+                                                       ? "a device"
+                                                   : S_ISSOCK(st.st_mode) ? "a socket"
+                                                                          : "not a file",
+                                                   ")"));
   }
   r->file_size_ = static_cast<uint64_t>(st.st_size);
   if (r->file_size_ < 8) {

@@ -183,6 +183,28 @@ class InspectAndDiff(unittest.TestCase):
         self.assertEqual(j["nvfp4_modules"][0]["logical_shape"], [2, 32])
         self.assertEqual(j["by_role"]["nvfp4_weight"], {"tensors": 1, "bytes": 32})
 
+    def test_inspect_is_safe_on_hostile_names_and_files(self):
+        # A tensor name holding a terminal escape and a newline: the text report shows them
+        # escaped (nothing reaches the terminal raw, no line is forged); JSON keeps them exact.
+        hostile = dict(self.tensors)
+        name = "model.x\x1b[2J\x1b]0;owned\x07\nproblems: none.weight"
+        hostile[name] = ("F32", [1], struct.pack("<f", 1.0))
+        path = os.path.join(self.dir, "hostile.safetensors")
+        write_safetensors(path, hostile)
+        r = run(WPUBCTL, "inspect", path, "--tensors")
+        self.assertNotIn("\x1b", r.stdout)
+        self.assertNotIn("\x07", r.stdout)
+        self.assertIn("model.x\\x1b[2J", r.stdout)
+        self.assertNotIn("\nproblems: none.weight", r.stdout)
+        j = json.loads(run(WPUBCTL, "inspect", path, "--output_format=json").stdout)
+        self.assertIn(name, [t["name"] for t in j["tensors"]])
+        # A FIFO is refused at once (opening it for reading would wait for a writer forever).
+        fifo = os.path.join(self.dir, "fifo.safetensors")
+        os.mkfifo(fifo)
+        r = run(WPUBCTL, "inspect", fifo, timeout=20)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("not a regular file (a FIFO)", r.stderr)
+
     def test_inspect_exits_1_on_a_problem_and_2_on_unreadable_input(self):
         broken = dict(self.tensors)
         del broken["model.layers.1.mlp.experts.0.down_proj.weight_scale_2"]
