@@ -29,11 +29,13 @@ const char* StageName(int stage) {
 
 }  // namespace
 
-Round::Round(std::string group, uint32_t members, uint64_t version, absl::Duration timeout)
+Round::Round(std::string group, uint32_t members, uint64_t version, absl::Duration timeout,
+             size_t max_name_bytes)
     : group_(std::move(group)),
       members_(members),
       version_(version),
       timeout_(timeout),
+      max_name_bytes_(max_name_bytes),
       m_(members),
       granted_(members, false),
       last_progress_(Clock::now()) {}
@@ -97,15 +99,53 @@ absl::Status Round::Join(const MemberHello& hello) {
   return absl::OkStatus();
 }
 
+absl::Status Round::ReserveNameBytes(uint32_t member, size_t bytes) {
+  std::unique_lock lock(mu_);
+  if (member >= members_) return absl::InvalidArgumentError("no such member");
+  if (bytes > max_name_bytes_ || name_bytes_ > max_name_bytes_ - bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the tensor names of group '", group_, "' version ", version_, " exceed ",
+                     max_name_bytes_, " bytes in all (", Name(member), " sent more)"));
+  }
+  name_bytes_ += bytes;
+  m_[member].reserved_name_bytes += bytes;
+  return absl::OkStatus();
+}
+
 void Round::Stage(uint32_t member, engine::StagedParts parts) {
   std::unique_lock lock(mu_);
   if (decided_ || member >= members_ || m_[member].stage != MemberStage::kJoined) return;
+  // What was not reserved while it arrived (the leader's own parts) counts now.
+  size_t bytes = 0;
+  for (const std::string& n : parts.tensors) bytes += n.size();
+  for (const std::string& n : parts.expected) bytes += n.size();
+  const size_t more =
+      bytes > m_[member].reserved_name_bytes ? bytes - m_[member].reserved_name_bytes : 0;
+  if (more > max_name_bytes_ || name_bytes_ > max_name_bytes_ - more) {
+    AbortLocked(absl::ResourceExhaustedError(absl::StrCat(
+                    "the tensor names of group '", group_, "' version ", version_, " exceed ",
+                    max_name_bytes_, " bytes in all (", Name(member), "'s parts)")),
+                static_cast<int32_t>(member));
+    Unlock(lock);
+    return;
+  }
+  name_bytes_ += more;
+  m_[member].tensor_count = parts.tensors.size();
   m_[member].parts = std::move(parts);
   m_[member].stage = MemberStage::kStaged;
   ++staged_;
   Progress();
   if (staged_ == members_) CheckParts();
   Unlock(lock);
+}
+
+void Round::ReleaseNamesLocked() {
+  for (Member& m : m_) {
+    std::vector<std::string>().swap(m.parts.tensors);
+    std::vector<std::string>().swap(m.parts.expected);
+    m.reserved_name_bytes = 0;
+  }
+  name_bytes_ = 0;
 }
 
 void Round::CheckParts() {
@@ -166,6 +206,7 @@ void Round::CheckParts() {
     }
   }
   parts_checked_ = true;
+  ReleaseNamesLocked();  // checked: nothing needs the names again
   coordination_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
   GrantTurns();
 }
@@ -278,6 +319,7 @@ void Round::Unlock(std::unique_lock<std::mutex>& lock) {
 
 void Round::AbortLocked(const absl::Status& why, int32_t failed_member) {
   if (decided_) return;
+  ReleaseNamesLocked();  // kept by the last round's summary for as long as it is the last
   decided_ = true;
   abort_ = why.ok() ? absl::AbortedError("aborted") : why;
   failed_member_ = failed_member;
@@ -361,7 +403,7 @@ engine::GroupSummary Round::Summary() const {
     d.state = StageName(static_cast<int>(m.stage));
     if (decided_ && m.stage == MemberStage::kPrepared)
       d.state = abort_.ok() ? "committed" : "aborted";
-    d.tensors = m.parts.tensors.size();
+    d.tensors = m.tensor_count;
     d.bytes_in = m.parts.bytes_in;
     d.bytes_out = m.prepared.bytes_out ? m.prepared.bytes_out : m.parts.bytes_out;
     d.buckets = m.parts.buckets;

@@ -43,10 +43,16 @@ struct MemberHello {
   std::string recipe;
 };
 
+// Tensor names one round holds in all, every member's together (each member is bounded by
+// engine::kMaxGroupNameBytes too).
+inline constexpr size_t kMaxRoundNameBytes = engine::kMaxGroupNameBytes;
+
 class Round {
  public:
   // `timeout`: how long the round may go without progress before a waiter aborts it.
-  Round(std::string group, uint32_t members, uint64_t version, absl::Duration timeout);
+  // `max_name_bytes`: the tensor names the round holds in all (tests make it small).
+  Round(std::string group, uint32_t members, uint64_t version, absl::Duration timeout,
+        size_t max_name_bytes = kMaxRoundNameBytes);
   Round(const Round&) = delete;
   Round& operator=(const Round&) = delete;
 
@@ -55,8 +61,14 @@ class Round {
   // a member index joined already; FAILED_PRECONDITION once decided ("version V was already
   // aborted: ...").
   absl::Status Join(const MemberHello& hello);
+  // Member `member` sends `bytes` more of tensor names (as its parts arrive, before Stage):
+  // RESOURCE_EXHAUSTED naming it once the round's names would exceed max_name_bytes in all (its
+  // stream then fails the member).
+  absl::Status ReserveNameBytes(uint32_t member, size_t bytes);
   // Member `member` checked its inputs: its parts. When every member staged, runs the parts
-  // check (a failure aborts the round with INVALID_ARGUMENT).
+  // check (a failure aborts the round with INVALID_ARGUMENT). Names beyond the round's bound
+  // abort it (RESOURCE_EXHAUSTED naming the member). The names are released once checked or
+  // once the round is decided: a round kept as the last one holds its counts only.
   void Stage(uint32_t member, engine::StagedParts parts);
   // Member `member`'s receivers hold every bucket. When every member prepared, runs the
   // receiver check and decides.
@@ -98,6 +110,8 @@ class Round {
   };
   struct Member {
     MemberStage stage = MemberStage::kWaiting;
+    size_t reserved_name_bytes = 0;  // ReserveNameBytes' share of name_bytes_
+    size_t tensor_count = 0;         // parts.tensors.size() at Stage (the names are released)
     std::string publisher;
     std::string recipe;
     engine::StagedParts parts;
@@ -113,6 +127,7 @@ class Round {
   void Progress();
   void AbortLocked(const absl::Status& why, int32_t failed_member);
   void CheckParts();
+  void ReleaseNamesLocked();
   void GrantTurns();
   void Decide();
   bool Sequential() const;
@@ -125,11 +140,13 @@ class Round {
   const uint32_t members_;
   const uint64_t version_;
   const absl::Duration timeout_;
+  const size_t max_name_bytes_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Member> m_;
   uint32_t staged_ = 0, prepared_ = 0;
+  size_t name_bytes_ = 0;  // tensor names held (reserved or staged), every member together
   bool parts_checked_ = false;
   std::vector<bool> granted_;
   bool decided_ = false;

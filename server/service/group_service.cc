@@ -36,6 +36,18 @@ grpc::Status GroupService::Join(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<pb::GroupLeaderMessage, pb::GroupMemberMessage>* stream) {
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  // Each stream holds a server thread for its whole round: beyond the bound, refused at once.
+  struct StreamSlot {
+    std::atomic<size_t>& open;
+    ~StreamSlot() { --open; }
+  } slot{open_streams_};
+  if (const size_t n = ++open_streams_;
+      options_.max_group_streams > 0 && n > options_.max_group_streams) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat(options_.max_group_streams,
+                         " group members are connected, the most this daemon serves at once "
+                         "(half of --grpc_max_threads)")};
+  }
   if (grpc::Status peer = CheckGroupPeer(options_, *context); !peer.ok()) {
     spdlog::warn("group: refused a join: {}", LogEscape(peer.error_message()));
     return peer;
@@ -110,20 +122,24 @@ grpc::Status GroupService::Join(
               absl::StrCat("more than ", engine::kMaxGroupTensors, " tensor names"));
           break;
         }
+        size_t message_bytes = 0;
         for (const std::string& name : p.tensors()) {
-          name_bytes += name.size();
+          message_bytes += name.size();
           if (name.empty() || name.size() > engine::kMaxGroupTensorNameBytes) {
             member_status = absl::InvalidArgumentError(
                 absl::StrCat("a tensor name of ", name.size(), " bytes (1 to ",
                              engine::kMaxGroupTensorNameBytes, " allowed)"));
-          } else if (name_bytes > engine::kMaxGroupNameBytes) {
+          } else if (name_bytes + message_bytes > engine::kMaxGroupNameBytes) {
             member_status = absl::InvalidArgumentError(
                 absl::StrCat("its tensor names exceed ", engine::kMaxGroupNameBytes, " bytes"));
           }
           if (!member_status.ok()) break;
-          parts.tensors.push_back(name);
         }
+        // The round's bound over every member together, before the names are kept.
+        if (member_status.ok()) member_status = round->ReserveNameBytes(m, message_bytes);
         if (!member_status.ok()) break;
+        name_bytes += message_bytes;
+        for (const std::string& name : p.tensors()) parts.tensors.push_back(name);
         if (p.last()) {
           parts.bytes_in = p.bytes_in();
           parts.bytes_out = p.bytes_out();

@@ -6,6 +6,7 @@
 //   group_client.cc) that lives until the decision.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +35,7 @@ class GroupService final : public wpub::v1::Group::Service {
  private:
   group::Coordinator* const coordinator_;
   const ServiceOptions options_;
+  std::atomic<size_t> open_streams_{0};  // Join streams being served (max_group_streams)
 };
 
 struct GroupClientOptions {

@@ -1,9 +1,12 @@
 // Subscribe / PullBucket / Ack reactors over engine::PullTransport.
 #include "server/service/receivers_service.h"
 
+#include <system_error>
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -238,6 +241,17 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   if (absl::Status s = engine::ValidateReceiverName(name); !s.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, s));
   }
+  {
+    std::lock_guard lock(mu_);
+    if (subscriptions_.size() >= options_.max_subscriptions) {
+      return new RejectReactor<pb::ReceiverEvent>(
+          Refuse("Subscribe", name, *context,
+                 absl::ResourceExhaustedError(
+                     absl::StrCat(options_.max_subscriptions,
+                                  " receivers are subscribed, the most this daemon "
+                                  "takes"))));
+    }
+  }
   absl::StatusOr<std::unique_ptr<engine::Subscription>> sub =
       transport_->Subscribe(name, request->held_version());
   if (!sub.ok()) {
@@ -247,9 +261,20 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   // Registered before the first event goes out, so the receiver can pull as soon as it hears
   // of a bucket.
   Register(name, shared);
-  spdlog::info("receiver '{}' subscribed from {} (holds version {})", Printable(name),
-               Printable(context->peer()), request->held_version());
-  return new SubscribeReactor(this, std::move(shared));
+  try {
+    SubscribeReactor* reactor = new SubscribeReactor(this, shared);
+    spdlog::info("receiver '{}' subscribed from {} (holds version {})", Printable(name),
+                 Printable(context->peer()), request->held_version());
+    return reactor;
+  } catch (const std::system_error& e) {
+    // No thread for its pump (the process is at its thread limit): refused, and nothing of
+    // it stays behind.
+    shared->Close();
+    Unregister(name, shared.get());
+    return new RejectReactor<pb::ReceiverEvent>(
+        Refuse("Subscribe", name, *context,
+               absl::ResourceExhaustedError(absl::StrCat("no thread for its stream: ", e.what()))));
+  }
 }
 
 grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(

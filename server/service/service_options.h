@@ -25,6 +25,13 @@ struct ServiceOptions {
   // Events buffered per subscriber between the core and the gRPC stream before the pump stops
   // pulling from the core (the core's own queue then bounds a slow receiver).
   size_t max_buffered_events = 256;
+  // Receivers subscribed at once (each holds a pump thread): one more is refused with
+  // RESOURCE_EXHAUSTED instead of growing the daemon's threads without bound.
+  size_t max_subscriptions = 256;
+  // Group.Join streams open at once (each holds one of the sync server's threads for its whole
+  // round): one more is refused with RESOURCE_EXHAUSTED, so members -- or anyone joining --
+  // cannot take every thread Publish and GetStatus need. 0: grpc_max_threads / 2.
+  size_t max_group_streams = 0;
   // Reports listed by ListReports when the request gives no limit.
   size_t default_report_limit = 16;
   // A Publish stream that sends no message for this long while the daemon waits for one

@@ -83,6 +83,10 @@ class RawSubscriber {
     std::lock_guard lock(mu_);
     return events_.empty() ? "" : events_.front().group_info().subscription_token();
   }
+  // Whether the daemon took the subscription (its first event came) rather than ending it.
+  bool Accepted() {
+    return WaitFor([](const pb::ReceiverEvent& e) { return e.has_group_info(); });
+  }
   pb::GroupInfo Info() {
     EXPECT_TRUE(WaitFor([](const pb::ReceiverEvent& e) { return e.has_group_info(); }));
     std::lock_guard lock(mu_);
@@ -115,13 +119,14 @@ struct Pulled {
 
 class ReceiversApiTest : public ::testing::Test {
  protected:
-  void Start(uint64_t max_chunk_bytes = uint64_t{4} << 20) {
+  void Start(uint64_t max_chunk_bytes = uint64_t{4} << 20, size_t max_subscriptions = 256) {
     auto engine = engine::Engine::Create(engine::EngineOptions{}, nullptr);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = *std::move(engine);
     DaemonServerOptions options;
     options.listen = "127.0.0.1:0";
     options.service.max_chunk_bytes = max_chunk_bytes;
+    options.service.max_subscriptions = max_subscriptions;
     auto server = DaemonServer::Create(options, engine_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -327,6 +332,35 @@ TEST_F(ReceiversApiTest, ReceiverNamesAreBoundedAndPrintable) {
     EXPECT_EQ(Pull(bad, "", 1).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_EQ(Ack(bad, "", 1, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   }
+}
+
+// Each subscription holds a pump thread: past the bound one more is refused at once
+// (RESOURCE_EXHAUSTED) and the ones connected are untouched; a leaving receiver frees its slot.
+TEST_F(ReceiversApiTest, SubscriptionsAreBounded) {
+  Start(uint64_t{4} << 20, /*max_subscriptions=*/2);
+  auto a = std::make_unique<RawSubscriber>(stub_.get(), "a");
+  RawSubscriber b(stub_.get(), "b");
+  EXPECT_EQ(a->Info().receiver_name(), "a");
+  EXPECT_EQ(b.Info().receiver_name(), "b");
+  {
+    RawSubscriber c(stub_.get(), "c");
+    grpc::Status s = c.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_TRUE(absl::StrContains(s.error_message(), "2 receivers are subscribed"))
+        << s.error_message();
+  }
+  EXPECT_EQ(StateOf("a"), "idle");
+  a.reset();  // leaves: its slot is free once the daemon finished its stream
+  bool taken = false;
+  for (int i = 0; i < 500 && !taken; ++i) {
+    RawSubscriber d(stub_.get(), "d");
+    taken = d.Accepted();
+    if (!taken) {
+      EXPECT_EQ(d.Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  EXPECT_TRUE(taken) << "the slot of a receiver that left was never freed";
 }
 
 // A name (or any client string) with a newline cannot forge a log line: every line the service

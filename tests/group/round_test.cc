@@ -228,6 +228,37 @@ TEST(GroupRound, ReceiversMustTakePartInEveryMember) {
   EXPECT_THAT(s.message(), AllOf(HasSubstr("recv-1"), HasSubstr("member 1 (node-1)")));
 }
 
+// The names a round holds are bounded over every member together, and released once checked
+// (the round kept as the last one holds counts only).
+TEST(GroupRound, TensorNamesAreBoundedInAllAndReleasedOnceChecked) {
+  {
+    Round r("g", 2, 7, absl::Seconds(5), /*max_name_bytes=*/100);
+    ASSERT_TRUE(r.Join(Hello(0, 7, 2)).ok());
+    ASSERT_TRUE(r.Join(Hello(1, 7, 2)).ok());
+    EXPECT_TRUE(r.ReserveNameBytes(1, 60).ok());
+    const absl::Status more = r.ReserveNameBytes(1, 50);
+    EXPECT_EQ(more.code(), absl::StatusCode::kResourceExhausted) << more;
+    EXPECT_THAT(more.message(), AllOf(HasSubstr("exceed 100 bytes"), HasSubstr("member 1")));
+    // The leader's own parts count at Stage: 60 reserved + 50 more is past the bound.
+    r.Stage(0, Parts({std::string(50, 'a')}));
+    const absl::Status s = r.AwaitTransfer(0);
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_EQ(r.Summary().failed_member, 0);
+  }
+  Round r("g", 2, 7, absl::Seconds(5), /*max_name_bytes=*/100);
+  ASSERT_TRUE(r.Join(Hello(0, 7, 2)).ok());
+  ASSERT_TRUE(r.Join(Hello(1, 7, 2)).ok());
+  r.Stage(0, Parts({"a", "b"}));
+  r.Stage(1, Parts({"c"}));
+  ASSERT_TRUE(r.AwaitTransfer(0).ok());
+  // Checked and released: the bound is free again for nothing more, the counts stay.
+  EXPECT_TRUE(r.ReserveNameBytes(1, 100).ok());
+  const engine::GroupSummary sum = r.Summary();
+  ASSERT_EQ(sum.members_detail.size(), 2u);
+  EXPECT_EQ(sum.members_detail[0].tensors, 2u);
+  EXPECT_EQ(sum.members_detail[1].tensors, 1u);
+}
+
 TEST(GroupCoordinator, MembersShareTheActiveRoundAndMismatchesAreRefused) {
   prometheus::Registry registry;
   Coordinator c(CoordinatorOptions{}, &registry);
