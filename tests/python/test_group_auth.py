@@ -97,5 +97,45 @@ class GroupAuthTest(unittest.TestCase):
         self.assertIn("loopback only", str(cm.exception))
 
 
+class GroupStreamBoundTest(unittest.TestCase):
+    """Parked Group.Join streams hold one of the leader's server threads each: past half of
+    --grpc_max_threads one more is refused at once, and Publish/GetStatus keep their threads."""
+
+    def test_parked_joins_cannot_starve_the_daemon(self):
+        import threading
+        workdir = tempfile.mkdtemp(prefix="wpub_group_streams_")
+        self.addCleanup(shutil.rmtree, workdir, ignore_errors=True)
+        d = Daemon(workdir, "--grpc_max_threads=8")
+        self.addCleanup(d.stop)
+        channel = grpc.insecure_channel(d.target)
+        self.addCleanup(channel.close)
+        call = channel.stream_stream("/wpub.v1.Group/Join",
+                                     request_serializer=lambda m: m.SerializeToString(),
+                                     response_deserializer=pb.GroupLeaderMessage.FromString)
+        release = threading.Event()
+
+        def parked(version):
+            yield pb.GroupMemberMessage(join=pb.GroupJoin(group="g", members=2, member=1,
+                                                          publisher="p", version=version,
+                                                          recipe="nvfp4"))
+            release.wait(60)  # then the stream ends
+
+        streams = []
+        for i in range(4):  # 8 / 2: the bound; versions 1-4 each wait in a pending round
+            s = call(parked(i + 1), timeout=60)
+            self.assertEqual(next(s).WhichOneof("kind"), "accepted")
+            streams.append(s)
+        with self.assertRaises(grpc.RpcError) as cm:
+            next(call(parked(1), timeout=20))
+        self.assertEqual(cm.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
+        self.assertIn("group members are connected", cm.exception.details())
+        pub = wpub.Publisher(d.target, timeout=10)
+        self.addCleanup(pub.close)
+        self.assertIsNotNone(pub.status())  # the trainer's calls still get threads
+        release.set()
+        for s in streams:
+            s.cancel()
+
+
 if __name__ == "__main__":
     unittest.main()
