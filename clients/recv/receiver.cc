@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -167,12 +168,24 @@ absl::Status WriteCommittedSafetensors(const CommittedModel& model, const std::s
                           MetadataOf(model.manifest));
 }
 
+namespace {
+
+// 16 hex digits from the kernel's randomness and the process id: unique per receiving process.
+std::string NewInstance() {
+  std::random_device rd;
+  const uint64_t r = (uint64_t{rd()} << 32) ^ rd() ^ static_cast<uint64_t>(::getpid());
+  return absl::StrCat(absl::Hex(r, absl::kZeroPad16));
+}
+
+}  // namespace
+
 class Receiver::Impl {
  public:
   Impl(ReceiverOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
        uint64_t held_at_start)
       : options_(std::move(options)),
         stage_path_(absl::StrCat(options_.output_path, ".staging-", ::getpid())),
+        instance_(NewInstance()),
         held_at_start_(held_at_start) {
     std::vector<std::string> targets = options_.targets;
     if (targets.empty()) targets.push_back(options_.target);
@@ -322,6 +335,7 @@ class Receiver::Impl {
     request.set_receiver_name(options_.name);
     request.add_transports("pull");
     request.set_held_version(held_version());
+    request.set_instance(instance_);
     std::unique_ptr<grpc::ClientReader<pb::ReceiverEvent>> reader =
         link.stub->Subscribe(link.context.get(), request);
     pb::ReceiverEvent event;
@@ -641,6 +655,8 @@ class Receiver::Impl {
 
   const ReceiverOptions options_;
   const std::string stage_path_;  // beside output_path, so the commit is one rename
+  // This process's instance, the same at every daemon it subscribes to (SubscribeRequest).
+  const std::string instance_;
   const uint64_t held_at_start_;  // the version in output_path's metadata at start
   std::vector<std::unique_ptr<Link>> links_;
 

@@ -80,6 +80,7 @@ absl::Status ValidateReceiverName(absl::string_view name, absl::string_view fiel
 struct Subscription::Hub {
   struct Receiver {
     std::string name;
+    std::string instance;
     std::deque<ReceiverEvent> events;
     std::condition_variable cv;
     ReceiverState state = ReceiverState::kIdle;
@@ -93,6 +94,7 @@ struct Subscription::Hub {
   struct Participant {
     uint64_t id = 0;
     std::string name;
+    std::string instance;
     std::vector<bool> acked;
     size_t num_acked = 0;
     ReceiverFailure failure = ReceiverFailure::kNone;
@@ -142,7 +144,8 @@ struct Subscription::Hub {
     if (!in_flight) return last_outcomes;
     std::vector<ReceiverOutcome> out;
     for (const auto& p : participants) {
-      ReceiverOutcome o{p.name, ReceiverState::kReceiving, p.committed, p.failure, p.error};
+      ReceiverOutcome o{p.name,      p.instance, ReceiverState::kReceiving,
+                        p.committed, p.failure,  p.error};
       if (p.failure != ReceiverFailure::kNone) {
         o.state = p.failure == ReceiverFailure::kDisconnected ? ReceiverState::kLeft
                                                               : ReceiverState::kFailed;
@@ -390,8 +393,16 @@ PullTransport::PullTransport(std::shared_ptr<Subscription::Hub> hub) : hub_(std:
 PullTransport::~PullTransport() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::string_view name,
-                                                                       uint64_t held_version) {
+                                                                       uint64_t held_version,
+                                                                       absl::string_view instance) {
   if (absl::Status s = ValidateReceiverName(name); !s.ok()) return s;
+  if (!instance.empty()) {
+    if (absl::Status s = ValidateReceiverName(instance, "instance"); !s.ok()) return s;
+    if (instance.size() > kMaxReceiverInstanceBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "instance of receiver '", name, "': more than ", kMaxReceiverInstanceBytes, " bytes"));
+    }
+  }
   if (held_version > hub_->options.max_version) {
     return absl::InvalidArgumentError(absl::StrCat(
         "receiver '", name, "' claims to hold version ", held_version,
@@ -412,6 +423,7 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   r->name = std::string(name);
   r->connected_at = absl::Now();
   r->held_version = held_version;
+  r->instance = std::string(instance);
   r->events.push_back(GroupInfoEvent{r->name, "pull", hub_->committed_version, *token});
   hub_->receivers.emplace(id, std::move(r));
   return std::unique_ptr<Subscription>(
@@ -455,6 +467,7 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
     Subscription::Hub::Participant p;
     p.id = id;
     p.name = r->name;
+    p.instance = r->instance;
     p.acked.assign(manifest.buckets.size(), false);
     hub_->participants.push_back(std::move(p));
     r->state = ReceiverState::kReceiving;

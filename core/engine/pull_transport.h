@@ -42,6 +42,7 @@ class PullTransport;
 // Receiver names are 1..kMaxReceiverNameBytes bytes of printable ASCII other than space: they
 // appear in logs, reports and metric labels.
 inline constexpr size_t kMaxReceiverNameBytes = 128;
+inline constexpr size_t kMaxReceiverInstanceBytes = 64;
 // INVALID_ARGUMENT naming `field` (and the offending byte, escaped) unless `name` is valid.
 absl::Status ValidateReceiverName(absl::string_view name,
                                   absl::string_view field = "receiver_name");
@@ -121,8 +122,12 @@ class PullTransport final : public Transport {
   // INVALID_ARGUMENT naming the receiver above options.max_version). It
   // takes part in the next publication that begins after this call; its GroupInfoEvent carries
   // a fresh subscription token. INTERNAL if the kernel gives no random bytes.
+  // `instance`: the receiving process's instance (SubscribeRequest.instance; "" none), printable
+  // as names are, at most kMaxReceiverInstanceBytes (INVALID_ARGUMENT otherwise); carried in
+  // its outcomes (ReceiverOutcome::instance).
   absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(absl::string_view name,
-                                                          uint64_t held_version = 0);
+                                                          uint64_t held_version = 0,
+                                                          absl::string_view instance = "");
 
   // The highest version a connected receiver holds (what it subscribed with, or the last
   // version it committed here, whichever is higher); nullopt when no receiver holds one.

@@ -258,7 +258,12 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   if (group_vote != nullptr) {
     t0 = Clock::now();
     PreparedParts parts;
-    for (const ReceiverOutcome& o : transport.Outcomes()) parts.receivers.push_back(o.name);
+    // A receiver is its name and its process's instance: two processes that share a name (one
+    // subscribed to each member) are two receivers, and the leader's check refuses them.
+    for (const ReceiverOutcome& o : transport.Outcomes()) {
+      parts.receivers.push_back(
+          o.instance.empty() ? o.name : absl::StrCat(o.name, " (instance ", o.instance, ")"));
+    }
     parts.bytes_out = bytes_out_;
     parts.phases = phases_;
     absl::Status decided = group_vote->Prepare(parts);

@@ -251,6 +251,9 @@ const char* ReceiverFailureName(ReceiverFailure failure);
 // Outcome of one receiver in one publication.
 struct ReceiverOutcome {
   std::string name;
+  // The receiving process's instance (SubscribeRequest.instance; "" for engines and receivers
+  // that gave none): with the name, what identifies it across the members of a group.
+  std::string instance;
   ReceiverState state = ReceiverState::kIdle;  // kStaged when it acknowledged everything
   bool committed = false;                      // it was told to apply the version
   ReceiverFailure failure = ReceiverFailure::kNone;

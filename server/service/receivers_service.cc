@@ -253,7 +253,7 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
     }
   }
   absl::StatusOr<std::unique_ptr<engine::Subscription>> sub =
-      transport_->Subscribe(name, request->held_version());
+      transport_->Subscribe(name, request->held_version(), request->instance());
   if (!sub.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, sub.status()));
   }

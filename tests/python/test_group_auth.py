@@ -139,3 +139,45 @@ class GroupStreamBoundTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReceiverIdentityTest(unittest.TestCase):
+    """Two receiver processes that share a name, one subscribed to each member of a group, are
+    two receivers: neither holds the whole version, and the leader refuses to commit, naming
+    both (it used to match them by name and report every member committed while no receiver
+    applied anything)."""
+
+    def test_a_shared_name_is_not_one_receiver(self):
+        import threading
+        from harness import Receiver, wait_for_receivers
+        workdir = tempfile.mkdtemp(prefix="wpub_group_ident_")
+        self.addCleanup(shutil.rmtree, workdir, ignore_errors=True)
+        daemons = [Daemon(workdir) for _ in range(2)]
+        for d in daemons:
+            self.addCleanup(d.stop)
+        receivers = [Receiver(d, "recv") for d in daemons]  # one per member, one name
+        for r in receivers:
+            self.addCleanup(r.stop)
+        pubs = [wpub.Publisher(d.target, timeout=60) for d in daemons]
+        for p in pubs:
+            self.addCleanup(p.close)
+            wait_for_receivers(p, 1)
+        batches = glm_batches(5)
+        parts = [batches[0::2], batches[1::2]]
+        outcomes = [None, None]
+
+        def run(i):
+            g = wpub.PublicationGroup(pubs[i], "ident", 2, i, daemons[0].target, timeout=20)
+            outcomes[i] = g.publish(1, as_wire(parts[i]))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for o in outcomes:
+            self.assertIsNotNone(o)
+            self.assertFalse(o.committed, o.error)
+        text = outcomes[0].error
+        self.assertIn("receivers recv (instance ", text)
+        self.assertIn("took part in other members' publications", text)
