@@ -4,6 +4,7 @@
 #include "clients/recv/receiver.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <thread>
@@ -169,6 +171,31 @@ absl::Status WriteCommittedSafetensors(const CommittedModel& model, const std::s
 }
 
 namespace {
+
+// The staging files (`<output>.staging-<pid>`) of receivers of this output that died before
+// they committed or discarded them (killed between their last acknowledgement and the commit,
+// say): removed, so a full model's copy never stays on disk for good. A file whose process is
+// still alive (another receiver writing the same output, which is the operator's mistake) is
+// left alone.
+void RemoveOrphanedStaging(const std::string& output_path) {
+  const std::filesystem::path out(output_path);
+  const std::filesystem::path dir = out.has_parent_path() ? out.parent_path() : ".";
+  const std::string prefix = out.filename().string() + ".staging-";
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(prefix.size()), &pid) || pid <= 0) continue;
+    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      if (std::filesystem::remove(entry.path(), rm)) {
+        spdlog::warn("removed {}: the staging file of receiver process {}, which is gone",
+                     entry.path().string(), pid);
+      }
+    }
+  }
+}
 
 // 16 hex digits from the kernel's randomness and the process id: unique per receiving process.
 std::string NewInstance() {
@@ -694,6 +721,7 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
     WPUB_RETURN_IF_ERROR(CheckOutputWritable(
         options.output_path, absl::StrCat(options.output_path, ".probe-", ::getpid())));
     held = VersionInFile(options.output_path);
+    RemoveOrphanedStaging(options.output_path);
   }
   return std::unique_ptr<Receiver>(
       new Receiver(std::make_unique<Impl>(options, *std::move(credentials), held)));

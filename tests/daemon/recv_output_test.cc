@@ -175,6 +175,27 @@ TEST_F(RecvOutputTest, ACommittedVersionIsRenamedIntoPlace) {
   EXPECT_TRUE(FilesStartingWith(harness_->dir(), "ok.safetensors.").empty());
 }
 
+// A receiver killed while it held a staged copy leaves `<output>.staging-<pid>` behind; the next
+// receiver of that output removes it (its process is gone) and keeps a live process's file.
+TEST_F(RecvOutputTest, AStagingFileOfADeadReceiverIsRemovedAtStart) {
+  StartHarness();
+  const std::string dir = harness_->dir();
+  const std::string output = dir + "/o.safetensors";
+  // A pid that no process holds: the highest the kernel would give, and then some.
+  const std::string dead = output + ".staging-2147483646";
+  const std::string alive = absl::StrCat(output, ".staging-", ::getpid());  // this test's own
+  std::ofstream(dead) << std::string(4096, 'x');
+  std::ofstream(alive) << "live";
+  auto recv = SpawnRecv({"--target=" + harness_->target(), "--name=o", "--output=" + output},
+                        dir + "/o.log");
+  ASSERT_NE(recv, nullptr);
+  ASSERT_TRUE(harness_->WaitForReceivers(1).ok());
+  EXPECT_FALSE(std::filesystem::exists(dead)) << "an orphaned staging file stayed on disk";
+  EXPECT_TRUE(std::filesystem::exists(alive)) << "a live process's staging file was removed";
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/o.log"), "which is gone"));
+  std::filesystem::remove(alive);
+}
+
 // A wpubd of its own on a Unix socket, so a restart listens at the same address.
 class RestartTest : public RecvOutputTest {
  protected:
