@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -195,6 +196,14 @@ struct RouteAnswer {
 // FastAPI server answers 405 for a route it serves for another method and 404 for one it lacks.
 std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
                                      const std::vector<std::string>& paths, absl::Duration timeout);
+
+// Probes every engine concurrently (one thread each): ProbeRoutes of `paths` within `timeout`,
+// then `read` turns the answers into the engine's profile, or the error that refuses it.
+std::vector<absl::StatusOr<EngineProfile>> ProfileEngines(
+    const std::vector<EngineSpec>& engines, const std::vector<std::string>& paths,
+    absl::Duration timeout,
+    const std::function<absl::StatusOr<EngineProfile>(const EngineSpec&,
+                                                      const std::vector<RouteAnswer>&)>& read);
 
 // The error for a probe answer that says the engine cannot be used (nullopt: it can): no
 // answer; HTTP 401/403 (the engine requires an API key: wpubd's --engine_api_key_file). `what`

@@ -142,6 +142,21 @@ std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
   return out;
 }
 
+std::vector<absl::StatusOr<EngineProfile>> ProfileEngines(
+    const std::vector<EngineSpec>& engines, const std::vector<std::string>& paths,
+    absl::Duration timeout,
+    const std::function<absl::StatusOr<EngineProfile>(const EngineSpec&,
+                                                      const std::vector<RouteAnswer>&)>& read) {
+  std::vector<absl::StatusOr<EngineProfile>> out(engines.size(), EngineProfile{});
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { out[i] = read(engines[i], ProbeRoutes(engines[i], paths, timeout)); });
+  }
+  for (std::thread& t : threads) t.join();
+  return out;
+}
+
 std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer) {
   if (answer.status == 0) {
     return absl::UnavailableError(absl::StrCat(what, ": no answer (", answer.error, ")"));

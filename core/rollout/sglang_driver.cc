@@ -297,57 +297,51 @@ std::vector<absl::StatusOr<EngineProfile>> SglangFamily::Profile(
   // The server's info: /server_info (current releases), /get_server_info (older ones).
   paths.push_back("/server_info");
   paths.push_back("/get_server_info");
-  std::vector<absl::StatusOr<EngineProfile>> out(engines.size(), EngineProfile{});
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < engines.size(); ++i) {
-    threads.emplace_back([&, i] {
-      const std::vector<RouteAnswer> answers = ProbeRoutes(engines[i], paths, timeout);
-      EngineProfile p;
-      for (size_t k = 0; k < paths.size(); ++k) {
-        const std::string what = absl::StrCat("engine ", engines[i].url, " GET ", paths[k]);
-        const bool info = k >= required.size() + optional.size();
-        if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k]);
-            refused.has_value() && !(info && answers[k].status != 0)) {
-          out[i] = *refused;
-          return;
+  return ProfileEngines(
+      engines, paths, timeout,
+      [&](const EngineSpec& engine,
+          const std::vector<RouteAnswer>& answers) -> absl::StatusOr<EngineProfile> {
+        EngineProfile p;
+        for (size_t k = 0; k < paths.size(); ++k) {
+          const std::string what = absl::StrCat("engine ", engine.url, " GET ", paths[k]);
+          const bool info = k >= required.size() + optional.size();
+          if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k]);
+              refused.has_value() && !(info && answers[k].status != 0)) {
+            return *refused;
+          }
+          if (info) continue;
+          if (answers[k].status != 404) continue;
+          if (k < required.size()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "engine ", engine.url, " has no ", paths[k],
+                " (HTTP 404): not an SGLang server, or one whose weight-update routes are off"));
+          }
+          p.lacks.insert(paths[k]);
         }
-        if (info) continue;
-        if (answers[k].status != 404) continue;
-        if (k < required.size()) {
-          out[i] = absl::FailedPreconditionError(absl::StrCat(
-              "engine ", engines[i].url, " has no ", paths[k],
-              " (HTTP 404): not an SGLang server, or one whose weight-update routes are off"));
-          return;
+        // Begin and end come as a pair (SGLang's weight-update session): one without the other is
+        // neither.
+        if (!e.begin.empty() && !e.end.empty() && (p.Lacks(e.begin) || p.Lacks(e.end))) {
+          p.lacks.insert(e.begin);
+          p.lacks.insert(e.end);
         }
-        p.lacks.insert(paths[k]);
-      }
-      // Begin and end come as a pair (SGLang's weight-update session): one without the other is
-      // neither.
-      if (!e.begin.empty() && !e.end.empty() && (p.Lacks(e.begin) || p.Lacks(e.end))) {
-        p.lacks.insert(e.begin);
-        p.lacks.insert(e.end);
-      }
-      for (size_t k = required.size() + optional.size(); k < paths.size(); ++k) {
-        if (answers[k].status < 200 || answers[k].status >= 300) continue;
-        json j = json::parse(answers[k].body, nullptr, /*allow_exceptions=*/false);
-        if (!j.is_object()) continue;
-        if (auto v = j.find("version"); v != j.end() && v->is_string()) {
-          p.release = v->get<std::string>().substr(0, 64);
+        for (size_t k = required.size() + optional.size(); k < paths.size(); ++k) {
+          if (answers[k].status < 200 || answers[k].status >= 300) continue;
+          json j = json::parse(answers[k].body, nullptr, /*allow_exceptions=*/false);
+          if (!j.is_object()) continue;
+          if (auto v = j.find("version"); v != j.end() && v->is_string()) {
+            p.release = v->get<std::string>().substr(0, 64);
+          }
+          if (auto b = j.find("wpub_bucket_versions"); b != j.end() && b->is_boolean()) {
+            p.bucket_versions = b->get<bool>();
+          }
+          break;
         }
-        if (auto b = j.find("wpub_bucket_versions"); b != j.end() && b->is_boolean()) {
-          p.bucket_versions = b->get<bool>();
+        if (!options_.flattened_bucket_since.empty() &&
+            ReleaseBefore(p.release, options_.flattened_bucket_since)) {
+          p.lacks.insert(std::string(kFlattenedBucket));
         }
-        break;
-      }
-      if (!options_.flattened_bucket_since.empty() &&
-          ReleaseBefore(p.release, options_.flattened_bucket_since)) {
-        p.lacks.insert(std::string(kFlattenedBucket));
-      }
-      out[i] = std::move(p);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return out;
+        return p;
+      });
 }
 
 absl::StatusOr<std::unique_ptr<EngineDriver>> SglangFamily::CreateDriver(

@@ -271,36 +271,30 @@ std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
   std::vector<std::string> paths;
   for (const auto& [path, why] : routes) paths.push_back(path);
   paths.push_back("/version");
-  std::vector<absl::StatusOr<EngineProfile>> out(engines.size(), EngineProfile{});
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < engines.size(); ++i) {
-    threads.emplace_back([&, i] {
-      const std::vector<RouteAnswer> answers = ProbeRoutes(engines[i], paths, timeout);
-      EngineProfile p;
-      for (size_t k = 0; k < routes.size(); ++k) {
-        const std::string what = absl::StrCat("engine ", engines[i].url, " GET ", paths[k]);
-        if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k])) {
-          out[i] = *refused;
-          return;
+  return ProfileEngines(
+      engines, paths, timeout,
+      [&](const EngineSpec& engine,
+          const std::vector<RouteAnswer>& answers) -> absl::StatusOr<EngineProfile> {
+        EngineProfile p;
+        for (size_t k = 0; k < routes.size(); ++k) {
+          const std::string what = absl::StrCat("engine ", engine.url, " GET ", paths[k]);
+          if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k])) {
+            return *refused;
+          }
+          if (answers[k].status == 404) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "engine ", engine.url, " has no ", paths[k], " (HTTP 404): ", routes[k].second));
+          }
         }
-        if (answers[k].status == 404) {
-          out[i] = absl::FailedPreconditionError(absl::StrCat(
-              "engine ", engines[i].url, " has no ", paths[k], " (HTTP 404): ", routes[k].second));
-          return;
+        const RouteAnswer& version = answers.back();
+        if (version.status >= 200 && version.status < 300) {
+          json j = json::parse(version.body, nullptr, /*allow_exceptions=*/false);
+          if (j.is_object() && j.contains("version") && j["version"].is_string()) {
+            p.release = j["version"].get<std::string>().substr(0, 64);
+          }
         }
-      }
-      const RouteAnswer& version = answers.back();
-      if (version.status >= 200 && version.status < 300) {
-        json j = json::parse(version.body, nullptr, /*allow_exceptions=*/false);
-        if (j.is_object() && j.contains("version") && j["version"].is_string()) {
-          p.release = j["version"].get<std::string>().substr(0, 64);
-        }
-      }
-      out[i] = std::move(p);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return out;
+        return p;
+      });
 }
 
 absl::StatusOr<std::unique_ptr<EngineDriver>> VllmFamily::CreateDriver(

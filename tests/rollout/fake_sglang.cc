@@ -335,4 +335,27 @@ void FakeSglang::Serve(const std::string& method, const std::string& path,
   Answer(r, true, message);
 }
 
+std::vector<bool> PublishThrough(EngineDriver& driver, const std::vector<FakeSglang*>& engines,
+                                 uint64_t version, int sent, bool commit,
+                                 const std::function<engine::BucketManifest(int)>& bucket,
+                                 std::set<std::string>& dirty_urls) {
+  const auto settle = [&] { (void)driver.WaitIdle(absl::Now() + absl::Seconds(10)); };
+  for (FakeSglang* e : engines) e->SetIncoming(std::to_string(version));
+  driver.BeginPublication(version, /*lifecycle_calls=*/true);
+  for (int b = 0; b < sent; ++b) driver.PostBucket(bucket(b));
+  settle();
+  if (commit && !driver.any_failed()) {
+    driver.EndPublication();
+    settle();
+    dirty_urls.clear();
+    return {};
+  }
+  std::vector<bool> dirty = driver.ResumeAfterAbort(dirty_urls);
+  settle();
+  for (size_t i = 0; i < dirty.size() && i < engines.size(); ++i) {
+    if (dirty[i]) dirty_urls.insert(engines[i]->url());
+  }
+  return dirty;
+}
+
 }  // namespace wpub::rollout::testing

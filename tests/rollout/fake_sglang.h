@@ -44,12 +44,16 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "core/engine/types.h"
+#include "core/rollout/engine_driver.h"
 
 namespace wpub::rollout::testing {
 
@@ -133,5 +137,15 @@ class FakeSglang {
   std::atomic<int64_t> delay_ms_{0};
   std::string delay_prefix_;  // guarded by mu_
 };
+
+// One publication as the rollout group drives it, through `driver` to `engines`: what the
+// broadcasts carry (SetIncoming), begin, `sent` buckets (`bucket(b)`), then the end calls when
+// `commit` and nothing failed, else the abort path -- the engines left dirty kept in
+// `dirty_urls` across publications, as the rollout group keeps them. Returns the abort's dirty
+// flags, empty after a commit.
+std::vector<bool> PublishThrough(EngineDriver& driver, const std::vector<FakeSglang*>& engines,
+                                 uint64_t version, int sent, bool commit,
+                                 const std::function<engine::BucketManifest(int)>& bucket,
+                                 std::set<std::string>& dirty_urls);
 
 }  // namespace wpub::rollout::testing

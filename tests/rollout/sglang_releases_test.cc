@@ -89,22 +89,9 @@ struct Group {
   // `sent` buckets, then the end calls (commit) or the abort path. Returns the dirty flags of an
   // abort, empty after a commit.
   std::vector<bool> Publish(uint64_t version, int sent, bool commit) {
-    for (auto& e : engines) e->SetIncoming(std::to_string(version));
-    driver->BeginPublication(version, /*lifecycle_calls=*/true);
-    for (int b = 0; b < sent; ++b) driver->PostBucket(Bucket(b));
-    Settle();
-    if (commit && !driver->any_failed()) {
-      driver->EndPublication();
-      EXPECT_TRUE(driver->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
-      dirty_urls.clear();
-      return {};
-    }
-    std::vector<bool> dirty = driver->ResumeAfterAbort(dirty_urls);
-    Settle();
-    for (size_t i = 0; i < dirty.size(); ++i) {
-      if (dirty[i]) dirty_urls.insert(engines[i]->url());
-    }
-    return dirty;
+    std::vector<FakeSglang*> raw;
+    for (auto& e : engines) raw.push_back(e.get());
+    return testing::PublishThrough(*driver, raw, version, sent, commit, Bucket, dirty_urls);
   }
   // Every engine alive, no session left open.
   void ExpectSound() {
