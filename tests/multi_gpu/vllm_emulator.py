@@ -15,6 +15,10 @@ packed_buffer_size_bytes closes it) as uint8 broadcasts and decodes every tensor
 cannot roll back either). /finish_weight_update {"weight_version": V} marks the update V and,
 with --expect-dir, compares every tensor of it with `<dir>/v<V>/tensors/<name>.bin`.
 
+Failures answer as vLLM's code does: a worker's exception (init_info it refuses, a call out of
+phase, a failed receive) is HTTP 500 with the executor's wrapping, and a failed update_weights
+ends the update on the worker (a finish then fails, a new start is taken).
+
 Test-only switches: --release v0.25 (packing fields refused in init_info, taken per update),
 --die-at-update N (SIGKILL itself when its N-th /update_weights, counted from 0 over its life,
 arrives: an engine dying mid-publication),
@@ -106,6 +110,17 @@ class Engine:
         self.stats = {"calls": [], "versions": {}, "serving": True, "mixed_resumes": 0,
                       "served": [], "unique_id": None, "unique_id_type": None, "rank": None}
 
+    @staticmethod
+    def worker_error(message):
+        """What a worker's exception becomes for the HTTP caller: the executor's RuntimeError
+        wrapped by the engine core's utility call, a plain Exception answered 500
+        (v1/executor/multiproc_executor.py at c5c40ab2, v1/engine/core_client.py at 00080ee1,
+        serve/exception_handling/register.py at 8a8be3dc)."""
+        return 500, {"error": {"message": "Call to collective_rpc method failed: Worker failed "
+                                          f"with error '{message}', please check the stack "
+                                          "trace above for the root cause",
+                               "type": "InternalServerError", "param": None, "code": 500}}
+
     # -- rendezvous --------------------------------------------------------------------------
     def init(self, body):
         info = body.get("init_info")
@@ -115,8 +130,9 @@ class Engine:
         if self.args.release != "v0.25":
             allowed |= {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}
         if set(info) - allowed:
-            return 400, {"error": {"message": f"Invalid init_info: {sorted(set(info) - allowed)}",
-                                   "code": 400}}
+            # The worker parses init_info (weight_transfer/base.py): its ValueError is a 500.
+            return self.worker_error("Invalid init_info for NCCLWeightTransferEngine: unexpected "
+                                     f"keyword arguments {sorted(set(info) - allowed)}")
         self.packing = {k: info[k] for k in ("packed", "packed_buffer_size_bytes",
                                              "packed_num_buffers") if k in info}
         rank = int(info["rank_offset"])
@@ -145,9 +161,9 @@ class Engine:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, body):
-        if self.updating:
-            return 409, {"error": {"message": "start_weight_update called while a weight update "
-                                              "is already active"}}
+        if self.updating:  # gpu_worker.py at 6fbea117
+            return self.worker_error("start_weight_update called while a weight update is "
+                                     "already active. Call finish_weight_update first.")
         self.updating = True
         self.marker += 1
         self.pending = {}
@@ -159,8 +175,8 @@ class Engine:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         if not self.updating:
-            return 400, {"error": {"message": "start_weight_update must be called before "
-                                              "update_weights."}}
+            return self.worker_error("start_weight_update must be called before "
+                                     "update_weights.")
         u = body["update_info"]
         names, dtypes, shapes = u["names"], u["dtype_names"], u["shapes"]
         limit = u.get("packed_buffer_size_bytes",
@@ -178,7 +194,8 @@ class Engine:
                                         ctypes.c_void_p(buf.data_ptr()), total, 1, 0, self.comm,
                                         ctypes.c_void_p(stream))
             if r != 0:
-                return 500, {"error": {"message": f"ncclBroadcast: {r}"}}
+                self.updating = False  # a failed update_weights ends the update on the worker
+                return self.worker_error(f"ncclBroadcast: {r}")
             torch.cuda.synchronize(self.device)
             off = 0
             for k in range(first, end):
@@ -190,6 +207,9 @@ class Engine:
 
     def finish(self, body):
         version = body.get("weight_version") if isinstance(body, dict) else None
+        if not self.updating:  # a failed update_weights already ended it on the worker
+            return self.worker_error("finish_weight_update called without a matching "
+                                     "start_weight_update.")
         self.updating = False
         if version is None:  # an aborted update: nothing is applied by name here
             self.pending = {}
@@ -258,7 +278,9 @@ class Engine:
                 try:
                     return routes[path](body)
                 except Exception as e:  # noqa: BLE001 -- answered like vLLM's handlers
-                    return 500, {"error": {"message": f"{type(e).__name__}: {e}", "code": 500}}
+                    if path == "/update_weights":
+                        self.updating = False  # the worker leaves the update it failed
+                    return self.worker_error(f"{type(e).__name__}: {e}")
             return 404, {"detail": "Not Found"}
 
 
