@@ -400,6 +400,11 @@ class VllmEngine::Impl {
     return state_;
   }
 
+  void FailUpdateAt(int64_t index) {
+    std::lock_guard lock(mu_);
+    fail_update_at_ = index;
+  }
+
  private:
   using Request = httplib::Request;
   using Response = httplib::Response;
@@ -513,26 +518,22 @@ class VllmEngine::Impl {
       return WorkerError(decoded.status());
     }
     const VllmUpdate u = *std::move(decoded);
-    if (fail_update_at_ >= 0 && static_cast<uint64_t>(fail_update_at_) == state_.updates) {
-      fail_update_at_ = -1;
-      // A loader failure after the bytes arrived (a shape the model refuses, a quantization
-      // check): the tensors before the failing one were loaded.
-      std::vector<uint8_t> bytes;
-      absl::Status received = data_->Receive(u, &bytes);
-      if (received.ok()) {
-        for (size_t k = 0; k < u.tensors.size() / 2; ++k) Stage(u.tensors[k], bytes);
-      }
-      EndFailedUpdate();
-      return WorkerError(absl::InternalError(absl::StrCat(
-          "loading ", u.tensors.empty() ? std::string("(no tensor)") : u.tensors.back().name,
-          " failed (injected)")));
-    }
     std::vector<uint8_t> bytes;
     if (absl::Status s = data_->Receive(u, &bytes); !s.ok()) {
       // The group is unusable after a failed receive; the engine needs a new init.
       state_.joined = false;
       EndFailedUpdate();
       return WorkerError(s);
+    }
+    if (fail_update_at_ >= 0 && static_cast<uint64_t>(fail_update_at_) == state_.updates) {
+      fail_update_at_ = -1;
+      // A loader failure after the bytes arrived (a shape the model refuses, a quantization
+      // check): the tensors before the failing one were loaded.
+      for (size_t k = 0; k < u.tensors.size() / 2; ++k) Stage(u.tensors[k], bytes);
+      EndFailedUpdate();
+      return WorkerError(absl::InternalError(absl::StrCat(
+          "loading ", u.tensors.empty() ? std::string("(no tensor)") : u.tensors.back().name,
+          " failed (injected)")));
     }
     for (const engine::ManifestTensor& t : u.tensors) Stage(t, bytes);
     const uint64_t index = state_.updates++;
@@ -584,13 +585,6 @@ class VllmEngine::Impl {
     state_.mixed = true;
   }
 
- public:
-  void FailUpdateAt(int64_t index) {
-    std::lock_guard lock(mu_);
-    fail_update_at_ = index;
-  }
-
- private:
   const VllmEngineOptions options_;
   const std::unique_ptr<VllmDataPath> data_;
   const Callbacks callbacks_;

@@ -71,31 +71,34 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
   const auto same = [&](const std::shared_ptr<Round>& r) {
     return r->group() == gm.group && r->members() == gm.members && r->version() == hello.version;
   };
-  std::vector<std::shared_ptr<Round>> aborted;  // aborted after the lock is released (callbacks)
-  absl::Status abort_why;
+  // Rounds to abort once the lock is released (their callbacks run), each with its reason.
+  std::vector<std::pair<std::shared_ptr<Round>, absl::Status>> aborted;
   std::shared_ptr<Round> round;
   {
     std::lock_guard lock(mu_);
     std::erase_if(pending_, [](const std::shared_ptr<Round>& r) { return r->decided(); });
     const bool led = active_ != nullptr && !active_->decided();
     if (gm.member == 0) {
-      if (led && !same(active_)) {
-        // The leader's own version wins: the stale round cannot complete.
-        abort_why = absl::AbortedError(absl::StrCat(
-            "the leader opened group '", gm.group, "' version ", hello.version, " while version ",
-            active_->version(), " of group '", active_->group(), "' waited for it"));
-        aborted.push_back(active_);
-      } else if (led) {
+      if (led && same(active_)) {
         round = active_;
-      }
-      if (round == nullptr) {
+      } else {
+        if (led) {
+          // The leader's own version wins: the stale round cannot complete.
+          aborted.emplace_back(active_, absl::AbortedError(absl::StrCat(
+                                            "the leader opened group '", gm.group, "' version ",
+                                            hello.version, " while version ", active_->version(),
+                                            " of group '", active_->group(), "' waited for it")));
+        }
         // The members that joined before the leader wait in a pending round of its version;
         // every other pending round is for a version the leader does not publish.
         for (const std::shared_ptr<Round>& r : pending_) {
           if (round == nullptr && same(r)) {
             round = r;
           } else {
-            aborted.push_back(r);
+            aborted.emplace_back(
+                r, absl::AbortedError(absl::StrCat("the leader opened group '", gm.group,
+                                                   "' version ", hello.version, ", not group '",
+                                                   r->group(), "' version ", r->version())));
           }
         }
         pending_.clear();
@@ -131,14 +134,8 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
       }
     }
   }
-  for (const std::shared_ptr<Round>& r : aborted) {
-    // The leader's previous round keeps its message; a pending round learns which version the
-    // leader chose instead of its own.
-    r->Abort(!abort_why.ok() && r == aborted.front()
-                 ? abort_why
-                 : absl::AbortedError(absl::StrCat("the leader opened group '", gm.group,
-                                                   "' version ", hello.version, ", not group '",
-                                                   r->group(), "' version ", r->version())));
+  for (const auto& [r, why] : aborted) {
+    r->Abort(why);
     Observe(r);
   }
   WPUB_RETURN_IF_ERROR(round->Join(hello));

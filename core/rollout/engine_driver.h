@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -77,12 +78,12 @@ struct EngineProfile {
   std::string release;
   // What the engine lacks: the optional routes it answered 404 for ("/begin_weight_update"), and
   // named features its release predates ("flattened_bucket").
-  std::set<std::string> lacks;
+  std::set<std::string, std::less<>> lacks;
   // The engine takes "weight_version" on each bucket's update request without serving it before
   // the publication ends (wpub's own receivers declare it in their server info). SGLang adopts a
   // bucket's version as soon as that bucket loads, so it is told the version only at the end.
   bool bucket_versions = false;
-  bool Lacks(const std::string& what) const { return lacks.count(what) > 0; }
+  bool Lacks(std::string_view what) const { return lacks.find(what) != lacks.end(); }
 };
 
 // Where the engines of one group rendezvous: the TCPStore the rollout group serves.
@@ -209,6 +210,11 @@ std::vector<absl::StatusOr<EngineProfile>> ProfileEngines(
 // answer; HTTP 401/403 (the engine requires an API key: wpubd's --engine_api_key_file). `what`
 // names the engine and route ("engine URL GET /path").
 std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer);
+
+// Reads an engine's server info answer (SGLang's /server_info, vLLM's /version) into `profile`:
+// its "version" (the release, at most 64 bytes) and wpub's own receivers' "wpub_bucket_versions".
+// False when the answer is not a 2xx JSON object (`profile` unchanged).
+bool ReadServerInfo(const RouteAnswer& answer, EngineProfile* profile);
 
 // The largest version an engine's claim is believed up to (EngineOptions::max_version).
 inline constexpr uint64_t kMaxEngineVersion = uint64_t{1} << 53;

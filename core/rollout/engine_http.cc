@@ -80,11 +80,6 @@ BoundedAnswer SendBounded(httplib::Client& client, const std::string& method,
     out.error = httplib::to_string(res.error());
     return out;
   }
-  if (absl::Now() > deadline && !out.body.empty()) {
-    out.body.clear();
-    out.error = "an answer still arriving at the request's deadline";
-    return out;
-  }
   out.status = res->status;
   return out;
 }
@@ -155,6 +150,19 @@ std::vector<absl::StatusOr<EngineProfile>> ProfileEngines(
   }
   for (std::thread& t : threads) t.join();
   return out;
+}
+
+bool ReadServerInfo(const RouteAnswer& answer, EngineProfile* profile) {
+  if (answer.status < 200 || answer.status >= 300) return false;
+  json j = json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  if (auto v = j.find("version"); v != j.end() && v->is_string()) {
+    profile->release = v->get<std::string>().substr(0, 64);
+  }
+  if (auto b = j.find("wpub_bucket_versions"); b != j.end() && b->is_boolean()) {
+    profile->bucket_versions = b->get<bool>();
+  }
+  return true;
 }
 
 std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer) {

@@ -209,8 +209,7 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
         family_->Profile(alive, std::min(family_->connect_timeout(), timeout));
     std::vector<EngineSpec> usable;
     for (size_t i = 0; i < alive.size(); ++i) {
-      const absl::StatusOr<EngineProfile> p =
-          i < found.size() ? found[i] : absl::StatusOr<EngineProfile>(EngineProfile{});
+      const absl::StatusOr<EngineProfile>& p = found.at(i);  // one per engine (the contract)
       if (!p.ok()) {
         if (strict) {
           return absl::Status(p.status().code(),

@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
   std::unique_ptr<SglangDriver> d(new SglangDriver(options, *std::move(layout)));
   d->load_format_ = options.endpoints.load_format;
   for (const EngineProfile& p : options.profiles) {
-    if (p.Lacks(std::string(kFlattenedBucket))) d->load_format_.clear();
+    if (p.Lacks(kFlattenedBucket)) d->load_format_.clear();
   }
   for (const EngineSpec& e : options.engines) {
     d->workers_.push_back(std::make_unique<EngineRequestQueue>(
@@ -115,6 +115,12 @@ void SglangDriver::PostAll(const std::string& method, const std::string& path,
     if (customize != nullptr) customize(r);
     workers_[i]->Post(std::move(r));
   }
+}
+
+void SglangDriver::PostClosing(size_t engine, const std::string& path) {
+  if (path.empty() || Lacks(engine, path)) return;
+  workers_[engine]->Post(EngineRequest{"POST", path, std::make_shared<const std::string>("{}"),
+                                       /*overlappable=*/false, /*update=*/false, /*always=*/true});
 }
 
 bool SglangDriver::Lacks(size_t engine, const std::string& path) const {
@@ -161,10 +167,7 @@ void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
   // manifest for another thread.
   std::shared_ptr<const std::string> plain, versioned;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    // Engines taking several requests in flight are wpub's own receivers (see the option).
-    const bool with_version =
-        options_.requests_in_flight > 1 ||
-        (i < options_.profiles.size() && options_.profiles[i].bucket_versions);
+    const bool with_version = i < options_.profiles.size() && options_.profiles[i].bucket_versions;
     std::shared_ptr<const std::string>& body = with_version ? versioned : plain;
     if (!body) {
       body = std::make_shared<const std::string>(
@@ -213,17 +216,8 @@ std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& st
     if (!lifecycle_calls_) continue;
     // Closes the session on every engine that was asked to open one (answered or not: a begin
     // whose answer was lost may have opened it), dirty ones included, before any resume.
-    if (workers_[i]->opened() && !options_.endpoints.end.empty() &&
-        !Lacks(i, options_.endpoints.end)) {
-      workers_[i]->Post(EngineRequest{"POST", options_.endpoints.end,
-                                      std::make_shared<const std::string>("{}"),
-                                      /*overlappable=*/false, /*update=*/false, /*always=*/true});
-    }
-    if (!dirty[i] && !options_.endpoints.resume.empty() && !Lacks(i, options_.endpoints.resume)) {
-      workers_[i]->Post(EngineRequest{"POST", options_.endpoints.resume,
-                                      std::make_shared<const std::string>("{}"),
-                                      /*overlappable=*/false, /*update=*/false, /*always=*/true});
-    }
+    if (workers_[i]->opened()) PostClosing(i, options_.endpoints.end);
+    if (!dirty[i]) PostClosing(i, options_.endpoints.resume);
   }
   return dirty;
 }
@@ -302,14 +296,12 @@ std::vector<absl::StatusOr<EngineProfile>> SglangFamily::Profile(
       [&](const EngineSpec& engine,
           const std::vector<RouteAnswer>& answers) -> absl::StatusOr<EngineProfile> {
         EngineProfile p;
-        for (size_t k = 0; k < paths.size(); ++k) {
+        const size_t routes = required.size() + optional.size();
+        for (size_t k = 0; k < routes; ++k) {
           const std::string what = absl::StrCat("engine ", engine.url, " GET ", paths[k]);
-          const bool info = k >= required.size() + optional.size();
-          if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k]);
-              refused.has_value() && !(info && answers[k].status != 0)) {
+          if (std::optional<absl::Status> refused = ProbeRefusal(what, answers[k])) {
             return *refused;
           }
-          if (info) continue;
           if (answers[k].status != 404) continue;
           if (k < required.size()) {
             return absl::FailedPreconditionError(absl::StrCat(
@@ -324,21 +316,18 @@ std::vector<absl::StatusOr<EngineProfile>> SglangFamily::Profile(
           p.lacks.insert(e.begin);
           p.lacks.insert(e.end);
         }
-        for (size_t k = required.size() + optional.size(); k < paths.size(); ++k) {
-          if (answers[k].status < 200 || answers[k].status >= 300) continue;
-          json j = json::parse(answers[k].body, nullptr, /*allow_exceptions=*/false);
-          if (!j.is_object()) continue;
-          if (auto v = j.find("version"); v != j.end() && v->is_string()) {
-            p.release = v->get<std::string>().substr(0, 64);
+        // The server info is a NORMAL route: with both of SGLang's keys it may refuse the admin key
+        // the weight routes take, so only a missing answer refuses the engine.
+        for (size_t k = routes; k < paths.size(); ++k) {
+          if (answers[k].status == 0) {
+            return *ProbeRefusal(absl::StrCat("engine ", engine.url, " GET ", paths[k]),
+                                 answers[k]);
           }
-          if (auto b = j.find("wpub_bucket_versions"); b != j.end() && b->is_boolean()) {
-            p.bucket_versions = b->get<bool>();
-          }
-          break;
+          if (ReadServerInfo(answers[k], &p)) break;
         }
         if (!options_.flattened_bucket_since.empty() &&
             ReleaseBefore(p.release, options_.flattened_bucket_since)) {
-          p.lacks.insert(std::string(kFlattenedBucket));
+          p.lacks.emplace(kFlattenedBucket);
         }
         return p;
       });

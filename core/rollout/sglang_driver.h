@@ -147,6 +147,10 @@ class SglangDriver final : public EngineDriver {
                void (*customize)(EngineRequest&) = nullptr);
   // Engine `engine`'s profile says it lacks `path`.
   bool Lacks(size_t engine, const std::string& path) const;
+  // Queues POST `path` {} to engine `engine` to be sent even after the engine failed and past a
+  // teardown (EngineRequest::always): an abort's end and resume. Nothing for an empty path or
+  // one the engine lacks.
+  void PostClosing(size_t engine, const std::string& path);
 
   const SglangDriverOptions options_;
   const GroupLayout layout_;

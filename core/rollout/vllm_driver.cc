@@ -1,8 +1,6 @@
 // vLLM driver (vllm_driver.h): the weight-transfer routes over the shared engine request queues.
 #include "core/rollout/vllm_driver.h"
 
-#include <thread>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,6 +19,13 @@ constexpr char kStart[] = "/start_weight_update";
 constexpr char kUpdate[] = "/update_weights";
 constexpr char kFinish[] = "/finish_weight_update";
 constexpr char kResume[] = "/resume";
+
+// What a 404 on the routes wpub needs means (the join's probe and the driver say the same).
+constexpr char kNoTransferRoutes[] =
+    "the engine serves no weight-transfer routes: start vLLM (v0.22 or later) with "
+    "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\":\"nccl\"}'";
+constexpr char kBeforeFourPhases[] =
+    "a release before v0.22 (no four-phase weight update); wpub needs v0.22 or later";
 
 // vLLM answers 2xx {"message": ...} on success and a non-2xx status with {"error": ...}
 // otherwise (the queue reports those); a 2xx answer with an "error" object is a failure too.
@@ -147,9 +152,7 @@ void VllmDriver::StartJoin() {
     r.fallback_body =
         std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/false));
     r.fallback_when = "Invalid init_info";
-    r.on_404 =
-        "no /init_weight_transfer_engine: start vLLM (v0.22 or later) with "
-        "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\":\"nccl\"}'";
+    r.on_404 = kNoTransferRoutes;
     workers_[i]->Post(std::move(r));
   }
 }
@@ -169,9 +172,7 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   // the first four-phase releases parse a JSON body here; later ones read none.
   PostAll(kStart, "{}", [](EngineRequest& r) {
     r.opens = true;  // an abort then finishes the update (ResumeAfterAbort)
-    r.on_404 =
-        "this vLLM has no /start_weight_update (a release before v0.22); wpub needs v0.22 or "
-        "later";
+    r.on_404 = kBeforeFourPhases;
   });
 }
 
@@ -261,12 +262,10 @@ std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
   // What a 404 on each route means (vLLM's dev-mode router registers all four together from
   // v0.22; before, /init_weight_transfer_engine and /update_weights only).
   const std::vector<std::pair<std::string, std::string>> routes = {
-      {kInit,
-       "the engine serves no weight-transfer routes: start it with VLLM_SERVER_DEV_MODE=1 and "
-       "--weight-transfer-config '{\"backend\":\"nccl\"}' (v0.22 or later)"},
-      {kStart, "a release before the four-phase weight update (v0.22); wpub needs v0.22 or later"},
-      {kUpdate, "the engine serves no /update_weights"},
-      {kFinish, "a release before the four-phase weight update (v0.22); wpub needs v0.22 or later"},
+      {kInit, kNoTransferRoutes},
+      {kStart, kBeforeFourPhases},
+      {kUpdate, kNoTransferRoutes},
+      {kFinish, kBeforeFourPhases},
   };
   std::vector<std::string> paths;
   for (const auto& [path, why] : routes) paths.push_back(path);
@@ -286,13 +285,7 @@ std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
                 "engine ", engine.url, " has no ", paths[k], " (HTTP 404): ", routes[k].second));
           }
         }
-        const RouteAnswer& version = answers.back();
-        if (version.status >= 200 && version.status < 300) {
-          json j = json::parse(version.body, nullptr, /*allow_exceptions=*/false);
-          if (j.is_object() && j.contains("version") && j["version"].is_string()) {
-            p.release = j["version"].get<std::string>().substr(0, 64);
-          }
-        }
+        (void)ReadServerInfo(answers.back(), &p);
         return p;
       });
 }

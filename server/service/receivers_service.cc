@@ -212,10 +212,14 @@ ReceiversService::ReceiversService(engine::PullTransport* transport, ServiceOpti
 
 ReceiversService::~ReceiversService() = default;
 
-void ReceiversService::Register(const std::string& name,
+bool ReceiversService::Register(const std::string& name,
                                 std::shared_ptr<engine::Subscription> subscription) {
   std::lock_guard lock(mu_);
+  if (!subscriptions_.contains(name) && subscriptions_.size() >= options_.max_subscriptions) {
+    return false;
+  }
   subscriptions_[name] = std::move(subscription);
+  return true;
 }
 
 void ReceiversService::Unregister(const std::string& name,
@@ -223,6 +227,11 @@ void ReceiversService::Unregister(const std::string& name,
   std::lock_guard lock(mu_);
   auto it = subscriptions_.find(name);
   if (it != subscriptions_.end() && it->second.get() == subscription) subscriptions_.erase(it);
+}
+
+size_t ReceiversService::Count() const {
+  std::lock_guard lock(mu_);
+  return subscriptions_.size();
 }
 
 std::shared_ptr<engine::Subscription> ReceiversService::Find(const std::string& name) const {
@@ -241,17 +250,17 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   if (absl::Status s = engine::ValidateReceiverName(name); !s.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, s));
   }
-  {
-    std::lock_guard lock(mu_);
-    if (subscriptions_.size() >= options_.max_subscriptions) {
-      return new RejectReactor<pb::ReceiverEvent>(
-          Refuse("Subscribe", name, *context,
-                 absl::ResourceExhaustedError(
-                     absl::StrCat(options_.max_subscriptions,
-                                  " receivers are subscribed, the most this daemon "
-                                  "takes"))));
-    }
-  }
+  const auto full = [&] {
+    return new RejectReactor<pb::ReceiverEvent>(
+        Refuse("Subscribe", name, *context,
+               absl::ResourceExhaustedError(absl::StrCat(options_.max_subscriptions,
+                                                         " receivers are subscribed, the most this "
+                                                         "daemon takes"))));
+  };
+  // Refused before the core sees it (a subscription taken and closed again would join and leave
+  // a publication beginning in between); Register checks the bound again with its insert, for
+  // subscribers racing at the bound.
+  if (Count() >= options_.max_subscriptions) return full();
   absl::StatusOr<std::unique_ptr<engine::Subscription>> sub =
       transport_->Subscribe(name, request->held_version(), request->instance());
   if (!sub.ok()) {
@@ -259,8 +268,11 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   }
   std::shared_ptr<engine::Subscription> shared = std::move(*sub);
   // Registered before the first event goes out, so the receiver can pull as soon as it hears
-  // of a bucket.
-  Register(name, shared);
+  // of a bucket; the count of registered subscriptions is the bound (checked with the insert).
+  if (!Register(name, shared)) {
+    shared->Close();
+    return full();
+  }
   try {
     SubscribeReactor* reactor = new SubscribeReactor(this, shared);
     spdlog::info("receiver '{}' subscribed from {} (holds version {})", Printable(name),

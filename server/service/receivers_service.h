@@ -46,9 +46,11 @@ class ReceiversService final : public wpub::v1::Receivers::CallbackService {
                                 wpub::v1::AckResponse* response) override;
 
   // Thread-safe registry of live subscriptions by receiver name (used by the reactors).
-  void Register(const std::string& name, std::shared_ptr<engine::Subscription> subscription);
+  // False (nothing registered) when options.max_subscriptions are registered already.
+  bool Register(const std::string& name, std::shared_ptr<engine::Subscription> subscription);
   void Unregister(const std::string& name, const engine::Subscription* subscription);
   std::shared_ptr<engine::Subscription> Find(const std::string& name) const;
+  size_t Count() const;  // subscriptions registered
 
   const ServiceOptions& options() const { return options_; }
 

@@ -21,6 +21,12 @@ bool SecureEquals(std::string_view a, std::string_view b) {
 
 }  // namespace
 
+bool BearerMatches(std::string_view authorization, std::string_view token) {
+  constexpr std::string_view kPrefix = "Bearer ";
+  return authorization.substr(0, kPrefix.size()) == kPrefix &&
+         SecureEquals(authorization.substr(kPrefix.size()), token);
+}
+
 grpc::Status CheckAuth(const ServiceOptions& options, const grpc::ServerContextBase& context) {
   if (options.auth_token.empty()) return grpc::Status::OK;
   const auto& md = context.client_metadata();
@@ -29,10 +35,7 @@ grpc::Status CheckAuth(const ServiceOptions& options, const grpc::ServerContextB
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing 'authorization: Bearer <token>' metadata");
   }
-  std::string_view value(it->second.data(), it->second.size());
-  constexpr std::string_view kPrefix = "Bearer ";
-  if (value.substr(0, kPrefix.size()) != kPrefix ||
-      !SecureEquals(value.substr(kPrefix.size()), options.auth_token)) {
+  if (!BearerMatches(std::string_view(it->second.data(), it->second.size()), options.auth_token)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "invalid bearer token");
   }
   return grpc::Status::OK;

@@ -47,6 +47,10 @@ struct ServiceOptions {
   std::string daemon_version;
 };
 
+// An Authorization value that is "Bearer <token>", compared in constant time (the token cannot
+// be guessed byte by byte from timings). Every place that checks the daemon's token uses it.
+bool BearerMatches(std::string_view authorization, std::string_view token);
+
 // OK when no token is configured or `context` carries the right bearer token.
 grpc::Status CheckAuth(const ServiceOptions& options, const grpc::ServerContextBase& context);
 

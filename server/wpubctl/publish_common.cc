@@ -1,7 +1,6 @@
 // Shared flags and formatting of the daemon-facing wpubctl subcommands.
 #include "server/wpubctl/publish_common.h"
 
-
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/common/listen_socket.h"
+#include "server/service/service_options.h"
 
 namespace wpub::wpubd {
 namespace {
@@ -31,21 +32,6 @@ absl::Status SplitHostPort(const std::string& listen, std::string* host, int* po
     *host = host->substr(1, host->size() - 2);
   }
   return absl::OkStatus();
-}
-
-// The request carries "Authorization: Bearer <token>" (compared in constant time).
-bool BearerMatches(const httplib::Request& req, const std::string& token) {
-  const std::string value = req.get_header_value("Authorization");
-  constexpr std::string_view kPrefix = "Bearer ";
-  if (value.size() != kPrefix.size() + token.size() ||
-      value.compare(0, kPrefix.size(), kPrefix) != 0) {
-    return false;
-  }
-  unsigned char diff = 0;
-  for (size_t i = 0; i < token.size(); ++i) {
-    diff |= static_cast<unsigned char>(value[kPrefix.size() + i] ^ token[i]);
-  }
-  return diff == 0;
 }
 
 template <typename F>
@@ -94,7 +80,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Create(
       families.insert(families.end(), std::make_move_iterator(f.begin()),
                       std::make_move_iterator(f.end()));
     }
-    if (!self->auth_token_.empty() && !BearerMatches(req, self->auth_token_)) {
+    if (!self->auth_token_.empty() &&
+        !server::BearerMatches(req.get_header_value("Authorization"), self->auth_token_)) {
       // Who the receivers and engines are is for whoever holds the token.
       for (prometheus::MetricFamily& f : families) {
         std::erase_if(f.metric, [](const prometheus::ClientMetric& m) {

@@ -112,11 +112,11 @@ TEST(SglangReleases, TheProbeFindsWhatEachReleaseServes) {
   for (const auto& p : g.profiles) ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(g.profiles[0]->release, "0.5.5.post3");
   EXPECT_EQ(g.profiles[0]->lacks,
-            (std::set<std::string>{"/begin_weight_update", "/end_weight_update",
-                                   std::string(kFlattenedBucket)}));
+            (std::set<std::string, std::less<>>{"/begin_weight_update", "/end_weight_update",
+                                                std::string(kFlattenedBucket)}));
   EXPECT_EQ(g.profiles[1]->release, "0.5.6");
   EXPECT_EQ(g.profiles[1]->lacks,
-            (std::set<std::string>{"/begin_weight_update", "/end_weight_update"}));
+            (std::set<std::string, std::less<>>{"/begin_weight_update", "/end_weight_update"}));
   EXPECT_EQ(g.profiles[2]->release, "0.5.16");
   EXPECT_TRUE(g.profiles[2]->lacks.empty());
   for (auto& p : g.profiles) EXPECT_FALSE(p->bucket_versions);

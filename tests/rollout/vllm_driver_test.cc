@@ -222,6 +222,29 @@ TEST(VllmDriver, AnOlderReleaseTakesThePackingFieldsPerUpdate) {
   }
 }
 
+// The join's probe refuses what the driver would fail on later, naming the route and the fix;
+// a supported engine is taken (its release read from /version where it answers one).
+TEST(VllmDriver, TheJoinsProbeRefusesUnsupportedEnginesNamingTheRoute) {
+  FakeVllm nodev("nodev"), old("v0.20"), current;
+  const VllmFamily family({});
+  const auto profiles = family.Profile(
+      {{nodev.url(), 1, "vllm", ""}, {old.url(), 1, "vllm", ""}, {current.url(), 1, "vllm", ""}},
+      absl::Seconds(2));
+  ASSERT_EQ(profiles.size(), 3u);
+  ASSERT_FALSE(profiles[0].ok());
+  EXPECT_EQ(profiles[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const char* want : {"/init_weight_transfer_engine (HTTP 404)", "VLLM_SERVER_DEV_MODE=1"}) {
+    EXPECT_NE(profiles[0].status().message().find(want), std::string::npos) << profiles[0].status();
+  }
+  EXPECT_NE(profiles[0].status().message().find(nodev.url()), std::string::npos);
+  ASSERT_FALSE(profiles[1].ok());
+  for (const char* want : {"/start_weight_update (HTTP 404)", "before v0.22"}) {
+    EXPECT_NE(profiles[1].status().message().find(want), std::string::npos) << profiles[1].status();
+  }
+  ASSERT_TRUE(profiles[2].ok()) << profiles[2].status();
+  EXPECT_TRUE(profiles[2]->lacks.empty());
+}
+
 TEST(VllmDriver, UnsupportedEnginesAreClearErrorsNamingThem) {
   {
     FakeVllm nodev("nodev");

@@ -489,6 +489,13 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
     EXPECT_EQ(g->status, 405) << path;
   }
   EXPECT_EQ(c.Get("/no_such_route")->status, 404);
+  // So the join's probe takes it, reading its release from /version, and changes nothing.
+  const size_t calls = (*e)->state().calls.size();
+  const auto profile =
+      rollout::VllmFamily({}).Profile({{(*e)->url(), 1, "vllm", ""}}, absl::Seconds(2));
+  ASSERT_TRUE(profile[0].ok()) << profile[0].status();
+  EXPECT_EQ(profile[0]->release, "wpub-recv");
+  EXPECT_EQ((*e)->state().calls.size(), calls);
   // An older release refuses the packing at init with the message the driver falls back on.
   auto old = VllmEngine::Start({.packing_in_init = false},
                                std::make_unique<WireDataPath>(std::make_shared<Wire>()));
