@@ -188,9 +188,10 @@ std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std
 
 // One engine's answer to a GET of one of its routes in a capability probe (ProbeRoutes).
 struct RouteAnswer {
-  int status = 0;     // the HTTP status; 0: no answer (error says why)
-  std::string body;   // bounded as every engine answer
-  std::string error;  // the transport error when there was no answer
+  int status = 0;          // the HTTP status; 0: no answer (error says why)
+  std::string body;        // bounded as every engine answer
+  std::string error;       // the transport error when there was no answer
+  bool timed_out = false;  // no answer because the probe's time ran out (a silent engine)
 };
 // GETs each of `paths` on `engine`, one after another over one connection, all of them within
 // `timeout`; stops at the first that gets no answer in the time left (the rest get none either). A

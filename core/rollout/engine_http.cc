@@ -70,6 +70,8 @@ BoundedAnswer SendBounded(httplib::Client& client, const std::string& method,
     return true;
   };
   httplib::Result res = client.send(req);
+  // The client's read timeout is the time left to `deadline`; a poll may wake a little early.
+  out.timed_out = !res && absl::Now() + absl::Milliseconds(5) >= deadline;
   if (!cut.empty()) {
     out.body.clear();
     out.error = cut;
@@ -122,13 +124,17 @@ std::vector<RouteAnswer> ProbeRoutes(const EngineSpec& engine,
     if (left <= absl::ZeroDuration()) {
       for (size_t k = i; k < paths.size(); ++k) {
         out[k].error = absl::StrCat("the probe took longer than ", absl::FormatDuration(timeout));
+        out[k].timed_out = true;
       }
       break;
     }
     c.set_read_timeout(us(left) / 1000000, us(left) % 1000000);
     BoundedAnswer r = SendBounded(c, "GET", paths[i], nullptr, deadline);
     if (r.status == 0) {
-      for (size_t k = i; k < paths.size(); ++k) out[k].error = r.error;
+      for (size_t k = i; k < paths.size(); ++k) {
+        out[k].error = r.error;
+        out[k].timed_out = r.timed_out;
+      }
       break;
     }
     out[i].status = r.status;
@@ -166,6 +172,10 @@ bool ReadServerInfo(const RouteAnswer& answer, EngineProfile* profile) {
 }
 
 std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer) {
+  if (answer.status == 0 && answer.timed_out) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": no answer within the join's time (", answer.error, ")"));
+  }
   if (answer.status == 0) {
     return absl::UnavailableError(absl::StrCat(what, ": no answer (", answer.error, ")"));
   }

@@ -30,9 +30,10 @@ inline constexpr size_t kMaxEngineAnswerBytes = kClientJsonBounds.max_bytes;
 
 // One engine answer, read within bounds.
 struct BoundedAnswer {
-  int status = 0;     // 0: no complete answer (error says why)
-  std::string body;   // at most kMaxEngineAnswerBytes
-  std::string error;  // the transport error, or which bound cut the answer
+  int status = 0;          // 0: no complete answer (error says why)
+  std::string body;        // at most kMaxEngineAnswerBytes
+  std::string error;       // the transport error, or which bound cut the answer
+  bool timed_out = false;  // no complete answer by `deadline`
 };
 // Sends `method path` (with `body` as application/json when not null) on `client` and reads the
 // answer without buffering more than `max_bytes` (an answer declaring or sending more is cut,

@@ -2,7 +2,7 @@
 // an answer declaring or sending more than kMaxEngineAnswerBytes is cut before it is held, an
 // engine that trickles its answer loses it at the call's deadline (probes, version reads and
 // update requests alike), and a claimed weight version beyond any version wpub can publish is
-// not believed.
+// not believed; a probe that runs out of time is told from an engine that is not there.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -37,6 +37,13 @@ class HostileEngine {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         return !stopping_ && sink.write(" ", 1);
       });
+    });
+    // Says nothing until long after any probe's time.
+    server_.Get("/silent", [this](const httplib::Request&, httplib::Response& r) {
+      for (int i = 0; i < 100 && !stopping_; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      r.set_content("{}", "application/json");
     });
     server_.Get("/version", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(version_body_, "application/json");
@@ -92,6 +99,40 @@ TEST(EngineHttp, ATricklingAnswerEndsAtTheDeadline) {
   EXPECT_EQ(routes[0].status, 0);
   EXPECT_NE(routes[0].error.find("deadline"), std::string::npos) << routes[0].error;
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+}
+
+// A join's probe tells a silent engine (its time ran out: DEADLINE_EXCEEDED, as a join that does
+// not form in time) from one that is not there (UNAVAILABLE), naming it either way.
+TEST(EngineHttp, ASilentProbeIsADeadlineAndAClosedPortIsUnavailable) {
+  HostileEngine e;
+  const EngineSpec silent{e.url(), 1, "sglang", ""};
+  const absl::Time t0 = absl::Now();
+  std::vector<RouteAnswer> routes =
+      ProbeRoutes(silent, {"/silent", "/version"}, absl::Milliseconds(300));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
+  ASSERT_EQ(routes.size(), 2u);
+  for (const RouteAnswer& r : routes) {
+    EXPECT_EQ(r.status, 0);
+    EXPECT_TRUE(r.timed_out) << r.error;
+  }
+  std::optional<absl::Status> refused =
+      ProbeRefusal("engine " + e.url() + " GET /silent", routes[0]);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(*refused)) << *refused;
+  EXPECT_NE(refused->message().find(e.url()), std::string::npos) << *refused;
+
+  std::string gone;
+  {
+    HostileEngine closed;
+    gone = closed.url();
+  }  // nothing listens there any more
+  routes = ProbeRoutes({gone, 1, "sglang", ""}, {"/version"}, absl::Seconds(2));
+  ASSERT_EQ(routes.size(), 1u);
+  EXPECT_EQ(routes[0].status, 0);
+  EXPECT_FALSE(routes[0].timed_out) << routes[0].error;
+  refused = ProbeRefusal("engine " + gone + " GET /version", routes[0]);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_TRUE(absl::IsUnavailable(*refused)) << *refused;
 }
 
 TEST(EngineHttp, AnUpdateAnsweredPastTheBoundFailsTheEngine) {

@@ -26,7 +26,8 @@
 namespace wpub::nccl {
 namespace {
 
-// Answers every route with success (after `delay_ms` on the init route), or 500 on `fail`.
+// Answers every route with success (after `init_delay_ms` on the join itself, the POST of the
+// init route; the join's probe GETs are answered at once), or 500 on `fail`.
 class FakeEngine {
  public:
   FakeEngine(std::string fail_path, int init_delay_ms)
@@ -36,7 +37,7 @@ class FakeEngine {
         std::lock_guard lock(mu_);
         calls_.push_back(req.path);
       }
-      if (req.path == "/init_weights_update_group" && init_delay_ms_ > 0) {
+      if (req.method == "POST" && req.path == "/init_weights_update_group" && init_delay_ms_ > 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(init_delay_ms_));
       }
       if (req.path == fail_path_) {
