@@ -218,6 +218,17 @@ absl::Status Engine::Drain(absl::Time deadline) {
   const std::shared_ptr<PublicationSession::State> active =
       impl_->ledger().WaitUntilIdle(deadline - absl::Now());
   absl::Status result = absl::OkStatus();
+  if (active && active->prepared()) {
+    // A group version in doubt here: only its leader decides it. Its receivers are told
+    // nothing (they hold it and learn the decision from the group's other members); the vote
+    // stops asking when the group joiner shuts down.
+    result = absl::UnavailableError(absl::StrCat(
+        "group version ", active->version(),
+        " was in doubt at shutdown (prepared, the leader's decision not yet known here); its "
+        "receivers learn the decision from the group's other members"));
+    impl_->pull().Shutdown(/*abort_in_flight=*/false);
+    return result;
+  }
   if (active) {
     result = absl::DeadlineExceededError(absl::StrCat(
         "publication ", active->version(), " did not finish before the shutdown deadline"));

@@ -203,8 +203,10 @@ class Engine {
   // Open fails with UNAVAILABLE from now on; a publication in progress continues.
   void BeginShutdown();
   // Waits until no publication is active. If one is still active at `deadline` it is aborted
-  // (its Commit returns an ABORTED report) and DEADLINE_EXCEEDED is returned; otherwise OK.
-  // Then closes every subscription. Implies BeginShutdown.
+  // (its Commit returns an ABORTED report) and DEADLINE_EXCEEDED is returned; otherwise OK --
+  // except a group version in doubt here (voted prepared, the leader's decision unknown): it is
+  // not aborted, its receivers are told nothing, and UNAVAILABLE says so (the group joiner's
+  // shutdown then ends its wait). Then closes every subscription. Implies BeginShutdown.
   absl::Status Drain(absl::Time deadline);
 
  private:

@@ -140,6 +140,8 @@ class PublicationSession::State {
   void Stop(absl::Status why, PublicationStatus outcome);
 
   uint64_t version() const { return header_.version; }
+  // A group member that voted prepared and waits for its leader's decision.
+  bool prepared() const { return lifecycle_.stage() == LifecycleStage::kPrepared; }
   const std::string& model_id() const { return header_.model_id; }
   absl::Time opened_at() const { return opened_at_; }
   PublicationState state() const { return lifecycle_.public_state(); }

@@ -17,6 +17,8 @@ const char* LifecycleStageName(LifecycleStage stage) {
       return "staged";
     case LifecycleStage::kTransferring:
       return "transferring";
+    case LifecycleStage::kPrepared:
+      return "prepared";
     case LifecycleStage::kCommitting:
       return "committing";
     case LifecycleStage::kCommitted:
@@ -36,6 +38,7 @@ PublicationState PublicStateOf(LifecycleStage stage) {
       return PublicationState::kOpen;
     case LifecycleStage::kStaged:
     case LifecycleStage::kTransferring:
+    case LifecycleStage::kPrepared:
     case LifecycleStage::kCommitting:
       return PublicationState::kStaged;
     case LifecycleStage::kCommitted:
@@ -116,9 +119,20 @@ absl::Status Lifecycle::BeginTransfer() {
   return absl::OkStatus();
 }
 
+absl::Status Lifecycle::Prepare() {
+  std::lock_guard lock(mu_);
+  if (stage_.load() != LifecycleStage::kTransferring) return Illegal("vote prepared");
+  if (!abort_request_.ok()) return abort_request_;
+  stage_ = LifecycleStage::kPrepared;
+  return absl::OkStatus();
+}
+
 absl::Status Lifecycle::PassPointOfNoReturn(absl::FunctionRef<absl::Status()> commit) {
   std::lock_guard lock(mu_);
-  if (stage_.load() != LifecycleStage::kTransferring) return Illegal("commit");
+  const LifecycleStage was = stage_.load();
+  if (was != LifecycleStage::kTransferring && was != LifecycleStage::kPrepared) {
+    return Illegal("commit");
+  }
   if (!abort_request_.ok()) return abort_request_;
   stage_ = LifecycleStage::kCommitting;
   absl::Status s = commit();
@@ -126,7 +140,7 @@ absl::Status Lifecycle::PassPointOfNoReturn(absl::FunctionRef<absl::Status()> co
     // The transports refused the commit (e.g. a receiver left after its last acknowledgement):
     // nothing was applied, so the publication is back before the point of no return and ends
     // ABORTED with this failure.
-    stage_ = LifecycleStage::kTransferring;
+    stage_ = was;
     abort_request_ = s;
   }
   return s;
@@ -173,7 +187,9 @@ Lifecycle::Ending Lifecycle::End(PublicationStatus outcome, absl::Status status)
 Lifecycle::StopResult Lifecycle::Stop(PublicationStatus outcome, absl::Status why, Ending* ending) {
   std::lock_guard lock(mu_);
   if (Terminal()) return StopResult::kIgnored;
-  if (stage_.load() == LifecycleStage::kCommitting) return StopResult::kRefused;
+  if (stage_.load() == LifecycleStage::kCommitting || stage_.load() == LifecycleStage::kPrepared) {
+    return StopResult::kRefused;
+  }
   if (CommitRunning()) {
     // The Commit thread ends the publication; make it stop promptly.
     if (!abort_request_.ok()) return StopResult::kIgnored;

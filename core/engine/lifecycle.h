@@ -5,15 +5,17 @@
 //
 //   kOpen --BeginCommit--> kChecking --Stage--> kStaged --BeginTransfer--> kTransferring
 //                                                              (again for every attempt) |
+//                                                    (a group member) --Prepare--> kPrepared
 //                                          kCommitting <--PassPointOfNoReturn------------+
 //                                               |            (the transports' Commit failed:
-//                                               |             back to kTransferring, with the
+//                                               |             back to where it was, with the
 //                                               |             failure as the abort request)
 //   End(kCommitted): kCommitting -> kCommitted (nowhere else)
 //   End(kAborted | kFailed): any stage before kCommitting -> kAborted | kFailed
 //   Stop (any thread): in kOpen ends at once; from kChecking to kTransferring records the abort
 //   request for the Commit thread (and tells the transports to stop once they have begun); in
-//   kCommitting it is refused; after the end it is ignored.
+//   kPrepared and kCommitting it is refused (a prepared group member's vote binds: the leader
+//   decides); after the end it is ignored.
 //
 // Thread-safety: every method may be called from any thread; one mutex guards the stage, the
 // end status and the request. `discard` (the constructor's) and the commit step of
@@ -39,12 +41,14 @@ enum class LifecycleStage : uint8_t {
   kChecking,      // Commit runs: the inputs are checked for completeness (GetStatus: open)
   kStaged,        // the inputs are complete; Commit plans the buckets (GetStatus: staged)
   kTransferring,  // the transports have begun (an attempt, or between two attempts)
+  kPrepared,      // a group member voted prepared: the leader's decision alone ends it
   kCommitting,    // past the point of no return: the transports were told to commit
   kCommitted,     // terminal
   kAborted,       // terminal: a transport/receiver failure, an abort request, a cancellation
   kFailed,        // terminal: bad input
 };
-// "open", "checking", "staged", "transferring", "committing", "committed", "aborted", "failed".
+// "open", "checking", "staged", "transferring", "prepared", "committing", "committed", "aborted",
+// "failed".
 const char* LifecycleStageName(LifecycleStage stage);
 // What GetStatus shows: kOpen and kChecking are open; kStaged to kCommitting are staged;
 // kCommitted is committed; kAborted and kFailed are aborted.
@@ -86,7 +90,12 @@ class Lifecycle {
   // kStaged | kTransferring -> kTransferring (an attempt begins). Refused with the request's
   // status when an abort was requested; FAILED_PRECONDITION in any other stage.
   absl::Status BeginTransfer();
-  // kTransferring -> kCommitting, then runs `commit` (the transports' Commit) under the lock.
+  // kTransferring -> kPrepared (a group member votes prepared; from now on Stop is refused).
+  // Refused with the request's status when an abort was requested; FAILED_PRECONDITION in any
+  // other stage.
+  absl::Status Prepare();
+  // kTransferring | kPrepared -> kCommitting, then runs `commit` (the transports' Commit) under
+  // the lock.
   // Refused with the request's status when an abort was requested (commit is not run). When
   // `commit` fails, the stage returns to kTransferring with its status recorded as the abort
   // request, and that status is returned. FAILED_PRECONDITION in any other stage.

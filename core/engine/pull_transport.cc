@@ -569,6 +569,28 @@ absl::Status PullTransport::Commit() {
   return absl::OkStatus();
 }
 
+absl::Status PullTransport::CommitDecided() {
+  std::lock_guard lock(hub_->mu);
+  if (!hub_->in_flight) return absl::FailedPreconditionError("pull transport: nothing in flight");
+  const uint64_t version = hub_->manifest.version;
+  for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
+    if (p.failure == ReceiverFailure::kNone) hub_->Push(p.id, CommitEvent{version});
+  }
+  hub_->committed_version = version;
+  hub_->EndLocked(/*committed=*/true);
+  // The ones that left (or fell behind) after acknowledging everything were not told.
+  for (ReceiverOutcome& o : hub_->last_outcomes) {
+    if (o.failure == ReceiverFailure::kNone) continue;
+    o.committed = false;
+    o.state =
+        o.failure == ReceiverFailure::kDisconnected ? ReceiverState::kLeft : ReceiverState::kFailed;
+    absl::StrAppend(&o.error, "; version ", version,
+                    " committed after it acknowledged every bucket, and it was not told to apply "
+                    "it");
+  }
+  return absl::OkStatus();
+}
+
 void PullTransport::Abort(absl::string_view reason) {
   std::lock_guard lock(hub_->mu);
   if (!hub_->in_flight) return;
@@ -604,11 +626,12 @@ void PullTransport::set_committed_version(uint64_t version) {
   hub_->committed_version = version;
 }
 
-void PullTransport::Shutdown() {
+void PullTransport::Shutdown(bool abort_in_flight) {
   std::lock_guard lock(hub_->mu);
   if (hub_->in_flight) {
     const uint64_t version = hub_->manifest.version;
     for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
+      if (!abort_in_flight) break;
       hub_->Push(p.id, AbortEvent{version, hub_->manifest.attempt, "transport shut down"});
     }
     hub_->last_aborted_version = version;

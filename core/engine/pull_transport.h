@@ -143,6 +143,7 @@ class PullTransport final : public Transport {
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
   absl::Status WaitAcknowledged(absl::Time deadline) override;
   absl::Status Commit() override;
+  absl::Status CommitDecided() override;
   void Abort(absl::string_view reason) override;
   std::vector<ReceiverOutcome> Outcomes() const override;
   std::vector<ReceiverInfo> Receivers() const override;
@@ -152,8 +153,10 @@ class PullTransport final : public Transport {
   uint64_t committed_version() const;
   void set_committed_version(uint64_t version);
 
-  // Closes every subscription (their Next returns CANCELLED) and aborts anything in flight.
-  void Shutdown();
+  // Closes every subscription (their Next returns CANCELLED) and aborts anything in flight --
+  // or, with `abort_in_flight` false (a group version in doubt here), ends it without telling
+  // the receivers anything: they hold it and learn the decision from another member.
+  void Shutdown(bool abort_in_flight = true);
 
  private:
   explicit PullTransport(std::shared_ptr<Subscription::Hub> hub);

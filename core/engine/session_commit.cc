@@ -266,6 +266,9 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
     }
     parts.bytes_out = bytes_out_;
     parts.phases = phases_;
+    // From the vote on, the leader's decision alone ends this publication (a cancellation is
+    // refused): a member that voted prepared never aborts on its own.
+    if (absl::Status s = lifecycle_.Prepare(); !s.ok()) return End(PublicationStatus::kAborted, s);
     absl::Status decided = group_vote->Prepare(parts);
     phases_.group += Since(t0);
     if (!decided.ok()) return End(PublicationStatus::kAborted, decided);
@@ -273,6 +276,8 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
 
   t0 = Clock::now();
   const absl::Status committed = lifecycle_.PassPointOfNoReturn([&] {
+    // The group decided: every receiver still there is told, none can refuse.
+    if (group_vote != nullptr) return transport.CommitDecided();
     absl::Status s = transport.Commit();
     if (s.ok()) return s;
     // A receiver failed after its last acknowledgement (e.g. it left): name it.

@@ -74,6 +74,11 @@ class Transport {
 
   // Tells every participant to apply the version; ends the publication. Non-blocking.
   virtual absl::Status Commit() = 0;
+  // The commit of a group version whose leader decided to commit (docs/DESIGN.md, "One decision
+  // per version"): the decision is made, so this never refuses. Every participant still there
+  // is told to apply the version; one that left after acknowledging everything is not, and its
+  // outcome says so (committed false, the reason in its error). Default: Commit().
+  virtual absl::Status CommitDecided() { return Commit(); }
 
   // Tells every participant to discard the publication in flight; ends it. See the contract.
   virtual void Abort(absl::string_view reason) = 0;

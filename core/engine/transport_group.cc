@@ -1,6 +1,8 @@
 // TransportGroup: one publication over several transports.
 #include "core/engine/transport_group.h"
 
+#include <spdlog/spdlog.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -118,6 +120,15 @@ absl::Status TransportGroup::Commit() {
     if (absl::Status s = members_[i]->Commit(); !s.ok()) {
       for (size_t j = i; j < members_.size(); ++j) members_[j]->Abort(s.message());
       return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransportGroup::CommitDecided() {
+  for (Transport* t : members_) {
+    if (absl::Status s = t->CommitDecided(); !s.ok()) {
+      spdlog::warn("a decided commit: a transport could not tell its receivers: {}", s.ToString());
     }
   }
   return absl::OkStatus();

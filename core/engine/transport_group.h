@@ -31,6 +31,9 @@ class TransportGroup final : public Transport {
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
   absl::Status WaitAcknowledged(absl::Time deadline) override;
   absl::Status Commit() override;
+  // Every member's CommitDecided; a member's error is logged, never returned (the version is
+  // committed: the members' outcomes say who applied it).
+  absl::Status CommitDecided() override;
   void Abort(absl::string_view reason) override;
   std::vector<ReceiverOutcome> Outcomes() const override;
   std::vector<ReceiverInfo> Receivers() const override;

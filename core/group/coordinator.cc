@@ -1,5 +1,6 @@
 #include "core/group/coordinator.h"
 
+#include <random>
 #include <string>
 #include <utility>
 
@@ -22,8 +23,22 @@ struct Coordinator::Metrics {
   prometheus::Family<prometheus::Gauge>* member_bytes = nullptr;
 };
 
+namespace {
+
+uint64_t BootId() {
+  std::random_device rd;
+  uint32_t id = 0;
+  while (id == 0) id = rd();
+  return id;
+}
+
+}  // namespace
+
 Coordinator::Coordinator(CoordinatorOptions options, prometheus::Registry* registry)
-    : options_(options) {
+    : options_(options),
+      decisions_(options_.decisions != nullptr ? options_.decisions
+                                               : std::make_shared<DecisionLog>()),
+      boot_(BootId()) {
   if (registry == nullptr) return;
   metrics_ = std::make_unique<Metrics>();
   metrics_->rounds = &prometheus::BuildCounter()
@@ -102,9 +117,7 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
           }
         }
         pending_.clear();
-        if (round == nullptr) {
-          round = std::make_shared<Round>(gm.group, gm.members, hello.version, timeout);
-        }
+        if (round == nullptr) round = NewRound(gm, hello.version, timeout);
         active_ = round;
       }
     } else if (led) {
@@ -129,7 +142,7 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
                            "' version ", hello.version, " before its leader, and ", pending_.size(),
                            " other versions already wait for theirs"));
         }
-        round = std::make_shared<Round>(gm.group, gm.members, hello.version, timeout);
+        round = NewRound(gm, hello.version, timeout);
         pending_.push_back(round);
       }
     }
@@ -140,6 +153,54 @@ absl::StatusOr<std::shared_ptr<Round>> Coordinator::Join(const MemberHello& hell
   }
   WPUB_RETURN_IF_ERROR(round->Join(hello));
   return round;
+}
+
+std::shared_ptr<Round> Coordinator::NewRound(const engine::GroupMembership& gm, uint64_t version,
+                                             absl::Duration timeout) {
+  const uint64_t id = boot_ << 32 | ++next_round_;
+  return std::make_shared<Round>(
+      gm.group, gm.members, version, timeout, kMaxRoundNameBytes, id,
+      [log = decisions_](const RoundDecision& d) { return log->Record(d); });
+}
+
+RoundOutcome Coordinator::OutcomeOf(const std::string& group, uint64_t version,
+                                    uint64_t round) const {
+  using State = RoundOutcome::State;
+  const auto recorded = [&]() -> std::optional<RoundOutcome> {
+    std::optional<RoundDecision> d = decisions_->Find(round);
+    if (!d.has_value() || d->group != group || d->version != version) return std::nullopt;
+    if (d->commit) return RoundOutcome{State::kCommitted, absl::OkStatus()};
+    return RoundOutcome{
+        State::kAborted,
+        absl::Status(d->code == absl::StatusCode::kOk ? absl::StatusCode::kAborted : d->code,
+                     d->reason)};
+  };
+  if (std::optional<RoundOutcome> o = recorded()) return *o;
+  {
+    std::lock_guard lock(mu_);
+    std::vector<std::shared_ptr<Round>> open = pending_;
+    if (active_ != nullptr) open.push_back(active_);
+    for (const std::shared_ptr<Round>& r : open) {
+      if (r->id() != round || r->group() != group || r->version() != version) continue;
+      if (!r->decided()) return RoundOutcome{State::kUndecided, absl::OkStatus()};
+    }
+  }
+  // Decided since the first look.
+  if (std::optional<RoundOutcome> o = recorded()) return *o;
+  const std::string what =
+      absl::StrCat("group '", group, "' version ", version, " (round ", round, ")");
+  if (round >> 32 == boot_ || decisions_->durable()) {
+    return RoundOutcome{
+        State::kAborted,
+        absl::AbortedError(
+            absl::StrCat("the leader has no record of ", what,
+                         ": it never committed it (a commit is recorded before it is announced)"))};
+  }
+  return RoundOutcome{
+      State::kUnknown,
+      absl::UnavailableError(absl::StrCat(
+          "the leader has no record of ", what,
+          ": it restarted and keeps no decision log (--group_decision_log), so it cannot say"))};
 }
 
 std::optional<engine::GroupSummary> Coordinator::LastRound() const {

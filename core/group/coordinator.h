@@ -17,9 +17,14 @@
 // leader opens it, else CoordinatorOptions::default_timeout (wpubd --group_timeout); a member's
 // requested timeout is never used.
 //
+// Decisions: every round's decision is recorded in the decision log (CoordinatorOptions::
+// decisions) before anyone hears it, and OutcomeOf answers a member that voted prepared and
+// lost its stream before the decision reached it (Group.Outcome).
+//
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/engine/group_vote.h"
+#include "core/group/decision_log.h"
 #include "core/group/round.h"
 
 namespace prometheus {
@@ -49,6 +55,20 @@ struct CoordinatorOptions {
   absl::Duration default_timeout = absl::Seconds(60);
   // The largest version a member may join with (EngineOptions::max_version).
   uint64_t max_version = uint64_t{1} << 53;
+  // Where decisions are recorded (wpubd --group_decision_log). Null: in memory only.
+  std::shared_ptr<DecisionLog> decisions;
+};
+
+// What the leader knows of one round (Coordinator::OutcomeOf).
+struct RoundOutcome {
+  enum class State : uint8_t {
+    kUnknown,    // no record, and the leader cannot presume (see OutcomeOf)
+    kUndecided,  // the round is still open: ask again
+    kCommitted,
+    kAborted,
+  };
+  State state = State::kUnknown;
+  absl::Status why;  // kAborted: the abort; kUnknown: what the leader does not know
 };
 
 // Versions waiting for their leader at once (members that joined first).
@@ -70,6 +90,11 @@ class Coordinator {
   absl::StatusOr<std::shared_ptr<Round>> Join(const MemberHello& hello, absl::Duration timeout);
   // The active round, or the last decided one; nullopt before the first.
   std::optional<engine::GroupSummary> LastRound() const;
+  // The decision of round `round` (Round::id) of `group` version `version`: recorded, or the
+  // round still open, or -- no record of it -- kAborted when the log is durable or the round is
+  // this process's (a commit is always recorded before it is announced, so a round without a
+  // record never committed), kUnknown otherwise (a leader restarted without a decision log).
+  RoundOutcome OutcomeOf(const std::string& group, uint64_t version, uint64_t round) const;
   // A round ended (called by the votes and the service once they saw the decision): records
   // metrics once per round.
   void Observe(const std::shared_ptr<Round>& round);
@@ -81,7 +106,14 @@ class Coordinator {
 
  private:
   struct Metrics;
+  // A new round with the next id, recording its decision in the log.
+  std::shared_ptr<Round> NewRound(const engine::GroupMembership& gm, uint64_t version,
+                                  absl::Duration timeout);
+
   const CoordinatorOptions options_;
+  const std::shared_ptr<DecisionLog> decisions_;
+  const uint64_t boot_;  // this process's round ids: boot_ << 32 | a counter
+  std::atomic<uint32_t> next_round_{0};
   std::unique_ptr<Metrics> metrics_;
   mutable std::mutex mu_;
   std::shared_ptr<Round> active_;  // the latest round the leader joined (decided or not)

@@ -30,12 +30,14 @@ const char* StageName(int stage) {
 }  // namespace
 
 Round::Round(std::string group, uint32_t members, uint64_t version, absl::Duration timeout,
-             size_t max_name_bytes)
+             size_t max_name_bytes, uint64_t id, DecisionRecorder record)
     : group_(std::move(group)),
       members_(members),
       version_(version),
       timeout_(timeout),
       max_name_bytes_(max_name_bytes),
+      id_(id),
+      record_(std::move(record)),
       m_(members),
       granted_(members, false),
       last_progress_(Clock::now()) {}
@@ -276,6 +278,18 @@ void Round::Decide() {
       return;
     }
   }
+  // Recorded before anyone hears it: a leader that has no record never announced a commit.
+  if (record_) {
+    RoundDecision d{group_, version_, id_, /*commit=*/true, absl::StatusCode::kOk, ""};
+    if (absl::Status s = record_(d); !s.ok()) {
+      AbortLocked(absl::AbortedError(absl::StrCat("group '", group_, "' version ", version_,
+                                                  ": the leader could not record its decision to "
+                                                  "commit (",
+                                                  s.message(), ")")),
+                  -1);
+      return;
+    }
+  }
   decided_ = true;
   coordination_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
   Progress();
@@ -284,6 +298,8 @@ void Round::Decide() {
 void Round::Fail(uint32_t member, const absl::Status& why) {
   std::unique_lock lock(mu_);
   if (member >= members_) return;
+  // A prepared vote binds: the member learns the decision, it cannot take its vote back.
+  if (m_[member].stage == MemberStage::kPrepared) return;
   if (!decided_) {
     m_[member].error = std::string(why.message());
     m_[member].stage = MemberStage::kFailed;
@@ -323,6 +339,13 @@ void Round::AbortLocked(const absl::Status& why, int32_t failed_member) {
   decided_ = true;
   abort_ = why.ok() ? absl::AbortedError("aborted") : why;
   failed_member_ = failed_member;
+  // An abort need not be on disk before it is announced (a leader without a record of a round
+  // answers aborted), but an answer naming the reason is better than a presumed one.
+  if (record_) {
+    record_(RoundDecision{group_, version_, id_, /*commit=*/false, abort_.code(),
+                          std::string(abort_.message())})
+        .IgnoreError();
+  }
   Progress();
 }
 
@@ -372,6 +395,11 @@ bool Round::others_may_have_sent(uint32_t member) const {
 bool Round::joined(uint32_t member) const {
   std::lock_guard lock(mu_);
   return member < members_ && m_[member].stage != MemberStage::kWaiting;
+}
+
+bool Round::prepared(uint32_t member) const {
+  std::lock_guard lock(mu_);
+  return member < members_ && m_[member].stage == MemberStage::kPrepared;
 }
 
 bool Round::decided() const {

@@ -9,7 +9,12 @@
 //
 // Decided once: the round commits only after every member prepared with the same receivers;
 // it aborts at the first failure (a member's Fail, a member that left, a check that failed,
-// no progress within the timeout) and never changes its decision afterwards.
+// no progress within the timeout) and never changes its decision afterwards. A prepared vote
+// binds: once member m prepared, nothing m sends or does (Fail, its stream ending) aborts the
+// round -- m holds the version in doubt and learns the decision from the leader
+// (docs/DESIGN.md, "One decision per version"). The decision is recorded (the recorder, the
+// coordinator's DecisionLog) before any waiter sees it; a commit that cannot be recorded
+// becomes an abort.
 //
 // Transfer turns: when any member sends to NCCL engines (StagedParts::engines), members
 // transfer one after another in member order -- an engine takes one update request at a time,
@@ -33,6 +38,7 @@
 #include "absl/time/time.h"
 #include "core/engine/group_vote.h"
 #include "core/engine/types.h"
+#include "core/group/decision_log.h"
 
 namespace wpub::group {
 
@@ -47,12 +53,18 @@ struct MemberHello {
 // engine::kMaxGroupNameBytes too).
 inline constexpr size_t kMaxRoundNameBytes = engine::kMaxGroupNameBytes;
 
+// Records a round's decision before anyone hears of it; an error turns a commit into an abort.
+using DecisionRecorder = std::function<absl::Status(const RoundDecision&)>;
+
 class Round {
  public:
   // `timeout`: how long the round may go without progress before a waiter aborts it.
   // `max_name_bytes`: the tensor names the round holds in all (tests make it small).
+  // `id`: unique among the rounds of the leader's decision log (the coordinator's); `record`:
+  // called under the round's lock with its decision, once (may be null).
   Round(std::string group, uint32_t members, uint64_t version, absl::Duration timeout,
-        size_t max_name_bytes = kMaxRoundNameBytes);
+        size_t max_name_bytes = kMaxRoundNameBytes, uint64_t id = 0,
+        DecisionRecorder record = nullptr);
   Round(const Round&) = delete;
   Round& operator=(const Round&) = delete;
 
@@ -73,7 +85,8 @@ class Round {
   // Member `member`'s receivers hold every bucket. When every member prepared, runs the
   // receiver check and decides.
   void Prepared(uint32_t member, engine::PreparedParts parts);
-  // Member `member` failed (or its stream to the leader broke): aborts the round naming it.
+  // Member `member` failed (or its stream to the leader broke): aborts the round naming it --
+  // unless it prepared (its vote binds; nothing changes).
   void Fail(uint32_t member, const absl::Status& why);
   // Aborts the round (no-op once decided).
   void Abort(const absl::Status& why);
@@ -91,6 +104,9 @@ class Round {
   bool others_may_have_sent(uint32_t member) const;
   // Member `member` joined (whatever happened since).
   bool joined(uint32_t member) const;
+  // Member `member` voted prepared (before the decision, or in the round that committed).
+  bool prepared(uint32_t member) const;
+  uint64_t id() const { return id_; }
   bool decided() const;
   // The abort status (OK while undecided or committed).
   absl::Status abort_status() const;
@@ -141,6 +157,8 @@ class Round {
   const uint64_t version_;
   const absl::Duration timeout_;
   const size_t max_name_bytes_;
+  const uint64_t id_;
+  const DecisionRecorder record_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -1,5 +1,6 @@
 // A member's side of Group.Join (RemoteVote) and the engine's GroupJoiner: member 0 joins the
 // local coordinator, any other member its leader over gRPC.
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -34,7 +35,10 @@ struct Link {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReaderWriter<pb::GroupMemberMessage, pb::GroupLeaderMessage>> stream;
   std::string leader;
+  std::string auth_token;
   std::function<void(absl::Status)> on_abort;
+  std::string group;
+  uint64_t version = 0;
 
   std::mutex write_mu;  // serializes writes and WritesDone
   bool writes_done = false;
@@ -42,10 +46,15 @@ struct Link {
   std::mutex mu;
   std::condition_variable cv;
   bool accepted = false;
+  uint64_t round = 0;  // GroupAccepted.round
   bool transfer = false;
   std::optional<absl::Status> decision;  // OK: commit
   bool others_sent = false;
   bool ended = false;  // the reader returned
+  // This member sent `prepared`: from then on only the leader's decision ends the version here.
+  bool prepared_sent = false;
+  // The stream ended after `prepared` and before the decision (Prepare asks Group.Outcome).
+  bool in_doubt = false;
 
   bool Write(const pb::GroupMemberMessage& m) {
     std::lock_guard lock(write_mu);
@@ -67,6 +76,7 @@ struct Link {
       std::lock_guard lock(mu);
       if (msg.has_accepted()) {
         accepted = true;
+        round = msg.accepted().round();
       } else if (msg.has_transfer()) {
         transfer = true;
       } else if (msg.has_decision()) {
@@ -87,7 +97,10 @@ struct Link {
     {
       std::lock_guard lock(mu);
       ended = true;
-      if (!decision.has_value()) {
+      if (!decision.has_value() && prepared_sent) {
+        // The vote binds: the version is in doubt, not aborted.
+        in_doubt = true;
+      } else if (!decision.has_value()) {
         if (!accepted) {
           decision = ToAbslStatus(finish);
           if (decision->ok()) decision = absl::UnavailableError("the leader ended the stream");
@@ -106,8 +119,13 @@ struct Link {
 
 class RemoteVote final : public engine::GroupVote {
  public:
-  RemoteVote(std::shared_ptr<Link> link, std::thread reader, engine::GroupSummary summary)
-      : link_(std::move(link)), reader_(std::move(reader)), summary_(std::move(summary)) {}
+  RemoteVote(std::shared_ptr<Link> link, std::thread reader, engine::GroupSummary summary,
+             const GroupClientOptions& options, std::shared_ptr<GroupJoinerImpl::Stop> stop)
+      : link_(std::move(link)),
+        reader_(std::move(reader)),
+        summary_(std::move(summary)),
+        options_(options),
+        stop_(std::move(stop)) {}
 
   ~RemoteVote() override {
     Fail(absl::AbortedError("the member's publication ended before the decision"));
@@ -157,16 +175,25 @@ class RemoteVote final : public engine::GroupVote {
     for (const std::string& r : parts.receivers) p->add_receivers(r);
     p->set_bytes_out(parts.bytes_out);
     ToProto(parts.phases, p->mutable_phases());
-    link_->Write(msg);
+    {
+      std::lock_guard lock(link_->mu);
+      // A stream that ended already ended before the leader could hold this vote.
+      if (link_->decision.has_value()) return *link_->decision;
+      link_->prepared_sent = true;
+    }
+    link_->Write(msg);  // a broken stream shows as the version in doubt
     std::unique_lock lock(link_->mu);
-    link_->cv.wait(lock, [&] { return link_->decision.has_value(); });
-    return *link_->decision;
+    link_->cv.wait(lock, [&] { return link_->decision.has_value() || link_->in_doubt; });
+    if (link_->decision.has_value()) return *link_->decision;
+    lock.unlock();
+    return Resolve();
   }
 
   void Fail(const absl::Status& why) override {
     {
       std::lock_guard lock(link_->mu);
-      if (link_->decision.has_value() || failed_) return;
+      // After `prepared` the vote binds: only the leader's decision ends the version.
+      if (link_->decision.has_value() || link_->prepared_sent || failed_) return;
       failed_ = true;
     }
     pb::GroupMemberMessage msg;
@@ -184,7 +211,7 @@ class RemoteVote final : public engine::GroupVote {
     engine::GroupSummary s = summary_;
     std::lock_guard lock(link_->mu);
     if (!link_->decision.has_value()) {
-      s.outcome = "open";
+      s.outcome = link_->in_doubt ? "in doubt" : "open";
     } else if (link_->decision->ok()) {
       s.outcome = "committed";
     } else {
@@ -195,10 +222,79 @@ class RemoteVote final : public engine::GroupVote {
   }
 
  private:
+  // In doubt: asks the leader for the round's decision until it has one (the leader back, or
+  // reachable again), pausing outcome_retry_min doubling to outcome_retry_max between calls.
+  // Nothing else ends the version on this member: not its trainer, not a timeout.
+  absl::Status Resolve() {
+    uint64_t round;
+    {
+      std::lock_guard lock(link_->mu);
+      round = link_->round;
+    }
+    spdlog::warn(
+        "group '{}' v{}: the stream to the leader {} ended after this member prepared "
+        "and before the decision: the version is in doubt here until the leader says "
+        "(round {})",
+        LogEscape(link_->group), link_->version, LogEscape(link_->leader), round);
+    pb::GroupOutcomeRequest req;
+    req.set_group(link_->group);
+    req.set_version(link_->version);
+    req.set_round(round);
+    absl::Duration pause = options_.outcome_retry_min;
+    std::string last;
+    for (int asked = 1;; ++asked) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.outcome_call_timeout));
+      if (!link_->auth_token.empty()) {
+        ctx.AddMetadata("authorization", absl::StrCat("Bearer ", link_->auth_token));
+      }
+      pb::GroupOutcome out;
+      const grpc::Status s = link_->stub->Outcome(&ctx, req, &out);
+      std::optional<absl::Status> decided;
+      if (s.ok() && out.state() == pb::GroupOutcome::COMMITTED) {
+        decided = absl::OkStatus();
+      } else if (s.ok() && out.state() == pb::GroupOutcome::ABORTED) {
+        absl::StatusCode code = static_cast<absl::StatusCode>(out.code());
+        if (code == absl::StatusCode::kOk) code = absl::StatusCode::kAborted;
+        decided = absl::Status(code, out.reason());
+      }
+      if (decided.has_value()) {
+        spdlog::info("group '{}' v{}: the leader decided {} (learned after {} question(s))",
+                     LogEscape(link_->group), link_->version, decided->ok() ? "commit" : "abort",
+                     asked);
+        std::lock_guard lock(link_->mu);
+        link_->decision = decided;
+        link_->cv.notify_all();
+        return *decided;
+      }
+      const std::string now = s.ok() ? absl::StrCat(pb::GroupOutcome::State_Name(out.state()),
+                                                    out.reason().empty() ? "" : ": ", out.reason())
+                                     : absl::StrCat("no answer: ", s.error_message());
+      if (now != last) {
+        spdlog::warn("group '{}' v{}: still in doubt ({})", LogEscape(link_->group), link_->version,
+                     LogEscape(now));
+        last = now;
+      }
+      {
+        std::unique_lock lock(stop_->mu);
+        if (stop_->cv.wait_for(lock, absl::ToChronoNanoseconds(pause),
+                               [&] { return stop_->stopping; })) {
+          return absl::UnavailableError(absl::StrCat(
+              "the daemon stopped while group '", link_->group, "' version ", link_->version,
+              " was in doubt here (prepared; the leader's decision not learned: ", now,
+              "); its receivers learn it from the group's other members"));
+        }
+      }
+      pause = std::min(pause * 2, options_.outcome_retry_max);
+    }
+  }
+
   const std::shared_ptr<Link> link_;
   std::thread reader_;
   const engine::GroupSummary summary_;  // the membership; the outcome is read from the link
-  bool failed_ = false;                 // guarded by link_->mu
+  const GroupClientOptions options_;
+  const std::shared_ptr<GroupJoinerImpl::Stop> stop_;
+  bool failed_ = false;  // guarded by link_->mu
 };
 
 }  // namespace
@@ -224,6 +320,12 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::Join(
   absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ChannelTo(gm.leader);
   if (!channel.ok()) return channel.status();
   return JoinOver(*std::move(channel), header, std::move(on_abort));
+}
+
+void GroupJoinerImpl::Shutdown() {
+  std::lock_guard lock(stop_->mu);
+  stop_->stopping = true;
+  stop_->cv.notify_all();
 }
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> GroupJoinerImpl::ChannelTo(
@@ -261,6 +363,9 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::JoinOver(
   }
   auto link = std::make_shared<Link>();
   link->leader = gm.leader;
+  link->auth_token = options_.auth_token;
+  link->group = gm.group;
+  link->version = header.version;
   link->on_abort = std::move(on_abort);
   if (!options_.auth_token.empty()) {
     link->context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
@@ -303,7 +408,7 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::JoinOver(
   summary.member = gm.member;
   summary.leader = gm.leader;
   return std::unique_ptr<engine::GroupVote>(
-      new RemoteVote(std::move(link), std::move(reader), std::move(summary)));
+      new RemoteVote(std::move(link), std::move(reader), std::move(summary), options_, stop_));
 }
 
 }  // namespace wpub::server

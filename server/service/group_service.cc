@@ -86,7 +86,7 @@ grpc::Status GroupService::Join(
                LogEscape(j.group()), j.version());
   {
     pb::GroupLeaderMessage accepted;
-    accepted.mutable_accepted();
+    accepted.mutable_accepted()->set_round(round->id());
     if (!stream->Write(accepted)) {
       round->Fail(m, absl::UnavailableError("its stream broke before it was accepted"));
       coordinator_->Observe(round);
@@ -173,7 +173,14 @@ grpc::Status GroupService::Join(
     }
   }
   if (!round->decided()) {
-    // The stream ended before the decision: the member died or its connection dropped.
+    // The stream ended before the decision: the member died or its connection dropped. A
+    // prepared member's vote stands (the round ignores this); it asks for the decision.
+    if (round->prepared(m)) {
+      spdlog::warn(
+          "group: member {} of '{}' v{} lost its stream after it prepared: its vote "
+          "stands, it learns the decision through Group.Outcome",
+          m, LogEscape(j.group()), j.version());
+    }
     round->Fail(m, absl::UnavailableError(
                        absl::StrCat("its connection to the leader was lost (",
                                     context->IsCancelled() ? "cancelled" : "stream closed", ")")));
@@ -184,6 +191,36 @@ grpc::Status GroupService::Join(
   spdlog::info("group: member {} of '{}' v{}: {}", m, LogEscape(j.group()), j.version(),
                outcome.ok() ? "committed" : LogEscape(outcome.ToString()));
   return member_status.ok() ? grpc::Status::OK : ToGrpcStatus(member_status);
+}
+
+grpc::Status GroupService::Outcome(grpc::ServerContext* context,
+                                   const pb::GroupOutcomeRequest* request,
+                                   pb::GroupOutcome* response) {
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  if (grpc::Status peer = CheckGroupPeer(options_, *context); !peer.ok()) return peer;
+  if (request->group().size() > 100) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "group: longer than 100 bytes"};
+  }
+  const group::RoundOutcome o =
+      coordinator_->OutcomeOf(request->group(), request->version(), request->round());
+  using State = group::RoundOutcome::State;
+  switch (o.state) {
+    case State::kUndecided:
+      response->set_state(pb::GroupOutcome::UNDECIDED);
+      break;
+    case State::kCommitted:
+      response->set_state(pb::GroupOutcome::COMMITTED);
+      break;
+    case State::kAborted:
+      response->set_state(pb::GroupOutcome::ABORTED);
+      break;
+    case State::kUnknown:
+      response->set_state(pb::GroupOutcome::UNKNOWN);
+      break;
+  }
+  response->set_code(static_cast<int32_t>(o.why.code()));
+  response->set_reason(std::string(o.why.message()));
+  return grpc::Status::OK;
 }
 
 }  // namespace wpub::server

@@ -3,10 +3,13 @@
 //   daemon as their leader to the coordinator's rounds (core/group).
 // - GroupJoinerImpl: the engine's GroupJoiner. Member 0's publication joins the local
 //   coordinator; any other member's opens a stream to its leader (RemoteVote in
-//   group_client.cc) that lives until the decision.
+//   group_client.cc) that lives until the decision. A member whose stream ends after it voted
+//   prepared and before the decision holds the version in doubt: it asks the leader
+//   (Group.Outcome) until it learns the decision, and obeys that and nothing else.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,6 +34,9 @@ class GroupService final : public wpub::v1::Group::Service {
   grpc::Status Join(grpc::ServerContext* context,
                     grpc::ServerReaderWriter<wpub::v1::GroupLeaderMessage,
                                              wpub::v1::GroupMemberMessage>* stream) override;
+  // What the coordinator knows of a round (a member in doubt asks).
+  grpc::Status Outcome(grpc::ServerContext* context, const wpub::v1::GroupOutcomeRequest* request,
+                       wpub::v1::GroupOutcome* response) override;
 
  private:
   group::Coordinator* const coordinator_;
@@ -46,9 +52,15 @@ struct GroupClientOptions {
   // How long a member waits for the leader to accept its join.
   absl::Duration join_timeout = absl::Seconds(30);
   // HTTP/2 keepalive on the stream to the leader: a leader that stops answering pings is
-  // found within time + timeout, and the version aborts on this member.
+  // found within time + timeout -- before this member prepared, the version aborts on it;
+  // after, it holds the version in doubt and asks the leader for the decision.
   absl::Duration keepalive_time = absl::Seconds(10);
   absl::Duration keepalive_timeout = absl::Seconds(10);
+  // In doubt: the first and the longest pause between two Group.Outcome calls (doubling), and
+  // each call's deadline.
+  absl::Duration outcome_retry_min = absl::Milliseconds(100);
+  absl::Duration outcome_retry_max = absl::Seconds(2);
+  absl::Duration outcome_call_timeout = absl::Seconds(5);
 };
 
 class GroupJoinerImpl final : public engine::GroupJoiner {
@@ -57,6 +69,16 @@ class GroupJoinerImpl final : public engine::GroupJoiner {
   GroupJoinerImpl(group::Coordinator* coordinator, GroupClientOptions options);
   absl::StatusOr<std::unique_ptr<engine::GroupVote>> Join(
       const engine::PublicationHeader& header, std::function<void(absl::Status)> on_abort) override;
+  // The daemon is stopping: a vote in doubt stops asking its leader (its publication ends
+  // UNAVAILABLE on this member; its receivers were told nothing). Idempotent.
+  void Shutdown();
+
+  // Shared by the joiner and its votes (a vote may outlive the joiner's last call).
+  struct Stop {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stopping = false;
+  };
 
  private:
   static constexpr size_t kMaxLeaderChannels = 16;
@@ -67,6 +89,7 @@ class GroupJoinerImpl final : public engine::GroupJoiner {
 
   group::Coordinator* const coordinator_;
   const GroupClientOptions options_;
+  const std::shared_ptr<Stop> stop_ = std::make_shared<Stop>();
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
 };

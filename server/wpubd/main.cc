@@ -150,7 +150,19 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
 
   // Publication groups: the rounds this daemon leads, and how its publications join theirs.
   // Both outlive the engine and the server (declared before them).
-  wpub::group::Coordinator coordinator(options.group, registry.get());
+  wpub::group::CoordinatorOptions group_options = options.group;
+  if (!options.group_decision_log.empty()) {
+    absl::StatusOr<std::unique_ptr<wpub::group::DecisionLog>> log =
+        wpub::group::DecisionLog::Open(options.group_decision_log);
+    if (!log.ok()) {
+      spdlog::critical("--group_decision_log: {}", LogEscape(log.status().ToString()));
+      return 1;
+    }
+    spdlog::info("group decisions recorded in {} ({} kept from before)",
+                 LogEscape(options.group_decision_log), (*log)->size());
+    group_options.decisions = *std::move(log);
+  }
+  wpub::group::Coordinator coordinator(group_options, registry.get());
   wpub::server::GroupJoinerImpl group_joiner(&coordinator, options.group_client);
   absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> engine =
       CreateEngine(options, registry.get(), &group_joiner);
@@ -212,6 +224,7 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
   }
   absl::Status drained = (*engine)->Drain(drain_deadline);
   if (!drained.ok()) spdlog::warn("drain: {}", LogEscape(drained.ToString()));
+  group_joiner.Shutdown();  // a vote in doubt stops asking its leader
   (*server)->Shutdown(absl::Now() + options.shutdown_grace);
   spdlog::debug("gRPC server stopped");
   server->reset();

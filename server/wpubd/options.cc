@@ -110,6 +110,13 @@ ABSL_FLAG(absl::Duration, group_timeout, absl::Seconds(60),
           "Publication groups: how long a group version this daemon leads (member 0) may go "
           "without progress (a member joining, staging, preparing) before it aborts naming the "
           "members it waits for; a header's group.timeout_seconds overrides it.");
+ABSL_FLAG(std::string, group_decision_log, "",
+          "Publication groups: a file where this daemon records the decision of every group "
+          "version it leads before announcing it (JSON lines, the last 1024 kept). A member that "
+          "prepared and lost its stream asks the leader for the decision; with this file a "
+          "restarted leader still answers (one without a record answers aborted: a commit is "
+          "always recorded first). Empty: in memory only, and a member in doubt about a round of "
+          "a leader that restarted waits until an operator resolves it.");
 ABSL_FLAG(absl::Duration, group_join_timeout, absl::Seconds(30),
           "Publication groups: how long a member waits for its leader to accept its join.");
 ABSL_FLAG(std::string, group_tls_ca_file, "",
@@ -291,6 +298,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
         absl::StrCat("--log_format '", o.log_format, "' is not text or json"));
   }
   o.group.default_timeout = absl::GetFlag(FLAGS_group_timeout);
+  o.group_decision_log = absl::GetFlag(FLAGS_group_decision_log);
   o.group_client.join_timeout = absl::GetFlag(FLAGS_group_join_timeout);
   o.group_client.tls.ca_file = absl::GetFlag(FLAGS_group_tls_ca_file);
   if (o.group.default_timeout <= absl::ZeroDuration()) {

@@ -66,6 +66,7 @@ struct DaemonOptions {
   // this daemon reaches a leader when it is another member (token: --auth_token_file's, the
   // group's daemons share one; TLS to the leader when a CA is given).
   group::CoordinatorOptions group;
+  std::string group_decision_log;  // opened by main into group.decisions
   server::GroupClientOptions group_client;
 };
 
