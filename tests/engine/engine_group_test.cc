@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -25,6 +27,24 @@ struct Script {
   PreparedParts prepared;
   std::vector<std::string> calls;
   std::function<void(absl::Status)> on_abort;
+  // Prepare blocks while hold_decision (the leader has not decided); voted once it was called.
+  std::condition_variable cv;
+  bool hold_decision = false;
+  bool voted = false;
+  void Decide(absl::Status decision) {
+    std::lock_guard lock(mu);
+    prepare = std::move(decision);
+    hold_decision = false;
+    cv.notify_all();
+  }
+  void AwaitVote() {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return voted; });
+  }
+  std::vector<std::string> Calls() {
+    std::lock_guard lock(mu);
+    return calls;
+  }
   void Call(std::string c) {
     std::lock_guard lock(mu);
     calls.push_back(std::move(c));
@@ -42,6 +62,10 @@ class ScriptedVote final : public GroupVote {
   absl::Status Prepare(const PreparedParts& parts) override {
     s_->Call("prepare");
     s_->prepared = parts;
+    std::unique_lock lock(s_->mu);
+    s_->voted = true;
+    s_->cv.notify_all();
+    s_->cv.wait(lock, [&] { return !s_->hold_decision; });
     return s_->prepare;
   }
   void Fail(const absl::Status& why) override { s_->Call("fail " + std::string(why.message())); }
@@ -184,6 +208,46 @@ TEST(EngineGroup, OnlyTheLeaderDeclaresAndOnlyInAGroup) {
   auto alone = f.engine->Open(testing::Header(4));
   ASSERT_TRUE(alone.ok());
   EXPECT_TRUE(absl::IsFailedPrecondition((*alone)->DeclareExpected({"a"})));
+}
+
+// After its vote a member is the leader's: a cancellation is refused and the version commits
+// as the leader decided, with no abort reaching a transport.
+TEST(EngineGroup, AVotedVersionIgnoresACancelAndCommitsAsDecided) {
+  Fixture f;
+  f.script.hold_decision = true;
+  auto session = f.engine->Open(f.Header(3, 1));
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  auto commit = std::async(std::launch::async, [&] { return (*session)->Commit(); });
+  f.script.AwaitVote();
+  (*session)->Abort(absl::CancelledError("the trainer cancelled"));
+  f.script.Decide(absl::OkStatus());
+  auto report = commit.get();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+  EXPECT_FALSE(Contains(f.script.Calls(), "abort"));
+  EXPECT_EQ(f.engine->GetStatus().committed_version, 3u);
+}
+
+// A daemon stopping while its vote waits for the leader: the drain does not abort the version
+// (its receivers are told nothing) and says it was in doubt.
+TEST(EngineGroup, ADrainWhileInDoubtDoesNotAbortTheVersion) {
+  Fixture f;
+  f.script.hold_decision = true;
+  auto session = f.engine->Open(f.Header(3, 1));
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  auto commit = std::async(std::launch::async, [&] { return (*session)->Commit(); });
+  f.script.AwaitVote();
+  const absl::Status drained = f.engine->Drain(absl::Now() + absl::Milliseconds(50));
+  EXPECT_TRUE(absl::IsUnavailable(drained)) << drained;
+  EXPECT_NE(drained.message().find("in doubt"), std::string::npos) << drained;
+  EXPECT_FALSE(Contains(f.script.Calls(), "abort"));
+  // The group joiner's shutdown ends the vote's wait.
+  f.script.Decide(absl::UnavailableError("the daemon stopped while in doubt"));
+  auto report = commit.get();
+  ASSERT_TRUE(report.ok());
+  EXPECT_EQ(report->status, PublicationStatus::kAborted);
 }
 
 TEST(EngineGroup, ARefusedStageFailsBeforeAnyByteMoves) {

@@ -296,6 +296,7 @@ TEST(LifecycleStageTest, PublicStateAndNames) {
       {Stage::kChecking, PublicationState::kOpen},
       {Stage::kStaged, PublicationState::kStaged},
       {Stage::kTransferring, PublicationState::kStaged},
+      {Stage::kPrepared, PublicationState::kStaged},
       {Stage::kCommitting, PublicationState::kStaged},
       {Stage::kCommitted, PublicationState::kCommitted},
       {Stage::kAborted, PublicationState::kAborted},
@@ -305,6 +306,46 @@ TEST(LifecycleStageTest, PublicStateAndNames) {
     EXPECT_EQ(PublicStateOf(stage), state) << LifecycleStageName(stage);
   }
   EXPECT_STREQ(LifecycleStageName(Stage::kCommitting), "committing");
+  EXPECT_STREQ(LifecycleStageName(Stage::kPrepared), "prepared");
+}
+
+// A group member that voted prepared: nothing but the leader's decision ends it.
+TEST_F(LifecycleTest, APreparedVoteRefusesEveryStopAndEndsAsTheLeaderDecides) {
+  ToTransferring();
+  ASSERT_TRUE(lifecycle_.Prepare().ok());
+  EXPECT_EQ(lifecycle_.stage(), Stage::kPrepared);
+  Lifecycle::Ending untouched;
+  EXPECT_EQ(
+      lifecycle_.Stop(PublicationStatus::kAborted, absl::CancelledError("trainer"), &untouched),
+      StopResult::kRefused);
+  EXPECT_TRUE(lifecycle_.abort_request().ok());
+  EXPECT_TRUE(discards().empty());
+  EXPECT_FALSE(lifecycle_.BeginTransfer().ok());  // no retry of a voted version
+  // Commit decided: the point of no return from kPrepared.
+  ASSERT_TRUE(lifecycle_.PassPointOfNoReturn([] { return absl::OkStatus(); }).ok());
+  EXPECT_TRUE(lifecycle_.End(PublicationStatus::kCommitted, absl::OkStatus()).ended_now);
+}
+
+TEST_F(LifecycleTest, APreparedVoteEndsAbortedWhenTheLeaderAbortsAndNotBefore) {
+  ToTransferring();
+  ASSERT_TRUE(lifecycle_.Prepare().ok());
+  const Lifecycle::Ending e =
+      lifecycle_.End(PublicationStatus::kAborted, absl::AbortedError("the leader aborted"));
+  EXPECT_TRUE(e.ended_now);
+  EXPECT_EQ(e.status.message(), "the leader aborted");
+  EXPECT_EQ(discards(), std::vector<std::string>{"the leader aborted"});
+}
+
+TEST_F(LifecycleTest, AnAbortRequestedBeforeTheVoteMeansNoVote) {
+  ToTransferring();
+  Lifecycle::Ending untouched;
+  ASSERT_EQ(
+      lifecycle_.Stop(PublicationStatus::kAborted, absl::CancelledError("trainer"), &untouched),
+      StopResult::kRequested);
+  const absl::Status s = lifecycle_.Prepare();
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_EQ(lifecycle_.stage(), Stage::kTransferring);
+  EXPECT_FALSE(Lifecycle(1, nullptr).Prepare().ok());  // only from kTransferring
 }
 
 }  // namespace

@@ -207,6 +207,64 @@ TEST(PullTransportTest, ALateAckOfAnAbortedAttemptNeverCountsForTheRetry) {
   EXPECT_TRUE((*transport)->Commit().ok());
 }
 
+// A group version the leader decided to commit: a receiver that left after acknowledging
+// everything cannot refuse it (a lone daemon's Commit would); the others are told to apply it,
+// and the one that left is reported not told.
+TEST(PullTransportTest, ADecidedCommitIsNotRefusedByAReceiverThatLeftAfterItsLastAck) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto stays = (*transport)->Subscribe("r0");
+  auto leaves = (*transport)->Subscribe("r1");
+  ASSERT_TRUE(stays.ok() && leaves.ok());
+  const std::string t0 = FirstEvent(**stays).subscription_token;
+  const std::string t1 = FirstEvent(**leaves).subscription_token;
+  auto bucket = BeginOneBucket(**transport, 4);
+  const uint64_t sum = bucket->manifest.checksum;
+  ASSERT_TRUE((*stays)->Ack(t0, 4, 0, sum).ok());
+  ASSERT_TRUE((*leaves)->Ack(t1, 4, 0, sum).ok());
+  ASSERT_TRUE((*transport)->WaitAcknowledged(absl::Now() + absl::Seconds(10)).ok());
+  leaves->reset();  // gone after its last acknowledgement
+  EXPECT_EQ(OutcomeOf(**transport, "r1").state, ReceiverState::kLeft);
+  EXPECT_FALSE((*transport)->Commit().ok());  // alone, a daemon would not commit
+  ASSERT_TRUE((*transport)->CommitDecided().ok());
+  EXPECT_EQ((*transport)->committed_version(), 4u);
+  const ReceiverOutcome r0 = OutcomeOf(**transport, "r0");
+  EXPECT_TRUE(r0.committed);
+  const ReceiverOutcome r1 = OutcomeOf(**transport, "r1");
+  EXPECT_FALSE(r1.committed);
+  EXPECT_EQ(r1.state, ReceiverState::kLeft);
+  EXPECT_NE(r1.error.find("version 4 committed after it acknowledged every bucket, and it was "
+                          "not told to apply it"),
+            std::string::npos)
+      << r1.error;
+  bool told = false;
+  while (true) {
+    absl::StatusOr<ReceiverEvent> e = (*stays)->Next(absl::Milliseconds(10));
+    if (!e.ok()) break;
+    if (auto* c = std::get_if<CommitEvent>(&*e)) told = c->version == 4;
+  }
+  EXPECT_TRUE(told);
+}
+
+// A daemon stopping while a group version is in doubt here tells its receivers nothing.
+TEST(PullTransportTest, AShutdownInDoubtEndsTheVersionWithoutAnAbort) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto sub = (*transport)->Subscribe("r0");
+  ASSERT_TRUE(sub.ok());
+  FirstEvent(**sub);
+  BeginOneBucket(**transport, 5);
+  (*transport)->Shutdown(/*abort_in_flight=*/false);
+  bool aborted = false;
+  while (true) {
+    absl::StatusOr<ReceiverEvent> e = (*sub)->Next(absl::Milliseconds(10));
+    if (!e.ok()) break;
+    aborted |= std::holds_alternative<AbortEvent>(*e);
+  }
+  EXPECT_FALSE(aborted);
+  EXPECT_EQ((*transport)->committed_version(), 0u);
+}
+
 TEST(PullTransportTest, ReceiverNamesAreBoundedAndPrintable) {
   auto transport = PullTransport::Create(PullTransportOptions{});
   ASSERT_TRUE(transport.ok());
