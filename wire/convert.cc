@@ -371,8 +371,21 @@ void ToProto(const engine::ReceiverEvent& event, pb::ReceiverEvent* out) {
           g->set_transport(e.transport);
           g->set_committed_version(e.committed_version);
           g->set_subscription_token(e.subscription_token);
+          switch (e.staged) {
+            case engine::StagedDecision::kUnknown:
+              g->set_staged(pb::GroupInfo::STAGED_UNKNOWN);
+              break;
+            case engine::StagedDecision::kApply:
+              g->set_staged(pb::GroupInfo::STAGED_APPLY);
+              break;
+            case engine::StagedDecision::kDiscard:
+              g->set_staged(pb::GroupInfo::STAGED_DISCARD);
+              break;
+          }
+          g->set_staged_reason(e.staged_reason);
         } else if constexpr (std::is_same_v<T, engine::ManifestEvent>) {
           ToProto(e.manifest, out->mutable_manifest());
+          out->mutable_manifest()->set_committed_version(e.committed_version);
         } else if constexpr (std::is_same_v<T, engine::BucketReadyEvent>) {
           out->mutable_bucket_ready()->set_version(e.version);
           out->mutable_bucket_ready()->set_index(e.index);

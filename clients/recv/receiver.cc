@@ -174,27 +174,56 @@ namespace {
 
 // The staging files (`<output>.staging-<pid>`) of receivers of this output that died before
 // they committed or discarded them (killed between their last acknowledgement and the commit,
-// say): removed, so a full model's copy never stays on disk for good. A file whose process is
-// still alive (another receiver writing the same output, which is the operator's mistake) is
-// left alone.
-void RemoveOrphanedStaging(const std::string& output_path) {
+// say). The newest complete one holding a version above `held` is adopted -- renamed to `mine`,
+// this process's staging file -- as a version in doubt, which the daemons decide once it
+// subscribes (SubscribeRequest.staged_version); every other one is removed, so a full model's
+// copy never stays on disk for good. A file whose process is still alive (another receiver
+// writing the same output, which is the operator's mistake) is left alone. Returns the adopted
+// version (0: none).
+uint64_t AdoptOrphanedStaging(const std::string& output_path, uint64_t held,
+                              const std::string& mine) {
   const std::filesystem::path out(output_path);
   const std::filesystem::path dir = out.has_parent_path() ? out.parent_path() : ".";
   const std::string prefix = out.filename().string() + ".staging-";
+  std::vector<std::pair<uint64_t, std::filesystem::path>> orphans;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.rfind(prefix, 0) != 0) continue;
     int pid = 0;
     if (!absl::SimpleAtoi(name.substr(prefix.size()), &pid) || pid <= 0) continue;
-    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) {
-      std::error_code rm;
-      if (std::filesystem::remove(entry.path(), rm)) {
-        spdlog::warn("removed {}: the staging file of receiver process {}, which is gone",
-                     entry.path().string(), pid);
-      }
+    if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    orphans.emplace_back(VersionInFile(entry.path().string()), entry.path());
+  }
+  std::sort(orphans.begin(), orphans.end());
+  uint64_t adopted = 0;
+  if (!orphans.empty() && orphans.back().first > held) {
+    std::error_code mv;
+    std::filesystem::rename(orphans.back().second, mine, mv);
+    if (!mv) {
+      adopted = orphans.back().first;
+      spdlog::warn(
+          "{} holds v{}, staged by a receiver process that is gone and not known to "
+          "have committed: kept as {} until a daemon says whether it committed",
+          orphans.back().second.string(), adopted, mine);
+      orphans.pop_back();
     }
   }
+  for (const auto& [version, path] : orphans) {
+    std::error_code rm;
+    if (std::filesystem::remove(path, rm)) {
+      spdlog::warn("removed {}: the staging file of a receiver process that is gone ({})",
+                   path.string(),
+                   version == 0 ? std::string("incomplete")
+                                : absl::StrCat("v", version, ", not above v", held));
+    }
+  }
+  return adopted;
+}
+
+// This process's staging file beside `output_path`.
+std::string StagePath(const std::string& output_path) {
+  return absl::StrCat(output_path, ".staging-", ::getpid());
 }
 
 // 16 hex digits from the kernel's randomness and the process id: unique per receiving process.
@@ -209,11 +238,12 @@ std::string NewInstance() {
 class Receiver::Impl {
  public:
   Impl(ReceiverOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-       uint64_t held_at_start)
+       uint64_t held_at_start, uint64_t adopted)
       : options_(std::move(options)),
-        stage_path_(absl::StrCat(options_.output_path, ".staging-", ::getpid())),
+        stage_path_(StagePath(options_.output_path)),
         instance_(NewInstance()),
-        held_at_start_(held_at_start) {
+        held_at_start_(held_at_start),
+        adopted_version_(adopted) {
     std::vector<std::string> targets = options_.targets;
     if (targets.empty()) targets.push_back(options_.target);
     for (const std::string& target : targets) {
@@ -235,6 +265,12 @@ class Receiver::Impl {
 
   ~Impl() {
     for (auto& link : links_) link->pending.reset();
+    absl::MutexLock lock(&mu_);
+    // A version held in doubt stays staged on disk: the next process adopts it and asks.
+    if (adopted_version_ != 0 ||
+        (assembly_ != nullptr && assembly_->complete() && assembly_->staged)) {
+      return;
+    }
     DiscardAssembly();
   }
 
@@ -363,6 +399,10 @@ class Receiver::Impl {
     request.add_transports("pull");
     request.set_held_version(held_version());
     request.set_instance(instance_);
+    {
+      absl::MutexLock lock(&mu_);
+      request.set_staged_version(StagedVersionLocked());
+    }
     std::unique_ptr<grpc::ClientReader<pb::ReceiverEvent>> reader =
         link.stub->Subscribe(link.context.get(), request);
     pb::ReceiverEvent event;
@@ -416,9 +456,20 @@ class Receiver::Impl {
   absl::StatusOr<bool> Handle(Link& link, const pb::ReceiverEvent& event) {
     switch (event.kind_case()) {
       case pb::ReceiverEvent::kGroupInfo: {
-        link.token = event.group_info().subscription_token();
+        const pb::GroupInfo& info = event.group_info();
+        link.token = info.subscription_token();
         absl::MutexLock lock(&mu_);
         ++stats_.subscriptions;
+        if (const uint64_t staged = StagedVersionLocked(); staged != 0) {
+          if (info.staged() == pb::GroupInfo::STAGED_UNKNOWN) {
+            spdlog::warn("[{}] holds v{} staged, in doubt: {} cannot say ({})", options_.name,
+                         staged, link.target, info.staged_reason());
+          } else {
+            WPUB_RETURN_IF_ERROR(
+                ResolveStagedLocked(staged, info.staged() == pb::GroupInfo::STAGED_APPLY,
+                                    absl::StrCat(link.target, ": ", info.staged_reason())));
+          }
+        }
         spdlog::info("[{}] joined wpubd at {} (transport {}, committed version {}, holding v{})",
                      options_.name, link.target, event.group_info().transport(),
                      event.group_info().committed_version(),
@@ -438,8 +489,19 @@ class Receiver::Impl {
           }
         }
         {
-          // A new version (or a new attempt) replaces what was assembled of another one.
           absl::MutexLock lock(&mu_);
+          // A version held staged in doubt is decided by where this daemon stands now.
+          if (const uint64_t staged = StagedVersionLocked();
+              staged != 0 && staged != manifest.version) {
+            const uint64_t committed = event.manifest().committed_version();
+            WPUB_RETURN_IF_ERROR(
+                ResolveStagedLocked(staged, committed == staged,
+                                    absl::StrCat(link.target, " begins v", manifest.version,
+                                                 " with v", committed, " committed")));
+          }
+          // A version staged before a restart and published again: the new copy replaces it.
+          if (adopted_version_ == manifest.version) adopted_version_ = 0;
+          // A new version (or a new attempt) replaces what was assembled of another one.
           if (assembly_ != nullptr && (assembly_->version != manifest.version ||
                                        assembly_->parts.count(manifest.group_member) > 0)) {
             DiscardAssembly();
@@ -655,6 +717,15 @@ class Receiver::Impl {
       if (assembly_ != nullptr && assembly_->version == version) DiscardAssembly();
       return false;
     }
+    WPUB_RETURN_IF_ERROR(ApplyLocked());
+    if (link.pending != nullptr && link.pending->manifest.version == version) link.pending.reset();
+    return options_.exit_after_versions != 0 && stats_.commits >= options_.exit_after_versions;
+  }
+
+  // Applies the complete assembly (its version committed): publishes its staged file, makes it
+  // the committed model.
+  absl::Status ApplyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t version = assembly_->version;
     if (!options_.output_path.empty()) {
       // Staged before the last acknowledgement; a publication without buckets is staged here.
       WPUB_RETURN_IF_ERROR(StageOutput());
@@ -671,13 +742,49 @@ class Receiver::Impl {
       for (auto& b : part.buckets) model->buckets.push_back(std::move(b));
     }
     assembly_.reset();
-    if (link.pending != nullptr && link.pending->manifest.version == version) link.pending.reset();
     spdlog::info("[{}] committed v{} ({} buckets, {} bytes)", options_.name, version,
                  model->buckets.size(), model->manifest.total_bytes());
     committed_ = std::move(model);
     ++stats_.commits;
     stats_.last_committed_version = version;
-    return options_.exit_after_versions != 0 && stats_.commits >= options_.exit_after_versions;
+    return absl::OkStatus();
+  }
+
+  // The version this receiver holds staged without knowing its outcome (SubscribeRequest.
+  // staged_version): a complete assembly, or a staging file adopted at start; 0 when none.
+  uint64_t StagedVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (assembly_ != nullptr && assembly_->complete()) return assembly_->version;
+    return adopted_version_;
+  }
+
+  // A daemon said what became of the version held staged (`apply`: it committed; otherwise it
+  // did not, or a later one committed). `why` for the log.
+  absl::Status ResolveStagedLocked(uint64_t version, bool apply, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (version == 0 || StagedVersionLocked() != version) return absl::OkStatus();
+    if (adopted_version_ == version) {
+      adopted_version_ = 0;
+      if (!apply) {
+        std::remove(stage_path_.c_str());
+        spdlog::warn("[{}] discarded v{}, staged before this process started: {}", options_.name,
+                     version, why);
+        return absl::OkStatus();
+      }
+      WPUB_RETURN_IF_ERROR(PublishStagedFile(stage_path_, options_.output_path));
+      spdlog::info("[{}] applied v{}, staged before this process started: {}", options_.name,
+                   version, why);
+      ++stats_.commits;
+      stats_.last_committed_version = version;
+      return absl::OkStatus();
+    }
+    if (!apply) {
+      spdlog::warn("[{}] discarded v{}, held staged: {}", options_.name, version, why);
+      DiscardAssembly();
+      ++stats_.aborts;
+      return absl::OkStatus();
+    }
+    spdlog::info("[{}] v{}, held staged, committed: {}", options_.name, version, why);
+    return ApplyLocked();
   }
 
   const ReceiverOptions options_;
@@ -690,6 +797,9 @@ class Receiver::Impl {
   mutable absl::Mutex mu_;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<Assembly> assembly_ ABSL_GUARDED_BY(mu_);
+  // A complete version staged by this receiver's previous process (stage_path_ holds it), its
+  // outcome not yet known: 0 when none.
+  uint64_t adopted_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const CommittedModel> committed_ ABSL_GUARDED_BY(mu_);
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
 };
@@ -716,15 +826,15 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       client::ChannelCredentialsFor(options.tls);
   if (!credentials.ok()) return credentials.status();
-  uint64_t held = 0;
+  uint64_t held = 0, adopted = 0;
   if (!options.output_path.empty()) {
     WPUB_RETURN_IF_ERROR(CheckOutputWritable(
         options.output_path, absl::StrCat(options.output_path, ".probe-", ::getpid())));
     held = VersionInFile(options.output_path);
-    RemoveOrphanedStaging(options.output_path);
+    adopted = AdoptOrphanedStaging(options.output_path, held, StagePath(options.output_path));
   }
   return std::unique_ptr<Receiver>(
-      new Receiver(std::make_unique<Impl>(options, *std::move(credentials), held)));
+      new Receiver(std::make_unique<Impl>(options, *std::move(credentials), held, adopted)));
 }
 
 Receiver::Receiver(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -21,6 +22,11 @@
 #include "core/common/status.h"
 
 namespace wpub::engine {
+
+namespace {
+// Versions whose outcome a transport remembers for receivers that held them staged.
+constexpr size_t kVersionsRemembered = 64;
+}  // namespace
 namespace {
 
 // 256 bits: far beyond guessing, and the cost is one getrandom per subscription.
@@ -119,6 +125,29 @@ struct Subscription::Hub {
   std::vector<std::shared_ptr<const Bucket>> staged;
   std::vector<Participant> participants;
   uint64_t last_aborted_version = 0;
+  // What receivers were last told of each recent version (true: commit), newest kept.
+  std::map<uint64_t, bool> told;
+  void Told(uint64_t version, bool committed) {
+    told[version] = committed;
+    while (told.size() > kVersionsRemembered) told.erase(told.begin());
+  }
+  // What this transport knows of `version`, held staged by a receiver that subscribes.
+  std::pair<StagedDecision, std::string> StagedLocked(uint64_t version) const {
+    if (version == 0) return {StagedDecision::kUnknown, ""};
+    if (in_flight && manifest.version == version) {
+      return {StagedDecision::kUnknown,
+              absl::StrCat("version ", version, " is still being published here")};
+    }
+    if (auto it = told.find(version); it != told.end()) {
+      return {it->second ? StagedDecision::kApply : StagedDecision::kDiscard,
+              absl::StrCat("version ", version, it->second ? " committed" : " aborted", " here")};
+    }
+    if (version < committed_version) {
+      return {StagedDecision::kDiscard, absl::StrCat("version ", committed_version,
+                                                     " committed here since version ", version)};
+    }
+    return {StagedDecision::kUnknown, absl::StrCat("no record of version ", version, " here")};
+  }
   std::vector<ReceiverOutcome> last_outcomes;
 
   // FAILED_PRECONDITION when `attempt` (0 is read as 1) is not the attempt of `version` in
@@ -394,7 +423,8 @@ PullTransport::~PullTransport() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::string_view name,
                                                                        uint64_t held_version,
-                                                                       absl::string_view instance) {
+                                                                       absl::string_view instance,
+                                                                       uint64_t staged_version) {
   if (absl::Status s = ValidateReceiverName(name); !s.ok()) return s;
   if (!instance.empty()) {
     if (absl::Status s = ValidateReceiverName(instance, "instance"); !s.ok()) return s;
@@ -402,6 +432,11 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
       return absl::InvalidArgumentError(absl::StrCat(
           "instance of receiver '", name, "': more than ", kMaxReceiverInstanceBytes, " bytes"));
     }
+  }
+  if (staged_version > hub_->options.max_version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "receiver '", name, "' claims to hold version ", staged_version,
+        " staged, beyond any version a publication may have (", hub_->options.max_version, ")"));
   }
   if (held_version > hub_->options.max_version) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -424,7 +459,9 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   r->connected_at = absl::Now();
   r->held_version = held_version;
   r->instance = std::string(instance);
-  r->events.push_back(GroupInfoEvent{r->name, "pull", hub_->committed_version, *token});
+  GroupInfoEvent info{r->name, "pull", hub_->committed_version, *token};
+  std::tie(info.staged, info.staged_reason) = hub_->StagedLocked(staged_version);
+  r->events.push_back(std::move(info));
   hub_->receivers.emplace(id, std::move(r));
   return std::unique_ptr<Subscription>(
       new Subscription(hub_, std::string(name), id, *std::move(token)));
@@ -474,7 +511,7 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
     names.push_back(r->name);
   }
   for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
-    hub_->Push(p.id, ManifestEvent{manifest});
+    hub_->Push(p.id, ManifestEvent{manifest, hub_->committed_version});
   }
   return names;
 }
@@ -565,6 +602,7 @@ absl::Status PullTransport::Commit() {
     hub_->Push(p.id, CommitEvent{version});
   }
   hub_->committed_version = version;
+  hub_->Told(version, true);
   hub_->EndLocked(/*committed=*/true);
   return absl::OkStatus();
 }
@@ -577,6 +615,7 @@ absl::Status PullTransport::CommitDecided() {
     if (p.failure == ReceiverFailure::kNone) hub_->Push(p.id, CommitEvent{version});
   }
   hub_->committed_version = version;
+  hub_->Told(version, true);
   hub_->EndLocked(/*committed=*/true);
   // The ones that left (or fell behind) after acknowledging everything were not told.
   for (ReceiverOutcome& o : hub_->last_outcomes) {
@@ -599,6 +638,7 @@ void PullTransport::Abort(absl::string_view reason) {
     hub_->Push(p.id, AbortEvent{version, hub_->manifest.attempt, std::string(reason)});
   }
   hub_->last_aborted_version = version;
+  hub_->Told(version, false);
   hub_->EndLocked(/*committed=*/false);
 }
 
@@ -635,6 +675,7 @@ void PullTransport::Shutdown(bool abort_in_flight) {
       hub_->Push(p.id, AbortEvent{version, hub_->manifest.attempt, "transport shut down"});
     }
     hub_->last_aborted_version = version;
+    if (abort_in_flight) hub_->Told(version, false);
     hub_->EndLocked(false);
   }
   hub_->shutdown = true;

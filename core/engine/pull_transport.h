@@ -125,9 +125,14 @@ class PullTransport final : public Transport {
   // `instance`: the receiving process's instance (SubscribeRequest.instance; "" none), printable
   // as names are, at most kMaxReceiverInstanceBytes (INVALID_ARGUMENT otherwise); carried in
   // its outcomes (ReceiverOutcome::instance).
+  // `staged_version`: a version it holds staged without knowing its outcome (0: none); its
+  // GroupInfoEvent says what this transport told its receivers of that version (kApply when it
+  // committed it, kDiscard when it aborted it or it is older than the committed version),
+  // kUnknown otherwise (in flight here, or never seen: another member of a group may know).
   absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(absl::string_view name,
                                                           uint64_t held_version = 0,
-                                                          absl::string_view instance = "");
+                                                          absl::string_view instance = "",
+                                                          uint64_t staged_version = 0);
 
   // The highest version a connected receiver holds (what it subscribed with, or the last
   // version it committed here, whichever is higher); nullopt when no receiver holds one.

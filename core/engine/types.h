@@ -173,6 +173,13 @@ struct PublicationManifest {
 // Receiver events (the subscription stream of the gRPC-pull transport).
 // ---------------------------------------------------------------------------------------------
 
+// What a daemon knows of a version a receiver holds staged without knowing its outcome.
+enum class StagedDecision : uint8_t {
+  kUnknown,  // this daemon cannot say (another member of a group may)
+  kApply,    // it committed here: apply it
+  kDiscard,  // it aborted here, or a later version committed: discard it
+};
+
 // First event of every subscription.
 struct GroupInfoEvent {
   std::string receiver_name;
@@ -180,6 +187,10 @@ struct GroupInfoEvent {
   uint64_t committed_version = 0;  // the engine's current version at subscribe time
   // The subscription's secret: ReadBucket and Ack must present it (PullTransport).
   std::string subscription_token;
+  // What the daemon knows of the version the receiver said it holds staged, undecided
+  // (PullTransport::Subscribe's staged_version).
+  StagedDecision staged = StagedDecision::kUnknown;
+  std::string staged_reason;
 };
 // A publication starts; the receiver will take part in it.
 // Buckets are announced before they are packed (the GPU path pipelines packing with the
@@ -187,6 +198,9 @@ struct GroupInfoEvent {
 // its BucketReadyEvent. Names, dtypes, shapes, offsets and sizes are final.
 struct ManifestEvent {
   PublicationManifest manifest;
+  // The daemon's committed version as this publication begins (decides a version a receiver
+  // holds staged and in doubt: equal, it committed; lower, it did not).
+  uint64_t committed_version = 0;
 };
 // Bucket `index` of `version` can be read (ReadBucket) and must then be acknowledged (Ack)
 // with the checksum the receiver computes over the bytes it read.

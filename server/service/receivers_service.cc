@@ -261,8 +261,8 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   // a publication beginning in between); Register checks the bound again with its insert, for
   // subscribers racing at the bound.
   if (Count() >= options_.max_subscriptions) return full();
-  absl::StatusOr<std::unique_ptr<engine::Subscription>> sub =
-      transport_->Subscribe(name, request->held_version(), request->instance());
+  absl::StatusOr<std::unique_ptr<engine::Subscription>> sub = transport_->Subscribe(
+      name, request->held_version(), request->instance(), request->staged_version());
   if (!sub.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, sub.status()));
   }
@@ -275,8 +275,11 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   }
   try {
     SubscribeReactor* reactor = new SubscribeReactor(this, shared);
-    spdlog::info("receiver '{}' subscribed from {} (holds version {})", Printable(name),
-                 Printable(context->peer()), request->held_version());
+    spdlog::info("receiver '{}' subscribed from {} (holds version {}{})", Printable(name),
+                 Printable(context->peer()), request->held_version(),
+                 request->staged_version() == 0
+                     ? std::string()
+                     : absl::StrCat(", version ", request->staged_version(), " staged"));
     return reactor;
   } catch (const std::system_error& e) {
     // No thread for its pump (the process is at its thread limit): refused, and nothing of

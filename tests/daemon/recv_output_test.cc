@@ -24,6 +24,7 @@ namespace wpub::testing {
 namespace {
 
 namespace pb = ::wpub::v1;
+using recv::SafetensorsEntry;
 
 class RecvOutputTest : public ::testing::Test {
  protected:
@@ -192,8 +193,52 @@ TEST_F(RecvOutputTest, AStagingFileOfADeadReceiverIsRemovedAtStart) {
   ASSERT_TRUE(harness_->WaitForReceivers(1).ok());
   EXPECT_FALSE(std::filesystem::exists(dead)) << "an orphaned staging file stayed on disk";
   EXPECT_TRUE(std::filesystem::exists(alive)) << "a live process's staging file was removed";
-  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/o.log"), "which is gone"));
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/o.log"), "that is gone (incomplete)"));
   std::filesystem::remove(alive);
+}
+
+// A receiver killed between its last acknowledgement and applying the version leaves the version
+// staged: the next receiver process of that output adopts it and asks the daemon, which says
+// whether it committed -- applied (the daemon's report named it committed) or discarded (a
+// version the daemon never committed, decided by the next publication's committed version).
+TEST_F(RecvOutputTest, AVersionStagedByAKilledReceiverIsAppliedOrDiscardedAsTheDaemonSays) {
+  StartHarness();
+  const std::string dir = harness_->dir();
+  const std::string a = dir + "/a.safetensors";
+  auto recv_a =
+      SpawnRecv({"--target=" + harness_->target(), "--name=a", "--output=" + a}, dir + "/a.log");
+  ASSERT_NE(recv_a, nullptr);
+  ASSERT_TRUE(harness_->WaitForReceivers(1).ok());
+  for (uint64_t v : {1u, 2u}) {
+    auto report = Publish(harness_->client(), v);
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(report->status(), pb::PUBLICATION_STATUS_COMMITTED) << report->error_message();
+  }
+  ASSERT_TRUE(WaitForFileVersion(a, 2).ok());
+  // b died holding v2 staged (committed); c died holding v9 staged (never committed).
+  const std::string b = dir + "/b.safetensors", c = dir + "/c.safetensors";
+  std::filesystem::copy_file(a, b + ".staging-2147483646");
+  const std::vector<uint8_t> bytes(8, 1);
+  SafetensorsEntry e{TensorDesc{"w", DType::kBFloat16, {4}}, bytes};
+  ASSERT_TRUE(recv::WriteSafetensors(c + ".staging-2147483645", {e}, {{"version", "9"}}).ok());
+  auto recv_b =
+      SpawnRecv({"--target=" + harness_->target(), "--name=b", "--output=" + b}, dir + "/b.log");
+  auto recv_c =
+      SpawnRecv({"--target=" + harness_->target(), "--name=c", "--output=" + c}, dir + "/c.log");
+  ASSERT_TRUE(recv_b != nullptr && recv_c != nullptr);
+  ASSERT_TRUE(harness_->WaitForReceivers(3).ok());
+  ASSERT_TRUE(WaitForFileVersion(b, 2).ok()) << ReadFile(dir + "/b.log");
+  EXPECT_TRUE(FilesStartingWith(dir, "b.safetensors.").empty());
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/b.log"), "applied v2, staged before"));
+  // The daemon has no record of v9: c keeps it staged (in doubt), its output untouched.
+  EXPECT_FALSE(std::filesystem::exists(c));
+  EXPECT_EQ(FilesStartingWith(dir, "c.safetensors.staging-").size(), 1u);
+  auto report = Publish(harness_->client(), 3);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->status(), pb::PUBLICATION_STATUS_COMMITTED) << report->error_message();
+  for (const std::string& out : {a, b, c}) EXPECT_TRUE(WaitForFileVersion(out, 3).ok()) << out;
+  EXPECT_TRUE(FilesStartingWith(dir, "c.safetensors.").empty());
+  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/c.log"), "discarded v9, staged before"));
 }
 
 // A wpubd of its own on a Unix socket, so a restart listens at the same address.

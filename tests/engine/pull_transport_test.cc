@@ -265,6 +265,49 @@ TEST(PullTransportTest, AShutdownInDoubtEndsTheVersionWithoutAnAbort) {
   EXPECT_EQ((*transport)->committed_version(), 0u);
 }
 
+// What a receiver that subscribes holding a version staged, its outcome unknown to it, is told:
+// what this transport told its receivers of that version, or that it cannot say.
+TEST(PullTransportTest, AStagedVersionIsAnsweredWithWhatTheTransportToldOfIt) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto r0 = (*transport)->Subscribe("r0");
+  ASSERT_TRUE(r0.ok());
+  const std::string t0 = FirstEvent(**r0).subscription_token;
+  const auto staged = [&](uint64_t v) {
+    auto sub = (*transport)->Subscribe("late", 0, "", v);
+    EXPECT_TRUE(sub.ok()) << sub.status();
+    GroupInfoEvent info = FirstEvent(**sub);
+    return std::make_pair(info.staged, info.staged_reason);
+  };
+  auto bucket = BeginOneBucket(**transport, 4);
+  EXPECT_EQ(staged(4).first, StagedDecision::kUnknown);  // in flight here
+  EXPECT_NE(staged(4).second.find("still being published"), std::string::npos);
+  ASSERT_TRUE((*r0)->Ack(t0, 4, 0, bucket->manifest.checksum).ok());
+  ASSERT_TRUE((*transport)->WaitAcknowledged(absl::Now() + absl::Seconds(10)).ok());
+  ASSERT_TRUE((*transport)->Commit().ok());
+  EXPECT_EQ(staged(4).first, StagedDecision::kApply);
+  BeginOneBucket(**transport, 5);
+  (*transport)->Abort("a receiver failed");
+  EXPECT_EQ(staged(5).first, StagedDecision::kDiscard);
+  EXPECT_EQ(staged(3).first, StagedDecision::kDiscard);  // older than the committed v4
+  EXPECT_EQ(staged(6).first, StagedDecision::kUnknown);  // never seen here
+  EXPECT_NE(staged(6).second.find("no record of version 6"), std::string::npos);
+  EXPECT_EQ(staged(0).first, StagedDecision::kUnknown);
+  EXPECT_TRUE(
+      absl::IsInvalidArgument((*transport)->Subscribe("x", 0, "", uint64_t{1} << 60).status()));
+  // Every manifest carries the committed version as the publication begins.
+  BeginOneBucket(**transport, 6);
+  uint64_t committed_in_manifest = 0;
+  while (true) {
+    absl::StatusOr<ReceiverEvent> e = (*r0)->Next(absl::Milliseconds(10));
+    if (!e.ok()) break;
+    if (auto* m = std::get_if<ManifestEvent>(&*e); m && m->manifest.version == 6) {
+      committed_in_manifest = m->committed_version;
+    }
+  }
+  EXPECT_EQ(committed_in_manifest, 4u);
+}
+
 TEST(PullTransportTest, ReceiverNamesAreBoundedAndPrintable) {
   auto transport = PullTransport::Create(PullTransportOptions{});
   ASSERT_TRUE(transport.ok());
