@@ -614,7 +614,8 @@ class KubernetesTest(unittest.TestCase):
         text = cfg["data"][os.path.basename(config_path)]
         for flag, value in (("--listen", "127.0.0.1:0"), ("--metrics_listen", "127.0.0.1:0"),
                             ("--nccl_store_listen", "127.0.0.1:0"),
-                            ("--auth_token_file", token)):
+                            ("--auth_token_file", token),
+                            ("--group_decision_log", os.path.join(d, "group-decisions.jsonl"))):
             text, n = re.subn(rf"^{flag}=\S+$", f"{flag}={value}", text, flags=re.M)
             self.assertEqual(n, 1, f"{name}: {flag} in the flag file")
 
