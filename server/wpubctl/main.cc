@@ -1,6 +1,9 @@
 // wpubctl entry point: `wpubctl <subcommand> [--flags] [args]`. Dispatches over the table below;
 // each subcommand takes only its own flags (server/cli/command_line.h parses them, --help lists
 // them).
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -106,11 +109,30 @@ std::string Usage() {
   return out;
 }
 
+// The safetensors files inspect, diff and convert read are mapped into memory: one truncated
+// (or replaced) by another process while it is read makes the next access fault with SIGBUS.
+// That is reported as what it is, and the command exits 1, instead of dying with a signal.
+void ExplainBusErrors() {
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {
+    static constexpr char kWhy[] =
+        "wpubctl: a file being read was truncated or replaced by another process while it was "
+        "read (SIGBUS on its memory mapping), so what it reported or wrote is incomplete: run it "
+        "again once the file is complete\n";
+    ssize_t ignored = ::write(STDERR_FILENO, kWhy, sizeof(kWhy) - 1);
+    (void)ignored;
+    ::_exit(1);
+  };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, nullptr);
+}
+
 }  // namespace
 }  // namespace wpub::wpubctl
 
 int main(int argc, char** argv) {
   using wpub::wpubctl::Subcommands;
+  wpub::wpubctl::ExplainBusErrors();
   const std::string usage = wpub::wpubctl::Usage();
   if (argc < 2) {
     std::fprintf(stderr, "%s\n", usage.c_str());

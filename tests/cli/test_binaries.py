@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import signal
 import struct
 import subprocess
@@ -204,6 +205,35 @@ class InspectAndDiff(unittest.TestCase):
         r = run(WPUBCTL, "inspect", fifo, timeout=20)
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertIn("not a regular file (a FIFO)", r.stderr)
+
+    def test_a_file_truncated_while_it_is_read_is_an_error_not_a_signal(self):
+        # The file is mapped: truncating it under wpubctl makes an access fault (SIGBUS). Timing
+        # decides whether a run sees the full file, the truncated one, or faults; none may die
+        # by a signal.
+        big = {"model.layers.0.mlp.down_proj.weight": ("BF16", [4096, 4096], bytes(32 << 20))}
+        for attempt in range(3):
+            path = os.path.join(self.dir, f"shrinking-{attempt}.safetensors")
+            write_safetensors(path, big)
+            p = subprocess.Popen([WPUBCTL, "inspect", path], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            time.sleep(0.005 * attempt)
+            os.truncate(path, 1 << 20)
+            out, err = p.communicate(timeout=60)
+            self.assertGreaterEqual(p.returncode, 0, f"killed by signal {-p.returncode}: {err}")
+            if "SIGBUS" in err:
+                self.assertEqual(p.returncode, 1, err)
+        # The fault itself, made certain: the message and exit status 1.
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)  # accepts, never answers: wpubctl waits
+        p = subprocess.Popen([WPUBCTL, "status", f"--target=127.0.0.1:{silent.getsockname()[1]}"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGBUS)
+        _, err = p.communicate(timeout=30)
+        silent.close()
+        self.assertEqual(p.returncode, 1, err)
+        self.assertIn("truncated or replaced by another process while it was read", err)
 
     def test_inspect_exits_1_on_a_problem_and_2_on_unreadable_input(self):
         broken = dict(self.tensors)

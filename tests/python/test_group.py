@@ -36,9 +36,11 @@ class GroupReceiver(Receiver):
 
 class CuttableProxy:
     """A TCP proxy to `target` whose connections can all be cut at once (a network between
-    daemons that drops); it keeps accepting new ones."""
+    daemons that drops); it keeps accepting new ones. `delay` (seconds) holds back every chunk
+    from the target to the client that long (a slow link: what the target says arrives late)."""
 
     def __init__(self, target: str):
+        self.delay = 0.0
         host, port = target.rsplit(":", 1)
         self.upstream = (host, int(port))
         self.sock = socket.socket()
@@ -61,16 +63,17 @@ class CuttableProxy:
             with self.lock:
                 self.conns += [c, u]
                 self.accepted += 1
-            for a, b in ((c, u), (u, c)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, slow in ((c, u, False), (u, c, True)):
+                threading.Thread(target=self._pump, args=(a, b, slow), daemon=True).start()
 
-    @staticmethod
-    def _pump(a, b):
+    def _pump(self, a, b, slow):
         try:
             while True:
                 data = a.recv(65536)
                 if not data:
                     break
+                if slow and self.delay > 0:
+                    time.sleep(self.delay)
                 b.sendall(data)
         except OSError:
             pass
