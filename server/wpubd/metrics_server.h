@@ -33,6 +33,11 @@ struct MetricsServerOptions {
   absl::Duration write_timeout = absl::Seconds(2);
   // Longest wait for a (first or next) request on a connection.
   absl::Duration keep_alive_timeout = absl::Seconds(1);
+  // Longest a connection may hold a thread, whatever it sends: one that trickles its request a
+  // byte at a time (each read within read_timeout) is closed then. Prometheus opens a new
+  // connection for its next scrape, so a scrape waits at most about
+  // (connections ahead of it / threads) x this.
+  absl::Duration connection_lifetime = absl::Seconds(5);
   // The daemon's token (wpubd --auth_token_file), or "": series that name a receiver or engine
   // (a `receiver` label) are served only to scrapes that present it as "Authorization: Bearer";
   // every other series is served to every scrape (dashboards and alerts on aggregates keep

@@ -1,11 +1,12 @@
 // wpubd's metrics port with a real daemon: exactly `/metrics` is served (not `/metricsx`,
 // `//metrics`, `/metrics/`), and scrapes are still answered while 50 connections sit on the
-// port sending nothing or half a request.
+// port sending nothing or half a request, and while 40 trickle theirs a byte at a time.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -92,6 +93,40 @@ TEST_F(MetricsPortTest, ScrapesAreAnsweredWhileHalfOpenConnectionsSit) {
   EXPECT_TRUE(harness_->daemon().Running());
   for (int fd : stalled) close(fd);
   EXPECT_EQ(Get(port, "/metrics"), 200);
+}
+
+// Connections that trickle a request a byte at a time (every read within the read timeout, the
+// request never complete) hold a thread each for at most a connection's lifetime: scrapes are
+// answered long before the tricklers stop.
+TEST_F(MetricsPortTest, TricklingConnectionsHoldAThreadNoLongerThanTheirLifetime) {
+  const int port = harness_->metrics_port();
+  std::vector<int> trickling;
+  for (int i = 0; i < 40; ++i) {
+    const int fd = OpenStalled(port, "GET /metrics HTTP/1.1\r\nX-Slow: ");
+    ASSERT_GE(fd, 0) << "connection " << i;
+    trickling.push_back(fd);
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    for (int second = 0; second < 600 && !stop; ++second) {  // a byte per connection per 300 ms
+      for (int fd : trickling) send(fd, "a", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string body;
+  const int status = Get(port, "/metrics", &body);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stop = true;
+  trickle.join();
+  for (int fd : trickling) close(fd);
+  EXPECT_EQ(status, 200);
+  EXPECT_NE(body.find("wpub_"), std::string::npos);
+  // 40 tricklers on 16 threads, each cut after its 5 s: about 15 s at most, never the minutes
+  // a trickler could go on for.
+  EXPECT_LT(waited, 40.0);
+  EXPECT_TRUE(harness_->daemon().Running());
 }
 
 // With a token, who the receivers are (the `receiver` label) is served only to a scrape that
