@@ -210,17 +210,27 @@ TEST(EngineGroup, OnlyTheLeaderDeclaresAndOnlyInAGroup) {
   EXPECT_TRUE(absl::IsFailedPrecondition((*alone)->DeclareExpected({"a"})));
 }
 
+// Member 1's publication of version 3, committing on another thread, once it voted (the
+// scripted leader holds the decision).
+std::future<absl::StatusOr<PublicationReport>> CommitUntilTheVote(
+    Fixture& f, std::unique_ptr<PublicationSession>* session) {
+  f.script.hold_decision = true;
+  auto opened = f.engine->Open(f.Header(3, 1));
+  EXPECT_TRUE(opened.ok()) << opened.status();
+  *session = *std::move(opened);
+  EXPECT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  auto commit = std::async(std::launch::async, [s = session->get()] { return s->Commit(); });
+  f.script.AwaitVote();
+  return commit;
+}
+
 // After its vote a member is the leader's: a cancellation is refused and the version commits
 // as the leader decided, with no abort reaching a transport.
 TEST(EngineGroup, AVotedVersionIgnoresACancelAndCommitsAsDecided) {
   Fixture f;
-  f.script.hold_decision = true;
-  auto session = f.engine->Open(f.Header(3, 1));
-  ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
-  auto commit = std::async(std::launch::async, [&] { return (*session)->Commit(); });
-  f.script.AwaitVote();
-  (*session)->Abort(absl::CancelledError("the trainer cancelled"));
+  std::unique_ptr<PublicationSession> session;
+  auto commit = CommitUntilTheVote(f, &session);
+  session->Abort(absl::CancelledError("the trainer cancelled"));
   f.script.Decide(absl::OkStatus());
   auto report = commit.get();
   ASSERT_TRUE(report.ok()) << report.status();
@@ -233,12 +243,8 @@ TEST(EngineGroup, AVotedVersionIgnoresACancelAndCommitsAsDecided) {
 // (its receivers are told nothing) and says it was in doubt.
 TEST(EngineGroup, ADrainWhileInDoubtDoesNotAbortTheVersion) {
   Fixture f;
-  f.script.hold_decision = true;
-  auto session = f.engine->Open(f.Header(3, 1));
-  ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
-  auto commit = std::async(std::launch::async, [&] { return (*session)->Commit(); });
-  f.script.AwaitVote();
+  std::unique_ptr<PublicationSession> session;
+  auto commit = CommitUntilTheVote(f, &session);
   const absl::Status drained = f.engine->Drain(absl::Now() + absl::Milliseconds(50));
   EXPECT_TRUE(absl::IsUnavailable(drained)) << drained;
   EXPECT_NE(drained.message().find("in doubt"), std::string::npos) << drained;
