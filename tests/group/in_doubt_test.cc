@@ -184,9 +184,14 @@ TEST_F(InDoubtTest, AMemberWhoseStreamEndsBeforeItVotesAbortsAndSoDoesTheRound) 
   ASSERT_TRUE(member_staged.get().ok());
   proxy_->Cut();
   WaitFor([&] { return leader_->MemberState(1) == "failed"; }, "the leader to see the member go");
+  // Its stream ended before its vote: the version aborts here -- at once when the member saw
+  // the end first, or after one question to the leader when its vote went out on the dead
+  // stream first (the leader's decision then, the same abort).
   const absl::Status member = member_vote_->Prepare(Prepared());
   EXPECT_FALSE(member.ok());
-  EXPECT_NE(member.message().find("was lost before it decided"), std::string::npos) << member;
+  EXPECT_TRUE(member.message().find("was lost before it decided") != std::string::npos ||
+              member.message().find("its connection to the leader was lost") != std::string::npos)
+      << member;
   const absl::Status leader = leader_vote_->Prepare(Prepared());
   EXPECT_TRUE(absl::IsAborted(leader)) << leader;
   EXPECT_NE(leader.message().find("member 1"), std::string::npos) << leader;
