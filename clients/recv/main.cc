@@ -15,10 +15,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "clients/recv/receiver.h"
-#include "server/cli/bytes.h"
-#include "server/cli/command_line.h"
-#include "server/cli/logging.h"
-#include "server/cli/secret_file.h"
+#include "cli/bytes.h"
+#include "cli/command_line.h"
+#include "cli/logging.h"
+#include "cli/secret_file.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151",
           "wpubd gRPC address; for a publication group, every member's address, comma-separated "

@@ -1,6 +1,6 @@
 // Structured fields for log lines: a thread-local stack of key/value pairs that the code doing
 // a piece of work pushes for its duration (LogField), and that a log sink may attach to every
-// line written on that thread (server/cli/logging.h's JSON lines: "version", "phase", "engine",
+// line written on that thread (cli/logging.h's JSON lines: "version", "phase", "engine",
 // "bucket", ...). The text format ignores them; messages still say what they are about.
 // Thread-safe: each thread sees only its own fields.
 #pragma once

@@ -19,7 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "clients/recv/safetensors.h"
+#include "core/safetensors/safetensors.h"
 #include "core/common/status.h"
 #include "server/client/child_process.h"
 #include "server/wpubctl/model_flags.h"
@@ -216,10 +216,12 @@ absl::Status Demo() {
   for (size_t i = 0; i < receivers.size(); ++i) {
     const int code = receivers[i]->Stop();
     const std::string path = absl::StrCat(dir, "/recv-", i, ".safetensors");
-    absl::StatusOr<recv::SafetensorsFile> file = recv::ReadSafetensors(path);
+    absl::StatusOr<std::unique_ptr<safetensors::Reader>> file = safetensors::Reader::Open(path);
     if (file.ok()) {
+      const auto version = (*file)->metadata().find("version");
       std::printf("  %s: version %s, %zu tensors (exit %d)\n", path.c_str(),
-                  file->metadata["version"].c_str(), file->tensors.size(), code);
+                  version == (*file)->metadata().end() ? "?" : version->second.c_str(),
+                  (*file)->tensors().size(), code);
     } else {
       std::printf("  %s: %s (exit %d)\n", path.c_str(), file.status().ToString().c_str(), code);
     }

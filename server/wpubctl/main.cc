@@ -1,5 +1,5 @@
 // wpubctl entry point: `wpubctl <subcommand> [--flags] [args]`. Dispatches over the table below;
-// each subcommand takes only its own flags (server/cli/command_line.h parses them, --help lists
+// each subcommand takes only its own flags (cli/command_line.h parses them, --help lists
 // them).
 #include <signal.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/cli/build_info.h"
-#include "server/cli/command_line.h"
+#include "cli/build_info.h"
+#include "cli/command_line.h"
 #include "server/wpubctl/subcommand.h"
 
 namespace wpub::wpubctl {

@@ -36,7 +36,7 @@ struct DaemonOptions {
   // Written (atomically) once serving: {"grpc_port": N, "metrics_port": M, "pid": P}.
   std::string ready_file;
   std::string log_level = "info";
-  std::string log_format = "text";  // text | json (server/cli/logging.h)
+  std::string log_format = "text";  // text | json (cli/logging.h)
   // GPU path (wpubd built with CUDA and NCCL): the GPU backend, CUDA IPC ingestion and the
   // NCCL weight-update group. On with --gpu_path or --engines; off: the CPU backend and the
   // gRPC-pull transport only (ConnectEngines answers FAILED_PRECONDITION).

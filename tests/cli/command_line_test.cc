@@ -1,5 +1,5 @@
 // cli::Parse and cli::Help over flags defined here, and the JSON-lines log formatter.
-#include "server/cli/command_line.h"
+#include "cli/command_line.h"
 
 #include <grpc/support/log.h>
 #include <gtest/gtest.h>
@@ -14,9 +14,9 @@
 #include "absl/time/time.h"
 #include "core/common/log_context.h"
 #include "nlohmann/json.hpp"
-#include "server/cli/build_info.h"
-#include "server/cli/bytes.h"
-#include "server/cli/logging.h"
+#include "cli/build_info.h"
+#include "cli/bytes.h"
+#include "cli/logging.h"
 
 ABSL_FLAG(std::string, cli_test_name, "n0", "A name.");
 ABSL_FLAG(int64_t, cli_test_count, 3, "A count.");

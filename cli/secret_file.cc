@@ -1,4 +1,4 @@
-#include "server/cli/secret_file.h"
+#include "cli/secret_file.h"
 
 #include <fstream>
 #include <sstream>

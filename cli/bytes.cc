@@ -1,4 +1,4 @@
-#include "server/cli/bytes.h"
+#include "cli/bytes.h"
 
 #include <cmath>
 #include <utility>

@@ -1,5 +1,5 @@
 // Parse and Help over absl's flag reflection (absl::FindCommandLineFlag, ParseFrom).
-#include "server/cli/command_line.h"
+#include "cli/command_line.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "server/cli/build_info.h"
-#include "server/cli/bytes.h"
+#include "cli/build_info.h"
+#include "cli/bytes.h"
 
 namespace wpub::cli {
 namespace {

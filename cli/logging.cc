@@ -1,5 +1,5 @@
 // ConfigureLogging: spdlog's pattern formatter for text, JsonLinesFormatter for JSON.
-#include "server/cli/logging.h"
+#include "cli/logging.h"
 
 #include <grpc/support/log.h>
 #include <spdlog/pattern_formatter.h>

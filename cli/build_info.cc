@@ -1,5 +1,5 @@
 // BuildInfo from the generated build_config.h and the linked libraries.
-#include "server/cli/build_info.h"
+#include "cli/build_info.h"
 
 #include <google/protobuf/stubs/common.h>
 #include <grpcpp/grpcpp.h>
