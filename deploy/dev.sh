@@ -50,7 +50,7 @@ sanitize_targets=(fuzz_publish_test fuzz_safetensors_test fuzz_tcp_store_test
   engine_unit_test rendezvous_test rollout_sglang_driver_test
   rollout_update_request_test engine_connect_engines_test rollout_sglang_dirty_test
   policy_bounds_test convert_test group_unit_test rollout_vllm_driver_test
-  rollout_family_router_test inspect_test rollout_sglang_releases_test rollout_engine_http_test
+  rollout_family_router_test inspect_test rollout_sglang_releases_test rollout_engine_requests_test
   rollout_group_cpu_test rollout_vllm_engine_test group_decision_test group_protocol_model_test
   group_in_doubt_test)
 sanitize() {

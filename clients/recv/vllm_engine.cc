@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "clients/recv/engine_http.h"
+#include "clients/recv/engine_listener.h"
 #include "core/common/json_bounds.h"
 #include "core/common/status.h"
 #include "core/common/tensor.h"

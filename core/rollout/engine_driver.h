@@ -180,7 +180,7 @@ class EngineFamily {
   virtual absl::Duration connect_timeout() const = 0;
 };
 
-// Family-neutral HTTP reads of every engine, concurrently (engine_http.cc).
+// Family-neutral HTTP reads of every engine, concurrently (engine_requests.cc).
 // GETs `path` on every engine concurrently; true where the engine answered 2xx within
 // `timeout`. Used to leave dead engines out when (re-)forming a group.
 std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,

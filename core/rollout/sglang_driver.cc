@@ -18,7 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/common/json_bounds.h"
-#include "core/rollout/engine_http.h"
+#include "core/rollout/engine_requests.h"
 #include "core/rollout/update_request.h"
 #include "nlohmann/json.hpp"
 

@@ -39,8 +39,8 @@
 
 namespace wpub::rollout {
 
-class EngineRequestQueue;  // engine_http.h
-struct EngineRequest;      // engine_http.h
+class EngineRequestQueue;  // engine_requests.h
+struct EngineRequest;      // engine_requests.h
 
 // Engine-specific strings (SGLang versions differ): an empty path skips that call.
 struct SglangEndpoints {

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/json_bounds.h"
-#include "core/rollout/engine_http.h"
+#include "core/rollout/engine_requests.h"
 #include "nlohmann/json.hpp"
 
 namespace wpub::rollout {

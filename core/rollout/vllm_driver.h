@@ -39,8 +39,8 @@
 
 namespace wpub::rollout {
 
-class EngineRequestQueue;  // engine_http.h
-struct EngineRequest;      // engine_http.h
+class EngineRequestQueue;  // engine_requests.h
+struct EngineRequest;      // engine_requests.h
 
 struct VllmDriverOptions {
   std::vector<EngineSpec> engines;

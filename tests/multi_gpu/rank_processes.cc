@@ -15,7 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "clients/recv/engine_http.h"
+#include "clients/recv/engine_listener.h"
 #include "nlohmann/json.hpp"
 
 namespace wpub::testing {

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "clients/recv/engine_http.h"
+#include "clients/recv/engine_listener.h"
 #include "clients/recv/nccl/bucket_receiver.h"
 #include "core/common/json_bounds.h"
 #include "core/nccl/nccl_comm.h"

@@ -1,5 +1,5 @@
 // The engine roles' shared HTTP listener over cpp-httplib.
-#include "clients/recv/engine_http.h"
+#include "clients/recv/engine_listener.h"
 
 #include <httplib.h>
 

@@ -1,4 +1,4 @@
-// What an engine answers cannot cost the daemon more than its bounds (core/rollout/engine_http.h):
+// What an engine answers cannot cost the daemon more than its bounds (core/rollout/engine_requests.h):
 // an answer declaring or sending more than kMaxEngineAnswerBytes is cut before it is held, an
 // engine that trickles its answer loses it at the call's deadline (probes, version reads and
 // update requests alike), and a claimed weight version beyond any version wpub can publish is
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/rollout/engine_driver.h"
-#include "core/rollout/engine_http.h"
+#include "core/rollout/engine_requests.h"
 #include "core/rollout/sglang_driver.h"
 
 namespace wpub::rollout {

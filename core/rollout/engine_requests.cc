@@ -1,5 +1,5 @@
-// Engine HTTP requests (engine_http.h).
-#include "core/rollout/engine_http.h"
+// Engine HTTP requests (engine_requests.h).
+#include "core/rollout/engine_requests.h"
 
 #include <httplib.h>
 
