@@ -14,11 +14,11 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "clients/recv/receiver.h"
 #include "cli/bytes.h"
 #include "cli/command_line.h"
 #include "cli/logging.h"
 #include "cli/secret_file.h"
+#include "clients/recv/receiver.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151",
           "wpubd gRPC address; for a publication group, every member's address, comma-separated "

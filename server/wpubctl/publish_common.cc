@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "core/common/status.h"
 #include "cli/bytes.h"
 #include "cli/secret_file.h"
+#include "core/common/status.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50151", "wpubd gRPC address.");
 ABSL_FLAG(std::string, auth_token_file, "", "File holding wpubd's bearer token, if it has one.");

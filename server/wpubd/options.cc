@@ -11,11 +11,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "core/common/status.h"
 #include "cli/build_info.h"
 #include "cli/bytes.h"
 #include "cli/logging.h"
 #include "cli/secret_file.h"
+#include "core/common/status.h"
 
 ABSL_FLAG(std::string, config, "",
           "File of flags, one `--name=value` per line (absl flagfile syntax); flags given after "

@@ -12,11 +12,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
-#include "core/common/log_context.h"
-#include "nlohmann/json.hpp"
 #include "cli/build_info.h"
 #include "cli/bytes.h"
 #include "cli/logging.h"
+#include "core/common/log_context.h"
+#include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, cli_test_name, "n0", "A name.");
 ABSL_FLAG(int64_t, cli_test_count, 3, "A count.");

@@ -1,8 +1,9 @@
-// What an engine answers cannot cost the daemon more than its bounds (core/rollout/engine_requests.h):
-// an answer declaring or sending more than kMaxEngineAnswerBytes is cut before it is held, an
-// engine that trickles its answer loses it at the call's deadline (probes, version reads and
-// update requests alike), and a claimed weight version beyond any version wpub can publish is
-// not believed; a probe that runs out of time is told from an engine that is not there.
+// What an engine answers cannot cost the daemon more than its bounds
+// (core/rollout/engine_requests.h): an answer declaring or sending more than kMaxEngineAnswerBytes
+// is cut before it is held, an engine that trickles its answer loses it at the call's deadline
+// (probes, version reads and update requests alike), and a claimed weight version beyond any
+// version wpub can publish is not believed; a probe that runs out of time is told from an engine
+// that is not there.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
