@@ -37,8 +37,6 @@ struct Link {
   std::string leader;
   std::string auth_token;
   std::function<void(absl::Status)> on_abort;
-  std::string group;
-  uint64_t version = 0;
 
   std::mutex write_mu;  // serializes writes and WritesDone
   bool writes_done = false;
@@ -235,10 +233,10 @@ class RemoteVote final : public engine::GroupVote {
         "group '{}' v{}: the stream to the leader {} ended after this member prepared "
         "and before the decision: the version is in doubt here until the leader says "
         "(round {})",
-        LogEscape(link_->group), link_->version, LogEscape(link_->leader), round);
+        LogEscape(summary_.group), summary_.version, LogEscape(link_->leader), round);
     pb::GroupOutcomeRequest req;
-    req.set_group(link_->group);
-    req.set_version(link_->version);
+    req.set_group(summary_.group);
+    req.set_version(summary_.version);
     req.set_round(round);
     absl::Duration pause = options_.outcome_retry_min;
     std::string last;
@@ -260,8 +258,8 @@ class RemoteVote final : public engine::GroupVote {
       }
       if (decided.has_value()) {
         spdlog::info("group '{}' v{}: the leader decided {} (learned after {} question(s))",
-                     LogEscape(link_->group), link_->version, decided->ok() ? "commit" : "abort",
-                     asked);
+                     LogEscape(summary_.group), summary_.version,
+                     decided->ok() ? "commit" : "abort", asked);
         std::lock_guard lock(link_->mu);
         link_->decision = decided;
         link_->cv.notify_all();
@@ -271,8 +269,8 @@ class RemoteVote final : public engine::GroupVote {
                                                     out.reason().empty() ? "" : ": ", out.reason())
                                      : absl::StrCat("no answer: ", s.error_message());
       if (now != last) {
-        spdlog::warn("group '{}' v{}: still in doubt ({})", LogEscape(link_->group), link_->version,
-                     LogEscape(now));
+        spdlog::warn("group '{}' v{}: still in doubt ({})", LogEscape(summary_.group),
+                     summary_.version, LogEscape(now));
         last = now;
       }
       {
@@ -280,7 +278,7 @@ class RemoteVote final : public engine::GroupVote {
         if (stop_->cv.wait_for(lock, absl::ToChronoNanoseconds(pause),
                                [&] { return stop_->stopping; })) {
           return absl::UnavailableError(absl::StrCat(
-              "the daemon stopped while group '", link_->group, "' version ", link_->version,
+              "the daemon stopped while group '", summary_.group, "' version ", summary_.version,
               " was in doubt here (prepared; the leader's decision not learned: ", now,
               "); its receivers learn it from the group's other members"));
         }
@@ -364,8 +362,6 @@ absl::StatusOr<std::unique_ptr<engine::GroupVote>> GroupJoinerImpl::JoinOver(
   auto link = std::make_shared<Link>();
   link->leader = gm.leader;
   link->auth_token = options_.auth_token;
-  link->group = gm.group;
-  link->version = header.version;
   link->on_abort = std::move(on_abort);
   if (!options_.auth_token.empty()) {
     link->context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.auth_token));
