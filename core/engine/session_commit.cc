@@ -29,6 +29,17 @@ absl::Status FailureFromOutcomes(const std::vector<ReceiverOutcome>& outcomes) {
   return absl::AbortedError(absl::StrJoin(why, "; "));
 }
 
+// FAILED_PRECONDITION when fewer than `min_receivers` receivers take part in `version`
+// (`receivers`: their names; `when`: where they were counted), OK otherwise.
+absl::Status CheckMinReceivers(uint64_t version, size_t min_receivers,
+                               const std::vector<std::string>& receivers, absl::string_view when) {
+  if (receivers.size() >= min_receivers) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "publication ", version, " needs at least ", min_receivers, " receivers, ",
+      receivers.size(), " ", when,
+      receivers.empty() ? std::string() : absl::StrCat(" (", absl::StrJoin(receivers, ", "), ")")));
+}
+
 }  // namespace
 
 absl::StatusOr<ExecutionPlan> PublicationSession::State::BuildPlan(
@@ -90,9 +101,14 @@ absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
   bytes_out_ = 0;
   buckets_out_ = 0;
   auto t0 = Clock::now();
-  if (absl::Status s = transport->Begin(manifest).status(); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> participants = transport->Begin(manifest);
+  if (!participants.ok()) return participants.status();
   phases_.transfer += Since(t0);
   WPUB_RETURN_IF_ERROR(lifecycle_.abort_request());
+  // Counted again where the participants are fixed: a receiver may leave between Commit's
+  // first count and here (a group member waits for the leader's go in between).
+  WPUB_RETURN_IF_ERROR(CheckMinReceivers(header_.version, engine_->options().min_receivers,
+                                         *participants, "took part when its transfer began"));
 
   // The one road of a bucket: backend -> emit -> the transport group -> each transport.
   ExecutionHooks hooks;
@@ -223,12 +239,12 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   phases_.policy += Since(t0);
 
   TransportGroup& transport = engine_->transports();
-  const size_t min_receivers = engine_->options().min_receivers;
-  if (const size_t n = transport.Receivers().size(); n < min_receivers) {
-    const absl::Status why = absl::FailedPreconditionError(
-        absl::StrCat("publication ", header_.version, " needs at least ", min_receivers,
-                     " receivers, ", n, " connected"));
-    return End(PublicationStatus::kAborted, why);
+  {  // Before any byte moves; Transfer counts again where the participants are fixed.
+    std::vector<std::string> connected;
+    for (const ReceiverInfo& r : transport.Receivers()) connected.push_back(r.name);
+    const absl::Status enough = CheckMinReceivers(
+        header_.version, engine_->options().min_receivers, connected, "connected");
+    if (!enough.ok()) return End(PublicationStatus::kAborted, enough);
   }
   const std::shared_ptr<GroupVote> group_vote = vote();
   // A group version: what every member publishes is checked before any byte moves, and the

@@ -4,12 +4,14 @@
 // the engines' lifecycle calls to the leader.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <future>
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_join.h"
 #include "core/engine/engine.h"
 #include "core/engine/testing/inproc_receiver.h"
 #include "tests/engine/engine_test_util.h"
@@ -23,6 +25,10 @@ struct Script {
   absl::Status stage = absl::OkStatus();
   absl::Status prepare = absl::OkStatus();
   bool others_sent = false;
+  // What the transport's Begin fixes as the participants; `on_stage` runs while the member waits
+  // for the leader's go.
+  std::vector<std::string> participants = {"http://engine:1"};
+  std::function<void()> on_stage;
   StagedParts staged;
   PreparedParts prepared;
   std::vector<std::string> calls;
@@ -57,6 +63,7 @@ class ScriptedVote final : public GroupVote {
   absl::Status Stage(const StagedParts& parts) override {
     s_->Call("stage");
     s_->staged = parts;
+    if (s_->on_stage) s_->on_stage();
     return s_->stage;
   }
   absl::Status Prepare(const PreparedParts& parts) override {
@@ -110,7 +117,8 @@ class EngineLikeTransport final : public Transport {
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& m) override {
     s_->Call(absl::StrCat("begin lifecycle=", m.engine_lifecycle, " member=", m.group_member, "/",
                           m.group_members, " group=", m.group));
-    return std::vector<std::string>{"http://engine:1"};
+    std::lock_guard lock(s_->mu);
+    return s_->participants;
   }
   absl::Status Send(std::shared_ptr<const Bucket>) override { return absl::OkStatus(); }
   absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
@@ -134,13 +142,14 @@ class EngineLikeTransport final : public Transport {
 };
 
 struct Fixture {
-  explicit Fixture(bool with_joiner = true) : joiner(&script) {
+  explicit Fixture(bool with_joiner = true, size_t min_receivers = 0) : joiner(&script) {
     EngineComponents c;
     c.transports.push_back(std::make_unique<EngineLikeTransport>(&script));
     if (with_joiner) c.group_joiner = &joiner;
     EngineOptions o;
     o.bucket_bytes = 4096;
     o.min_bucket_bytes = 1024;
+    o.min_receivers = min_receivers;
     engine = *Engine::Create(o, nullptr, std::move(c));
   }
   PublicationHeader Header(uint64_t version, uint32_t member) {
@@ -254,6 +263,35 @@ TEST(EngineGroup, ADrainWhileInDoubtDoesNotAbortTheVersion) {
   auto report = commit.get();
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
+}
+
+// --min_receivers is judged on the participants the transfer fixes, not only on those connected
+// when Commit began: an engine that leaves while the member waits for the leader's go leaves too
+// few, and the version aborts (the leader is told) instead of committing without it.
+TEST(EngineGroup, TooFewParticipantsWhenTheTransferBeginsAbort) {
+  Fixture f(/*with_joiner=*/true, /*min_receivers=*/1);
+  f.script.on_stage = [&] {
+    std::lock_guard lock(f.script.mu);
+    f.script.participants.clear();
+  };
+  auto session = f.engine->Open(f.Header(3, 1));
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  auto report = (*session)->Commit();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->status, PublicationStatus::kAborted);
+  EXPECT_EQ(report->code, absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(report->error.find("needs at least 1 receivers, 0 took part when its transfer began"),
+            std::string::npos)
+      << report->error;
+  const std::vector<std::string> calls = f.script.Calls();
+  EXPECT_FALSE(Contains(calls, "prepare"));
+  EXPECT_FALSE(Contains(calls, "commit"));
+  EXPECT_TRUE(Contains(calls, "abort"));
+  EXPECT_TRUE(std::any_of(calls.begin(), calls.end(), [](const std::string& c) {
+    return c.rfind("fail ", 0) == 0 && c.find("0 took part") != std::string::npos;
+  })) << absl::StrJoin(calls, " | ");
+  EXPECT_EQ(f.engine->GetStatus().committed_version, 0u);
 }
 
 TEST(EngineGroup, ARefusedStageFailsBeforeAnyByteMoves) {
