@@ -96,6 +96,9 @@ struct Subscription::Hub {
     bool closed = false;
     bool cancelled = false;
     bool dropped = false;
+    // Subscription::Attach: the sink events go to, and whether it holds an item.
+    SubscriptionSink* sink = nullptr;
+    bool sink_busy = false;
   };
   struct Participant {
     uint64_t id = 0;
@@ -204,7 +207,7 @@ struct Subscription::Hub {
     Receiver& r = *it->second;
     if (r.events.size() >= options.max_queued_events) {
       r.dropped = true;
-      r.cv.notify_all();
+      Wake(r);
       dropped_ids.insert(id);
       receivers.erase(it);
       if (in_flight) {
@@ -217,7 +220,39 @@ struct Subscription::Hub {
       return;
     }
     r.events.push_back(std::move(event));
+    Wake(r);
+  }
+
+  // What Next returns now for `r` (nullopt: nothing yet). Events queued before a shutdown are
+  // still delivered (the commit or abort of the last publication must reach every receiver);
+  // only an empty queue reports the shutdown.
+  std::optional<absl::StatusOr<ReceiverEvent>> NextLocked(Receiver& r) {
+    if (r.dropped) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("receiver ", r.name, " was dropped for falling behind"));
+    }
+    if (r.closed || r.cancelled) {
+      return absl::CancelledError(absl::StrCat("subscription of receiver ", r.name, " is closed"));
+    }
+    if (!r.events.empty()) {
+      ReceiverEvent event = std::move(r.events.front());
+      r.events.pop_front();
+      return event;
+    }
+    if (shutdown) {
+      return absl::CancelledError(absl::StrCat("subscription of receiver ", r.name, " is closed"));
+    }
+    return std::nullopt;
+  }
+
+  // Something changed for `r`: wakes Next, or hands an idle sink what waits.
+  void Wake(Receiver& r) {
     r.cv.notify_all();
+    if (r.sink == nullptr || r.sink_busy) return;
+    std::optional<absl::StatusOr<ReceiverEvent>> item = NextLocked(r);
+    if (!item.has_value()) return;
+    r.sink_busy = true;
+    r.sink->Deliver(*std::move(item));
   }
 
   // Ends the publication in flight, recording outcomes and releasing the staged buckets.
@@ -266,7 +301,7 @@ struct Subscription::Hub {
     auto it = receivers.find(id);
     if (it == receivers.end()) return;
     it->second->closed = closed;
-    it->second->cv.notify_all();
+    Wake(*it->second);
     const std::string name = it->second->name;
     receivers.erase(it);
     if (in_flight) {
@@ -296,39 +331,56 @@ absl::Status Subscription::CheckToken(absl::string_view token) const {
       " (use the token of the receiver's own subscription, sent in its group_info)"));
 }
 
-absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
-  std::unique_lock lock(hub_->mu);
-  auto it = hub_->receivers.find(id_);
-  if (it == hub_->receivers.end()) {
-    if (hub_->dropped_ids.count(id_)) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("receiver ", name_, " was dropped for falling behind"));
-    }
-    return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
-  }
-  std::shared_ptr<Hub::Receiver> r = it->second;
-  const auto deadline = SteadyDeadline(absl::Now() + timeout);
-  r->cv.wait_until(lock, deadline, [&] {
-    return !r->events.empty() || r->closed || r->cancelled || r->dropped || hub_->shutdown;
-  });
-  if (r->dropped) {
+// The end of a subscription whose receiver is no longer registered (closed or dropped).
+absl::Status Subscription::EndedStatus() const {
+  if (hub_->dropped_ids.count(id_)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("receiver ", name_, " was dropped for falling behind"));
   }
-  if (r->closed || r->cancelled) {
-    return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
+  return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
+}
+
+absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
+  std::unique_lock lock(hub_->mu);
+  auto it = hub_->receivers.find(id_);
+  if (it == hub_->receivers.end()) return EndedStatus();
+  std::shared_ptr<Hub::Receiver> r = it->second;
+  std::optional<absl::StatusOr<ReceiverEvent>> item;
+  r->cv.wait_until(lock, SteadyDeadline(absl::Now() + timeout),
+                   [&] { return (item = hub_->NextLocked(*r)).has_value(); });
+  if (!item.has_value()) {
+    return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
   }
-  // Events queued before a shutdown are still delivered (the commit or abort of the last
-  // publication must reach every receiver); only an empty queue reports the shutdown.
-  if (!r->events.empty()) {
-    ReceiverEvent event = std::move(r->events.front());
-    r->events.pop_front();
-    return event;
+  return *std::move(item);
+}
+
+void Subscription::Attach(SubscriptionSink* sink) {
+  std::lock_guard lock(hub_->mu);
+  auto it = hub_->receivers.find(id_);
+  if (it == hub_->receivers.end()) {
+    sink->Deliver(EndedStatus());
+    return;
   }
-  if (hub_->shutdown) {
-    return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
+  it->second->sink = sink;
+  it->second->sink_busy = false;
+  hub_->Wake(*it->second);
+}
+
+std::optional<absl::StatusOr<ReceiverEvent>> Subscription::Take() {
+  std::lock_guard lock(hub_->mu);
+  auto it = hub_->receivers.find(id_);
+  // Gone (closed, dropped): it was busy when that happened, so the end is told here.
+  if (it == hub_->receivers.end()) return EndedStatus();
+  std::optional<absl::StatusOr<ReceiverEvent>> item = hub_->NextLocked(*it->second);
+  if (!item.has_value()) it->second->sink_busy = false;
+  return item;
+}
+
+void Subscription::Detach() {
+  std::lock_guard lock(hub_->mu);
+  if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
+    it->second->sink = nullptr;
   }
-  return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
 }
 
 absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::string_view token,
@@ -401,7 +453,7 @@ void Subscription::Cancel() {
   std::lock_guard lock(hub_->mu);
   if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
     it->second->cancelled = true;
-    it->second->cv.notify_all();
+    hub_->Wake(*it->second);
   }
 }
 
@@ -679,7 +731,7 @@ void PullTransport::Shutdown(bool abort_in_flight) {
     hub_->EndLocked(false);
   }
   hub_->shutdown = true;
-  for (auto& [id, r] : hub_->receivers) r->cv.notify_all();
+  for (auto& [id, r] : hub_->receivers) hub_->Wake(*r);
 }
 
 }  // namespace wpub::engine

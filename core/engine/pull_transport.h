@@ -53,9 +53,26 @@ struct HeldVersion {
   uint64_t version = 0;
 };
 
-// One receiver's connection. Thread-safety: Next is called by one thread at a time; ReadBucket,
-// Ack, Close and Cancel may be called from any thread, concurrently with Next. Destruction
-// closes it (must not race with a call in progress on another thread).
+// The push half of a subscription (Subscription::Attach): a server that writes events from
+// callbacks takes them as they come instead of a thread blocking in Next for each receiver.
+//
+// Handoff: the sink is either idle or busy with one item. An item for an idle sink is handed
+// to Deliver, which makes the sink busy; a busy sink asks for the next item with
+// Subscription::Take once it is done with the last one, and Take leaves it idle when there is
+// none -- so at most one item is outstanding and none is lost between the two.
+class SubscriptionSink {
+ public:
+  virtual ~SubscriptionSink() = default;
+  // The next event (OK), or how the subscription ended (as Next returns it: CANCELLED,
+  // RESOURCE_EXHAUSTED; nothing follows). Runs on the thread that produced the item with the
+  // transport's lock held: it must not block nor call into the subscription or the transport.
+  virtual void Deliver(absl::StatusOr<ReceiverEvent> item) = 0;
+};
+
+// One receiver's connection. Thread-safety: Next is called by one thread at a time, and not
+// while a sink is attached; ReadBucket, Ack, Close, Cancel, Attach, Take and Detach may be
+// called from any thread, concurrently with Next. Destruction closes it (must not race with a
+// call in progress on another thread).
 class Subscription {
  public:
   ~Subscription();
@@ -91,8 +108,17 @@ class Subscription {
   absl::Status Ack(absl::string_view token, uint64_t version, uint32_t index, uint64_t checksum,
                    uint32_t attempt = 1);
 
-  // Leaves: a publication in flight in which this receiver participates aborts. Wakes Next.
-  // Idempotent.
+  // From now on the events go to `sink` (idle: an item waiting now is delivered from this call)
+  // until Detach. `sink` must stay valid until Detach returned.
+  void Attach(SubscriptionSink* sink);
+  // The attached sink, busy, is done with its item: the next one (an event, or how the
+  // subscription ended), or nullopt -- the sink is idle again and the next item is delivered.
+  std::optional<absl::StatusOr<ReceiverEvent>> Take();
+  // No Deliver starts after this returns. Idempotent.
+  void Detach();
+
+  // Leaves: a publication in flight in which this receiver participates aborts. Wakes Next
+  // (or delivers the end to an idle sink). Idempotent.
   void Close();
 
   // Wakes a blocked Next (returns CANCELLED) without leaving; for server shutdown paths.
@@ -103,6 +129,7 @@ class Subscription {
   struct Hub;
   Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id, std::string token);
   absl::Status CheckToken(absl::string_view token) const;
+  absl::Status EndedStatus() const;  // requires hub_->mu
 
   std::shared_ptr<Hub> hub_;
   std::string name_;

@@ -35,8 +35,8 @@ absl::Status CheckMinReceivers(uint64_t version, size_t min_receivers,
                                const std::vector<std::string>& receivers, absl::string_view when) {
   if (receivers.size() >= min_receivers) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "publication ", version, " needs at least ", min_receivers, " receivers, ",
-      receivers.size(), " ", when,
+      "publication ", version, " needs at least ", min_receivers, " receivers, ", receivers.size(),
+      " ", when,
       receivers.empty() ? std::string() : absl::StrCat(" (", absl::StrJoin(receivers, ", "), ")")));
 }
 
@@ -242,8 +242,8 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   {  // Before any byte moves; Transfer counts again where the participants are fixed.
     std::vector<std::string> connected;
     for (const ReceiverInfo& r : transport.Receivers()) connected.push_back(r.name);
-    const absl::Status enough = CheckMinReceivers(
-        header_.version, engine_->options().min_receivers, connected, "connected");
+    const absl::Status enough = CheckMinReceivers(header_.version, engine_->options().min_receivers,
+                                                  connected, "connected");
     if (!enough.ok()) return End(PublicationStatus::kAborted, enough);
   }
   const std::shared_ptr<GroupVote> group_vote = vote();

@@ -1,13 +1,9 @@
 // Subscribe / PullBucket / Ack reactors over engine::PullTransport.
 #include "server/service/receivers_service.h"
 
-#include <system_error>
-
 #include <algorithm>
-#include <condition_variable>
-#include <deque>
-#include <system_error>
-#include <thread>
+#include <mutex>
+#include <optional>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -63,103 +59,69 @@ class RejectReactor final : public grpc::ServerWriteReactor<T> {
   void OnDone() override { delete this; }
 };
 
-// One Subscribe RPC. The pump thread moves core events into `queue_`; the reactor writes the
-// queue's front, one write in flight at a time. The RPC ending (client gone, server shutdown)
-// closes the subscription, which the core counts as the receiver leaving.
-class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent> {
+// One Subscribe RPC: the subscription's sink. The core hands it one event at a time (Deliver,
+// on the thread that produced it) and it writes that event; when the write is done it takes
+// the next (Subscription::Take) or goes idle -- no thread waits for a receiver's events. The
+// RPC ending (client gone, server shutdown) closes the subscription, which the core counts as
+// the receiver leaving; the end the core then hands over finishes the stream.
+class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent>,
+                               public engine::SubscriptionSink {
  public:
   SubscribeReactor(ReceiversService* service, std::shared_ptr<engine::Subscription> sub)
       : service_(service), sub_(std::move(sub)) {
-    pump_ = std::thread([this] { Pump(); });
+    sub_->Attach(this);  // its group info is written at once
+  }
+
+  void Deliver(absl::StatusOr<engine::ReceiverEvent> item) override {
+    std::lock_guard lock(mu_);
+    WriteLocked(std::move(item));
   }
 
   void OnWriteDone(bool ok) override {
+    // The stream broke: the receiver is gone (the end comes back from Take).
+    if (!ok) sub_->Close();
+    std::optional<absl::StatusOr<engine::ReceiverEvent>> next = sub_->Take();
+    if (!next.has_value()) return;  // idle: the core delivers the next event
     std::lock_guard lock(mu_);
-    queue_.pop_front();
-    if (!ok) {
-      // The stream broke: the receiver is gone.
-      stop_ = true;
-      sub_->Close();
-    }
-    if (ok && !queue_.empty()) {
-      StartWrite(&queue_.front());
-    } else {
-      writing_ = false;
-      MaybeFinishLocked();
-    }
-    cv_.notify_all();
+    WriteLocked(*std::move(next));
   }
 
-  void OnCancel() override {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-    sub_->Close();
-    cv_.notify_all();
-  }
+  // An idle sink is handed the end at once, a busy one takes it after its write.
+  void OnCancel() override { sub_->Close(); }
 
   void OnDone() override {
+    sub_->Detach();
     sub_->Close();
-    pump_.join();  // already returned or about to: Close woke it
     service_->Unregister(sub_->name(), sub_.get());
     spdlog::info("receiver '{}' left", Printable(sub_->name()));
     delete this;
   }
 
  private:
-  void Pump() {
-    const ServiceOptions& options = service_->options();
-    grpc::Status final_status = grpc::Status::OK;
-    while (true) {
-      {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || queue_.size() < options.max_buffered_events; });
-        if (stop_) break;
-      }
-      absl::StatusOr<engine::ReceiverEvent> event = sub_->Next(options.subscribe_poll);
-      if (!event.ok()) {
-        if (absl::IsDeadlineExceeded(event.status())) continue;
-        // CANCELLED: closed or the daemon is shutting down; RESOURCE_EXHAUSTED: dropped for
-        // falling behind. Either way the stream ends with that status.
-        final_status = ToGrpcStatus(event.status());
-        break;
-      }
-      std::lock_guard lock(mu_);
-      if (stop_) break;
-      queue_.emplace_back();
-      ToProto(*event, &queue_.back());
-      if (queue_.back().has_group_info()) {
-        queue_.back().mutable_group_info()->set_max_chunk_bytes(options.max_chunk_bytes);
-      }
-      if (!writing_) {
-        writing_ = true;
-        StartWrite(&queue_.front());
-      }
-    }
-    std::lock_guard lock(mu_);
-    pump_done_ = true;
-    final_status_ = std::move(final_status);
-    MaybeFinishLocked();
-  }
-
-  // Finish once the pump stopped and no write is in flight (Finish may not overlap a write).
-  void MaybeFinishLocked() {
-    if (pump_done_ && !writing_ && !finished_) {
+  // Writes `item`, or finishes the stream with the end it carries. One item at a time (the
+  // sink's handoff), so a write is never in flight here.
+  void WriteLocked(absl::StatusOr<engine::ReceiverEvent> item) {
+    if (finished_) return;
+    if (!item.ok()) {
+      // CANCELLED: closed or the daemon is shutting down; RESOURCE_EXHAUSTED: dropped for
+      // falling behind.
       finished_ = true;
-      Finish(final_status_);
+      Finish(ToGrpcStatus(item.status()));
+      return;
     }
+    event_.Clear();
+    ToProto(*item, &event_);
+    if (event_.has_group_info()) {
+      event_.mutable_group_info()->set_max_chunk_bytes(service_->options().max_chunk_bytes);
+    }
+    StartWrite(&event_);
   }
 
   ReceiversService* const service_;
   const std::shared_ptr<engine::Subscription> sub_;
   std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<pb::ReceiverEvent> queue_;  // front() is being written while writing_
-  bool writing_ = false;
-  bool stop_ = false;
-  bool pump_done_ = false;
+  pb::ReceiverEvent event_;  // being written
   bool finished_ = false;
-  grpc::Status final_status_;
-  std::thread pump_;  // last member: started after everything it touches exists
 };
 
 // One PullBucket RPC: writes an immutable staged bucket in chunks, from reactor callbacks only.
@@ -273,23 +235,12 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
     shared->Close();
     return full();
   }
-  try {
-    SubscribeReactor* reactor = new SubscribeReactor(this, shared);
-    spdlog::info("receiver '{}' subscribed from {} (holds version {}{})", Printable(name),
-                 Printable(context->peer()), request->held_version(),
-                 request->staged_version() == 0
-                     ? std::string()
-                     : absl::StrCat(", version ", request->staged_version(), " staged"));
-    return reactor;
-  } catch (const std::system_error& e) {
-    // No thread for its pump (the process is at its thread limit): refused, and nothing of
-    // it stays behind.
-    shared->Close();
-    Unregister(name, shared.get());
-    return new RejectReactor<pb::ReceiverEvent>(
-        Refuse("Subscribe", name, *context,
-               absl::ResourceExhaustedError(absl::StrCat("no thread for its stream: ", e.what()))));
-  }
+  spdlog::info("receiver '{}' subscribed from {} (holds version {}{})", Printable(name),
+               Printable(context->peer()), request->held_version(),
+               request->staged_version() == 0
+                   ? std::string()
+                   : absl::StrCat(", version ", request->staged_version(), " staged"));
+  return new SubscribeReactor(this, std::move(shared));
 }
 
 grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(

@@ -1,13 +1,14 @@
 // The engine-facing Receivers service (proto/wpub/v1/receivers.proto) over the core's
 // gRPC-pull transport (engine::PullTransport).
 //
-// Threading: a CALLBACK service. Subscribe maps one RPC onto one engine::Subscription; since
-// Subscription::Next blocks, each subscriber gets a pump thread that waits on the core and hands
-// events to the reactor, which writes them one at a time (a reactor callback never blocks on the
-// core). PullBucket writes the chunks of an immutable, already-staged bucket from reactor
-// callbacks; Ack is a non-blocking unary call. PullBucket and Ack find the subscription by the
-// receiver's name and must present that subscription's token (GroupInfo.subscription_token):
-// a receiver must be subscribed, on its own stream, to pull or acknowledge.
+// Threading: a CALLBACK service, no thread per stream. Subscribe maps one RPC onto one
+// engine::Subscription whose sink is the RPC's reactor: the core hands it each event as it is
+// produced and the reactor writes them one at a time (engine::SubscriptionSink's handoff; a
+// reactor callback never blocks on the core). PullBucket writes the chunks of an immutable,
+// already-staged bucket from reactor callbacks; Ack is a non-blocking unary call. PullBucket and
+// Ack find the subscription by the receiver's name and must present that subscription's token
+// (GroupInfo.subscription_token): a receiver must be subscribed, on its own stream, to pull or
+// acknowledge.
 //
 // Bounded work: receiver names are validated (engine::ValidateReceiverName) before anything
 // else; PullBucket chunks are at least kMinPullChunkBytes; every client string in a log line

@@ -20,13 +20,8 @@ struct ServiceOptions {
   // When non-empty, every RPC must carry `authorization: Bearer <auth_token>` metadata
   // (UNAUTHENTICATED otherwise). Compared in constant time.
   std::string auth_token;
-  // How long a subscription pump waits for a core event before re-checking for cancellation.
-  absl::Duration subscribe_poll = absl::Milliseconds(200);
-  // Events buffered per subscriber between the core and the gRPC stream before the pump stops
-  // pulling from the core (the core's own queue then bounds a slow receiver).
-  size_t max_buffered_events = 256;
-  // Receivers subscribed at once (each holds a pump thread): one more is refused with
-  // RESOURCE_EXHAUSTED instead of growing the daemon's threads without bound.
+  // Receivers subscribed at once (each holds a stream, its queue of undelivered events and its
+  // staged buckets' readers): one more is refused with RESOURCE_EXHAUSTED.
   size_t max_subscriptions = 256;
   // Group.Join streams open at once (each holds one of the sync server's threads for its whole
   // round): one more is refused with RESOURCE_EXHAUSTED, so members -- or anyone joining --

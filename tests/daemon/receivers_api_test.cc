@@ -6,6 +6,7 @@
 // escaped, and PullBucket chunks are clamped from below.
 #include <algorithm>
 #include <condition_variable>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <mutex>
@@ -334,8 +335,8 @@ TEST_F(ReceiversApiTest, ReceiverNamesAreBoundedAndPrintable) {
   }
 }
 
-// Each subscription holds a pump thread: past the bound one more is refused at once
-// (RESOURCE_EXHAUSTED) and the ones connected are untouched; a leaving receiver frees its slot.
+// Subscriptions are bounded: past the bound one more is refused at once (RESOURCE_EXHAUSTED)
+// and the ones connected are untouched; a leaving receiver frees its slot.
 TEST_F(ReceiversApiTest, SubscriptionsAreBounded) {
   Start(uint64_t{4} << 20, /*max_subscriptions=*/2);
   auto a = std::make_unique<RawSubscriber>(stub_.get(), "a");
@@ -361,6 +362,92 @@ TEST_F(ReceiversApiTest, SubscriptionsAreBounded) {
     }
   }
   EXPECT_TRUE(taken) << "the slot of a receiver that left was never freed";
+}
+
+size_t ThreadsOfThisProcess() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+// No thread per stream: 200 receivers subscribed at once (read by the test on one completion
+// queue over 4 connections, so its own threads do not grow either) each get their group info
+// and are listed,
+// and the process holds about as many threads as with none.
+TEST_F(ReceiversApiTest, SubscriptionsHoldNoThreadEach) {
+  Start();
+  {  // gRPC's own threads start with the first stream.
+    RawSubscriber warm(stub_.get(), "warm");
+    ASSERT_TRUE(warm.Accepted());
+  }
+  const size_t before = ThreadsOfThisProcess();
+  constexpr size_t kStreams = 200;
+  struct Stream {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientAsyncReader<pb::ReceiverEvent>> reader;
+    pb::ReceiverEvent event;
+    grpc::Status status;
+  };
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<Stream>> streams;
+  // 50 streams per connection (the daemon's HTTP/2 concurrent-stream bound is per connection).
+  std::vector<std::unique_ptr<pb::Receivers::Stub>> stubs;
+  for (size_t c = 0; c < kStreams / 50; ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    stubs.push_back(pb::Receivers::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", server_->port()), grpc::InsecureChannelCredentials(), args)));
+  }
+  // Tags: 3 * stream + (0 started, 1 read, 2 finished).
+  const auto tag = [](size_t i, size_t what) { return reinterpret_cast<void*>(3 * i + what + 3); };
+  for (size_t i = 0; i < kStreams; ++i) {
+    auto s = std::make_unique<Stream>();
+    pb::SubscribeRequest request;
+    request.set_receiver_name(absl::StrCat("r", i));
+    s->reader = stubs[i / 50]->PrepareAsyncSubscribe(&s->context, request, &cq);
+    s->reader->StartCall(tag(i, 0));
+    streams.push_back(std::move(s));
+  }
+  size_t infos = 0;
+  void* got = nullptr;
+  bool ok = false;
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(60);
+  while (infos < kStreams &&
+         cq.AsyncNext(&got, &ok, deadline) == grpc::CompletionQueue::GOT_EVENT) {
+    const size_t i = (reinterpret_cast<size_t>(got) - 3) / 3;
+    const size_t what = (reinterpret_cast<size_t>(got) - 3) % 3;
+    ASSERT_TRUE(ok) << "stream r" << i << " ended before its group info";
+    if (what == 0) {
+      streams[i]->reader->Read(&streams[i]->event, tag(i, 1));
+    } else if (what == 1) {
+      EXPECT_TRUE(streams[i]->event.has_group_info());
+      ++infos;
+    }
+  }
+  ASSERT_EQ(infos, kStreams);
+  auto status = publisher_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(static_cast<size_t>(status->receivers_size()), kStreams);
+  const size_t during = ThreadsOfThisProcess();
+  EXPECT_LT(during, before + 16) << before << " threads before " << kStreams << " subscriptions, "
+                                 << during << " with them";
+  // Each leaves; the daemon ends every stream CANCELLED.
+  for (size_t i = 0; i < kStreams; ++i) {
+    streams[i]->context.TryCancel();
+    streams[i]->reader->Finish(&streams[i]->status, tag(i, 2));
+  }
+  size_t finished = 0;
+  while (finished < kStreams &&
+         cq.AsyncNext(&got, &ok, deadline) == grpc::CompletionQueue::GOT_EVENT) {
+    if ((reinterpret_cast<size_t>(got) - 3) % 3 == 2) ++finished;
+  }
+  EXPECT_EQ(finished, kStreams);
+  cq.Shutdown();
+  while (cq.Next(&got, &ok)) {
+  }
 }
 
 // A name (or any client string) with a newline cannot forge a log line: every line the service

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <mutex>
+#include <optional>
 #include <set>
 #include <variant>
 
@@ -93,6 +95,139 @@ TEST(PullTransportTest, AClosedSubscriptionGetsNoMoreEvents) {
 
 // A receiver claiming a version beyond any publishable one would hold every publication back
 // while connected (each must go beyond the highest version a receiver holds).
+// A sink that records what it is handed and, like a server's writer, holds each item until
+// the test says the write is done (Done: takes the next, or goes idle).
+class RecordingSink final : public SubscriptionSink {
+ public:
+  explicit RecordingSink(Subscription* sub) : sub_(sub) {}
+  void Deliver(absl::StatusOr<ReceiverEvent> item) override {
+    std::lock_guard lock(mu_);
+    EXPECT_FALSE(busy_) << "an item was delivered while another was held";
+    busy_ = true;
+    items_.push_back(std::move(item));
+  }
+  // The held item is written: takes the next. False when the sink went idle.
+  bool Done() {
+    {
+      std::lock_guard lock(mu_);
+      EXPECT_TRUE(busy_);
+    }
+    std::optional<absl::StatusOr<ReceiverEvent>> next = sub_->Take();
+    std::lock_guard lock(mu_);
+    if (!next.has_value()) {
+      busy_ = false;
+      return false;
+    }
+    items_.push_back(*std::move(next));
+    return true;
+  }
+  std::vector<absl::StatusOr<ReceiverEvent>> items() {
+    std::lock_guard lock(mu_);
+    return items_;
+  }
+  bool busy() {
+    std::lock_guard lock(mu_);
+    return busy_;
+  }
+
+ private:
+  Subscription* const sub_;
+  std::mutex mu_;
+  bool busy_ = false;
+  std::vector<absl::StatusOr<ReceiverEvent>> items_;
+};
+
+size_t KindOf(const absl::StatusOr<ReceiverEvent>& item) {
+  return item.ok() ? item->index() : std::variant_size_v<ReceiverEvent>;
+}
+
+// The push half: an attached sink is handed the group info at once, then each event as the
+// transport produces it -- one at a time, the rest taken in order once it is done, nothing lost
+// when it goes idle in between -- and finally the end (CANCELLED after a close, whether the sink
+// was idle or busy when it came).
+TEST(PullTransportTest, AnAttachedSinkIsHandedEveryEventOnceInOrderThenTheEnd) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto sub = (*transport)->Subscribe("r0");
+  ASSERT_TRUE(sub.ok());
+  RecordingSink sink(sub->get());
+  (*sub)->Attach(&sink);
+  ASSERT_EQ(sink.items().size(), 1u);  // the group info, from Attach
+  EXPECT_EQ(KindOf(sink.items()[0]), ReceiverEvent(GroupInfoEvent{}).index());
+  // Busy: the manifest and the abort wait in the queue.
+  PublicationManifest manifest;
+  manifest.version = 3;
+  ASSERT_TRUE((*transport)->Begin(manifest).ok());
+  (*transport)->Abort("test");
+  EXPECT_EQ(sink.items().size(), 1u);
+  EXPECT_TRUE(sink.Done());   // the manifest
+  EXPECT_TRUE(sink.Done());   // the abort
+  EXPECT_FALSE(sink.Done());  // idle
+  // Idle: the next event is handed over by the thread that produced it.
+  manifest.version = 4;
+  ASSERT_TRUE((*transport)->Begin(manifest).ok());
+  std::vector<absl::StatusOr<ReceiverEvent>> items = sink.items();
+  ASSERT_EQ(items.size(), 4u);
+  EXPECT_EQ(KindOf(items[1]), ReceiverEvent(ManifestEvent{}).index());
+  EXPECT_EQ(KindOf(items[2]), ReceiverEvent(AbortEvent{}).index());
+  EXPECT_EQ(KindOf(items[3]), ReceiverEvent(ManifestEvent{}).index());
+  // Busy with that manifest when the receiver leaves: the end comes from Take.
+  (*sub)->Close();
+  EXPECT_EQ(sink.items().size(), 4u);
+  EXPECT_TRUE(sink.Done());
+  items = sink.items();
+  ASSERT_EQ(items.size(), 5u);
+  EXPECT_EQ(items[4].status().code(), absl::StatusCode::kCancelled) << items[4].status();
+  (*sub)->Detach();
+
+  // Idle when the receiver leaves: the end is handed over at once.
+  auto other = (*transport)->Subscribe("r1");
+  ASSERT_TRUE(other.ok());
+  RecordingSink idle(other->get());
+  (*other)->Attach(&idle);
+  EXPECT_FALSE(idle.Done());
+  (*other)->Close();
+  ASSERT_EQ(idle.items().size(), 2u);
+  EXPECT_EQ(idle.items()[1].status().code(), absl::StatusCode::kCancelled);
+  (*other)->Detach();
+}
+
+// A sink that stops taking its events is dropped at the transport's queue bound, like a reader
+// that stopped calling Next: RESOURCE_EXHAUSTED once it takes again; nothing is handed to a
+// detached sink.
+TEST(PullTransportTest, ASinkThatFallsBehindIsDroppedAndADetachedOneHearsNothing) {
+  PullTransportOptions options;
+  options.max_queued_events = 4;
+  auto transport = PullTransport::Create(options);
+  ASSERT_TRUE(transport.ok());
+  auto sub = (*transport)->Subscribe("slow");
+  ASSERT_TRUE(sub.ok());
+  RecordingSink sink(sub->get());
+  (*sub)->Attach(&sink);  // holds the group info, never done
+  PublicationManifest manifest;
+  for (uint64_t v = 1; v <= 3; ++v) {  // manifest + abort each: the third manifest overflows
+    manifest.version = v;
+    ASSERT_TRUE((*transport)->Begin(manifest).ok());
+    (*transport)->Abort("test");
+  }
+  EXPECT_TRUE((*transport)->Receivers().empty());
+  EXPECT_EQ(sink.items().size(), 1u);
+  EXPECT_TRUE(sink.Done());
+  EXPECT_EQ(sink.items().back().status().code(), absl::StatusCode::kResourceExhausted)
+      << sink.items().back().status();
+
+  auto quiet = (*transport)->Subscribe("quiet");
+  ASSERT_TRUE(quiet.ok());
+  RecordingSink detached(quiet->get());
+  (*quiet)->Attach(&detached);
+  EXPECT_FALSE(detached.Done());
+  (*quiet)->Detach();
+  manifest.version = 9;
+  ASSERT_TRUE((*transport)->Begin(manifest).ok());
+  (*quiet)->Close();
+  EXPECT_EQ(detached.items().size(), 1u);
+}
+
 TEST(PullTransportTest, AClaimedVersionBeyondAnyPublishableOneIsRefused) {
   auto transport = PullTransport::Create(PullTransportOptions{});
   ASSERT_TRUE(transport.ok());
