@@ -325,12 +325,60 @@ void Round::OnAbort(std::function<void(absl::Status)> fn) {
   Unlock(lock);
 }
 
+void Round::OnTransfer(uint32_t member, std::function<void(absl::Status)> fn) {
+  std::unique_lock lock(mu_);
+  watches_.push_back(Watch{member, /*decision=*/false, std::move(fn)});
+  Unlock(lock);
+}
+
+void Round::OnDecision(uint32_t member, std::function<void(absl::Status)> fn) {
+  std::unique_lock lock(mu_);
+  watches_.push_back(Watch{member, /*decision=*/true, std::move(fn)});
+  Unlock(lock);
+}
+
+absl::Duration Round::ExpireIfStalled() {
+  std::unique_lock lock(mu_);
+  if (!decided_) ExpireLocked(/*decision=*/parts_checked_);
+  if (decided_) {
+    Unlock(lock);
+    return absl::InfiniteDuration();
+  }
+  const absl::Duration left =
+      absl::FromChrono(last_progress_ + absl::ToChronoNanoseconds(timeout_) - Clock::now());
+  return std::max(left, absl::ZeroDuration());
+}
+
+bool Round::ExpireLocked(bool decision) {
+  if (Clock::now() < last_progress_ + absl::ToChronoNanoseconds(timeout_)) return false;
+  const MemberStage want = decision ? MemberStage::kPrepared : MemberStage::kStaged;
+  AbortLocked(absl::DeadlineExceededError(absl::StrCat(
+                  "group '", group_, "' version ", version_, ": no progress for ",
+                  absl::FormatDuration(timeout_), " waiting for ", MembersBelow(want))),
+              -1);
+  return true;
+}
+
 void Round::Unlock(std::unique_lock<std::mutex>& lock) {
   std::vector<std::function<void(absl::Status)>> fire;
   if (decided_ && !abort_.ok()) fire.swap(on_abort_);
+  std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> ready;
+  std::erase_if(watches_, [&](Watch& w) {
+    if (decided_) {
+      ready.emplace_back(std::move(w.fn), abort_);
+    } else if (w.member >= members_) {
+      ready.emplace_back(std::move(w.fn), absl::InvalidArgumentError("no such member"));
+    } else if (!w.decision && granted_[w.member]) {
+      ready.emplace_back(std::move(w.fn), absl::OkStatus());
+    } else {
+      return false;
+    }
+    return true;
+  });
   const absl::Status why = abort_;
   lock.unlock();
   for (auto& fn : fire) fn(why);
+  for (auto& [fn, status] : ready) fn(status);
 }
 
 void Round::AbortLocked(const absl::Status& why, int32_t failed_member) {
@@ -366,18 +414,12 @@ absl::Status Round::Await(uint32_t member, bool decision) {
   for (;;) {
     if (decided_) return abort_;
     if (!decision && granted_[member]) return absl::OkStatus();
-    const auto deadline = last_progress_ + timeout;
-    if (Clock::now() >= deadline) {
-      const MemberStage want = decision ? MemberStage::kPrepared : MemberStage::kStaged;
-      AbortLocked(absl::DeadlineExceededError(absl::StrCat(
-                      "group '", group_, "' version ", version_, ": no progress for ",
-                      absl::FormatDuration(timeout_), " waiting for ", MembersBelow(want))),
-                  -1);
+    if (ExpireLocked(decision)) {
       const absl::Status why = abort_;
       Unlock(lock);
       return why;
     }
-    cv_.wait_until(lock, deadline);
+    cv_.wait_until(lock, last_progress_ + timeout);
   }
 }
 

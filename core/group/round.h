@@ -99,6 +99,16 @@ class Round {
   // round (DEADLINE_EXCEEDED naming the members waited for).
   absl::Status AwaitTransfer(uint32_t member);
   absl::Status AwaitDecision(uint32_t member);
+  // The same without a thread waiting: calls `fn` once with what AwaitTransfer / AwaitDecision
+  // would return, from the thread that made it so and with no lock held (from this call when
+  // it is so already). These do not watch the progress timeout: whoever registers one calls
+  // ExpireIfStalled when it says (the gRPC service's timer).
+  void OnTransfer(uint32_t member, std::function<void(absl::Status)> fn);
+  void OnDecision(uint32_t member, std::function<void(absl::Status)> fn);
+  // Aborts the round (DEADLINE_EXCEEDED naming the members waited for) when it saw no progress
+  // for its timeout. Returns how long until it should be called again: InfiniteDuration once
+  // the round is decided.
+  absl::Duration ExpireIfStalled();
 
   // True once a member other than `member` was let transfer while sending to engines.
   bool others_may_have_sent(uint32_t member) const;
@@ -149,7 +159,10 @@ class Round {
   bool Sequential() const;
   std::string MembersBelow(MemberStage stage) const;
   absl::Status Await(uint32_t member, bool decision);
-  // Releases `lock` and runs the abort callbacks if the round aborted meanwhile.
+  // Aborts with DEADLINE_EXCEEDED when no progress was seen for the timeout (true).
+  bool ExpireLocked(bool decision);
+  // Releases `lock` and runs the callbacks whose moment came meanwhile (OnAbort's, OnTransfer's,
+  // OnDecision's).
   void Unlock(std::unique_lock<std::mutex>& lock);
 
   const std::string group_;
@@ -174,6 +187,12 @@ class Round {
   double coordination_seconds_ = 0;
   Clock::time_point last_progress_;
   std::vector<std::function<void(absl::Status)>> on_abort_;
+  struct Watch {
+    uint32_t member = 0;
+    bool decision = false;  // OnDecision's (else OnTransfer's)
+    std::function<void(absl::Status)> fn;
+  };
+  std::vector<Watch> watches_;
 };
 
 }  // namespace wpub::group

@@ -281,12 +281,7 @@ absl::StatusOr<std::unique_ptr<DaemonServer>> DaemonServer::Create(
   std::unique_ptr<DaemonServer> server(new DaemonServer());
   server->publisher_ = std::make_unique<PublisherService>(engine, options.service, coordinator);
   if (coordinator != nullptr) {
-    ServiceOptions group_options = options.service;
-    if (group_options.max_group_streams == 0) {
-      // Half of the sync server's threads at most: the rest stay for Publish and GetStatus.
-      group_options.max_group_streams = static_cast<size_t>(options.grpc_max_threads) / 2;
-    }
-    server->group_ = std::make_unique<GroupService>(coordinator, group_options);
+    server->group_ = std::make_unique<GroupService>(coordinator, options.service);
   }
   server->receivers_ =
       std::make_unique<ReceiversService>(engine->pull_transport(), options.service);

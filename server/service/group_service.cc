@@ -1,13 +1,15 @@
-// The leader's Group.Join handler: a member's stream turned into Round calls (core/group), with
-// a writer thread that forwards the round's instructions (transfer, decision) to the member.
+// The leader's Group service: each member's Join stream turned into Round calls (core/group) by
+// a callback reactor, and the Outcome a member in doubt asks for.
 #include "server/service/group_service.h"
 
-#include <thread>
+#include <deque>
+#include <mutex>
 #include <utility>
 
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status.h"
 #include "server/common/log_escape.h"
 #include "wire/convert.h"
 #include "wire/status_map.h"
@@ -17,192 +19,302 @@ namespace {
 
 namespace pb = ::wpub::v1;
 
-pb::GroupLeaderMessage DecisionMessage(const absl::Status& s, bool others_sent) {
-  pb::GroupLeaderMessage out;
-  pb::GroupDecision* d = out.mutable_decision();
-  d->set_commit(s.ok());
-  d->set_code(static_cast<int32_t>(s.code()));
-  d->set_reason(std::string(s.message()));
-  d->set_others_sent(others_sent);
-  return out;
-}
+// One member's Group.Join stream on the leader, served from callbacks (no thread per stream):
+// its messages become Round calls as they are read; the round's instructions (transfer, then the
+// decision) are written as the round reaches them (Round::OnTransfer / OnDecision); the round's
+// progress timeout is the service's StallWatch's. The stream finishes once the member stopped
+// sending and the decision was written -- so no round callback outlives the reactor.
+//
+// Locking: mu_ guards the reactor's state; no Round call that may run callbacks (Fail, Stage,
+// Prepared, OnTransfer, OnDecision) is made while holding it.
+class JoinReactor final
+    : public grpc::ServerBidiReactor<pb::GroupMemberMessage, pb::GroupLeaderMessage> {
+ public:
+  JoinReactor(GroupService* service, grpc::CallbackServerContext* context)
+      : service_(service), peer_(context->peer()) {
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (round_ == nullptr) {
+      Join(ok);
+      return;
+    }
+    if (!ok) {  // the member closed its side, or the stream broke
+      EndOfReads();
+      return;
+    }
+    if (absl::Status s = Handle(); !s.ok()) {
+      {
+        std::lock_guard lock(mu_);
+        member_status_ = s;
+      }
+      round_->Fail(member_, absl::Status(s.code(), absl::StrCat("protocol error: ", s.message())));
+      EndOfReads();
+      return;
+    }
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    std::lock_guard lock(mu_);
+    out_.pop_front();
+    if (!ok) out_.clear();  // the stream broke: its reads end too
+    writing_ = !out_.empty();
+    if (writing_) StartWrite(&out_.front());
+    MaybeFinishLocked();
+  }
+
+  void OnDone() override {
+    service_->StreamEnded();
+    delete this;
+  }
+
+ private:
+  // The first message: the member's join.
+  void Join(bool ok) {
+    if (!ok || in_.kind_case() != pb::GroupMemberMessage::kJoin) {
+      FinishNow(
+          {grpc::StatusCode::INVALID_ARGUMENT, "the first Group.Join message must be 'join'"});
+      return;
+    }
+    join_ = in_.join();
+    const pb::GroupJoin& j = join_;
+    if (!(j.timeout_seconds() >= 0) || j.timeout_seconds() > 86400) {
+      FinishNow({grpc::StatusCode::INVALID_ARGUMENT, "join.timeout_seconds must be in [0, 86400]"});
+      return;
+    }
+    if (j.member() == 0) {
+      FinishNow({grpc::StatusCode::INVALID_ARGUMENT,
+                 "member 0 is the leader itself; it does not join over the network"});
+      return;
+    }
+    group::MemberHello hello;
+    hello.membership.group = j.group();
+    hello.membership.members = j.members();
+    hello.membership.member = j.member();
+    hello.membership.publisher = j.publisher().empty() ? peer_ : j.publisher();
+    hello.membership.leader = "(this daemon)";
+    hello.version = j.version();
+    hello.recipe = j.recipe();
+    absl::StatusOr<std::shared_ptr<group::Round>> joined =
+        service_->coordinator()->Join(hello, absl::Seconds(j.timeout_seconds()));
+    if (!joined.ok()) {
+      spdlog::warn("group: refused member {} ({}) of '{}' v{}: {}", j.member(),
+                   LogEscape(hello.membership.publisher), LogEscape(j.group()), j.version(),
+                   LogEscape(joined.status().ToString()));
+      FinishNow(ToGrpcStatus(joined.status()));
+      return;
+    }
+    member_ = j.member();
+    round_ = *std::move(joined);
+    spdlog::info("group: member {} ({}) joined '{}' v{}", member_,
+                 LogEscape(hello.membership.publisher), LogEscape(j.group()), j.version());
+    if (absl::Status watched = service_->stall_watch().Watch(round_); !watched.ok()) {
+      round_->Fail(member_, watched);
+    }
+    pb::GroupLeaderMessage accepted;
+    accepted.mutable_accepted()->set_round(round_->id());
+    Send(std::move(accepted));
+    // The instructions, in order: transfer (unless aborted first), then the decision.
+    round_->OnTransfer(member_, [this](absl::Status go) {
+      if (!go.ok()) {
+        Decided(go);
+        return;
+      }
+      pb::GroupLeaderMessage transfer;
+      transfer.mutable_transfer();
+      Send(std::move(transfer));
+      round_->OnDecision(member_, [this](absl::Status decision) { Decided(decision); });
+    });
+    StartRead(&in_);
+  }
+
+  // A message after the join; an error is the member's protocol error.
+  absl::Status Handle() {
+    switch (in_.kind_case()) {
+      case pb::GroupMemberMessage::kParts: {
+        if (staged_) return absl::InvalidArgumentError("parts after its last parts message");
+        const pb::GroupParts& p = in_.parts();
+        if (parts_.tensors.size() + p.tensors_size() > engine::kMaxGroupTensors) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("more than ", engine::kMaxGroupTensors, " tensor names"));
+        }
+        size_t message_bytes = 0;
+        for (const std::string& name : p.tensors()) {
+          message_bytes += name.size();
+          if (name.empty() || name.size() > engine::kMaxGroupTensorNameBytes) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("a tensor name of ", name.size(), " bytes (1 to ",
+                             engine::kMaxGroupTensorNameBytes, " allowed)"));
+          }
+          if (name_bytes_ + message_bytes > engine::kMaxGroupNameBytes) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("its tensor names exceed ", engine::kMaxGroupNameBytes, " bytes"));
+          }
+        }
+        // The round's bound over every member together, before the names are kept.
+        WPUB_RETURN_IF_ERROR(round_->ReserveNameBytes(member_, message_bytes));
+        name_bytes_ += message_bytes;
+        for (const std::string& name : p.tensors()) parts_.tensors.push_back(name);
+        if (p.last()) {
+          parts_.bytes_in = p.bytes_in();
+          parts_.bytes_out = p.bytes_out();
+          parts_.buckets = p.buckets();
+          parts_.engines = p.engines();
+          staged_ = true;
+          round_->Stage(member_, std::move(parts_));
+        }
+        return absl::OkStatus();
+      }
+      case pb::GroupMemberMessage::kPrepared: {
+        engine::PreparedParts prepared;
+        for (const std::string& r : in_.prepared().receivers()) prepared.receivers.push_back(r);
+        prepared.bytes_out = in_.prepared().bytes_out();
+        prepared.phases = FromProto(in_.prepared().phases());
+        round_->Prepared(member_, std::move(prepared));
+        return absl::OkStatus();
+      }
+      case pb::GroupMemberMessage::kFailed:
+        round_->Fail(member_, absl::Status(static_cast<absl::StatusCode>(in_.failed().code()),
+                                           in_.failed().reason()));
+        return absl::OkStatus();
+      default:
+        return absl::InvalidArgumentError("an unexpected message after 'join'");
+    }
+  }
+
+  // The member sends nothing more (closed, broke, or a protocol error of its).
+  void EndOfReads() {
+    if (!round_->decided()) {
+      // The stream ended before the decision: the member died or its connection dropped. A
+      // prepared member's vote stands (the round ignores this); it asks for the decision.
+      if (round_->prepared(member_)) {
+        spdlog::warn(
+            "group: member {} of '{}' v{} lost its stream after it prepared: its vote "
+            "stands, it learns the decision through Group.Outcome",
+            member_, LogEscape(join_.group()), join_.version());
+      }
+      round_->Fail(member_, absl::UnavailableError("its connection to the leader was lost"));
+    }
+    std::lock_guard lock(mu_);
+    reads_done_ = true;
+    MaybeFinishLocked();
+  }
+
+  // The round's decision for this member: written, then the stream may finish.
+  void Decided(const absl::Status& decision) {
+    pb::GroupLeaderMessage out;
+    pb::GroupDecision* d = out.mutable_decision();
+    d->set_commit(decision.ok());
+    d->set_code(static_cast<int32_t>(decision.code()));
+    d->set_reason(std::string(decision.message()));
+    d->set_others_sent(round_->others_may_have_sent(member_));
+    std::lock_guard lock(mu_);
+    decided_ = true;
+    SendLocked(std::move(out));
+  }
+
+  void Send(pb::GroupLeaderMessage message) {
+    std::lock_guard lock(mu_);
+    SendLocked(std::move(message));
+  }
+  void SendLocked(pb::GroupLeaderMessage message) {
+    out_.push_back(std::move(message));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  // Finish once the member stopped sending, the decision was written and no write is in flight
+  // (Finish may not overlap a write).
+  void MaybeFinishLocked() {
+    if (finished_ || !reads_done_ || !decided_ || writing_) return;
+    finished_ = true;
+    service_->coordinator()->Observe(round_);
+    const absl::Status outcome = round_->abort_status();
+    spdlog::info("group: member {} of '{}' v{}: {}", member_, LogEscape(join_.group()),
+                 join_.version(), outcome.ok() ? "committed" : LogEscape(outcome.ToString()));
+    Finish(member_status_.ok() ? grpc::Status::OK : ToGrpcStatus(member_status_));
+  }
+
+  // Before the member joined a round: nothing is in flight.
+  void FinishNow(grpc::Status status) {
+    std::lock_guard lock(mu_);
+    finished_ = true;
+    Finish(std::move(status));
+  }
+
+  GroupService* const service_;
+  const std::string peer_;
+  pb::GroupMemberMessage in_;  // being read
+  // Set by the first message (the reads are one at a time, so the read callbacks own these).
+  pb::GroupJoin join_;
+  std::shared_ptr<group::Round> round_;
+  uint32_t member_ = 0;
+  engine::StagedParts parts_;
+  size_t name_bytes_ = 0;
+  bool staged_ = false;
+
+  std::mutex mu_;
+  absl::Status member_status_;              // a protocol error of the member's
+  std::deque<pb::GroupLeaderMessage> out_;  // front() is being written while writing_
+  bool writing_ = false;
+  bool reads_done_ = false;
+  bool decided_ = false;
+  bool finished_ = false;
+};
 
 }  // namespace
 
 GroupService::GroupService(group::Coordinator* coordinator, ServiceOptions options)
     : coordinator_(coordinator), options_(std::move(options)) {}
 
-grpc::Status GroupService::Join(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<pb::GroupLeaderMessage, pb::GroupMemberMessage>* stream) {
-  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
-  // Each stream holds a server thread for its whole round: beyond the bound, refused at once.
-  struct StreamSlot {
-    std::atomic<size_t>& open;
-    ~StreamSlot() { --open; }
-  } slot{open_streams_};
+grpc::ServerBidiReactor<pb::GroupMemberMessage, pb::GroupLeaderMessage>* GroupService::Join(
+    grpc::CallbackServerContext* context) {
+  const auto refuse = [](grpc::Status status) {
+    struct Refused final : grpc::ServerBidiReactor<pb::GroupMemberMessage, pb::GroupLeaderMessage> {
+      explicit Refused(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
+    return new Refused(std::move(status));
+  };
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return refuse(auth);
   if (const size_t n = ++open_streams_;
       options_.max_group_streams > 0 && n > options_.max_group_streams) {
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-            absl::StrCat(options_.max_group_streams,
-                         " group members are connected, the most this daemon serves at once "
-                         "(half of --grpc_max_threads)")};
+    --open_streams_;
+    return refuse({grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat(options_.max_group_streams,
+                                " group members are connected, the most this daemon serves at "
+                                "once")});
   }
   if (grpc::Status peer = CheckGroupPeer(options_, *context); !peer.ok()) {
+    --open_streams_;
     spdlog::warn("group: refused a join: {}", LogEscape(peer.error_message()));
-    return peer;
+    return refuse(peer);
   }
-  pb::GroupMemberMessage msg;
-  if (!stream->Read(&msg) || msg.kind_case() != pb::GroupMemberMessage::kJoin) {
-    return {grpc::StatusCode::INVALID_ARGUMENT, "the first Group.Join message must be 'join'"};
-  }
-  const pb::GroupJoin j = msg.join();  // a copy: msg is read into again below
-  group::MemberHello hello;
-  hello.membership.group = j.group();
-  hello.membership.members = j.members();
-  hello.membership.member = j.member();
-  hello.membership.publisher = j.publisher().empty() ? std::string(context->peer()) : j.publisher();
-  hello.membership.leader = "(this daemon)";
-  hello.version = j.version();
-  hello.recipe = j.recipe();
-  if (!(j.timeout_seconds() >= 0) || j.timeout_seconds() > 86400) {
-    return {grpc::StatusCode::INVALID_ARGUMENT, "join.timeout_seconds must be in [0, 86400]"};
-  }
-  if (j.member() == 0) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            "member 0 is the leader itself; it does not join over the network"};
-  }
-  absl::StatusOr<std::shared_ptr<group::Round>> joined =
-      coordinator_->Join(hello, absl::Seconds(j.timeout_seconds()));
-  if (!joined.ok()) {
-    spdlog::warn("group: refused member {} ({}) of '{}' v{}: {}", j.member(),
-                 LogEscape(hello.membership.publisher), LogEscape(j.group()), j.version(),
-                 LogEscape(joined.status().ToString()));
-    return ToGrpcStatus(joined.status());
-  }
-  std::shared_ptr<group::Round> round = *std::move(joined);
-  const uint32_t m = j.member();
-  spdlog::info("group: member {} ({}) joined '{}' v{}", m, LogEscape(hello.membership.publisher),
-               LogEscape(j.group()), j.version());
-  {
-    pb::GroupLeaderMessage accepted;
-    accepted.mutable_accepted()->set_round(round->id());
-    if (!stream->Write(accepted)) {
-      round->Fail(m, absl::UnavailableError("its stream broke before it was accepted"));
-      coordinator_->Observe(round);
-      return {grpc::StatusCode::UNAVAILABLE, "the member went away"};
-    }
-  }
-  // The instructions, in order: transfer (unless aborted first), then the decision.
-  std::thread writer([&] {
-    absl::Status go = round->AwaitTransfer(m);
-    if (go.ok()) {
-      pb::GroupLeaderMessage transfer;
-      transfer.mutable_transfer();
-      stream->Write(transfer);
-      go = round->AwaitDecision(m);
-    }
-    stream->Write(DecisionMessage(go, round->others_may_have_sent(m)));
-  });
-
-  engine::StagedParts parts;
-  size_t name_bytes = 0;
-  bool staged = false;
-  absl::Status member_status;  // a protocol error of the member's
-  while (stream->Read(&msg)) {
-    switch (msg.kind_case()) {
-      case pb::GroupMemberMessage::kParts: {
-        if (staged) {
-          member_status = absl::InvalidArgumentError("parts after its last parts message");
-          break;
-        }
-        const pb::GroupParts& p = msg.parts();
-        if (parts.tensors.size() + p.tensors_size() > engine::kMaxGroupTensors) {
-          member_status = absl::InvalidArgumentError(
-              absl::StrCat("more than ", engine::kMaxGroupTensors, " tensor names"));
-          break;
-        }
-        size_t message_bytes = 0;
-        for (const std::string& name : p.tensors()) {
-          message_bytes += name.size();
-          if (name.empty() || name.size() > engine::kMaxGroupTensorNameBytes) {
-            member_status = absl::InvalidArgumentError(
-                absl::StrCat("a tensor name of ", name.size(), " bytes (1 to ",
-                             engine::kMaxGroupTensorNameBytes, " allowed)"));
-          } else if (name_bytes + message_bytes > engine::kMaxGroupNameBytes) {
-            member_status = absl::InvalidArgumentError(
-                absl::StrCat("its tensor names exceed ", engine::kMaxGroupNameBytes, " bytes"));
-          }
-          if (!member_status.ok()) break;
-        }
-        // The round's bound over every member together, before the names are kept.
-        if (member_status.ok()) member_status = round->ReserveNameBytes(m, message_bytes);
-        if (!member_status.ok()) break;
-        name_bytes += message_bytes;
-        for (const std::string& name : p.tensors()) parts.tensors.push_back(name);
-        if (p.last()) {
-          parts.bytes_in = p.bytes_in();
-          parts.bytes_out = p.bytes_out();
-          parts.buckets = p.buckets();
-          parts.engines = p.engines();
-          staged = true;
-          round->Stage(m, std::move(parts));
-        }
-        break;
-      }
-      case pb::GroupMemberMessage::kPrepared: {
-        engine::PreparedParts prepared;
-        for (const std::string& r : msg.prepared().receivers()) prepared.receivers.push_back(r);
-        prepared.bytes_out = msg.prepared().bytes_out();
-        prepared.phases = FromProto(msg.prepared().phases());
-        round->Prepared(m, std::move(prepared));
-        break;
-      }
-      case pb::GroupMemberMessage::kFailed:
-        round->Fail(m, absl::Status(static_cast<absl::StatusCode>(msg.failed().code()),
-                                    msg.failed().reason()));
-        break;
-      default:
-        member_status = absl::InvalidArgumentError("an unexpected message after 'join'");
-        break;
-    }
-    if (!member_status.ok()) {
-      round->Fail(m, absl::Status(member_status.code(),
-                                  absl::StrCat("protocol error: ", member_status.message())));
-      break;
-    }
-  }
-  if (!round->decided()) {
-    // The stream ended before the decision: the member died or its connection dropped. A
-    // prepared member's vote stands (the round ignores this); it asks for the decision.
-    if (round->prepared(m)) {
-      spdlog::warn(
-          "group: member {} of '{}' v{} lost its stream after it prepared: its vote "
-          "stands, it learns the decision through Group.Outcome",
-          m, LogEscape(j.group()), j.version());
-    }
-    round->Fail(m, absl::UnavailableError(
-                       absl::StrCat("its connection to the leader was lost (",
-                                    context->IsCancelled() ? "cancelled" : "stream closed", ")")));
-  }
-  writer.join();
-  coordinator_->Observe(round);
-  const absl::Status outcome = round->abort_status();
-  spdlog::info("group: member {} of '{}' v{}: {}", m, LogEscape(j.group()), j.version(),
-               outcome.ok() ? "committed" : LogEscape(outcome.ToString()));
-  return member_status.ok() ? grpc::Status::OK : ToGrpcStatus(member_status);
+  return new JoinReactor(this, context);
 }
 
-grpc::Status GroupService::Outcome(grpc::ServerContext* context,
-                                   const pb::GroupOutcomeRequest* request,
-                                   pb::GroupOutcome* response) {
-  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
-  if (grpc::Status peer = CheckGroupPeer(options_, *context); !peer.ok()) return peer;
-  if (request->group().size() > 100) {
+grpc::ServerUnaryReactor* GroupService::Outcome(grpc::CallbackServerContext* context,
+                                                const pb::GroupOutcomeRequest* request,
+                                                pb::GroupOutcome* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(Answer(*context, *request, response));
+  return reactor;
+}
+
+grpc::Status GroupService::Answer(const grpc::CallbackServerContext& context,
+                                  const pb::GroupOutcomeRequest& request,
+                                  pb::GroupOutcome* response) const {
+  if (grpc::Status auth = CheckAuth(options_, context); !auth.ok()) return auth;
+  if (grpc::Status peer = CheckGroupPeer(options_, context); !peer.ok()) return peer;
+  if (request.group().size() > 100) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "group: longer than 100 bytes"};
   }
   const group::RoundOutcome o =
-      coordinator_->OutcomeOf(request->group(), request->version(), request->round());
+      coordinator_->OutcomeOf(request.group(), request.version(), request.round());
   using State = group::RoundOutcome::State;
   switch (o.state) {
     case State::kUndecided:

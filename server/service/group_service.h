@@ -20,28 +20,44 @@
 #include "absl/time/time.h"
 #include "core/engine/group_vote.h"
 #include "core/group/coordinator.h"
+#include "core/group/stall_watch.h"
 #include "server/service/service_options.h"
 #include "wire/tls.h"
 #include "wpub/v1/group.grpc.pb.h"
 
 namespace wpub::server {
 
-class GroupService final : public wpub::v1::Group::Service {
+// A CALLBACK service, no thread per stream: each Join stream is a reactor fed by its round's
+// callbacks (Round::OnTransfer / OnDecision), and the progress timeout of the rounds they wait
+// on is one StallWatch's. Streams are bounded by ServiceOptions::max_group_streams.
+class GroupService final : public wpub::v1::Group::CallbackService {
  public:
   // `coordinator` must outlive the service.
   GroupService(group::Coordinator* coordinator, ServiceOptions options);
 
-  grpc::Status Join(grpc::ServerContext* context,
-                    grpc::ServerReaderWriter<wpub::v1::GroupLeaderMessage,
-                                             wpub::v1::GroupMemberMessage>* stream) override;
+  grpc::ServerBidiReactor<wpub::v1::GroupMemberMessage, wpub::v1::GroupLeaderMessage>* Join(
+      grpc::CallbackServerContext* context) override;
   // What the coordinator knows of a round (a member in doubt asks).
-  grpc::Status Outcome(grpc::ServerContext* context, const wpub::v1::GroupOutcomeRequest* request,
-                       wpub::v1::GroupOutcome* response) override;
+  grpc::ServerUnaryReactor* Outcome(grpc::CallbackServerContext* context,
+                                    const wpub::v1::GroupOutcomeRequest* request,
+                                    wpub::v1::GroupOutcome* response) override;
+
+  // For the Join reactors.
+  group::Coordinator* coordinator() const { return coordinator_; }
+  group::StallWatch& stall_watch() { return stall_watch_; }
+  void StreamEnded() { --open_streams_; }
+  // Join streams being served.
+  size_t open_streams() const { return open_streams_.load(); }
 
  private:
+  grpc::Status Answer(const grpc::CallbackServerContext& context,
+                      const wpub::v1::GroupOutcomeRequest& request,
+                      wpub::v1::GroupOutcome* response) const;
+
   group::Coordinator* const coordinator_;
   const ServiceOptions options_;
   std::atomic<size_t> open_streams_{0};  // Join streams being served (max_group_streams)
+  group::StallWatch stall_watch_;        // last: its thread checks rounds until destroyed
 };
 
 struct GroupClientOptions {

@@ -23,10 +23,9 @@ struct ServiceOptions {
   // Receivers subscribed at once (each holds a stream, its queue of undelivered events and its
   // staged buckets' readers): one more is refused with RESOURCE_EXHAUSTED.
   size_t max_subscriptions = 256;
-  // Group.Join streams open at once (each holds one of the sync server's threads for its whole
-  // round): one more is refused with RESOURCE_EXHAUSTED, so members -- or anyone joining --
-  // cannot take every thread Publish and GetStatus need. 0: grpc_max_threads / 2.
-  size_t max_group_streams = 0;
+  // Group.Join streams open at once (each holds no thread, its round's names are bounded by
+  // the round): one more is refused with RESOURCE_EXHAUSTED. 0: no bound.
+  size_t max_group_streams = 2048;
   // Reports listed by ListReports when the request gives no limit.
   size_t default_report_limit = 16;
   // A Publish stream that sends no message for this long while the daemon waits for one

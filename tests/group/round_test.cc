@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -11,6 +12,7 @@
 
 #include "core/group/coordinator.h"
 #include "core/group/round.h"
+#include "core/group/stall_watch.h"
 
 namespace wpub::group {
 namespace {
@@ -183,6 +185,76 @@ TEST(GroupRound, NoProgressTimesOutNamingTheMembersWaitedFor) {
   EXPECT_THAT(s.message(),
               AllOf(HasSubstr("member 1 (node-1) joined"), HasSubstr("member 2 waiting")));
   EXPECT_TRUE(r.decided());
+}
+
+// What a callback-served member hears, without a thread waiting: its transfer turn (engines:
+// one member after another, so member 1's comes only once member 0 prepared) and the decision,
+// each once, in that order; a callback registered after the fact runs at once.
+TEST(GroupRound, CallbacksHearTheTurnAndTheDecisionOnceInOrder) {
+  Round r("g", 2, 7, absl::Seconds(30));
+  for (uint32_t m = 0; m < 2; ++m) ASSERT_TRUE(r.Join(Hello(m, 7, 2)).ok());
+  std::mutex mu;
+  std::vector<std::string> heard;
+  const auto hear = [&](std::string what) {
+    return [&, what](absl::Status s) {
+      std::lock_guard lock(mu);
+      heard.push_back(what + (s.ok() ? " ok" : " " + std::string(s.message())));
+    };
+  };
+  const auto Heard = [&] {
+    std::lock_guard lock(mu);
+    return heard;
+  };
+  r.OnTransfer(1, [&](absl::Status s) {
+    hear("transfer 1")(s);
+    r.OnDecision(1, hear("decision 1"));
+  });
+  r.Stage(0, Parts({"a"}, /*engines=*/true));
+  r.Stage(1, Parts({"b"}, /*engines=*/true));
+  EXPECT_TRUE(Heard().empty());  // the leader transfers first
+  r.OnTransfer(0, hear("transfer 0"));
+  EXPECT_EQ(Heard(), std::vector<std::string>{"transfer 0 ok"});
+  r.Prepared(0, Prepared());
+  EXPECT_EQ(Heard(), (std::vector<std::string>{"transfer 0 ok", "transfer 1 ok"}));
+  r.Prepared(1, Prepared());
+  EXPECT_EQ(Heard(), (std::vector<std::string>{"transfer 0 ok", "transfer 1 ok", "decision 1 ok"}));
+  r.OnDecision(0, hear("decision 0"));
+  EXPECT_EQ(Heard().back(), "decision 0 ok");
+  EXPECT_EQ(Heard().size(), 4u);
+}
+
+// No thread waits, yet the round times out: ExpireIfStalled says how long is left and aborts
+// once nothing moved for the timeout (every callback then hears DEADLINE_EXCEEDED naming the
+// members waited for); the stall watch calls it for the rounds it is given.
+TEST(GroupRound, AStallWatchTimesOutARoundNoThreadWaitsOn) {
+  {
+    Round r("g", 2, 7, absl::Milliseconds(300));
+    ASSERT_TRUE(r.Join(Hello(1, 7, 2)).ok());
+    const absl::Duration left = r.ExpireIfStalled();
+    EXPECT_GT(left, absl::ZeroDuration());
+    EXPECT_LE(left, absl::Milliseconds(300));
+    EXPECT_FALSE(r.decided());
+    std::this_thread::sleep_for(std::chrono::milliseconds(350));
+    EXPECT_EQ(r.ExpireIfStalled(), absl::InfiniteDuration());
+    EXPECT_TRUE(absl::IsDeadlineExceeded(r.abort_status())) << r.abort_status();
+  }
+  StallWatch watch;
+  auto r = std::make_shared<Round>("g", 2, 8, absl::Milliseconds(300));
+  ASSERT_TRUE(r->Join(Hello(1, 8, 2)).ok());
+  std::promise<absl::Status> told;
+  r->OnTransfer(1, [&](absl::Status s) { told.set_value(s); });
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(watch.Watch(r).ok());
+  absl::Status s = told.get_future().get();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("no progress for 300ms"), HasSubstr("member 0 waiting")));
+  // Decided rounds are forgotten.
+  for (int i = 0; i < 500 && watch.size() != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(watch.size(), 0u);
 }
 
 TEST(GroupRound, EnginesSerializeTransfersLeaderFirst) {
