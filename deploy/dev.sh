@@ -44,10 +44,10 @@ cmake --build "$build_dir" -j "$jobs"
 # of the test folders in sanitize_dirs: the modules that take bytes from outside (trainer
 # streams, checkpoints and receivers' files, engine answers, TCPStore clients, policy text) and
 # the fuzz targets' short runs. DEVELOPERS.md says why not the whole unit label.
-sanitize_dirs=(fuzz policy engine group rollout rendezvous convert inspect)
+sanitize_dirs=(fuzz policy transport engine group rollout rendezvous convert inspect)
 sanitize_targets=(fuzz_publish_test fuzz_safetensors_test fuzz_tcp_store_test
   fuzz_update_request_test fuzz_sglang_answers_test fuzz_policy_test policy_test
-  engine_unit_test rendezvous_test rollout_sglang_driver_test
+  transport_unit_test engine_unit_test rendezvous_test rollout_sglang_driver_test
   rollout_update_request_test engine_connect_engines_test rollout_sglang_dirty_test
   policy_bounds_test convert_test group_unit_test rollout_vllm_driver_test
   rollout_family_router_test inspect_test rollout_sglang_releases_test rollout_engine_requests_test

@@ -76,7 +76,7 @@ pb::PublicationStatus StatusToProto(engine::PublicationStatus status) {
 
 int64_t UnixNanos(absl::Time t) { return t == absl::InfinitePast() ? 0 : absl::ToUnixNanos(t); }
 
-void ManifestTensorToProto(const engine::ManifestTensor& t, pb::ManifestTensor* out) {
+void ManifestTensorToProto(const transport::ManifestTensor& t, pb::ManifestTensor* out) {
   out->set_name(t.name);
   out->set_dtype(std::string(DTypeName(t.dtype)));
   for (int64_t d : t.shape) out->add_shape(d);
@@ -244,13 +244,13 @@ void ToProto(const engine::PublicationReport& r, pb::PublicationReport* out) {
   out->mutable_tensors()->set_quantized(r.tensors_quantized);
   out->mutable_tensors()->set_passthrough(r.tensors_passthrough);
   out->mutable_tensors()->set_ignored(r.tensors_ignored);
-  for (const engine::ReceiverOutcome& o : r.receivers) {
+  for (const transport::ReceiverOutcome& o : r.receivers) {
     pb::ReceiverOutcome* ro = out->add_receivers();
     ro->set_name(o.name);
-    ro->set_state(engine::ReceiverStateName(o.state));
+    ro->set_state(transport::ReceiverStateName(o.state));
     ro->set_error(o.error);
     ro->set_committed(o.committed);
-    ro->set_failure(engine::ReceiverFailureName(o.failure));
+    ro->set_failure(transport::ReceiverFailureName(o.failure));
     ro->set_dirty(o.dirty);
   }
   out->set_start_unix_nanos(UnixNanos(r.started_at));
@@ -269,10 +269,10 @@ void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
     a->set_model_id(s.active->model_id);
     a->set_age_seconds(absl::ToDoubleSeconds(absl::Now() - s.active->opened_at));
   }
-  for (const engine::ReceiverInfo& r : s.receivers) {
+  for (const transport::ReceiverInfo& r : s.receivers) {
     pb::ReceiverInfo* ri = out->add_receivers();
     ri->set_name(r.name);
-    ri->set_state(engine::ReceiverStateName(r.state));
+    ri->set_state(transport::ReceiverStateName(r.state));
     ri->set_transport("pull");
     ri->set_last_committed_version(r.last_committed_version);
   }
@@ -319,7 +319,7 @@ void EnginesToProto(const engine::EngineGroupInfo& g,
     c->set_url(e.url);
     c->set_gpus(static_cast<uint32_t>(e.gpus));
     c->set_rank_offset(static_cast<uint32_t>(e.rank_offset));
-    c->set_state(engine::ReceiverStateName(e.state));
+    c->set_state(transport::ReceiverStateName(e.state));
   }
 }
 
@@ -341,7 +341,7 @@ void ToProto(const engine::EngineGroupInfo& g, pb::ConnectEnginesResponse* out) 
   out->set_generation(g.generation);
 }
 
-void ToProto(const engine::PublicationManifest& m, pb::Manifest* out) {
+void ToProto(const transport::PublicationManifest& m, pb::Manifest* out) {
   out->set_version(m.version);
   out->set_attempt(m.attempt);
   out->set_model_id(m.model_id);
@@ -352,48 +352,49 @@ void ToProto(const engine::PublicationManifest& m, pb::Manifest* out) {
     out->set_group_members(m.group_members);
     out->set_group_member(m.group_member);
   }
-  for (const engine::BucketManifest& b : m.buckets) {
+  for (const transport::BucketManifest& b : m.buckets) {
     pb::BucketManifest* bm = out->add_buckets();
     bm->set_index(b.index);
     bm->set_nbytes(b.nbytes);
     bm->set_checksum(b.checksum);
-    for (const engine::ManifestTensor& t : b.tensors) ManifestTensorToProto(t, bm->add_tensors());
+    for (const transport::ManifestTensor& t : b.tensors)
+      ManifestTensorToProto(t, bm->add_tensors());
   }
 }
 
-void ToProto(const engine::ReceiverEvent& event, pb::ReceiverEvent* out) {
+void ToProto(const transport::ReceiverEvent& event, pb::ReceiverEvent* out) {
   std::visit(
       [out](const auto& e) {
         using T = std::decay_t<decltype(e)>;
-        if constexpr (std::is_same_v<T, engine::GroupInfoEvent>) {
+        if constexpr (std::is_same_v<T, transport::GroupInfoEvent>) {
           pb::GroupInfo* g = out->mutable_group_info();
           g->set_receiver_name(e.receiver_name);
           g->set_transport(e.transport);
           g->set_committed_version(e.committed_version);
           g->set_subscription_token(e.subscription_token);
           switch (e.staged) {
-            case engine::StagedDecision::kUnknown:
+            case transport::StagedDecision::kUnknown:
               g->set_staged(pb::GroupInfo::STAGED_UNKNOWN);
               break;
-            case engine::StagedDecision::kApply:
+            case transport::StagedDecision::kApply:
               g->set_staged(pb::GroupInfo::STAGED_APPLY);
               break;
-            case engine::StagedDecision::kDiscard:
+            case transport::StagedDecision::kDiscard:
               g->set_staged(pb::GroupInfo::STAGED_DISCARD);
               break;
           }
           g->set_staged_reason(e.staged_reason);
-        } else if constexpr (std::is_same_v<T, engine::ManifestEvent>) {
+        } else if constexpr (std::is_same_v<T, transport::ManifestEvent>) {
           ToProto(e.manifest, out->mutable_manifest());
           out->mutable_manifest()->set_committed_version(e.committed_version);
-        } else if constexpr (std::is_same_v<T, engine::BucketReadyEvent>) {
+        } else if constexpr (std::is_same_v<T, transport::BucketReadyEvent>) {
           out->mutable_bucket_ready()->set_version(e.version);
           out->mutable_bucket_ready()->set_index(e.index);
           out->mutable_bucket_ready()->set_attempt(e.attempt);
-        } else if constexpr (std::is_same_v<T, engine::CommitEvent>) {
+        } else if constexpr (std::is_same_v<T, transport::CommitEvent>) {
           out->mutable_commit()->set_version(e.version);
         } else {
-          static_assert(std::is_same_v<T, engine::AbortEvent>);
+          static_assert(std::is_same_v<T, transport::AbortEvent>);
           out->mutable_abort()->set_version(e.version);
           out->mutable_abort()->set_reason(e.reason);
           out->mutable_abort()->set_attempt(e.attempt);
@@ -402,8 +403,8 @@ void ToProto(const engine::ReceiverEvent& event, pb::ReceiverEvent* out) {
       event);
 }
 
-absl::StatusOr<engine::PublicationManifest> FromProto(const pb::Manifest& m) {
-  engine::PublicationManifest out;
+absl::StatusOr<transport::PublicationManifest> FromProto(const pb::Manifest& m) {
+  transport::PublicationManifest out;
   out.version = m.version();
   out.attempt = m.attempt() == 0 ? 1 : m.attempt();
   out.model_id = m.model_id();
@@ -416,12 +417,12 @@ absl::StatusOr<engine::PublicationManifest> FromProto(const pb::Manifest& m) {
                                                    out.group_member, " of ", out.group_members));
   }
   for (const pb::BucketManifest& b : m.buckets()) {
-    engine::BucketManifest bm;
+    transport::BucketManifest bm;
     bm.index = b.index();
     bm.nbytes = b.nbytes();
     bm.checksum = b.checksum();
     for (const pb::ManifestTensor& t : b.tensors()) {
-      engine::ManifestTensor mt;
+      transport::ManifestTensor mt;
       mt.name = t.name();
       absl::StatusOr<DType> dtype = ParseDType(t.dtype());
       if (!dtype.ok()) {

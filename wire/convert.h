@@ -30,8 +30,8 @@ void ToProto(const engine::GroupSummary& group, wpub::v1::GroupSummary* out);
 // Engine status -> wire status.
 void ToProto(const engine::EngineStatus& status, wpub::v1::GetStatusResponse* out);
 // Engine receiver event -> wire event.
-void ToProto(const engine::ReceiverEvent& event, wpub::v1::ReceiverEvent* out);
-void ToProto(const engine::PublicationManifest& manifest, wpub::v1::Manifest* out);
+void ToProto(const transport::ReceiverEvent& event, wpub::v1::ReceiverEvent* out);
+void ToProto(const transport::PublicationManifest& manifest, wpub::v1::Manifest* out);
 
 // ConnectEngines request -> engine request (gpus 0 becomes 1). Errors: INVALID_ARGUMENT
 // naming timeout_seconds when it is negative, not finite or beyond a day; the engine validates
@@ -44,6 +44,6 @@ void ToProto(const engine::EngineGroupInfo& group, wpub::v1::ConnectEnginesRespo
 
 // Wire manifest -> engine manifest (receivers decode what the daemon sent).
 // Errors: INVALID_ARGUMENT naming the tensor with an unknown dtype.
-absl::StatusOr<engine::PublicationManifest> FromProto(const wpub::v1::Manifest& manifest);
+absl::StatusOr<transport::PublicationManifest> FromProto(const wpub::v1::Manifest& manifest);
 
 }  // namespace wpub::server

@@ -23,8 +23,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/engine/engine.h"
-#include "core/engine/testing/inproc_receiver.h"
 #include "core/synthetic/synthetic.h"
+#include "core/transport/testing/inproc_receiver.h"
 
 namespace {
 
@@ -143,9 +143,9 @@ int main(int argc, char** argv) {
   options.ack_deadline = absl::Minutes(10);
   auto eng = engine::Engine::Create(options, nullptr);
   if (!eng.ok()) return 1;
-  std::vector<std::unique_ptr<engine::testing::InprocReceiver>> receivers;
+  std::vector<std::unique_ptr<transport::testing::InprocReceiver>> receivers;
   for (int r = 0; r < args.receivers; ++r) {
-    auto rec = engine::testing::InprocReceiver::Start(
+    auto rec = transport::testing::InprocReceiver::Start(
         (*eng)->pull_transport(), {.name = absl::StrCat("recv", r), .keep_tensors = false});
     if (!rec.ok()) return 1;
     receivers.push_back(std::move(*rec));

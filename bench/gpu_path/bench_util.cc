@@ -21,7 +21,7 @@ double Median(std::vector<double> v) {
 
 json RunWpub(const char* label, bool nvfp4, const RunSettings& args,
              const testing::ModelLayout& layout, const uint8_t* base, gpu::GpuBackend& backend,
-             engine::Transport& transport, uint64_t* version, uint64_t* bytes_out) {
+             transport::Transport& transport, uint64_t* version, uint64_t* bytes_out) {
   std::vector<engine::InputTensor> inputs;
   std::vector<double> wall, amax, compute, total, h_setup, h_checks, h_buckets, h_emit;
   std::vector<double> p_begin, p_execute, p_ack, p_commit;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/engine/transport.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/sglang_driver.h"
+#include "core/transport/transport.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/moe_fixture.h"
 
@@ -42,7 +42,7 @@ struct RunSettings {
 // version counter advances by one per publication.
 nlohmann::json RunWpub(const char* label, bool nvfp4, const RunSettings& run,
                        const testing::ModelLayout& layout, const uint8_t* base,
-                       gpu::GpuBackend& backend, engine::Transport& transport, uint64_t* version,
+                       gpu::GpuBackend& backend, transport::Transport& transport, uint64_t* version,
                        uint64_t* bytes_out);
 
 // Plain broadcasts of `bytes` in bucket-sized messages from GPU 0 through a group of its own:

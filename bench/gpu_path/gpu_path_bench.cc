@@ -45,14 +45,14 @@
 #include "bench/gpu_path/bench_util.h"
 #include "bench/gpu_path/fill.h"
 #include "bench/gpu_path/kernel_trace.h"
-#include "core/engine/pull_transport.h"
-#include "core/engine/testing/inproc_receiver.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/nccl/nccl_comm.h"
 #include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/rollout_group.h"
 #include "core/rollout/sglang_driver.h"
+#include "core/transport/pull_transport.h"
+#include "core/transport/testing/inproc_receiver.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
@@ -138,21 +138,21 @@ Args Parse(int argc, char** argv) {
 
 // Case (e): a transport of one pretend participant that reads device buckets and discards each
 // after its `ready` event (`done` is recorded right after it on its own stream).
-class DiscardSink final : public engine::Transport {
+class DiscardSink final : public transport::Transport {
  public:
   DiscardSink() { cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking); }
   ~DiscardSink() override { cudaStreamDestroy(stream_); }
-  engine::TransportCapabilities capabilities() const override {
-    engine::TransportCapabilities c;
+  transport::TransportCapabilities capabilities() const override {
+    transport::TransportCapabilities c;
     c.name = "discard";
-    c.accepts = engine::kHostOrDevice;
+    c.accepts = transport::kHostOrDevice;
     return c;
   }
-  absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest&) override {
+  absl::StatusOr<std::vector<std::string>> Begin(const transport::PublicationManifest&) override {
     return std::vector<std::string>{"discard"};
   }
-  absl::Status Send(std::shared_ptr<const engine::Bucket> b) override {
-    if (b->location != engine::BucketLocation::kDevice) return absl::OkStatus();
+  absl::Status Send(std::shared_ptr<const transport::Bucket> b) override {
+    if (b->location != transport::BucketLocation::kDevice) return absl::OkStatus();
     if (cudaStreamWaitEvent(stream_, b->device.ready, 0) != cudaSuccess ||
         cudaEventRecord(b->device.done, stream_) != cudaSuccess) {
       return absl::InternalError("discarding sink: event calls failed");
@@ -162,8 +162,8 @@ class DiscardSink final : public engine::Transport {
   absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
   absl::Status Commit() override { return absl::OkStatus(); }
   void Abort(absl::string_view) override {}
-  std::vector<engine::ReceiverOutcome> Outcomes() const override { return {}; }
-  std::vector<engine::ReceiverInfo> Receivers() const override { return {}; }
+  std::vector<transport::ReceiverOutcome> Outcomes() const override { return {}; }
+  std::vector<transport::ReceiverInfo> Receivers() const override { return {}; }
 
  private:
   cudaStream_t stream_ = nullptr;
@@ -172,12 +172,12 @@ class DiscardSink final : public engine::Transport {
 // Case (f): the GPU backend publishing to one in-process gRPC-pull receiver.
 json RunPull(const char* label, const RunSettings& run, const testing::ModelLayout& layout,
              const uint8_t* model, const Args& args, uint64_t* version) {
-  auto pull = engine::PullTransport::Create({});
+  auto pull = transport::PullTransport::Create({});
   BENCH_OK(pull.status());
-  engine::testing::InprocReceiverOptions ro;
+  transport::testing::InprocReceiverOptions ro;
   ro.name = "bench-pull";
   ro.keep_tensors = false;
-  auto receiver = engine::testing::InprocReceiver::Start(pull->get(), ro);
+  auto receiver = transport::testing::InprocReceiver::Start(pull->get(), ro);
   BENCH_OK(receiver.status());
   while ((*pull)->Receivers().empty()) absl::SleepFor(absl::Milliseconds(1));
   gpu::GpuBackendOptions bo;
@@ -287,7 +287,7 @@ int Main(int argc, char** argv) {
   // time.
   std::unique_ptr<rollout::RolloutGroup> to_cpp = make_transport(cpp_port, "wpub_bench_cpp", 3);
   std::unique_ptr<rollout::RolloutGroup> to_emu = make_transport(port, "wpub_bench", 1);
-  auto backend_for = [&args](engine::Transport* /*reader*/, bool reject_first, int sms = -1,
+  auto backend_for = [&args](transport::Transport* /*reader*/, bool reject_first, int sms = -1,
                              int ctas = -1) {
     gpu::GpuBackendOptions bo;
     bo.reject_before_send = reject_first;

@@ -62,7 +62,7 @@ int Run(size_t keep_alive_max, int publications, int buckets, int lanes) {
     listener.join();
     return 1;
   }
-  wpub::engine::BucketManifest bucket;
+  wpub::transport::BucketManifest bucket;
   bucket.tensors.push_back({"w", wpub::DType::kUInt8, {1024}, 0, 1024});
   bucket.nbytes = 1024;
   std::vector<double> lifecycle, whole;

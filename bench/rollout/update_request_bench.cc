@@ -19,8 +19,8 @@ namespace {
 
 using json = nlohmann::json;
 
-std::vector<engine::ManifestTensor> Bucket() {
-  std::vector<engine::ManifestTensor> ts;
+std::vector<transport::ManifestTensor> Bucket() {
+  std::vector<transport::ManifestTensor> ts;
   for (int e = 0; e < 1100; ++e) {
     const std::string base = "model.layers." + std::to_string(17 + e / 384) + ".mlp.experts." +
                              std::to_string(e % 128) +
@@ -49,7 +49,8 @@ UpdateRequestFields Fields() {
 }
 
 // The same body through a json document: what the driver and the engine did before.
-std::string EncodeDom(const std::vector<engine::ManifestTensor>& ts, const UpdateRequestFields& f) {
+std::string EncodeDom(const std::vector<transport::ManifestTensor>& ts,
+                      const UpdateRequestFields& f) {
   json names = json::array(), dtypes = json::array(), shapes = json::array();
   for (const auto& t : ts) {
     names.push_back(t.name);
@@ -63,10 +64,10 @@ std::string EncodeDom(const std::vector<engine::ManifestTensor>& ts, const Updat
   return j.dump();
 }
 
-std::vector<engine::ManifestTensor> DecodeDom(const std::string& body) {
+std::vector<transport::ManifestTensor> DecodeDom(const std::string& body) {
   const json j = json::parse(body);
   const json &n = j["names"], &d = j["dtypes"], &s = j["shapes"];
-  std::vector<engine::ManifestTensor> out(n.size());
+  std::vector<transport::ManifestTensor> out(n.size());
   uint64_t off = 0;
   for (size_t i = 0; i < n.size(); ++i) {
     out[i].name = n[i].get<std::string>();

@@ -29,7 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "clients/recv/safetensors.h"
 #include "core/common/status.h"
-#include "core/engine/checksum.h"
+#include "core/transport/checksum.h"
 #include "wire/convert.h"
 #include "wire/status_map.h"
 #include "wpub/v1/receivers.grpc.pb.h"
@@ -41,7 +41,7 @@ namespace pb = ::wpub::v1;
 
 // A publication being received.
 struct Pending {
-  engine::PublicationManifest manifest;
+  transport::PublicationManifest manifest;
   std::vector<std::vector<uint8_t>> buckets;
   std::vector<bool> received;
   size_t num_received = 0;
@@ -60,8 +60,8 @@ struct Assembly {
 };
 
 // The members' manifests as one: buckets in member order, re-indexed.
-engine::PublicationManifest MergedManifest(const Assembly& a) {
-  engine::PublicationManifest out;
+transport::PublicationManifest MergedManifest(const Assembly& a) {
+  transport::PublicationManifest out;
   uint32_t next = 0;
   for (const auto& [member, part] : a.parts) {
     if (out.buckets.empty() && next == 0) {
@@ -71,7 +71,7 @@ engine::PublicationManifest MergedManifest(const Assembly& a) {
       out.group = part.manifest.group;
       out.group_members = part.manifest.group_members;
     }
-    for (engine::BucketManifest b : part.manifest.buckets) {
+    for (transport::BucketManifest b : part.manifest.buckets) {
       b.index = next++;
       out.buckets.push_back(std::move(b));
     }
@@ -79,11 +79,11 @@ engine::PublicationManifest MergedManifest(const Assembly& a) {
   return out;
 }
 
-std::vector<SafetensorsEntry> EntriesOf(const engine::PublicationManifest& manifest,
+std::vector<SafetensorsEntry> EntriesOf(const transport::PublicationManifest& manifest,
                                         const std::vector<std::vector<uint8_t>>& buckets) {
   std::vector<SafetensorsEntry> entries;
-  for (const engine::BucketManifest& b : manifest.buckets) {
-    for (const engine::ManifestTensor& t : b.tensors) {
+  for (const transport::BucketManifest& b : manifest.buckets) {
+    for (const transport::ManifestTensor& t : b.tensors) {
       entries.push_back({TensorDesc{t.name, t.dtype, t.shape},
                          absl::MakeConstSpan(buckets[b.index]).subspan(t.offset, t.nbytes)});
     }
@@ -91,7 +91,7 @@ std::vector<SafetensorsEntry> EntriesOf(const engine::PublicationManifest& manif
   return entries;
 }
 
-std::map<std::string, std::string> MetadataOf(const engine::PublicationManifest& manifest) {
+std::map<std::string, std::string> MetadataOf(const transport::PublicationManifest& manifest) {
   return {{"version", std::to_string(manifest.version)},
           {"model_id", manifest.model_id},
           {"recipe", manifest.recipe}};
@@ -149,18 +149,18 @@ bool DaemonWentAway(const absl::Status& status) {
 }  // namespace
 
 absl::Span<const uint8_t> CommittedModel::TensorBytes(const std::string& name) const {
-  for (const engine::BucketManifest& b : manifest.buckets) {
-    for (const engine::ManifestTensor& t : b.tensors) {
+  for (const transport::BucketManifest& b : manifest.buckets) {
+    for (const transport::ManifestTensor& t : b.tensors) {
       if (t.name == name) return absl::MakeConstSpan(buckets[b.index]).subspan(t.offset, t.nbytes);
     }
   }
   return {};
 }
 
-std::vector<const engine::ManifestTensor*> CommittedModel::Tensors() const {
-  std::vector<const engine::ManifestTensor*> out;
-  for (const engine::BucketManifest& b : manifest.buckets) {
-    for (const engine::ManifestTensor& t : b.tensors) out.push_back(&t);
+std::vector<const transport::ManifestTensor*> CommittedModel::Tensors() const {
+  std::vector<const transport::ManifestTensor*> out;
+  for (const transport::BucketManifest& b : manifest.buckets) {
+    for (const transport::ManifestTensor& t : b.tensors) out.push_back(&t);
   }
   return out;
 }
@@ -477,12 +477,12 @@ class Receiver::Impl {
         return false;
       }
       case pb::ReceiverEvent::kManifest: {
-        WPUB_ASSIGN_OR_RETURN(engine::PublicationManifest manifest,
+        WPUB_ASSIGN_OR_RETURN(transport::PublicationManifest manifest,
                               server::FromProto(event.manifest()));
         link.pending = std::make_unique<Pending>();
         link.pending->buckets.resize(manifest.buckets.size());
         link.pending->received.assign(manifest.buckets.size(), false);
-        for (const engine::BucketManifest& b : manifest.buckets) {
+        for (const transport::BucketManifest& b : manifest.buckets) {
           if (b.index >= manifest.buckets.size()) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "manifest of v", manifest.version, ": bucket index ", b.index, " out of range"));
@@ -552,7 +552,7 @@ class Receiver::Impl {
   absl::StatusOr<bool> Pull(Link& link, uint64_t version, uint32_t index,
                             uint64_t* expected_checksum, uint64_t* received) {
     Pending& pending = *link.pending;
-    const engine::BucketManifest& bm = pending.manifest.buckets[index];
+    const transport::BucketManifest& bm = pending.manifest.buckets[index];
     std::vector<uint8_t>& bytes = pending.buckets[index];
     bytes.assign(bm.nbytes, 0);
     grpc::ClientContext context;
@@ -606,7 +606,7 @@ class Receiver::Impl {
     if (options_.corrupt_bucket == static_cast<int64_t>(index) && !bytes.empty()) {
       bytes[bytes.size() / 2] ^= 0x5A;
     }
-    const uint64_t checksum = engine::Checksum(bytes.data(), bytes.size());
+    const uint64_t checksum = transport::Checksum(bytes.data(), bytes.size());
     const bool match = checksum == expected_checksum && received == nbytes;
     {
       absl::MutexLock lock(&mu_);

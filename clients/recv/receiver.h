@@ -1,6 +1,6 @@
 // The native receiver of the gRPC-pull transport (the library behind wpub-recv): subscribes to
 // a wpubd (or to every member of a publication group, ReceiverOptions::targets), pulls every bucket
-// of a publication in chunks, verifies each bucket's checksum (core/engine/checksum.h),
+// of a publication in chunks, verifies each bucket's checksum (core/transport/checksum.h),
 // acknowledges it, keeps the last committed version in memory, discards a publication on abort, and
 // optionally writes each committed version as a safetensors file. Runs in its own process
 // (wpub-recv) or in-process in tests.
@@ -65,13 +65,13 @@ struct ReceiverOptions {
 
 // The last committed version: the buckets as received and their manifest.
 struct CommittedModel {
-  engine::PublicationManifest manifest;
+  transport::PublicationManifest manifest;
   std::vector<std::vector<uint8_t>> buckets;  // indexed by bucket index
 
   // The bytes of tensor `name`, or an empty span when absent.
   absl::Span<const uint8_t> TensorBytes(const std::string& name) const;
   // Every tensor of the manifest, in bucket then offset order.
-  std::vector<const engine::ManifestTensor*> Tensors() const;
+  std::vector<const transport::ManifestTensor*> Tensors() const;
 };
 
 struct ReceiverStats {

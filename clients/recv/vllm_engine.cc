@@ -12,7 +12,7 @@
 #include "core/common/json_bounds.h"
 #include "core/common/status.h"
 #include "core/common/tensor.h"
-#include "core/engine/checksum.h"
+#include "core/transport/checksum.h"
 #include "nlohmann/json.hpp"
 
 namespace wpub::recv {
@@ -210,7 +210,7 @@ absl::StatusOr<VllmUpdate> DecodeVllmUpdate(std::string_view body, const VllmIni
     if (!name.is_string()) {
       return absl::InvalidArgumentError(absl::StrCat("update_info.names[", i, "] is not a string"));
     }
-    engine::ManifestTensor t;
+    transport::ManifestTensor t;
     t.name = name.get<std::string>();
     const json& dtype = (*arrays[1])[i];
     absl::StatusOr<DType> parsed = dtype.is_string()
@@ -535,12 +535,12 @@ class VllmEngine::Impl {
           "loading ", u.tensors.empty() ? std::string("(no tensor)") : u.tensors.back().name,
           " failed (injected)")));
     }
-    for (const engine::ManifestTensor& t : u.tensors) Stage(t, bytes);
+    for (const transport::ManifestTensor& t : u.tensors) Stage(t, bytes);
     const uint64_t index = state_.updates++;
     if (callbacks_.on_update) callbacks_.on_update(index, u);
     return absl::StrCat("update ", index, ": ", u.tensors.size(), " tensors, ", u.nbytes,
                         " bytes, checksum ",
-                        absl::Hex(engine::Checksum(bytes.data(), bytes.size())));
+                        absl::Hex(transport::Checksum(bytes.data(), bytes.size())));
   }
 
   absl::StatusOr<std::string> Finish(const Request& q) {
@@ -568,7 +568,7 @@ class VllmEngine::Impl {
     return absl::StrCat("weight version ", *version, " applied");
   }
 
-  void Stage(const engine::ManifestTensor& t, const std::vector<uint8_t>& bytes) {
+  void Stage(const transport::ManifestTensor& t, const std::vector<uint8_t>& bytes) {
     staged_[t.name] = {
         TensorDesc{t.name, t.dtype, t.shape},
         std::vector<uint8_t>(bytes.begin() + t.offset, bytes.begin() + t.offset + t.nbytes)};

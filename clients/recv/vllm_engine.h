@@ -54,7 +54,7 @@ struct VllmInitInfo {
 // One /update_weights: the tensors back to back (offsets from the dtypes and shapes, in request
 // order), and the broadcasts that carry them.
 struct VllmUpdate {
-  std::vector<engine::ManifestTensor> tensors;
+  std::vector<transport::ManifestTensor> tensors;
   uint64_t nbytes = 0;
   std::vector<uint64_t> chunks;  // byte sizes, in order, summing to nbytes
 };

@@ -16,9 +16,9 @@
 #include "absl/strings/string_view.h"
 #include "core/common/tensor.h"
 #include "core/engine/inputs.h"
-#include "core/engine/planner.h"
-#include "core/engine/transport.h"
 #include "core/engine/types.h"
+#include "core/transport/planner.h"
+#include "core/transport/transport.h"
 #include "kernels/nvfp4.h"
 
 namespace wpub::engine {
@@ -76,9 +76,9 @@ struct ExecutionPlan {
   bool allow_non_finite = false;
   const std::vector<InputTensor>* inputs = nullptr;
   std::vector<AmaxGroupPlan> amax_groups;
-  std::vector<TensorDesc> outputs;    // publication order
-  std::vector<OutputSource> sources;  // parallel to outputs
-  std::vector<BucketLayout> buckets;  // from PlanBuckets
+  std::vector<TensorDesc> outputs;               // publication order
+  std::vector<OutputSource> sources;             // parallel to outputs
+  std::vector<transport::BucketLayout> buckets;  // from PlanBuckets
 };
 
 struct ExecutionHooks {
@@ -87,7 +87,7 @@ struct ExecutionHooks {
   // staging buffer, with the events and the host copy the transport group may ask for). The
   // engine measures its time as the transfer phase and counts the bucket's bytes. A non-OK
   // status stops Execute, which returns it.
-  std::function<absl::Status(std::shared_ptr<const Bucket>)> emit;
+  std::function<absl::Status(std::shared_ptr<const transport::Bucket>)> emit;
   // Polled between units of work; when it returns true Execute stops with CANCELLED.
   std::function<bool()> cancelled;
   SyncCounter* syncs = nullptr;  // never null

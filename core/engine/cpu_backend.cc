@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
-#include "core/engine/checksum.h"
 #include "core/engine/weight_pieces.h"
+#include "core/transport/checksum.h"
 #include "kernels/reference.h"
 
 namespace wpub::engine {
@@ -81,7 +81,7 @@ uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, int threads) {
   constexpr uint64_t kMinPerThread = uint64_t{8} << 20;
   const uint64_t t =
       std::min<uint64_t>(std::max(threads, 1), std::max<uint64_t>(1, n / kMinPerThread));
-  if (t <= 1) return Checksum(data, n);
+  if (t <= 1) return transport::Checksum(data, n);
   const uint64_t words = (n + 7) / 8;
   const uint64_t per = (words + t - 1) / t;
   std::vector<uint64_t> sums(t, 0);
@@ -90,12 +90,13 @@ uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, int threads) {
     const uint64_t w0 = k * per, w1 = std::min(words, w0 + per);
     if (w0 >= w1) break;
     const uint64_t b0 = 8 * w0, b1 = std::min(n, 8 * w1);
-    pool.emplace_back([&, k, w0, b0, b1] { sums[k] = ChecksumPartial(data + b0, b1 - b0, w0); });
+    pool.emplace_back(
+        [&, k, w0, b0, b1] { sums[k] = transport::ChecksumPartial(data + b0, b1 - b0, w0); });
   }
   for (auto& th : pool) th.join();
   uint64_t sum = 0;
   for (uint64_t s : sums) sum += s;
-  return ChecksumFinish(sum, n);
+  return transport::ChecksumFinish(sum, n);
 }
 
 // Appends an input's parts, concatenated along its concat_dim, to `out` (whose capacity is
@@ -203,13 +204,13 @@ absl::Status GlobalAmax(const ExecutionPlan& plan, const InputPieces& pieces,
 // 2a. A bucket's bytes in offset order: passed-through tensors appended back to back, room for
 // the quantized outputs; returns where each quantized input's outputs go.
 absl::StatusOr<std::vector<QuantSlot>> LayOutBucket(const ExecutionPlan& plan,
-                                                    const BucketLayout& layout,
+                                                    const transport::BucketLayout& layout,
                                                     std::vector<uint8_t>* bytes) {
   const std::vector<InputTensor>& inputs = *plan.inputs;
   bytes->reserve(layout.nbytes);
   std::vector<QuantSlot> slots;
   std::unordered_map<size_t, size_t> slot_of;  // input -> index into slots
-  for (const PlacedTensor& t : layout.tensors) {
+  for (const transport::PlacedTensor& t : layout.tensors) {
     const OutputSource& src = plan.sources[t.output];
     if (bytes->size() != t.offset) {
       return absl::InternalError(absl::StrCat("bucket ", layout.index, ": tensor ",
@@ -236,7 +237,7 @@ absl::StatusOr<std::vector<QuantSlot>> LayOutBucket(const ExecutionPlan& plan,
 }
 
 // 2b. The quantized outputs of a bucket, written at their slots in `base`.
-absl::Status QuantizeBucket(const ExecutionPlan& plan, const BucketLayout& layout,
+absl::Status QuantizeBucket(const ExecutionPlan& plan, const transport::BucketLayout& layout,
                             const InputPieces& pieces,
                             const std::vector<std::vector<float>>& group_amax,
                             const std::vector<QuantSlot>& slots, const kernels::CpuOptions& cpu,
@@ -299,14 +300,14 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
   const int threads = options_.num_threads == 0
                           ? static_cast<int>(std::thread::hardware_concurrency())
                           : options_.num_threads;
-  for (const BucketLayout& layout : plan.buckets) {
+  for (const transport::BucketLayout& layout : plan.buckets) {
     if (hooks.cancelled && hooks.cancelled()) {
       return absl::CancelledError(absl::StrCat("publication ", plan.version, " was cancelled"));
     }
     auto t0 = Clock::now();
-    auto bucket = std::make_shared<Bucket>();
+    auto bucket = std::make_shared<transport::Bucket>();
     bucket->version = plan.version;
-    bucket->manifest = MakeBucketManifest(layout, plan.outputs);
+    bucket->manifest = transport::MakeBucketManifest(layout, plan.outputs);
     WPUB_ASSIGN_OR_RETURN(const std::vector<QuantSlot> slots,
                           LayOutBucket(plan, layout, &bucket->bytes));
     uint8_t* base = bucket->bytes.data();

@@ -209,7 +209,7 @@ std::vector<PublicationReport> Engine::RecentReports(size_t n) const {
   return impl_->ledger().Recent(n);
 }
 
-PullTransport* Engine::pull_transport() { return &impl_->pull(); }
+transport::PullTransport* Engine::pull_transport() { return &impl_->pull(); }
 
 void Engine::BeginShutdown() { impl_->ledger().BeginShutdown(); }
 

@@ -23,9 +23,9 @@
 #include "absl/types/span.h"
 #include "core/engine/backend.h"
 #include "core/engine/group_vote.h"
-#include "core/engine/pull_transport.h"
-#include "core/engine/transport.h"
 #include "core/engine/types.h"
+#include "core/transport/pull_transport.h"
+#include "core/transport/transport.h"
 
 namespace prometheus {
 class Registry;
@@ -64,7 +64,7 @@ struct EngineOptions {
   // inputs it still holds (the transports re-form what failed) so they end with a complete
   // version. Failures that left nobody dirty, bad input and abort requests are not retried.
   int max_attempts = 3;
-  PullTransportOptions pull;
+  transport::PullTransportOptions pull;
 };
 
 // One rollout engine of a ConnectEngines request: its HTTP address and its GPUs (TP ranks).
@@ -85,7 +85,7 @@ struct ConnectedEngine {
   std::string url;
   int gpus = 1;
   int rank_offset = 0;  // first rank; the publisher is rank 0
-  ReceiverState state = ReceiverState::kIdle;
+  transport::ReceiverState state = transport::ReceiverState::kIdle;
   // The weight version it reported serving when it joined (0: none or unknown).
   uint64_t weight_version = 0;
 };
@@ -129,7 +129,7 @@ struct EngineComponents {
   // Transports driven for every publication before the pull transport (e.g. the NCCL
   // weight-update group), in order. Begin/Send/Commit/Abort reach every one; the engine waits
   // for each one's acknowledgements in turn against the same deadline.
-  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::unique_ptr<transport::Transport>> transports;
   // Accepts CUDA IPC parts (without one they are UNIMPLEMENTED). The backend must read the
   // device pointers it returns.
   std::unique_ptr<CudaIpcResolver> cuda_ipc;
@@ -198,7 +198,7 @@ class Engine {
   std::vector<PublicationReport> RecentReports(size_t n) const;
 
   // The receiver side of the gRPC-pull transport (owned by the Engine).
-  PullTransport* pull_transport();
+  transport::PullTransport* pull_transport();
 
   // Open fails with UNAVAILABLE from now on; a publication in progress continues.
   void BeginShutdown();

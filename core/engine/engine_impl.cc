@@ -37,9 +37,9 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   WPUB_RETURN_IF_ERROR(ValidateOptions(options));
   Parts parts;
   WPUB_ASSIGN_OR_RETURN(parts.cache, policy::IgnoreSnapshotCache::Create({}));
-  PullTransportOptions pull = options.pull;
+  transport::PullTransportOptions pull = options.pull;
   pull.max_version = options.max_version;  // a receiver's claim is bounded as versions are
-  WPUB_ASSIGN_OR_RETURN(parts.pull, PullTransport::Create(pull));
+  WPUB_ASSIGN_OR_RETURN(parts.pull, transport::PullTransport::Create(pull));
   if (components.backend) {
     parts.backend = std::move(components.backend);
   } else {
@@ -50,14 +50,14 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   parts.owned_connector = std::move(components.owned_connector);
   if (parts.connector == nullptr) parts.connector = parts.owned_connector.get();
   parts.group_joiner = components.group_joiner;
-  std::vector<Transport*> members;
+  std::vector<transport::Transport*> members;
   for (auto& t : components.transports) {
     if (!t) return absl::InvalidArgumentError("EngineComponents::transports holds a null entry");
     members.push_back(t.get());
     parts.extra_transports.push_back(std::move(t));
   }
   members.push_back(parts.pull.get());
-  WPUB_ASSIGN_OR_RETURN(parts.transports, TransportGroup::Create(std::move(members)));
+  WPUB_ASSIGN_OR_RETURN(parts.transports, transport::TransportGroup::Create(std::move(members)));
   if (registry != nullptr) {
     WPUB_ASSIGN_OR_RETURN(parts.metrics, metrics::EngineMetrics::Create(registry));
   }
@@ -144,7 +144,7 @@ void Engine::Impl::RefreshMetrics() {
 absl::Status Engine::Impl::CheckVersionFloor(uint64_t version, uint64_t committed_version,
                                              const std::optional<EngineGroupInfo>& group) const {
   uint64_t floor = committed_version;
-  if (const std::optional<HeldVersion> held = pull_->HighestHeldVersion()) {
+  if (const std::optional<transport::HeldVersion> held = pull_->HighestHeldVersion()) {
     floor = std::max(floor, held->version);
   }
   if (group.has_value()) {

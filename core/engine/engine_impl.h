@@ -33,9 +33,9 @@
 #include "core/engine/ledger.h"
 #include "core/engine/lifecycle.h"
 #include "core/engine/recipe.h"
-#include "core/engine/transport_group.h"
 #include "core/metrics/metrics.h"
 #include "core/policy/policy.h"
+#include "core/transport/transport_group.h"
 
 namespace wpub::engine {
 
@@ -52,9 +52,9 @@ class Engine::Impl {
 
   const EngineOptions& options() const { return options_; }
   policy::IgnoreSnapshotCache* cache() const { return cache_.get(); }
-  PullTransport& pull() const { return *pull_; }
+  transport::PullTransport& pull() const { return *pull_; }
   // Every transport of a publication: the extras, then the pull transport.
-  TransportGroup& transports() const { return *transports_; }
+  transport::TransportGroup& transports() const { return *transports_; }
   Backend& backend() const { return *backend_; }
   EngineConnector* connector() const { return connector_; }    // null on the CPU path
   GroupJoiner* group_joiner() const { return group_joiner_; }  // null: no groups
@@ -84,9 +84,9 @@ class Engine::Impl {
   // The parts, as Create assembles them.
   struct Parts {
     std::unique_ptr<policy::IgnoreSnapshotCache> cache;
-    std::unique_ptr<PullTransport> pull;
-    std::vector<std::unique_ptr<Transport>> extra_transports;
-    std::unique_ptr<TransportGroup> transports;
+    std::unique_ptr<transport::PullTransport> pull;
+    std::vector<std::unique_ptr<transport::Transport>> extra_transports;
+    std::unique_ptr<transport::TransportGroup> transports;
     std::unique_ptr<CudaIpcResolver> cuda_ipc;
     EngineConnector* connector = nullptr;
     std::unique_ptr<EngineConnector> owned_connector;
@@ -101,9 +101,10 @@ class Engine::Impl {
   // Components: set in the constructor, read-only afterwards.
   const EngineOptions options_;
   const std::unique_ptr<policy::IgnoreSnapshotCache> cache_;
-  const std::unique_ptr<PullTransport> pull_;
-  const std::vector<std::unique_ptr<Transport>> extra_transports_;  // owned for transports_
-  const std::unique_ptr<TransportGroup> transports_;
+  const std::unique_ptr<transport::PullTransport> pull_;
+  const std::vector<std::unique_ptr<transport::Transport>>
+      extra_transports_;  // owned for transports_
+  const std::unique_ptr<transport::TransportGroup> transports_;
   const std::unique_ptr<CudaIpcResolver> cuda_ipc_;         // null on the CPU path
   const std::unique_ptr<EngineConnector> owned_connector_;  // null unless given one
   EngineConnector* const connector_;                        // owned by a component (or above)
@@ -177,16 +178,16 @@ class PublicationSession::State {
   // Commit's steps (session_commit.cc).
   absl::Status CheckInputs() const;  // complete, not empty, quantizes what the recipe says
   absl::StatusOr<ExecutionPlan> BuildPlan(std::vector<uint32_t>* unit_sizes);
-  PublicationManifest MakeManifest(const ExecutionPlan& plan) const;
+  transport::PublicationManifest MakeManifest(const ExecutionPlan& plan) const;
   // The transfer, retried while an aborted attempt left receivers that apply on receipt dirty
   // and attempts remain. OK when one attempt succeeded; otherwise why the last one failed,
   // with *bad_input set when the backend found the trainer's input bad.
-  absl::Status TransferWithRetries(const ExecutionPlan& plan, PublicationManifest& manifest,
-                                   bool* bad_input);
+  absl::Status TransferWithRetries(const ExecutionPlan& plan,
+                                   transport::PublicationManifest& manifest, bool* bad_input);
   // One attempt at the transfer: Begin on every transport, the backend's quantize/pack/emit,
   // every acknowledgement. OK when every participant holds every bucket; otherwise why not,
   // with *bad_input set when the backend found the trainer's input bad (non-finite weights).
-  absl::Status Transfer(const ExecutionPlan& plan, const PublicationManifest& manifest,
+  absl::Status Transfer(const ExecutionPlan& plan, const transport::PublicationManifest& manifest,
                         bool* bad_input);
   // After bucket `index` (of `total`) went to the transports: a debug line per bucket, and for
   // a publication open longer than kProgressEvery an info line at most every kProgressEvery.

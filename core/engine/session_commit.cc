@@ -9,7 +9,7 @@
 #include "core/common/log_context.h"
 #include "core/common/status.h"
 #include "core/engine/engine_impl.h"
-#include "core/engine/planner.h"
+#include "core/transport/planner.h"
 
 namespace wpub::engine {
 namespace {
@@ -20,10 +20,10 @@ double Since(Clock::time_point t0) {
 }
 
 // ABORTED naming every failed receiver, or OK when none failed.
-absl::Status FailureFromOutcomes(const std::vector<ReceiverOutcome>& outcomes) {
+absl::Status FailureFromOutcomes(const std::vector<transport::ReceiverOutcome>& outcomes) {
   std::vector<std::string> why;
-  for (const ReceiverOutcome& o : outcomes) {
-    if (o.failure != ReceiverFailure::kNone) why.push_back(o.error);
+  for (const transport::ReceiverOutcome& o : outcomes) {
+    if (o.failure != transport::ReceiverFailure::kNone) why.push_back(o.error);
   }
   if (why.empty()) return absl::OkStatus();
   return absl::AbortedError(absl::StrJoin(why, "; "));
@@ -87,15 +87,17 @@ absl::StatusOr<ExecutionPlan> PublicationSession::State::BuildPlan(
       unit_sizes->push_back(3);
     }
   }
-  WPUB_ASSIGN_OR_RETURN(plan.buckets, PlanBuckets(plan.outputs, *unit_sizes, bucket_bytes_));
-  WPUB_RETURN_IF_ERROR(CheckLayout(plan.buckets, plan.outputs, *unit_sizes, bucket_bytes_));
+  WPUB_ASSIGN_OR_RETURN(plan.buckets,
+                        transport::PlanBuckets(plan.outputs, *unit_sizes, bucket_bytes_));
+  WPUB_RETURN_IF_ERROR(
+      transport::CheckLayout(plan.buckets, plan.outputs, *unit_sizes, bucket_bytes_));
   return plan;
 }
 
 absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
-                                                 const PublicationManifest& manifest,
+                                                 const transport::PublicationManifest& manifest,
                                                  bool* bad_input) {
-  Transport* transport = &engine_->transports();
+  transport::Transport* transport = &engine_->transports();
   const LogField phase("phase", "transfer");
   WPUB_RETURN_IF_ERROR(lifecycle_.BeginTransfer());
   bytes_out_ = 0;
@@ -113,7 +115,7 @@ absl::Status PublicationSession::State::Transfer(const ExecutionPlan& plan,
   // The one road of a bucket: backend -> emit -> the transport group -> each transport.
   ExecutionHooks hooks;
   hooks.syncs = &syncs_;
-  hooks.emit = [&](std::shared_ptr<const Bucket> bucket) {
+  hooks.emit = [&](std::shared_ptr<const transport::Bucket> bucket) {
     const auto t = Clock::now();
     bytes_out_ += bucket->manifest.nbytes;
     ++buckets_out_;
@@ -166,10 +168,9 @@ void PublicationSession::State::LogBucket(uint32_t index, uint64_t nbytes, size_
                absl::ToDoubleSeconds(now - opened_at_));
 }
 
-absl::Status PublicationSession::State::TransferWithRetries(const ExecutionPlan& plan,
-                                                            PublicationManifest& manifest,
-                                                            bool* bad_input) {
-  Transport& transport = engine_->transports();
+absl::Status PublicationSession::State::TransferWithRetries(
+    const ExecutionPlan& plan, transport::PublicationManifest& manifest, bool* bad_input) {
+  transport::Transport& transport = engine_->transports();
   for (;;) {
     ++attempts_;
     manifest.attempt = static_cast<uint32_t>(attempts_);
@@ -178,7 +179,7 @@ absl::Status PublicationSession::State::TransferWithRetries(const ExecutionPlan&
     // A group version is not retried: the leader aborts it on every member at once.
     if (vote() != nullptr) return sent;
     std::vector<std::string> dirty;
-    for (const ReceiverOutcome& o : transport.Outcomes()) {
+    for (const transport::ReceiverOutcome& o : transport.Outcomes()) {
       if (o.dirty) dirty.push_back(o.name);
     }
     if (!lifecycle_.abort_request().ok() || dirty.empty() ||
@@ -203,8 +204,9 @@ absl::Status PublicationSession::State::CheckInputs() const {
   return policy::CheckQuantizesAnything(policy_->settings(), plans_);
 }
 
-PublicationManifest PublicationSession::State::MakeManifest(const ExecutionPlan& plan) const {
-  PublicationManifest manifest;
+transport::PublicationManifest PublicationSession::State::MakeManifest(
+    const ExecutionPlan& plan) const {
+  transport::PublicationManifest manifest;
   manifest.version = header_.version;
   manifest.model_id = header_.model_id;
   manifest.recipe = recipe_.canonical;
@@ -214,8 +216,8 @@ PublicationManifest PublicationSession::State::MakeManifest(const ExecutionPlan&
     manifest.group_member = header_.group->member;
     manifest.engine_lifecycle = header_.group->member == 0;
   }
-  for (const BucketLayout& b : plan.buckets) {
-    manifest.buckets.push_back(MakeBucketManifest(b, plan.outputs));
+  for (const transport::BucketLayout& b : plan.buckets) {
+    manifest.buckets.push_back(transport::MakeBucketManifest(b, plan.outputs));
   }
   return manifest;
 }
@@ -234,14 +236,14 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   std::vector<uint32_t> units;
   absl::StatusOr<ExecutionPlan> plan = BuildPlan(&units);
   if (!plan.ok()) return Reject(plan.status());
-  PublicationManifest manifest = MakeManifest(*plan);
+  transport::PublicationManifest manifest = MakeManifest(*plan);
   num_buckets_ = static_cast<uint32_t>(manifest.buckets.size());
   phases_.policy += Since(t0);
 
-  TransportGroup& transport = engine_->transports();
+  transport::TransportGroup& transport = engine_->transports();
   {  // Before any byte moves; Transfer counts again where the participants are fixed.
     std::vector<std::string> connected;
-    for (const ReceiverInfo& r : transport.Receivers()) connected.push_back(r.name);
+    for (const transport::ReceiverInfo& r : transport.Receivers()) connected.push_back(r.name);
     const absl::Status enough = CheckMinReceivers(header_.version, engine_->options().min_receivers,
                                                   connected, "connected");
     if (!enough.ok()) return End(PublicationStatus::kAborted, enough);
@@ -276,7 +278,7 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
     PreparedParts parts;
     // A receiver is its name and its process's instance: two processes that share a name (one
     // subscribed to each member) are two receivers, and the leader's check refuses them.
-    for (const ReceiverOutcome& o : transport.Outcomes()) {
+    for (const transport::ReceiverOutcome& o : transport.Outcomes()) {
       parts.receivers.push_back(
           o.instance.empty() ? o.name : absl::StrCat(o.name, " (instance ", o.instance, ")"));
     }

@@ -5,40 +5,6 @@
 
 namespace wpub::engine {
 
-const char* ReceiverStateName(ReceiverState state) {
-  switch (state) {
-    case ReceiverState::kIdle:
-      return "idle";
-    case ReceiverState::kReceiving:
-      return "receiving";
-    case ReceiverState::kStaged:
-      return "staged";
-    case ReceiverState::kFailed:
-      return "failed";
-    case ReceiverState::kLeft:
-      return "left";
-    case ReceiverState::kDirty:
-      return "dirty";
-  }
-  return "unknown";
-}
-
-const char* ReceiverFailureName(ReceiverFailure failure) {
-  switch (failure) {
-    case ReceiverFailure::kNone:
-      return "none";
-    case ReceiverFailure::kChecksum:
-      return "checksum";
-    case ReceiverFailure::kTimeout:
-      return "timeout";
-    case ReceiverFailure::kDisconnected:
-      return "disconnected";
-    case ReceiverFailure::kProtocol:
-      return "protocol";
-  }
-  return "unknown";
-}
-
 const char* PublicationStatusName(PublicationStatus status) {
   switch (status) {
     case PublicationStatus::kCommitted:

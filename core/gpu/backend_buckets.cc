@@ -7,20 +7,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
-#include "core/engine/checksum.h"
-#include "core/engine/planner.h"
 #include "core/gpu/backend_run.h"
+#include "core/transport/checksum.h"
+#include "core/transport/planner.h"
 #include "kernels/cuda/nvfp4_cuda.h"
 #include "kernels/cuda/status_kernels.h"
 
 namespace wpub::gpu::detail {
 namespace {
 
-using engine::BucketLayout;
 using engine::InputTensor;
 using engine::OutputKind;
-using engine::PlacedTensor;
 using kernels::cuda::CopyItem;
+using transport::BucketLayout;
+using transport::PlacedTensor;
 
 // Where one quantized input's three outputs sit in a bucket.
 struct QuantSlot {
@@ -183,17 +183,17 @@ absl::Status PublicationRun::EnqueueQuantize(size_t b, uint8_t* buf) {
 absl::Status PublicationRun::EmitBucket(size_t b, uint8_t* buf) {
   const HostClock::time_point t_bucket = HostClock::now();
   const int k = static_cast<int>(b % 2);
-  auto bucket = std::make_shared<engine::Bucket>();
+  auto bucket = std::make_shared<transport::Bucket>();
   bucket->version = plan_.version;
   bucket->manifest = b == 0 && first_manifest_.has_value()
                          ? *std::move(first_manifest_)
-                         : engine::MakeBucketManifest(plan_.buckets[b], plan_.outputs);
-  bucket->location = engine::BucketLocation::kDevice;
+                         : transport::MakeBucketManifest(plan_.buckets[b], plan_.outputs);
+  bucket->location = transport::BucketLocation::kDevice;
   bucket->device.data = buf;
   bucket->device.device = options_.device;
   bucket->device.ready = res_.ready[k].get();
   bucket->device.done = res_.done[k].get();
-  const engine::BucketManifest* manifest = &bucket->manifest;
+  const transport::BucketManifest* manifest = &bucket->manifest;
   bucket->device.copy_to_host = [this, b, buf, manifest] { return CopyToHost(b, buf, *manifest); };
   timing_->host_buckets_seconds += SecondsSince(t_bucket);
   const HostClock::time_point t_emit = HostClock::now();
@@ -203,8 +203,8 @@ absl::Status PublicationRun::EmitBucket(size_t b, uint8_t* buf) {
 }
 
 // One device-to-host copy (bucket bytes + its checksum sum) and one counted wait.
-absl::StatusOr<std::shared_ptr<const engine::Bucket>> PublicationRun::CopyToHost(
-    size_t b, const uint8_t* buf, const engine::BucketManifest& manifest) {
+absl::StatusOr<std::shared_ptr<const transport::Bucket>> PublicationRun::CopyToHost(
+    size_t b, const uint8_t* buf, const transport::BucketManifest& manifest) {
   const uint64_t n = plan_.buckets[b].nbytes;
   WPUB_RETURN_IF_ERROR(res_.bounce.Ensure(max_bucket_ + 8, syncs_, "host bucket bounce buffer"));
   WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(res_.bounce.ptr(), buf, n, cudaMemcpyDeviceToHost, s_));
@@ -212,14 +212,14 @@ absl::StatusOr<std::shared_ptr<const engine::Bucket>> PublicationRun::CopyToHost
                                             cudaMemcpyDeviceToHost, s_));
   WPUB_CUDA_RETURN_IF_ERROR(res_.bounce_ready.Record(s_));
   WPUB_RETURN_IF_ERROR(syncs_.EventSynchronize(res_.bounce_ready.get(), "host bucket copy"));
-  auto host = std::make_shared<engine::Bucket>();
+  auto host = std::make_shared<transport::Bucket>();
   host->version = plan_.version;
   host->manifest = manifest;
   host->bytes.assign(res_.bounce.bytes(), res_.bounce.bytes() + n);
   uint64_t sum = 0;
   std::memcpy(&sum, res_.bounce.bytes() + AlignUp(n, 8), 8);
-  host->manifest.checksum = engine::ChecksumFinish(sum, n);
-  return std::shared_ptr<const engine::Bucket>(std::move(host));
+  host->manifest.checksum = transport::ChecksumFinish(sum, n);
+  return std::shared_ptr<const transport::Bucket>(std::move(host));
 }
 
 }  // namespace wpub::gpu::detail

@@ -10,20 +10,20 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
-#include "core/engine/checksum.h"
-#include "core/engine/planner.h"
+#include "core/transport/checksum.h"
+#include "core/transport/planner.h"
 #include "kernels/cuda/nvfp4_cuda.h"
 #include "kernels/cuda/status_kernels.h"
 
 namespace wpub::gpu::detail {
 namespace {
 
-using engine::BucketLayout;
 using engine::InputTensor;
 using engine::OutputKind;
 using engine::PartView;
-using engine::PlacedTensor;
 using kernels::cuda::CountItem;
+using transport::BucketLayout;
+using transport::PlacedTensor;
 }  // namespace
 
 absl::StatusOr<std::span<const engine::WeightPiece>> InputTables::pieces_of(
@@ -363,7 +363,7 @@ absl::Status PublicationRun::CheckBeforeSending() {
     WPUB_ASSIGN_OR_RETURN(uint8_t * buf, BuildBucket(0));
     built_.push_back(buf);
     const HostClock::time_point t_manifest = HostClock::now();
-    first_manifest_ = engine::MakeBucketManifest(plan_.buckets[0], plan_.outputs);
+    first_manifest_ = transport::MakeBucketManifest(plan_.buckets[0], plan_.outputs);
     timing_->host_buckets_seconds += SecondsSince(t_manifest);
   }
   WPUB_RETURN_IF_ERROR(
@@ -406,7 +406,7 @@ absl::StatusOr<engine::ExecutionResult> PublicationRun::Finish(std::vector<uint6
   const auto* sum_host = reinterpret_cast<const uint64_t*>(res_.status_host.bytes() + nf_bytes_);
   checksums->resize(num_buckets_);
   for (size_t b = 0; b < num_buckets_; ++b) {
-    (*checksums)[b] = engine::ChecksumFinish(sum_host[b], plan_.buckets[b].nbytes);
+    (*checksums)[b] = transport::ChecksumFinish(sum_host[b], plan_.buckets[b].nbytes);
   }
   float ms = 0;
   if (amax_first_ &&

@@ -9,7 +9,7 @@
 //   CheckBeforeSending (amax first) every amax and count, one status read, the first bucket
 //                     packed meanwhile; nothing is emitted before the check passes;
 //   BuildBucket       bucket b's device work into staging[b % 2], `ready` recorded;
-//   EmitBucket        bucket b as a device bucket (engine::DeviceBytes) through the hooks;
+//   EmitBucket        bucket b as a device bucket (transport::DeviceBytes) through the hooks;
 //                     its host copy when the transport group asks (CopyToHost);
 //   Finish            one read of the status block and the completion of every transfer.
 // The bucket phases live in backend_buckets.cc, the others in backend_run.cc. Not part of the
@@ -114,8 +114,8 @@ class PublicationRun {
   absl::Status GatherPassthrough(size_t b, uint8_t* buf);
   absl::Status EnqueueQuantize(size_t b, uint8_t* buf);
   absl::Status EmitBucket(size_t b, uint8_t* buf);
-  absl::StatusOr<std::shared_ptr<const engine::Bucket>> CopyToHost(
-      size_t b, const uint8_t* buf, const engine::BucketManifest& manifest);
+  absl::StatusOr<std::shared_ptr<const transport::Bucket>> CopyToHost(
+      size_t b, const uint8_t* buf, const transport::BucketManifest& manifest);
   absl::StatusOr<engine::ExecutionResult> Finish(std::vector<uint64_t>* checksums);
   kernels::cuda::LaunchLimits LimitsOf(size_t b) const;
 
@@ -154,7 +154,7 @@ class PublicationRun {
   float* amax_dev_ = nullptr;
   // Buckets
   std::vector<uint8_t*> built_;  // staging address of each bucket whose work is enqueued
-  std::optional<engine::BucketManifest> first_manifest_;  // made while the host waits
+  std::optional<transport::BucketManifest> first_manifest_;  // made while the host waits
 };
 
 }  // namespace wpub::gpu::detail

@@ -1,7 +1,7 @@
 // The GPU backend (engine::Backend): per bucket, amax/scales/quantize/pack on a compute stream
 // into one of two device staging buffers, a `ready` event, then the bucket is emitted as a
-// device bucket (engine::DeviceBytes, core/engine/bucket.h) through the engine's one road: the
-// transport group hands it to the rollout group (its broadcast waits on `ready` on the comm
+// device bucket (transport::DeviceBytes, core/transport/bucket.h) through the engine's one road:
+// the transport group hands it to the rollout group (its broadcast waits on `ready` on the comm
 // stream and records `done`), and to host-only transports (gRPC-pull receivers) through its host
 // copy, made only when they take part; meanwhile the next bucket is packed into the other
 // buffer. Inputs are read in place: device pointers (CUDA IPC mappings, see ipc_cache.h)
@@ -86,7 +86,7 @@ class GpuBackend : public engine::Backend {
   absl::StatusOr<engine::ExecutionResult> Execute(const engine::ExecutionPlan& plan,
                                                   const engine::ExecutionHooks& hooks) override;
 
-  // Bucket checksums of the last successful Execute, index order (core/engine/checksum.h).
+  // Bucket checksums of the last successful Execute, index order (core/transport/checksum.h).
   const std::vector<uint64_t>& last_checksums() const { return last_checksums_; }
   const GpuTiming& last_timing() const { return last_timing_; }
   cudaStream_t compute_stream() const;

@@ -25,9 +25,9 @@
 #include "absl/strings/str_join.h"
 #include "core/common/json_bounds.h"
 #include "core/common/status.h"
-#include "core/engine/checksum.h"
 #include "core/policy/policy.h"
 #include "core/safetensors/safetensors.h"
+#include "core/transport/checksum.h"
 #include "kernels/nvfp4_math.h"
 
 namespace wpub::inspect {
@@ -253,7 +253,7 @@ void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
 std::vector<uint64_t> Checksums(const std::vector<Tensor>& tensors, int threads) {
   std::vector<uint64_t> out(tensors.size());
   ParallelFor(tensors.size(), threads, [&](size_t i) {
-    out[i] = engine::Checksum(tensors[i].bytes.data(), tensors[i].bytes.size());
+    out[i] = transport::Checksum(tensors[i].bytes.data(), tensors[i].bytes.size());
   });
   return out;
 }
@@ -268,7 +268,7 @@ uint64_t Digest(const std::vector<TensorRow>& rows) {
     for (int64_t d : r.shape) buf.append(reinterpret_cast<const char*>(&d), sizeof d);
     buf.append(reinterpret_cast<const char*>(&r.checksum), sizeof r.checksum);
   }
-  return engine::Checksum(reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
+  return transport::Checksum(reinterpret_cast<const uint8_t*>(buf.data()), buf.size());
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 // reading names (engines would expect NVFP4 there), NVFP4 modules under a quant_algo that is
 // not an FP4 one; the exclude checks are skipped for MIXED_PRECISION configs.
 //
-// Checksums are the project's 64-bit bucket checksum (core/engine/checksum.h) over each tensor's
+// Checksums are the project's 64-bit bucket checksum (core/transport/checksum.h) over each tensor's
 // bytes; a snapshot's digest is that checksum over the (name length, name, dtype, rank, shape,
 // checksum) of every tensor in name order, so two snapshots with one digest hold the same bytes
 // under the same names, whatever their sharding -- against accidents, not tampering (the

@@ -136,8 +136,8 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
   Add(bytes, active ? static_cast<double>(s.active->bytes_sent) : 0, {{"stage", "sent"}});
   for (auto* f : {&in_flight, &version, &age, &bytes}) out.push_back(std::move(*f));
 
-  std::map<std::string, const engine::ReceiverInfo*> by_name;
-  for (const engine::ReceiverInfo& r : s.receivers) by_name.emplace(r.name, &r);
+  std::map<std::string, const transport::ReceiverInfo*> by_name;
+  for (const transport::ReceiverInfo& r : s.receivers) by_name.emplace(r.name, &r);
   auto last =
       Family("wpub_receiver_last_committed_version",
              "The last version each receiver (engine) was told to commit", MetricType::Gauge);
@@ -148,12 +148,12 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
   for (const auto& [name, r] : by_name) {
     if (listed++ == kMaxReceiverSeries) break;
     Add(last, static_cast<double>(r->last_committed_version), {{"receiver", name}});
-    for (engine::ReceiverState st :
-         {engine::ReceiverState::kIdle, engine::ReceiverState::kReceiving,
-          engine::ReceiverState::kStaged, engine::ReceiverState::kFailed,
-          engine::ReceiverState::kLeft, engine::ReceiverState::kDirty}) {
+    for (transport::ReceiverState st :
+         {transport::ReceiverState::kIdle, transport::ReceiverState::kReceiving,
+          transport::ReceiverState::kStaged, transport::ReceiverState::kFailed,
+          transport::ReceiverState::kLeft, transport::ReceiverState::kDirty}) {
       Add(state, r->state == st ? 1 : 0,
-          {{"receiver", name}, {"state", engine::ReceiverStateName(st)}});
+          {{"receiver", name}, {"state", transport::ReceiverStateName(st)}});
     }
   }
   auto unlisted =

@@ -89,10 +89,10 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
                         .Name(kEngines)
                         .Help("Connected receivers (engines), by state")
                         .Register(*registry);
-    for (auto s : {engine::ReceiverState::kIdle, engine::ReceiverState::kReceiving,
-                   engine::ReceiverState::kStaged, engine::ReceiverState::kFailed,
-                   engine::ReceiverState::kLeft, engine::ReceiverState::kDirty}) {
-      const std::string name = engine::ReceiverStateName(s);
+    for (auto s : {transport::ReceiverState::kIdle, transport::ReceiverState::kReceiving,
+                   transport::ReceiverState::kStaged, transport::ReceiverState::kFailed,
+                   transport::ReceiverState::kLeft, transport::ReceiverState::kDirty}) {
+      const std::string name = transport::ReceiverStateName(s);
       m->engines_[name] = &engines.Add({{"state", name}});
     }
     m->last_committed_version_ = &prometheus::BuildGauge()
@@ -104,9 +104,10 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
                          .Name(kEngineFailuresTotal)
                          .Help("Receivers (engines) that failed a publication, by reason")
                          .Register(*registry);
-    for (auto f : {engine::ReceiverFailure::kChecksum, engine::ReceiverFailure::kTimeout,
-                   engine::ReceiverFailure::kDisconnected, engine::ReceiverFailure::kProtocol}) {
-      const std::string name = engine::ReceiverFailureName(f);
+    for (auto f :
+         {transport::ReceiverFailure::kChecksum, transport::ReceiverFailure::kTimeout,
+          transport::ReceiverFailure::kDisconnected, transport::ReceiverFailure::kProtocol}) {
+      const std::string name = transport::ReceiverFailureName(f);
       m->failures_[name] = &failures.Add({{"reason", name}});
     }
     auto& attempts = prometheus::BuildHistogram()
@@ -140,9 +141,9 @@ void EngineMetrics::RecordReport(const engine::PublicationReport& r) {
   host_syncs_total_->Increment(static_cast<double>(r.host_syncs));
   publication_host_syncs_->Set(static_cast<double>(r.host_syncs));
   attempt_seconds_[engine::PublicationStatusName(r.status)]->Observe(r.wall_seconds);
-  for (const engine::ReceiverOutcome& o : r.receivers) {
-    if (o.failure == engine::ReceiverFailure::kNone) continue;
-    failures_[engine::ReceiverFailureName(o.failure)]->Increment();
+  for (const transport::ReceiverOutcome& o : r.receivers) {
+    if (o.failure == transport::ReceiverFailure::kNone) continue;
+    failures_[transport::ReceiverFailureName(o.failure)]->Increment();
     auto it = receiver_failures_by_name_.find(o.name);
     if (it == receiver_failures_by_name_.end()) {
       const std::string label =
@@ -173,11 +174,12 @@ void EngineMetrics::RecordReport(const engine::PublicationReport& r) {
   if (r.receivers.empty()) without_receivers_->Increment();
 }
 
-void EngineMetrics::SetReceivers(const std::vector<engine::ReceiverInfo>& receivers) {
+void EngineMetrics::SetReceivers(const std::vector<transport::ReceiverInfo>& receivers) {
   std::lock_guard lock(mu_);
   std::map<std::string, double> counts;
   for (const auto& [name, gauge] : engines_) counts[name] = 0;
-  for (const engine::ReceiverInfo& r : receivers) counts[engine::ReceiverStateName(r.state)] += 1;
+  for (const transport::ReceiverInfo& r : receivers)
+    counts[transport::ReceiverStateName(r.state)] += 1;
   for (const auto& [name, gauge] : engines_) gauge->Set(counts[name]);
 }
 

@@ -64,7 +64,7 @@ class EngineMetrics {
   void RecordReport(const engine::PublicationReport& report);
 
   // wpub_engines{state}: the number of connected receivers in each state.
-  void SetReceivers(const std::vector<engine::ReceiverInfo>& receivers);
+  void SetReceivers(const std::vector<transport::ReceiverInfo>& receivers);
 
   // The policy cache's monotonic totals; the counters advance by the difference to the last
   // call (never backwards).

@@ -32,9 +32,9 @@ NcclTransport::~NcclTransport() {
   if (comm_stream_.get() != nullptr) (void)comm_stream_.Synchronize();
 }
 
-absl::StatusOr<rollout::GroupId> NcclTransport::NewId() { return NewUniqueId(); }
+absl::StatusOr<transport::GroupId> NcclTransport::NewId() { return NewUniqueId(); }
 
-absl::Status NcclTransport::Open(int world_size, const rollout::GroupId& id,
+absl::Status NcclTransport::Open(int world_size, const transport::GroupId& id,
                                  std::function<std::string(int rank)> rank_name) {
   NcclCommOptions co;
   co.device = options_.device;
@@ -64,7 +64,7 @@ bool NcclTransport::usable() const {
   return comm_ != nullptr && !comm_->aborted();
 }
 
-void NcclTransport::Begin(PublicationWatch watch) {
+void NcclTransport::Begin(transport::PublicationWatch watch) {
   StopWatchdog();  // left running by an abort from another thread
   {
     std::lock_guard lock(mu_);
@@ -77,7 +77,8 @@ void NcclTransport::Begin(PublicationWatch watch) {
 
 void NcclTransport::End() { StopWatchdog(); }
 
-absl::Status NcclTransport::Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) {
+absl::Status NcclTransport::Send(const transport::Bucket& bucket,
+                                 absl::Span<const uint64_t> chunks) {
   WPUB_RETURN_IF_ERROR(failure());
   uint64_t sum = 0;
   for (uint64_t c : chunks) sum += c;
@@ -86,12 +87,12 @@ absl::Status NcclTransport::Send(const engine::Bucket& bucket, absl::Span<const 
                                                    sum, " bytes for a bucket of ",
                                                    bucket.manifest.nbytes));
   }
-  if (bucket.location == engine::BucketLocation::kHost) return SendHost(bucket, chunks);
-  const engine::DeviceBytes& d = bucket.device;
+  if (bucket.location == transport::BucketLocation::kHost) return SendHost(bucket, chunks);
+  const transport::DeviceBytes& d = bucket.device;
   return Broadcast(d.data, bucket.manifest.nbytes, d.ready, d.done, bucket.manifest.index, chunks);
 }
 
-absl::Status NcclTransport::SendHost(const engine::Bucket& bucket,
+absl::Status NcclTransport::SendHost(const transport::Bucket& bucket,
                                      absl::Span<const uint64_t> chunks) {
   const uint64_t n = bucket.bytes.size();
   // The previous host bucket's broadcast must be done before its buffer is overwritten.

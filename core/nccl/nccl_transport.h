@@ -5,7 +5,7 @@
 // can hang). Who the peers are, how they join and what they are told is the rollout group's
 // (core/rollout/rollout_group.h): this class knows buckets and a communicator only.
 //
-// Per bucket: a device bucket (engine::DeviceBytes) is broadcast from the producer's staging
+// Per bucket: a device bucket (transport::DeviceBytes) is broadcast from the producer's staging
 // buffer after its `ready` event and `done` is recorded behind the broadcast; a host bucket is
 // first copied into a device staging buffer of this transport (one uncounted wait per bucket
 // for that buffer's previous broadcast). Nothing here synchronizes the device per bucket.
@@ -29,9 +29,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/engine/bucket.h"
 #include "core/nccl/nccl_comm.h"
-#include "core/rollout/group_channel.h"
+#include "core/transport/bucket.h"
+#include "core/transport/group_channel.h"
 #include "kernels/cuda/cuda_raii.h"
 
 namespace wpub::nccl {
@@ -43,9 +43,7 @@ struct NcclTransportOptions {
   int ctas = 0;
 };
 
-using rollout::PublicationWatch;  // core/rollout/group_channel.h
-
-class NcclTransport final : public rollout::GroupChannel {
+class NcclTransport final : public transport::GroupChannel {
  public:
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(const NcclTransportOptions& options);
   // Stops the watchdog, aborts the communicator, waits for the comm stream.
@@ -55,8 +53,8 @@ class NcclTransport final : public rollout::GroupChannel {
 
   // GroupChannel: ncclGetUniqueId; a nonblocking communicator as rank 0 on options.device with
   // options.ctas (its errors name ranks with `rank_name`); Attach(nullptr); the loaded NCCL.
-  absl::StatusOr<rollout::GroupId> NewId() override;
-  absl::Status Open(int world_size, const rollout::GroupId& id,
+  absl::StatusOr<transport::GroupId> NewId() override;
+  absl::Status Open(int world_size, const transport::GroupId& id,
                     std::function<std::string(int rank)> rank_name) override;
   void Close() override { Attach(nullptr); }
   std::string Describe() const override;
@@ -68,14 +66,14 @@ class NcclTransport final : public rollout::GroupChannel {
   bool usable() const override;
 
   // Starts a publication: forgets the previous one's failure and starts the watchdog.
-  void Begin(PublicationWatch watch) override;
+  void Begin(transport::PublicationWatch watch) override;
   // One bucket from rank 0 (see the file comment); waits for the communicator to be ready
   // before the first one, bounded by the deadline. ABORTED with the failure on any error (the
   // communicator is then aborted).
   // `chunks`: the byte sizes of the broadcasts the bucket is sent as, in order, summing to its
   // size (vLLM's packed chunks); empty: one broadcast of the whole bucket. INVALID_ARGUMENT
   // when they do not add up.
-  absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) override;
+  absl::Status Send(const transport::Bucket& bucket, absl::Span<const uint64_t> chunks) override;
   // vLLM's communicators run a one-element float32 sum all-reduce right after init, and every
   // rank must match it before the first broadcast: waits (bounded by `deadline`) for the
   // communicator to become ready, runs that all-reduce and waits for it on the device (polled).
@@ -108,7 +106,7 @@ class NcclTransport final : public rollout::GroupChannel {
   void StopWatchdog();
   absl::Status Broadcast(const void* data, uint64_t nbytes, cudaEvent_t ready, cudaEvent_t done,
                          uint32_t index, absl::Span<const uint64_t> chunks);
-  absl::Status SendHost(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks);
+  absl::Status SendHost(const transport::Bucket& bucket, absl::Span<const uint64_t> chunks);
 
   const NcclTransportOptions options_;
   kernels::cuda::Stream comm_stream_;
@@ -118,8 +116,8 @@ class NcclTransport final : public rollout::GroupChannel {
   // 2 per broadcast (start, end), grown on demand: last_broadcast_timing, and the last end event
   // is what WaitSent polls.
   std::vector<kernels::cuda::Event> bcast_events_;
-  size_t bcast_count_ = 0;  // broadcasts of the current publication
-  PublicationWatch watch_;  // publication thread (the watchdog reads it while it runs)
+  size_t bcast_count_ = 0;             // broadcasts of the current publication
+  transport::PublicationWatch watch_;  // publication thread (the watchdog reads it while it runs)
 
   mutable std::mutex mu_;
   std::unique_ptr<NcclComm> comm_;  // guarded by mu_ for replacement; used by one thread

@@ -120,10 +120,10 @@ class EngineDriver {
   virtual void BeginPublication(uint64_t version, bool lifecycle_calls) = 0;
   // Queues the update request of one bucket (non-blocking; the engine posts its receive in the
   // request's handler, so the caller issues it before the bucket's broadcast).
-  virtual void PostBucket(const engine::BucketManifest& bucket) = 0;
+  virtual void PostBucket(const transport::BucketManifest& bucket) = 0;
   // The broadcasts one bucket is sent as, by byte size in order (the engines receive it in
   // these pieces): the whole bucket for SGLang's flattened bucket, vLLM's packed chunks.
-  virtual std::vector<uint64_t> BroadcastChunks(const engine::BucketManifest& bucket) const {
+  virtual std::vector<uint64_t> BroadcastChunks(const transport::BucketManifest& bucket) const {
     return {bucket.nbytes};
   }
   // Queues the calls that apply the version and resume generation.

@@ -2,7 +2,7 @@
 // TCPStore, communicator and protocol), and the engine connector that splits a ConnectEngines
 // request by family between them. The engine drives both groups as transports; the transport
 // group hands the device bucket to the first one with engines and the host copy to the other
-// (core/engine/transport_group.h), so a publication to both families costs one device-to-host
+// (core/transport/transport_group.h), so a publication to both families costs one device-to-host
 // copy per bucket more than a publication to one.
 #pragma once
 

@@ -16,15 +16,15 @@ namespace {
 // How long an abort waits for the engines to take its closing calls and resumes.
 constexpr absl::Duration kAbortSettle = absl::Seconds(5);
 
-engine::ReceiverFailure Classify(const std::string& error) {
+transport::ReceiverFailure Classify(const std::string& error) {
   if (error.find("imed out") != std::string::npos || error.find("eadline") != std::string::npos ||
       error.find("Read") != std::string::npos) {
-    return engine::ReceiverFailure::kTimeout;
+    return transport::ReceiverFailure::kTimeout;
   }
   if (error.find("Connection") != std::string::npos || error.find("NCCL") != std::string::npos) {
-    return engine::ReceiverFailure::kDisconnected;
+    return transport::ReceiverFailure::kDisconnected;
   }
-  return engine::ReceiverFailure::kProtocol;
+  return transport::ReceiverFailure::kProtocol;
 }
 
 // `engines` with `token` as the bearer token of each that has none of its own.
@@ -45,7 +45,7 @@ std::string NewIncarnation() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
-    const RolloutGroupOptions& options, std::unique_ptr<GroupChannel> channel) {
+    const RolloutGroupOptions& options, std::unique_ptr<transport::GroupChannel> channel) {
   if (channel == nullptr) return absl::InvalidArgumentError("rollout group: no channel");
   if (!options.engines.empty()) {
     // The initial set obeys the same rules as a ConnectEngines request.
@@ -115,13 +115,13 @@ void RolloutGroup::PublishInfo() {
     const std::vector<EngineSpec>& members = driver_->engines();
     for (size_t i = 0; i < members.size(); ++i) {
       g.engines.push_back(
-          {members[i].url, members[i].gpus, l.rank_offsets[i], engine::ReceiverState::kIdle});
+          {members[i].url, members[i].gpus, l.rank_offsets[i], transport::ReceiverState::kIdle});
     }
   } else {
     // No group: the engine set the next Begin forms one with (empty after a failed Connect).
     int next = 1;
     for (const EngineSpec& e : engines_) {
-      g.engines.push_back({e.url, e.gpus, next, engine::ReceiverState::kLeft});
+      g.engines.push_back({e.url, e.gpus, next, transport::ReceiverState::kLeft});
       next += e.gpus;
     }
   }
@@ -240,7 +240,7 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   address.group_name = absl::StrCat(base_group, "_", incarnation_, "_", generation);
   // Everything that may fail before an engine is asked to join comes first, so a failure here
   // leaves no group behind.
-  WPUB_ASSIGN_OR_RETURN(const GroupId id, channel_->NewId());
+  WPUB_ASSIGN_OR_RETURN(const transport::GroupId id, channel_->NewId());
   if (std::optional<std::vector<EngineFamily::StoreEntry>> entries =
           family_->UniqueIdEntries(absl::MakeConstSpan(id))) {
     for (const auto& [key, value] : *entries) {
@@ -339,22 +339,22 @@ engine::EngineGroupInfo RolloutGroup::Group() const {
   // Live state: a failure or an abort since the snapshot marks the group down.
   g.healthy = g.healthy && formed_ && channel_->usable();
   for (engine::ConnectedEngine& e : g.engines) {
-    if (e.state == engine::ReceiverState::kLeft) continue;
-    e.state = !g.healthy   ? engine::ReceiverState::kFailed
-              : in_flight_ ? engine::ReceiverState::kReceiving
-                           : engine::ReceiverState::kIdle;
+    if (e.state == transport::ReceiverState::kLeft) continue;
+    e.state = !g.healthy   ? transport::ReceiverState::kFailed
+              : in_flight_ ? transport::ReceiverState::kReceiving
+                           : transport::ReceiverState::kIdle;
     // Paused with a possible mix of versions until a complete one reaches it.
-    if (dirty.count(e.url) && e.state != engine::ReceiverState::kReceiving) {
-      e.state = engine::ReceiverState::kDirty;
+    if (dirty.count(e.url) && e.state != transport::ReceiverState::kReceiving) {
+      e.state = transport::ReceiverState::kDirty;
     }
   }
   return g;
 }
 
-engine::TransportCapabilities RolloutGroup::capabilities() const {
-  engine::TransportCapabilities c;
+transport::TransportCapabilities RolloutGroup::capabilities() const {
+  transport::TransportCapabilities c;
   c.name = "nccl";
-  c.accepts = engine::kHostOrDevice;
+  c.accepts = transport::kHostOrDevice;
   c.receiver_paced = false;
   c.acknowledges_checksums = false;
   c.applies_on_receipt = true;  // engines load each bucket into their live weights
@@ -370,7 +370,8 @@ absl::Status RolloutGroup::EngineFailure() const {
   return absl::AbortedError(absl::StrJoin(errs, "; "));
 }
 
-absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::PublicationManifest& m) {
+absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
+    const transport::PublicationManifest& m) {
   std::lock_guard connect_lock(connect_mu_);
   if (in_flight_) {
     return absl::FailedPreconditionError(
@@ -394,7 +395,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
   version_ = m.version;
   in_flight_ = true;
   publication_deadline_ = absl::Now() + options_.publication_deadline;
-  PublicationWatch watch;
+  transport::PublicationWatch watch;
   watch.deadline = publication_deadline_;
   watch.deadline_message = absl::StrCat(
       "publication ", m.version, " did not reach every engine within ",
@@ -413,7 +414,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(const engine::Publi
   return names;
 }
 
-absl::Status RolloutGroup::Send(std::shared_ptr<const engine::Bucket> bucket) {
+absl::Status RolloutGroup::Send(std::shared_ptr<const transport::Bucket> bucket) {
   if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
   if (!driver_) return absl::OkStatus();  // no engines: no participants
   WPUB_RETURN_IF_ERROR(channel_->failure());
@@ -519,7 +520,7 @@ std::vector<std::string> RolloutGroup::dirty_engines() const {
   return std::vector<std::string>(dirty_.begin(), dirty_.end());
 }
 
-std::vector<engine::ReceiverOutcome> RolloutGroup::Outcomes() const {
+std::vector<transport::ReceiverOutcome> RolloutGroup::Outcomes() const {
   if (!driver_) return {};
   const absl::Status f = channel_->failure();
   const std::vector<EngineOutcome> outcomes = driver_->outcomes();
@@ -530,19 +531,20 @@ std::vector<engine::ReceiverOutcome> RolloutGroup::Outcomes() const {
     std::lock_guard lock(info_mu_);
     dirty = dirty_;
   }
-  std::vector<engine::ReceiverOutcome> out;
+  std::vector<transport::ReceiverOutcome> out;
   for (const EngineOutcome& o : outcomes) {
-    engine::ReceiverOutcome r;
+    transport::ReceiverOutcome r;
     r.name = o.url;
     // Holds part of a version that has not committed: left dirty by an abort, or (in flight)
     // it would be if this attempt ended now.
     r.dirty = dirty.count(o.url) > 0 || (in_flight_ && o.updates_sent > 0);
     if (o.failed || (!f.ok() && !any_engine_failed)) {
-      r.state = engine::ReceiverState::kFailed;
+      r.state = transport::ReceiverState::kFailed;
       r.error = o.failed ? o.error : std::string(f.message());
       r.failure = Classify(r.error);
     } else {
-      r.state = in_flight_ ? engine::ReceiverState::kReceiving : engine::ReceiverState::kStaged;
+      r.state =
+          in_flight_ ? transport::ReceiverState::kReceiving : transport::ReceiverState::kStaged;
       r.committed = !in_flight_ && f.ok();
     }
     out.push_back(std::move(r));
@@ -550,12 +552,13 @@ std::vector<engine::ReceiverOutcome> RolloutGroup::Outcomes() const {
   return out;
 }
 
-std::vector<engine::ReceiverInfo> RolloutGroup::Receivers() const {
-  std::vector<engine::ReceiverInfo> out;
+std::vector<transport::ReceiverInfo> RolloutGroup::Receivers() const {
+  std::vector<transport::ReceiverInfo> out;
   for (const engine::ConnectedEngine& e : Group().engines) {
-    engine::ReceiverInfo r;
+    transport::ReceiverInfo r;
     r.name = e.url;
-    r.state = e.state == engine::ReceiverState::kFailed ? engine::ReceiverState::kLeft : e.state;
+    r.state =
+        e.state == transport::ReceiverState::kFailed ? transport::ReceiverState::kLeft : e.state;
     out.push_back(std::move(r));
   }
   // Dirty engines no longer in the group (it re-formed without them) are still paused.
@@ -563,9 +566,9 @@ std::vector<engine::ReceiverInfo> RolloutGroup::Receivers() const {
   for (const auto& r : out) listed.insert(r.name);
   for (const std::string& url : dirty_engines()) {
     if (listed.count(url)) continue;
-    engine::ReceiverInfo r;
+    transport::ReceiverInfo r;
     r.name = url;
-    r.state = engine::ReceiverState::kDirty;
+    r.state = transport::ReceiverState::kDirty;
     out.push_back(std::move(r));
   }
   return out;

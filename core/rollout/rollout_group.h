@@ -1,4 +1,4 @@
-// The rollout engines of the GPU path as one weight-update group: the engine::Transport the
+// The rollout engines of the GPU path as one weight-update group: the transport::Transport the
 // engine drives for them and the engine::EngineConnector behind ConnectEngines. wpubd is rank 0:
 // the group serves the TCPStore rendezvous (core/rendezvous), puts the group id (NCCL's unique
 // id) under the keys torch.distributed reads, opens rank 0 on its channel (group_channel.h: the
@@ -29,7 +29,7 @@
 // dirty: left paused, reported with state "dirty" (Receivers, Group, Outcomes) until a
 // publication commits on them (the engine's retry of the same version, or the next one).
 //
-// Transport contract (core/engine/transport.h) with these specifics: participants are the
+// Transport contract (core/transport/transport.h) with these specifics: participants are the
 // engine URLs; buckets are taken in host or device memory; acknowledgements are the engines'
 // HTTP answers (acknowledges_checksums is false); Commit sends the family's end calls.
 // Thread-safety: as the interface says (Abort from any thread; the rest from the publication
@@ -48,13 +48,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/engine/engine.h"
-#include "core/engine/transport.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/engine_driver.h"
 #include "core/rollout/family_router.h"
-#include "core/rollout/group_channel.h"
 #include "core/rollout/sglang_driver.h"
 #include "core/rollout/vllm_driver.h"
+#include "core/transport/group_channel.h"
+#include "core/transport/transport.h"
 
 namespace wpub::rollout {
 
@@ -94,14 +94,14 @@ struct RolloutGroupOptions {
   int nccl_ctas = 0;
 };
 
-class RolloutGroup final : public engine::Transport, public FamilyConnector {
+class RolloutGroup final : public transport::Transport, public FamilyConnector {
  public:
   // Starts the TCPStore server and takes `channel` for the bytes; forms no group yet (the first
   // Begin or Connect does). INVALID_ARGUMENT for an initial engine set ConnectEngines would
   // refuse, an empty group name, no unique-id key template or no channel. (options.device and
   // options.nccl_ctas are the NCCL channel's, which the one-argument Create makes.)
   static absl::StatusOr<std::unique_ptr<RolloutGroup>> Create(
-      const RolloutGroupOptions& options, std::unique_ptr<GroupChannel> channel);
+      const RolloutGroupOptions& options, std::unique_ptr<transport::GroupChannel> channel);
   // The same over NCCL: an nccl::NcclTransport on options.device with options.nccl_ctas
   // (INVALID_ARGUMENT outside [0, 64], before any device call). Defined in the NCCL build only
   // (wpub::rollout_group: rollout_group_nccl.cc).
@@ -126,15 +126,15 @@ class RolloutGroup final : public engine::Transport, public FamilyConnector {
   // group of a daemon that died without leaving it).
   const std::string& incarnation() const { return incarnation_; }
 
-  engine::TransportCapabilities capabilities() const override;
-  absl::StatusOr<std::vector<std::string>> Begin(const engine::PublicationManifest& m) override;
+  transport::TransportCapabilities capabilities() const override;
+  absl::StatusOr<std::vector<std::string>> Begin(const transport::PublicationManifest& m) override;
   // The bucket's update request to every engine, then its broadcast (host or device bytes).
-  absl::Status Send(std::shared_ptr<const engine::Bucket> bucket) override;
+  absl::Status Send(std::shared_ptr<const transport::Bucket> bucket) override;
   absl::Status WaitAcknowledged(absl::Time deadline) override;
   absl::Status Commit() override;
   void Abort(absl::string_view reason) override;
-  std::vector<engine::ReceiverOutcome> Outcomes() const override;
-  std::vector<engine::ReceiverInfo> Receivers() const override;
+  std::vector<transport::ReceiverOutcome> Outcomes() const override;
+  std::vector<transport::ReceiverInfo> Receivers() const override;
   // FamilyConnector: tears the group down (the engines are asked to leave) and forgets the engine
   // set. FAILED_PRECONDITION while a publication is in flight.
   absl::Status Disconnect() override;
@@ -144,7 +144,7 @@ class RolloutGroup final : public engine::Transport, public FamilyConnector {
   // Engines left paused by an aborted publication (see the file comment).
   std::vector<std::string> dirty_engines() const;
   // The bytes' side (NCCL's: nccl::NcclTransport, for its broadcast timings).
-  const GroupChannel& channel() const { return *channel_; }
+  const transport::GroupChannel& channel() const { return *channel_; }
 
  private:
   RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const EngineFamily> family);
@@ -181,7 +181,7 @@ class RolloutGroup final : public engine::Transport, public FamilyConnector {
   std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
   std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
-  std::unique_ptr<GroupChannel> channel_;
+  std::unique_ptr<transport::GroupChannel> channel_;
 
   // Group state (publication thread, or a Connect under connect_mu_).
   std::unique_ptr<EngineDriver> driver_;

@@ -54,7 +54,7 @@ std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, si
   return j.dump();
 }
 
-std::string UpdateBody(const SglangDriverOptions& o, const engine::BucketManifest& bucket,
+std::string UpdateBody(const SglangDriverOptions& o, const transport::BucketManifest& bucket,
                        const std::string& load_format, const std::string& version) {
   UpdateRequestFields f;
   f.group_name = o.group_name;
@@ -157,7 +157,7 @@ void SglangDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   PostAll("POST", e.begin, "{}", [](EngineRequest& r) { r.opens = true; });
 }
 
-void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
+void SglangDriver::PostBucket(const transport::BucketManifest& bucket) {
   const std::string& path = options_.endpoints.update;
   if (path.empty()) return;
   std::lock_guard lock(post_mu_);
@@ -177,12 +177,12 @@ void SglangDriver::PostBucket(const engine::BucketManifest& bucket) {
   }
 }
 
-std::vector<uint64_t> SglangDriver::BroadcastChunks(const engine::BucketManifest& bucket) const {
+std::vector<uint64_t> SglangDriver::BroadcastChunks(const transport::BucketManifest& bucket) const {
   if (!load_format_.empty()) return {bucket.nbytes};
   // Per tensor, in request order: the planner lays a bucket's tensors back to back in that
   // order (engines.md), so these sizes cut the bucket's bytes into the tensors.
   std::vector<uint64_t> chunks;
-  for (const engine::ManifestTensor& t : bucket.tensors) chunks.push_back(t.nbytes);
+  for (const transport::ManifestTensor& t : bucket.tensors) chunks.push_back(t.nbytes);
   return chunks;
 }
 

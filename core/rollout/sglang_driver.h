@@ -115,7 +115,7 @@ class SglangDriver final : public EngineDriver {
   // Starts a publication: resets outcomes, then queues pause, flush, begin per engine.
   void BeginPublication(uint64_t version, bool lifecycle_calls) override;
   // Queues the update request of one bucket (non-blocking; in order per engine).
-  void PostBucket(const engine::BucketManifest& bucket) override;
+  void PostBucket(const transport::BucketManifest& bucket) override;
   // Queues version, end, continue.
   void EndPublication() override;
   // After an aborted publication: drops the requests not yet sent and ends the publication
@@ -135,7 +135,7 @@ class SglangDriver final : public EngineDriver {
   bool any_failed() const override;
   // One broadcast per tensor when the group receives per-tensor broadcasts (an engine lacks the
   // flattened bucket, or the endpoints' load_format is empty); else the whole bucket.
-  std::vector<uint64_t> BroadcastChunks(const engine::BucketManifest& bucket) const override;
+  std::vector<uint64_t> BroadcastChunks(const transport::BucketManifest& bucket) const override;
   // The load_format update requests carry ("" : per-tensor broadcasts).
   const std::string& load_format() const { return load_format_; }
 
@@ -201,7 +201,7 @@ class SglangFamily final : public EngineFamily {
 // `version` empty: no weight_version field.
 std::string InitGroupBody(const SglangDriverOptions& options, const GroupLayout& layout,
                           size_t engine);
-std::string UpdateBody(const SglangDriverOptions& options, const engine::BucketManifest& bucket,
+std::string UpdateBody(const SglangDriverOptions& options, const transport::BucketManifest& bucket,
                        const std::string& load_format, const std::string& version);
 
 // An SGLang release ("0.5.5.post3", "v0.5.16") before `minimum` ("0.5.6"), compared by their

@@ -41,11 +41,11 @@ void AppendInt(std::string& out, int64_t v) {
 
 }  // namespace
 
-std::string EncodeUpdateRequest(const std::vector<engine::ManifestTensor>& tensors,
+std::string EncodeUpdateRequest(const std::vector<transport::ManifestTensor>& tensors,
                                 const UpdateRequestFields& fields) {
   std::string out;
   size_t estimate = 256 + fields.group_name.size();
-  for (const engine::ManifestTensor& t : tensors) estimate += t.name.size() + 40;
+  for (const transport::ManifestTensor& t : tensors) estimate += t.name.size() + 40;
   out.reserve(estimate);
   out += "{\"names\":[";
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -212,7 +212,7 @@ absl::StatusOr<UpdateRequest> DecodeUpdateRequest(std::string_view body) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor ", i, ": name and dtype must be strings, shape an array"));
     }
-    engine::ManifestTensor t;
+    transport::ManifestTensor t;
     t.name = *std::move(names[i]);
     absl::StatusOr<DType> dtype = ParseDType(absl::string_view(*dtypes[i]));
     if (!dtype.ok()) {

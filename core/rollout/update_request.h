@@ -31,13 +31,13 @@ struct UpdateRequestFields {
 
 // The request body as one JSON object. Tensor names are UTF-8 (ingestion checks); a byte
 // sequence that is not is replaced with U+FFFD rather than failing the publication.
-std::string EncodeUpdateRequest(const std::vector<engine::ManifestTensor>& tensors,
+std::string EncodeUpdateRequest(const std::vector<transport::ManifestTensor>& tensors,
                                 const UpdateRequestFields& fields);
 
 struct UpdateRequest {
   UpdateRequestFields fields;  // load_format and flush_cache as sent (defaults when absent)
   // Offsets and sizes laid out back to back from the dtypes and shapes.
-  std::vector<engine::ManifestTensor> tensors;
+  std::vector<transport::ManifestTensor> tensors;
   uint64_t nbytes = 0;  // the bucket's size: the sum of the tensors' sizes
 };
 

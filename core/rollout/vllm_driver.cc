@@ -39,10 +39,10 @@ std::string VllmAnswer(const std::string& what, const std::string& body) {
 
 }  // namespace
 
-std::vector<uint64_t> VllmPackedChunks(const engine::BucketManifest& bucket, uint64_t limit) {
+std::vector<uint64_t> VllmPackedChunks(const transport::BucketManifest& bucket, uint64_t limit) {
   std::vector<uint64_t> chunks;
   uint64_t total = 0;
-  for (const engine::ManifestTensor& t : bucket.tensors) {
+  for (const transport::ManifestTensor& t : bucket.tensors) {
     total += t.nbytes;
     if (total > limit) {
       chunks.push_back(total);
@@ -80,10 +80,10 @@ std::string VllmInitBody(const VllmDriverOptions& o, const GroupLayout& g, size_
   return json{{"init_info", info}}.dump();
 }
 
-std::string VllmUpdateBody(const VllmDriverOptions& o, const engine::BucketManifest& bucket,
+std::string VllmUpdateBody(const VllmDriverOptions& o, const transport::BucketManifest& bucket,
                            bool packing) {
   json names = json::array(), dtypes = json::array(), shapes = json::array();
-  for (const engine::ManifestTensor& t : bucket.tensors) {
+  for (const transport::ManifestTensor& t : bucket.tensors) {
     names.push_back(t.name);
     dtypes.push_back(std::string(DTypeName(t.dtype)));
     json shape = json::array();
@@ -176,7 +176,7 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   });
 }
 
-void VllmDriver::PostBucket(const engine::BucketManifest& bucket) {
+void VllmDriver::PostBucket(const transport::BucketManifest& bucket) {
   std::lock_guard lock(post_mu_);
   if (closed_) return;
   std::shared_ptr<const std::string> plain, packing;
@@ -191,7 +191,7 @@ void VllmDriver::PostBucket(const engine::BucketManifest& bucket) {
   }
 }
 
-std::vector<uint64_t> VllmDriver::BroadcastChunks(const engine::BucketManifest& bucket) const {
+std::vector<uint64_t> VllmDriver::BroadcastChunks(const transport::BucketManifest& bucket) const {
   return VllmPackedChunks(bucket, options_.packed_buffer_bytes);
 }
 

@@ -69,8 +69,8 @@ class VllmDriver final : public EngineDriver {
   void StartJoin() override;
   absl::Status WaitIdle(absl::Time deadline) override;
   void BeginPublication(uint64_t version, bool lifecycle_calls) override;
-  void PostBucket(const engine::BucketManifest& bucket) override;
-  std::vector<uint64_t> BroadcastChunks(const engine::BucketManifest& bucket) const override;
+  void PostBucket(const transport::BucketManifest& bucket) override;
+  std::vector<uint64_t> BroadcastChunks(const transport::BucketManifest& bucket) const override;
   void EndPublication() override;
   std::vector<bool> ResumeAfterAbort(const std::set<std::string>& dirty = {}) override;
   void Leave() override;
@@ -96,7 +96,7 @@ class VllmDriver final : public EngineDriver {
 // vLLM's packed chunks of a bucket (its tensors in offset order, back to back): byte sizes, in
 // order, summing to the bucket's size. A chunk closes after the tensor that takes it past
 // `limit`; what remains is the last chunk.
-std::vector<uint64_t> VllmPackedChunks(const engine::BucketManifest& bucket, uint64_t limit);
+std::vector<uint64_t> VllmPackedChunks(const transport::BucketManifest& bucket, uint64_t limit);
 
 // The pickle (protocol 3) of vLLM's ctypes `ncclUniqueId` holding `id`: what
 // StatelessProcessGroup.broadcast_obj stores for the workers to unpickle.
@@ -107,8 +107,8 @@ inline constexpr char kVllmUniqueIdKey[] = "/broadcast_from/0/0";
 // JSON bodies (exposed for tests). `packing`: the packing fields are sent.
 std::string VllmInitBody(const VllmDriverOptions& options, const GroupLayout& layout, size_t engine,
                          bool packing);
-std::string VllmUpdateBody(const VllmDriverOptions& options, const engine::BucketManifest& bucket,
-                           bool packing);
+std::string VllmUpdateBody(const VllmDriverOptions& options,
+                           const transport::BucketManifest& bucket, bool packing);
 
 struct VllmFamilyOptions {
   VllmDriverOptions driver;

@@ -1,5 +1,5 @@
 // Device-side bookkeeping kernels of the GPU publication path, writing into the publication's
-// status block so that the host reads it once: the bucket checksum of core/engine/checksum.h
+// status block so that the host reads it once: the bucket checksum of core/transport/checksum.h
 // (partial sums over words, added atomically mod 2^64) and the count of non-finite elements of
 // passed-through floating-point tensors; and the gather copy that lays a bucket's passed-through
 // tensors into it. Launch contract: asynchronous on `stream`, no host

@@ -1,4 +1,4 @@
-// Subscribe / PullBucket / Ack reactors over engine::PullTransport.
+// Subscribe / PullBucket / Ack reactors over transport::PullTransport.
 #include "server/service/receivers_service.h"
 
 #include <algorithm>
@@ -21,7 +21,7 @@ namespace pb = ::wpub::v1;
 
 // A client-supplied string as it may appear in a log line or an error message: cut to `max`
 // bytes and, unless it is plain printable ASCII, escaped (a newline cannot forge a log line).
-std::string Printable(absl::string_view s, size_t max = engine::kMaxReceiverNameBytes) {
+std::string Printable(absl::string_view s, size_t max = transport::kMaxReceiverNameBytes) {
   const absl::string_view cut = s.substr(0, max);
   const bool plain = std::all_of(cut.begin(), cut.end(), [](char c) {
     return absl::ascii_isprint(static_cast<unsigned char>(c));
@@ -41,10 +41,10 @@ grpc::Status Refuse(absl::string_view rpc, absl::string_view name,
 
 // The subscription a PullBucket or Ack names, after validating the name: INVALID_ARGUMENT for a
 // bad name, FAILED_PRECONDITION when no such receiver is subscribed.
-absl::StatusOr<std::shared_ptr<engine::Subscription>> FindNamed(const ReceiversService& service,
-                                                                const std::string& name) {
-  if (absl::Status s = engine::ValidateReceiverName(name); !s.ok()) return s;
-  std::shared_ptr<engine::Subscription> sub = service.Find(name);
+absl::StatusOr<std::shared_ptr<transport::Subscription>> FindNamed(const ReceiversService& service,
+                                                                   const std::string& name) {
+  if (absl::Status s = transport::ValidateReceiverName(name); !s.ok()) return s;
+  std::shared_ptr<transport::Subscription> sub = service.Find(name);
   if (sub == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat("receiver '", name, "' is not subscribed"));
   }
@@ -65,14 +65,14 @@ class RejectReactor final : public grpc::ServerWriteReactor<T> {
 // RPC ending (client gone, server shutdown) closes the subscription, which the core counts as
 // the receiver leaving; the end the core then hands over finishes the stream.
 class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent>,
-                               public engine::SubscriptionSink {
+                               public transport::SubscriptionSink {
  public:
-  SubscribeReactor(ReceiversService* service, std::shared_ptr<engine::Subscription> sub)
+  SubscribeReactor(ReceiversService* service, std::shared_ptr<transport::Subscription> sub)
       : service_(service), sub_(std::move(sub)) {
     sub_->Attach(this);  // its group info is written at once
   }
 
-  void Deliver(absl::StatusOr<engine::ReceiverEvent> item) override {
+  void Deliver(absl::StatusOr<transport::ReceiverEvent> item) override {
     std::lock_guard lock(mu_);
     WriteLocked(std::move(item));
   }
@@ -80,7 +80,7 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent
   void OnWriteDone(bool ok) override {
     // The stream broke: the receiver is gone (the end comes back from Take).
     if (!ok) sub_->Close();
-    std::optional<absl::StatusOr<engine::ReceiverEvent>> next = sub_->Take();
+    std::optional<absl::StatusOr<transport::ReceiverEvent>> next = sub_->Take();
     if (!next.has_value()) return;  // idle: the core delivers the next event
     std::lock_guard lock(mu_);
     WriteLocked(*std::move(next));
@@ -100,7 +100,7 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent
  private:
   // Writes `item`, or finishes the stream with the end it carries. One item at a time (the
   // sink's handoff), so a write is never in flight here.
-  void WriteLocked(absl::StatusOr<engine::ReceiverEvent> item) {
+  void WriteLocked(absl::StatusOr<transport::ReceiverEvent> item) {
     if (finished_) return;
     if (!item.ok()) {
       // CANCELLED: closed or the daemon is shutting down; RESOURCE_EXHAUSTED: dropped for
@@ -118,7 +118,7 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent
   }
 
   ReceiversService* const service_;
-  const std::shared_ptr<engine::Subscription> sub_;
+  const std::shared_ptr<transport::Subscription> sub_;
   std::mutex mu_;
   pb::ReceiverEvent event_;  // being written
   bool finished_ = false;
@@ -127,7 +127,7 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent
 // One PullBucket RPC: writes an immutable staged bucket in chunks, from reactor callbacks only.
 class PullReactor final : public grpc::ServerWriteReactor<pb::BucketChunk> {
  public:
-  PullReactor(std::shared_ptr<const engine::Bucket> bucket, uint64_t chunk_bytes)
+  PullReactor(std::shared_ptr<const transport::Bucket> bucket, uint64_t chunk_bytes)
       : bucket_(std::move(bucket)), chunk_bytes_(chunk_bytes) {
     WriteNext();
   }
@@ -161,7 +161,7 @@ class PullReactor final : public grpc::ServerWriteReactor<pb::BucketChunk> {
     StartWrite(&chunk_);
   }
 
-  const std::shared_ptr<const engine::Bucket> bucket_;
+  const std::shared_ptr<const transport::Bucket> bucket_;
   const uint64_t chunk_bytes_;
   uint64_t offset_ = 0;
   pb::BucketChunk chunk_;
@@ -169,13 +169,13 @@ class PullReactor final : public grpc::ServerWriteReactor<pb::BucketChunk> {
 
 }  // namespace
 
-ReceiversService::ReceiversService(engine::PullTransport* transport, ServiceOptions options)
+ReceiversService::ReceiversService(transport::PullTransport* transport, ServiceOptions options)
     : transport_(transport), options_(std::move(options)) {}
 
 ReceiversService::~ReceiversService() = default;
 
 bool ReceiversService::Register(const std::string& name,
-                                std::shared_ptr<engine::Subscription> subscription) {
+                                std::shared_ptr<transport::Subscription> subscription) {
   std::lock_guard lock(mu_);
   if (!subscriptions_.contains(name) && subscriptions_.size() >= options_.max_subscriptions) {
     return false;
@@ -185,7 +185,7 @@ bool ReceiversService::Register(const std::string& name,
 }
 
 void ReceiversService::Unregister(const std::string& name,
-                                  const engine::Subscription* subscription) {
+                                  const transport::Subscription* subscription) {
   std::lock_guard lock(mu_);
   auto it = subscriptions_.find(name);
   if (it != subscriptions_.end() && it->second.get() == subscription) subscriptions_.erase(it);
@@ -196,7 +196,7 @@ size_t ReceiversService::Count() const {
   return subscriptions_.size();
 }
 
-std::shared_ptr<engine::Subscription> ReceiversService::Find(const std::string& name) const {
+std::shared_ptr<transport::Subscription> ReceiversService::Find(const std::string& name) const {
   std::lock_guard lock(mu_);
   auto it = subscriptions_.find(name);
   return it == subscriptions_.end() ? nullptr : it->second;
@@ -209,7 +209,7 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   }
   const std::string& name = request->receiver_name();
   // Validated before the name reaches the core, a log line or a message.
-  if (absl::Status s = engine::ValidateReceiverName(name); !s.ok()) {
+  if (absl::Status s = transport::ValidateReceiverName(name); !s.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, s));
   }
   const auto full = [&] {
@@ -223,12 +223,12 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   // a publication beginning in between); Register checks the bound again with its insert, for
   // subscribers racing at the bound.
   if (Count() >= options_.max_subscriptions) return full();
-  absl::StatusOr<std::unique_ptr<engine::Subscription>> sub = transport_->Subscribe(
+  absl::StatusOr<std::unique_ptr<transport::Subscription>> sub = transport_->Subscribe(
       name, request->held_version(), request->instance(), request->staged_version());
   if (!sub.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, sub.status()));
   }
-  std::shared_ptr<engine::Subscription> shared = std::move(*sub);
+  std::shared_ptr<transport::Subscription> shared = std::move(*sub);
   // Registered before the first event goes out, so the receiver can pull as soon as it hears
   // of a bucket; the count of registered subscriptions is the bound (checked with the insert).
   if (!Register(name, shared)) {
@@ -249,11 +249,11 @@ grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(
     return new RejectReactor<pb::BucketChunk>(std::move(auth));
   }
   const std::string& name = request->receiver_name();
-  absl::StatusOr<std::shared_ptr<engine::Subscription>> sub = FindNamed(*this, name);
+  absl::StatusOr<std::shared_ptr<transport::Subscription>> sub = FindNamed(*this, name);
   if (!sub.ok()) {
     return new RejectReactor<pb::BucketChunk>(Refuse("PullBucket", name, *context, sub.status()));
   }
-  absl::StatusOr<std::shared_ptr<const engine::Bucket>> bucket = (*sub)->ReadBucket(
+  absl::StatusOr<std::shared_ptr<const transport::Bucket>> bucket = (*sub)->ReadBucket(
       request->subscription_token(), request->version(), request->index(), request->attempt());
   if (absl::IsPermissionDenied(bucket.status())) {
     return new RejectReactor<pb::BucketChunk>(
@@ -276,7 +276,7 @@ grpc::ServerUnaryReactor* ReceiversService::Ack(grpc::CallbackServerContext* con
     return reactor;
   }
   const std::string& name = request->receiver_name();
-  absl::StatusOr<std::shared_ptr<engine::Subscription>> sub = FindNamed(*this, name);
+  absl::StatusOr<std::shared_ptr<transport::Subscription>> sub = FindNamed(*this, name);
   if (!sub.ok()) {
     reactor->Finish(Refuse("Ack", name, *context, sub.status()));
     return reactor;

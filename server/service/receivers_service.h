@@ -1,16 +1,16 @@
 // The engine-facing Receivers service (proto/wpub/v1/receivers.proto) over the core's
-// gRPC-pull transport (engine::PullTransport).
+// gRPC-pull transport (transport::PullTransport).
 //
 // Threading: a CALLBACK service, no thread per stream. Subscribe maps one RPC onto one
-// engine::Subscription whose sink is the RPC's reactor: the core hands it each event as it is
-// produced and the reactor writes them one at a time (engine::SubscriptionSink's handoff; a
+// transport::Subscription whose sink is the RPC's reactor: the core hands it each event as it is
+// produced and the reactor writes them one at a time (transport::SubscriptionSink's handoff; a
 // reactor callback never blocks on the core). PullBucket writes the chunks of an immutable,
 // already-staged bucket from reactor callbacks; Ack is a non-blocking unary call. PullBucket and
 // Ack find the subscription by the receiver's name and must present that subscription's token
 // (GroupInfo.subscription_token): a receiver must be subscribed, on its own stream, to pull or
 // acknowledge.
 //
-// Bounded work: receiver names are validated (engine::ValidateReceiverName) before anything
+// Bounded work: receiver names are validated (transport::ValidateReceiverName) before anything
 // else; PullBucket chunks are at least kMinPullChunkBytes; every client string in a log line
 // or error message is escaped (absl::CHexEscape) and truncated.
 #pragma once
@@ -21,7 +21,7 @@
 #include <mutex>
 #include <string>
 
-#include "core/engine/pull_transport.h"
+#include "core/transport/pull_transport.h"
 #include "server/service/service_options.h"
 #include "wpub/v1/receivers.grpc.pb.h"
 
@@ -35,7 +35,7 @@ inline constexpr uint64_t kMinPullChunkBytes = uint64_t{64} << 10;
 class ReceiversService final : public wpub::v1::Receivers::CallbackService {
  public:
   // `transport` must outlive the service.
-  ReceiversService(engine::PullTransport* transport, ServiceOptions options);
+  ReceiversService(transport::PullTransport* transport, ServiceOptions options);
   ~ReceiversService() override;
 
   grpc::ServerWriteReactor<wpub::v1::ReceiverEvent>* Subscribe(
@@ -48,18 +48,18 @@ class ReceiversService final : public wpub::v1::Receivers::CallbackService {
 
   // Thread-safe registry of live subscriptions by receiver name (used by the reactors).
   // False (nothing registered) when options.max_subscriptions are registered already.
-  bool Register(const std::string& name, std::shared_ptr<engine::Subscription> subscription);
-  void Unregister(const std::string& name, const engine::Subscription* subscription);
-  std::shared_ptr<engine::Subscription> Find(const std::string& name) const;
+  bool Register(const std::string& name, std::shared_ptr<transport::Subscription> subscription);
+  void Unregister(const std::string& name, const transport::Subscription* subscription);
+  std::shared_ptr<transport::Subscription> Find(const std::string& name) const;
   size_t Count() const;  // subscriptions registered
 
   const ServiceOptions& options() const { return options_; }
 
  private:
-  engine::PullTransport* const transport_;
+  transport::PullTransport* const transport_;
   const ServiceOptions options_;
   mutable std::mutex mu_;
-  std::map<std::string, std::shared_ptr<engine::Subscription>> subscriptions_;
+  std::map<std::string, std::shared_ptr<transport::Subscription>> subscriptions_;
 };
 
 }  // namespace wpub::server

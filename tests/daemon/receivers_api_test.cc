@@ -319,7 +319,7 @@ TEST_F(ReceiversApiTest, AReceiverIsNotReportedCommittedUnlessItAcknowledgedItse
 
 TEST_F(ReceiversApiTest, ReceiverNamesAreBoundedAndPrintable) {
   Start();
-  const std::string longest(engine::kMaxReceiverNameBytes, 'n');
+  const std::string longest(transport::kMaxReceiverNameBytes, 'n');
   RawSubscriber ok(stub_.get(), longest);
   EXPECT_EQ(ok.Info().receiver_name(), longest);
   for (const std::string& bad : {longest + "n", std::string("two\nlines"), std::string("a b"),

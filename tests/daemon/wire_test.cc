@@ -144,11 +144,11 @@ TEST(Convert, HeaderAndPrecisionExceptions) {
 }
 
 TEST(Convert, ManifestRoundTrip) {
-  engine::PublicationManifest m;
+  transport::PublicationManifest m;
   m.version = 3;
   m.model_id = "m";
   m.recipe = "nvfp4";
-  engine::BucketManifest b;
+  transport::BucketManifest b;
   b.index = 0;
   b.nbytes = 40;
   b.checksum = 0xfeedfacecafebeefull;
@@ -156,7 +156,7 @@ TEST(Convert, ManifestRoundTrip) {
   b.tensors.push_back({"a.weight_scale", DType::kFloat8E4M3, {2, 4}, 32, 8});
   m.buckets.push_back(b);
   pb::ReceiverEvent event;
-  ToProto(engine::ReceiverEvent(engine::ManifestEvent{m}), &event);
+  ToProto(transport::ReceiverEvent(transport::ManifestEvent{m}), &event);
   ASSERT_TRUE(event.has_manifest());
   EXPECT_EQ(event.manifest().total_bytes(), 40u);
   EXPECT_EQ(event.manifest().buckets(0).tensors(1).dtype(), "float8_e4m3fn");
@@ -194,8 +194,8 @@ TEST(Convert, ConnectEnginesRequestAndGroup) {
   g.generation = 3;
   g.healthy = true;
   g.store_address = "10.0.0.5:29500";
-  g.engines = {{"http://a:1", 1, 1, engine::ReceiverState::kIdle},
-               {"http://b:2", 4, 2, engine::ReceiverState::kFailed}};
+  g.engines = {{"http://a:1", 1, 1, transport::ReceiverState::kIdle},
+               {"http://b:2", 4, 2, transport::ReceiverState::kFailed}};
   pb::EngineGroup status;
   ToProto(g, &status);
   EXPECT_EQ(status.group_name(), "run7_3");

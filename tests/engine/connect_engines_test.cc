@@ -32,7 +32,7 @@ class FakeConnector : public EngineConnector {
     g.group_name = (request.group_name.empty() ? "wpub_weights" : request.group_name) + "_1";
     int next = 1;
     for (const EngineEndpoint& e : request.engines) {
-      g.engines.push_back({e.url, e.gpus, next, ReceiverState::kIdle});
+      g.engines.push_back({e.url, e.gpus, next, transport::ReceiverState::kIdle});
       next += e.gpus;
     }
     g.world_size = next;

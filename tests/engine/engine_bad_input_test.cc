@@ -9,7 +9,7 @@
 #include <functional>
 
 #include "core/engine/engine.h"
-#include "core/engine/testing/inproc_receiver.h"
+#include "core/transport/testing/inproc_receiver.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
@@ -287,7 +287,8 @@ TEST(EngineBadInputTest, EveryCaseFailsCleanlyAndTheEngineKeepsServing) {
   options.max_inline_bytes = 4 << 20;
   auto engine = Engine::Create(options, nullptr);
   ASSERT_TRUE(engine.ok());
-  auto receiver = testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "r"});
+  auto receiver =
+      transport::testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "r"});
   ASSERT_TRUE(receiver.ok());
   auto shm = testing::ShmSegment::Create("/wpub_engine_bad_" + std::to_string(getpid()), 1 << 16);
 

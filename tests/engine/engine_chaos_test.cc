@@ -15,18 +15,18 @@
 #include <thread>
 
 #include "core/engine/engine.h"
-#include "core/engine/pull_transport.h"
-#include "core/engine/testing/fake_rollout_engine.h"
-#include "core/engine/testing/fault_injection.h"
-#include "core/engine/testing/inproc_receiver.h"
 #include "core/metrics/metrics.h"
+#include "core/transport/pull_transport.h"
+#include "core/transport/testing/fake_rollout_engine.h"
+#include "core/transport/testing/fault_injection.h"
+#include "core/transport/testing/inproc_receiver.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
 namespace {
 
-using testing::Fault;
-using testing::FaultKind;
+using transport::testing::Fault;
+using transport::testing::FaultKind;
 using Outputs = std::map<std::string, std::vector<uint8_t>>;
 
 constexpr absl::Duration kWait = absl::Seconds(30);
@@ -34,13 +34,14 @@ constexpr absl::Duration kWait = absl::Seconds(30);
 class ChaosTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto pull = PullTransport::Create({});
+    auto pull = transport::PullTransport::Create({});
     ASSERT_TRUE(pull.ok());
     pull_ = std::move(*pull);
-    pull_faults_ = new testing::FaultInjectingTransport(pull_.get(), [this] { CutReceiver(); });
-    fake_ = std::make_unique<testing::FakeRolloutEngine>("sglang-0");
-    fake_faults_ =
-        new testing::FaultInjectingTransport(fake_.get(), [this] { fake_->FailRequests(); });
+    pull_faults_ =
+        new transport::testing::FaultInjectingTransport(pull_.get(), [this] { CutReceiver(); });
+    fake_ = std::make_unique<transport::testing::FakeRolloutEngine>("sglang-0");
+    fake_faults_ = new transport::testing::FaultInjectingTransport(
+        fake_.get(), [this] { fake_->FailRequests(); });
     EngineComponents components;
     components.transports.emplace_back(fake_faults_);
     components.transports.emplace_back(pull_faults_);
@@ -62,7 +63,7 @@ class ChaosTest : public ::testing::Test {
   }
 
   void StartReceiver(const std::string& name) {
-    auto r = testing::InprocReceiver::Start(pull_.get(), {.name = name});
+    auto r = transport::testing::InprocReceiver::Start(pull_.get(), {.name = name});
     ASSERT_TRUE(r.ok()) << r.status();
     receivers_[name] = std::move(*r);
   }
@@ -103,12 +104,12 @@ class ChaosTest : public ::testing::Test {
   }
 
   prometheus::Registry registry_;
-  std::unique_ptr<PullTransport> pull_;
-  testing::FaultInjectingTransport* pull_faults_ = nullptr;  // owned by the engine
-  std::unique_ptr<testing::FakeRolloutEngine> fake_;
-  testing::FaultInjectingTransport* fake_faults_ = nullptr;  // owned by the engine
+  std::unique_ptr<transport::PullTransport> pull_;
+  transport::testing::FaultInjectingTransport* pull_faults_ = nullptr;  // owned by the engine
+  std::unique_ptr<transport::testing::FakeRolloutEngine> fake_;
+  transport::testing::FaultInjectingTransport* fake_faults_ = nullptr;  // owned by the engine
   std::unique_ptr<Engine> engine_;
-  std::map<std::string, std::unique_ptr<testing::InprocReceiver>> receivers_;
+  std::map<std::string, std::unique_ptr<transport::testing::InprocReceiver>> receivers_;
   bool cut_ = false;
   std::unique_ptr<policy::Policy> policy_ = testing::PlainPolicy();
   std::map<uint64_t, Outputs> expected_;
@@ -141,18 +142,20 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
 
   for (uint64_t v = 2; v <= 200; ++v) {
     SCOPED_TRACE(absl::StrCat("version ", v));
-    Fault fault;
-    static constexpr FaultKind kKinds[] = {FaultKind::kNone,       FaultKind::kDrop,
-                                           FaultKind::kDelay,      FaultKind::kCorrupt,
-                                           FaultKind::kDisconnect, FaultKind::kCommit};
+    transport::testing::Fault fault;
+    static constexpr transport::testing::FaultKind kKinds[] = {
+        transport::testing::FaultKind::kNone,       transport::testing::FaultKind::kDrop,
+        transport::testing::FaultKind::kDelay,      transport::testing::FaultKind::kCorrupt,
+        transport::testing::FaultKind::kDisconnect, transport::testing::FaultKind::kCommit};
     fault.kind = kKinds[rng() % 6];
     fault.bucket = rng() % buckets;
-    const bool on_engine = rng() % 2 == 0 && fault.kind != FaultKind::kCorrupt;
-    if (fault.kind != FaultKind::kNone && rng() % 10 == 0) {
+    const bool on_engine = rng() % 2 == 0 && fault.kind != transport::testing::FaultKind::kCorrupt;
+    if (fault.kind != transport::testing::FaultKind::kNone && rng() % 10 == 0) {
       fault.attempts = 3;  // every attempt fails: the publication aborts for good
       ++persistent;
     }
-    kinds[absl::StrCat(on_engine ? "engine " : "pull ", testing::FaultKindName(fault.kind))]++;
+    kinds[absl::StrCat(on_engine ? "engine " : "pull ",
+                       transport::testing::FaultKindName(fault.kind))]++;
     (on_engine ? fake_faults_ : pull_faults_)->Arm(fault);
     cut_ = false;
 
@@ -161,7 +164,8 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
     ASSERT_TRUE(testing::Send(**session, Batches(v)).ok());
     absl::StatusOr<PublicationReport> report = (*session)->Commit();
     session->reset();
-    (on_engine ? fake_faults_ : pull_faults_)->Arm(Fault{});  // what the attempts left armed
+    (on_engine ? fake_faults_ : pull_faults_)
+        ->Arm(transport::testing::Fault{});  // what the attempts left armed
     ASSERT_TRUE(report.ok()) << report.status();
     ASSERT_NE(report->status, PublicationStatus::kFailed) << report->error;
     const bool ok = report->status == PublicationStatus::kCommitted;
@@ -179,7 +183,7 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
 
     // The report's outcome per receiver is what the receiver did.
     std::map<std::string, bool> told;
-    for (const ReceiverOutcome& o : report->receivers) told[o.name] = o.committed;
+    for (const transport::ReceiverOutcome& o : report->receivers) told[o.name] = o.committed;
     for (auto& [name, r] : receivers_) {
       if (name == "r1" && cut_) continue;
       if (told[name]) {
@@ -211,7 +215,7 @@ TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServ
       EXPECT_EQ(Engines("dirty"), 1) << "wpub_engines{state=\"dirty\"}";
       ++left_dirty;
       bool reported = false;
-      for (const ReceiverOutcome& o : report->receivers) reported |= o.dirty;
+      for (const transport::ReceiverOutcome& o : report->receivers) reported |= o.dirty;
       EXPECT_TRUE(reported) << "a dirty engine is missing from the report";
     } else {
       EXPECT_TRUE(fake_->serving());

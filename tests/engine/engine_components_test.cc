@@ -11,8 +11,8 @@
 
 #include "core/engine/cpu_backend.h"
 #include "core/engine/engine.h"
-#include "core/engine/testing/inproc_receiver.h"
-#include "core/engine/transport_group.h"
+#include "core/transport/testing/inproc_receiver.h"
+#include "core/transport/transport_group.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
@@ -20,7 +20,7 @@ namespace {
 
 // A push-style transport double: one pretend engine that "receives" every bucket; faults on
 // request.
-class FakeTransport final : public Transport {
+class FakeTransport final : public transport::Transport {
  public:
   struct Log {
     std::mutex mu;
@@ -32,19 +32,19 @@ class FakeTransport final : public Transport {
   FakeTransport(Log* log, bool fail_wait, bool device = false)
       : log_(log), fail_wait_(fail_wait), device_(device) {}
 
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities c;
+  transport::TransportCapabilities capabilities() const override {
+    transport::TransportCapabilities c;
     c.name = "fake";
-    c.accepts = device_ ? kHostOrDevice : kHostOnly;
+    c.accepts = device_ ? transport::kHostOrDevice : transport::kHostOnly;
     return c;
   }
-  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& m) override {
+  absl::StatusOr<std::vector<std::string>> Begin(const transport::PublicationManifest& m) override {
     Record("begin " + std::to_string(m.version));
     return std::vector<std::string>{"fake-engine"};
   }
-  absl::Status Send(std::shared_ptr<const Bucket> bucket) override {
+  absl::Status Send(std::shared_ptr<const transport::Bucket> bucket) override {
     std::lock_guard lock(log_->mu);
-    if (bucket->location == BucketLocation::kDevice) {
+    if (bucket->location == transport::BucketLocation::kDevice) {
       if (!device_) return absl::InternalError("a device bucket reached a host-only transport");
       log_->bytes += bucket->manifest.nbytes;
       log_->calls.push_back("device " + std::to_string(bucket->manifest.index));
@@ -66,17 +66,18 @@ class FakeTransport final : public Transport {
     return absl::OkStatus();
   }
   void Abort(absl::string_view reason) override { Record("abort " + std::string(reason)); }
-  std::vector<ReceiverOutcome> Outcomes() const override {
-    ReceiverOutcome o;
+  std::vector<transport::ReceiverOutcome> Outcomes() const override {
+    transport::ReceiverOutcome o;
     o.name = "fake-engine";
     if (failed_) {
-      o.failure = ReceiverFailure::kProtocol;
+      o.failure = transport::ReceiverFailure::kProtocol;
       o.error = "fake-engine: update_weights_from_distributed returned 500";
     }
     return {o};
   }
-  std::vector<ReceiverInfo> Receivers() const override {
-    return {ReceiverInfo{"fake-engine", ReceiverState::kIdle, 0, absl::Now()}};
+  std::vector<transport::ReceiverInfo> Receivers() const override {
+    return {
+        transport::ReceiverInfo{"fake-engine", transport::ReceiverState::kIdle, 0, absl::Now()}};
   }
 
  private:
@@ -116,7 +117,8 @@ TEST(EngineComponentsTest, ExtraTransportAndBackendTakePartInEveryPublication) {
   options.min_bucket_bytes = 1024;
   auto engine = Engine::Create(options, &registry, std::move(components));
   ASSERT_TRUE(engine.ok()) << engine.status();
-  auto receiver = testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});
+  auto receiver =
+      transport::testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});
   ASSERT_TRUE(receiver.ok());
 
   auto session = (*engine)->Open(testing::Header(1));
@@ -146,7 +148,8 @@ TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
   components.transports.push_back(std::make_unique<FakeTransport>(&log, true));
   auto engine = Engine::Create(EngineOptions{}, nullptr, std::move(components));
   ASSERT_TRUE(engine.ok());
-  auto receiver = testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});
+  auto receiver =
+      transport::testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});
   ASSERT_TRUE(receiver.ok());
   auto session = (*engine)->Open(testing::Header(1));
   ASSERT_TRUE(session.ok());
@@ -170,15 +173,15 @@ class DeviceBucketBackend final : public Backend {
   absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
                                           const ExecutionHooks& hooks) override {
     ExecutionHooks inner = hooks;
-    inner.emit = [&](std::shared_ptr<const Bucket> host) -> absl::Status {
-      auto device = std::make_shared<Bucket>();
+    inner.emit = [&](std::shared_ptr<const transport::Bucket> host) -> absl::Status {
+      auto device = std::make_shared<transport::Bucket>();
       device->version = host->version;
       device->manifest = host->manifest;
       device->manifest.checksum = 0;  // on the device until the end, as in the GPU backend
-      device->location = BucketLocation::kDevice;
+      device->location = transport::BucketLocation::kDevice;
       device->device.data = host->bytes.data();
-      device->device.copy_to_host = [this,
-                                     host]() -> absl::StatusOr<std::shared_ptr<const Bucket>> {
+      device->device.copy_to_host =
+          [this, host]() -> absl::StatusOr<std::shared_ptr<const transport::Bucket>> {
         ++copies;
         return host;
       };
@@ -210,10 +213,11 @@ TEST(EngineComponentsTest, DeviceBucketsReachEveryTransportInALocationItAccepts)
   options.ack_deadline = absl::Seconds(20);
   auto engine = Engine::Create(options, nullptr, std::move(components));
   ASSERT_TRUE(engine.ok()) << engine.status();
-  std::unique_ptr<testing::InprocReceiver> receiver;
+  std::unique_ptr<transport::testing::InprocReceiver> receiver;
   for (uint64_t version = 1; version <= 2; ++version) {
     if (version == 2) {
-      auto r = testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});
+      auto r =
+          transport::testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});
       ASSERT_TRUE(r.ok());
       receiver = *std::move(r);
     }
@@ -260,21 +264,21 @@ TEST(EngineComponentsTest, DeviceBucketsReachEveryTransportInALocationItAccepts)
 TEST(EngineComponentsTest, TransportGroupMakesOneHostCopyAndNamesWhatCannotTakeABucket) {
   FakeTransport::Log log_a, log_b;
   FakeTransport a(&log_a, false), b(&log_b, false);
-  auto group = TransportGroup::Create({&a, &b});
+  auto group = transport::TransportGroup::Create({&a, &b});
   ASSERT_TRUE(group.ok()) << group.status();
-  PublicationManifest m;
+  transport::PublicationManifest m;
   m.version = 3;
   ASSERT_TRUE((*group)->Begin(m).ok());
-  auto host = std::make_shared<Bucket>();
+  auto host = std::make_shared<transport::Bucket>();
   host->version = 3;
   host->manifest.index = 7;
   host->manifest.nbytes = 5;
   host->bytes = {1, 2, 3, 4, 5};
   int copies = 0;
-  auto device = std::make_shared<Bucket>(*host);
+  auto device = std::make_shared<transport::Bucket>(*host);
   device->bytes.clear();
-  device->location = BucketLocation::kDevice;
-  device->device.copy_to_host = [&]() -> absl::StatusOr<std::shared_ptr<const Bucket>> {
+  device->location = transport::BucketLocation::kDevice;
+  device->device.copy_to_host = [&]() -> absl::StatusOr<std::shared_ptr<const transport::Bucket>> {
     ++copies;
     return host;
   };
@@ -366,7 +370,8 @@ TEST(EngineComponentsTest, CudaIpcPartsGoThroughTheResolver) {
   components.cuda_ipc = std::make_unique<HostIpcResolver>(&buffers, &ends);
   auto engine = Engine::Create(EngineOptions{}, nullptr, std::move(components));
   ASSERT_TRUE(engine.ok());
-  auto receiver = testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "r"});
+  auto receiver =
+      transport::testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "r"});
   ASSERT_TRUE(receiver.ok());
   {
     auto session = (*engine)->Open(testing::Header(1));

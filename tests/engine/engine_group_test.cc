@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_join.h"
 #include "core/engine/engine.h"
-#include "core/engine/testing/inproc_receiver.h"
+#include "core/transport/testing/inproc_receiver.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
@@ -105,22 +105,22 @@ class ScriptedJoiner final : public GroupJoiner {
 };
 
 // An engine-like transport: logs Begin's lifecycle flag and MarkParticipantsDirty.
-class EngineLikeTransport final : public Transport {
+class EngineLikeTransport final : public transport::Transport {
  public:
   explicit EngineLikeTransport(Script* s) : s_(s) {}
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities c;
+  transport::TransportCapabilities capabilities() const override {
+    transport::TransportCapabilities c;
     c.name = "engines";
     c.applies_on_receipt = true;
     return c;
   }
-  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& m) override {
+  absl::StatusOr<std::vector<std::string>> Begin(const transport::PublicationManifest& m) override {
     s_->Call(absl::StrCat("begin lifecycle=", m.engine_lifecycle, " member=", m.group_member, "/",
                           m.group_members, " group=", m.group));
     std::lock_guard lock(s_->mu);
     return s_->participants;
   }
-  absl::Status Send(std::shared_ptr<const Bucket>) override { return absl::OkStatus(); }
+  absl::Status Send(std::shared_ptr<const transport::Bucket>) override { return absl::OkStatus(); }
   absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
   absl::Status Commit() override {
     s_->Call("commit");
@@ -128,13 +128,14 @@ class EngineLikeTransport final : public Transport {
   }
   void Abort(absl::string_view) override { s_->Call("abort"); }
   void MarkParticipantsDirty() override { s_->Call("dirty"); }
-  std::vector<ReceiverOutcome> Outcomes() const override {
-    ReceiverOutcome o;
+  std::vector<transport::ReceiverOutcome> Outcomes() const override {
+    transport::ReceiverOutcome o;
     o.name = "http://engine:1";
     return {o};
   }
-  std::vector<ReceiverInfo> Receivers() const override {
-    return {ReceiverInfo{"http://engine:1", ReceiverState::kIdle, 0, absl::Now()}};
+  std::vector<transport::ReceiverInfo> Receivers() const override {
+    return {transport::ReceiverInfo{"http://engine:1", transport::ReceiverState::kIdle, 0,
+                                    absl::Now()}};
   }
 
  private:

@@ -12,7 +12,7 @@
 #include "core/common/json_bounds.h"
 #include "core/engine/engine.h"
 #include "core/engine/inputs.h"
-#include "core/engine/testing/inproc_receiver.h"
+#include "core/transport/testing/inproc_receiver.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
@@ -50,7 +50,7 @@ class HostileInputTest : public ::testing::Test {
     auto engine = Engine::Create(options, nullptr);
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
-    auto r = testing::InprocReceiver::Start(engine_->pull_transport(), {.name = "r"});
+    auto r = transport::testing::InprocReceiver::Start(engine_->pull_transport(), {.name = "r"});
     ASSERT_TRUE(r.ok()) << r.status();
     receiver_ = std::move(*r);
   }
@@ -68,7 +68,7 @@ class HostileInputTest : public ::testing::Test {
   }
 
   std::unique_ptr<Engine> engine_;
-  std::unique_ptr<testing::InprocReceiver> receiver_;
+  std::unique_ptr<transport::testing::InprocReceiver> receiver_;
 };
 
 TEST_F(HostileInputTest, DeeplyNestedHeaderJsonIsRefusedNamingTheField) {

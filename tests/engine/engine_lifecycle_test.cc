@@ -21,20 +21,20 @@ using testing::Header;
 
 // A transport whose WaitAcknowledged blocks until Abort: Commit parks there, at a known point
 // of the transfer, until the test acts.
-class GateTransport final : public Transport {
+class GateTransport final : public transport::Transport {
  public:
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities c;
+  transport::TransportCapabilities capabilities() const override {
+    transport::TransportCapabilities c;
     c.name = "gate";
     return c;
   }
-  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest&) override {
+  absl::StatusOr<std::vector<std::string>> Begin(const transport::PublicationManifest&) override {
     std::lock_guard lock(mu_);
     aborted_ = false;
     ++begins_;
     return std::vector<std::string>{"gate-engine"};
   }
-  absl::Status Send(std::shared_ptr<const Bucket>) override { return absl::OkStatus(); }
+  absl::Status Send(std::shared_ptr<const transport::Bucket>) override { return absl::OkStatus(); }
   absl::Status WaitAcknowledged(absl::Time) override {
     std::unique_lock lock(mu_);
     waiting_ = true;
@@ -54,13 +54,14 @@ class GateTransport final : public Transport {
     aborts_.emplace_back(reason);
     cv_.notify_all();
   }
-  std::vector<ReceiverOutcome> Outcomes() const override {
-    ReceiverOutcome o;
+  std::vector<transport::ReceiverOutcome> Outcomes() const override {
+    transport::ReceiverOutcome o;
     o.name = "gate-engine";
     return {o};
   }
-  std::vector<ReceiverInfo> Receivers() const override {
-    return {ReceiverInfo{"gate-engine", ReceiverState::kIdle, 0, absl::Now()}};
+  std::vector<transport::ReceiverInfo> Receivers() const override {
+    return {
+        transport::ReceiverInfo{"gate-engine", transport::ReceiverState::kIdle, 0, absl::Now()}};
   }
 
   // Blocks until a Commit waits for acknowledgements.

@@ -9,15 +9,15 @@
 
 #include "core/engine/engine.h"
 #include "core/engine/recipe.h"
-#include "core/engine/testing/inproc_receiver.h"
 #include "core/metrics/metrics.h"
+#include "core/transport/testing/inproc_receiver.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
 namespace {
 
-using testing::InprocReceiver;
-using testing::InprocReceiverOptions;
+using transport::testing::InprocReceiver;
+using transport::testing::InprocReceiverOptions;
 
 class PublicationTest : public ::testing::Test {
  protected:
@@ -37,8 +37,10 @@ class PublicationTest : public ::testing::Test {
     engine_ = std::move(*engine);
   }
 
-  InprocReceiver* AddReceiver(InprocReceiverOptions options) {
-    auto r = InprocReceiver::Start(engine_->pull_transport(), std::move(options));
+  transport::testing::InprocReceiver* AddReceiver(
+      transport::testing::InprocReceiverOptions options) {
+    auto r =
+        transport::testing::InprocReceiver::Start(engine_->pull_transport(), std::move(options));
     EXPECT_TRUE(r.ok()) << r.status();
     receivers_.push_back(std::move(*r));
     return receivers_.back().get();
@@ -80,7 +82,7 @@ class PublicationTest : public ::testing::Test {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Engine> engine_;
-  std::vector<std::unique_ptr<InprocReceiver>> receivers_;
+  std::vector<std::unique_ptr<transport::testing::InprocReceiver>> receivers_;
 };
 
 // Batches of the small model with multi-part, stacked and shared-memory tensors.
@@ -110,8 +112,8 @@ std::vector<testing::TestBatch> RichModel(uint64_t seed, testing::ShmSegment* sh
 }
 
 TEST_F(PublicationTest, TwoReceiversGetExactlyTheReferenceBytes) {
-  InprocReceiver* r0 = AddReceiver({.name = "r0"});
-  InprocReceiver* r1 = AddReceiver({.name = "r1"});
+  transport::testing::InprocReceiver* r0 = AddReceiver({.name = "r0"});
+  transport::testing::InprocReceiver* r1 = AddReceiver({.name = "r1"});
   auto shm = testing::ShmSegment::Create("/wpub_engine_pub_" + std::to_string(getpid()), 1 << 20);
   const auto policy = testing::PlainPolicy();
   for (uint64_t version : {1u, 2u}) {
@@ -144,7 +146,7 @@ TEST_F(PublicationTest, TwoReceiversGetExactlyTheReferenceBytes) {
     EXPECT_GT(quantized, 20u);
     EXPECT_EQ(report->tensors_quantized + report->tensors_passthrough + report->tensors_ignored,
               inputs);
-    for (InprocReceiver* r : {r0, r1}) {
+    for (transport::testing::InprocReceiver* r : {r0, r1}) {
       EXPECT_EQ(r->committed_version(), version);
       EXPECT_EQ(r->checksum_mismatches(), 0u);
       const auto got = r->committed_tensors();
@@ -171,7 +173,7 @@ TEST_F(PublicationTest, TwoReceiversGetExactlyTheReferenceBytes) {
 }
 
 TEST_F(PublicationTest, FourOverSixAndBf16Recipes) {
-  InprocReceiver* r0 = AddReceiver({.name = "r0"});
+  transport::testing::InprocReceiver* r0 = AddReceiver({.name = "r0"});
   const auto batches = testing::ModelBatches(testing::SmallShape(), 7);
   auto report = Publish(1, batches, "nvfp4_4over6:mse-e448-fp16");
   ASSERT_TRUE(report.ok()) << report.status();
@@ -195,13 +197,14 @@ TEST_F(PublicationTest, FourOverSixAndBf16Recipes) {
 }
 
 TEST_F(PublicationTest, ReceiverThatLeavesMidPublicationAbortsItEverywhere) {
-  InprocReceiver* good = AddReceiver({.name = "good"});
+  transport::testing::InprocReceiver* good = AddReceiver({.name = "good"});
   const auto batches = testing::ModelBatches(testing::SmallShape(), 1);
   auto first = Publish(1, batches);
   ASSERT_TRUE(first.ok() && first->status == PublicationStatus::kCommitted);
   ASSERT_TRUE(good->WaitForOutcome(1, absl::Seconds(10)));
   const auto v1 = good->committed_tensors();
-  InprocReceiver* leaver = AddReceiver({.name = "leaver", .leave_after_buckets = 2});
+  transport::testing::InprocReceiver* leaver =
+      AddReceiver({.name = "leaver", .leave_after_buckets = 2});
 
   auto report = Publish(2, testing::ModelBatches(testing::SmallShape(), 2));
   ASSERT_TRUE(report.ok()) << report.status();
@@ -212,7 +215,7 @@ TEST_F(PublicationTest, ReceiverThatLeavesMidPublicationAbortsItEverywhere) {
     EXPECT_FALSE(o.committed);
     if (o.name == "leaver") {
       saw = true;
-      EXPECT_EQ(o.failure, ReceiverFailure::kDisconnected);
+      EXPECT_EQ(o.failure, transport::ReceiverFailure::kDisconnected);
     }
   }
   EXPECT_TRUE(saw);
@@ -236,7 +239,7 @@ TEST_F(PublicationTest, ReceiverThatLeavesMidPublicationAbortsItEverywhere) {
 }
 
 TEST_F(PublicationTest, WrongChecksumAcknowledgementAborts) {
-  InprocReceiver* good = AddReceiver({.name = "good"});
+  transport::testing::InprocReceiver* good = AddReceiver({.name = "good"});
   AddReceiver({.name = "liar", .corrupt_checksum = true});
   auto report = Publish(1, testing::ModelBatches(testing::SmallShape(), 3));
   ASSERT_TRUE(report.ok()) << report.status();
@@ -265,7 +268,7 @@ TEST_F(PublicationTest, MissingAcknowledgementsTimeOut) {
   EXPECT_EQ(report->code, absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(report->error.find("silent"), std::string::npos);
   ASSERT_EQ(report->receivers.size(), 1u);
-  EXPECT_EQ(report->receivers[0].failure, ReceiverFailure::kTimeout);
+  EXPECT_EQ(report->receivers[0].failure, transport::ReceiverFailure::kTimeout);
 }
 
 TEST_F(PublicationTest, DestroyingASessionWithoutCommitAbortsIt) {
@@ -385,7 +388,7 @@ namespace {
 // Randomized: bucket sizes, recipes (all 9 quantization modes), tensor splits along dim 0 or 1
 // and chunk sizes vary; every received tensor must still equal the CPU reference.
 TEST_F(PublicationTest, RandomizedLayoutsAndSplitsMatchTheReference) {
-  InprocReceiver* r = AddReceiver({.name = "r"});
+  transport::testing::InprocReceiver* r = AddReceiver({.name = "r"});
   std::mt19937_64 rng(4242);
   const char* recipes[] = {"nvfp4",
                            "nvfp4_4over6:mae-e448-exact",

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/engine/engine.h"
-#include "core/engine/testing/inproc_receiver.h"
+#include "core/transport/testing/inproc_receiver.h"
 #include "tests/engine/engine_test_util.h"
 
 namespace wpub::engine {
@@ -56,8 +56,8 @@ TEST(EngineVersionsTest, VersionsAreBoundedSoNoPublicationUsesUpTheSpace) {
 TEST(EngineVersionsTest, ARestartedDaemonNeverPublishesBelowWhatItsEnginesServe) {
   auto connector = std::make_unique<VersionedConnector>();
   VersionedConnector* c = connector.get();
-  c->info.engines.push_back({"http://engine-0:30000", 1, 1, ReceiverState::kIdle, 3});
-  c->info.engines.push_back({"http://engine-1:30000", 1, 2, ReceiverState::kIdle, 5});
+  c->info.engines.push_back({"http://engine-0:30000", 1, 1, transport::ReceiverState::kIdle, 3});
+  c->info.engines.push_back({"http://engine-1:30000", 1, 2, transport::ReceiverState::kIdle, 5});
   c->info.highest_engine_version = 5;
   EngineComponents components;
   components.connector = c;
@@ -74,6 +74,32 @@ TEST(EngineVersionsTest, ARestartedDaemonNeverPublishesBelowWhatItsEnginesServe)
     EXPECT_TRUE(testing::HasSubstr(s.status(), "version 5")) << s.status();
   }
   EXPECT_TRUE(Publish(**engine, 6).ok());
+}
+
+// The engine refuses to open a version a connected receiver already holds or has passed: after
+// a daemon restart (committed version 0) a receiver holding v5 is not taken back to v1.
+TEST(EngineVersionsTest, EngineOpenRefusesAVersionAReceiverHolds) {
+  auto engine = Engine::Create(EngineOptions{}, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto receiver = transport::testing::InprocReceiver::Start(
+      (*engine)->pull_transport(), {.name = "engine-0", .held_version = 5});
+  ASSERT_TRUE(receiver.ok()) << receiver.status();
+  for (uint64_t version : {1u, 5u}) {
+    auto session = (*engine)->Open(testing::Header(version));
+    ASSERT_EQ(session.status().code(), absl::StatusCode::kFailedPrecondition) << version;
+    EXPECT_TRUE(testing::HasSubstr(session.status(), "engine-0")) << session.status();
+    EXPECT_TRUE(testing::HasSubstr(session.status(), absl::StrCat(version))) << session.status();
+    EXPECT_TRUE(testing::HasSubstr(session.status(), "5")) << session.status();
+  }
+  EXPECT_EQ((*engine)->GetStatus().committed_version, 0u);
+  auto session = (*engine)->Open(testing::Header(6));
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 6)).ok());
+  auto report = (*session)->Commit();
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+  ASSERT_TRUE((*receiver)->WaitForOutcome(6, absl::Seconds(30)));
+  EXPECT_EQ((*receiver)->committed_version(), 6u);
 }
 
 }  // namespace

@@ -159,7 +159,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(!absl::IsDeadlineExceeded(joined), joined.ToString());
   CheckOutcomes(**driver);
 
-  wpub::engine::BucketManifest bucket;
+  wpub::transport::BucketManifest bucket;
   bucket.index = 0;
   bucket.nbytes = 32;
   bucket.tensors.push_back({"model.norm.weight", wpub::DType::kBFloat16, {16}, 0, 32});

@@ -19,7 +19,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   uint64_t offset = 0;
-  for (const wpub::engine::ManifestTensor& t : r->tensors) {
+  for (const wpub::transport::ManifestTensor& t : r->tensors) {
     FUZZ_CHECK(t.offset == offset, t.name);
     uint64_t n = static_cast<uint64_t>(wpub::DTypeSize(t.dtype));
     for (int64_t d : t.shape) {

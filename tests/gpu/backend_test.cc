@@ -14,9 +14,9 @@
 #include <random>
 
 #include "core/engine/cpu_backend.h"
-#include "core/engine/planner.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/sm_partition.h"
+#include "core/transport/planner.h"
 #include "tests/kernels_gpu/cupti_sync_counter.h"
 
 namespace wpub::gpu {
@@ -47,15 +47,15 @@ class CopyReader {
     cudaStreamDestroy(stream_);
   }
   // The emit hook: takes device buckets only.
-  std::function<absl::Status(std::shared_ptr<const engine::Bucket>)> emit() {
-    return [this](std::shared_ptr<const engine::Bucket> b) -> absl::Status {
-      if (b->location != engine::BucketLocation::kDevice) {
+  std::function<absl::Status(std::shared_ptr<const transport::Bucket>)> emit() {
+    return [this](std::shared_ptr<const transport::Bucket> b) -> absl::Status {
+      if (b->location != transport::BucketLocation::kDevice) {
         return absl::InternalError("the GPU backend emitted a host bucket");
       }
       return Take(b->manifest, b->device.data, b->manifest.nbytes, b->device.ready, b->device.done);
     };
   }
-  absl::Status Take(const engine::BucketManifest& m, const void* data, uint64_t n,
+  absl::Status Take(const transport::BucketManifest& m, const void* data, uint64_t n,
                     cudaEvent_t ready, cudaEvent_t done) {
     if (used_ + n > capacity_) return absl::ResourceExhaustedError("reader full");
     cudaStreamWaitEvent(stream_, ready, 0);
@@ -210,7 +210,7 @@ struct Model {
       units.push_back(3);
     }
     plan.inputs = inputs;
-    auto buckets = engine::PlanBuckets(plan.outputs, units, bucket_bytes);
+    auto buckets = transport::PlanBuckets(plan.outputs, units, bucket_bytes);
     EXPECT_TRUE(buckets.ok()) << buckets.status();
     plan.buckets = *buckets;
     return plan;
@@ -231,15 +231,15 @@ void BuildMixed(Model& m) {
 }
 
 // The CPU reference's buckets.
-std::vector<std::shared_ptr<const engine::Bucket>> Reference(const Model& m, uint64_t bucket) {
+std::vector<std::shared_ptr<const transport::Bucket>> Reference(const Model& m, uint64_t bucket) {
   std::vector<InputTensor> inputs;
   engine::ExecutionPlan plan = m.Plan(false, bucket, &inputs);
   auto cpu = engine::CpuBackend::Create({2});
-  std::vector<std::shared_ptr<const engine::Bucket>> out;
+  std::vector<std::shared_ptr<const transport::Bucket>> out;
   engine::SyncCounter syncs;
   engine::ExecutionHooks hooks;
   hooks.syncs = &syncs;
-  hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) {
+  hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) {
     out.push_back(std::move(b));
     return absl::OkStatus();
   };
@@ -290,16 +290,16 @@ TEST_P(GpuBackendTest, HostBucketsEqualCpuReference) {
   ASSERT_TRUE(backend.ok());
   std::vector<InputTensor> inputs;
   engine::ExecutionPlan plan = m.Plan(true, GetParam(), &inputs);
-  std::vector<std::shared_ptr<const engine::Bucket>> got;
+  std::vector<std::shared_ptr<const transport::Bucket>> got;
   engine::SyncCounter syncs;
   engine::ExecutionHooks hooks;
   hooks.syncs = &syncs;
   // No transport reads device memory: the transport group asks each bucket for its host copy.
-  hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) -> absl::Status {
-    if (b->location != engine::BucketLocation::kDevice || !b->device.copy_to_host) {
+  hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) -> absl::Status {
+    if (b->location != transport::BucketLocation::kDevice || !b->device.copy_to_host) {
       return absl::InternalError("expected a device bucket with a host copy");
     }
-    absl::StatusOr<std::shared_ptr<const engine::Bucket>> host = b->device.copy_to_host();
+    absl::StatusOr<std::shared_ptr<const transport::Bucket>> host = b->device.copy_to_host();
     if (!host.ok()) return host.status();
     got.push_back(*std::move(host));
     return absl::OkStatus();

@@ -18,8 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/convert/convert.h"
 #include "core/convert/testing/synthetic_checkpoint.h"
-#include "core/engine/checksum.h"
 #include "core/safetensors/safetensors.h"
+#include "core/transport/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/nvfp4_math.h"
@@ -187,7 +187,7 @@ TEST_F(InspectTest, ConvertedCheckpointIsClassifiedModuleByModule) {
   EXPECT_EQ(q->reason, "quantized");
   const Tensor* t = snapshot->Find(q->name);
   ASSERT_NE(t, nullptr);
-  EXPECT_EQ(q->checksum, engine::Checksum(t->bytes.data(), t->bytes.size()));
+  EXPECT_EQ(q->checksum, transport::Checksum(t->bytes.data(), t->bytes.size()));
   // Why the rest is high precision.
   EXPECT_EQ(Row(inv, "model.layers.0.mlp.experts.0.down_proj.weight")->reason,
             "excluded:model.layers.0.*");

@@ -2,7 +2,7 @@
 // the non-finite count for every element type, views starting at every element offset within
 // a 16-byte line (the kernel reads the aligned middle with vector loads, the head and tail
 // element by element), items longer than its 8 MiB chunks, and several items sharing a slot;
-// the device checksum against core/engine/checksum.h at word offsets and odd lengths; the gather
+// the device checksum against core/transport/checksum.h at word offsets and odd lengths; the gather
 // copy at every source and destination offset within a 16-byte line, lengths around the word
 // sizes, items longer than its chunks, and many items per launch.
 #include <cuda_runtime_api.h>
@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "core/engine/checksum.h"
+#include "core/transport/checksum.h"
 #include "kernels/cuda/status_kernels.h"
 
 namespace wpub::kernels::cuda {
@@ -116,8 +116,8 @@ TEST_F(StatusKernelsTest, DeviceChecksumEqualsTheHostDefinition) {
       1, 7, 8, 15, 16, 24, 4097, 8191, 8200, 65543, uint64_t{3} << 20, (uint64_t{40} << 20) - 13};
   for (uint64_t start : {0, 4, 8, 12, 36}) {
     for (uint64_t n : lengths) {
-      EXPECT_EQ(engine::ChecksumFinish(device_sum(start, n, 0), n),
-                engine::Checksum(host.data() + start, n))
+      EXPECT_EQ(transport::ChecksumFinish(device_sum(start, n, 0), n),
+                transport::Checksum(host.data() + start, n))
           << "start " << start << " n " << n;
     }
   }
@@ -128,7 +128,7 @@ TEST_F(StatusKernelsTest, DeviceChecksumEqualsTheHostDefinition) {
       const uint64_t n = (uint64_t{9} << 20) + 5;
       const uint64_t parts = device_sum(start, 8 * split_word, 0) +
                              device_sum(start + 8 * split_word, n - 8 * split_word, split_word);
-      EXPECT_EQ(engine::ChecksumFinish(parts, n), engine::Checksum(host.data() + start, n))
+      EXPECT_EQ(transport::ChecksumFinish(parts, n), transport::Checksum(host.data() + start, n))
           << "start " << start << " split at word " << split_word;
     }
   }

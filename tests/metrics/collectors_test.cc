@@ -62,9 +62,9 @@ engine::EngineStatus Status(bool active, size_t receivers) {
     s.active = a;
   }
   for (size_t i = 0; i < receivers; ++i) {
-    engine::ReceiverInfo r;
+    transport::ReceiverInfo r;
     r.name = absl::StrCat("recv-", 100 + i);
-    r.state = i == 1 ? engine::ReceiverState::kDirty : engine::ReceiverState::kIdle;
+    r.state = i == 1 ? transport::ReceiverState::kDirty : transport::ReceiverState::kIdle;
     r.last_committed_version = i == 1 ? 40 : 41;
     s.receivers.push_back(r);
   }
@@ -110,9 +110,9 @@ engine::PublicationReport Report(engine::PublicationStatus status, double second
   r.status = status;
   r.wall_seconds = seconds;
   for (const std::string& n : failed) {
-    engine::ReceiverOutcome o;
+    transport::ReceiverOutcome o;
     o.name = n;
-    o.failure = engine::ReceiverFailure::kTimeout;
+    o.failure = transport::ReceiverFailure::kTimeout;
     r.receivers.push_back(o);
   }
   return r;
@@ -149,7 +149,7 @@ TEST(EngineMetrics, CommittedToNoReceiverIsCounted) {
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(Flatten(registry.Collect()).at("wpub_publications_without_receivers_total{}"), 0);
   engine::PublicationReport reached = Report(engine::PublicationStatus::kCommitted, 1.0, {});
-  reached.receivers.push_back(engine::ReceiverOutcome{});
+  reached.receivers.push_back(transport::ReceiverOutcome{});
   reached.receivers.back().name = "engine-0";
   reached.receivers.back().committed = true;
   (*m)->RecordReport(reached);

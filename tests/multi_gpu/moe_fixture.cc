@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
-#include "core/engine/planner.h"
-#include "core/engine/transport_group.h"
+#include "core/transport/planner.h"
+#include "core/transport/transport_group.h"
 
 namespace wpub::testing {
 namespace {
@@ -141,32 +141,32 @@ absl::StatusOr<BuiltPlan> BuildPlan(const ModelLayout& layout, const uint8_t* ba
     units.push_back(3);
   }
   plan.inputs = inputs;
-  WPUB_ASSIGN_OR_RETURN(plan.buckets, engine::PlanBuckets(plan.outputs, units, bucket_bytes));
-  WPUB_RETURN_IF_ERROR(engine::CheckLayout(plan.buckets, plan.outputs, units, bucket_bytes));
+  WPUB_ASSIGN_OR_RETURN(plan.buckets, transport::PlanBuckets(plan.outputs, units, bucket_bytes));
+  WPUB_RETURN_IF_ERROR(transport::CheckLayout(plan.buckets, plan.outputs, units, bucket_bytes));
   b.manifest.version = version;
   b.manifest.model_id = "synthetic-qwen3-moe";
   b.manifest.recipe = nvfp4 ? "nvfp4" : "bf16";
   for (const auto& bl : plan.buckets) {
-    b.manifest.buckets.push_back(engine::MakeBucketManifest(bl, plan.outputs));
+    b.manifest.buckets.push_back(transport::MakeBucketManifest(bl, plan.outputs));
     b.bytes_out += bl.nbytes;
   }
   return b;
 }
 
-PublishResult Publish(engine::Backend& backend, engine::Transport& member, const BuiltPlan& built,
-                      absl::Duration ack_deadline) {
+PublishResult Publish(engine::Backend& backend, transport::Transport& member,
+                      const BuiltPlan& built, absl::Duration ack_deadline) {
   PublishResult r;
   const auto t0 = std::chrono::steady_clock::now();
   engine::SyncCounter syncs;
   // The engine's road: every bucket through a transport group, which hands `member` the
   // bucket where it accepts it (a host copy for a host-only transport).
-  absl::StatusOr<std::unique_ptr<engine::TransportGroup>> group =
-      engine::TransportGroup::Create({&member});
+  absl::StatusOr<std::unique_ptr<transport::TransportGroup>> group =
+      transport::TransportGroup::Create({&member});
   if (!group.ok()) {
     r.status = group.status();
     return r;
   }
-  engine::Transport& transport = **group;
+  transport::Transport& transport = **group;
   auto finish = [&](absl::Status s) {
     if (!s.ok()) transport.Abort(s.message());
     r.status = s;
@@ -185,7 +185,7 @@ PublishResult Publish(engine::Backend& backend, engine::Transport& member, const
   r.begin_seconds = lap();
   engine::ExecutionHooks hooks;
   hooks.syncs = &syncs;
-  hooks.emit = [&](std::shared_ptr<const engine::Bucket> bucket) {
+  hooks.emit = [&](std::shared_ptr<const transport::Bucket> bucket) {
     return transport.Send(std::move(bucket));
   };
   hooks.cancelled = [] { return false; };

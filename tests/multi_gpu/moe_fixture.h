@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/engine/backend.h"
-#include "core/engine/transport.h"
+#include "core/transport/transport.h"
 
 namespace wpub::testing {
 
@@ -57,11 +57,11 @@ MoeShape Qwen3MoeShape();
 void FillHost(const ModelLayout& layout, uint64_t seed, uint8_t* base);
 
 // The plan the engine builds for these inputs: NVFP4 (standard) for expert weights when
-// `nvfp4`, everything else (or everything) passed through; buckets by engine::PlanBuckets.
+// `nvfp4`, everything else (or everything) passed through; buckets by transport::PlanBuckets.
 // `inputs` (one part per tensor at base + offset) must outlive the plan.
 struct BuiltPlan {
   engine::ExecutionPlan plan;
-  engine::PublicationManifest manifest;
+  transport::PublicationManifest manifest;
   uint64_t bytes_out = 0;
 };
 // `memory` is what ingestion would know about `base` (kDevice: as CUDA IPC parts are); the
@@ -83,9 +83,9 @@ struct PublishResult {
   // side), to compare with a receiver's timestamps on the same host.
   int64_t executed_ns = 0;
   uint64_t host_syncs = 0;
-  std::vector<engine::ReceiverOutcome> outcomes;
+  std::vector<transport::ReceiverOutcome> outcomes;
 };
-PublishResult Publish(engine::Backend& backend, engine::Transport& transport,
+PublishResult Publish(engine::Backend& backend, transport::Transport& transport,
                       const BuiltPlan& built, absl::Duration ack_deadline);
 
 // A child process with stdin/stdout pipes (stderr inherited, or to `log_path`), in this

@@ -105,7 +105,7 @@ class MultiGpuTest : public ::testing::Test {
     engine::SyncCounter syncs;
     engine::ExecutionHooks hooks;
     hooks.syncs = &syncs;
-    hooks.emit = [&](std::shared_ptr<const engine::Bucket> b) {
+    hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) {
       std::ofstream f(absl::StrCat(vdir, "/bucket", b->manifest.index, ".bin"), std::ios::binary);
       f.write(reinterpret_cast<const char*>(b->bytes.data()),
               static_cast<std::streamsize>(b->bytes.size()));
@@ -287,7 +287,7 @@ TEST_F(MultiGpuTest, ReceiverKilledMidPublicationAbortsThenRestartedReceiverComm
   EXPECT_FALSE(r.status.ok());
   EXPECT_LT(r.wall_seconds, absl::ToDoubleSeconds(deadline) + 5) << r.status;
   ASSERT_EQ(r.outcomes.size(), 1u);
-  EXPECT_EQ(r.outcomes[0].state, engine::ReceiverState::kFailed);
+  EXPECT_EQ(r.outcomes[0].state, transport::ReceiverState::kFailed);
   EXPECT_FALSE(r.outcomes[0].committed);
   std::printf("aborted after %.3f s: %s\n", r.wall_seconds, r.status.ToString().c_str());
   EXPECT_FALSE(emulator->Running());

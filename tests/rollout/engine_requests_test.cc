@@ -146,7 +146,7 @@ TEST(EngineHttp, AnUpdateAnsweredPastTheBoundFailsTheEngine) {
   auto d = SglangDriver::Create(o);
   ASSERT_TRUE(d.ok());
   (*d)->BeginPublication(1, /*lifecycle_calls=*/true);
-  engine::BucketManifest b;
+  transport::BucketManifest b;
   b.tensors.push_back({"w", DType::kBFloat16, {4}, 0, 8});
   b.nbytes = 8;
   (*d)->PostBucket(b);

@@ -337,7 +337,7 @@ void FakeSglang::Serve(const std::string& method, const std::string& path,
 
 std::vector<bool> PublishThrough(EngineDriver& driver, const std::vector<FakeSglang*>& engines,
                                  uint64_t version, int sent, bool commit,
-                                 const std::function<engine::BucketManifest(int)>& bucket,
+                                 const std::function<transport::BucketManifest(int)>& bucket,
                                  std::set<std::string>& dirty_urls) {
   const auto settle = [&] { (void)driver.WaitIdle(absl::Now() + absl::Seconds(10)); };
   for (FakeSglang* e : engines) e->SetIncoming(std::to_string(version));

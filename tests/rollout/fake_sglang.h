@@ -145,7 +145,7 @@ class FakeSglang {
 // flags, empty after a commit.
 std::vector<bool> PublishThrough(EngineDriver& driver, const std::vector<FakeSglang*>& engines,
                                  uint64_t version, int sent, bool commit,
-                                 const std::function<engine::BucketManifest(int)>& bucket,
+                                 const std::function<transport::BucketManifest(int)>& bucket,
                                  std::set<std::string>& dirty_urls);
 
 }  // namespace wpub::rollout::testing

@@ -20,7 +20,7 @@ class FakeGroup final : public FamilyConnector {
     info_.engines.clear();
     int rank = 1;
     for (const engine::EngineEndpoint& e : r.engines) {
-      info_.engines.push_back({e.url, e.gpus, rank, engine::ReceiverState::kIdle});
+      info_.engines.push_back({e.url, e.gpus, rank, transport::ReceiverState::kIdle});
       info_.world_size += e.gpus;
       rank += e.gpus;
     }

@@ -21,8 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "clients/recv/vllm_engine.h"
 #include "core/engine/engine.h"
-#include "core/rollout/group_channel.h"
 #include "core/rollout/rollout_group.h"
+#include "core/transport/group_channel.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/rollout/fake_sglang.h"
 
@@ -40,7 +40,7 @@ using testing::SglangRelease;
 // The group's bytes without NCCL: every broadcast is handed to the sinks (the engines' receive
 // sides) in order; a watchdog thread fails the publication on a peer's failure or the deadline,
 // as NcclTransport's does.
-class InprocChannel final : public GroupChannel {
+class InprocChannel final : public transport::GroupChannel {
  public:
   using Sink = std::function<void(std::vector<uint8_t>)>;
   struct Shared {
@@ -51,13 +51,13 @@ class InprocChannel final : public GroupChannel {
   explicit InprocChannel(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   ~InprocChannel() override { StopWatchdog(); }
 
-  absl::StatusOr<GroupId> NewId() override {
-    GroupId id;
+  absl::StatusOr<transport::GroupId> NewId() override {
+    transport::GroupId id;
     std::random_device rd;
     for (uint8_t& b : id) b = static_cast<uint8_t>(rd());
     return id;
   }
-  absl::Status Open(int, const GroupId&, std::function<std::string(int)>) override {
+  absl::Status Open(int, const transport::GroupId&, std::function<std::string(int)>) override {
     std::lock_guard lock(mu_);
     open_ = true;
     std::lock_guard s(shared_->mu);
@@ -74,7 +74,7 @@ class InprocChannel final : public GroupChannel {
   }
   std::string Describe() const override { return "an in-process channel"; }
   absl::Status WarmUp(absl::Time) override { return absl::OkStatus(); }
-  void Begin(PublicationWatch watch) override {
+  void Begin(transport::PublicationWatch watch) override {
     StopWatchdog();
     {
       std::lock_guard lock(mu_);
@@ -96,9 +96,9 @@ class InprocChannel final : public GroupChannel {
       }
     });
   }
-  absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) override {
+  absl::Status Send(const transport::Bucket& bucket, absl::Span<const uint64_t> chunks) override {
     if (absl::Status f = failure(); !f.ok()) return f;
-    EXPECT_EQ(bucket.location, engine::BucketLocation::kHost);
+    EXPECT_EQ(bucket.location, transport::BucketLocation::kHost);
     uint64_t at = 0;
     std::vector<uint64_t> sizes(chunks.begin(), chunks.end());
     if (sizes.empty()) sizes.push_back(bucket.bytes.size());
@@ -141,7 +141,7 @@ class InprocChannel final : public GroupChannel {
   bool open_ = false;
   bool stop_ = true;
   absl::Status failure_;
-  PublicationWatch watch_;
+  transport::PublicationWatch watch_;
   std::thread watchdog_;
 };
 
@@ -408,7 +408,7 @@ TEST(RolloutGroupCpu, ATrainerCancelMidTransferLeavesEveryEngineAbleToTakeTheNex
     EXPECT_EQ(e->reported_version(), "1");
   }
   const engine::EngineGroupInfo g = d.group->Group();
-  for (const auto& e : g.engines) EXPECT_EQ(e.state, engine::ReceiverState::kDirty) << e.url;
+  for (const auto& e : g.engines) EXPECT_EQ(e.state, transport::ReceiverState::kDirty) << e.url;
   SetIncoming(engines, 3);
   PublicationReport r3 = d.Publish(3);
   ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);

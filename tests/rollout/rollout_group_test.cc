@@ -249,7 +249,7 @@ TEST_F(NcclConnectTest, SilentEngineIsDeadlineExceededAndTornDown) {
 }
 
 TEST_F(NcclConnectTest, PublicationWithoutEnginesAndConnectWhileInFlight) {
-  engine::PublicationManifest m;
+  transport::PublicationManifest m;
   m.version = 7;
   auto names = transport_->Begin(m);
   ASSERT_TRUE(names.ok()) << names.status();
@@ -264,9 +264,9 @@ TEST_F(NcclConnectTest, PublicationWithoutEnginesAndConnectWhileInFlight) {
   void* buf = nullptr;
   ASSERT_EQ(cudaMalloc(&buf, 256), cudaSuccess);
   ASSERT_EQ(cudaEventRecord(ready, nullptr), cudaSuccess);
-  auto b = std::make_shared<engine::Bucket>();
+  auto b = std::make_shared<transport::Bucket>();
   b->manifest.nbytes = 256;
-  b->location = engine::BucketLocation::kDevice;
+  b->location = transport::BucketLocation::kDevice;
   b->device.data = static_cast<const uint8_t*>(buf);
   b->device.ready = ready;
   b->device.done = done;
@@ -288,7 +288,7 @@ TEST_F(NcclConnectTest, PublicationWithoutEnginesAndConnectWhileInFlight) {
 // every later one -- ends with the old reason though its engines committed.
 TEST_F(NcclConnectTest, AbortWithoutEnginesLeavesNothingForTheNextPublication) {
   for (uint64_t version = 1; version <= 3; ++version) {
-    engine::PublicationManifest m;
+    transport::PublicationManifest m;
     m.version = version;
     auto names = transport_->Begin(m);
     ASSERT_TRUE(names.ok()) << names.status();
@@ -297,7 +297,7 @@ TEST_F(NcclConnectTest, AbortWithoutEnginesLeavesNothingForTheNextPublication) {
       transport_->Abort("attempt 1 failed (an engine of the other family)");
       continue;
     }
-    auto b = std::make_shared<engine::Bucket>();
+    auto b = std::make_shared<transport::Bucket>();
     b->manifest.nbytes = 16;
     b->bytes.assign(16, 1);
     EXPECT_TRUE(transport_->Send(b).ok()) << "version " << version;
@@ -325,7 +325,7 @@ class RefusingDriver final : public rollout::EngineDriver {
     return absl::AbortedError("other-family: join refused");
   }
   void BeginPublication(uint64_t, bool) override {}
-  void PostBucket(const engine::BucketManifest&) override {}
+  void PostBucket(const transport::BucketManifest&) override {}
   void EndPublication() override {}
   std::vector<bool> ResumeAfterAbort(const std::set<std::string>&) override {
     return std::vector<bool>(address_.engines.size(), false);

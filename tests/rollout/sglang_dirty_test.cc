@@ -30,8 +30,8 @@ using testing::FakeSglang;
 constexpr int kBuckets = 4;
 constexpr int kPerBucket = 6;
 
-engine::BucketManifest Bucket(int index) {
-  engine::BucketManifest b;
+transport::BucketManifest Bucket(int index) {
+  transport::BucketManifest b;
   b.index = static_cast<uint32_t>(index);
   for (int i = 0; i < kPerBucket; ++i) {
     const uint64_t offset = static_cast<uint64_t>(i) * 64;

@@ -123,8 +123,8 @@ class FakeEngine {
   bool lifecycle_overlapped_ = false;
 };
 
-engine::BucketManifest Bucket(uint32_t index) {
-  engine::BucketManifest b;
+transport::BucketManifest Bucket(uint32_t index) {
+  transport::BucketManifest b;
   b.index = index;
   b.tensors.push_back(
       {"model.layers.0.mlp.experts.0.down_proj.weight_scale_2", DType::kFloat32, {}, 0, 4});

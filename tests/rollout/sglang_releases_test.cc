@@ -34,8 +34,8 @@ using testing::SglangRelease;
 constexpr int kBuckets = 3;
 constexpr int kPerBucket = 4;
 
-engine::BucketManifest Bucket(int index) {
-  engine::BucketManifest b;
+transport::BucketManifest Bucket(int index) {
+  transport::BucketManifest b;
   b.index = static_cast<uint32_t>(index);
   for (int i = 0; i < kPerBucket; ++i) {
     // Mixed dtypes, largest element first (the planner's order): NVFP4's triple and a bf16.
@@ -132,7 +132,7 @@ TEST(SglangReleases, TheProbeFindsWhatEachReleaseServes) {
 TEST(SglangReleases, AReleaseBeforeTheFlattenedBucketGetsOneBroadcastPerTensor) {
   Group g({{SglangRelease::kV0_5_5}, {SglangRelease::kV0_5_16}});
   ASSERT_NE(g.driver, nullptr);
-  const engine::BucketManifest b = Bucket(0);
+  const transport::BucketManifest b = Bucket(0);
   std::vector<uint64_t> per_tensor;
   for (const auto& t : b.tensors) per_tensor.push_back(t.nbytes);
   // The engines of a group receive the same broadcasts: the whole group goes per tensor.

@@ -13,7 +13,7 @@ namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
-using engine::ManifestTensor;
+using transport::ManifestTensor;
 
 std::vector<ManifestTensor> Tensors() {
   std::vector<ManifestTensor> t(4);

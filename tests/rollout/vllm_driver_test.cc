@@ -106,8 +106,8 @@ class FakeVllm {
   std::string fail_path_;
 };
 
-engine::BucketManifest Bucket(uint32_t index) {
-  engine::BucketManifest b;
+transport::BucketManifest Bucket(uint32_t index) {
+  transport::BucketManifest b;
   b.index = index;
   // The planner's layout: back to back, largest element size first.
   b.tensors.push_back(
@@ -342,7 +342,7 @@ TEST(VllmDriver, FollowersOfAPublicationGroupPostUpdatesOnly) {
 }
 
 TEST(VllmDriver, PackedChunksFollowVllmsRule) {
-  const engine::BucketManifest b = Bucket(0);  // tensors of 4, 8192, 2048 and 256 bytes
+  const transport::BucketManifest b = Bucket(0);  // tensors of 4, 8192, 2048 and 256 bytes
   EXPECT_EQ(VllmPackedChunks(b, 1 << 20), std::vector<uint64_t>{b.nbytes});
   // A chunk closes after the tensor that takes it past the limit.
   EXPECT_EQ(VllmPackedChunks(b, 4096), (std::vector<uint64_t>{4 + 8192, 2048 + 256}));

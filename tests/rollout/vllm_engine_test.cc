@@ -100,7 +100,7 @@ class WireDataPath final : public VllmDataPath {
 
 // A bucket in the planner's layout (back to back, in order) and its bytes.
 struct TestBucket {
-  engine::BucketManifest manifest;
+  transport::BucketManifest manifest;
   std::vector<uint8_t> bytes;
 };
 
@@ -118,8 +118,8 @@ TestBucket MakeBucket(uint32_t index, int layer, uint32_t seed) {
   };
   std::mt19937 rng(seed);
   for (const auto& [unused, d] : tensors) {
-    engine::ManifestTensor t{d.name, d.dtype, d.shape, b.bytes.size(),
-                             static_cast<uint64_t>(d.nbytes())};
+    transport::ManifestTensor t{d.name, d.dtype, d.shape, b.bytes.size(),
+                                static_cast<uint64_t>(d.nbytes())};
     for (uint64_t i = 0; i < t.nbytes; ++i) b.bytes.push_back(static_cast<uint8_t>(rng()));
     b.manifest.tensors.push_back(std::move(t));
   }
@@ -197,7 +197,7 @@ class Harness {
 void ExpectHolds(const VllmEngineState& s, const std::vector<TestBucket>& buckets) {
   size_t n = 0;
   for (const TestBucket& b : buckets) {
-    for (const engine::ManifestTensor& t : b.manifest.tensors) {
+    for (const transport::ManifestTensor& t : b.manifest.tensors) {
       ++n;
       auto it = s.weights.find(t.name);
       ASSERT_NE(it, s.weights.end()) << t.name;

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
-#include "core/engine/checksum.h"
 #include "core/rollout/update_request.h"
+#include "core/transport/checksum.h"
 
 namespace wpub::nccl {
 namespace {
@@ -321,7 +321,7 @@ absl::StatusOr<std::string> BucketReceiver::Update(const std::string& body) {
 }
 
 absl::StatusOr<ReceivedBucket> BucketReceiver::ReceiveChunks(
-    std::string version, std::vector<engine::ManifestTensor> tensors, uint64_t nbytes,
+    std::string version, std::vector<transport::ManifestTensor> tensors, uint64_t nbytes,
     std::vector<uint64_t> chunks) {
   if (!options_.copy_to_host) {
     return absl::FailedPreconditionError("ReceiveChunks needs copy_to_host");
@@ -372,7 +372,7 @@ absl::Status BucketReceiver::ReceiveOnRank(size_t i, absl::Span<const uint64_t> 
   WPUB_RETURN_IF_ERROR(WaitRank(i, failed, deadline));
   if (bytes != nullptr) {
     WPUB_RETURN_IF_ERROR(k.CopyToHost(0, n, bytes));
-    *checksum = engine::Checksum(bytes->data(), bytes->size());
+    *checksum = transport::Checksum(bytes->data(), bytes->size());
     return absl::OkStatus();
   }
   WPUB_RETURN_IF_ERROR(k.EnqueueChecksum(0, n));

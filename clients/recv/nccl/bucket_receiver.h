@@ -79,7 +79,7 @@ class BucketReceiver {
   // on every device and verified as Update does, in arrival order. Needs copy_to_host (the bytes
   // come back in the result). Errors as Update's.
   absl::StatusOr<ReceivedBucket> ReceiveChunks(std::string version,
-                                               std::vector<engine::ManifestTensor> tensors,
+                                               std::vector<transport::ManifestTensor> tensors,
                                                uint64_t nbytes, std::vector<uint64_t> chunks);
   // /receive_raw: `count` broadcasts of `nbytes` back to back, no decoding, no checksum.
   absl::StatusOr<std::string> ReceiveRaw(uint64_t nbytes, uint64_t count);

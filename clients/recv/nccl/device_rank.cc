@@ -3,8 +3,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
-#include "core/engine/checksum.h"
 #include "core/gpu/streams.h"
+#include "core/transport/checksum.h"
 #include "kernels/cuda/status_kernels.h"
 
 namespace wpub::nccl {
@@ -146,7 +146,7 @@ absl::Status DeviceRank::CopyToHost(int slot, uint64_t n, std::vector<uint8_t>* 
 }
 
 uint64_t DeviceRank::Checksum(int slot, uint64_t n) const {
-  return engine::ChecksumFinish(*slots_[slot].sum_host.as<const Word>(), n);
+  return transport::ChecksumFinish(*slots_[slot].sum_host.as<const Word>(), n);
 }
 
 double DeviceRank::ReceiveDeviceSeconds(int slot) const {

@@ -71,7 +71,7 @@ class DeviceRank {
 
   // Copies `slot`'s first `n` bytes to *bytes (synchronous; the receive must be complete).
   absl::Status CopyToHost(int slot, uint64_t n, std::vector<uint8_t>* bytes) const;
-  // The bucket's checksum (core/engine/checksum.h) from `slot`'s read-back word, once the
+  // The bucket's checksum (core/transport/checksum.h) from `slot`'s read-back word, once the
   // stream that read it back is past it.
   uint64_t Checksum(int slot, uint64_t n) const;
   // The device time of `slot`'s last verified receive, from `posted` to `landed`, in seconds

@@ -24,7 +24,7 @@
 // Besides SGLang's routes it serves GET /stats: {"<version>": {"buckets": n, "bytes": b,
 // "checksums": [...], "decode_seconds": .., "wait_seconds": .., "receive_seconds": ..,
 // "receive_device_seconds": .., "last_verified_ns": ..}} (ReceiverVersionStats; checksums:
-// core/engine/checksum.h).
+// core/transport/checksum.h).
 //
 // Pieces: receiver_endpoint.cc the HTTP routes; bucket_receiver.h the receive path (group,
 // request order, both receive modes, stats); device_rank.h one GPU's slots, streams and
@@ -63,10 +63,10 @@ struct ReceiverEndpointOptions {
 struct ReceivedBucket {
   std::string version;  // the request's weight_version
   uint32_t index = 0;   // position within the version
-  std::vector<engine::ManifestTensor> tensors;
+  std::vector<transport::ManifestTensor> tensors;
   uint64_t nbytes = 0;         // the bucket's size
   std::vector<uint8_t> bytes;  // empty unless ReceiverEndpointOptions::copy_to_host
-  uint64_t checksum = 0;       // core/engine/checksum.h over the bucket's bytes
+  uint64_t checksum = 0;       // core/transport/checksum.h over the bucket's bytes
 };
 
 struct ReceiverVersionStats {

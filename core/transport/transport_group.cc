@@ -1,12 +1,12 @@
 // TransportGroup: one publication over several transports.
-#include "core/engine/transport_group.h"
+#include "core/transport/transport_group.h"
 
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 absl::StatusOr<std::unique_ptr<TransportGroup>> TransportGroup::Create(
     std::vector<Transport*> members) {
@@ -167,4 +167,4 @@ std::vector<ReceiverInfo> TransportGroup::Receivers() const {
   return all;
 }
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -1,10 +1,10 @@
 // The bucket checksum (definition in checksum.h).
-#include "core/engine/checksum.h"
+#include "core/transport/checksum.h"
 
 #include <bit>
 #include <cstring>
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 static_assert(std::endian::native == std::endian::little, "checksum words are little-endian");
 
@@ -29,4 +29,4 @@ uint64_t Checksum(const uint8_t* data, size_t n) {
   return ChecksumFinish(ChecksumPartial(data, n, 0), n);
 }
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

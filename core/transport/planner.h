@@ -15,9 +15,9 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/common/tensor.h"
-#include "core/engine/types.h"
+#include "core/transport/types.h"
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 // One output tensor inside a bucket: outputs[output] at [offset, offset + nbytes).
 struct PlacedTensor {
@@ -50,4 +50,4 @@ absl::Status CheckLayout(absl::Span<const BucketLayout> buckets,
 // The manifest entry of one bucket (checksum left 0).
 BucketManifest MakeBucketManifest(const BucketLayout& layout, absl::Span<const TensorDesc> outputs);
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -1,4 +1,5 @@
-// The bytes' side of a weight-update group, as the rollout group (rollout_group.h) drives it:
+// The bytes' side of a weight-update group, as the rollout group (core/rollout/rollout_group.h)
+// drives it:
 // rank 0 of a group of engine ranks, one publication at a time, each bucket broadcast to every
 // rank, and a watchdog that ends the publication on the first failure (its own, a peer's, or the
 // deadline). NCCL is the one used in production (core/nccl/nccl_transport.h: NcclTransport);
@@ -19,9 +20,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/engine/bucket.h"
+#include "core/transport/bucket.h"
 
-namespace wpub::rollout {
+namespace wpub::transport {
 
 // What one publication's watchdog watches besides the channel itself.
 struct PublicationWatch {
@@ -60,7 +61,7 @@ class GroupChannel {
   virtual void Begin(PublicationWatch watch) = 0;
   // Broadcasts one bucket as `chunks` (byte sizes in order summing to its size; empty: one
   // broadcast). ABORTED with the failure once the publication failed.
-  virtual absl::Status Send(const engine::Bucket& bucket, absl::Span<const uint64_t> chunks) = 0;
+  virtual absl::Status Send(const Bucket& bucket, absl::Span<const uint64_t> chunks) = 0;
   // Waits until rank 0's side of every broadcast of the publication completed.
   virtual absl::Status WaitSent(absl::Time deadline) = 0;
   // Stops the watchdog (the publication ended).
@@ -70,4 +71,4 @@ class GroupChannel {
   virtual absl::Status failure() const = 0;
 };
 
-}  // namespace wpub::rollout
+}  // namespace wpub::transport

@@ -1,11 +1,11 @@
 // Fault-injecting transport decorator (see fault_injection.h).
-#include "core/engine/testing/fault_injection.h"
+#include "core/transport/testing/fault_injection.h"
 
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 
-namespace wpub::engine::testing {
+namespace wpub::transport::testing {
 
 const char* FaultKindName(FaultKind kind) {
   switch (kind) {
@@ -94,4 +94,4 @@ std::vector<ReceiverOutcome> FaultInjectingTransport::Outcomes() const {
 
 std::vector<ReceiverInfo> FaultInjectingTransport::Receivers() const { return inner_->Receivers(); }
 
-}  // namespace wpub::engine::testing
+}  // namespace wpub::transport::testing

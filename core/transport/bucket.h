@@ -14,12 +14,12 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/engine/types.h"
+#include "core/transport/types.h"
 
 // The CUDA runtime's event type (cudaEvent_t is `CUevent_st*`).
 struct CUevent_st;
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 enum class BucketLocation : uint8_t {
   kHost = 1,    // Bucket::bytes
@@ -69,4 +69,4 @@ struct Bucket {
   absl::Span<const uint8_t> span() const { return absl::MakeConstSpan(bytes); }
 };
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

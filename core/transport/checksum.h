@@ -18,7 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 inline constexpr uint64_t kChecksumIndexMul = 0x9E3779B97F4A7C15ull;
 
@@ -42,4 +42,4 @@ constexpr uint64_t ChecksumFinish(uint64_t sum, uint64_t n) { return ChecksumMix
 // checksum(b) of the n bytes at `data`.
 uint64_t Checksum(const uint8_t* data, size_t n);
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -1,12 +1,12 @@
 // Bucket planner: flattened-bucket alignment invariant, bucket sizing with oversize units, and
 // a randomized property test of CheckLayout's invariants.
-#include "core/engine/planner.h"
+#include "core/transport/planner.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-namespace wpub::engine {
+namespace wpub::transport {
 namespace {
 
 TensorDesc T(std::string name, DType dtype, Shape shape) {
@@ -137,4 +137,4 @@ TEST(PlannerTest, RandomizedLayoutsSatisfyTheInvariants) {
 }
 
 }  // namespace
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/engine/transport.h"
+#include "core/transport/transport.h"
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 class TransportGroup final : public Transport {
  public:
@@ -50,4 +50,4 @@ class TransportGroup final : public Transport {
   size_t device_reader_ = 0;          // the member reading device bytes (Begin's choice)
 };
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

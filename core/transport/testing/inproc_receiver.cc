@@ -1,13 +1,13 @@
 // In-process pull receiver (see inproc_receiver.h).
-#include "core/engine/testing/inproc_receiver.h"
+#include "core/transport/testing/inproc_receiver.h"
 
 #include <algorithm>
 
 #include <variant>
 
-#include "core/engine/checksum.h"
+#include "core/transport/checksum.h"
 
-namespace wpub::engine::testing {
+namespace wpub::transport::testing {
 
 absl::StatusOr<std::unique_ptr<InprocReceiver>> InprocReceiver::Start(
     PullTransport* transport, InprocReceiverOptions options) {
@@ -157,4 +157,4 @@ uint64_t InprocReceiver::bytes_read() const {
   return bytes_read_;
 }
 
-}  // namespace wpub::engine::testing
+}  // namespace wpub::transport::testing

@@ -22,10 +22,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "core/engine/transport.h"
-#include "core/engine/types.h"
+#include "core/transport/transport.h"
+#include "core/transport/types.h"
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 struct PullTransportOptions {
   // A receiver whose undelivered events exceed this many is dropped (it fails the publication
@@ -195,4 +195,4 @@ class PullTransport final : public Transport {
   std::shared_ptr<Subscription::Hub> hub_;
 };
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -1,6 +1,6 @@
 // Bucket checksum: known vectors (from an independent Python implementation of the definition
-// in core/engine/checksum.h) and the partial-sum property the GPU relies on.
-#include "core/engine/checksum.h"
+// in core/transport/checksum.h) and the partial-sum property the GPU relies on.
+#include "core/transport/checksum.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace wpub::engine {
+namespace wpub::transport {
 namespace {
 
 uint64_t Of(const std::string& s) {
@@ -77,4 +77,4 @@ TEST(ChecksumTest, DetectsEverySingleBitFlipInASmallBuffer) {
 }
 
 }  // namespace
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -1,8 +1,8 @@
-// A fault-injecting transport for tests: a decorator over any engine::Transport that, per
+// A fault-injecting transport for tests: a decorator over any transport::Transport that, per
 // publication attempt, can drop, delay or corrupt the bytes of bucket k, cut a receiver off at
 // bucket k, or fail at the commit, so the engine's all-or-nothing contract is tested against
 // every kind of failure without hardware. A fault is armed for the next Begin(s); each Begin
-// consumes one of its attempts. Thread-safety: as engine::Transport (Abort from any thread).
+// consumes one of its attempts. Thread-safety: as transport::Transport (Abort from any thread).
 #pragma once
 
 #include <atomic>
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "core/engine/transport.h"
+#include "core/transport/transport.h"
 
-namespace wpub::engine::testing {
+namespace wpub::transport::testing {
 
 enum class FaultKind : uint8_t {
   kNone,
@@ -63,4 +63,4 @@ class FaultInjectingTransport final : public Transport {
   std::atomic<uint64_t> injected_{0};
 };
 
-}  // namespace wpub::engine::testing
+}  // namespace wpub::transport::testing

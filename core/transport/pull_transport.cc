@@ -1,7 +1,7 @@
 // The gRPC-pull transport's core half: subscriptions with event queues, buckets staged in host
 // memory, acknowledgement bookkeeping. One mutex guards everything; waits use condition
 // variables (one per receiver for Next, one for the engine's WaitAcknowledged).
-#include "core/engine/pull_transport.h"
+#include "core/transport/pull_transport.h"
 
 #include <errno.h>
 #include <sys/random.h>
@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 namespace {
 // Versions whose outcome a transport remembers for receivers that held them staged.
@@ -734,4 +734,4 @@ void PullTransport::Shutdown(bool abort_in_flight) {
   for (auto& [id, r] : hub_->receivers) hub_->Wake(*r);
 }
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -17,9 +17,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/engine/pull_transport.h"
+#include "core/transport/pull_transport.h"
 
-namespace wpub::engine::testing {
+namespace wpub::transport::testing {
 
 struct InprocReceiverOptions {
   std::string name = "receiver";
@@ -79,4 +79,4 @@ class InprocReceiver {
   std::thread thread_;
 };
 
-}  // namespace wpub::engine::testing
+}  // namespace wpub::transport::testing

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "core/engine/transport.h"
+#include "core/transport/transport.h"
 
-namespace wpub::engine::testing {
+namespace wpub::transport::testing {
 
 class FakeRolloutEngine final : public Transport {
  public:
@@ -70,4 +70,4 @@ class FakeRolloutEngine final : public Transport {
   uint64_t mixed_ = 0;
 };
 
-}  // namespace wpub::engine::testing
+}  // namespace wpub::transport::testing

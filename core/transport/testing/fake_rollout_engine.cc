@@ -1,9 +1,9 @@
 // An SGLang-like rollout engine for CPU tests (see fake_rollout_engine.h).
-#include "core/engine/testing/fake_rollout_engine.h"
+#include "core/transport/testing/fake_rollout_engine.h"
 
 #include "absl/strings/str_cat.h"
 
-namespace wpub::engine::testing {
+namespace wpub::transport::testing {
 
 void FakeRolloutEngine::FailRequests() {
   std::lock_guard lock(mu_);
@@ -168,4 +168,4 @@ std::vector<ReceiverInfo> FakeRolloutEngine::Receivers() const {
   return {r};
 }
 
-}  // namespace wpub::engine::testing
+}  // namespace wpub::transport::testing

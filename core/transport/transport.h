@@ -28,10 +28,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/engine/bucket.h"
-#include "core/engine/types.h"
+#include "core/transport/bucket.h"
+#include "core/transport/types.h"
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 struct TransportCapabilities {
   std::string name;  // "pull", "nccl"
@@ -97,4 +97,4 @@ class Transport {
   virtual void MarkParticipantsDirty() {}
 };
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -1,11 +1,11 @@
 // Bucket planning in the flattened-bucket layout (see planner.h).
-#include "core/engine/planner.h"
+#include "core/transport/planner.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
-namespace wpub::engine {
+namespace wpub::transport {
 
 absl::StatusOr<std::vector<BucketLayout>> PlanBuckets(absl::Span<const TensorDesc> outputs,
                                                       absl::Span<const uint32_t> unit_sizes,
@@ -138,4 +138,4 @@ BucketManifest MakeBucketManifest(const BucketLayout& layout,
   return m;
 }
 
-}  // namespace wpub::engine
+}  // namespace wpub::transport

@@ -1,0 +1,176 @@
+// Value types of the transport contract (core/transport/transport.h): what receivers learn
+// before the bytes (manifests), the events a pull receiver is sent, and each receiver's state
+// and outcome. No protobuf here; the server maps these one to one onto proto/wpub/v1 messages.
+// Plain values (copyable, no hidden sharing), therefore thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/common/tensor.h"
+
+namespace wpub::transport {
+
+// ---------------------------------------------------------------------------------------------
+// Manifests (what receivers learn before the bytes).
+// ---------------------------------------------------------------------------------------------
+
+// One tensor inside a bucket: buf[offset, offset + nbytes) viewed as dtype, reshaped to shape.
+struct ManifestTensor {
+  std::string name;
+  DType dtype = DType::kUInt8;
+  Shape shape;
+  uint64_t offset = 0;
+  uint64_t nbytes = 0;
+  friend bool operator==(const ManifestTensor&, const ManifestTensor&) = default;
+};
+
+// One bucket in SGLang's flattened-bucket layout; see core/engine/checksum.h for `checksum`.
+struct BucketManifest {
+  uint32_t index = 0;
+  uint64_t nbytes = 0;
+  uint64_t checksum = 0;
+  std::vector<ManifestTensor> tensors;
+  friend bool operator==(const BucketManifest&, const BucketManifest&) = default;
+};
+
+struct PublicationManifest {
+  uint64_t version = 0;
+  // Transfers of this version begun so far, counting this one (1, or more when the engine
+  // retries a version; EngineOptions::max_attempts). Receivers echo it in ReadBucket and Ack,
+  // so a late acknowledgement of an aborted attempt never counts for the retry.
+  uint32_t attempt = 1;
+  std::string model_id;
+  std::string recipe;
+  std::vector<BucketManifest> buckets;
+  // A group version (GroupMembership): receivers subscribed to every member apply the version
+  // once they hold every member's buckets and one member tells them to commit. 1 and 0 alone.
+  std::string group;
+  uint32_t group_members = 1;
+  uint32_t group_member = 0;
+  // Whether this publisher makes the engines' lifecycle calls around its buckets (pause ..
+  // begin before the first, version .. continue at commit). False for the members of a group
+  // other than the leader: the leader calls them once per engine per version.
+  bool engine_lifecycle = true;
+  uint64_t total_bytes() const {
+    uint64_t n = 0;
+    for (const auto& b : buckets) n += b.nbytes;
+    return n;
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Receiver events (the subscription stream of the gRPC-pull transport).
+// ---------------------------------------------------------------------------------------------
+
+// What a daemon knows of a version a receiver holds staged without knowing its outcome.
+enum class StagedDecision : uint8_t {
+  kUnknown,  // this daemon cannot say (another member of a group may)
+  kApply,    // it committed here: apply it
+  kDiscard,  // it aborted here, or a later version committed: discard it
+};
+
+// First event of every subscription.
+struct GroupInfoEvent {
+  std::string receiver_name;
+  std::string transport;           // "pull"
+  uint64_t committed_version = 0;  // the engine's current version at subscribe time
+  // The subscription's secret: ReadBucket and Ack must present it (PullTransport).
+  std::string subscription_token;
+  // What the daemon knows of the version the receiver said it holds staged, undecided
+  // (PullTransport::Subscribe's staged_version).
+  StagedDecision staged = StagedDecision::kUnknown;
+  std::string staged_reason;
+};
+// A publication starts; the receiver will take part in it.
+// Buckets are announced before they are packed (the GPU path pipelines packing with the
+// transfer), so every BucketManifest::checksum here is 0; the checksum of a bucket arrives with
+// its BucketReadyEvent. Names, dtypes, shapes, offsets and sizes are final.
+struct ManifestEvent {
+  PublicationManifest manifest;
+  // The daemon's committed version as this publication begins (decides a version a receiver
+  // holds staged and in doubt: equal, it committed; lower, it did not).
+  uint64_t committed_version = 0;
+};
+// Bucket `index` of `version` can be read (ReadBucket) and must then be acknowledged (Ack)
+// with the checksum the receiver computes over the bytes it read.
+struct BucketReadyEvent {
+  uint64_t version = 0;
+  uint32_t attempt = 1;  // PublicationManifest::attempt
+  uint32_t index = 0;
+  uint64_t nbytes = 0;
+  uint64_t checksum = 0;  // the bucket's checksum (also in the Bucket's manifest)
+};
+// Every receiver acknowledged every bucket: apply `version`.
+struct CommitEvent {
+  uint64_t version = 0;
+};
+// Discard everything received for `version`; keep serving the previous version.
+struct AbortEvent {
+  uint64_t version = 0;
+  uint32_t attempt = 1;  // the attempt that was aborted
+  std::string reason;
+};
+
+using ReceiverEvent =
+    std::variant<GroupInfoEvent, ManifestEvent, BucketReadyEvent, CommitEvent, AbortEvent>;
+
+// ---------------------------------------------------------------------------------------------
+// Receivers and reports.
+// ---------------------------------------------------------------------------------------------
+
+enum class ReceiverState : uint8_t {
+  kIdle,       // connected, no publication in flight for it
+  kReceiving,  // taking part in the active publication, not every bucket acknowledged yet
+  kStaged,     // acknowledged every bucket of the active publication
+  kFailed,     // failed the active or last publication (bad checksum, timeout); still connected
+  kLeft,       // disconnected (kept in reports only)
+  // Received bytes of a version that then aborted, and applies bytes on receipt (SGLang,
+  // vLLM): its live weights may be a mix, so it stays paused (serves nothing) until a complete
+  // version is applied to it.
+  kDirty,
+};
+// "idle", "receiving", "staged", "failed", "left", "dirty" (the wpub_engines{state} label
+// values).
+const char* ReceiverStateName(ReceiverState state);
+
+struct ReceiverInfo {
+  std::string name;
+  ReceiverState state = ReceiverState::kIdle;
+  uint64_t last_committed_version = 0;  // last version this receiver was told to commit
+  absl::Time connected_at = absl::InfinitePast();
+};
+
+// Why a receiver failed a publication (the wpub_engine_failures_total{reason} label values).
+enum class ReceiverFailure : uint8_t {
+  kNone,
+  kChecksum,      // acknowledged a bucket with a checksum other than the manifest's
+  kTimeout,       // did not acknowledge every bucket before the commit deadline
+  kDisconnected,  // left (closed its subscription) while the publication was in flight
+  kProtocol,      // acknowledged an unknown version/bucket, or its event queue overflowed
+};
+// "none", "checksum", "timeout", "disconnected", "protocol".
+const char* ReceiverFailureName(ReceiverFailure failure);
+
+// Outcome of one receiver in one publication.
+struct ReceiverOutcome {
+  std::string name;
+  // The receiving process's instance (SubscribeRequest.instance; "" for engines and receivers
+  // that gave none): with the name, what identifies it across the members of a group.
+  std::string instance;
+  ReceiverState state = ReceiverState::kIdle;  // kStaged when it acknowledged everything
+  bool committed = false;                      // it was told to apply the version
+  ReceiverFailure failure = ReceiverFailure::kNone;
+  std::string error;  // empty on success
+  // The receiver applies bytes on receipt and holds some of a version that has not committed:
+  // an abort left it paused and kDirty until a complete version reaches it, or (while the
+  // publication is in flight) it would be if the publication ended now.
+  bool dirty = false;
+};
+
+}  // namespace wpub::transport
