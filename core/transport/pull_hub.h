@@ -1,0 +1,307 @@
+// Internal to the pull transport (pull_transport.cc, subscription.cc): the state both halves
+// share -- receivers and their event queues, the publication in flight, the outcomes of versions
+// receivers may hold staged -- behind one mutex, and the helpers both use. Not part of the
+// module's interface.
+#pragma once
+
+#include <errno.h>
+#include <sys/random.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status.h"
+#include "core/transport/pull_transport.h"
+
+namespace wpub::transport::pull_internal {
+
+
+// Versions whose outcome a transport remembers for receivers that held them staged.
+inline constexpr size_t kVersionsRemembered = 64;
+
+
+// 256 bits: far beyond guessing, and the cost is one getrandom per subscription.
+inline constexpr size_t kTokenBytes = 32;
+
+// A subscription token: kTokenBytes from the kernel's CSPRNG, hex-encoded.
+inline absl::StatusOr<std::string> NewToken() {
+  std::string bytes(kTokenBytes, '\0');
+  size_t filled = 0;
+  while (filled < bytes.size()) {
+    const ssize_t n = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(
+          absl::StrCat("cannot draw a subscription token: getrandom: ", std::strerror(errno)));
+    }
+    filled += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(bytes);
+}
+
+// Compares in time independent of where the strings differ, so a token cannot be guessed
+// byte by byte from response times.
+inline bool TokensEqual(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+inline std::chrono::steady_clock::time_point SteadyDeadline(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return std::chrono::steady_clock::now();
+  if (left > absl::Hours(24 * 365)) return std::chrono::steady_clock::time_point::max();
+  return std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(left);
+}
+
+}  // namespace wpub::transport::pull_internal
+
+namespace wpub::transport {
+
+struct Subscription::Hub {
+  struct Receiver {
+    std::string name;
+    std::string instance;
+    std::deque<ReceiverEvent> events;
+    std::condition_variable cv;
+    ReceiverState state = ReceiverState::kIdle;
+    uint64_t last_committed_version = 0;
+    uint64_t held_version = 0;  // as subscribed; raised by every commit
+    absl::Time connected_at;
+    bool closed = false;
+    bool cancelled = false;
+    bool dropped = false;
+    // Subscription::Attach: the sink events go to, and whether it holds an item.
+    SubscriptionSink* sink = nullptr;
+    bool sink_busy = false;
+  };
+  struct Participant {
+    uint64_t id = 0;
+    std::string name;
+    std::string instance;
+    std::vector<bool> acked;
+    size_t num_acked = 0;
+    ReceiverFailure failure = ReceiverFailure::kNone;
+    std::string error;
+    bool committed = false;
+  };
+
+  explicit Hub(const PullTransportOptions& o) : options(o) {}
+
+  const PullTransportOptions options;
+  mutable std::mutex mu;
+  std::condition_variable ack_cv;  // WaitAcknowledged
+  std::map<uint64_t, std::shared_ptr<Receiver>> receivers;
+  std::set<uint64_t> dropped_ids;
+  uint64_t next_id = 1;
+  uint64_t committed_version = 0;
+  bool shutdown = false;
+
+  bool in_flight = false;
+  bool failed = false;  // a participant failed the publication in flight
+  PublicationManifest manifest;
+  std::vector<std::shared_ptr<const Bucket>> staged;
+  std::vector<Participant> participants;
+  uint64_t last_aborted_version = 0;
+  // What receivers were last told of each recent version (true: commit), newest kept.
+  std::map<uint64_t, bool> told;
+  void Told(uint64_t version, bool committed) {
+    told[version] = committed;
+    while (told.size() > pull_internal::kVersionsRemembered) told.erase(told.begin());
+  }
+  // What this transport knows of `version`, held staged by a receiver that subscribes.
+  std::pair<StagedDecision, std::string> StagedLocked(uint64_t version) const {
+    if (version == 0) return {StagedDecision::kUnknown, ""};
+    if (in_flight && manifest.version == version) {
+      return {StagedDecision::kUnknown,
+              absl::StrCat("version ", version, " is still being published here")};
+    }
+    if (auto it = told.find(version); it != told.end()) {
+      return {it->second ? StagedDecision::kApply : StagedDecision::kDiscard,
+              absl::StrCat("version ", version, it->second ? " committed" : " aborted", " here")};
+    }
+    if (version < committed_version) {
+      return {StagedDecision::kDiscard, absl::StrCat("version ", committed_version,
+                                                     " committed here since version ", version)};
+    }
+    return {StagedDecision::kUnknown, absl::StrCat("no record of version ", version, " here")};
+  }
+  std::vector<ReceiverOutcome> last_outcomes;
+
+  // FAILED_PRECONDITION when `attempt` (0 is read as 1) is not the attempt of `version` in
+  // flight: a receiver still working through an attempt that was aborted and begun again.
+  absl::Status CheckAttempt(absl::string_view receiver, uint64_t version, uint32_t attempt) const {
+    const uint32_t a = attempt == 0 ? 1 : attempt;
+    if (in_flight && manifest.version == version && manifest.attempt != a) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("receiver ", receiver, ": attempt ", a, " of version ", version,
+                       " was aborted; attempt ", manifest.attempt, " is in flight"));
+    }
+    return absl::OkStatus();
+  }
+
+  Participant* FindParticipant(uint64_t id) {
+    for (auto& p : participants) {
+      if (p.id == id) return &p;
+    }
+    return nullptr;
+  }
+
+  std::vector<ReceiverOutcome> OutcomesLocked() const {
+    if (!in_flight) return last_outcomes;
+    std::vector<ReceiverOutcome> out;
+    for (const auto& p : participants) {
+      ReceiverOutcome o{p.name,      p.instance, ReceiverState::kReceiving,
+                        p.committed, p.failure,  p.error};
+      if (p.failure != ReceiverFailure::kNone) {
+        o.state = p.failure == ReceiverFailure::kDisconnected ? ReceiverState::kLeft
+                                                              : ReceiverState::kFailed;
+      } else if (p.num_acked == manifest.buckets.size()) {
+        o.state = ReceiverState::kStaged;
+      }
+      out.push_back(std::move(o));
+    }
+    return out;
+  }
+
+  void FailParticipant(Participant& p, ReceiverFailure failure, std::string error) {
+    if (p.failure != ReceiverFailure::kNone) return;
+    p.failure = failure;
+    p.error = std::move(error);
+    failed = true;
+    if (auto it = receivers.find(p.id); it != receivers.end()) {
+      it->second->state = ReceiverState::kFailed;
+    }
+    ack_cv.notify_all();
+  }
+
+  // Queues `event` for receiver `id`; drops a receiver whose queue overflows.
+  void Push(uint64_t id, ReceiverEvent event) {
+    auto it = receivers.find(id);
+    if (it == receivers.end()) return;
+    Receiver& r = *it->second;
+    if (r.events.size() >= options.max_queued_events) {
+      r.dropped = true;
+      Wake(r);
+      dropped_ids.insert(id);
+      receivers.erase(it);
+      if (in_flight) {
+        if (Participant* p = FindParticipant(id)) {
+          FailParticipant(*p, ReceiverFailure::kProtocol,
+                          absl::StrCat("receiver ", p->name, " fell behind (",
+                                       options.max_queued_events, " undelivered events)"));
+        }
+      }
+      return;
+    }
+    r.events.push_back(std::move(event));
+    Wake(r);
+  }
+
+  // What Next returns now for `r` (nullopt: nothing yet). Events queued before a shutdown are
+  // still delivered (the commit or abort of the last publication must reach every receiver);
+  // only an empty queue reports the shutdown.
+  std::optional<absl::StatusOr<ReceiverEvent>> NextLocked(Receiver& r) {
+    if (r.dropped) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("receiver ", r.name, " was dropped for falling behind"));
+    }
+    if (r.closed || r.cancelled) {
+      return absl::CancelledError(absl::StrCat("subscription of receiver ", r.name, " is closed"));
+    }
+    if (!r.events.empty()) {
+      ReceiverEvent event = std::move(r.events.front());
+      r.events.pop_front();
+      return event;
+    }
+    if (shutdown) {
+      return absl::CancelledError(absl::StrCat("subscription of receiver ", r.name, " is closed"));
+    }
+    return std::nullopt;
+  }
+
+  // Something changed for `r`: wakes Next, or hands an idle sink what waits.
+  void Wake(Receiver& r) {
+    r.cv.notify_all();
+    if (r.sink == nullptr || r.sink_busy) return;
+    std::optional<absl::StatusOr<ReceiverEvent>> item = NextLocked(r);
+    if (!item.has_value()) return;
+    r.sink_busy = true;
+    r.sink->Deliver(*std::move(item));
+  }
+
+  // Ends the publication in flight, recording outcomes and releasing the staged buckets.
+  void EndLocked(bool committed) {
+    for (auto& p : participants) {
+      p.committed = committed;
+      if (auto it = receivers.find(p.id); it != receivers.end()) {
+        Receiver& r = *it->second;
+        if (committed) {
+          r.last_committed_version = manifest.version;
+          r.held_version = std::max(r.held_version, manifest.version);
+        }
+        if (p.failure == ReceiverFailure::kNone) r.state = ReceiverState::kIdle;
+      }
+    }
+    last_outcomes = OutcomesLocked();
+    if (committed) {
+      for (auto& o : last_outcomes) o.state = ReceiverState::kStaged;
+    }
+    in_flight = false;
+    staged.clear();
+    ack_cv.notify_all();
+  }
+
+  std::optional<HeldVersion> HighestHeldLocked() const {
+    std::optional<HeldVersion> best;
+    for (const auto& [id, r] : receivers) {
+      if (r->held_version != 0 && (!best || r->held_version > best->version)) {
+        best = HeldVersion{r->name, r->held_version};
+      }
+    }
+    return best;
+  }
+
+  absl::Status CheckVersionAheadLocked(uint64_t version) const {
+    std::optional<HeldVersion> held = HighestHeldLocked();
+    if (held && version <= held->version) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("version: ", version, " is not greater than version ", held->version,
+                       " held by receiver '", held->receiver, "'"));
+    }
+    return absl::OkStatus();
+  }
+
+  void Leave(uint64_t id, bool closed) {
+    auto it = receivers.find(id);
+    if (it == receivers.end()) return;
+    it->second->closed = closed;
+    Wake(*it->second);
+    const std::string name = it->second->name;
+    receivers.erase(it);
+    if (in_flight) {
+      if (Participant* p = FindParticipant(id)) {
+        FailParticipant(
+            *p, ReceiverFailure::kDisconnected,
+            absl::StrCat("receiver ", name, " disconnected during publication ", manifest.version));
+      }
+    }
+  }
+};
+
+}  // namespace wpub::transport

@@ -1,0 +1,168 @@
+// The receiver's half of the pull transport: a subscription's events (read with Next or pushed
+// to a sink), its reads of staged buckets and its acknowledgements, over the state it shares
+// with the transport (pull_hub.h).
+#include "core/transport/pull_hub.h"
+
+namespace wpub::transport {
+
+absl::Status ValidateReceiverName(absl::string_view name, absl::string_view field) {
+  if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must not be empty"));
+  if (name.size() > kMaxReceiverNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", name.size(), " bytes, longer than ",
+                                                   kMaxReceiverNameBytes, " ('",
+                                                   absl::CHexEscape(name.substr(0, 32)), "...')"));
+  }
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (!absl::ascii_isgraph(static_cast<unsigned char>(name[i]))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " '", absl::CHexEscape(name), "': byte ", i,
+          " is not printable ASCII (only '!' to '~' are allowed; no spaces or control bytes)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subscription
+
+Subscription::Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id,
+                           std::string token)
+    : hub_(std::move(hub)), name_(std::move(name)), id_(id), token_(std::move(token)) {}
+
+Subscription::~Subscription() { Close(); }
+
+absl::Status Subscription::CheckToken(absl::string_view token) const {
+  if (pull_internal::TokensEqual(token, token_)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "receiver '", name_,
+      "': ", token.empty() ? "no subscription token given" : "wrong subscription token",
+      " (use the token of the receiver's own subscription, sent in its group_info)"));
+}
+
+// The end of a subscription whose receiver is no longer registered (closed or dropped).
+absl::Status Subscription::EndedStatus() const {
+  if (hub_->dropped_ids.count(id_)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("receiver ", name_, " was dropped for falling behind"));
+  }
+  return absl::CancelledError(absl::StrCat("subscription of receiver ", name_, " is closed"));
+}
+
+absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
+  std::unique_lock lock(hub_->mu);
+  auto it = hub_->receivers.find(id_);
+  if (it == hub_->receivers.end()) return EndedStatus();
+  std::shared_ptr<Hub::Receiver> r = it->second;
+  std::optional<absl::StatusOr<ReceiverEvent>> item;
+  r->cv.wait_until(lock, pull_internal::SteadyDeadline(absl::Now() + timeout),
+                   [&] { return (item = hub_->NextLocked(*r)).has_value(); });
+  if (!item.has_value()) {
+    return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
+  }
+  return *std::move(item);
+}
+
+void Subscription::Attach(SubscriptionSink* sink) {
+  std::lock_guard lock(hub_->mu);
+  auto it = hub_->receivers.find(id_);
+  if (it == hub_->receivers.end()) {
+    sink->Deliver(EndedStatus());
+    return;
+  }
+  it->second->sink = sink;
+  it->second->sink_busy = false;
+  hub_->Wake(*it->second);
+}
+
+std::optional<absl::StatusOr<ReceiverEvent>> Subscription::Take() {
+  std::lock_guard lock(hub_->mu);
+  auto it = hub_->receivers.find(id_);
+  // Gone (closed, dropped): it was busy when that happened, so the end is told here.
+  if (it == hub_->receivers.end()) return EndedStatus();
+  std::optional<absl::StatusOr<ReceiverEvent>> item = hub_->NextLocked(*it->second);
+  if (!item.has_value()) it->second->sink_busy = false;
+  return item;
+}
+
+void Subscription::Detach() {
+  std::lock_guard lock(hub_->mu);
+  if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
+    it->second->sink = nullptr;
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::string_view token,
+                                                                       uint64_t version,
+                                                                       uint32_t index,
+                                                                       uint32_t attempt) {
+  if (absl::Status s = CheckToken(token); !s.ok()) return s;
+  std::lock_guard lock(hub_->mu);
+  WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
+  if (hub_->in_flight && hub_->manifest.version == version) {
+    if (index < hub_->staged.size()) return hub_->staged[index];
+    return absl::NotFoundError(
+        absl::StrCat("bucket ", index, " of version ", version, " is not staged"));
+  }
+  if (version != 0 && version == hub_->last_aborted_version) {
+    return absl::AbortedError(absl::StrCat("version ", version, " was aborted"));
+  }
+  return absl::NotFoundError(absl::StrCat("version ", version, " is not in flight"));
+}
+
+absl::Status Subscription::Ack(absl::string_view token, uint64_t version, uint32_t index,
+                               uint64_t checksum, uint32_t attempt) {
+  if (absl::Status s = CheckToken(token); !s.ok()) return s;
+  std::lock_guard lock(hub_->mu);
+  // Before anything else: a late acknowledgement of an aborted attempt of this version must
+  // never count for the retry (the receiver discarded those bytes when it saw the abort).
+  WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
+  if (!hub_->in_flight || hub_->manifest.version != version) {
+    return absl::InvalidArgumentError(absl::StrCat("receiver ", name_, " acknowledged version ",
+                                                   version, ", which is not in flight"));
+  }
+  Hub::Participant* p = hub_->FindParticipant(id_);
+  if (p == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("receiver ", name_, " does not take part in publication ", version));
+  }
+  if (index >= hub_->staged.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("receiver ", name_, " acknowledged bucket ",
+                                                   index, " of version ", version,
+                                                   ", which was not sent"));
+  }
+  if (p->failure != ReceiverFailure::kNone) return absl::OkStatus();
+  const uint64_t expected = hub_->staged[index]->manifest.checksum;
+  if (checksum != expected) {
+    hub_->FailParticipant(
+        *p, ReceiverFailure::kChecksum,
+        absl::StrCat("receiver ", name_, " acknowledged bucket ", index, " of version ", version,
+                     " with checksum ", checksum, ", expected ", expected));
+    return absl::OkStatus();
+  }
+  if (!p->acked[index]) {
+    p->acked[index] = true;
+    ++p->num_acked;
+    if (p->num_acked == hub_->manifest.buckets.size()) {
+      if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
+        it->second->state = ReceiverState::kStaged;
+      }
+      hub_->ack_cv.notify_all();
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Subscription::Close() {
+  std::lock_guard lock(hub_->mu);
+  hub_->Leave(id_, /*closed=*/true);
+}
+
+void Subscription::Cancel() {
+  std::lock_guard lock(hub_->mu);
+  if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
+    it->second->cancelled = true;
+    hub_->Wake(*it->second);
+  }
+}
+
+}  // namespace wpub::transport
