@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/parallel_for.h"
 #include "core/common/status.h"
 #include "core/convert/plan.h"
 #include "kernels/cuda/cuda_raii.h"
@@ -38,30 +39,6 @@ constexpr uint64_t kCopyChunkBytes = uint64_t{64} << 20;
 constexpr uint64_t kReadPieceBytes = uint64_t{8} << 20;
 
 uint64_t AlignUp(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads (the host's page-cache reads and file
-// writes are the path's bottleneck, and one thread cannot saturate either). Returns the first
-// error; the remaining items are still run to completion by the threads already going.
-absl::Status ParallelFor(size_t n, int threads, const std::function<absl::Status(size_t)>& fn) {
-  std::atomic<size_t> next{0};
-  std::mutex mu;
-  absl::Status first;
-  auto work = [&]() {
-    for (size_t i = next++; i < n; i = next++) {
-      absl::Status s = fn(i);
-      if (!s.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (first.ok()) first = std::move(s);
-      }
-    }
-  };
-  const int t = static_cast<int>(std::min<size_t>(n, static_cast<size_t>(std::max(1, threads))));
-  std::vector<std::thread> pool;
-  for (int k = 1; k < t; ++k) pool.emplace_back(work);
-  work();
-  for (std::thread& th : pool) th.join();
-  return first;
-}
 
 // Where one member's pieces sit inside a slot's buffers.
 struct MemberLayout {
@@ -242,7 +219,7 @@ class CudaExecutor final : public Executor {
         pieces.push_back({c.dst + off, c.src + off, std::min(kReadPieceBytes, c.n - off)});
       }
     }
-    WPUB_RETURN_IF_ERROR(ParallelFor(pieces.size(), io_threads_, [&](size_t i) {
+    WPUB_RETURN_IF_ERROR(ParallelForStatus(pieces.size(), io_threads_, [&](size_t i) {
       std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
       return absl::OkStatus();
     }));
@@ -295,7 +272,7 @@ class CudaExecutor final : public Executor {
         items.emplace_back(b, m);
       }
     }
-    WPUB_RETURN_IF_ERROR(ParallelFor(items.size(), io_threads_, [&](size_t i) {
+    WPUB_RETURN_IF_ERROR(ParallelForStatus(items.size(), io_threads_, [&](size_t i) {
       const auto [b, m] = items[i];
       const MemberLayout& l = slot.batch.at[b][m];
       return WriteQuantized(plan.units[slot.batch.units[b]], m, out + l.packed, out + l.scales,

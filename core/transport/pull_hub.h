@@ -29,10 +29,8 @@
 
 namespace wpub::transport::pull_internal {
 
-
 // Versions whose outcome a transport remembers for receivers that held them staged.
 inline constexpr size_t kVersionsRemembered = 64;
-
 
 // 256 bits: far beyond guessing, and the cost is one getrandom per subscription.
 inline constexpr size_t kTokenBytes = 32;
