@@ -8,7 +8,6 @@ daemon blocks the trainer through gRPC flow control instead of buffering the mod
 
 import logging
 import os
-import queue
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from ._options import (DEFAULT_TARGET, build_header, check_target, check_version
                        engine_entries, queue_flag, read_token_file, tls_credentials)
 from .futures import PublicationFuture
 from .progress import Progress
+from ._request_stream import _POLL_S, _CallEnded, _RequestStream
 from .report import ClientTimings, EngineGroup, PublicationReport, Status
 from .shm import ShmArena, ShmPool, ShmSegment, align
 from .tensors import CudaPart, HostPart, ShmPart, TensorError, normalize
@@ -32,9 +32,7 @@ from .tensors import CudaPart, HostPart, ShmPart, TensorError, normalize
 _log = logging.getLogger(__name__)
 
 _SERVICE = "/wpub.v1.Publisher/"
-_END = object()  # sentinel ending the request stream
 _PUBLISHER_TIMEOUT = object()  # publish(timeout=...) default: the Publisher's timeout
-_POLL_S = 0.05  # how often a blocked wait re-checks whether the RPC ended
 _STARTING = object()  # _active while publish_async's thread has not opened its RPC yet
 
 # Publisher.from_env: environment variable -> constructor argument. WPUB_TARGET and
@@ -44,61 +42,6 @@ ENV_VARS = {"WPUB_TARGET": "target", "WPUB_TOKEN_FILE": "token_file",
             "WPUB_TLS_KEY_FILE": "tls_key_file"}
 
 Batch = Tuple[str, Sequence[Tuple[str, Any]]]
-
-
-class _CallEnded(Exception):
-    """The RPC finished (daemon error, deadline, cancel) while we were still producing."""
-
-
-class _RequestStream:
-    """The bounded hand-off between the producing (calling) thread and gRPC's sender."""
-
-    def __init__(self, max_messages: int):
-        self._q: "queue.Queue" = queue.Queue(maxsize=max_messages)
-        self.commit_taken_at: Optional[float] = None
-        self.messages = 0
-
-    def requests(self):  # runs in gRPC's request-consumer thread
-        while True:
-            item = self._q.get()
-            if item is _END:
-                return
-            data, is_commit = item
-            if is_commit:
-                self.commit_taken_at = time.perf_counter()
-            yield data
-
-    def put(self, data: bytes, call, is_commit: bool = False) -> None:
-        """Blocks while gRPC is behind; raises _CallEnded once the RPC is over."""
-        while True:
-            if call.done():
-                raise _CallEnded()
-            try:
-                self._q.put((data, is_commit), timeout=_POLL_S)
-                self.messages += 1
-                return
-            except queue.Full:
-                continue
-
-    def close(self, call) -> None:
-        """Ends the stream after everything queued was sent; once the RPC is over, drops what
-        is unsent instead (gRPC's consumer thread may be blocked waiting for a message)."""
-        while True:
-            try:
-                self._q.put(_END, timeout=_POLL_S)
-                return
-            except queue.Full:
-                if call.done():
-                    break
-        while True:
-            try:
-                self._q.put_nowait(_END)
-                return
-            except queue.Full:
-                try:
-                    self._q.get_nowait()
-                except queue.Empty:
-                    pass
 
 
 def _sync_cuda(devices) -> None:
