@@ -15,6 +15,8 @@
 
 namespace wpub::rollout {
 
+// Declared once: wpubd's GPU-path flags take their defaults from these (server/wpubd/options.cc)
+// and DaemonOptions embeds them.
 struct GpuPathOptions {
   int device = 0;
   // The initial engine set (see ParseEngineSpecs); empty: none until ConnectEngines.

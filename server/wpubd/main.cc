@@ -51,33 +51,13 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
     return wpub::engine::Engine::Create(options.engine, registry, std::move(components));
   }
 #ifdef WPUB_WITH_GPU_PATH
-  wpub::rollout::GpuPathOptions g;
+  wpub::rollout::GpuPathOptions g = options.gpu;
   if (!options.engines.empty()) {
     absl::StatusOr<std::vector<wpub::rollout::EngineSpec>> specs =
         wpub::rollout::ParseEngineSpecs(options.engines);
     if (!specs.ok()) return specs.status();
     g.engines = *std::move(specs);
   }
-  g.device = options.gpu_device;
-  g.group_name = options.nccl_group;
-  const size_t colon = options.nccl_store_listen.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(options.nccl_store_listen.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--nccl_store_listen '", options.nccl_store_listen, "' is not ip:port"));
-  }
-  g.store_bind_address = options.nccl_store_listen.substr(0, colon);
-  g.store_port = static_cast<uint16_t>(port);
-  g.advertise_address = options.nccl_advertise_address;
-  g.request_timeout = options.engine_deadline;
-  g.publication_deadline = options.engine_deadline;
-  g.requests_in_flight = options.engine_requests_in_flight;
-  g.compute_sms = options.gpu_compute_sms;
-  g.overlap_ctas_per_sm = options.gpu_overlap_ctas_per_sm;
-  g.nccl_ctas = options.nccl_ctas;
-  g.engine_auth_token = options.engine_api_key;
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
   absl::StatusOr<wpub::engine::EngineComponents> components =
       wpub::rollout::MakeGpuPathComponents(g);

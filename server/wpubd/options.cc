@@ -98,13 +98,14 @@ ABSL_FLAG(std::string, engines, "",
           "GPU path: engines to publish to over NCCL, \"http://host:port=gpus,...\" (SGLang) or "
           "\"vllm+http://host:port=gpus,...\" (vLLM v0.22+, its weight-transfer API; one kind per "
           "group) (implies --gpu_path; ConnectEngines replaces them).");
-ABSL_FLAG(int32_t, gpu_device, 0, "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
-ABSL_FLAG(std::string, nccl_group, "wpub_weights",
+ABSL_FLAG(int32_t, gpu_device, wpub::rollout::GpuPathOptions{}.device,
+          "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
+ABSL_FLAG(std::string, nccl_group, wpub::rollout::GpuPathOptions{}.group_name,
           "GPU path: weight-update group name (the daemon's incarnation and a generation are "
           "added: <name>_<incarnation>_<generation>).");
 ABSL_FLAG(std::string, nccl_store_listen, "127.0.0.1:0",
           "GPU path: ip:port of the TCPStore rendezvous the engines join.");
-ABSL_FLAG(std::string, nccl_advertise_address, "127.0.0.1",
+ABSL_FLAG(std::string, nccl_advertise_address, wpub::rollout::GpuPathOptions{}.advertise_address,
           "GPU path: the address engines use to reach the TCPStore.");
 ABSL_FLAG(absl::Duration, group_timeout, absl::Seconds(60),
           "Publication groups: how long a group version this daemon leads (member 0) may go "
@@ -127,21 +128,21 @@ ABSL_FLAG(std::string, engine_api_key_file, "",
           "engine started with one answers 401 without it), sent as a bearer token with every "
           "engine request; "
           "never logged.");
-ABSL_FLAG(absl::Duration, engine_deadline, absl::Seconds(120),
+ABSL_FLAG(absl::Duration, engine_deadline, wpub::rollout::GpuPathOptions{}.request_timeout,
           "GPU path: every engine must receive a publication within this (else NCCL abort).");
-ABSL_FLAG(int32_t, engine_requests_in_flight, 1,
+ABSL_FLAG(int32_t, engine_requests_in_flight, wpub::rollout::GpuPathOptions{}.requests_in_flight,
           "GPU path: update requests per engine in flight at once. 1 for SGLang; 2 lets an "
           "engine that orders requests by wpub_sequence (wpub-recv --engine_listen) decode the "
           "next bucket's request while this one's broadcast runs.");
-ABSL_FLAG(int32_t, gpu_compute_sms, 0,
+ABSL_FLAG(int32_t, gpu_compute_sms, wpub::rollout::GpuPathOptions{}.compute_sms,
           "GPU path: run quantize/pack on this many SMs (a CUDA green context), leaving the "
           "others to the bucket broadcasts; 0: every SM. On H200 112-120 of 132 shortened a "
           "publication by about 5%.");
-ABSL_FLAG(int32_t, gpu_overlap_ctas_per_sm, 3,
+ABSL_FLAG(int32_t, gpu_overlap_ctas_per_sm, wpub::rollout::GpuPathOptions{}.overlap_ctas_per_sm,
           "GPU path: at most this many CTAs per SM for the quantize (and pipelined amax) kernels "
           "that run while the previous bucket is broadcast, so that NCCL keeps its pace; 0: no "
           "cap. On 2 x H200, 3 shortened a publication by 5-12%.");
-ABSL_FLAG(int32_t, nccl_ctas, 0,
+ABSL_FLAG(int32_t, nccl_ctas, wpub::rollout::GpuPathOptions{}.nccl_ctas,
           "GPU path: NCCL channels (CTAs) of wpub's rank in the weight-update group, in [0, 64]; "
           "0: NCCL's choice. Every engine rank must use the same count (NCCL_MIN_CTAS and "
           "NCCL_MAX_CTAS in its environment; wpub-recv --nccl_ctas), else NCCL fails every "
@@ -259,33 +260,45 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     o.group_client.auth_token = o.server.service.auth_token;
   }
   if (const std::string path = absl::GetFlag(FLAGS_engine_api_key_file); !path.empty()) {
-    WPUB_ASSIGN_OR_RETURN(o.engine_api_key, cli::ReadSecretFile(path, "--engine_api_key_file"));
+    WPUB_ASSIGN_OR_RETURN(o.gpu.engine_auth_token,
+                          cli::ReadSecretFile(path, "--engine_api_key_file"));
   }
   o.drain_deadline = absl::GetFlag(FLAGS_drain_deadline);
   o.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.engines = absl::GetFlag(FLAGS_engines);
   o.gpu_path = absl::GetFlag(FLAGS_gpu_path) || !o.engines.empty();
-  o.gpu_device = absl::GetFlag(FLAGS_gpu_device);
-  o.nccl_group = absl::GetFlag(FLAGS_nccl_group);
+  o.gpu.device = absl::GetFlag(FLAGS_gpu_device);
+  o.gpu.group_name = absl::GetFlag(FLAGS_nccl_group);
   o.nccl_store_listen = absl::GetFlag(FLAGS_nccl_store_listen);
-  o.nccl_advertise_address = absl::GetFlag(FLAGS_nccl_advertise_address);
-  o.engine_deadline = absl::GetFlag(FLAGS_engine_deadline);
-  o.engine_requests_in_flight = absl::GetFlag(FLAGS_engine_requests_in_flight);
-  WPUB_RETURN_IF_ERROR(
-      IntFlagInRange("engine_requests_in_flight", o.engine_requests_in_flight, 1, 8));
-  o.gpu_compute_sms = absl::GetFlag(FLAGS_gpu_compute_sms);
-  WPUB_RETURN_IF_ERROR(IntFlagInRange("gpu_compute_sms", o.gpu_compute_sms, 0));
-  o.gpu_overlap_ctas_per_sm = absl::GetFlag(FLAGS_gpu_overlap_ctas_per_sm);
-  WPUB_RETURN_IF_ERROR(IntFlagInRange("gpu_overlap_ctas_per_sm", o.gpu_overlap_ctas_per_sm, 0));
-  o.nccl_ctas = absl::GetFlag(FLAGS_nccl_ctas);
-  WPUB_RETURN_IF_ERROR(IntFlagInRange("nccl_ctas", o.nccl_ctas, 0, kMaxNcclCtas));
+  {
+    const size_t colon = o.nccl_store_listen.rfind(':');
+    int port = 0;
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(o.nccl_store_listen.substr(colon + 1), &port) || port < 0 ||
+        port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--nccl_store_listen '", o.nccl_store_listen, "' is not ip:port"));
+    }
+    o.gpu.store_bind_address = o.nccl_store_listen.substr(0, colon);
+    o.gpu.store_port = static_cast<uint16_t>(port);
+  }
+  o.gpu.advertise_address = absl::GetFlag(FLAGS_nccl_advertise_address);
+  o.gpu.request_timeout = o.gpu.publication_deadline = absl::GetFlag(FLAGS_engine_deadline);
+  o.gpu.requests_in_flight = absl::GetFlag(FLAGS_engine_requests_in_flight);
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("engine_requests_in_flight", o.gpu.requests_in_flight, 1, 8));
+  o.gpu.compute_sms = absl::GetFlag(FLAGS_gpu_compute_sms);
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("gpu_compute_sms", o.gpu.compute_sms, 0));
+  o.gpu.overlap_ctas_per_sm = absl::GetFlag(FLAGS_gpu_overlap_ctas_per_sm);
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("gpu_overlap_ctas_per_sm", o.gpu.overlap_ctas_per_sm, 0));
+  o.gpu.nccl_ctas = absl::GetFlag(FLAGS_nccl_ctas);
+  WPUB_RETURN_IF_ERROR(IntFlagInRange("nccl_ctas", o.gpu.nccl_ctas, 0, kMaxNcclCtas));
   if (o.gpu_path && !o.server.insecure_listen && !server::IsLoopbackAddress(o.nccl_store_listen)) {
     return absl::PermissionDeniedError(
         absl::StrCat("--nccl_store_listen '", o.nccl_store_listen,
                      "' is not loopback: pass --insecure_listen to acknowledge"));
   }
-  if (o.engine_deadline <= absl::ZeroDuration()) {
+  if (o.gpu.request_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--engine_deadline must be positive");
   }
   o.log_level = absl::GetFlag(FLAGS_log_level);

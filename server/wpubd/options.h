@@ -9,6 +9,7 @@
 #include "absl/time/time.h"
 #include "core/engine/engine.h"
 #include "core/group/coordinator.h"
+#include "core/rollout/gpu_path.h"
 #include "server/service/daemon_server.h"
 #include "server/service/group_service.h"
 
@@ -44,24 +45,14 @@ struct DaemonOptions {
   // The initial SGLang engines, "http://host:port=gpus,..." (gpus defaults to 1); empty: none
   // until a trainer calls ConnectEngines.
   std::string engines;
-  int gpu_device = 0;
-  std::string nccl_group = "wpub_weights";
   // Where the TCPStore rendezvous listens ("ip:port", port 0 picks one; loopback unless
-  // --insecure_listen) and the address engines are told to reach it at.
+  // --insecure_listen); parsed into gpu.store_bind_address and gpu.store_port.
   std::string nccl_store_listen = "127.0.0.1:0";
-  std::string nccl_advertise_address = "127.0.0.1";
-  absl::Duration engine_deadline = absl::Seconds(120);
-  // --engine_api_key_file's key: the bearer token of every engine request ("": none).
-  std::string engine_api_key;
-  // rollout::SglangDriverOptions::requests_in_flight (1: SGLang's protocol).
-  int engine_requests_in_flight = 1;
-  // gpu::GpuBackendOptions::compute_sms: quantize/pack on this many SMs (0: all).
-  int gpu_compute_sms = 0;
-  // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap).
-  int gpu_overlap_ctas_per_sm = 3;
-  // nccl::GpuPathOptions::nccl_ctas: NCCL channels of wpub's rank (0: NCCL's choice), at most
-  // kMaxNcclCtas (nccl::kMaxCtas; wpubd's options build without NCCL too).
-  int nccl_ctas = 0;
+  // The GPU path's settings, declared (and defaulted) once in rollout::GpuPathOptions: the
+  // device, the group name, the rendezvous addresses, the engines' deadline (request_timeout and
+  // publication_deadline), their API key (engine_auth_token), requests in flight, compute SMs,
+  // the overlap cap, NCCL CTAs. main fills in the parsed engine set and the non-finite check.
+  rollout::GpuPathOptions gpu;
   // Publication groups: how long a round this daemon leads may go without progress, and how
   // this daemon reaches a leader when it is another member (token: --auth_token_file's, the
   // group's daemons share one; TLS to the leader when a CA is given).
