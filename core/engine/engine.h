@@ -43,8 +43,9 @@ struct EngineOptions {
   // After the last bucket was sent, how long receivers have to acknowledge everything before
   // the publication aborts (reason "timeout").
   absl::Duration ack_deadline = absl::Seconds(60);
-  // Fewer connected receivers than this at Commit: the publication aborts (FAILED_PRECONDITION
-  // in the report). 0 lets a publication commit with nobody listening.
+  // Fewer connected receivers than this at Commit, or fewer taking part when a transfer attempt
+  // begins (a receiver may leave in between): the publication aborts (FAILED_PRECONDITION in
+  // the report). 0 lets a publication commit with nobody listening.
   size_t min_receivers = 0;
   // Upper bound of the bytes one publication may stage in inline buffers (OUT_OF_RANGE beyond).
   uint64_t max_inline_bytes = uint64_t{64} << 30;

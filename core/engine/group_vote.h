@@ -1,7 +1,8 @@
 // A publication's vote in its group (docs/DESIGN.md, "Publication groups"): what a session whose
 // header names a group (PublicationHeader::group) tells the group's leader and waits for. The
 // leader's side is core/group (the coordinator of a version); a member other than the leader
-// reaches it over gRPC (server/service/group_client.h). The engine sees only this interface.
+// reaches it over gRPC (server/service/group_client.cc, declared in group_service.h). The
+// engine sees only this interface.
 //
 // One vote per publication, driven by its Commit thread:
 //   Join (at Open) -> Stage (inputs checked, buckets planned; blocks until the leader lets this

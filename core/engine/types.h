@@ -1,5 +1,6 @@
 // Value types that cross the boundary between the engine core and its callers (the gRPC server,
-// tests, benchmarks): publication inputs, manifests, receiver events and reports. No protobuf
+// tests, benchmarks): publication inputs and reports (manifests and receiver events are
+// core/transport/types.h's). No protobuf
 // here; the server maps these one to one onto proto/wpub/v1 messages. All types are plain values
 // (copyable, no hidden sharing) and therefore thread-compatible.
 #pragma once

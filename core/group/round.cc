@@ -34,7 +34,9 @@ Round::Round(std::string group, uint32_t members, uint64_t version, absl::Durati
     : group_(std::move(group)),
       members_(members),
       version_(version),
-      timeout_(timeout),
+      // Bounded: a deadline is the last progress plus the timeout (no overflow, and
+      // ExpireIfStalled keeps InfiniteDuration for "decided").
+      timeout_(std::min(timeout, absl::Hours(24 * 365))),
       max_name_bytes_(max_name_bytes),
       id_(id),
       record_(std::move(record)),

@@ -181,7 +181,7 @@ DiffReport Diff(const Snapshot& a, const Snapshot& b, int threads) {
     }
     r.tensors.push_back(std::move(d));
   }
-  ParallelFor(pairs.size(), threads, [&](size_t k) {
+  ParallelFor(pairs.size(), InspectThreads(threads), [&](size_t k) {
     const Tensor& x = *pairs[k].first;
     const Tensor& y = *pairs[k].second;
     TensorDiff& d = r.tensors[pair_row[k]];

@@ -145,12 +145,16 @@ bool IsEmbedding(absl::string_view module) {
          absl::EndsWith(module, "wte") || absl::EndsWith(module, "embed_in");
 }
 
-std::vector<uint64_t> Checksums(const std::vector<Tensor>& tensors, int threads) {
-  std::vector<uint64_t> out(tensors.size());
+int InspectThreads(int threads) {
   // More threads than the hardware's only add contention (and one per tensor could exhaust the
   // process's thread limit).
   const int hardware = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ParallelFor(tensors.size(), threads <= 0 ? hardware : std::min(threads, hardware), [&](size_t i) {
+  return threads <= 0 ? hardware : std::min(threads, hardware);
+}
+
+std::vector<uint64_t> Checksums(const std::vector<Tensor>& tensors, int threads) {
+  std::vector<uint64_t> out(tensors.size());
+  ParallelFor(tensors.size(), InspectThreads(threads), [&](size_t i) {
     out[i] = transport::Checksum(tensors[i].bytes.data(), tensors[i].bytes.size());
   });
   return out;

@@ -53,6 +53,9 @@ std::optional<Nvfp4Parts> FindNvfp4(const Snapshot& snapshot, const Tensor& weig
 // unless excluded).
 bool IsEmbedding(absl::string_view module);
 
+// The threads a `--cpu_threads` of `threads` runs: <= 0 the hardware's, never more.
+int InspectThreads(int threads);
+
 // Each tensor's bucket checksum (core/transport/checksum.h), on `threads` threads (<= 0: the
 // hardware's; never more).
 std::vector<uint64_t> Checksums(const std::vector<Tensor>& tensors, int threads);

@@ -12,7 +12,7 @@
 //   checksum(b) = mix(S + n)                                           (mod 2^64)
 // The word index (times the odd golden-ratio constant) makes swapped words change the sum;
 // adding n distinguishes buffers that differ only by trailing zero bytes. Known vectors are in
-// tests/engine/checksum_test.cc and core/engine/README.md.
+// tests/transport/checksum_test.cc and core/transport/README.md.
 #pragma once
 
 #include <cstddef>

@@ -104,6 +104,17 @@ struct Subscription::Hub {
   const PullTransportOptions options;
   mutable std::mutex mu;
   std::condition_variable ack_cv;  // WaitAcknowledged
+  // Items for idle sinks, taken under `mu` and handed over once it is released (HubLock): a
+  // sink's Deliver converts and writes its event, which must not hold up the transport. Per
+  // subscription id, the deliveries running now (Detach waits for them).
+  struct Delivery {
+    uint64_t id = 0;
+    SubscriptionSink* sink = nullptr;
+    absl::StatusOr<ReceiverEvent> item;
+  };
+  std::vector<Delivery> deliveries;
+  std::map<uint64_t, int> delivering;
+  std::condition_variable delivered_cv;
   std::map<uint64_t, std::shared_ptr<Receiver>> receivers;
   std::set<uint64_t> dropped_ids;
   uint64_t next_id = 1;
@@ -195,7 +206,7 @@ struct Subscription::Hub {
     Receiver& r = *it->second;
     if (r.events.size() >= options.max_queued_events) {
       r.dropped = true;
-      Wake(r);
+      Wake(id, r);
       dropped_ids.insert(id);
       receivers.erase(it);
       if (in_flight) {
@@ -208,7 +219,7 @@ struct Subscription::Hub {
       return;
     }
     r.events.push_back(std::move(event));
-    Wake(r);
+    Wake(id, r);
   }
 
   // What Next returns now for `r` (nullopt: nothing yet). Events queued before a shutdown are
@@ -233,14 +244,16 @@ struct Subscription::Hub {
     return std::nullopt;
   }
 
-  // Something changed for `r`: wakes Next, or hands an idle sink what waits.
-  void Wake(Receiver& r) {
+  // Something changed for `r` (subscription `id`): wakes Next, or takes what waits for an idle
+  // sink, which the HubLock hands over once the lock is released.
+  void Wake(uint64_t id, Receiver& r) {
     r.cv.notify_all();
     if (r.sink == nullptr || r.sink_busy) return;
     std::optional<absl::StatusOr<ReceiverEvent>> item = NextLocked(r);
     if (!item.has_value()) return;
     r.sink_busy = true;
-    r.sink->Deliver(*std::move(item));
+    ++delivering[id];
+    deliveries.push_back(Delivery{id, r.sink, *std::move(item)});
   }
 
   // Ends the publication in flight, recording outcomes and releasing the staged buckets.
@@ -289,7 +302,7 @@ struct Subscription::Hub {
     auto it = receivers.find(id);
     if (it == receivers.end()) return;
     it->second->closed = closed;
-    Wake(*it->second);
+    Wake(id, *it->second);
     const std::string name = it->second->name;
     receivers.erase(it);
     if (in_flight) {
@@ -300,6 +313,38 @@ struct Subscription::Hub {
       }
     }
   }
+};
+
+// The hub's lock: on release, hands the sinks the items taken for them meanwhile (in order,
+// after the lock is released, so a sink's conversion and write never hold the transport up).
+class HubLock {
+ public:
+  explicit HubLock(Subscription::Hub& hub) : hub_(hub), lock_(hub.mu) {}
+  HubLock(const HubLock&) = delete;
+  HubLock& operator=(const HubLock&) = delete;
+  ~HubLock() {
+    if (!lock_.owns_lock()) lock_.lock();
+    while (!hub_.deliveries.empty()) {
+      std::vector<Subscription::Hub::Delivery> batch;
+      batch.swap(hub_.deliveries);
+      lock_.unlock();
+      for (Subscription::Hub::Delivery& d : batch) d.sink->Deliver(std::move(d.item));
+      lock_.lock();
+      for (const Subscription::Hub::Delivery& d : batch) {
+        if (auto it = hub_.delivering.find(d.id);
+            it != hub_.delivering.end() && --it->second == 0) {
+          hub_.delivering.erase(it);
+        }
+      }
+      hub_.delivered_cv.notify_all();
+    }
+  }
+  // For condition-variable waits.
+  std::unique_lock<std::mutex>& lock() { return lock_; }
+
+ private:
+  Subscription::Hub& hub_;
+  std::unique_lock<std::mutex> lock_;
 };
 
 }  // namespace wpub::transport

@@ -48,7 +48,7 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   }
   absl::StatusOr<std::string> token = pull_internal::NewToken();
   if (!token.ok()) return token.status();
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
   for (const auto& [id, r] : hub_->receivers) {
     if (r->name == name) {
@@ -71,12 +71,12 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
 }
 
 std::optional<HeldVersion> PullTransport::HighestHeldVersion() const {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   return hub_->HighestHeldLocked();
 }
 
 absl::Status PullTransport::CheckVersionAhead(uint64_t version) const {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   return hub_->CheckVersionAheadLocked(version);
 }
 
@@ -90,7 +90,7 @@ TransportCapabilities PullTransport::capabilities() const {
 }
 
 absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationManifest& manifest) {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
   if (hub_->in_flight) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -120,7 +120,7 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
 }
 
 absl::Status PullTransport::Send(std::shared_ptr<const Bucket> bucket) {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (!hub_->in_flight || bucket->version != hub_->manifest.version) {
     return absl::CancelledError(
         absl::StrCat("pull transport: version ", bucket->version, " is not in flight"));
@@ -150,7 +150,7 @@ absl::Status PullTransport::Send(std::shared_ptr<const Bucket> bucket) {
 }
 
 absl::Status PullTransport::WaitAcknowledged(absl::Time deadline) {
-  std::unique_lock lock(hub_->mu);
+  HubLock lock(*hub_);
   if (!hub_->in_flight) return absl::CancelledError("pull transport: nothing in flight");
   const uint64_t version = hub_->manifest.version;
   const size_t num_buckets = hub_->manifest.buckets.size();
@@ -161,7 +161,7 @@ absl::Status PullTransport::WaitAcknowledged(absl::Time deadline) {
     }
     return true;
   };
-  hub_->ack_cv.wait_until(lock, pull_internal::SteadyDeadline(deadline), [&] {
+  hub_->ack_cv.wait_until(lock.lock(), pull_internal::SteadyDeadline(deadline), [&] {
     return !hub_->in_flight || hub_->manifest.version != version || hub_->failed || all_acked();
   });
   if (!hub_->in_flight || hub_->manifest.version != version) {
@@ -189,7 +189,7 @@ absl::Status PullTransport::WaitAcknowledged(absl::Time deadline) {
 }
 
 absl::Status PullTransport::Commit() {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (!hub_->in_flight) return absl::FailedPreconditionError("pull transport: nothing in flight");
   if (hub_->failed) {
     return absl::FailedPreconditionError("pull transport: a receiver failed; cannot commit");
@@ -211,7 +211,7 @@ absl::Status PullTransport::Commit() {
 }
 
 absl::Status PullTransport::CommitDecided() {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (!hub_->in_flight) return absl::FailedPreconditionError("pull transport: nothing in flight");
   const uint64_t version = hub_->manifest.version;
   for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
@@ -234,7 +234,7 @@ absl::Status PullTransport::CommitDecided() {
 }
 
 void PullTransport::Abort(absl::string_view reason) {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (!hub_->in_flight) return;
   const uint64_t version = hub_->manifest.version;
   for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
@@ -246,12 +246,12 @@ void PullTransport::Abort(absl::string_view reason) {
 }
 
 std::vector<ReceiverOutcome> PullTransport::Outcomes() const {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   return hub_->OutcomesLocked();
 }
 
 std::vector<ReceiverInfo> PullTransport::Receivers() const {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   std::vector<ReceiverInfo> out;
   for (const auto& [id, r] : hub_->receivers) {
     out.push_back(ReceiverInfo{r->name, r->state, r->last_committed_version, r->connected_at});
@@ -260,17 +260,17 @@ std::vector<ReceiverInfo> PullTransport::Receivers() const {
 }
 
 uint64_t PullTransport::committed_version() const {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   return hub_->committed_version;
 }
 
 void PullTransport::set_committed_version(uint64_t version) {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   hub_->committed_version = version;
 }
 
 void PullTransport::Shutdown(bool abort_in_flight) {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (hub_->in_flight) {
     const uint64_t version = hub_->manifest.version;
     for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
@@ -282,7 +282,7 @@ void PullTransport::Shutdown(bool abort_in_flight) {
     hub_->EndLocked(false);
   }
   hub_->shutdown = true;
-  for (auto& [id, r] : hub_->receivers) hub_->Wake(*r);
+  for (auto& [id, r] : hub_->receivers) hub_->Wake(id, *r);
 }
 
 }  // namespace wpub::transport

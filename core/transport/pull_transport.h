@@ -38,6 +38,7 @@ struct PullTransportOptions {
 };
 
 class PullTransport;
+class HubLock;  // pull_hub.h (internal)
 
 // Receiver names are 1..kMaxReceiverNameBytes bytes of printable ASCII other than space: they
 // appear in logs, reports and metric labels.
@@ -64,8 +65,9 @@ class SubscriptionSink {
  public:
   virtual ~SubscriptionSink() = default;
   // The next event (OK), or how the subscription ended (as Next returns it: CANCELLED,
-  // RESOURCE_EXHAUSTED; nothing follows). Runs on the thread that produced the item with the
-  // transport's lock held: it must not block nor call into the subscription or the transport.
+  // RESOURCE_EXHAUSTED; nothing follows). Runs on the thread that produced the item, after the
+  // transport's lock was released (so a conversion or write here holds up no other receiver):
+  // it must not block, and must not call Detach.
   virtual void Deliver(absl::StatusOr<ReceiverEvent> item) = 0;
 };
 
@@ -114,7 +116,8 @@ class Subscription {
   // The attached sink, busy, is done with its item: the next one (an event, or how the
   // subscription ended), or nullopt -- the sink is idle again and the next item is delivered.
   std::optional<absl::StatusOr<ReceiverEvent>> Take();
-  // No Deliver starts after this returns. Idempotent.
+  // No Deliver runs after this returns (one in progress on another thread is waited for).
+  // Idempotent. Not from within Deliver.
   void Detach();
 
   // Leaves: a publication in flight in which this receiver participates aborts. Wakes Next
@@ -126,6 +129,7 @@ class Subscription {
 
  private:
   friend class PullTransport;
+  friend class HubLock;
   struct Hub;
   Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t id, std::string token);
   absl::Status CheckToken(absl::string_view token) const;

@@ -29,7 +29,10 @@ Subscription::Subscription(std::shared_ptr<Hub> hub, std::string name, uint64_t 
                            std::string token)
     : hub_(std::move(hub)), name_(std::move(name)), id_(id), token_(std::move(token)) {}
 
-Subscription::~Subscription() { Close(); }
+Subscription::~Subscription() {
+  Detach();
+  Close();
+}
 
 absl::Status Subscription::CheckToken(absl::string_view token) const {
   if (pull_internal::TokensEqual(token, token_)) return absl::OkStatus();
@@ -49,12 +52,12 @@ absl::Status Subscription::EndedStatus() const {
 }
 
 absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
-  std::unique_lock lock(hub_->mu);
+  HubLock lock(*hub_);
   auto it = hub_->receivers.find(id_);
   if (it == hub_->receivers.end()) return EndedStatus();
   std::shared_ptr<Hub::Receiver> r = it->second;
   std::optional<absl::StatusOr<ReceiverEvent>> item;
-  r->cv.wait_until(lock, pull_internal::SteadyDeadline(absl::Now() + timeout),
+  r->cv.wait_until(lock.lock(), pull_internal::SteadyDeadline(absl::Now() + timeout),
                    [&] { return (item = hub_->NextLocked(*r)).has_value(); });
   if (!item.has_value()) {
     return absl::DeadlineExceededError(absl::StrCat("no event for receiver ", name_));
@@ -63,19 +66,21 @@ absl::StatusOr<ReceiverEvent> Subscription::Next(absl::Duration timeout) {
 }
 
 void Subscription::Attach(SubscriptionSink* sink) {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   auto it = hub_->receivers.find(id_);
   if (it == hub_->receivers.end()) {
-    sink->Deliver(EndedStatus());
+    // Gone already: the end, handed over once the lock is released like any item.
+    ++hub_->delivering[id_];
+    hub_->deliveries.push_back(Subscription::Hub::Delivery{id_, sink, EndedStatus()});
     return;
   }
   it->second->sink = sink;
   it->second->sink_busy = false;
-  hub_->Wake(*it->second);
+  hub_->Wake(id_, *it->second);
 }
 
 std::optional<absl::StatusOr<ReceiverEvent>> Subscription::Take() {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   auto it = hub_->receivers.find(id_);
   // Gone (closed, dropped): it was busy when that happened, so the end is told here.
   if (it == hub_->receivers.end()) return EndedStatus();
@@ -85,10 +90,12 @@ std::optional<absl::StatusOr<ReceiverEvent>> Subscription::Take() {
 }
 
 void Subscription::Detach() {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
     it->second->sink = nullptr;
   }
+  // A delivery taken before (handed over by another thread now) ends before this returns.
+  hub_->delivered_cv.wait(lock.lock(), [&] { return !hub_->delivering.contains(id_); });
 }
 
 absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::string_view token,
@@ -96,7 +103,7 @@ absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::str
                                                                        uint32_t index,
                                                                        uint32_t attempt) {
   if (absl::Status s = CheckToken(token); !s.ok()) return s;
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
   if (hub_->in_flight && hub_->manifest.version == version) {
     if (index < hub_->staged.size()) return hub_->staged[index];
@@ -112,7 +119,7 @@ absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::str
 absl::Status Subscription::Ack(absl::string_view token, uint64_t version, uint32_t index,
                                uint64_t checksum, uint32_t attempt) {
   if (absl::Status s = CheckToken(token); !s.ok()) return s;
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   // Before anything else: a late acknowledgement of an aborted attempt of this version must
   // never count for the retry (the receiver discarded those bytes when it saw the abort).
   WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
@@ -153,15 +160,15 @@ absl::Status Subscription::Ack(absl::string_view token, uint64_t version, uint32
 }
 
 void Subscription::Close() {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   hub_->Leave(id_, /*closed=*/true);
 }
 
 void Subscription::Cancel() {
-  std::lock_guard lock(hub_->mu);
+  HubLock lock(*hub_);
   if (auto it = hub_->receivers.find(id_); it != hub_->receivers.end()) {
     it->second->cancelled = true;
-    hub_->Wake(*it->second);
+    hub_->Wake(id_, *it->second);
   }
 }
 

@@ -30,7 +30,7 @@ struct ManifestTensor {
   friend bool operator==(const ManifestTensor&, const ManifestTensor&) = default;
 };
 
-// One bucket in SGLang's flattened-bucket layout; see core/engine/checksum.h for `checksum`.
+// One bucket in SGLang's flattened-bucket layout; see core/transport/checksum.h for `checksum`.
 struct BucketManifest {
   uint32_t index = 0;
   uint64_t nbytes = 0;

@@ -31,7 +31,7 @@ class JoinReactor final
     : public grpc::ServerBidiReactor<pb::GroupMemberMessage, pb::GroupLeaderMessage> {
  public:
   JoinReactor(GroupService* service, grpc::CallbackServerContext* context)
-      : service_(service), peer_(context->peer()) {
+      : service_(service), context_(context), peer_(context->peer()) {
     StartRead(&in_);
   }
 
@@ -57,12 +57,12 @@ class JoinReactor final
   }
 
   void OnWriteDone(bool ok) override {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     out_.pop_front();
     if (!ok) out_.clear();  // the stream broke: its reads end too
     writing_ = !out_.empty();
     if (writing_) StartWrite(&out_.front());
-    MaybeFinishLocked();
+    MaybeFinish(lock);
   }
 
   void OnDone() override {
@@ -195,11 +195,13 @@ class JoinReactor final
             "stands, it learns the decision through Group.Outcome",
             member_, LogEscape(join_.group()), join_.version());
       }
-      round_->Fail(member_, absl::UnavailableError("its connection to the leader was lost"));
+      round_->Fail(member_, absl::UnavailableError(absl::StrCat(
+                                "its connection to the leader was lost (",
+                                context_->IsCancelled() ? "cancelled" : "stream closed", ")")));
     }
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     reads_done_ = true;
-    MaybeFinishLocked();
+    MaybeFinish(lock);
   }
 
   // The round's decision for this member: written, then the stream may finish.
@@ -228,15 +230,19 @@ class JoinReactor final
   }
 
   // Finish once the member stopped sending, the decision was written and no write is in flight
-  // (Finish may not overlap a write).
-  void MaybeFinishLocked() {
+  // (Finish may not overlap a write; none starts after the decision). Releases `lock` before it
+  // reports the round and finishes.
+  void MaybeFinish(std::unique_lock<std::mutex>& lock) {
     if (finished_ || !reads_done_ || !decided_ || writing_) return;
     finished_ = true;
+    const grpc::Status status =
+        member_status_.ok() ? grpc::Status::OK : ToGrpcStatus(member_status_);
+    lock.unlock();
     service_->coordinator()->Observe(round_);
     const absl::Status outcome = round_->abort_status();
     spdlog::info("group: member {} of '{}' v{}: {}", member_, LogEscape(join_.group()),
                  join_.version(), outcome.ok() ? "committed" : LogEscape(outcome.ToString()));
-    Finish(member_status_.ok() ? grpc::Status::OK : ToGrpcStatus(member_status_));
+    Finish(status);
   }
 
   // Before the member joined a round: nothing is in flight.
@@ -247,6 +253,7 @@ class JoinReactor final
   }
 
   GroupService* const service_;
+  grpc::CallbackServerContext* const context_;  // valid until OnDone
   const std::string peer_;
   pb::GroupMemberMessage in_;  // being read
   // Set by the first message (the reads are one at a time, so the read callbacks own these).

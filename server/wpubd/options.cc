@@ -75,7 +75,8 @@ ABSL_FLAG(bool, allow_non_finite, false,
           "Publish NaN/Inf weights instead of rejecting the publication (for every "
           "publication; a header may also ask for it).");
 ABSL_FLAG(uint64_t, min_receivers, 0,
-          "A publication aborts at commit when fewer receivers are connected.");
+          "A publication aborts when fewer receivers are connected at its commit, or take part "
+          "when its transfer begins.");
 ABSL_FLAG(wpub::cli::Bytes, max_chunk_bytes, uint64_t{4} << 20,
           "Largest inline payload chunk accepted, and the PullBucket chunk size.");
 ABSL_FLAG(wpub::cli::Bytes, max_message_bytes, uint64_t{8} << 20,
@@ -314,11 +315,14 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.group_decision_log = absl::GetFlag(FLAGS_group_decision_log);
   o.group_client.join_timeout = absl::GetFlag(FLAGS_group_join_timeout);
   o.group_client.tls.ca_file = absl::GetFlag(FLAGS_group_tls_ca_file);
-  if (o.group.default_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--group_timeout must be positive");
+  // Finite too: a round's deadline is its last progress plus the timeout.
+  if (o.group.default_timeout <= absl::ZeroDuration() ||
+      o.group.default_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("--group_timeout must be positive and finite");
   }
-  if (o.group_client.join_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("--group_join_timeout must be positive");
+  if (o.group_client.join_timeout <= absl::ZeroDuration() ||
+      o.group_client.join_timeout == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError("--group_join_timeout must be positive and finite");
   }
   return o;
 }

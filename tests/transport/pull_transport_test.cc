@@ -191,6 +191,35 @@ TEST(PullTransportTest, AnAttachedSinkIsHandedEveryEventOnceInOrderThenTheEnd) {
   (*other)->Detach();
 }
 
+// A sink is handed its items after the transport's lock is released: one that reads the
+// transport from Deliver (as a server converting a manifest takes its time) neither deadlocks
+// nor holds up the other receivers.
+TEST(PullTransportTest, ASinkIsHandedItsItemsOutsideTheTransportsLock) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto sub = (*transport)->Subscribe("reader");
+  ASSERT_TRUE(sub.ok());
+  class ReadingSink final : public SubscriptionSink {
+   public:
+    explicit ReadingSink(PullTransport* t) : t_(t) {}
+    void Deliver(absl::StatusOr<ReceiverEvent>) override {
+      receivers_seen.push_back(t_->Receivers().size());  // takes the transport's lock
+    }
+    std::vector<size_t> receivers_seen;
+
+   private:
+    PullTransport* t_;
+  } sink(transport->get());
+  (*sub)->Attach(&sink);  // the group info
+  EXPECT_EQ(sink.receivers_seen, std::vector<size_t>{1});
+  EXPECT_FALSE((*sub)->Take().has_value());  // idle
+  PublicationManifest manifest;
+  manifest.version = 2;
+  ASSERT_TRUE((*transport)->Begin(manifest).ok());  // the manifest, from Begin's thread
+  EXPECT_EQ(sink.receivers_seen, (std::vector<size_t>{1, 1}));
+  (*sub)->Detach();
+}
+
 // A sink that stops taking its events is dropped at the transport's queue bound, like a reader
 // that stopped calling Next: RESOURCE_EXHAUSTED once it takes again; nothing is handed to a
 // detached sink.
