@@ -1,10 +1,10 @@
 // Fan-out benchmark (a program, not a test): one publisher on GPU 0, k receiving ranks on GPUs
 // 1..k as C++ engines (multi_gpu_cpp_receiver: SGLang's weight-update routes over
-// nccl::ReceiverEndpoint, checksums on the device), engines of --tp GPUs each (TP ranks joining
-// from their rank_offset, as SGLang engines do). For every k: the Qwen3-30B-A3B-shaped model
-// published as NVFP4 (median wall clock of --iters after a warm-up), and a plain NCCL broadcast of
-// the same bytes in bucket-sized messages through a group formed the same way (the transfer
-// limit; busbw = algbw for a broadcast). Prints a table and writes JSON with --json.
+// wpub::recv::nccl::ReceiverEndpoint, checksums on the device), engines of --tp GPUs each (TP ranks
+// joining from their rank_offset, as SGLang engines do). For every k: the Qwen3-30B-A3B-shaped
+// model published as NVFP4 (median wall clock of --iters after a warm-up), and a plain NCCL
+// broadcast of the same bytes in bucket-sized messages through a group formed the same way (the
+// transfer limit; busbw = algbw for a broadcast). Prints a table and writes JSON with --json.
 // Usage: fanout_bench [--ranks 1,3,7] [--tp 1] [--iters 3] [--bucket_mib 1024] [--layers 48]
 //        [--experts 128] [--json FILE] [--log_dir DIR] [--cpp_receiver PATH]
 #include <cuda_runtime_api.h>

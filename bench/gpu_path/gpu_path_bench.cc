@@ -4,8 +4,8 @@
 // GPU 0 over NCCL's loopback sockets: correct bytes, a socket's speed), measured in one run:
 //   (a) wpub NVFP4: GPU backend (amax, quantize, pack, checksums) + NCCL transport, to a C++
 //       engine on GPU 1 (multi_gpu_cpp_receiver: SGLang's weight-update routes over
-//       nccl::ReceiverEndpoint, every bucket checksummed on the device), three update requests
-//       in flight;
+//       wpub::recv::nccl::ReceiverEndpoint, every bucket checksummed on the device), three update
+//       requests in flight;
 //   (a-emu) the same to the SGLang emulator on GPU 1 (Python, torch.distributed as SGLang uses
 //       it, one HTTP request per bucket handled in Python);
 //   (a1) as (a) with one update request in flight per engine (SGLang's protocol); (a2) with two;

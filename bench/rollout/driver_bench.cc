@@ -3,8 +3,8 @@
 // lifecycle calls at its end (version, end, continue: what a publication waits for after its
 // last bucket) and of a whole publication's requests (pause, flush, begin, one update per
 // bucket, version, end, continue), for an engine server that closes a connection after
-// httplib's default 5 requests and for one that keeps it (what nccl::ReceiverEndpoint does).
-// A program, not a test. Usage: driver_bench [--publications 200] [--buckets 17] [--lanes 3]
+// httplib's default 5 requests and for one that keeps it (what wpub::recv::nccl::ReceiverEndpoint
+// does). A program, not a test. Usage: driver_bench [--publications 200] [--buckets 17] [--lanes 3]
 #include <httplib.h>
 
 #include <algorithm>

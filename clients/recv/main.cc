@@ -82,7 +82,7 @@ ABSL_FLAG(int32_t, nccl_ctas, 0,
 namespace {
 
 // --engine_listen, --gpu_device(s), --nccl_ctas into *o; false (after saying why) when invalid.
-bool EndpointOptions(wpub::nccl::ReceiverEndpointOptions* o) {
+bool EndpointOptions(wpub::recv::nccl::ReceiverEndpointOptions* o) {
   const std::string listen = absl::GetFlag(FLAGS_engine_listen);
   const size_t colon = listen.rfind(':');
   int port = 0;
@@ -115,9 +115,9 @@ bool EndpointOptions(wpub::nccl::ReceiverEndpointOptions* o) {
 
 // The NCCL data path as a vLLM-protocol engine: every complete version (a finish with a
 // weight_version) is written to --output when given.
-int RunVllmEngine(const sigset_t& signals, wpub::nccl::ReceiverEndpointOptions o) {
+int RunVllmEngine(const sigset_t& signals, wpub::recv::nccl::ReceiverEndpointOptions o) {
   const std::string output = absl::GetFlag(FLAGS_output);
-  auto path = wpub::nccl::VllmNcclPath::Create(o);
+  auto path = wpub::recv::nccl::VllmNcclPath::Create(o);
   if (!path.ok()) {
     std::fprintf(stderr, "wpub-recv: %s\n", path.status().ToString().c_str());
     return 2;
@@ -158,7 +158,7 @@ int RunVllmEngine(const sigset_t& signals, wpub::nccl::ReceiverEndpointOptions o
 // The NCCL data path: an SGLang-compatible endpoint; every version announced with
 // /update_weight_version is kept in memory and written to --output when given.
 int RunEngineEndpoint(const sigset_t& signals) {
-  wpub::nccl::ReceiverEndpointOptions o;
+  wpub::recv::nccl::ReceiverEndpointOptions o;
   if (!EndpointOptions(&o)) return 2;
   const std::string protocol = absl::GetFlag(FLAGS_engine_protocol);
   if (protocol == "vllm") return RunVllmEngine(signals, o);
@@ -170,8 +170,8 @@ int RunEngineEndpoint(const sigset_t& signals) {
   std::mutex mu;
   std::map<std::string, std::pair<wpub::TensorDesc, std::vector<uint8_t>>> tensors;
   const std::string output = absl::GetFlag(FLAGS_output);
-  wpub::nccl::ReceiverEndpoint::Callbacks cb;
-  cb.on_bucket = [&](const wpub::nccl::ReceivedBucket& b) {
+  wpub::recv::nccl::ReceiverEndpoint::Callbacks cb;
+  cb.on_bucket = [&](const wpub::recv::nccl::ReceivedBucket& b) {
     std::lock_guard lock(mu);
     for (const auto& t : b.tensors) {
       if (b.bytes.empty()) break;  // checksummed on the device only (no --output)
@@ -194,7 +194,7 @@ int RunEngineEndpoint(const sigset_t& signals) {
   };
   // Without --output the bytes are only verified: checksum on the device, nothing copied back.
   o.copy_to_host = !output.empty();
-  auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(cb));
+  auto endpoint = wpub::recv::nccl::ReceiverEndpoint::Start(o, std::move(cb));
   if (!endpoint.ok()) {
     std::fprintf(stderr, "wpub-recv: %s\n", endpoint.status().ToString().c_str());
     return 2;

@@ -1,8 +1,8 @@
 // Fuzz target `update_request`: the body of an `/update_weights_from_distributed` request as a
-// C++ engine (nccl::ReceiverEndpoint, wpub-recv) decodes it (core/rollout/update_request.h).
-// The input is the body. Properties of an accepted body: the tensors tile [0, nbytes) back to
-// back with dtype x shape bytes each, and encoding what was decoded and decoding that again
-// gives the same tensors and fields.
+// C++ engine (wpub::recv::nccl::ReceiverEndpoint, wpub-recv) decodes it
+// (core/rollout/update_request.h). The input is the body. Properties of an accepted body: the
+// tensors tile [0, nbytes) back to back with dtype x shape bytes each, and encoding what was
+// decoded and decoding that again gives the same tensors and fields.
 #include <cstdint>
 #include <string>
 #include <string_view>

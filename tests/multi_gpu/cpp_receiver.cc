@@ -1,7 +1,7 @@
-// A C++ receiving engine for the multi-GPU tests: nccl::ReceiverEndpoint (SGLang's weight-update
-// routes over nccl::GroupMember, the NCCL data path of a C++ receiver, and GET /stats), so wpub
-// is tested end to end without Python or SGLang.
-// Usage: multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
+// A C++ receiving engine for the multi-GPU tests: wpub::recv::nccl::ReceiverEndpoint (SGLang's
+// weight-update routes over wpub::recv::nccl::GroupMember, the NCCL data path of a C++ receiver,
+// and GET /stats), so wpub is tested end to end without Python or SGLang. Usage:
+// multi_gpu_cpp_receiver <port> <gpu>[,<gpu>...] [host|device] [die_after_buckets]
 //                               [nccl_ctas]
 //   several GPUs: one group rank each, as the TP ranks of one engine; a list that repeats a
 //   device (a TP engine on one shared GPU) runs each rank as a process of its own behind this
@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int port = std::atoi(argv[1]);
-  wpub::nccl::ReceiverEndpointOptions o;
+  wpub::recv::nccl::ReceiverEndpointOptions o;
   o.port = port;
   o.devices.clear();
   for (const absl::string_view d : absl::StrSplit(argv[2], ',')) {
@@ -54,16 +54,16 @@ int main(int argc, char** argv) {
   o.join_timeout = absl::Seconds(60);
   o.copy_to_host = mode == "host";
   o.nccl_ctas = argc == 6 ? std::atoi(argv[5]) : 0;
-  wpub::nccl::ReceiverEndpoint::Callbacks callbacks;
+  wpub::recv::nccl::ReceiverEndpoint::Callbacks callbacks;
   long received = 0;
-  callbacks.on_bucket = [&](const wpub::nccl::ReceivedBucket&) {
+  callbacks.on_bucket = [&](const wpub::recv::nccl::ReceivedBucket&) {
     if (++received == die_after) {
       std::printf("dying after %ld buckets\n", received);
       std::fflush(stdout);
       ::kill(::getpid(), SIGKILL);
     }
   };
-  auto endpoint = wpub::nccl::ReceiverEndpoint::Start(o, std::move(callbacks));
+  auto endpoint = wpub::recv::nccl::ReceiverEndpoint::Start(o, std::move(callbacks));
   if (!endpoint.ok()) {
     std::fprintf(stderr, "%s\n", endpoint.status().ToString().c_str());
     return 3;

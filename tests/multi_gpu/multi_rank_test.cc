@@ -1,8 +1,8 @@
 // One publisher, many receiving ranks (label multi_gpu): wpub's GPU backend + NCCL transport on
 // GPU 0 publishing to C++ engines (multi_gpu_cpp_receiver: SGLang's weight-update routes over
-// nccl::ReceiverEndpoint) on every other visible GPU, in two layouts: one engine per GPU, and
-// engines of two GPUs each (the ranks of an SGLang TP=2 engine join from its rank_offset). On a
-// machine of one GPU (or with WPUB_TEST_ENGINE_GPU=0) every engine rank shares GPU 0 with the
+// wpub::recv::nccl::ReceiverEndpoint) on every other visible GPU, in two layouts: one engine per
+// GPU, and engines of two GPUs each (the ranks of an SGLang TP=2 engine join from its rank_offset).
+// On a machine of one GPU (or with WPUB_TEST_ENGINE_GPU=0) every engine rank shares GPU 0 with the
 // publisher (shared_gpu.h): 2 engines of one rank, 2 TP=2 engines (each rank a process of its
 // own), 3 engines for the fault test; WPUB_TEST_SHARED_ENGINES sets how many.
 //  1. Several versions; every engine's every bucket checksum (computed on each of its GPUs,

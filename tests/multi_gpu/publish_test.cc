@@ -12,7 +12,8 @@
 //     the NCCL transport), inline inputs with TP-shard parts and expert stacks, every tensor
 //     checked by name against the engine tests' oracle; and 6. with every part a CUDA IPC
 //     reference into a trainer process's allocation (rollout::MakeGpuPathComponents, as wpubd).
-//  7. A C++ receiver (nccl::GroupMember behind SGLang's routes) instead of the emulator: wpub
+//  7. A C++ receiver (wpub::recv::nccl::GroupMember behind SGLang's routes) instead of the
+//  emulator: wpub
 //     end to end without Python, every bucket's checksum equal to the publisher's.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -29,7 +29,7 @@ TEST(FetchUniqueId, FindsTheIdUnderTheFirstTemplateThatAppears) {
   so.bind_address = "127.0.0.1";
   auto server = rendezvous::TcpStoreServer::Create(so);
   ASSERT_TRUE(server.ok());
-  GroupMemberOptions o;
+  wpub::recv::nccl::GroupMemberOptions o;
   o.master_port = (*server)->port();
   o.group_name = "wpub_weights_3";
   o.timeout = absl::Seconds(5);
@@ -40,7 +40,7 @@ TEST(FetchUniqueId, FindsTheIdUnderTheFirstTemplateThatAppears) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     (*server)->Set("/wpub_weights_3/wpub_weights_3/0", id);
   });
-  auto got = FetchUniqueId(o);
+  auto got = wpub::recv::nccl::FetchUniqueId(o);
   setter.join();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(std::equal(got->begin(), got->end(), id.begin()));
@@ -56,7 +56,7 @@ TEST(FetchUniqueId, FindsTheIdUnderTheFirstTemplateThatAppears) {
   o.group_name = "short";
   EXPECT_TRUE(absl::IsInvalidArgument(FetchUniqueId(o).status()));
   o.rank = 0;
-  EXPECT_TRUE(absl::IsInvalidArgument(GroupMember::Join(o).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(wpub::recv::nccl::GroupMember::Join(o).status()));
 }
 
 }  // namespace

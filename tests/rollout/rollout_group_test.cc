@@ -127,9 +127,9 @@ TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
     rollout::RolloutGroupOptions to;
     to.nccl_ctas = ctas;
     ExpectCtasRefused(rollout::RolloutGroup::Create(to), "nccl_ctas", ctas);
-    ReceiverEndpointOptions eo;
+    wpub::recv::nccl::ReceiverEndpointOptions eo;
     eo.nccl_ctas = ctas;
-    ExpectCtasRefused(ReceiverEndpoint::Start(eo, {}), "nccl_ctas", ctas);
+    ExpectCtasRefused(wpub::recv::nccl::ReceiverEndpoint::Start(eo, {}), "nccl_ctas", ctas);
   }
   for (int ctas : {0, kMaxCtas}) EXPECT_TRUE(CheckCtas(ctas, "ctas").ok()) << ctas;
 }
@@ -138,9 +138,9 @@ TEST(NcclCommOptionsTest, CtasOutsideItsRangeIsInvalidArgument) {
 // requests and the lifecycle calls): the receiver endpoint answers all of them on that connection
 // (httplib's default would close it after 5) and serves its own /stats.
 TEST_F(NcclConnectTest, ReceiverEndpointKeepsAConnectionForAPublicationsRequests) {
-  ReceiverEndpointOptions eo;
+  wpub::recv::nccl::ReceiverEndpointOptions eo;
   eo.devices = {0};
-  auto endpoint = ReceiverEndpoint::Start(eo, {});
+  auto endpoint = wpub::recv::nccl::ReceiverEndpoint::Start(eo, {});
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);

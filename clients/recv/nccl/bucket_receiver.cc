@@ -11,7 +11,7 @@
 #include "core/rollout/update_request.h"
 #include "core/transport/checksum.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 namespace {
 
 int64_t SteadyNanos(std::chrono::steady_clock::time_point t) {
@@ -469,4 +469,4 @@ absl::StatusOr<std::string> BucketReceiver::ReceivePipelined(ParsedUpdate& u, Ad
   return BucketMessage(b);
 }
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

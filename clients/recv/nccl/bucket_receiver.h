@@ -39,7 +39,7 @@
 #include "clients/recv/nccl/group_member.h"
 #include "clients/recv/nccl/receiver_endpoint.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 
 class BucketReceiver {
  public:
@@ -145,4 +145,4 @@ class BucketReceiver {
   std::condition_variable slot_free_;                    // a slot's verification finished
 };
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

@@ -7,7 +7,7 @@
 #include "core/transport/checksum.h"
 #include "kernels/cuda/status_kernels.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 namespace {
 
 using Word = unsigned long long;  // the checksum kernel's accumulator
@@ -172,4 +172,4 @@ absl::StatusOr<uint64_t> AgreedChecksum(const std::vector<uint64_t>& sums,
   return sums[0];
 }
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

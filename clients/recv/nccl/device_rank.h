@@ -28,7 +28,7 @@
 #include "clients/recv/nccl/group_member.h"
 #include "kernels/cuda/cuda_raii.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 
 class DeviceRank {
  public:
@@ -112,4 +112,4 @@ absl::StatusOr<uint64_t> AgreedChecksum(const std::vector<uint64_t>& sums,
                                         const std::vector<std::unique_ptr<DeviceRank>>& ranks,
                                         const std::string& version);
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

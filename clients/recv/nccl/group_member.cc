@@ -12,9 +12,9 @@
 #include "core/rendezvous/tcp_store_client.h"
 #include "core/rollout/vllm_driver.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 
-absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options) {
+absl::StatusOr<wpub::nccl::UniqueId> FetchUniqueId(const GroupMemberOptions& options) {
   if (options.unique_id_key_templates.empty()) {
     return absl::InvalidArgumentError("no unique-id key template");
   }
@@ -48,11 +48,11 @@ absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options) {
         }
         value = *std::move(id);
       }
-      if (value.size() != sizeof(UniqueId)) {
+      if (value.size() != sizeof(wpub::nccl::UniqueId)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "TCPStore key ", key, " holds ", value.size(), " bytes, not an ncclUniqueId"));
       }
-      UniqueId id;
+      wpub::nccl::UniqueId id;
       std::copy(value.begin(), value.end(), id.begin());
       return id;
     }
@@ -71,14 +71,15 @@ absl::StatusOr<std::unique_ptr<GroupMember>> GroupMember::Join(const GroupMember
                                                    options.world_size, "), not ", options.rank));
   }
   const absl::Time deadline = absl::Now() + options.timeout;
-  WPUB_ASSIGN_OR_RETURN(UniqueId id, FetchUniqueId(options));
-  NcclCommOptions co;
+  WPUB_ASSIGN_OR_RETURN(wpub::nccl::UniqueId id, FetchUniqueId(options));
+  wpub::nccl::NcclCommOptions co;
   co.device = options.device;
   co.nranks = options.world_size;
   co.rank = options.rank;
   co.id = id;
   co.ctas = options.ctas;
-  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<NcclComm> comm, NcclComm::Create(co));
+  WPUB_ASSIGN_OR_RETURN(std::unique_ptr<wpub::nccl::NcclComm> comm,
+                        wpub::nccl::NcclComm::Create(co));
   return std::unique_ptr<GroupMember>(new GroupMember(options, std::move(comm), deadline));
 }
 
@@ -106,4 +107,4 @@ absl::Status GroupMember::WarmUp(float* device_float, cudaStream_t stream) {
   return comm_->AllReduceSumFloat(device_float, 1, stream);
 }
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

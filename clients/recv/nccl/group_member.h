@@ -22,7 +22,7 @@
 #include "core/nccl/nccl_comm.h"
 #include "core/rendezvous/tcp_store_server.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 
 enum class Rendezvous { kSglang, kVllm };
 
@@ -45,7 +45,7 @@ struct GroupMemberOptions {
 // appears before the timeout; kVllm: the pickle at rollout::kVllmUniqueIdKey).
 // DEADLINE_EXCEEDED naming every key tried; INVALID_ARGUMENT for a value that is not 128 bytes
 // (or not vLLM's pickle of them).
-absl::StatusOr<UniqueId> FetchUniqueId(const GroupMemberOptions& options);
+absl::StatusOr<wpub::nccl::UniqueId> FetchUniqueId(const GroupMemberOptions& options);
 
 class GroupMember {
  public:
@@ -66,11 +66,12 @@ class GroupMember {
   const GroupMemberOptions& options() const { return options_; }
 
  private:
-  GroupMember(GroupMemberOptions options, std::unique_ptr<NcclComm> comm, absl::Time deadline)
+  GroupMember(GroupMemberOptions options, std::unique_ptr<wpub::nccl::NcclComm> comm,
+              absl::Time deadline)
       : options_(std::move(options)), comm_(std::move(comm)), deadline_(deadline) {}
   GroupMemberOptions options_;
-  std::unique_ptr<NcclComm> comm_;
+  std::unique_ptr<wpub::nccl::NcclComm> comm_;
   absl::Time deadline_;
 };
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

@@ -14,7 +14,7 @@
 #include "core/nccl/nccl_comm.h"
 #include "nlohmann/json.hpp"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 namespace {
 
 using json = nlohmann::json;
@@ -180,7 +180,8 @@ class ReceiverEndpoint::Impl {
 
 absl::StatusOr<std::unique_ptr<ReceiverEndpoint>> ReceiverEndpoint::Start(
     const ReceiverEndpointOptions& options, Callbacks callbacks) {
-  if (absl::Status s = CheckCtas(options.nccl_ctas, "receiver endpoint: nccl_ctas"); !s.ok()) {
+  if (absl::Status s = wpub::nccl::CheckCtas(options.nccl_ctas, "receiver endpoint: nccl_ctas");
+      !s.ok()) {
     return s;
   }
   absl::StatusOr<std::unique_ptr<BucketReceiver>> receiver =
@@ -199,4 +200,4 @@ std::map<std::string, ReceiverVersionStats> ReceiverEndpoint::stats() const {
   return impl_->stats();
 }
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

@@ -42,7 +42,7 @@
 #include "absl/time/time.h"
 #include "core/engine/types.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 
 struct ReceiverEndpointOptions {
   std::string host = "127.0.0.1";
@@ -109,4 +109,4 @@ class ReceiverEndpoint {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

@@ -3,7 +3,7 @@
 
 #include "core/common/status.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 
 absl::StatusOr<std::unique_ptr<VllmNcclPath>> VllmNcclPath::Create(
     ReceiverEndpointOptions options) {
@@ -29,4 +29,4 @@ absl::Status VllmNcclPath::Receive(const recv::VllmUpdate& update, std::vector<u
   return absl::OkStatus();
 }
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl

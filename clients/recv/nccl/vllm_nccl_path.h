@@ -11,7 +11,7 @@
 #include "clients/recv/nccl/bucket_receiver.h"
 #include "clients/recv/vllm_engine.h"
 
-namespace wpub::nccl {
+namespace wpub::recv::nccl {
 
 class VllmNcclPath final : public recv::VllmDataPath {
  public:
@@ -27,4 +27,4 @@ class VllmNcclPath final : public recv::VllmDataPath {
   const std::unique_ptr<BucketReceiver> receiver_;
 };
 
-}  // namespace wpub::nccl
+}  // namespace wpub::recv::nccl
