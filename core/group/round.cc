@@ -322,9 +322,10 @@ void Round::Abort(const absl::Status& why) {
 }
 
 void Round::OnAbort(std::function<void(absl::Status)> fn) {
-  std::unique_lock lock(mu_);
-  on_abort_.push_back(std::move(fn));
-  Unlock(lock);
+  // The decision, heard only when it is an abort (member 0 is every round's).
+  OnDecision(0, [fn = std::move(fn)](absl::Status decision) {
+    if (!decision.ok()) fn(std::move(decision));
+  });
 }
 
 void Round::OnTransfer(uint32_t member, std::function<void(absl::Status)> fn) {
@@ -362,8 +363,6 @@ bool Round::ExpireLocked(bool decision) {
 }
 
 void Round::Unlock(std::unique_lock<std::mutex>& lock) {
-  std::vector<std::function<void(absl::Status)>> fire;
-  if (decided_ && !abort_.ok()) fire.swap(on_abort_);
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> ready;
   std::erase_if(watches_, [&](Watch& w) {
     if (decided_) {
@@ -377,9 +376,7 @@ void Round::Unlock(std::unique_lock<std::mutex>& lock) {
     }
     return true;
   });
-  const absl::Status why = abort_;
   lock.unlock();
-  for (auto& fn : fire) fn(why);
   for (auto& [fn, status] : ready) fn(status);
 }
 

@@ -161,8 +161,8 @@ class Round {
   absl::Status Await(uint32_t member, bool decision);
   // Aborts with DEADLINE_EXCEEDED when no progress was seen for the timeout (true).
   bool ExpireLocked(bool decision);
-  // Releases `lock` and runs the callbacks whose moment came meanwhile (OnAbort's, OnTransfer's,
-  // OnDecision's).
+  // Releases `lock` and runs the callbacks whose moment came meanwhile (OnTransfer's,
+  // OnDecision's; OnAbort is a decision callback).
   void Unlock(std::unique_lock<std::mutex>& lock);
 
   const std::string group_;
@@ -186,7 +186,6 @@ class Round {
   int32_t slowest_member_ = -1;
   double coordination_seconds_ = 0;
   Clock::time_point last_progress_;
-  std::vector<std::function<void(absl::Status)>> on_abort_;
   struct Watch {
     uint32_t member = 0;
     bool decision = false;  // OnDecision's (else OnTransfer's)

@@ -26,6 +26,8 @@ absl::Status StallWatch::Watch(std::shared_ptr<Round> round) {
           absl::StrCat("no thread to watch group rounds' timeouts: ", e.what()));
     }
   }
+  // Every member of a round registers it: it is checked once.
+  if (std::find(rounds_.begin(), rounds_.end(), round) != rounds_.end()) return absl::OkStatus();
   rounds_.push_back(std::move(round));
   added_ = true;
   cv_.notify_all();

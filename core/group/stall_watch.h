@@ -24,7 +24,8 @@ class StallWatch {
   StallWatch(const StallWatch&) = delete;
   StallWatch& operator=(const StallWatch&) = delete;
 
-  // Checks `round` until it is decided (at once, then whenever its timeout says). Returns
+  // Checks `round` until it is decided (at once, then whenever its timeout says); a round
+  // watched already is not added twice. Returns
   // RESOURCE_EXHAUSTED when the watch's thread cannot be started (the caller fails the member;
   // nothing is left behind).
   absl::Status Watch(std::shared_ptr<Round> round);

@@ -4,13 +4,9 @@
 // module's interface.
 #pragma once
 
-#include <errno.h>
-#include <sys/random.h>
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -21,7 +17,6 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
@@ -31,34 +26,6 @@ namespace wpub::transport::pull_internal {
 
 // Versions whose outcome a transport remembers for receivers that held them staged.
 inline constexpr size_t kVersionsRemembered = 64;
-
-// 256 bits: far beyond guessing, and the cost is one getrandom per subscription.
-inline constexpr size_t kTokenBytes = 32;
-
-// A subscription token: kTokenBytes from the kernel's CSPRNG, hex-encoded.
-inline absl::StatusOr<std::string> NewToken() {
-  std::string bytes(kTokenBytes, '\0');
-  size_t filled = 0;
-  while (filled < bytes.size()) {
-    const ssize_t n = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(
-          absl::StrCat("cannot draw a subscription token: getrandom: ", std::strerror(errno)));
-    }
-    filled += static_cast<size_t>(n);
-  }
-  return absl::BytesToHexString(bytes);
-}
-
-// Compares in time independent of where the strings differ, so a token cannot be guessed
-// byte by byte from response times.
-inline bool TokensEqual(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 inline std::chrono::steady_clock::time_point SteadyDeadline(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
@@ -252,8 +219,13 @@ struct Subscription::Hub {
     std::optional<absl::StatusOr<ReceiverEvent>> item = NextLocked(r);
     if (!item.has_value()) return;
     r.sink_busy = true;
+    Hand(id, r.sink, *std::move(item));
+  }
+
+  // `item` for `sink` (subscription `id`), handed over once the HubLock is released.
+  void Hand(uint64_t id, SubscriptionSink* sink, absl::StatusOr<ReceiverEvent> item) {
     ++delivering[id];
-    deliveries.push_back(Delivery{id, r.sink, *std::move(item)});
+    deliveries.push_back(Delivery{id, sink, std::move(item)});
   }
 
   // Ends the publication in flight, recording outcomes and releasing the staged buckets.

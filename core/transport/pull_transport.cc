@@ -4,9 +4,37 @@
 // Next, one for the engine's WaitAcknowledged). The receiver's side is subscription.cc.
 #include "core/transport/pull_transport.h"
 
+#include <errno.h>
+#include <sys/random.h>
+
+#include <cstring>
+
+#include "absl/strings/escaping.h"
 #include "core/transport/pull_hub.h"
 
 namespace wpub::transport {
+namespace {
+
+// 256 bits: far beyond guessing, and the cost is one getrandom per subscription.
+constexpr size_t kTokenBytes = 32;
+
+// A subscription token: kTokenBytes from the kernel's CSPRNG, hex-encoded.
+absl::StatusOr<std::string> NewToken() {
+  std::string bytes(kTokenBytes, '\0');
+  size_t filled = 0;
+  while (filled < bytes.size()) {
+    const ssize_t n = getrandom(bytes.data() + filled, bytes.size() - filled, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(
+          absl::StrCat("cannot draw a subscription token: getrandom: ", std::strerror(errno)));
+    }
+    filled += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(bytes);
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // PullTransport
@@ -46,7 +74,7 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
         "receiver '", name, "' claims to hold version ", held_version,
         ", beyond any version a publication may have (", hub_->options.max_version, ")"));
   }
-  absl::StatusOr<std::string> token = pull_internal::NewToken();
+  absl::StatusOr<std::string> token = NewToken();
   if (!token.ok()) return token.status();
   HubLock lock(*hub_);
   if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");

@@ -1,6 +1,8 @@
 // The receiver's half of the pull transport: a subscription's events (read with Next or pushed
 // to a sink), its reads of staged buckets and its acknowledgements, over the state it shares
 // with the transport (pull_hub.h).
+#include "absl/strings/escaping.h"
+#include "core/common/secure_compare.h"
 #include "core/transport/pull_hub.h"
 
 namespace wpub::transport {
@@ -35,7 +37,7 @@ Subscription::~Subscription() {
 }
 
 absl::Status Subscription::CheckToken(absl::string_view token) const {
-  if (pull_internal::TokensEqual(token, token_)) return absl::OkStatus();
+  if (SecureEquals(std::string_view(token.data(), token.size()), token_)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat(
       "receiver '", name_,
       "': ", token.empty() ? "no subscription token given" : "wrong subscription token",
@@ -70,8 +72,7 @@ void Subscription::Attach(SubscriptionSink* sink) {
   auto it = hub_->receivers.find(id_);
   if (it == hub_->receivers.end()) {
     // Gone already: the end, handed over once the lock is released like any item.
-    ++hub_->delivering[id_];
-    hub_->deliveries.push_back(Subscription::Hub::Delivery{id_, sink, EndedStatus()});
+    hub_->Hand(id_, sink, EndedStatus());
     return;
   }
   it->second->sink = sink;

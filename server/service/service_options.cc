@@ -7,19 +7,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "core/common/secure_compare.h"
 
 namespace wpub::server {
-namespace {
-
-// Constant-time comparison so the token cannot be guessed byte by byte from timings.
-bool SecureEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
-}  // namespace
 
 bool BearerMatches(std::string_view authorization, std::string_view token) {
   constexpr std::string_view kPrefix = "Bearer ";

@@ -250,6 +250,14 @@ TEST(GroupRound, AStallWatchTimesOutARoundNoThreadWaitsOn) {
   EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("no progress for 300ms"), HasSubstr("member 0 waiting")));
+  // Every member registers its round: it is watched once.
+  {
+    StallWatch other;
+    auto slow = std::make_shared<Round>("g", 2, 9, absl::Seconds(60));
+    ASSERT_TRUE(other.Watch(slow).ok());
+    ASSERT_TRUE(other.Watch(slow).ok());
+    EXPECT_EQ(other.size(), 1u);
+  }
   // Decided rounds are forgotten.
   for (int i = 0; i < 500 && watch.size() != 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
