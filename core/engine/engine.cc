@@ -89,15 +89,15 @@ absl::Status ValidateEngineConnectRequest(const EngineConnectRequest& request) {
 // Engine
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
-                                                       prometheus::Registry* registry) {
-  return Create(options, registry, EngineComponents{});
+                                                       EngineObserver* observer) {
+  return Create(options, observer, EngineComponents{});
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
-                                                       prometheus::Registry* registry,
+                                                       EngineObserver* observer,
                                                        EngineComponents components) {
   WPUB_ASSIGN_OR_RETURN(std::shared_ptr<Impl> impl,
-                        Impl::Create(options, registry, std::move(components)));
+                        Impl::Create(options, observer, std::move(components)));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -131,7 +131,7 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
   }
   absl::StatusOr<std::unique_ptr<policy::Policy>> policy =
       policy::Policy::Create(*std::move(settings), impl_->cache());
-  impl_->RefreshMetrics();
+  impl_->RefreshObserver();
   if (!policy.ok()) {
     return absl::Status(policy.status().code(),
                         absl::StrCat("policy: ", policy.status().message()));
@@ -177,7 +177,7 @@ absl::StatusOr<EngineGroupInfo> Engine::ConnectEngines(const EngineConnectReques
   // keeps answering, and Open sees the slot taken.
   absl::StatusOr<EngineGroupInfo> group = impl_->connector()->Connect(request);
   impl_->ledger().EndConnecting();
-  impl_->RefreshMetrics();
+  impl_->RefreshObserver();
   return group;
 }
 

@@ -3,7 +3,7 @@
 // policy, plans buckets, quantizes and packs them through a backend (the CPU reference, or the
 // GPU backend given as a component), hands every bucket to its transports through the transport
 // group (transport_group.h) and commits only when every receiver acknowledged every bucket.
-// Metrics are registered on the caller's prometheus::Registry.
+// What it does is told to the caller's EngineObserver (observer.h; the daemon's metrics).
 //
 // Error contract: bad input ends the publication with INVALID_ARGUMENT / FAILED_PRECONDITION /
 // NOT_FOUND / UNIMPLEMENTED / OUT_OF_RANGE and a message naming the tensor, part or header
@@ -23,13 +23,10 @@
 #include "absl/types/span.h"
 #include "core/engine/backend.h"
 #include "core/engine/group_vote.h"
+#include "core/engine/observer.h"
 #include "core/engine/types.h"
 #include "core/transport/pull_transport.h"
 #include "core/transport/transport.h"
-
-namespace prometheus {
-class Registry;
-}
 
 namespace wpub::engine {
 
@@ -152,12 +149,12 @@ class PublicationSession;
 // internals alive, and its Commit then ends ABORTED (the transports are shut down).
 class Engine {
  public:
-  // `registry` may be null (no metrics); when given it must outlive the Engine.
+  // `observer` may be null; when given it must outlive the Engine.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
-                                                        prometheus::Registry* registry);
+                                                        EngineObserver* observer);
   // As above, with a custom backend and/or additional transports (owned by the engine).
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
-                                                        prometheus::Registry* registry,
+                                                        EngineObserver* observer,
                                                         EngineComponents components);
   ~Engine();
   Engine(const Engine&) = delete;

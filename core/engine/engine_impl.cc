@@ -1,5 +1,5 @@
 // Engine::Impl: creating the engine's parts, the CUDA IPC resolver's lock, recording reports,
-// metrics upkeep and the version floor beyond the committed version.
+// the observer's upkeep and the version floor beyond the committed version.
 #include "core/engine/engine_impl.h"
 
 #include <algorithm>
@@ -32,7 +32,7 @@ absl::Status ValidateOptions(const EngineOptions& options) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineOptions& options,
-                                                                   prometheus::Registry* registry,
+                                                                   EngineObserver* observer,
                                                                    EngineComponents components) {
   WPUB_RETURN_IF_ERROR(ValidateOptions(options));
   Parts parts;
@@ -58,9 +58,7 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   }
   members.push_back(parts.pull.get());
   WPUB_ASSIGN_OR_RETURN(parts.transports, transport::TransportGroup::Create(std::move(members)));
-  if (registry != nullptr) {
-    WPUB_ASSIGN_OR_RETURN(parts.metrics, metrics::EngineMetrics::Create(registry));
-  }
+  parts.observer = observer;
   std::shared_ptr<Impl> impl(new Impl(options, std::move(parts)));
   impl->StartRefresher();
   return impl;
@@ -77,20 +75,20 @@ Engine::Impl::Impl(const EngineOptions& options, Parts parts)
       connector_(parts.connector),
       group_joiner_(parts.group_joiner),
       backend_(std::move(parts.backend)),
-      metrics_(std::move(parts.metrics)),
+      observer_(parts.observer),
       ledger_(options.report_history, options.status_reports) {}
 
 Engine::Impl::~Impl() { StopRefresher(); }
 
 void Engine::Impl::StartRefresher() {
-  if (!metrics_) return;
+  if (observer_ == nullptr) return;
   refresher_ = std::thread([this] {
     std::unique_lock lock(refresher_mu_);
     while (!stop_refresher_) {
       refresher_cv_.wait_for(lock, std::chrono::milliseconds(500));
       if (stop_refresher_) break;
       lock.unlock();
-      RefreshMetrics();
+      RefreshObserver();
       lock.lock();
     }
   });
@@ -129,16 +127,17 @@ void Engine::Impl::EndCudaIpcPublication() {
 void Engine::Impl::Record(const PublicationSession::State* holder,
                           const PublicationReport& report) {
   ledger_.Record(holder, report);
-  if (metrics_) {
-    metrics_->RecordReport(report);
-    RefreshMetrics();
+  if (observer_ != nullptr) {
+    observer_->OnReport(report);
+    RefreshObserver();
   }
 }
 
-void Engine::Impl::RefreshMetrics() {
-  if (!metrics_) return;
-  metrics_->SetIgnoreCacheCounters(cache_->hits(), cache_->misses());
-  metrics_->SetReceivers(transports_->Receivers());
+void Engine::Impl::RefreshObserver() {
+  if (observer_ == nullptr) return;
+  observer_->OnState({.ignore_cache_hits = cache_->hits(),
+                      .ignore_cache_misses = cache_->misses(),
+                      .receivers = transports_->Receivers()});
 }
 
 absl::Status Engine::Impl::CheckVersionFloor(uint64_t version, uint64_t committed_version,

@@ -3,7 +3,7 @@
 //
 // Who owns what:
 // - Engine::Impl's components (options, policy cache, backend, transports, CUDA IPC resolver,
-//   connector, metrics) are set once in Create and read-only afterwards; they are safe to use
+//   connector, observer) are set once in Create and read-only afterwards; they are safe to use
 //   from any thread as their own contracts say (the resolver only through ResolveFn /
 //   EndCudaIpcPublication, which serialize it).
 // - The PublicationLedger (ledger.h) owns the active slot, the committed version, the report
@@ -33,7 +33,6 @@
 #include "core/engine/ledger.h"
 #include "core/engine/lifecycle.h"
 #include "core/engine/recipe.h"
-#include "core/metrics/metrics.h"
 #include "core/policy/policy.h"
 #include "core/transport/transport_group.h"
 
@@ -42,9 +41,9 @@ namespace wpub::engine {
 class Engine::Impl {
  public:
   // Validates `options`, builds the parts `components` does not replace (CPU backend, pull
-  // transport, policy cache, metrics when `registry` is given) and starts the metrics refresher.
+  // transport, policy cache) and, with an observer, starts its refresher.
   static absl::StatusOr<std::shared_ptr<Impl>> Create(const EngineOptions& options,
-                                                      prometheus::Registry* registry,
+                                                      EngineObserver* observer,
                                                       EngineComponents components);
   ~Impl();
   Impl(const Impl&) = delete;
@@ -67,9 +66,9 @@ class Engine::Impl {
   void EndCudaIpcPublication();
 
   // A publication ended: records its report in the ledger (freeing the slot `holder` holds)
-  // and in the metrics.
+  // and tells the observer.
   void Record(const PublicationSession::State* holder, const PublicationReport& report);
-  void RefreshMetrics();
+  void RefreshObserver();
   // Beyond the committed version (checked by the ledger): the versions the connected engines
   // reported serving, and at most max_version_step above all of them. `group` is the
   // connector's group (nullopt without one).
@@ -92,10 +91,10 @@ class Engine::Impl {
     std::unique_ptr<EngineConnector> owned_connector;
     GroupJoiner* group_joiner = nullptr;
     std::unique_ptr<Backend> backend;
-    std::unique_ptr<metrics::EngineMetrics> metrics;
+    EngineObserver* observer = nullptr;
   };
   Impl(const EngineOptions& options, Parts parts);
-  void StartRefresher();  // only with metrics
+  void StartRefresher();  // only with an observer
   void StopRefresher();
 
   // Components: set in the constructor, read-only afterwards.
@@ -110,13 +109,13 @@ class Engine::Impl {
   EngineConnector* const connector_;                        // owned by a component (or above)
   GroupJoiner* const group_joiner_;                         // owned by the caller
   const std::unique_ptr<Backend> backend_;
-  const std::unique_ptr<metrics::EngineMetrics> metrics_;  // null without a registry
-  std::mutex ipc_mu_;                                      // serializes cuda_ipc_ calls
+  EngineObserver* const observer_;  // owned by the caller; may be null
+  std::mutex ipc_mu_;               // serializes cuda_ipc_ calls
 
   PublicationLedger ledger_;
 
-  // Metrics upkeep: wpub_engines{state} follows receivers that connect or leave between
-  // publications.
+  // The observer's upkeep: its live state (wpub_engines{state}) follows receivers that connect or
+  // leave between publications.
   std::mutex refresher_mu_;
   std::condition_variable refresher_cv_;
   bool stop_refresher_ = false;  // guarded by refresher_mu_

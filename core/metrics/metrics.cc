@@ -135,7 +135,7 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
 
 EngineMetrics::~EngineMetrics() = default;
 
-void EngineMetrics::RecordReport(const engine::PublicationReport& r) {
+void EngineMetrics::OnReport(const engine::PublicationReport& r) {
   std::lock_guard lock(mu_);
   publications_[engine::PublicationStatusName(r.status)]->Increment();
   host_syncs_total_->Increment(static_cast<double>(r.host_syncs));
@@ -174,30 +174,21 @@ void EngineMetrics::RecordReport(const engine::PublicationReport& r) {
   if (r.receivers.empty()) without_receivers_->Increment();
 }
 
-void EngineMetrics::SetReceivers(const std::vector<transport::ReceiverInfo>& receivers) {
+void EngineMetrics::OnState(const engine::EngineLiveState& state) {
   std::lock_guard lock(mu_);
   std::map<std::string, double> counts;
   for (const auto& [name, gauge] : engines_) counts[name] = 0;
-  for (const transport::ReceiverInfo& r : receivers)
+  for (const transport::ReceiverInfo& r : state.receivers)
     counts[transport::ReceiverStateName(r.state)] += 1;
   for (const auto& [name, gauge] : engines_) gauge->Set(counts[name]);
-}
-
-void EngineMetrics::SetIgnoreCacheCounters(uint64_t hits, uint64_t misses) {
-  std::lock_guard lock(mu_);
-  if (hits > last_hits_) {
-    cache_hits_->Increment(static_cast<double>(hits - last_hits_));
-    last_hits_ = hits;
+  if (state.ignore_cache_hits > last_hits_) {
+    cache_hits_->Increment(static_cast<double>(state.ignore_cache_hits - last_hits_));
+    last_hits_ = state.ignore_cache_hits;
   }
-  if (misses > last_misses_) {
-    cache_misses_->Increment(static_cast<double>(misses - last_misses_));
-    last_misses_ = misses;
+  if (state.ignore_cache_misses > last_misses_) {
+    cache_misses_->Increment(static_cast<double>(state.ignore_cache_misses - last_misses_));
+    last_misses_ = state.ignore_cache_misses;
   }
-}
-
-void EngineMetrics::SetLastCommittedVersion(uint64_t version) {
-  std::lock_guard lock(mu_);
-  last_committed_version_->Set(static_cast<double>(version));
 }
 
 }  // namespace wpub::metrics

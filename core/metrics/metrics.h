@@ -1,6 +1,7 @@
 // wpub's Prometheus metrics (the names are a contract, see docs/DESIGN.md): registered once
 // on a caller-owned prometheus::Registry, labelled children created up front and cached, and
-// updated from publication reports and engine state. The HTTP exposer is the server's job.
+// updated from publication reports and engine state as the engine's observer
+// (core/engine/observer.h). The HTTP exposer is the server's job.
 // Thread-safe: every method may be called from any thread.
 #pragma once
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/engine/observer.h"
 #include "core/engine/types.h"
 
 namespace prometheus {
@@ -46,12 +48,12 @@ inline constexpr char kPublicationsWithoutReceiversTotal[] =
 // receiver="_other" (collectors.h bounds the live per-receiver series the same way).
 inline constexpr size_t kMaxReceiverFailureSeries = 64;
 
-class EngineMetrics {
+class EngineMetrics final : public engine::EngineObserver {
  public:
   // Registers every family on `registry` (borrowed; must outlive this object and must not
   // already hold wpub metrics: INVALID_ARGUMENT then).
   static absl::StatusOr<std::unique_ptr<EngineMetrics>> Create(prometheus::Registry* registry);
-  ~EngineMetrics();
+  ~EngineMetrics() override;
 
   // Every report: wpub_publications_total{status}, wpub_host_syncs_total,
   // wpub_publication_host_syncs, wpub_engine_failures_total{reason} and
@@ -61,16 +63,12 @@ class EngineMetrics {
   // wpub_published_bytes_total{format}, wpub_tensors_total{action},
   // wpub_last_committed_version, and wpub_publications_without_receivers_total when no
   // receiver took part (committed to nobody).
-  void RecordReport(const engine::PublicationReport& report);
+  void OnReport(const engine::PublicationReport& report) override;
 
-  // wpub_engines{state}: the number of connected receivers in each state.
-  void SetReceivers(const std::vector<transport::ReceiverInfo>& receivers);
-
-  // The policy cache's monotonic totals; the counters advance by the difference to the last
-  // call (never backwards).
-  void SetIgnoreCacheCounters(uint64_t hits, uint64_t misses);
-
-  void SetLastCommittedVersion(uint64_t version);
+  // wpub_engines{state}: the number of connected receivers in each state; the policy cache's
+  // counters advance by the difference of its monotonic totals to the last call (never
+  // backwards).
+  void OnState(const engine::EngineLiveState& state) override;
 
  private:
   EngineMetrics() = default;

@@ -26,6 +26,7 @@
 #include "cli/command_line.h"
 #include "core/engine/engine.h"
 #include "core/metrics/collectors.h"
+#include "core/metrics/metrics.h"
 #include "server/common/log_escape.h"
 #include "server/service/daemon_server.h"
 #include "server/wpubd/metrics_server.h"
@@ -43,12 +44,12 @@ namespace {
 // group as its components (core/rollout/gpu_path.h), engines given now or later through
 // ConnectEngines; otherwise the CPU backend and the pull transport.
 absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
-    const wpub::wpubd::DaemonOptions& options, prometheus::Registry* registry,
+    const wpub::wpubd::DaemonOptions& options, wpub::engine::EngineObserver* observer,
     wpub::engine::GroupJoiner* group_joiner) {
   if (!options.gpu_path) {
     wpub::engine::EngineComponents components;
     components.group_joiner = group_joiner;
-    return wpub::engine::Engine::Create(options.engine, registry, std::move(components));
+    return wpub::engine::Engine::Create(options.engine, observer, std::move(components));
   }
 #ifdef WPUB_WITH_GPU_PATH
   wpub::rollout::GpuPathOptions g = options.gpu;
@@ -63,7 +64,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
       wpub::rollout::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();
   components->group_joiner = group_joiner;
-  return wpub::engine::Engine::Create(options.engine, registry, *std::move(components));
+  return wpub::engine::Engine::Create(options.engine, observer, *std::move(components));
 #else
   return absl::FailedPreconditionError(
       "--gpu_path/--engines need the GPU path: this wpubd was built without CUDA/NCCL");
@@ -144,8 +145,15 @@ int Run(const wpub::wpubd::DaemonOptions& options, const sigset_t& signals) {
   }
   wpub::group::Coordinator coordinator(group_options, registry.get());
   wpub::server::GroupJoinerImpl group_joiner(&coordinator, options.group_client);
+  absl::StatusOr<std::unique_ptr<wpub::metrics::EngineMetrics>> engine_metrics =
+      wpub::metrics::EngineMetrics::Create(registry.get());
+  if (!engine_metrics.ok()) {
+    spdlog::critical("cannot register the metrics: {}",
+                     LogEscape(engine_metrics.status().ToString()));
+    return 1;
+  }
   absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> engine =
-      CreateEngine(options, registry.get(), &group_joiner);
+      CreateEngine(options, engine_metrics->get(), &group_joiner);
   if (!engine.ok()) {
     spdlog::critical("cannot create the engine: {}", LogEscape(engine.status().ToString()));
     return 1;

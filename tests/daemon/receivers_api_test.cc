@@ -284,7 +284,7 @@ TEST_F(ReceiversApiTest, ForeignPullsAndAcksAreRefusedAndChangeNothing) {
   auto report = publication.get();
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->status(), pb::PUBLICATION_STATUS_COMMITTED) << report->error_message();
-  for (const std::string& name : {"engine-1", "attacker"}) {
+  for (const char* name : {"engine-1", "attacker"}) {
     const pb::ReceiverOutcome* o = OutcomeOf(*report, name);
     ASSERT_NE(o, nullptr) << name;
     EXPECT_TRUE(o->committed()) << name;

@@ -14,6 +14,7 @@
 #include "clients/recv/receiver.h"
 #include "clients/recv/safetensors.h"
 #include "core/engine/engine.h"
+#include "core/metrics/metrics.h"
 #include "server/client/publisher_client.h"
 #include "server/service/daemon_server.h"
 #include "wire/convert.h"
@@ -285,7 +286,9 @@ TEST(DaemonServer, InProcessPublicationWithBearerToken) {
   prometheus::Registry registry;
   engine::EngineOptions engine_options;
   engine_options.min_receivers = 1;
-  auto eng = engine::Engine::Create(engine_options, &registry);
+  auto metrics = metrics::EngineMetrics::Create(&registry);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  auto eng = engine::Engine::Create(engine_options, metrics->get());
   ASSERT_TRUE(eng.ok()) << eng.status();
   DaemonServerOptions options;
   options.listen = "127.0.0.1:0";

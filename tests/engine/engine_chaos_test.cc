@@ -50,7 +50,10 @@ class ChaosTest : public ::testing::Test {
     options.min_bucket_bytes = 1024;
     options.ack_deadline = absl::Milliseconds(200);  // a dropped bucket times out quickly
     options.max_attempts = 3;
-    auto engine = Engine::Create(options, &registry_, std::move(components));
+    auto metrics = metrics::EngineMetrics::Create(&registry_);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    metrics_ = *std::move(metrics);
+    auto engine = Engine::Create(options, metrics_.get(), std::move(components));
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
     for (const char* name : {"r0", "r1"}) StartReceiver(name);
@@ -104,6 +107,7 @@ class ChaosTest : public ::testing::Test {
   }
 
   prometheus::Registry registry_;
+  std::unique_ptr<metrics::EngineMetrics> metrics_;  // outlives engine_
   std::unique_ptr<transport::PullTransport> pull_;
   transport::testing::FaultInjectingTransport* pull_faults_ = nullptr;  // owned by the engine
   std::unique_ptr<transport::testing::FakeRolloutEngine> fake_;

@@ -11,6 +11,7 @@
 
 #include "core/engine/cpu_backend.h"
 #include "core/engine/engine.h"
+#include "core/metrics/metrics.h"
 #include "core/transport/testing/inproc_receiver.h"
 #include "core/transport/transport_group.h"
 #include "tests/engine/engine_test_util.h"
@@ -115,7 +116,9 @@ TEST(EngineComponentsTest, ExtraTransportAndBackendTakePartInEveryPublication) {
   EngineOptions options;
   options.bucket_bytes = 4096;
   options.min_bucket_bytes = 1024;
-  auto engine = Engine::Create(options, &registry, std::move(components));
+  auto metrics = metrics::EngineMetrics::Create(&registry);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  auto engine = Engine::Create(options, metrics->get(), std::move(components));
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto receiver =
       transport::testing::InprocReceiver::Start((*engine)->pull_transport(), {.name = "pull"});

@@ -26,13 +26,17 @@ class PublicationTest : public ::testing::Test {
   void MakeEngine(EngineOptions options) {
     receivers_.clear();
     engine_.reset();
+    metrics_.reset();
     registry_ = std::make_shared<prometheus::Registry>();
+    auto metrics = metrics::EngineMetrics::Create(registry_.get());
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    metrics_ = *std::move(metrics);
     options.bucket_bytes = 4096;
     options.min_bucket_bytes = 1024;
     if (options.ack_deadline == EngineOptions{}.ack_deadline) {
       options.ack_deadline = absl::Seconds(10);
     }
-    auto engine = Engine::Create(options, registry_.get());
+    auto engine = Engine::Create(options, metrics_.get());
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
   }
@@ -81,6 +85,7 @@ class PublicationTest : public ::testing::Test {
   }
 
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<metrics::EngineMetrics> metrics_;  // outlives engine_
   std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<transport::testing::InprocReceiver>> receivers_;
 };

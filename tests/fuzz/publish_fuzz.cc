@@ -17,6 +17,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -107,6 +108,11 @@ absl::StatusOr<wpub::engine::PublicationReport> Drive(
             c.batch_index(), c.tensor_index(), c.part_index(), c.offset(),
             absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(c.data().data()),
                                 c.data().size()));
+        break;
+      }
+      case pb::PublishRequest::kExpected: {
+        const auto& names = request.expected().names();
+        s = session.DeclareExpected(std::vector<std::string>(names.begin(), names.end()));
         break;
       }
       case pb::PublishRequest::kCommit:

@@ -122,12 +122,12 @@ TEST(EngineMetrics, EveryOutcomesDurationAndBoundedReceiverFailures) {
   prometheus::Registry registry;
   auto m = EngineMetrics::Create(&registry);
   ASSERT_TRUE(m.ok()) << m.status();
-  (*m)->RecordReport(Report(engine::PublicationStatus::kAborted, 2.5, {"recv-a"}));
-  (*m)->RecordReport(Report(engine::PublicationStatus::kFailed, 0.1, {"recv-a", "recv-b"}));
-  (*m)->RecordReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
+  (*m)->OnReport(Report(engine::PublicationStatus::kAborted, 2.5, {"recv-a"}));
+  (*m)->OnReport(Report(engine::PublicationStatus::kFailed, 0.1, {"recv-a", "recv-b"}));
+  (*m)->OnReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
   std::vector<std::string> many;
   for (int i = 0; i < 100; ++i) many.push_back(absl::StrCat("r", i));
-  (*m)->RecordReport(Report(engine::PublicationStatus::kAborted, 3.0, many));
+  (*m)->OnReport(Report(engine::PublicationStatus::kAborted, 3.0, many));
   const auto v = Flatten(registry.Collect());
   EXPECT_EQ(v.at("wpub_publication_attempt_seconds_count{status=aborted}"), 2);
   EXPECT_EQ(v.at("wpub_publication_attempt_seconds_count{status=failed}"), 1);
@@ -152,10 +152,10 @@ TEST(EngineMetrics, CommittedToNoReceiverIsCounted) {
   reached.receivers.push_back(transport::ReceiverOutcome{});
   reached.receivers.back().name = "engine-0";
   reached.receivers.back().committed = true;
-  (*m)->RecordReport(reached);
-  (*m)->RecordReport(Report(engine::PublicationStatus::kAborted, 1.0, {}));
-  (*m)->RecordReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
-  (*m)->RecordReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
+  (*m)->OnReport(reached);
+  (*m)->OnReport(Report(engine::PublicationStatus::kAborted, 1.0, {}));
+  (*m)->OnReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
+  (*m)->OnReport(Report(engine::PublicationStatus::kCommitted, 1.0, {}));
   EXPECT_EQ(Flatten(registry.Collect()).at("wpub_publications_without_receivers_total{}"), 2);
 }
 
