@@ -60,14 +60,13 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
   if (options.unique_id_key_templates.empty()) {
     return absl::InvalidArgumentError("rollout group: no unique-id key template");
   }
-  std::shared_ptr<const EngineFamily> family = options.family;
-  if (!family) family = std::make_shared<SglangFamily>(options.sglang);
-  std::unique_ptr<RolloutGroup> g(new RolloutGroup(options, std::move(family)));
-  g->vllm_family_ = options.vllm_family;
-  if (!g->vllm_family_) g->vllm_family_ = std::make_shared<VllmFamily>(options.vllm);
-  if (!options.engines.empty()) {
-    WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(options.engines));
-  }
+  std::map<std::string, std::shared_ptr<const EngineFamily>> families;
+  families["sglang"] =
+      options.family ? options.family : std::make_shared<SglangFamily>(options.sglang);
+  families["vllm"] =
+      options.vllm_family ? options.vllm_family : std::make_shared<VllmFamily>(options.vllm);
+  std::unique_ptr<RolloutGroup> g(new RolloutGroup(options, std::move(families)));
+  WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(g->engines_));
   WPUB_ASSIGN_OR_RETURN(g->store_, rendezvous::TcpStoreServer::Create(options.store));
   g->channel_ = std::move(channel);
   {
@@ -77,10 +76,10 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
   return g;
 }
 
-RolloutGroup::RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const EngineFamily> family)
+RolloutGroup::RolloutGroup(RolloutGroupOptions options,
+                           std::map<std::string, std::shared_ptr<const EngineFamily>> families)
     : options_(std::move(options)),
-      family_(family),
-      sglang_family_(std::move(family)),
+      families_(std::move(families)),
       engines_(WithToken(options_.engines, options_.engine_auth_token)),
       base_group_(options_.group_name),
       incarnation_(NewIncarnation()) {}
@@ -178,7 +177,7 @@ void RolloutGroup::RecordWeightVersions(const std::vector<EngineSpec>& engines,
 
 absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
     const std::vector<EngineSpec>& engines) const {
-  if (engines.empty()) return family_;
+  if (engines.empty()) return families_.at("sglang");
   for (const EngineSpec& e : engines) {
     if (e.family != engines[0].family) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -187,8 +186,8 @@ absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
           "path gives each family its own group)"));
     }
   }
-  if (engines[0].family == "vllm") return vllm_family_;
-  if (engines[0].family == "sglang" || engines[0].family.empty()) return sglang_family_;
+  const auto it = families_.find(engines[0].family.empty() ? "sglang" : engines[0].family);
+  if (it != families_.end()) return it->second;
   return absl::InvalidArgumentError(
       absl::StrCat("engine ", engines[0].url, ": unknown engine family '", engines[0].family, "'"));
 }
@@ -198,7 +197,6 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   channel_->End();
   TearDownGroup();
   PublishInfo();
-  WPUB_ASSIGN_OR_RETURN(family_, FamilyOf(want));
   WPUB_ASSIGN_OR_RETURN(std::vector<EngineSpec> alive, Alive(want, timeout, strict));
   // What each engine serves decides what it is sent (its release's routes); one that cannot
   // take publications (an API key wpubd lacks, a release too old) fails a ConnectEngines and is
@@ -291,7 +289,7 @@ absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
     const engine::EngineConnectRequest& request) {
   WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(request));
   std::lock_guard lock(connect_mu_);
-  if (in_flight_) {
+  if (in_flight()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "publication ", version_, " is in flight on the rollout group; connect after it ends"));
   }
@@ -300,6 +298,9 @@ absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
     want.push_back({e.url, e.gpus, e.family.empty() ? std::string("sglang") : e.family,
                     options_.engine_auth_token});
   }
+  // Refused before anything changes: the connected group stays.
+  WPUB_ASSIGN_OR_RETURN(std::shared_ptr<const EngineFamily> family, FamilyOf(want));
+  family_ = std::move(family);
   const std::string base = request.group_name.empty() ? base_group_ : request.group_name;
   const absl::Duration timeout =
       request.timeout > absl::ZeroDuration() ? request.timeout : options_.join_timeout;
@@ -316,7 +317,7 @@ absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
 
 absl::Status RolloutGroup::Disconnect() {
   std::lock_guard lock(connect_mu_);
-  if (in_flight_) {
+  if (in_flight()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "publication ", version_, " is in flight on the rollout group; disconnect after it ends"));
   }
@@ -340,9 +341,9 @@ engine::EngineGroupInfo RolloutGroup::Group() const {
   g.healthy = g.healthy && formed_ && channel_->usable();
   for (engine::ConnectedEngine& e : g.engines) {
     if (e.state == transport::ReceiverState::kLeft) continue;
-    e.state = !g.healthy   ? transport::ReceiverState::kFailed
-              : in_flight_ ? transport::ReceiverState::kReceiving
-                           : transport::ReceiverState::kIdle;
+    e.state = !g.healthy    ? transport::ReceiverState::kFailed
+              : in_flight() ? transport::ReceiverState::kReceiving
+                            : transport::ReceiverState::kIdle;
     // Paused with a possible mix of versions until a complete one reaches it.
     if (dirty.count(e.url) && e.state != transport::ReceiverState::kReceiving) {
       e.state = transport::ReceiverState::kDirty;
@@ -373,7 +374,7 @@ absl::Status RolloutGroup::EngineFailure() const {
 absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
     const transport::PublicationManifest& m) {
   std::lock_guard connect_lock(connect_mu_);
-  if (in_flight_) {
+  if (in_flight()) {
     return absl::FailedPreconditionError(
         absl::StrCat("rollout group: publication ", version_, " is in flight"));
   }
@@ -383,7 +384,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
     // publication reaches the other transports' receivers only.
     if (driver_) TearDownGroup();
     version_ = m.version;
-    in_flight_ = true;
+    stage_ = Stage::kBegun;
     return std::vector<std::string>{};
   }
   if (!formed_ || !channel_->usable()) {
@@ -393,7 +394,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
     WPUB_RETURN_IF_ERROR(s);
   }
   version_ = m.version;
-  in_flight_ = true;
+  stage_ = Stage::kBegun;
   publication_deadline_ = absl::Now() + options_.publication_deadline;
   transport::PublicationWatch watch;
   watch.deadline = publication_deadline_;
@@ -408,14 +409,18 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
   };
   channel_->Begin(std::move(watch));
   driver_->BeginPublication(m.version, m.engine_lifecycle);
-  resume_pending_ = true;
+  // An abort from another thread since kBegun found no engine asked anything yet: the resume it
+  // could not owe is owed now, to the publication thread's own abort that follows.
+  if (Stage begun = Stage::kBegun; !stage_.compare_exchange_strong(begun, Stage::kPaused)) {
+    stage_ = Stage::kResumeOwed;
+  }
   std::vector<std::string> names;
   for (const EngineSpec& e : driver_->engines()) names.push_back(e.url);
   return names;
 }
 
 absl::Status RolloutGroup::Send(std::shared_ptr<const transport::Bucket> bucket) {
-  if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
+  if (!in_flight()) return absl::FailedPreconditionError("rollout group: no publication begun");
   if (!driver_) return absl::OkStatus();  // no engines: no participants
   WPUB_RETURN_IF_ERROR(channel_->failure());
   // The engine posts its receive inside this request's handler: issue it first.
@@ -425,7 +430,7 @@ absl::Status RolloutGroup::Send(std::shared_ptr<const transport::Bucket> bucket)
 }
 
 absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {
-  if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
+  if (!in_flight()) return absl::FailedPreconditionError("rollout group: no publication begun");
   if (!driver_) return absl::OkStatus();  // no engines
   const absl::Time d = std::min(deadline, publication_deadline_);
   // The engines answer their bucket requests once their receives completed.
@@ -446,15 +451,14 @@ absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {
 }
 
 absl::Status RolloutGroup::Commit() {
-  if (!in_flight_) return absl::FailedPreconditionError("rollout group: no publication begun");
+  if (!in_flight()) return absl::FailedPreconditionError("rollout group: no publication begun");
   channel_->End();
   if (!driver_) {  // no engines
-    in_flight_ = false;
+    stage_ = Stage::kIdle;
     return absl::OkStatus();
   }
   WPUB_RETURN_IF_ERROR(channel_->failure());
   driver_->EndPublication();
-  resume_pending_ = false;
   absl::Status s = driver_->WaitIdle(absl::Now() + family_->request_timeout());
   {
     // An engine that applied the whole version is clean again; one whose end calls failed
@@ -470,7 +474,7 @@ absl::Status RolloutGroup::Commit() {
       }
     }
   }
-  in_flight_ = false;
+  stage_ = Stage::kIdle;
   return s;
 }
 
@@ -483,15 +487,25 @@ void RolloutGroup::Abort(absl::string_view reason) {
     channel_->Fail(
         absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
   }
+  // kBegun -> kAborted, kPaused -> kResumeOwed (kIdle stays: nothing in flight to abort).
+  Stage s = stage_.load();
+  while (
+      (s == Stage::kBegun || s == Stage::kPaused) &&
+      !stage_.compare_exchange_weak(s, s == Stage::kBegun ? Stage::kAborted : Stage::kResumeOwed)) {
+  }
   ResumeCleanEngines();
-  in_flight_ = false;
 }
 
 void RolloutGroup::ResumeCleanEngines() {
   // Begin (which replaces driver_) holds connect_mu_ for as long as it forms a group: an abort
   // arriving then leaves the resume to the publication thread's own Abort, which follows.
   std::unique_lock connect_lock(connect_mu_, std::try_to_lock);
-  if (!connect_lock.owns_lock() || !driver_ || !resume_pending_.exchange(false)) return;
+  if (!connect_lock.owns_lock()) return;
+  if (Stage aborted = Stage::kAborted; stage_.compare_exchange_strong(aborted, Stage::kIdle)) {
+    return;
+  }
+  Stage owed = Stage::kResumeOwed;
+  if (!stage_.compare_exchange_strong(owed, Stage::kIdle) || !driver_) return;
   std::set<std::string> still_dirty;
   {
     std::lock_guard lock(info_mu_);
@@ -537,15 +551,16 @@ std::vector<transport::ReceiverOutcome> RolloutGroup::Outcomes() const {
     r.name = o.url;
     // Holds part of a version that has not committed: left dirty by an abort, or (in flight)
     // it would be if this attempt ended now.
-    r.dirty = dirty.count(o.url) > 0 || (in_flight_ && o.updates_sent > 0);
+    const bool in_flight = this->in_flight();
+    r.dirty = dirty.count(o.url) > 0 || (in_flight && o.updates_sent > 0);
     if (o.failed || (!f.ok() && !any_engine_failed)) {
       r.state = transport::ReceiverState::kFailed;
       r.error = o.failed ? o.error : std::string(f.message());
       r.failure = Classify(r.error);
     } else {
       r.state =
-          in_flight_ ? transport::ReceiverState::kReceiving : transport::ReceiverState::kStaged;
-      r.committed = !in_flight_ && f.ok();
+          in_flight ? transport::ReceiverState::kReceiving : transport::ReceiverState::kStaged;
+      r.committed = !in_flight && f.ok();
     }
     out.push_back(std::move(r));
   }

@@ -147,7 +147,22 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   const transport::GroupChannel& channel() const { return *channel_; }
 
  private:
-  RolloutGroup(RolloutGroupOptions options, std::shared_ptr<const EngineFamily> family);
+  // A publication's stage on this group. Begin: kIdle -> kBegun (no engine asked anything
+  // yet) -> kPaused (the engines were asked to pause / open their session: an abort owes the
+  // clean ones their resume). Commit: -> kIdle. Abort, from any thread: kBegun -> kAborted,
+  // kPaused -> kResumeOwed; the abort that holds connect_mu_ (the publication thread's own, which
+  // always follows one from another thread) resumes the clean engines and ends in kIdle. A Begin
+  // that finds its kBegun turned kAborted after asking the engines makes it kResumeOwed.
+  // Only kBegun and kPaused are in flight (Connect and Begin refuse; Send, WaitAcknowledged and
+  // Commit require it).
+  enum class Stage : uint8_t { kIdle, kBegun, kPaused, kAborted, kResumeOwed };
+
+  RolloutGroup(RolloutGroupOptions options,
+               std::map<std::string, std::shared_ptr<const EngineFamily>> families);
+  bool in_flight() const {
+    const Stage s = stage_.load();
+    return s == Stage::kBegun || s == Stage::kPaused;
+  }
   // Forms a group of `want` (requires connect_mu_). strict: every engine must pass the health
   // probe (ConnectEngines); otherwise the ones that fail it are left out (re-formation).
   absl::Status Form(const std::vector<EngineSpec>& want, const std::string& base_group,
@@ -164,16 +179,19 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   absl::Status EngineFailure() const;
 
   const RolloutGroupOptions options_;
-  // The family of the current engine set (written under connect_mu_, by Form).
-  std::shared_ptr<const EngineFamily> family_;
-  std::shared_ptr<const EngineFamily> sglang_family_, vllm_family_;
-  // The family every engine of `engines` names; INVALID_ARGUMENT naming two engines of
-  // different families.
+  // The families this group speaks, by EngineSpec::family ("sglang", "vllm"): the options' or
+  // the built-in ones, fixed in Create.
+  const std::map<std::string, std::shared_ptr<const EngineFamily>> families_;
+  // The family every engine of `engines` names (SGLang's for none); INVALID_ARGUMENT naming two
+  // engines of different families or an unknown family.
   absl::StatusOr<std::shared_ptr<const EngineFamily>> FamilyOf(
       const std::vector<EngineSpec>& engines) const;
-  // Serializes Connect and Begin; guards engines_ and base_group_.
+  // Serializes Connect and Begin; guards engines_, family_ and base_group_.
   std::mutex connect_mu_;
   std::vector<EngineSpec> engines_;  // the engine set; empty: none connected
+  // The engine set's family, chosen with the set (Create, Connect), never per formation; read
+  // without the lock by the publication thread (Connect refuses while one is in flight).
+  std::shared_ptr<const EngineFamily> family_;
   std::string base_group_;
   // What Group and Receivers show (written under connect_mu_ too).
   mutable std::mutex info_mu_;
@@ -187,10 +205,10 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   std::unique_ptr<EngineDriver> driver_;
   const std::string incarnation_;
   std::atomic<int> generation_{0};
-  std::atomic<bool> formed_{false};  // a group formed and was not torn down since
-  std::atomic<bool> in_flight_{false};
-  // Begin posted the lifecycle calls; the abort path still owes the clean engines a resume.
-  std::atomic<bool> resume_pending_{false};
+  // A group formed and was not torn down since: the group's state, apart from the stage (a
+  // publication without engines is in flight with no group; an aborted one leaves it formed).
+  std::atomic<bool> formed_{false};
+  std::atomic<Stage> stage_{Stage::kIdle};
   uint64_t version_ = 0;
   absl::Time publication_deadline_ = absl::InfiniteFuture();
 };

@@ -7,13 +7,15 @@
 //  - a loader failure at bucket k (SGLang: 400 success=false; vLLM: 500, the worker leaves the
 //    update): the version is retried and commits, vLLM byte for byte with the CPU oracle;
 //  - an engine killed mid-publication: the retry re-forms the group without it;
-//  - the trainer's cancel in the middle of the transfer;
+//  - the trainer's cancel in the middle of the transfer, and while the group begins;
 //  - the publication deadline passed by a stalled engine.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -47,6 +49,8 @@ class InprocChannel final : public transport::GroupChannel {
     std::mutex mu;
     std::vector<Sink> sinks;
     int opens = 0;
+    // Called at the start of every Begin (on the publication thread, inside the group's Begin).
+    std::function<void()> on_begin;
   };
   explicit InprocChannel(std::shared_ptr<Shared> shared) : shared_(std::move(shared)) {}
   ~InprocChannel() override { StopWatchdog(); }
@@ -75,6 +79,12 @@ class InprocChannel final : public transport::GroupChannel {
   std::string Describe() const override { return "an in-process channel"; }
   absl::Status WarmUp(absl::Time) override { return absl::OkStatus(); }
   void Begin(transport::PublicationWatch watch) override {
+    std::function<void()> hook;
+    {
+      std::lock_guard s(shared_->mu);
+      hook = shared_->on_begin;
+    }
+    if (hook) hook();
     StopWatchdog();
     {
       std::lock_guard lock(mu_);
@@ -409,6 +419,55 @@ TEST(RolloutGroupCpu, ATrainerCancelMidTransferLeavesEveryEngineAbleToTakeTheNex
   }
   const engine::EngineGroupInfo g = d.group->Group();
   for (const auto& e : g.engines) EXPECT_EQ(e.state, transport::ReceiverState::kDirty) << e.url;
+  SetIncoming(engines, 3);
+  PublicationReport r3 = d.Publish(3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  ExpectAllServe(engines, 3);
+}
+
+// The cancel lands while the group's Begin runs (after it took the publication, before it asked
+// the engines to pause and open their session): the Begin still asks them, so the resume is
+// owed to the abort that follows on the publication thread -- no engine is left paused or with
+// its session open, none took a byte of version 2, and the next version commits.
+TEST(RolloutGroupCpu, ACancelWhileTheGroupBeginsResumesTheEnginesItPaused) {
+  auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
+  Daemon d(Specs(engines));
+  SetIncoming(engines, 1);
+  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  SetIncoming(engines, 2);
+  auto session = d.engine->Open(engine::testing::Header(2));
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_TRUE(engine::testing::Send(**session, Daemon::Batches(2)).ok());
+  std::atomic<int> hooked{0};
+  {
+    std::lock_guard lock(d.channel->mu);
+    d.channel->on_begin = [&] {
+      if (hooked++ > 0) return;
+      // Another thread, as the trainer's cancel arrives: the group's lock is held by this Begin.
+      std::thread cancel([&] { (*session)->Abort(absl::CancelledError("the trainer cancelled")); });
+      cancel.join();
+    };
+  }
+  const size_t loads_before = engines[0]->load_formats().size();
+  absl::StatusOr<PublicationReport> r2 = (*session)->Commit();
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r2->status, PublicationStatus::kAborted) << Errors(*r2);
+  EXPECT_EQ(hooked.load(), 1);
+  EXPECT_EQ(engines[0]->load_formats().size(), loads_before) << "no bucket of 2 was sent";
+  for (auto& e : engines) {
+    EXPECT_FALSE(e->session_open()) << e->url();
+    EXPECT_TRUE(e->serving()) << e->url() << " took no byte of 2: resumed on 1";
+    EXPECT_EQ(e->reported_version(), "1") << e->url();
+    EXPECT_EQ(e->mixed_resumes(), 0) << e->url();
+  }
+  for (const auto& e : d.group->Group().engines) {
+    EXPECT_NE(e.state, transport::ReceiverState::kDirty) << e.url;
+  }
+  {
+    std::lock_guard lock(d.channel->mu);
+    d.channel->on_begin = nullptr;
+  }
+  session->reset();
   SetIncoming(engines, 3);
   PublicationReport r3 = d.Publish(3);
   ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
