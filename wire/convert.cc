@@ -281,8 +281,8 @@ void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
   out->set_backend(s.backend);
 }
 
-absl::StatusOr<engine::EngineConnectRequest> FromProto(const pb::ConnectEnginesRequest& request) {
-  engine::EngineConnectRequest r;
+absl::StatusOr<engine::RolloutConnectRequest> FromProto(const pb::ConnectEnginesRequest& request) {
+  engine::RolloutConnectRequest r;
   for (int i = 0; i < request.engines_size(); ++i) {
     const pb::EngineEndpoint& e = request.engines(i);
     absl::StatusOr<std::pair<std::string, std::string>> split = engine::SplitEngineFamily(e.url());
@@ -312,9 +312,9 @@ absl::StatusOr<engine::EngineConnectRequest> FromProto(const pb::ConnectEnginesR
 
 namespace {
 
-void EnginesToProto(const engine::EngineGroupInfo& g,
+void EnginesToProto(const engine::RolloutGroupInfo& g,
                     google::protobuf::RepeatedPtrField<pb::ConnectedEngine>* out) {
-  for (const engine::ConnectedEngine& e : g.engines) {
+  for (const engine::RolloutEngineInfo& e : g.engines) {
     pb::ConnectedEngine* c = out->Add();
     c->set_url(e.url);
     c->set_gpus(static_cast<uint32_t>(e.gpus));
@@ -325,7 +325,7 @@ void EnginesToProto(const engine::EngineGroupInfo& g,
 
 }  // namespace
 
-void ToProto(const engine::EngineGroupInfo& g, pb::EngineGroup* out) {
+void ToProto(const engine::RolloutGroupInfo& g, pb::EngineGroup* out) {
   out->set_group_name(g.group_name);
   out->set_world_size(static_cast<uint32_t>(g.world_size));
   EnginesToProto(g, out->mutable_engines());
@@ -334,7 +334,7 @@ void ToProto(const engine::EngineGroupInfo& g, pb::EngineGroup* out) {
   out->set_store_address(g.store_address);
 }
 
-void ToProto(const engine::EngineGroupInfo& g, pb::ConnectEnginesResponse* out) {
+void ToProto(const engine::RolloutGroupInfo& g, pb::ConnectEnginesResponse* out) {
   out->set_group_name(g.group_name);
   out->set_world_size(static_cast<uint32_t>(g.world_size));
   EnginesToProto(g, out->mutable_engines());

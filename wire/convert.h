@@ -35,12 +35,12 @@ void ToProto(const transport::PublicationManifest& manifest, wpub::v1::Manifest*
 
 // ConnectEngines request -> engine request (gpus 0 becomes 1). Errors: INVALID_ARGUMENT
 // naming timeout_seconds when it is negative, not finite or beyond a day; the engine validates
-// the rest (ValidateEngineConnectRequest).
-absl::StatusOr<engine::EngineConnectRequest> FromProto(
+// the rest (ValidateRolloutConnectRequest).
+absl::StatusOr<engine::RolloutConnectRequest> FromProto(
     const wpub::v1::ConnectEnginesRequest& request);
 // The engine group -> GetStatus' engine_group / ConnectEngines' reply.
-void ToProto(const engine::EngineGroupInfo& group, wpub::v1::EngineGroup* out);
-void ToProto(const engine::EngineGroupInfo& group, wpub::v1::ConnectEnginesResponse* out);
+void ToProto(const engine::RolloutGroupInfo& group, wpub::v1::EngineGroup* out);
+void ToProto(const engine::RolloutGroupInfo& group, wpub::v1::ConnectEnginesResponse* out);
 
 // Wire manifest -> engine manifest (receivers decode what the daemon sent).
 // Errors: INVALID_ARGUMENT naming the tensor with an unknown dtype.

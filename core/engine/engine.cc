@@ -1,90 +1,12 @@
 // Engine, the public face of Engine::Impl: Open (header validation and version rules; the slot
-// and its queueing are the ledger's), ConnectEngines and its request's validation, status,
-// report history and shutdown.
+// and its queueing are the ledger's), ConnectEngines, status, report history and shutdown.
 #include "core/engine/engine.h"
 
-#include <set>
-
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
 #include "core/engine/engine_impl.h"
 
 namespace wpub::engine {
-namespace {
-
-// Why `url` is not http(s)://host[:port], or "" when it is.
-std::string UrlProblem(const std::string& url) {
-  if (url.empty()) return "the URL is empty";
-  for (char c : url) {
-    if (c <= ' ' || c == 0x7f) return "the URL holds whitespace or a control character";
-  }
-  size_t host = 0;
-  if (absl::StartsWith(url, "http://")) {
-    host = 7;
-  } else if (absl::StartsWith(url, "https://")) {
-    host = 8;
-  } else {
-    return "the URL must start with http:// or https://";
-  }
-  const std::string rest = url.substr(host);
-  // The SGLang driver's HTTP client takes scheme://host:port only.
-  if (rest.find_first_of("/?#") != std::string::npos) {
-    return "the URL must be scheme://host[:port], without a path";
-  }
-  if (rest.empty() || rest[0] == ':') return "the URL has no host";
-  const size_t colon = rest.rfind(':');
-  if (colon != std::string::npos && rest.back() != ']') {
-    int port = 0;
-    if (!absl::SimpleAtoi(rest.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-      return "the URL's port is not in [1, 65535]";
-    }
-  }
-  return "";
-}
-
-}  // namespace
-
-absl::Status ValidateEngineConnectRequest(const EngineConnectRequest& request) {
-  if (request.engines.empty()) return absl::InvalidArgumentError("engines: no engine given");
-  std::set<std::string> seen;
-  for (size_t i = 0; i < request.engines.size(); ++i) {
-    const EngineEndpoint& e = request.engines[i];
-    const std::string entry = absl::StrCat("engines[", i, "] '", e.url, "'");
-    if (std::string why = UrlProblem(e.url); !why.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(entry, ": ", why));
-    }
-    if (e.gpus < 1 || e.gpus > 4096) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(entry, ": gpus is ", e.gpus, "; it must be in [1, 4096]"));
-    }
-    if (!seen.insert(e.url).second) {
-      return absl::InvalidArgumentError(absl::StrCat(entry, ": the URL is given twice"));
-    }
-    if (!e.family.empty() && e.family != "sglang" && e.family != "vllm") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(entry, ": unknown engine kind '", e.family, "' (sglang or vllm)"));
-    }
-  }
-  if (request.group_name.size() > 100) {
-    return absl::InvalidArgumentError("group_name: longer than 100 characters");
-  }
-  for (char c : request.group_name) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("group_name '", request.group_name,
-                       "': only letters, digits, '_', '-' and '.' are allowed"));
-    }
-  }
-  if (request.timeout < absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout ", absl::FormatDuration(request.timeout), " is negative"));
-  }
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Engine
 
@@ -145,7 +67,7 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
     }
   }
   // Read before taking the slot (the ledger's lock is not held while calling the connector).
-  const std::optional<EngineGroupInfo> group = EngineGroup();
+  const std::optional<RolloutGroupInfo> group = EngineGroup();
   const auto admit = [&](uint64_t committed_version) -> absl::StatusOr<PublicationLedger::Active> {
     // A receiver may hold a newer version than this engine committed (a daemon restart).
     WPUB_RETURN_IF_ERROR(impl_->pull().CheckVersionAhead(header.version));
@@ -165,8 +87,8 @@ absl::StatusOr<std::unique_ptr<PublicationSession>> Engine::Open(const Publicati
   return std::unique_ptr<PublicationSession>(new PublicationSession(header.version, state));
 }
 
-absl::StatusOr<EngineGroupInfo> Engine::ConnectEngines(const EngineConnectRequest& request) {
-  WPUB_RETURN_IF_ERROR(ValidateEngineConnectRequest(request));
+absl::StatusOr<RolloutGroupInfo> Engine::ConnectEngines(const RolloutConnectRequest& request) {
+  WPUB_RETURN_IF_ERROR(ValidateRolloutConnectRequest(request));
   if (impl_->connector() == nullptr) {
     return absl::FailedPreconditionError(
         "this daemon has no GPU path: ConnectEngines needs wpubd built with CUDA and NCCL and "
@@ -175,13 +97,13 @@ absl::StatusOr<EngineGroupInfo> Engine::ConnectEngines(const EngineConnectReques
   WPUB_RETURN_IF_ERROR(impl_->ledger().BeginConnecting());
   // No engine lock while the connector probes and waits for the engines' joins: GetStatus
   // keeps answering, and Open sees the slot taken.
-  absl::StatusOr<EngineGroupInfo> group = impl_->connector()->Connect(request);
+  absl::StatusOr<RolloutGroupInfo> group = impl_->connector()->Connect(request);
   impl_->ledger().EndConnecting();
   impl_->RefreshObserver();
   return group;
 }
 
-std::optional<EngineGroupInfo> Engine::EngineGroup() const {
+std::optional<RolloutGroupInfo> Engine::EngineGroup() const {
   if (impl_->connector() == nullptr) return std::nullopt;
   return impl_->connector()->Group();
 }

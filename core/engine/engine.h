@@ -24,6 +24,7 @@
 #include "core/engine/backend.h"
 #include "core/engine/group_vote.h"
 #include "core/engine/observer.h"
+#include "core/engine/rollout_connector.h"
 #include "core/engine/types.h"
 #include "core/transport/pull_transport.h"
 #include "core/transport/transport.h"
@@ -65,61 +66,6 @@ struct EngineOptions {
   transport::PullTransportOptions pull;
 };
 
-// One rollout engine of a ConnectEngines request: its HTTP address and its GPUs (TP ranks).
-struct EngineEndpoint {
-  std::string url;  // "http://host:port" or "https://host:port"
-  int gpus = 1;
-  std::string family = "";  // "sglang" | "vllm"; empty: sglang
-};
-
-struct EngineConnectRequest {
-  std::vector<EngineEndpoint> engines;            // the new engine set, in rank order
-  std::string group_name;                         // base group name; empty keeps the connector's
-  absl::Duration timeout = absl::ZeroDuration();  // health probe + join; 0: connector default
-};
-
-// One engine of the weight-update group as laid out.
-struct ConnectedEngine {
-  std::string url;
-  int gpus = 1;
-  int rank_offset = 0;  // first rank; the publisher is rank 0
-  transport::ReceiverState state = transport::ReceiverState::kIdle;
-  // The weight version it reported serving when it joined (0: none or unknown).
-  uint64_t weight_version = 0;
-};
-
-// The weight-update group (GPU path).
-struct EngineGroupInfo {
-  std::string group_name;  // "<base>_<incarnation>_<generation>"; empty before the first group
-  int world_size = 0;      // 1 + sum of the engines' GPUs; 0 before the first group
-  uint64_t generation = 0;
-  bool healthy = false;  // formed, and no failure seen since
-  std::vector<ConnectedEngine> engines;
-  std::string store_address;  // "host:port" engines rendezvous at
-  // The highest weight version any engine reported when it joined: Open refuses versions at
-  // or below it (a restarted daemon must not publish backwards).
-  uint64_t highest_engine_version = 0;
-};
-
-// INVALID_ARGUMENT naming the entry ("engines[2] 'ftp://x': ...") for: no engines, a URL that
-// is not http(s)://host[:port] (or holds whitespace), a GPU count outside [1, 4096], a URL
-// given twice, a group name with characters other than letters, digits, '_', '-', '.' (or
-// longer than 100), a negative timeout. Pure; what Engine::ConnectEngines checks first.
-absl::Status ValidateEngineConnectRequest(const EngineConnectRequest& request);
-
-// Forms the weight-update group with a given engine set (the GPU path's NCCL transport).
-// Thread-safe: Connect may be called from any thread; it must refuse (FAILED_PRECONDITION)
-// while a publication is in flight on its transport. Group never blocks on a Connect in
-// progress (it returns the last snapshot).
-class EngineConnector {
- public:
-  virtual ~EngineConnector() = default;
-  // Replaces the engine set and forms the group; blocks until every engine joined or one
-  // failed. On failure nothing stays connected (see the implementation's contract).
-  virtual absl::StatusOr<EngineGroupInfo> Connect(const EngineConnectRequest& request) = 0;
-  virtual EngineGroupInfo Group() const = 0;
-};
-
 // Parts an engine may be given instead of its defaults (the GPU path). Everything is optional.
 struct EngineComponents {
   // Replaces the CPU backend (e.g. the GPU backend).
@@ -133,10 +79,10 @@ struct EngineComponents {
   std::unique_ptr<CudaIpcResolver> cuda_ipc;
   // Serves Engine::ConnectEngines (the NCCL transport). Not owned: it must be one of the
   // components above (e.g. the transport in `transports`), so it lives as long as the engine.
-  EngineConnector* connector = nullptr;
+  RolloutConnector* connector = nullptr;
   // A connector that is not one of the transports (e.g. one that routes a request between
   // several of them): owned by the engine, and used when `connector` is null.
-  std::unique_ptr<EngineConnector> owned_connector;
+  std::unique_ptr<RolloutConnector> owned_connector;
   // Joins publications whose header names a group (PublicationHeader::group) to it. Not owned;
   // it must outlive the engine. Without one such headers are FAILED_PRECONDITION.
   GroupJoiner* group_joiner = nullptr;
@@ -179,16 +125,16 @@ class Engine {
 
   // Replaces the engine set of the GPU path and forms its weight-update group (blocks for the
   // connector's health probes and joins; no engine lock is held meanwhile). Errors, in order:
-  // - INVALID_ARGUMENT from ValidateEngineConnectRequest (on every daemon);
+  // - INVALID_ARGUMENT from ValidateRolloutConnectRequest (on every daemon);
   // - FAILED_PRECONDITION "this daemon has no GPU path ..." without a connector;
   // - UNAVAILABLE after BeginShutdown;
   // - FAILED_PRECONDITION naming the active version while a publication is open, or when
   //   another ConnectEngines is in progress (nothing changes then);
   // - the connector's errors (UNAVAILABLE / DEADLINE_EXCEEDED naming the engines).
   // While it runs, Open refuses (or, with header.queue, waits) as for an active publication.
-  absl::StatusOr<EngineGroupInfo> ConnectEngines(const EngineConnectRequest& request);
+  absl::StatusOr<RolloutGroupInfo> ConnectEngines(const RolloutConnectRequest& request);
   // The weight-update group; nullopt without a connector. Never blocks on a ConnectEngines.
-  std::optional<EngineGroupInfo> EngineGroup() const;
+  std::optional<RolloutGroupInfo> EngineGroup() const;
 
   // Snapshot; never blocks on a publication in progress.
   EngineStatus GetStatus() const;

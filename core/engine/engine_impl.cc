@@ -141,7 +141,7 @@ void Engine::Impl::RefreshObserver() {
 }
 
 absl::Status Engine::Impl::CheckVersionFloor(uint64_t version, uint64_t committed_version,
-                                             const std::optional<EngineGroupInfo>& group) const {
+                                             const std::optional<RolloutGroupInfo>& group) const {
   uint64_t floor = committed_version;
   if (const std::optional<transport::HeldVersion> held = pull_->HighestHeldVersion()) {
     floor = std::max(floor, held->version);
@@ -149,7 +149,7 @@ absl::Status Engine::Impl::CheckVersionFloor(uint64_t version, uint64_t committe
   if (group.has_value()) {
     if (version <= group->highest_engine_version) {
       std::string who;
-      for (const ConnectedEngine& e : group->engines) {
+      for (const RolloutEngineInfo& e : group->engines) {
         if (e.weight_version == group->highest_engine_version) who = e.url;
       }
       return absl::FailedPreconditionError(absl::StrCat(

@@ -55,7 +55,7 @@ class Engine::Impl {
   // Every transport of a publication: the extras, then the pull transport.
   transport::TransportGroup& transports() const { return *transports_; }
   Backend& backend() const { return *backend_; }
-  EngineConnector* connector() const { return connector_; }    // null on the CPU path
+  RolloutConnector* connector() const { return connector_; }   // null on the CPU path
   GroupJoiner* group_joiner() const { return group_joiner_; }  // null: no groups
   PublicationLedger& ledger() { return ledger_; }
   const PublicationLedger& ledger() const { return ledger_; }
@@ -73,7 +73,7 @@ class Engine::Impl {
   // reported serving, and at most max_version_step above all of them. `group` is the
   // connector's group (nullopt without one).
   absl::Status CheckVersionFloor(uint64_t version, uint64_t committed_version,
-                                 const std::optional<EngineGroupInfo>& group) const;
+                                 const std::optional<RolloutGroupInfo>& group) const;
 
   // ~Engine: the ledger refuses new work, the refresher stops, the pull transport shuts down
   // and the CUDA IPC mappings are released. Sessions that outlive the Engine keep the parts.
@@ -87,8 +87,8 @@ class Engine::Impl {
     std::vector<std::unique_ptr<transport::Transport>> extra_transports;
     std::unique_ptr<transport::TransportGroup> transports;
     std::unique_ptr<CudaIpcResolver> cuda_ipc;
-    EngineConnector* connector = nullptr;
-    std::unique_ptr<EngineConnector> owned_connector;
+    RolloutConnector* connector = nullptr;
+    std::unique_ptr<RolloutConnector> owned_connector;
     GroupJoiner* group_joiner = nullptr;
     std::unique_ptr<Backend> backend;
     EngineObserver* observer = nullptr;
@@ -104,10 +104,10 @@ class Engine::Impl {
   const std::vector<std::unique_ptr<transport::Transport>>
       extra_transports_;  // owned for transports_
   const std::unique_ptr<transport::TransportGroup> transports_;
-  const std::unique_ptr<CudaIpcResolver> cuda_ipc_;         // null on the CPU path
-  const std::unique_ptr<EngineConnector> owned_connector_;  // null unless given one
-  EngineConnector* const connector_;                        // owned by a component (or above)
-  GroupJoiner* const group_joiner_;                         // owned by the caller
+  const std::unique_ptr<CudaIpcResolver> cuda_ipc_;          // null on the CPU path
+  const std::unique_ptr<RolloutConnector> owned_connector_;  // null unless given one
+  RolloutConnector* const connector_;                        // owned by a component (or above)
+  GroupJoiner* const group_joiner_;                          // owned by the caller
   const std::unique_ptr<Backend> backend_;
   EngineObserver* const observer_;  // owned by the caller; may be null
   std::mutex ipc_mu_;               // serializes cuda_ipc_ calls

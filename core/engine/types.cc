@@ -42,19 +42,4 @@ double PhaseValue(const PhaseSeconds& s, std::string_view phase) {
   return 0;
 }
 
-absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::string_view url) {
-  const size_t plus = url.find('+');
-  const size_t scheme = url.find("://");
-  if (plus == std::string_view::npos || scheme == std::string_view::npos || plus > scheme) {
-    return std::pair<std::string, std::string>{"", std::string(url)};
-  }
-  const std::string family(url.substr(0, plus));
-  if (family != "vllm" && family != "sglang") {
-    return absl::InvalidArgumentError(absl::StrCat("engine '", std::string(url),
-                                                   "': unknown engine kind '", family,
-                                                   "+' (vllm+http://, sglang+http://)"));
-  }
-  return std::pair<std::string, std::string>{family, std::string(url.substr(plus + 1))};
-}
-
 }  // namespace wpub::engine

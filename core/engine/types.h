@@ -216,11 +216,6 @@ struct PublicationReport {
   std::optional<struct GroupSummary> group;
 };
 
-// The engine family an engine URL names by its scheme: "vllm+http://h:p" -> ("vllm",
-// "http://h:p"), "sglang+https://..." -> ("sglang", "https://..."), a plain URL -> ("", url) (the
-// caller's default). INVALID_ARGUMENT naming the URL for another "<x>+" prefix.
-absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::string_view url);
-
 // The active publication, as GetStatus shows it.
 enum class PublicationState : uint8_t { kOpen, kStaged, kCommitted, kAborted };
 const char* PublicationStateName(PublicationState state);  // "open", "staged", ...

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "core/engine/rollout_connector.h"
 #include "core/engine/types.h"
 
 namespace wpub::rollout {
@@ -35,7 +36,7 @@ struct EngineSpec {
   std::string auth_token = "";
 };
 
-// SplitEngineFamily ("vllm+http://..."): core/engine/types.h.
+// SplitEngineFamily ("vllm+http://..."): core/engine/rollout_connector.h.
 using engine::SplitEngineFamily;
 
 // "http://host:30000=2,vllm+http://other:8000" (wpubd --engines, wpubctl connect-engines) ->

@@ -9,15 +9,15 @@
 namespace wpub::rollout {
 namespace {
 
-std::string FamilyOf(const engine::EngineEndpoint& e) {
+std::string FamilyOf(const engine::RolloutEndpoint& e) {
   return e.family.empty() ? std::string("sglang") : e.family;
 }
 
 }  // namespace
 
-absl::StatusOr<engine::EngineGroupInfo> FamilyRouter::Connect(
-    const engine::EngineConnectRequest& request) {
-  if (absl::Status s = engine::ValidateEngineConnectRequest(request); !s.ok()) return s;
+absl::StatusOr<engine::RolloutGroupInfo> FamilyRouter::Connect(
+    const engine::RolloutConnectRequest& request) {
+  if (absl::Status s = engine::ValidateRolloutConnectRequest(request); !s.ok()) return s;
   for (size_t i = 0; i < request.engines.size(); ++i) {
     const std::string f = FamilyOf(request.engines[i]);
     const bool served =
@@ -31,9 +31,9 @@ absl::StatusOr<engine::EngineGroupInfo> FamilyRouter::Connect(
     for (const auto& [family, group] : members_) group->Disconnect().IgnoreError();
   };
   for (const auto& [family, group] : members_) {
-    engine::EngineConnectRequest part = request;
+    engine::RolloutConnectRequest part = request;
     part.engines.clear();
-    for (const engine::EngineEndpoint& e : request.engines) {
+    for (const engine::RolloutEndpoint& e : request.engines) {
       if (FamilyOf(e) == family) part.engines.push_back(e);
     }
     if (part.engines.empty()) {
@@ -43,7 +43,7 @@ absl::StatusOr<engine::EngineGroupInfo> FamilyRouter::Connect(
       }
       continue;
     }
-    absl::StatusOr<engine::EngineGroupInfo> joined = group->Connect(part);
+    absl::StatusOr<engine::RolloutGroupInfo> joined = group->Connect(part);
     if (!joined.ok()) {
       disconnect_all();
       return joined.status();
@@ -52,20 +52,20 @@ absl::StatusOr<engine::EngineGroupInfo> FamilyRouter::Connect(
   return Group();
 }
 
-engine::EngineGroupInfo FamilyRouter::Group() const {
-  std::vector<engine::EngineGroupInfo> withs;
-  engine::EngineGroupInfo first;
+engine::RolloutGroupInfo FamilyRouter::Group() const {
+  std::vector<engine::RolloutGroupInfo> withs;
+  engine::RolloutGroupInfo first;
   for (size_t i = 0; i < members_.size(); ++i) {
-    engine::EngineGroupInfo g = members_[i].second->Group();
+    engine::RolloutGroupInfo g = members_[i].second->Group();
     if (i == 0) first = g;
     if (!g.engines.empty()) withs.push_back(std::move(g));
   }
   if (withs.empty()) return first;
   if (withs.size() == 1) return withs[0];
-  engine::EngineGroupInfo out;
+  engine::RolloutGroupInfo out;
   std::vector<std::string> names, stores;
   out.healthy = true;
-  for (const engine::EngineGroupInfo& g : withs) {
+  for (const engine::RolloutGroupInfo& g : withs) {
     names.push_back(g.group_name);
     stores.push_back(g.store_address);
     out.world_size += g.world_size;

@@ -17,14 +17,14 @@
 namespace wpub::rollout {
 
 // One family's group as the router drives it (RolloutGroup).
-class FamilyConnector : public engine::EngineConnector {
+class FamilyConnector : public engine::RolloutConnector {
  public:
   // Tears the group down and forgets its engines; afterwards no engine of it is connected.
   // FAILED_PRECONDITION while a publication is in flight on it.
   virtual absl::Status Disconnect() = 0;
 };
 
-class FamilyRouter final : public engine::EngineConnector {
+class FamilyRouter final : public engine::RolloutConnector {
  public:
   // (family, its group) pairs; the groups are borrowed and must outlive the router.
   explicit FamilyRouter(std::vector<std::pair<std::string, FamilyConnector*>> members)
@@ -34,10 +34,10 @@ class FamilyRouter final : public engine::EngineConnector {
   // disconnects the groups of the families the request does not name. On any failure every
   // group is disconnected (never half-connected) and the first error is returned.
   // INVALID_ARGUMENT naming the engine for a family no group serves.
-  absl::StatusOr<engine::EngineGroupInfo> Connect(const engine::EngineConnectRequest& r) override;
+  absl::StatusOr<engine::RolloutGroupInfo> Connect(const engine::RolloutConnectRequest& r) override;
   // The groups' snapshots merged: their engines in member order, names and store addresses
   // joined with ",", healthy when every group with engines is.
-  engine::EngineGroupInfo Group() const override;
+  engine::RolloutGroupInfo Group() const override;
 
  private:
   const std::vector<std::pair<std::string, FamilyConnector*>> members_;

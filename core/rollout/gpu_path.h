@@ -1,5 +1,5 @@
 // Assembles the GPU publication path for the engine: the GPU backend (device buckets), the
-// rollout group (the engines' weight-update group: their transport and the EngineConnector) and
+// rollout group (the engines' weight-update group: their transport and the RolloutConnector) and
 // the CUDA IPC mapping cache, as engine::EngineComponents. What wpubd calls when it is
 // given engines; tests and benchmarks build the same pieces directly.
 #pragma once
@@ -36,7 +36,7 @@ struct GpuPathOptions {
 };
 
 // The GPU backend on options.device, the rollout group as the engine's extra transport and as
-// its EngineConnector (ConnectEngines), and the CUDA IPC mapping cache as its resolver of
+// its RolloutConnector (ConnectEngines), and the CUDA IPC mapping cache as its resolver of
 // trainer memory.
 // FAILED_PRECONDITION without that CUDA device.
 absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOptions& options);

@@ -49,10 +49,10 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
   if (channel == nullptr) return absl::InvalidArgumentError("rollout group: no channel");
   if (!options.engines.empty()) {
     // The initial set obeys the same rules as a ConnectEngines request.
-    engine::EngineConnectRequest r;
+    engine::RolloutConnectRequest r;
     for (const EngineSpec& e : options.engines) r.engines.push_back({e.url, e.gpus, e.family});
     r.group_name = options.group_name;
-    WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(r));
+    WPUB_RETURN_IF_ERROR(engine::ValidateRolloutConnectRequest(r));
   }
   if (options.group_name.empty()) {
     return absl::InvalidArgumentError("rollout group: empty group name");
@@ -103,7 +103,7 @@ void RolloutGroup::TearDownGroup() {
 }
 
 void RolloutGroup::PublishInfo() {
-  engine::EngineGroupInfo g;
+  engine::RolloutGroupInfo g;
   g.store_address = absl::StrCat(options_.advertise_address, ":", store_->port());
   g.generation = static_cast<uint64_t>(generation_.load());
   g.healthy = formed_;
@@ -125,7 +125,7 @@ void RolloutGroup::PublishInfo() {
     }
   }
   std::lock_guard lock(info_mu_);
-  for (engine::ConnectedEngine& e : g.engines) {
+  for (engine::RolloutEngineInfo& e : g.engines) {
     auto it = weight_versions_.find(e.url);
     e.weight_version = it == weight_versions_.end() ? 0 : it->second;
   }
@@ -285,16 +285,16 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
   return absl::OkStatus();
 }
 
-absl::StatusOr<engine::EngineGroupInfo> RolloutGroup::Connect(
-    const engine::EngineConnectRequest& request) {
-  WPUB_RETURN_IF_ERROR(engine::ValidateEngineConnectRequest(request));
+absl::StatusOr<engine::RolloutGroupInfo> RolloutGroup::Connect(
+    const engine::RolloutConnectRequest& request) {
+  WPUB_RETURN_IF_ERROR(engine::ValidateRolloutConnectRequest(request));
   std::lock_guard lock(connect_mu_);
   if (in_flight()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "publication ", version_, " is in flight on the rollout group; connect after it ends"));
   }
   std::vector<EngineSpec> want;
-  for (const engine::EngineEndpoint& e : request.engines) {
+  for (const engine::RolloutEndpoint& e : request.engines) {
     want.push_back({e.url, e.gpus, e.family.empty() ? std::string("sglang") : e.family,
                     options_.engine_auth_token});
   }
@@ -329,8 +329,8 @@ absl::Status RolloutGroup::Disconnect() {
   return absl::OkStatus();
 }
 
-engine::EngineGroupInfo RolloutGroup::Group() const {
-  engine::EngineGroupInfo g;
+engine::RolloutGroupInfo RolloutGroup::Group() const {
+  engine::RolloutGroupInfo g;
   std::set<std::string> dirty;
   {
     std::lock_guard lock(info_mu_);
@@ -339,7 +339,7 @@ engine::EngineGroupInfo RolloutGroup::Group() const {
   }
   // Live state: a failure or an abort since the snapshot marks the group down.
   g.healthy = g.healthy && formed_ && channel_->usable();
-  for (engine::ConnectedEngine& e : g.engines) {
+  for (engine::RolloutEngineInfo& e : g.engines) {
     if (e.state == transport::ReceiverState::kLeft) continue;
     e.state = !g.healthy    ? transport::ReceiverState::kFailed
               : in_flight() ? transport::ReceiverState::kReceiving
@@ -526,7 +526,7 @@ void RolloutGroup::ResumeCleanEngines() {
 
 void RolloutGroup::MarkParticipantsDirty() {
   std::lock_guard lock(info_mu_);
-  for (const engine::ConnectedEngine& e : info_.engines) dirty_.insert(e.url);
+  for (const engine::RolloutEngineInfo& e : info_.engines) dirty_.insert(e.url);
 }
 
 std::vector<std::string> RolloutGroup::dirty_engines() const {
@@ -569,7 +569,7 @@ std::vector<transport::ReceiverOutcome> RolloutGroup::Outcomes() const {
 
 std::vector<transport::ReceiverInfo> RolloutGroup::Receivers() const {
   std::vector<transport::ReceiverInfo> out;
-  for (const engine::ConnectedEngine& e : Group().engines) {
+  for (const engine::RolloutEngineInfo& e : Group().engines) {
     transport::ReceiverInfo r;
     r.name = e.url;
     r.state =

@@ -1,5 +1,5 @@
 // The rollout engines of the GPU path as one weight-update group: the transport::Transport the
-// engine drives for them and the engine::EngineConnector behind ConnectEngines. wpubd is rank 0:
+// engine drives for them and the engine::RolloutConnector behind ConnectEngines. wpubd is rank 0:
 // the group serves the TCPStore rendezvous (core/rendezvous), puts the group id (NCCL's unique
 // id) under the keys torch.distributed reads, opens rank 0 on its channel (group_channel.h: the
 // bytes; NCCL's in production, core/nccl/nccl_transport.h), probes every engine for what its
@@ -111,13 +111,13 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   // ConnectEngines (see the file comment). Blocks for the health probes (at most
   // min(family connect timeout, timeout)) and the joins (at most timeout = request.timeout, or
   // options.join_timeout when 0), plus, on failure, the teardown (leave requests, at most a few
-  // seconds). Errors: INVALID_ARGUMENT (engine::ValidateEngineConnectRequest);
+  // seconds). Errors: INVALID_ARGUMENT (engine::ValidateRolloutConnectRequest);
   // FAILED_PRECONDITION while a publication is in flight; UNAVAILABLE naming an engine that
   // failed its health probe or its join; DEADLINE_EXCEEDED naming the engines that did not
   // answer in time.
-  absl::StatusOr<engine::EngineGroupInfo> Connect(
-      const engine::EngineConnectRequest& request) override;
-  engine::EngineGroupInfo Group() const override;
+  absl::StatusOr<engine::RolloutGroupInfo> Connect(
+      const engine::RolloutConnectRequest& request) override;
+  engine::RolloutGroupInfo Group() const override;
   uint16_t store_port() const { return store_->port(); }
   int generation() const { return generation_; }
   // 8 hex digits drawn when the group object is created: part of every group name, so a
@@ -195,7 +195,7 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   std::string base_group_;
   // What Group and Receivers show (written under connect_mu_ too).
   mutable std::mutex info_mu_;
-  engine::EngineGroupInfo info_;                     // guarded by info_mu_
+  engine::RolloutGroupInfo info_;                    // guarded by info_mu_
   std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
   std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
   std::unique_ptr<rendezvous::TcpStoreServer> store_;

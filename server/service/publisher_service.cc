@@ -319,11 +319,11 @@ grpc::Status PublisherService::GetStatus(grpc::ServerContext* context,
       ToProto(*g, reply->mutable_publication_group());
     }
   }
-  if (std::optional<engine::EngineGroupInfo> group = engine_->EngineGroup()) {
+  if (std::optional<engine::RolloutGroupInfo> group = engine_->EngineGroup()) {
     ToProto(*group, reply->mutable_engine_group());
     // The engines are the NCCL transport's receivers.
     for (pb::ReceiverInfo& r : *reply->mutable_receivers()) {
-      for (const engine::ConnectedEngine& e : group->engines) {
+      for (const engine::RolloutEngineInfo& e : group->engines) {
         if (e.url == r.name()) r.set_transport("nccl");
       }
     }
@@ -335,14 +335,14 @@ grpc::Status PublisherService::ConnectEngines(grpc::ServerContext* context,
                                               const pb::ConnectEnginesRequest* request,
                                               pb::ConnectEnginesResponse* reply) {
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
-  absl::StatusOr<engine::EngineConnectRequest> r = FromProto(*request);
+  absl::StatusOr<engine::RolloutConnectRequest> r = FromProto(*request);
   if (!r.ok()) return ToGrpcStatus(r.status());
   std::vector<std::string> names;
-  for (const engine::EngineEndpoint& e : r->engines)
+  for (const engine::RolloutEndpoint& e : r->engines)
     names.push_back(absl::StrCat(e.url, "=", e.gpus));
   spdlog::info("ConnectEngines: {} (group '{}')", LogEscape(absl::StrJoin(names, ",")),
                LogEscape(r->group_name));
-  absl::StatusOr<engine::EngineGroupInfo> group = engine_->ConnectEngines(*r);
+  absl::StatusOr<engine::RolloutGroupInfo> group = engine_->ConnectEngines(*r);
   if (!group.ok()) {
     spdlog::warn("ConnectEngines refused or failed: {}", LogEscape(group.status().ToString()));
     return ToGrpcStatus(group.status());

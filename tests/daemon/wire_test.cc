@@ -189,7 +189,7 @@ TEST(Convert, ConnectEnginesRequestAndGroup) {
     EXPECT_NE(s.message().find("timeout_seconds"), std::string::npos) << s;
   }
 
-  engine::EngineGroupInfo g;
+  engine::RolloutGroupInfo g;
   g.group_name = "run7_3";
   g.world_size = 6;
   g.generation = 3;

@@ -1,7 +1,7 @@
 // Engine::ConnectEngines without a GPU: request validation (INVALID_ARGUMENT naming the entry),
 // the CPU path's FAILED_PRECONDITION, refusal while a publication is open, Open refused (or
 // queued) while a connect is forming the group, and the group snapshot, with a fake
-// EngineConnector standing in for the NCCL transport.
+// RolloutConnector standing in for the NCCL transport.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -16,9 +16,9 @@ namespace wpub::engine {
 namespace {
 
 // Records requests; Connect blocks until Release() when `hold` is set.
-class FakeConnector : public EngineConnector {
+class FakeConnector : public RolloutConnector {
  public:
-  absl::StatusOr<EngineGroupInfo> Connect(const EngineConnectRequest& request) override {
+  absl::StatusOr<RolloutGroupInfo> Connect(const RolloutConnectRequest& request) override {
     {
       std::unique_lock lock(mu_);
       ++calls_;
@@ -28,10 +28,10 @@ class FakeConnector : public EngineConnector {
       cv_.wait(lock, [&] { return !hold_; });
     }
     if (!result_.ok()) return result_;
-    EngineGroupInfo g;
+    RolloutGroupInfo g;
     g.group_name = (request.group_name.empty() ? "wpub_weights" : request.group_name) + "_1";
     int next = 1;
-    for (const EngineEndpoint& e : request.engines) {
+    for (const RolloutEndpoint& e : request.engines) {
       g.engines.push_back({e.url, e.gpus, next, transport::ReceiverState::kIdle});
       next += e.gpus;
     }
@@ -42,7 +42,7 @@ class FakeConnector : public EngineConnector {
     group_ = g;
     return g;
   }
-  EngineGroupInfo Group() const override {
+  RolloutGroupInfo Group() const override {
     std::lock_guard lock(mu_);
     return group_;
   }
@@ -67,7 +67,7 @@ class FakeConnector : public EngineConnector {
     std::lock_guard lock(mu_);
     return calls_;
   }
-  EngineConnectRequest last() const {
+  RolloutConnectRequest last() const {
     std::lock_guard lock(mu_);
     return last_;
   }
@@ -79,8 +79,8 @@ class FakeConnector : public EngineConnector {
   bool hold_ = false;
   bool entered_ = false;
   int calls_ = 0;
-  EngineConnectRequest last_;
-  EngineGroupInfo group_;
+  RolloutConnectRequest last_;
+  RolloutGroupInfo group_;
 };
 
 // EngineComponents::connector does not own: each test declares the fake before the engine, so
@@ -93,8 +93,8 @@ std::unique_ptr<Engine> MakeEngine(FakeConnector* connector) {
   return e.ok() ? std::move(*e) : nullptr;
 }
 
-EngineConnectRequest Request(std::vector<EngineEndpoint> engines) {
-  EngineConnectRequest r;
+RolloutConnectRequest Request(std::vector<RolloutEndpoint> engines) {
+  RolloutConnectRequest r;
   r.engines = std::move(engines);
   return r;
 }
@@ -108,12 +108,12 @@ PublicationHeader Header(uint64_t version, bool queue = false) {
   return h;
 }
 
-TEST(ValidateEngineConnectRequest, NamesTheEntry) {
-  EXPECT_TRUE(ValidateEngineConnectRequest(
+TEST(ValidateRolloutConnectRequest, NamesTheEntry) {
+  EXPECT_TRUE(ValidateRolloutConnectRequest(
                   Request({{"http://a:30000", 4}, {"https://b", 1}, {"http://[::1]:8000", 2}}))
                   .ok());
   struct Case {
-    std::vector<EngineEndpoint> engines;
+    std::vector<RolloutEndpoint> engines;
     std::string expect;  // substring of the message
   };
   const std::vector<Case> cases = {
@@ -134,20 +134,20 @@ TEST(ValidateEngineConnectRequest, NamesTheEntry) {
       {{{"http://a:1", 1}, {"http://a:1", 2}}, "engines[1] 'http://a:1': the URL is given twice"},
   };
   for (const Case& c : cases) {
-    absl::Status s = ValidateEngineConnectRequest(Request(c.engines));
+    absl::Status s = ValidateRolloutConnectRequest(Request(c.engines));
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << c.expect << ": " << s;
     EXPECT_NE(s.message().find(c.expect), std::string::npos) << s;
   }
-  EngineConnectRequest r = Request({{"http://a:1", 1}});
+  RolloutConnectRequest r = Request({{"http://a:1", 1}});
   r.group_name = "bad name";
-  EXPECT_NE(ValidateEngineConnectRequest(r).message().find("group_name 'bad name'"),
+  EXPECT_NE(ValidateRolloutConnectRequest(r).message().find("group_name 'bad name'"),
             std::string::npos);
   r.group_name = std::string(101, 'g');
-  EXPECT_TRUE(absl::IsInvalidArgument(ValidateEngineConnectRequest(r)));
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateRolloutConnectRequest(r)));
   r.group_name = "ok.name-1_x";
-  EXPECT_TRUE(ValidateEngineConnectRequest(r).ok());
+  EXPECT_TRUE(ValidateRolloutConnectRequest(r).ok());
   r.timeout = absl::Seconds(-1);
-  EXPECT_TRUE(absl::IsInvalidArgument(ValidateEngineConnectRequest(r)));
+  EXPECT_TRUE(absl::IsInvalidArgument(ValidateRolloutConnectRequest(r)));
 }
 
 TEST(ConnectEngines, CpuPathIsFailedPreconditionAfterValidation) {
@@ -169,7 +169,7 @@ TEST(ConnectEngines, PassesTheRequestAndShowsTheGroup) {
   ASSERT_TRUE(e);
   ASSERT_TRUE(e->EngineGroup().has_value());
   EXPECT_TRUE(e->EngineGroup()->engines.empty());
-  EngineConnectRequest r = Request({{"http://a:1", 2}, {"http://b:2", 3}});
+  RolloutConnectRequest r = Request({{"http://a:1", 2}, {"http://b:2", 3}});
   r.group_name = "trainer7";
   r.timeout = absl::Seconds(7);
   auto g = e->ConnectEngines(r);

@@ -11,11 +11,11 @@ namespace {
 
 // A connector whose engines report the weight versions they serve (as SGLang's
 // /get_model_info does when the group forms).
-class VersionedConnector final : public EngineConnector {
+class VersionedConnector final : public RolloutConnector {
  public:
-  absl::StatusOr<EngineGroupInfo> Connect(const EngineConnectRequest&) override { return info; }
-  EngineGroupInfo Group() const override { return info; }
-  EngineGroupInfo info;
+  absl::StatusOr<RolloutGroupInfo> Connect(const RolloutConnectRequest&) override { return info; }
+  RolloutGroupInfo Group() const override { return info; }
+  RolloutGroupInfo info;
 };
 
 absl::Status Publish(Engine& engine, uint64_t version) {

@@ -12,14 +12,15 @@ namespace {
 class FakeGroup final : public FamilyConnector {
  public:
   explicit FakeGroup(std::string name) : name_(std::move(name)) {}
-  absl::StatusOr<engine::EngineGroupInfo> Connect(const engine::EngineConnectRequest& r) override {
+  absl::StatusOr<engine::RolloutGroupInfo> Connect(
+      const engine::RolloutConnectRequest& r) override {
     requests.push_back(r);
     if (!fail.ok()) return fail;
     info_.group_name = name_ + "_1";
     info_.world_size = 1;
     info_.engines.clear();
     int rank = 1;
-    for (const engine::EngineEndpoint& e : r.engines) {
+    for (const engine::RolloutEndpoint& e : r.engines) {
       info_.engines.push_back({e.url, e.gpus, rank, transport::ReceiverState::kIdle});
       info_.world_size += e.gpus;
       rank += e.gpus;
@@ -28,24 +29,24 @@ class FakeGroup final : public FamilyConnector {
     info_.store_address = name_ + ":1";
     return info_;
   }
-  engine::EngineGroupInfo Group() const override { return info_; }
+  engine::RolloutGroupInfo Group() const override { return info_; }
   absl::Status Disconnect() override {
     ++disconnects;
     info_.engines.clear();
     info_.healthy = false;
     return absl::OkStatus();
   }
-  std::vector<engine::EngineConnectRequest> requests;
+  std::vector<engine::RolloutConnectRequest> requests;
   absl::Status fail = absl::OkStatus();
   int disconnects = 0;
 
  private:
   const std::string name_;
-  engine::EngineGroupInfo info_;
+  engine::RolloutGroupInfo info_;
 };
 
-engine::EngineConnectRequest Request(std::vector<engine::EngineEndpoint> engines) {
-  engine::EngineConnectRequest r;
+engine::RolloutConnectRequest Request(std::vector<engine::RolloutEndpoint> engines) {
+  engine::RolloutConnectRequest r;
   r.engines = std::move(engines);
   r.group_name = "base";
   return r;

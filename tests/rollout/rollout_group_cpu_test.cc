@@ -392,7 +392,7 @@ TEST(RolloutGroupCpu, AnEngineKilledMidPublicationIsLeftOutAndTheRestCommit) {
   PublicationReport r3 = d.Publish(3);
   ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
   ExpectAllServe(engines, 3);
-  const engine::EngineGroupInfo g = d.group->Group();
+  const engine::RolloutGroupInfo g = d.group->Group();
   ASSERT_EQ(g.engines.size(), 2u);  // re-formed without the dead one
 }
 
@@ -417,7 +417,7 @@ TEST(RolloutGroupCpu, ATrainerCancelMidTransferLeavesEveryEngineAbleToTakeTheNex
     EXPECT_FALSE(e->serving()) << e->url() << " holds part of 2 and must stay paused";
     EXPECT_EQ(e->reported_version(), "1");
   }
-  const engine::EngineGroupInfo g = d.group->Group();
+  const engine::RolloutGroupInfo g = d.group->Group();
   for (const auto& e : g.engines) EXPECT_EQ(e.state, transport::ReceiverState::kDirty) << e.url;
   SetIncoming(engines, 3);
   PublicationReport r3 = d.Publish(3);

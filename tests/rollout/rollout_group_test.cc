@@ -91,15 +91,15 @@ class NcclConnectTest : public ::testing::Test {
     transport_ = std::move(*t);
   }
 
-  static engine::EngineConnectRequest Request(const std::string& url, absl::Duration timeout) {
-    engine::EngineConnectRequest r;
+  static engine::RolloutConnectRequest Request(const std::string& url, absl::Duration timeout) {
+    engine::RolloutConnectRequest r;
     r.engines = {{url, 1}};
     r.timeout = timeout;
     return r;
   }
 
   void ExpectNoEngines() {
-    engine::EngineGroupInfo g = transport_->Group();
+    engine::RolloutGroupInfo g = transport_->Group();
     EXPECT_TRUE(g.engines.empty());
     EXPECT_FALSE(g.healthy);
     EXPECT_TRUE(transport_->Receivers().empty());
@@ -211,7 +211,7 @@ TEST_F(NcclConnectTest, EngineDownIsUnavailableNamingIt) {
 }
 
 TEST_F(NcclConnectTest, OneGroupSpeaksOneProtocolAndVllmEnginesAreProbedAsVllm) {
-  engine::EngineConnectRequest mixed;
+  engine::RolloutConnectRequest mixed;
   mixed.engines = {{"http://127.0.0.1:9", 1, "sglang"}, {"http://127.0.0.1:10", 1, "vllm"}};
   auto g = transport_->Connect(mixed);
   EXPECT_TRUE(absl::IsInvalidArgument(g.status())) << g.status();
@@ -219,7 +219,7 @@ TEST_F(NcclConnectTest, OneGroupSpeaksOneProtocolAndVllmEnginesAreProbedAsVllm) 
   EXPECT_NE(g.status().message().find("http://127.0.0.1:10 (vllm)"), std::string::npos)
       << g.status();
   // A vLLM engine set is the vLLM family's: its health check names it.
-  engine::EngineConnectRequest vllm;
+  engine::RolloutConnectRequest vllm;
   vllm.engines = {{"http://127.0.0.1:9", 1, "vllm"}};
   vllm.timeout = absl::Seconds(1);
   g = transport_->Connect(vllm);
@@ -375,7 +375,7 @@ TEST(RolloutGroupFamilyTest, AnotherEngineFamilyPlugsInWithoutTheTransport) {
   o.family = family;
   auto group = rollout::RolloutGroup::Create(o);
   ASSERT_TRUE(group.ok()) << group.status();
-  engine::EngineConnectRequest r;
+  engine::RolloutConnectRequest r;
   r.engines = {{"http://127.0.0.1:9", 2}};
   r.timeout = absl::Seconds(2);
   auto g = (*group)->Connect(r);
