@@ -39,10 +39,10 @@ absl::StatusOr<uint8_t*> PublicationRun::BuildBucket(size_t b) {
   const int k = static_cast<int>(b % 2);
   // The pipelined amax reads only the inputs: it goes in before the wait below.
   if (!amax_first_) WPUB_RETURN_IF_ERROR(EnqueueChecks(b));
-  // Reuse of this staging buffer waits (on the device) for its previous reader: bucket b-2's
-  // transfer, or for b < 2 the last one of an earlier publication that failed with a broadcast
+  // Reuse of this staging buffer waits (on the device) for its previous readers: bucket b-2's
+  // transfers, or for b < 2 the last ones of an earlier publication that failed with a broadcast
   // still reading it (a wait on a completed or never-recorded event is free).
-  WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s_, res_.done[k].get(), 0));
+  WPUB_RETURN_IF_ERROR(res_.WaitReaders(s_, k));
   // Shift the bucket inside its staging buffer so that the first 1-byte tensor (the packed
   // codes, which the quantize kernels write with 16-byte stores) starts 16-byte aligned
   // whenever that keeps the 4-byte outputs aligned; other cases go through scratch.
@@ -192,7 +192,10 @@ absl::Status PublicationRun::EmitBucket(size_t b, uint8_t* buf) {
   bucket->device.data = buf;
   bucket->device.device = options_.device;
   bucket->device.ready = res_.ready[k].get();
-  bucket->device.done = res_.done[k].get();
+  for (size_t r = 0; r < transport::kMaxDeviceReaders; ++r) {
+    bucket->device.reader_done[r] = res_.done[k][r].get();
+  }
+  bucket->device.done = bucket->device.reader_done[0];
   const transport::BucketManifest* manifest = &bucket->manifest;
   bucket->device.copy_to_host = [this, b, buf, manifest] { return CopyToHost(b, buf, *manifest); };
   timing_->host_buckets_seconds += SecondsSince(t_bucket);

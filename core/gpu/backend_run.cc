@@ -43,6 +43,13 @@ BackendResources::~BackendResources() {
   if (compute != nullptr) cudaStreamSynchronize(compute);
 }
 
+absl::Status BackendResources::WaitReaders(cudaStream_t stream, int k) const {
+  for (const kernels::cuda::Event& e : done[k]) {
+    WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, e.get(), 0));
+  }
+  return absl::OkStatus();
+}
+
 PublicationRun::PublicationRun(BackendResources& res, const GpuBackendOptions& options,
                                const engine::ExecutionPlan& plan,
                                const engine::ExecutionHooks& hooks, GpuTiming* timing)
@@ -387,9 +394,9 @@ absl::StatusOr<engine::ExecutionResult> PublicationRun::Finish(std::vector<uint6
                                             status_bytes_, cudaMemcpyDeviceToHost, s_));
   if (num_buckets_ > 0) {
     // The readers of the last two buckets (free when nobody read device bytes).
-    WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s_, res_.done[(num_buckets_ - 1) % 2].get(), 0));
+    WPUB_RETURN_IF_ERROR(res_.WaitReaders(s_, static_cast<int>((num_buckets_ - 1) % 2)));
     if (num_buckets_ > 1) {
-      WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s_, res_.done[num_buckets_ % 2].get(), 0));
+      WPUB_RETURN_IF_ERROR(res_.WaitReaders(s_, static_cast<int>(num_buckets_ % 2)));
     }
   }
   WPUB_CUDA_RETURN_IF_ERROR(res_.t_end.Record(s_));

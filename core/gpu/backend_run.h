@@ -31,6 +31,7 @@
 #include "core/gpu/backend_parts.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/sm_partition.h"
+#include "core/transport/bucket.h"
 #include "kernels/cuda/cuda_raii.h"
 #include "kernels/cuda/nvfp4_cuda.h"
 
@@ -78,14 +79,19 @@ struct BackendResources {
   cudaStream_t compute = nullptr;  // own_stream's, or partition's when compute_sms is set
   kernels::cuda::Stream own_stream;
   std::unique_ptr<PartitionedStream> partition;
-  kernels::cuda::Event ready[2], done[2];  // per staging buffer: packed / its reader is done
-  kernels::cuda::Event status_ready;       // non-finite counts copied (amax-first mode)
+  // Per staging buffer: packed; each device reader is done with it (transport::DeviceBytes::
+  // reader_done: the rollout groups of several engine families read the same bytes).
+  kernels::cuda::Event ready[2];
+  kernels::cuda::Event done[2][transport::kMaxDeviceReaders];
+  kernels::cuda::Event status_ready;  // non-finite counts copied (amax-first mode)
   kernels::cuda::Event finished;
   kernels::cuda::Event bounce_ready;                      // a bucket's host copy landed
   kernels::cuda::Event t_begin, t_amax, t_packed, t_end;  // device timing
   GrowBuffer staging[2], scratch, amax, status, arena;
   GrowBuffer status_host{true}, host_stage{true}, bounce{true};
   bool dirty = false;  // device work of a failed publication may still run
+  // Makes `stream` wait (on the device) for every reader of staging buffer k.
+  absl::Status WaitReaders(cudaStream_t stream, int k) const;
   InputTables tables;  // rebuilt by every publication, capacity kept
 };
 

@@ -32,9 +32,12 @@ absl::StatusOr<std::unique_ptr<GpuBackend>> GpuBackend::Create(const GpuBackendO
     res->compute = res->own_stream.get();
   }
   using kernels::cuda::Event;
-  for (Event* e : {&res->ready[0], &res->ready[1], &res->done[0], &res->done[1], &res->status_ready,
-                   &res->finished, &res->bounce_ready}) {
+  for (Event* e :
+       {&res->ready[0], &res->ready[1], &res->status_ready, &res->finished, &res->bounce_ready}) {
     WPUB_CUDA_RETURN_IF_ERROR(Event::Create(/*timing=*/false, e));
+  }
+  for (auto& per_buffer : res->done) {
+    for (Event& e : per_buffer) WPUB_CUDA_RETURN_IF_ERROR(Event::Create(/*timing=*/false, &e));
   }
   for (Event* e : {&res->t_begin, &res->t_amax, &res->t_packed, &res->t_end}) {
     WPUB_CUDA_RETURN_IF_ERROR(Event::Create(/*timing=*/true, e));

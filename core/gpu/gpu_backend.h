@@ -1,8 +1,9 @@
 // The GPU backend (engine::Backend): per bucket, amax/scales/quantize/pack on a compute stream
 // into one of two device staging buffers, a `ready` event, then the bucket is emitted as a
 // device bucket (transport::DeviceBytes, core/transport/bucket.h) through the engine's one road:
-// the transport group hands it to the rollout group (its broadcast waits on `ready` on the comm
-// stream and records `done`), and to host-only transports (gRPC-pull receivers) through its host
+// the transport group hands it to the rollout groups (each group's broadcast waits on `ready` on
+// its comm stream and records its own `done`: SGLang's and vLLM's groups read the same device
+// bytes), and to host-only transports (gRPC-pull receivers) through its host
 // copy, made only when they take part; meanwhile the next bucket is packed into the other
 // buffer. Inputs are read in place: device pointers (CUDA IPC mappings, see ipc_cache.h)
 // directly, host parts (shm, inline) after one async copy through a pinned staging area. Global

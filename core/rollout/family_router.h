@@ -1,9 +1,8 @@
 // SGLang and vLLM engines in one publication: one rollout group per engine family (each its own
 // TCPStore, communicator and protocol), and the engine connector that splits a ConnectEngines
 // request by family between them. The engine drives both groups as transports; the transport
-// group hands the device bucket to the first one with engines and the host copy to the other
-// (core/transport/transport_group.h), so a publication to both families costs one device-to-host
-// copy per bucket more than a publication to one.
+// group hands both the device bucket, each with a `done` event of its own
+// (core/transport/transport_group.h), so a publication to both families makes no host copy.
 #pragma once
 
 #include <memory>

@@ -2,11 +2,14 @@
 // (ExecutionHooks::emit); the bucket says whether its bytes are in host memory (the CPU backend)
 // or in device memory (the GPU backend's staging buffers), each transport says which locations
 // it takes (TransportCapabilities::accepts), and the transport group (transport_group.h) hands
-// each transport the bucket as it is or, for a transport that takes host bytes only, the one
-// host copy the bucket's producer makes on request. No CUDA here: device handles are the CUDA
-// runtime's opaque pointers, declared, never dereferenced.
+// each transport the bucket as it is -- a device bucket to each of up to kMaxDeviceReaders
+// device readers, each with a `done` event of its own -- or, for a transport that takes host
+// bytes only, the one host copy the bucket's producer makes on request. No CUDA here: device
+// handles are the CUDA runtime's opaque pointers, declared, never dereferenced.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,17 +40,26 @@ inline bool Contains(LocationSet set, BucketLocation l) {
 
 struct Bucket;
 
+// How many transports of one publication may read a bucket's device bytes (one per engine
+// family's rollout group, with room to spare); a further device reader takes the host copy.
+inline constexpr size_t kMaxDeviceReaders = 4;
+
 // Device-resident bucket bytes, lent by the producer (the GPU backend) for one emit call.
-// Contract for the transport that reads them (at most one per publication reads device
-// bytes): it enqueues its reads after `ready` (recorded on the producer's stream once the bytes
-// are final) and records `done` after its last read, on its own stream, without synchronizing
-// the host; the producer reuses the memory only after `done` (on the device). Never freed by
-// the reader.
+// Contract for a transport that reads them: it enqueues its reads after `ready` (recorded on the
+// producer's stream once the bytes are final) and records `done` after its last read, on its own
+// stream, without synchronizing the host; the producer reuses the memory only after every
+// reader's `done` (on the device). Never freed by the reader. Several readers read concurrently,
+// each on its own stream: the transport group gives reader k a copy of the bucket whose `done`
+// is `reader_done[k]`.
 struct DeviceBytes {
   const uint8_t* data = nullptr;
   int device = 0;
   CUevent_st* ready = nullptr;
-  CUevent_st* done = nullptr;
+  CUevent_st* done = nullptr;  // what this reader records (as emitted: reader_done[0])
+  // The producer's events, one per device reader it waits for (null from the first it does not
+  // provide: at most that many readers get device bytes). A wait on an event that was never
+  // recorded, or recorded for an earlier bucket and long complete, is free.
+  std::array<CUevent_st*, kMaxDeviceReaders> reader_done{};
   // The bucket in host memory (bytes and the manifest's checksum filled in): one device-to-host
   // copy and one counted host synchronization by the producer. Valid only during the emit call
   // that carries this bucket; the transport group calls it at most once per bucket, and only

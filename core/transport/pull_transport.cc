@@ -90,7 +90,11 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   r->connected_at = absl::Now();
   r->held_version = held_version;
   r->instance = std::string(instance);
-  GroupInfoEvent info{r->name, "pull", hub_->committed_version, *token};
+  GroupInfoEvent info;
+  info.receiver_name = r->name;
+  info.transport = "pull";
+  info.committed_version = hub_->committed_version;
+  info.subscription_token = *token;
   std::tie(info.staged, info.staged_reason) = hub_->StagedLocked(staged_version);
   r->events.push_back(std::move(info));
   hub_->receivers.emplace(id, std::move(r));

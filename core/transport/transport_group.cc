@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -57,7 +59,7 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
     const PublicationManifest& manifest) {
   std::vector<std::string> all;
   participants_.assign(members_.size(), 0);
-  device_reader_ = members_.size();
+  device_readers_.clear();
   for (size_t i = 0; i < members_.size(); ++i) {
     absl::StatusOr<std::vector<std::string>> names = members_[i]->Begin(manifest);
     if (!names.ok()) {
@@ -65,9 +67,9 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
       return names.status();
     }
     participants_[i] = names->size();
-    if (participants_[i] > 0 && device_reader_ == members_.size() &&
+    if (participants_[i] > 0 && device_readers_.size() < kMaxDeviceReaders &&
         Contains(caps_[i].accepts, BucketLocation::kDevice)) {
-      device_reader_ = i;  // the first member with participants that takes device bytes
+      device_readers_.push_back(i);
     }
     all.insert(all.end(), names->begin(), names->end());
   }
@@ -81,11 +83,20 @@ absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
     Transport* t = members_[i];
     const TransportCapabilities& c = caps_[i];
     std::shared_ptr<const Bucket> given = bucket;
-    // One member reads the device bytes (DeviceBytes has one `done` event); every other device
-    // reader of this publication takes the host copy.
-    const bool takes_it_as_is =
-        Contains(c.accepts, bucket->location) &&
-        (bucket->location != BucketLocation::kDevice || i == device_reader_);
+    bool takes_it_as_is = Contains(c.accepts, bucket->location);
+    if (takes_it_as_is && bucket->location == BucketLocation::kDevice) {
+      // The k-th device reader records the producer's k-th event; the first one the bucket's
+      // own `done`. A reader the producer has no event for takes the host copy.
+      const size_t k = static_cast<size_t>(
+          std::find(device_readers_.begin(), device_readers_.end(), i) - device_readers_.begin());
+      takes_it_as_is =
+          k < device_readers_.size() && (k == 0 || bucket->device.reader_done[k] != nullptr);
+      if (takes_it_as_is && k > 0) {
+        auto own = std::make_shared<Bucket>(*bucket);
+        own->device.done = bucket->device.reader_done[k];
+        given = std::move(own);
+      }
+    }
     if (!takes_it_as_is) {
       if (bucket->location != BucketLocation::kDevice ||
           !Contains(c.accepts, BucketLocation::kHost) || !bucket->device.copy_to_host) {

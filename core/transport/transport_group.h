@@ -1,8 +1,10 @@
 // The transports of one publication driven together (the pull transport's receivers and, on the
 // GPU path, the rollout groups' engines), and the one place where a bucket meets them: Send hands
 // each member with participants the bucket in a location that member accepts -- a device bucket
-// as it is to the one member that reads device memory in this publication, and its host copy
-// (made once, only when another member has participants) to the others. Begin/Commit/Abort go to
+// to every member that reads device memory in this publication (up to the producer's
+// DeviceBytes::reader_done events: each reader records its own `done`, so SGLang's and vLLM's
+// groups broadcast from the same device bytes concurrently), and its host copy (made once, only
+// when a member that takes host bytes has participants) to the others. Begin/Commit/Abort go to
 // every member; WaitAcknowledged waits on each member with participants in turn against the
 // same deadline; outcomes and receivers are concatenated. Internal to core/engine (and the
 // benchmarks that drive a backend as the engine does). Same thread-safety as Transport.
@@ -19,9 +21,9 @@ namespace wpub::transport {
 class TransportGroup final : public Transport {
  public:
   // Members are borrowed and must outlive the group; at least one. Several may take device
-  // buckets: per publication the first of them with participants reads the device bytes
-  // (DeviceBytes has one `done` event) and the others get the host copy, so each of them must
-  // take host buckets too (INVALID_ARGUMENT otherwise).
+  // buckets: per publication the first of them with participants read the device bytes, as
+  // many as the bucket has reader events, and any further one gets the host copy, so each of
+  // them must take host buckets too (INVALID_ARGUMENT otherwise).
   static absl::StatusOr<std::unique_ptr<TransportGroup>> Create(std::vector<Transport*> members);
 
   TransportCapabilities capabilities() const override;
@@ -47,7 +49,9 @@ class TransportGroup final : public Transport {
   const std::vector<Transport*> members_;
   const std::vector<TransportCapabilities> caps_;  // per member, read once at Create
   std::vector<size_t> participants_;  // per member, fixed at Begin (publication thread)
-  size_t device_reader_ = 0;          // the member reading device bytes (Begin's choice)
+  // The members reading device bytes in this publication, in member order (Begin's choice):
+  // the k-th records DeviceBytes::reader_done[k].
+  std::vector<size_t> device_readers_;
 };
 
 }  // namespace wpub::transport

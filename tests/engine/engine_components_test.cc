@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <array>
 #include <atomic>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -27,6 +29,7 @@ class FakeTransport final : public transport::Transport {
     std::mutex mu;
     std::vector<std::string> calls;
     uint64_t bytes = 0;
+    std::set<const void*> dones;  // the `done` events of the device buckets it was given
   };
   // `device`: also takes device buckets (like the rollout group); it logs "device <index>" for
   // each.
@@ -49,6 +52,7 @@ class FakeTransport final : public transport::Transport {
       if (!device_) return absl::InternalError("a device bucket reached a host-only transport");
       log_->bytes += bucket->manifest.nbytes;
       log_->calls.push_back("device " + std::to_string(bucket->manifest.index));
+      log_->dones.insert(bucket->device.done);
       return absl::OkStatus();
     }
     log_->bytes += bucket->bytes.size();
@@ -170,9 +174,13 @@ TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
 
 // Emits every bucket as a device bucket, as the GPU backend does (its "device memory" is the
 // CPU backend's host bucket), with a host copy that counts how often it is asked for.
+// Every bucket emitted as device bytes (host memory standing in) with `readers` reader events
+// (stand-ins: distinct addresses, never dereferenced).
 class DeviceBucketBackend final : public Backend {
  public:
+  explicit DeviceBucketBackend(size_t readers = 1) : readers_(readers) {}
   std::string_view name() const override { return "device-cpu"; }
+  CUevent_st* event(size_t r) { return reinterpret_cast<CUevent_st*>(&events_[r]); }
   absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
                                           const ExecutionHooks& hooks) override {
     ExecutionHooks inner = hooks;
@@ -183,6 +191,8 @@ class DeviceBucketBackend final : public Backend {
       device->manifest.checksum = 0;  // on the device until the end, as in the GPU backend
       device->location = transport::BucketLocation::kDevice;
       device->device.data = host->bytes.data();
+      for (size_t r = 0; r < readers_; ++r) device->device.reader_done[r] = event(r);
+      device->device.done = device->device.reader_done[0];
       device->device.copy_to_host =
           [this, host]() -> absl::StatusOr<std::shared_ptr<const transport::Bucket>> {
         ++copies;
@@ -195,6 +205,8 @@ class DeviceBucketBackend final : public Backend {
   std::atomic<int> copies{0};
 
  private:
+  const size_t readers_;
+  std::array<char, transport::kMaxDeviceReaders> events_{};
   std::unique_ptr<CpuBackend> inner_ = *CpuBackend::Create({});
 };
 
@@ -297,11 +309,42 @@ TEST(EngineComponentsTest, TransportGroupMakesOneHostCopyAndNamesWhatCannotTakeA
 }
 
 // Two transports that read device memory cannot share a bucket's one `done` event.
-// Two transports that read device bytes (two rollout groups, one per engine family): the first
-// with participants gets every device bucket as it is, the other the one host copy per bucket.
-TEST(EngineComponentsTest, OfTwoDeviceReadersOneReadsDeviceBytesTheOtherTheHostCopy) {
+// Two transports that read device bytes (two rollout groups, one per engine family) and a
+// producer with an event for each: both read every bucket's device bytes, each recording its
+// own `done`, and no host copy is made.
+TEST(EngineComponentsTest, TwoDeviceReadersReadTheDeviceBytesEachWithItsOwnDoneEvent) {
   FakeTransport::Log first, second;
-  auto backend = std::make_unique<DeviceBucketBackend>();
+  auto backend = std::make_unique<DeviceBucketBackend>(/*readers=*/2);
+  DeviceBucketBackend* device_backend = backend.get();
+  EngineComponents components;
+  components.backend = std::move(backend);
+  components.transports.push_back(std::make_unique<FakeTransport>(&first, false, true));
+  components.transports.push_back(std::make_unique<FakeTransport>(&second, false, true));
+  EngineOptions options;
+  options.bucket_bytes = 4096;
+  options.min_bucket_bytes = 1024;
+  auto engine = Engine::Create(options, nullptr, std::move(components));
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto session = (*engine)->Open(testing::Header(1));
+  ASSERT_TRUE(session.ok());
+  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  auto report = (*session)->Commit();
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+  ASSERT_GT(report->buckets, 1u);
+  EXPECT_EQ(first.bytes, report->bytes_out);
+  EXPECT_EQ(second.bytes, report->bytes_out);
+  EXPECT_EQ(first.calls.size(), second.calls.size());
+  EXPECT_EQ(first.dones, std::set<const void*>{device_backend->event(0)});
+  EXPECT_EQ(second.dones, std::set<const void*>{device_backend->event(1)});
+  EXPECT_EQ(device_backend->copies.load(), 0);
+}
+
+// A producer with one reader event (as before several readers): the first device reader with
+// participants gets every device bucket as it is, the other the one host copy per bucket.
+TEST(EngineComponentsTest, ADeviceReaderTheProducerHasNoEventForTakesTheHostCopy) {
+  FakeTransport::Log first, second;
+  auto backend = std::make_unique<DeviceBucketBackend>(/*readers=*/1);
   DeviceBucketBackend* device_backend = backend.get();
   EngineComponents components;
   components.backend = std::move(backend);

@@ -2,7 +2,8 @@
 // CPU backend's byte for byte -- device inputs read in place, host inputs through pinned
 // staging, TP-shard parts along dim 0 and 1, rank-3 expert stacks split across parts, a
 // misaligned input view, an odd-sized passthrough that misaligns the packed codes -- with
-// device buckets (a copying reader) and their host copies; the device checksums equal the
+// device buckets (a copying reader; two readers through the transport group, one lagging, each
+// with its own `done` event and no host copy) and their host copies; the device checksums equal the
 // CPU's; non-finite weights are rejected naming the tensor; and an independent CUPTI count of
 // synchronizing calls equals the backend's own accounting, 2 per publication for 8 or 128
 // experts.
@@ -12,11 +13,14 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <set>
+#include <string>
 
 #include "core/engine/cpu_backend.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/sm_partition.h"
 #include "core/transport/planner.h"
+#include "core/transport/transport_group.h"
 #include "tests/kernels_gpu/cupti_sync_counter.h"
 
 namespace wpub::gpu {
@@ -34,16 +38,22 @@ bool HaveGpu() {
 
 // Reads each device bucket the backend emits into device memory allocated up front, as the
 // rollout group's broadcast reads it (after `ready`, recording `done`; no synchronizing call).
+// `lag` bytes of device-to-device copying go in on its stream after `ready` and before each
+// read: a reader slower than the producer.
 class CopyReader {
  public:
-  explicit CopyReader(uint64_t capacity) {
+  explicit CopyReader(uint64_t capacity, uint64_t lag = 0) : lag_(lag) {
     EXPECT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&buf_, capacity), cudaSuccess);
+    if (lag_ > 0) {
+      EXPECT_EQ(cudaMalloc(&lag_buf_, 2 * lag_), cudaSuccess);
+    }
     capacity_ = capacity;
   }
   ~CopyReader() {
     cudaStreamSynchronize(stream_);
     cudaFree(buf_);
+    if (lag_buf_ != nullptr) cudaFree(lag_buf_);
     cudaStreamDestroy(stream_);
   }
   // The emit hook: takes device buckets only.
@@ -59,6 +69,10 @@ class CopyReader {
                     cudaEvent_t ready, cudaEvent_t done) {
     if (used_ + n > capacity_) return absl::ResourceExhaustedError("reader full");
     cudaStreamWaitEvent(stream_, ready, 0);
+    if (lag_ > 0) {
+      cudaMemcpyAsync(static_cast<uint8_t*>(lag_buf_) + lag_, lag_buf_, lag_,
+                      cudaMemcpyDeviceToDevice, stream_);
+    }
     cudaMemcpyAsync(static_cast<uint8_t*>(buf_) + used_, data, n, cudaMemcpyDeviceToDevice,
                     stream_);
     cudaEventRecord(done, stream_);
@@ -88,10 +102,50 @@ class CopyReader {
     uint32_t index;
     uint64_t off, n;
   };
+  const uint64_t lag_;
   cudaStream_t stream_ = nullptr;
   void* buf_ = nullptr;
+  void* lag_buf_ = nullptr;
   uint64_t capacity_ = 0, used_ = 0;
   std::vector<Got> got_;
+};
+
+// A CopyReader as a transport that reads device memory, as a rollout group does.
+class DeviceReaderTransport final : public transport::Transport {
+ public:
+  DeviceReaderTransport(std::string name, uint64_t lag)
+      : name_(std::move(name)), reader_(64 << 20, lag) {}
+  transport::TransportCapabilities capabilities() const override {
+    transport::TransportCapabilities c;
+    c.name = name_;
+    c.accepts = transport::kHostOrDevice;
+    return c;
+  }
+  absl::StatusOr<std::vector<std::string>> Begin(const transport::PublicationManifest&) override {
+    reader_.Reset();
+    return std::vector<std::string>{name_};
+  }
+  absl::Status Send(std::shared_ptr<const transport::Bucket> b) override {
+    if (b->location != transport::BucketLocation::kDevice) {
+      ++host_buckets;
+      return absl::OkStatus();
+    }
+    dones.insert(b->device.done);
+    return reader_.Take(b->manifest, b->device.data, b->manifest.nbytes, b->device.ready,
+                        b->device.done);
+  }
+  absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
+  absl::Status Commit() override { return absl::OkStatus(); }
+  void Abort(absl::string_view) override {}
+  std::vector<transport::ReceiverOutcome> Outcomes() const override { return {}; }
+  std::vector<transport::ReceiverInfo> Receivers() const override { return {}; }
+  std::vector<std::vector<uint8_t>> Received() { return reader_.Received(); }
+  int host_buckets = 0;
+  std::set<cudaEvent_t> dones;
+
+ private:
+  const std::string name_;
+  CopyReader reader_;
 };
 
 uint16_t Bf16(float v) {
@@ -361,6 +415,51 @@ TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
   GpuBackendOptions bad;
   bad.compute_sms = total + 1;
   EXPECT_EQ(GpuBackend::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Two device readers (the SGLang and vLLM rollout groups) through the transport group: both read
+// every bucket from the same staging buffers, each recording its own `done`; the producer reuses
+// a buffer only after both, so the lagging reader (a 64 MiB copy before each read) still gets
+// the CPU reference's bytes. No host copy, no host sync beyond the publication's own.
+TEST(GpuBackend, TwoDeviceReadersReadTheSameBucketsWithoutAHostCopy) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Model m;
+  BuildMixed(m);
+  const uint64_t bucket = uint64_t{2} << 10;  // many buckets: each staging buffer reused often
+  const auto want = Reference(m, bucket);
+  ASSERT_GT(want.size(), 8u);
+  DeviceReaderTransport fast("sglang-group", 0), slow("vllm-group", uint64_t{64} << 20);
+  auto group = transport::TransportGroup::Create({&fast, &slow});
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto backend = GpuBackend::Create({});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (int round = 0; round < 2; ++round) {
+    std::vector<InputTensor> inputs;
+    engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
+    ASSERT_TRUE((*group)->Begin(transport::PublicationManifest{}).ok());
+    engine::SyncCounter syncs;
+    engine::ExecutionHooks hooks;
+    hooks.syncs = &syncs;
+    hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) { return (*group)->Send(b); };
+    auto r = (*backend)->Execute(plan, hooks);
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (DeviceReaderTransport* t : {&fast, &slow}) {
+      const auto got = t->Received();
+      ASSERT_EQ(got.size(), want.size()) << t->capabilities().name;
+      for (size_t b = 0; b < got.size(); ++b) {
+        EXPECT_EQ(got[b], want[b]->bytes) << t->capabilities().name << " bucket " << b;
+      }
+      EXPECT_EQ(t->host_buckets, 0) << t->capabilities().name;
+    }
+    // The first publication also allocates its buffers (one counted sync each).
+    if (round > 0) {
+      EXPECT_EQ(syncs.count(), 2u);
+    }
+  }
+  // Each reader recorded events of its own (one per staging buffer), none of the other's.
+  EXPECT_EQ(fast.dones.size(), 2u);
+  EXPECT_EQ(slow.dones.size(), 2u);
+  for (cudaEvent_t e : fast.dones) EXPECT_EQ(slow.dones.count(e), 0u);
 }
 
 TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {

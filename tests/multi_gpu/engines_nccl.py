@@ -96,8 +96,13 @@ def mixed_families(out):
                               "pauses": v["calls"].count("/pause"),
                               "resumes": v["calls"].count("/resume"),
                               "mixed_resumes": v["mixed_resumes"]},
-                     "wall_seconds": r.wall_seconds}
+                     "wall_seconds": r.wall_seconds,
+                     # Both families read the device buckets: no host copy per bucket, so
+                     # the publication's own syncs only (the first also allocates buffers).
+                     "host_syncs": r.host_syncs, "buckets": r.num_buckets}
             ok = r.committed and len(r.receivers) == 2 and all(o.committed for o in r.receivers)
+            if version > 1:
+                ok &= r.host_syncs < r.num_buckets
             for fam in ("sglang", "vllm"):
                 e = entry[fam]
                 ok &= (e["checked"] == len(ref) and not e["mismatches"] and
