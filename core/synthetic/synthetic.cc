@@ -280,6 +280,29 @@ ModelShape ModelShape::Qwen3MoeLike() {
   return s;
 }
 
+ModelShape ModelShape::Tiny(NamingStyle style, int scale) {
+  const bool full = style == NamingStyle::kDeepSeekV3 || style == NamingStyle::kGlm;
+  ModelShape s;
+  s.style = style;
+  s.num_layers = 3;
+  s.first_k_dense = full ? 1 : 0;
+  s.num_experts = 4;
+  s.num_shared_experts = full ? 1 : 0;
+  s.num_mtp_layers = full ? 1 : 0;
+  s.hidden_size = 64 * scale;
+  s.moe_intermediate_size = 32 * scale;
+  s.intermediate_size = 96 * scale;
+  s.vocab_size = 128 * scale;
+  s.num_attention_heads = 4;
+  s.num_key_value_heads = 2;
+  s.head_dim = 16 * scale;
+  s.q_lora_rank = 32 * scale;
+  s.kv_lora_rank = 32 * scale;
+  s.qk_rope_head_dim = 16 * scale;
+  s.v_head_dim = 16 * scale;
+  return s;
+}
+
 ModelShape ModelShape::MixtralLike() {
   ModelShape s;
   s.style = NamingStyle::kMixtral;

@@ -61,6 +61,11 @@ struct ModelShape {
   static ModelShape DeepSeekV3Like();  // 61 layers, 3 dense, 256 experts, 1 shared, 1 MTP
   static ModelShape Qwen3MoeLike();    // Qwen3-235B-A22B: 94 layers, 128 experts
   static ModelShape MixtralLike();     // Mixtral-8x7B: 32 layers, 8 experts
+  // The one model small enough for unit tests with every kind of tensor its style has: 3 decoder
+  // layers (the first dense, 1 shared expert and 1 MTP layer where the style has them), 4 routed
+  // experts, hidden 64 x `scale` (expert 32 x, dense MLP 96 x, vocabulary 128 x, head 16 x; MLA
+  // ranks 32 x), 4 attention heads, 2 KV heads. Tests that need another count set that field.
+  static ModelShape Tiny(NamingStyle style = NamingStyle::kGlm, int scale = 1);
   static absl::StatusOr<ModelShape> Preset(NamingStyle style);
 };
 

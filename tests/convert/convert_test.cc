@@ -66,25 +66,12 @@ class ConvertTest : public ::testing::Test {
   fs::path root_;
 };
 
+// The tiny model with a fourth layer (the first/last-layer rules need layers 0 and 3) and 3
+// experts (the counts below).
 synthetic::ModelShape Small(synthetic::NamingStyle style) {
-  synthetic::ModelShape s;
-  s.style = style;
+  synthetic::ModelShape s = synthetic::ModelShape::Tiny(style);
   s.num_layers = 4;
-  s.first_k_dense = style == synthetic::NamingStyle::kDeepSeekV3 ? 1 : 0;
   s.num_experts = 3;
-  s.num_shared_experts = style == synthetic::NamingStyle::kDeepSeekV3 ? 1 : 0;
-  s.num_mtp_layers = style == synthetic::NamingStyle::kDeepSeekV3 ? 1 : 0;
-  s.hidden_size = 64;
-  s.moe_intermediate_size = 32;
-  s.intermediate_size = 96;
-  s.vocab_size = 48;
-  s.num_attention_heads = 2;
-  s.num_key_value_heads = 1;
-  s.head_dim = 32;
-  s.q_lora_rank = 32;
-  s.kv_lora_rank = 32;
-  s.qk_rope_head_dim = 16;
-  s.v_head_dim = 32;
   return s;
 }
 

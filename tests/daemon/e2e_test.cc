@@ -49,8 +49,8 @@ TEST(DaemonEndToEnd, SyntheticMoeToTwoReceiversByteExactOverSeveralVersions) {
   ASSERT_TRUE(harness.ok()) << harness.status();
   DaemonHarness& h = **harness;
 
-  absl::StatusOr<synthetic::SyntheticModel> model =
-      synthetic::SyntheticModel::Create(SmallGlmShape());
+  absl::StatusOr<synthetic::SyntheticModel> model = synthetic::SyntheticModel::Create(
+      synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2));
   ASSERT_TRUE(model.ok()) << model.status();
   const policy::PolicySettings settings = TestSettings();
 

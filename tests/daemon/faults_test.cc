@@ -31,7 +31,8 @@ class FaultsTest : public ::testing::Test {
     auto h = DaemonHarness::Start(options);
     ASSERT_TRUE(h.ok()) << h.status();
     harness_ = std::move(*h);
-    auto model = synthetic::SyntheticModel::Create(SmallGlmShape());
+    auto model = synthetic::SyntheticModel::Create(
+        synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2));
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::make_unique<synthetic::SyntheticModel>(std::move(*model));
     ASSERT_EQ(PublishStatus(1), pb::PUBLICATION_STATUS_COMMITTED);

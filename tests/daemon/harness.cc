@@ -158,23 +158,6 @@ absl::StatusOr<recv::SafetensorsFile> WaitForFileVersion(const std::string& path
   }
 }
 
-synthetic::ModelShape SmallGlmShape() {
-  synthetic::ModelShape s = synthetic::ModelShape::GlmLike();
-  s.num_layers = 3;
-  s.first_k_dense = 1;
-  s.num_experts = 4;
-  s.num_shared_experts = 1;
-  s.num_mtp_layers = 1;
-  s.hidden_size = 128;
-  s.moe_intermediate_size = 64;
-  s.intermediate_size = 256;
-  s.vocab_size = 512;
-  s.num_attention_heads = 4;
-  s.num_key_value_heads = 2;
-  s.head_dim = 32;
-  return s;
-}
-
 policy::PolicySettings TestSettings() {
   policy::PolicySettings s;
   s.recipe = policy::Recipe::kNvfp4;

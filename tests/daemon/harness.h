@@ -72,10 +72,6 @@ class DaemonHarness {
 absl::StatusOr<recv::SafetensorsFile> WaitForFileVersion(
     const std::string& path, uint64_t version, absl::Duration timeout = absl::Seconds(20));
 
-// A small GLM-like MoE (dense first layer, shared + routed experts, MTP) that publishes in well
-// under a second on the CPU path.
-synthetic::ModelShape SmallGlmShape();
-
 // NVFP4 settings with a few ignore rules (one routed expert ignored, attention ignored).
 policy::PolicySettings TestSettings();
 

@@ -29,7 +29,8 @@ TEST(LogEscape, NewlineInAModelIdDoesNotForgeALogLine) {
   options.receivers = 1;
   auto h = DaemonHarness::Start(options);
   ASSERT_TRUE(h.ok()) << h.status();
-  auto model = synthetic::SyntheticModel::Create(SmallGlmShape());
+  auto model = synthetic::SyntheticModel::Create(
+      synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2));
   ASSERT_TRUE(model.ok()) << model.status();
   constexpr char kForged[] = "2030-01-01T00:00:00.000 critical [wpubd] FORGED";
   wpub::v1::PublicationHeader header = MakeHeader(TestSettings(), 1);

@@ -29,7 +29,8 @@ using recv::SafetensorsEntry;
 class RecvOutputTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = synthetic::SyntheticModel::Create(SmallGlmShape());
+    auto model = synthetic::SyntheticModel::Create(
+        synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2));
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::make_unique<synthetic::SyntheticModel>(std::move(*model));
   }

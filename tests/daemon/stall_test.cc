@@ -60,7 +60,8 @@ TEST(Stall, TrainerSilentAfterTheHeaderIsAbortedAndTheNextPublicationProceeds) {
       << report->error_message();
   EXPECT_FALSE(writer->Finish().ok());
 
-  auto model = synthetic::SyntheticModel::Create(SmallGlmShape());
+  auto model = synthetic::SyntheticModel::Create(
+      synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2));
   ASSERT_TRUE(model.ok()) << model.status();
   auto next = (*h)->client().Publish(MakeHeader(TestSettings(), 2), model->batches(),
                                      client::SyntheticFiller(2), {});
@@ -75,7 +76,8 @@ TEST(Stall, TrainerStalledMidStreamIsAbortedAndTheNextPublicationProceeds) {
   options.daemon_flags = {"--ingest_idle_timeout=1s"};
   auto h = DaemonHarness::Start(options);
   ASSERT_TRUE(h.ok()) << h.status();
-  auto model = synthetic::SyntheticModel::Create(SmallGlmShape());
+  auto model = synthetic::SyntheticModel::Create(
+      synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2));
   ASSERT_TRUE(model.ok()) << model.status();
 
   // The trainer's client (no deadline) stalls after its first batch until the daemon gave up.
@@ -127,7 +129,8 @@ TEST(Stall, StoppedReceiverIsDroppedAndAnotherTakesItsName) {
                                    (*h)->dir() + "/replacement.log"});
   ASSERT_TRUE(replacement.ok()) << replacement.status();
   ASSERT_TRUE((*h)->WaitForReceivers(1).ok()) << (*h)->ReadLog("replacement");
-  auto model = synthetic::SyntheticModel::Create(SmallGlmShape());
+  auto model = synthetic::SyntheticModel::Create(
+      synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2));
   ASSERT_TRUE(model.ok()) << model.status();
   auto report = (*h)->client().Publish(MakeHeader(TestSettings(), 1), model->batches(),
                                        client::SyntheticFiller(1), {});

@@ -292,7 +292,7 @@ TEST(EngineBadInputTest, EveryCaseFailsCleanlyAndTheEngineKeepsServing) {
   ASSERT_TRUE(receiver.ok());
   auto shm = testing::ShmSegment::Create("/wpub_engine_bad_" + std::to_string(getpid()), 1 << 16);
 
-  const auto good = testing::ModelBatches(testing::SmallShape(), 1);
+  const auto good = testing::ModelBatches(synthetic::ModelShape::Tiny(), 1);
   {
     auto session = (*engine)->Open(Header(1));
     ASSERT_TRUE(session.ok());
@@ -327,7 +327,8 @@ TEST(EngineBadInputTest, EveryCaseFailsCleanlyAndTheEngineKeepsServing) {
   // Still serving: version 2 commits.
   auto session = (*engine)->Open(Header(2));
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 2)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 2)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kCommitted);

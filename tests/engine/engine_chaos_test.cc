@@ -90,7 +90,7 @@ class ChaosTest : public ::testing::Test {
   }
 
   static std::vector<testing::TestBatch> Batches(uint64_t version) {
-    return testing::ModelBatches(testing::SmallShape(), 1000 + version);
+    return testing::ModelBatches(synthetic::ModelShape::Tiny(), 1000 + version);
   }
 
   // wpub_engines{state}: how many receivers are in `state` now.

@@ -130,7 +130,8 @@ TEST(EngineComponentsTest, ExtraTransportAndBackendTakePartInEveryPublication) {
 
   auto session = (*engine)->Open(testing::Header(1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
@@ -160,7 +161,8 @@ TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
   ASSERT_TRUE(receiver.ok());
   auto session = (*engine)->Open(testing::Header(1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
@@ -242,7 +244,7 @@ TEST(EngineComponentsTest, DeviceBucketsReachEveryTransportInALocationItAccepts)
       log.calls.clear();
     }
     device_backend->copies = 0;
-    const auto batches = testing::ModelBatches(testing::SmallShape(), version);
+    const auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), version);
     auto session = (*engine)->Open(testing::Header(version));
     ASSERT_TRUE(session.ok());
     ASSERT_TRUE(testing::Send(**session, batches).ok());
@@ -327,7 +329,8 @@ TEST(EngineComponentsTest, TwoDeviceReadersReadTheDeviceBytesEachWithItsOwnDoneE
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto session = (*engine)->Open(testing::Header(1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
@@ -357,7 +360,8 @@ TEST(EngineComponentsTest, ADeviceReaderTheProducerHasNoEventForTakesTheHostCopy
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto session = (*engine)->Open(testing::Header(1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
@@ -396,7 +400,7 @@ class HostIpcResolver final : public CudaIpcResolver {
 
 TEST(EngineComponentsTest, CudaIpcPartsGoThroughTheResolver) {
   // Tensors of the small model, the expert ones "in trainer GPU memory".
-  auto batches = testing::ModelBatches(testing::SmallShape(), 4);
+  auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), 4);
   std::vector<std::vector<uint8_t>> buffers;
   for (auto& b : batches) {
     for (auto& t : b.tensors) {

@@ -176,7 +176,7 @@ TEST(EngineGroup, AFollowerStagesTransfersWithoutLifecycleCallsAndPrepares) {
   Fixture f;
   auto session = f.engine->Open(f.Header(3, 1));
   ASSERT_TRUE(session.ok()) << session.status();
-  const auto batches = testing::ModelBatches(testing::SmallShape(), 1);
+  const auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), 1);
   ASSERT_TRUE(testing::Send(**session, batches).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok()) << report.status();
@@ -200,7 +200,8 @@ TEST(EngineGroup, TheLeaderMakesTheLifecycleCallsAndDeclaresTheManifest) {
   auto session = f.engine->Open(f.Header(3, 0));
   ASSERT_TRUE(session.ok());
   ASSERT_TRUE((*session)->DeclareExpected({"a", "b"}).ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(Contains(f.script.calls, "begin lifecycle=1 member=0/2 group=g"));
@@ -228,7 +229,8 @@ std::future<absl::StatusOr<PublicationReport>> CommitUntilTheVote(
   auto opened = f.engine->Open(f.Header(3, 1));
   EXPECT_TRUE(opened.ok()) << opened.status();
   *session = *std::move(opened);
-  EXPECT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  EXPECT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto commit = std::async(std::launch::async, [s = session->get()] { return s->Commit(); });
   f.script.AwaitVote();
   return commit;
@@ -277,7 +279,8 @@ TEST(EngineGroup, TooFewParticipantsWhenTheTransferBeginsAbort) {
   };
   auto session = f.engine->Open(f.Header(3, 1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
@@ -300,7 +303,8 @@ TEST(EngineGroup, ARefusedStageFailsBeforeAnyByteMoves) {
   f.script.stage = absl::InvalidArgumentError("tensor x is published by two members");
   auto session = f.engine->Open(f.Header(3, 1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   EXPECT_TRUE(absl::IsInvalidArgument(report.status())) << report.status();
   for (const std::string& c : f.script.calls) EXPECT_EQ(c.rfind("begin", 0), std::string::npos);
@@ -314,7 +318,8 @@ TEST(EngineGroup, AnAbortAfterAnotherMemberSentLeavesTheEnginesDirty) {
   f.script.others_sent = true;
   auto session = f.engine->Open(f.Header(3, 0));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
@@ -335,7 +340,7 @@ TEST(EngineGroup, TheLeadersAbortStopsAPublicationStillIngesting) {
   ASSERT_TRUE(session.ok());
   // From the vote's own thread, as the member's stream to the leader delivers it.
   std::thread([&] { f.script.on_abort(absl::AbortedError("member 0 failed")); }).join();
-  const auto batches = testing::ModelBatches(testing::SmallShape(), 1);
+  const auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), 1);
   absl::Status s = testing::Send(**session, batches);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_TRUE(testing::HasSubstr(s, "member 0 failed"));

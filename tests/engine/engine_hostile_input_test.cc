@@ -59,7 +59,8 @@ class HostileInputTest : public ::testing::Test {
   void ExpectServes(uint64_t version) {
     auto session = engine_->Open(testing::Header(version));
     ASSERT_TRUE(session.ok()) << session.status();
-    ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 7)).ok());
+    ASSERT_TRUE(
+        testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 7)).ok());
     auto report = (*session)->Commit();
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
@@ -96,7 +97,7 @@ TEST_F(HostileInputTest, DeeplyNestedHeaderJsonIsRefusedNamingTheField) {
 
 TEST_F(HostileInputTest, ShmTruncatedAfterItsBatchPublishesTheBytesAsAdded) {
   auto shm = testing::ShmSegment::Create("/wpub_hostile_" + std::to_string(getpid()), 1 << 20);
-  auto batches = testing::ModelBatches(testing::SmallShape(), 11);
+  auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), 11);
   uint64_t offset = 0;
   for (auto& b : batches) {
     for (auto& t : b.tensors) {

@@ -110,7 +110,8 @@ class EngineLifecycleTest : public ::testing::Test {
     auto session = engine_->Open(Header(version));
     EXPECT_TRUE(session.ok()) << session.status();
     if (!session.ok()) return nullptr;
-    EXPECT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+    EXPECT_TRUE(
+        testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
     return *std::move(session);
   }
 

@@ -92,7 +92,7 @@ class PublicationTest : public ::testing::Test {
 
 // Batches of the small model with multi-part, stacked and shared-memory tensors.
 std::vector<testing::TestBatch> RichModel(uint64_t seed, testing::ShmSegment* shm) {
-  auto batches = testing::ModelBatches(testing::SmallShape(), seed);
+  auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), seed);
   uint64_t shm_offset = 0;
   int gate_splits = 0, down_splits = 0, shm_placed = 0;
   for (auto& b : batches) {
@@ -179,7 +179,7 @@ TEST_F(PublicationTest, TwoReceiversGetExactlyTheReferenceBytes) {
 
 TEST_F(PublicationTest, FourOverSixAndBf16Recipes) {
   transport::testing::InprocReceiver* r0 = AddReceiver({.name = "r0"});
-  const auto batches = testing::ModelBatches(testing::SmallShape(), 7);
+  const auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), 7);
   auto report = Publish(1, batches, "nvfp4_4over6:mse-e448-fp16");
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
@@ -203,7 +203,7 @@ TEST_F(PublicationTest, FourOverSixAndBf16Recipes) {
 
 TEST_F(PublicationTest, ReceiverThatLeavesMidPublicationAbortsItEverywhere) {
   transport::testing::InprocReceiver* good = AddReceiver({.name = "good"});
-  const auto batches = testing::ModelBatches(testing::SmallShape(), 1);
+  const auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), 1);
   auto first = Publish(1, batches);
   ASSERT_TRUE(first.ok() && first->status == PublicationStatus::kCommitted);
   ASSERT_TRUE(good->WaitForOutcome(1, absl::Seconds(10)));
@@ -211,7 +211,7 @@ TEST_F(PublicationTest, ReceiverThatLeavesMidPublicationAbortsItEverywhere) {
   transport::testing::InprocReceiver* leaver =
       AddReceiver({.name = "leaver", .leave_after_buckets = 2});
 
-  auto report = Publish(2, testing::ModelBatches(testing::SmallShape(), 2));
+  auto report = Publish(2, testing::ModelBatches(synthetic::ModelShape::Tiny(), 2));
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
   EXPECT_NE(report->error.find("leaver"), std::string::npos) << report->error;
@@ -246,7 +246,7 @@ TEST_F(PublicationTest, ReceiverThatLeavesMidPublicationAbortsItEverywhere) {
 TEST_F(PublicationTest, WrongChecksumAcknowledgementAborts) {
   transport::testing::InprocReceiver* good = AddReceiver({.name = "good"});
   AddReceiver({.name = "liar", .corrupt_checksum = true});
-  auto report = Publish(1, testing::ModelBatches(testing::SmallShape(), 3));
+  auto report = Publish(1, testing::ModelBatches(synthetic::ModelShape::Tiny(), 3));
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
   EXPECT_EQ(report->code, absl::StatusCode::kAborted);
@@ -266,7 +266,7 @@ TEST_F(PublicationTest, MissingAcknowledgementsTimeOut) {
   MakeEngine(options);
   AddReceiver({.name = "silent", .never_ack = true});
   const absl::Time t0 = absl::Now();
-  auto report = Publish(1, testing::ModelBatches(testing::SmallShape(), 3));
+  auto report = Publish(1, testing::ModelBatches(synthetic::ModelShape::Tiny(), 3));
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
@@ -281,7 +281,8 @@ TEST_F(PublicationTest, DestroyingASessionWithoutCommitAbortsIt) {
   {
     auto session = engine_->Open(testing::Header(5));
     ASSERT_TRUE(session.ok());
-    ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+    ASSERT_TRUE(
+        testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
     EXPECT_EQ(engine_->GetStatus().active->version, 5u);
   }
   const EngineStatus status = engine_->GetStatus();
@@ -289,7 +290,7 @@ TEST_F(PublicationTest, DestroyingASessionWithoutCommitAbortsIt) {
   ASSERT_FALSE(status.last_reports.empty());
   EXPECT_EQ(status.last_reports[0].status, PublicationStatus::kAborted);
   EXPECT_EQ(status.last_reports[0].code, absl::StatusCode::kCancelled);
-  auto report = Publish(5, testing::ModelBatches(testing::SmallShape(), 1));
+  auto report = Publish(5, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1));
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kCommitted);
 }
@@ -298,7 +299,8 @@ TEST_F(PublicationTest, AbortFromAnotherThreadStopsABlockedCommit) {
   AddReceiver({.name = "silent", .never_ack = true});
   auto session = engine_->Open(testing::Header(1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   std::thread aborter([&] {
     absl::SleepFor(absl::Milliseconds(200));
     (*session)->Abort(absl::CancelledError("trainer went away"));
@@ -318,7 +320,7 @@ TEST_F(PublicationTest, NotEnoughReceiversAborts) {
   options.min_receivers = 2;
   MakeEngine(options);
   AddReceiver({.name = "only"});
-  auto report = Publish(1, testing::ModelBatches(testing::SmallShape(), 1));
+  auto report = Publish(1, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1));
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kAborted);
   EXPECT_EQ(report->code, absl::StatusCode::kFailedPrecondition);
@@ -329,7 +331,7 @@ TEST_F(PublicationTest, MetricsEqualTheReports) {
   AddReceiver({.name = "r1"});
   std::vector<PublicationReport> committed;
   for (uint64_t v : {1u, 2u, 3u}) {
-    auto report = Publish(v, testing::ModelBatches(testing::SmallShape(), v));
+    auto report = Publish(v, testing::ModelBatches(synthetic::ModelShape::Tiny(), v));
     ASSERT_TRUE(report.ok() && report->status == PublicationStatus::kCommitted);
     committed.push_back(*report);
   }
@@ -376,7 +378,8 @@ TEST_F(PublicationTest, IgnoredTensorsAreCountedAndPassedThrough) {
       R"({"quant_algo": "NVFP4", "ignore": ["model.layers.1.mlp.experts.0"]})";
   auto session = engine_->Open(h);
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok());
   EXPECT_EQ(report->status, PublicationStatus::kCommitted);
@@ -406,7 +409,7 @@ TEST_F(PublicationTest, RandomizedLayoutsAndSplitsMatchTheReference) {
                            "nvfp4_4over6:mse-e256-fp16"};
   for (uint64_t version = 1; version <= 9; ++version) {
     SCOPED_TRACE(recipes[version - 1]);
-    auto batches = testing::ModelBatches(testing::SmallShape(), 1000 + version);
+    auto batches = testing::ModelBatches(synthetic::ModelShape::Tiny(), 1000 + version);
     batches.push_back(testing::StackedExpertBatch(version));
     for (auto& b : batches) {
       for (auto& t : b.tensors) {

@@ -24,7 +24,8 @@ std::unique_ptr<Engine> NewEngine() {
 absl::StatusOr<PublicationReport> CommitSmall(Engine& engine, uint64_t version) {
   auto session = engine.Open(Header(version));
   if (!session.ok()) return session.status();
-  if (absl::Status s = testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1));
+  if (absl::Status s =
+          testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1));
       !s.ok()) {
     return s;
   }
@@ -41,7 +42,8 @@ TEST(EngineStateTest, TransitionsOpenStagedCommitted) {
   EXPECT_EQ(st.active->version, 1u);
   EXPECT_EQ(st.active->state, PublicationState::kOpen);
   EXPECT_EQ(st.backend, "cpu");
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   EXPECT_GT(engine->GetStatus().active->tensors, 0u);
   EXPECT_EQ(engine->GetStatus().active->batches, (*session)->num_batches());
   auto report = (*session)->Commit();
@@ -103,7 +105,7 @@ TEST(EngineStateTest, OnePublicationAtATime) {
   absl::StatusOr<std::unique_ptr<PublicationSession>> waited;
   std::thread waiter([&] { waited = engine->Open(queued); });
   absl::SleepFor(absl::Milliseconds(100));
-  ASSERT_TRUE(testing::Send(**first, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(testing::Send(**first, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   ASSERT_TRUE((*first)->Commit().ok());
   waiter.join();
   ASSERT_TRUE(waited.ok()) << waited.status();
@@ -133,7 +135,8 @@ TEST(EngineStateTest, DrainWaitsForACommitThatFinishesInTime) {
   EXPECT_EQ(again->Open(Header(2)).status().code(), absl::StatusCode::kUnavailable);
   std::thread committer([&] {
     absl::SleepFor(absl::Milliseconds(50));
-    ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+    ASSERT_TRUE(
+        testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
     auto r = (*session)->Commit();
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->status, PublicationStatus::kCommitted);
@@ -147,7 +150,8 @@ TEST(EngineStateTest, ASessionThatOutlivesTheEngineAbortsSafely) {
   auto engine = NewEngine();
   auto session = engine->Open(Header(1));
   ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 1)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
   engine.reset();
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok()) << report.status();

@@ -13,23 +13,6 @@
 
 namespace wpub::engine::testing {
 
-synthetic::ModelShape SmallShape() {
-  synthetic::ModelShape s = synthetic::ModelShape::GlmLike();
-  s.num_layers = 3;
-  s.first_k_dense = 1;
-  s.num_experts = 4;
-  s.num_shared_experts = 1;
-  s.num_mtp_layers = 1;
-  s.hidden_size = 64;
-  s.moe_intermediate_size = 32;
-  s.intermediate_size = 96;
-  s.vocab_size = 128;
-  s.num_attention_heads = 4;
-  s.num_key_value_heads = 2;
-  s.head_dim = 16;
-  return s;
-}
-
 static TestTensor MakeTensor(TensorDesc desc, uint64_t seed) {
   TestTensor t;
   t.full.resize(static_cast<size_t>(desc.nbytes()));

@@ -28,9 +28,6 @@ struct TestBatch {
   std::vector<TestTensor> tensors;
 };
 
-// A GLM-style model: 3 layers (1 dense), 4 experts, 1 shared expert, 1 MTP layer, hidden 64.
-synthetic::ModelShape SmallShape();
-
 // Every batch of `shape` with deterministic values (seeded); single inline parts.
 std::vector<TestBatch> ModelBatches(const synthetic::ModelShape& shape, uint64_t seed);
 

@@ -21,7 +21,8 @@ class VersionedConnector final : public RolloutConnector {
 absl::Status Publish(Engine& engine, uint64_t version) {
   auto session = engine.Open(testing::Header(version));
   if (!session.ok()) return session.status();
-  if (absl::Status s = testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 3));
+  if (absl::Status s =
+          testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 3));
       !s.ok()) {
     return s;
   }
@@ -94,7 +95,8 @@ TEST(EngineVersionsTest, EngineOpenRefusesAVersionAReceiverHolds) {
   EXPECT_EQ((*engine)->GetStatus().committed_version, 0u);
   auto session = (*engine)->Open(testing::Header(6));
   ASSERT_TRUE(session.ok()) << session.status();
-  ASSERT_TRUE(testing::Send(**session, testing::ModelBatches(testing::SmallShape(), 6)).ok());
+  ASSERT_TRUE(
+      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 6)).ok());
   auto report = (*session)->Commit();
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;

@@ -100,20 +100,8 @@ class InspectTest : public ::testing::Test {
   std::string Path(const std::string& name) const { return (root_ / name).string(); }
 
   static convert::testing::CheckpointSpec Spec(int shards) {
-    synthetic::ModelShape s;
-    s.style = synthetic::NamingStyle::kQwen3Moe;
-    s.num_layers = 3;
-    s.first_k_dense = 0;
-    s.num_mtp_layers = 0;
-    s.num_shared_experts = 0;
-    s.num_experts = 3;
-    s.hidden_size = 64;
-    s.moe_intermediate_size = 32;
-    s.intermediate_size = 96;
-    s.vocab_size = 48;
-    s.num_attention_heads = 2;
-    s.num_key_value_heads = 1;
-    s.head_dim = 32;
+    synthetic::ModelShape s = synthetic::ModelShape::Tiny(synthetic::NamingStyle::kQwen3Moe);
+    s.num_experts = 3;  // the counts below
     auto model = synthetic::SyntheticModel::Create(s);
     EXPECT_TRUE(model.ok()) << model.status();
     convert::testing::CheckpointSpec spec;

@@ -358,7 +358,8 @@ TEST_F(MultiGpuTest, EngineWithGpuComponentsPublishesEveryTensorToTheEngine) {
   auto eng = engine::Engine::Create(eo, nullptr, std::move(components));
   ASSERT_TRUE(eng.ok()) << eng.status();
   for (uint64_t version = 1; version <= 2; ++version) {
-    std::vector<et::TestBatch> batches = et::ModelBatches(et::SmallShape(), 40 + version);
+    std::vector<et::TestBatch> batches =
+        et::ModelBatches(synthetic::ModelShape::Tiny(), 40 + version);
     batches.push_back(et::StackedExpertBatch(50 + version));
     for (auto& b : batches) {  // TP shards read in place: dim-0 and dim-1 parts
       for (auto& t : b.tensors) {
@@ -412,7 +413,7 @@ TEST_F(MultiGpuTest, EngineIngestsTrainerIpcMemoryInPlace) {
   ASSERT_TRUE(eng.ok()) << eng.status();
 
   // Lay every part of the model out in one file the trainer copies into its allocation.
-  std::vector<et::TestBatch> batches = et::ModelBatches(et::SmallShape(), 77);
+  std::vector<et::TestBatch> batches = et::ModelBatches(synthetic::ModelShape::Tiny(), 77);
   batches.push_back(et::StackedExpertBatch(78));
   for (auto& b : batches) {
     for (auto& t : b.tensors) {

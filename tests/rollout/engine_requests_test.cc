@@ -14,6 +14,7 @@
 #include "core/rollout/engine_driver.h"
 #include "core/rollout/engine_requests.h"
 #include "core/rollout/sglang_driver.h"
+#include "tests/rollout/fake_http.h"
 
 namespace wpub::rollout {
 namespace {
@@ -53,24 +54,20 @@ class HostileEngine {
                  [](const httplib::Request&, httplib::Response& r) {
                    r.set_content(std::string(kMaxEngineAnswerBytes + 10, ' '), "application/json");
                  });
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    http_.Start();
   }
   ~HostileEngine() {
     stopping_ = true;
-    server_.stop();
-    thread_.join();
+    http_.Stop();
   }
-  std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+  std::string url() const { return http_.url(); }
   void SetVersionBody(std::string body) { version_body_ = std::move(body); }
 
  private:
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
   std::atomic<bool> stopping_{false};
   std::string version_body_;
+  testing::LocalHttpServer http_;
+  httplib::Server& server_ = http_.server();
 };
 
 TEST(EngineHttp, AnswersPastTheBoundAreCutBeforeTheyAreHeld) {

@@ -58,20 +58,14 @@ FakeSglang::FakeSglang(FakeSglangOptions options) : options_(std::move(options))
       Serve(method, q.path, q, r);
     };
   };
-  server_.Get(R"(/.*)", handler("GET"));
-  server_.Post(R"(/.*)", handler("POST"));
-  server_.set_tcp_nodelay(true);
-  port_ = server_.bind_to_any_port("127.0.0.1");
-  thread_ = std::thread([this] { server_.listen_after_bind(); });
-  while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  http_.server().Get(R"(/.*)", handler("GET"));
+  http_.server().Post(R"(/.*)", handler("POST"));
+  http_.Start();
 }
 
-FakeSglang::~FakeSglang() {
-  server_.stop();
-  thread_.join();
-}
+FakeSglang::~FakeSglang() { http_.Stop(); }
 
-std::string FakeSglang::url() const { return absl::StrCat("http://127.0.0.1:", port_); }
+std::string FakeSglang::url() const { return http_.url(); }
 
 std::string FakeSglang::Name(size_t i) { return absl::StrCat("model.layers.", i, ".mlp.weight"); }
 

@@ -54,6 +54,7 @@
 
 #include "core/engine/types.h"
 #include "core/rollout/engine_driver.h"
+#include "tests/rollout/fake_http.h"
 
 namespace wpub::rollout::testing {
 
@@ -116,9 +117,7 @@ class FakeSglang {
   bool Has(const std::string& path) const;
 
   const FakeSglangOptions options_;
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
+  LocalHttpServer http_;
   mutable std::mutex mu_;
   std::string incoming_ = "0";
   std::map<std::string, std::string> weights_;  // tensor name -> version

@@ -248,7 +248,7 @@ struct Daemon {
     return r.ok() ? *r : PublicationReport{};
   }
   static std::vector<engine::testing::TestBatch> Batches(uint64_t version) {
-    return engine::testing::ModelBatches(engine::testing::SmallShape(), version);
+    return engine::testing::ModelBatches(synthetic::ModelShape::Tiny(), version);
   }
 };
 

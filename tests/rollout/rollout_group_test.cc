@@ -22,55 +22,19 @@
 #include "clients/recv/nccl/receiver_endpoint.h"
 #include "core/nccl/nccl_comm.h"
 #include "core/rollout/rollout_group.h"
+#include "tests/rollout/fake_http.h"
 
 namespace wpub::nccl {
 namespace {
 
-// Answers every route with success (after `init_delay_ms` on the join itself, the POST of the
-// init route; the join's probe GETs are answered at once), or 500 on `fail`.
-class FakeEngine {
+// Answers every route with success, or HTTP 500 on `fail_path`; the join itself (the POST of
+// the init route) `init_delay_ms` late, the join's probe GETs at once.
+class FakeEngine : public rollout::testing::ScriptedEngine {
  public:
-  FakeEngine(std::string fail_path, int init_delay_ms)
-      : fail_path_(std::move(fail_path)), init_delay_ms_(init_delay_ms) {
-    auto handle = [this](const httplib::Request& req, httplib::Response& res) {
-      {
-        std::lock_guard lock(mu_);
-        calls_.push_back(req.path);
-      }
-      if (req.method == "POST" && req.path == "/init_weights_update_group" && init_delay_ms_ > 0) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(init_delay_ms_));
-      }
-      if (req.path == fail_path_) {
-        res.status = 500;
-        res.set_content("cannot join", "text/plain");
-        return;
-      }
-      res.set_content(R"({"success": true, "message": "ok"})", "application/json");
-    };
-    server_.Post(R"(/.*)", handle);
-    server_.Get(R"(/.*)", handle);
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  FakeEngine(const std::string& fail_path, int init_delay_ms) {
+    if (!fail_path.empty()) FailOn(fail_path, 0);
+    if (init_delay_ms > 0) SlowOn("/init_weights_update_group", init_delay_ms, /*post_only=*/true);
   }
-  ~FakeEngine() {
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  bool Called(const std::string& path) const {
-    std::lock_guard lock(mu_);
-    return std::find(calls_.begin(), calls_.end(), path) != calls_.end();
-  }
-
- private:
-  const std::string fail_path_;
-  const int init_delay_ms_;
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
-  mutable std::mutex mu_;
-  std::vector<std::string> calls_;
 };
 
 class NcclConnectTest : public ::testing::Test {

@@ -1,4 +1,4 @@
-// SGLang driver tests against httplib servers that play SGLang's HTTP routes: the engine list
+// SGLang driver tests against scripted SGLang HTTP servers (fake_http.h): the engine list
 // syntax (--engines, connect-engines), group layout,
 // request bodies (names/dtypes/shapes/load_format, no weight_version), the lifecycle order per
 // engine, configurable endpoints, and failures (HTTP error, success=false, timeout, refused).
@@ -11,117 +11,14 @@
 
 #include "core/rollout/sglang_driver.h"
 #include "nlohmann/json.hpp"
+#include "tests/rollout/fake_http.h"
 
 namespace wpub::rollout {
 namespace {
 
 using json = nlohmann::json;
 
-// A fake SGLang HTTP server recording every call.
-class FakeEngine {
- public:
-  FakeEngine() {
-    auto record = [this](const httplib::Request& req, httplib::Response& res) {
-      int delay_ms = 0;
-      bool fail = false, soft_fail = false;
-      const bool update = req.path == "/update_weights_from_distributed";
-      {
-        std::lock_guard lock(mu_);
-        calls_.push_back(req.path);
-        bodies_.push_back(req.body);
-        // An engine started with an API key: 401 {"error": "Unauthorized"} unless the request
-        // carries "Bearer <key>" -- the answer of vLLM's AuthenticationMiddleware
-        // (vllm/entrypoints/openai/api_server.py; commit not pinned). SGLang's API-key check on
-        // its weight routes is modelled as the same status; its exact body is unverified.
-        if (!api_key_.empty() && req.get_header_value("Authorization") != "Bearer " + api_key_) {
-          res.status = 401;
-          res.set_content(R"({"error": "Unauthorized"})", "application/json");
-          return;
-        }
-        // Concurrency seen by the engine: lifecycle calls must never overlap anything.
-        if (active_ > 0 && (!update || lifecycle_active_ > 0)) lifecycle_overlapped_ = true;
-        ++active_;
-        if (!update) ++lifecycle_active_;
-        max_active_ = std::max(max_active_, active_);
-        if (req.path == fail_path_ && ++fail_count_ == fail_on_nth_) fail = true;
-        soft_fail = req.path == soft_fail_path_;
-        delay_ms = req.path == slow_path_ ? slow_ms_ : 0;
-      }
-      if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-      {
-        std::lock_guard lock(mu_);
-        --active_;
-        if (!update) --lifecycle_active_;
-      }
-      if (fail) {
-        res.status = 500;
-        res.set_content("boom", "text/plain");
-      } else if (soft_fail) {
-        res.set_content(R"({"success": false, "message": "Please discard the whole weights"})",
-                        "application/json");
-      } else {
-        res.set_content(R"({"success": true, "message": "ok"})", "application/json");
-      }
-    };
-    server_.Post(R"(/.*)", record);
-    server_.Get(R"(/.*)", record);
-    server_.set_tcp_nodelay(true);
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ~FakeEngine() {
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  void RequireApiKey(std::string key) {
-    std::lock_guard lock(mu_);
-    api_key_ = std::move(key);
-  }
-  std::vector<std::string> calls() const {
-    std::lock_guard lock(mu_);
-    return calls_;
-  }
-  std::vector<std::string> bodies() const {
-    std::lock_guard lock(mu_);
-    return bodies_;
-  }
-  void FailOn(const std::string& path, int nth) {
-    std::lock_guard lock(mu_);
-    fail_path_ = path;
-    fail_on_nth_ = nth;
-  }
-  void SoftFailOn(const std::string& path) {
-    std::lock_guard lock(mu_);
-    soft_fail_path_ = path;
-  }
-  int max_active() const {
-    std::lock_guard lock(mu_);
-    return max_active_;
-  }
-  bool lifecycle_overlapped() const {
-    std::lock_guard lock(mu_);
-    return lifecycle_overlapped_;
-  }
-  void SlowOn(const std::string& path, int ms) {
-    std::lock_guard lock(mu_);
-    slow_path_ = path;
-    slow_ms_ = ms;
-  }
-
- private:
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
-  mutable std::mutex mu_;
-  std::vector<std::string> calls_, bodies_;
-  std::string fail_path_, soft_fail_path_, slow_path_;
-  std::string api_key_;  // guarded by mu_
-  int fail_on_nth_ = 0, fail_count_ = 0, slow_ms_ = 0;
-  int active_ = 0, lifecycle_active_ = 0, max_active_ = 0;
-  bool lifecycle_overlapped_ = false;
-};
+using FakeEngine = testing::ScriptedEngine;
 
 transport::BucketManifest Bucket(uint32_t index) {
   transport::BucketManifest b;
@@ -363,7 +260,7 @@ TEST(SglangDriver, SuccessFalseIsAFailure) {
   FakeEngine a;
   auto d = SglangDriver::Create(Options({&a}, {1}));
   ASSERT_TRUE(d.ok());
-  a.SoftFailOn("/update_weights_from_distributed");
+  a.SoftFailOn("/update_weights_from_distributed", /*status=*/200);
   (*d)->BeginPublication(1, /*lifecycle_calls=*/true);
   (*d)->PostBucket(Bucket(0));
   const absl::Status s = (*d)->WaitIdle(absl::Now() + absl::Seconds(5));

@@ -289,15 +289,13 @@ TEST(SglangReleases, AnEngineBehindAnApiKeyIsRefusedAtJoinNamingTheFlag) {
 }
 
 TEST(SglangReleases, AServerThatIsNotSglangIsRefusedNamingTheRoute) {
-  httplib::Server other;
-  other.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
-  const int port = other.bind_to_any_port("127.0.0.1");
-  std::thread t([&] { other.listen_after_bind(); });
-  while (!other.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const std::string url = absl::StrCat("http://127.0.0.1:", port);
+  testing::LocalHttpServer other;
+  other.server().Get("/health",
+                     [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
+  other.Start();
+  const std::string url = other.url();
   auto p = SglangFamily({}).Profile({{url, 1}}, absl::Seconds(2));
-  other.stop();
-  t.join();
+  other.Stop();
   ASSERT_FALSE(p[0].ok());
   EXPECT_NE(p[0].status().message().find("/init_weights_update_group (HTTP 404)"),
             std::string::npos)

@@ -15,6 +15,7 @@
 
 #include "core/rollout/vllm_driver.h"
 #include "nlohmann/json.hpp"
+#include "tests/rollout/fake_http.h"
 
 namespace wpub::rollout {
 namespace {
@@ -72,17 +73,12 @@ class FakeVllm {
       }
       res.set_content(R"({"message":"ok"})", "application/json");
     };
-    server_.Post(R"(/.*)", handle);
-    server_.Get(R"(/.*)", handle);
-    port_ = server_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    http_.server().Post(R"(/.*)", handle);
+    http_.server().Get(R"(/.*)", handle);
+    http_.Start();
   }
-  ~FakeVllm() {
-    server_.stop();
-    thread_.join();
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  ~FakeVllm() { http_.Stop(); }
+  std::string url() const { return http_.url(); }
   std::vector<std::string> calls() const {
     std::lock_guard lock(mu_);
     return calls_;
@@ -98,12 +94,10 @@ class FakeVllm {
 
  private:
   const std::string release_;
-  httplib::Server server_;
-  int port_ = 0;
-  std::thread thread_;
   mutable std::mutex mu_;
   std::vector<std::string> calls_, bodies_;
   std::string fail_path_;
+  testing::LocalHttpServer http_;
 };
 
 transport::BucketManifest Bucket(uint32_t index) {
