@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "core/common/status.h"
 
-namespace wpub::server {
+namespace wpub::wire {
 namespace {
 
 namespace pb = ::wpub::v1;
@@ -440,4 +440,4 @@ absl::StatusOr<transport::PublicationManifest> FromProto(const pb::Manifest& m) 
   return out;
 }
 
-}  // namespace wpub::server
+}  // namespace wpub::wire

@@ -9,7 +9,7 @@
 #include "wpub/v1/publisher.pb.h"
 #include "wpub/v1/receivers.pb.h"
 
-namespace wpub::server {
+namespace wpub::wire {
 
 // Header -> engine header. `precision_exceptions` becomes the policy JSON the core parses.
 // Errors: INVALID_ARGUMENT naming `header.<field>` (version 0, ...).
@@ -46,4 +46,4 @@ void ToProto(const engine::RolloutGroupInfo& group, wpub::v1::ConnectEnginesResp
 // Errors: INVALID_ARGUMENT naming the tensor with an unknown dtype.
 absl::StatusOr<transport::PublicationManifest> FromProto(const wpub::v1::Manifest& manifest);
 
-}  // namespace wpub::server
+}  // namespace wpub::wire

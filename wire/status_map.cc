@@ -3,7 +3,7 @@
 
 #include <string>
 
-namespace wpub::server {
+namespace wpub::wire {
 
 grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
   switch (code) {
@@ -97,4 +97,4 @@ absl::Status ToAbslStatus(const grpc::Status& status) {
   return absl::Status(ToAbslCode(status.error_code()), status.error_message());
 }
 
-}  // namespace wpub::server
+}  // namespace wpub::wire

@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 
-namespace wpub::server {
+namespace wpub::wire {
 
 // The grpc code with the same meaning as `code`.
 grpc::StatusCode ToGrpcCode(absl::StatusCode code);
@@ -20,4 +20,4 @@ grpc::Status ToGrpcStatus(const absl::Status& status);
 // `status` as an absl::Status (used by clients: wpub-recv, wpubctl).
 absl::Status ToAbslStatus(const grpc::Status& status);
 
-}  // namespace wpub::server
+}  // namespace wpub::wire

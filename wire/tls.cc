@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace wpub::client {
+namespace wpub::wire {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
@@ -49,4 +49,4 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
   return grpc::SslCredentials(o);
 }
 
-}  // namespace wpub::client
+}  // namespace wpub::wire

@@ -11,7 +11,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace wpub::client {
+namespace wpub::wire {
 
 struct ClientTls {
   std::string ca_file;    // empty: plaintext
@@ -24,4 +24,4 @@ struct ClientTls {
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
     const ClientTls& tls);
 
-}  // namespace wpub::client
+}  // namespace wpub::wire

@@ -258,7 +258,7 @@ Receiver::Impl::Session Receiver::Impl::Subscribe(Link& link, absl::Time deadlin
   }
   if (done || stopped_) return session;
   session.status = finish.ok() ? absl::UnavailableError("the daemon ended the subscription")
-                               : server::ToAbslStatus(finish);
+                               : wire::ToAbslStatus(finish);
   // A name still taken while resubscribing is our own old stream, not yet gone.
   session.retry =
       retry_allowed && (session.accepted || resubscribing) &&
@@ -292,7 +292,7 @@ absl::StatusOr<std::unique_ptr<Receiver>> Receiver::Create(const ReceiverOptions
     return absl::InvalidArgumentError("resubscribe_timeout must not be negative");
   }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      client::ChannelCredentialsFor(options.tls);
+      wire::ChannelCredentialsFor(options.tls);
   if (!credentials.ok()) return credentials.status();
   uint64_t held = 0, adopted = 0;
   if (!options.output_path.empty()) {

@@ -60,7 +60,7 @@ struct ReceiverOptions {
   // Fault injection for tests: flip one byte of bucket `corrupt_bucket` of every publication
   // after pulling it (its checksum then mismatches). -1 = never.
   int64_t corrupt_bucket = -1;
-  client::ClientTls tls;  // plaintext unless tls.ca_file is set
+  wire::ClientTls tls;  // plaintext unless tls.ca_file is set
 };
 
 // The last committed version: the buckets as received and their manifest.

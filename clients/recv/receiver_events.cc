@@ -39,7 +39,7 @@ absl::StatusOr<bool> Receiver::Impl::Handle(Link& link, const pb::ReceiverEvent&
     }
     case pb::ReceiverEvent::kManifest: {
       WPUB_ASSIGN_OR_RETURN(transport::PublicationManifest manifest,
-                            server::FromProto(event.manifest()));
+                            wire::FromProto(event.manifest()));
       link.pending = std::make_unique<Pending>();
       link.pending->buckets.resize(manifest.buckets.size());
       link.pending->received.assign(manifest.buckets.size(), false);

@@ -114,7 +114,7 @@ PublisherClient::PublisherClient(const ClientOptions& options,
 absl::StatusOr<std::unique_ptr<PublisherClient>> PublisherClient::Create(
     const ClientOptions& options) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      ChannelCredentialsFor(options.tls);
+      wire::ChannelCredentialsFor(options.tls);
   if (!credentials.ok()) return credentials.status();
   std::unique_ptr<PublisherClient> client(new PublisherClient(options, *std::move(credentials)));
   const auto deadline = absl::ToChronoTime(absl::Now() + options.connect_timeout);
@@ -278,7 +278,7 @@ absl::StatusOr<pb::PublicationReport> PublisherClient::Publish(
   writer->WritesDone();
   grpc::Status status = writer->Finish();
   t.total_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  if (!status.ok()) return server::ToAbslStatus(status);
+  if (!status.ok()) return wire::ToAbslStatus(status);
   return report;
 }
 
@@ -294,7 +294,7 @@ absl::StatusOr<pb::PublicationReport> PublisherClient::PublishRaw(
   }
   writer->WritesDone();
   grpc::Status status = writer->Finish();
-  if (!status.ok()) return server::ToAbslStatus(status);
+  if (!status.ok()) return wire::ToAbslStatus(status);
   return report;
 }
 
@@ -306,7 +306,7 @@ absl::StatusOr<pb::GetStatusResponse> PublisherClient::GetStatus(uint32_t max_re
   request.set_max_reports(max_reports);
   pb::GetStatusResponse response;
   grpc::Status status = stub_->GetStatus(&context, request, &response);
-  if (!status.ok()) return server::ToAbslStatus(status);
+  if (!status.ok()) return wire::ToAbslStatus(status);
   return response;
 }
 
@@ -318,7 +318,7 @@ absl::StatusOr<std::vector<pb::PublicationReport>> PublisherClient::ListReports(
   request.set_limit(limit);
   pb::ListReportsResponse response;
   grpc::Status status = stub_->ListReports(&context, request, &response);
-  if (!status.ok()) return server::ToAbslStatus(status);
+  if (!status.ok()) return wire::ToAbslStatus(status);
   return std::vector<pb::PublicationReport>(response.reports().begin(), response.reports().end());
 }
 
@@ -329,7 +329,7 @@ absl::StatusOr<pb::ConnectEnginesResponse> PublisherClient::ConnectEngines(
   context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
   pb::ConnectEnginesResponse response;
   grpc::Status status = stub_->ConnectEngines(&context, request, &response);
-  if (!status.ok()) return server::ToAbslStatus(status);
+  if (!status.ok()) return wire::ToAbslStatus(status);
   return response;
 }
 

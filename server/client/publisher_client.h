@@ -31,7 +31,7 @@ struct ClientOptions {
   // (a long-lived client such as wpub-recv).
   bool fail_fast = false;
   int max_message_bytes = 8 << 20;  // client-side send limit (the daemon enforces its own)
-  ClientTls tls;                    // plaintext unless tls.ca_file is set
+  wire::ClientTls tls;              // plaintext unless tls.ca_file is set
 };
 
 // Produces the bytes of one tensor: fills `out` (exactly desc.nbytes() bytes).

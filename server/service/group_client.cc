@@ -100,7 +100,7 @@ struct Link {
         in_doubt = true;
       } else if (!decision.has_value()) {
         if (!accepted) {
-          decision = ToAbslStatus(finish);
+          decision = wire::ToAbslStatus(finish);
           if (decision->ok()) decision = absl::UnavailableError("the leader ended the stream");
         } else {
           decision = absl::UnavailableError(absl::StrCat("the connection to the group's leader ",
@@ -172,7 +172,7 @@ class RemoteVote final : public engine::GroupVote {
     pb::GroupPrepared* p = msg.mutable_prepared();
     for (const std::string& r : parts.receivers) p->add_receivers(r);
     p->set_bytes_out(parts.bytes_out);
-    ToProto(parts.phases, p->mutable_phases());
+    wire::ToProto(parts.phases, p->mutable_phases());
     {
       std::lock_guard lock(link_->mu);
       // A stream that ended already ended before the leader could hold this vote.
@@ -331,7 +331,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> GroupJoinerImpl::ChannelTo(
   std::lock_guard lock(mu_);
   if (auto it = channels_.find(leader); it != channels_.end()) return it->second;
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      client::ChannelCredentialsFor(options_.tls);
+      wire::ChannelCredentialsFor(options_.tls);
   if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,

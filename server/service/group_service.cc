@@ -103,7 +103,7 @@ class JoinReactor final
       spdlog::warn("group: refused member {} ({}) of '{}' v{}: {}", j.member(),
                    LogEscape(hello.membership.publisher), LogEscape(j.group()), j.version(),
                    LogEscape(joined.status().ToString()));
-      FinishNow(ToGrpcStatus(joined.status()));
+      FinishNow(wire::ToGrpcStatus(joined.status()));
       return;
     }
     member_ = j.member();
@@ -171,7 +171,7 @@ class JoinReactor final
         engine::PreparedParts prepared;
         for (const std::string& r : in_.prepared().receivers()) prepared.receivers.push_back(r);
         prepared.bytes_out = in_.prepared().bytes_out();
-        prepared.phases = FromProto(in_.prepared().phases());
+        prepared.phases = wire::FromProto(in_.prepared().phases());
         round_->Prepared(member_, std::move(prepared));
         return absl::OkStatus();
       }
@@ -236,7 +236,7 @@ class JoinReactor final
     if (finished_ || !reads_done_ || !decided_ || writing_) return;
     finished_ = true;
     const grpc::Status status =
-        member_status_.ok() ? grpc::Status::OK : ToGrpcStatus(member_status_);
+        member_status_.ok() ? grpc::Status::OK : wire::ToGrpcStatus(member_status_);
     lock.unlock();
     service_->coordinator()->Observe(round_);
     const absl::Status outcome = round_->abort_status();

@@ -64,7 +64,7 @@ struct GroupClientOptions {
   // Sent to the leader as a bearer token (the group's daemons share one); empty: none.
   std::string auth_token;
   // TLS to the leader (plaintext unless ca_file is set).
-  client::ClientTls tls;
+  wire::ClientTls tls;
   // How long a member waits for the leader to accept its join.
   absl::Duration join_timeout = absl::Seconds(30);
   // HTTP/2 keepalive on the stream to the leader: a leader that stops answering pings is

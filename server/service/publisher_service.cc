@@ -182,8 +182,8 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
             absl::StrCat("the first Publish message must be 'header', got '",
                          KindName(request.kind_case()), "'")};
   }
-  absl::StatusOr<engine::PublicationHeader> header = FromProto(request.header());
-  if (!header.ok()) return ToGrpcStatus(header.status());
+  absl::StatusOr<engine::PublicationHeader> header = wire::FromProto(request.header());
+  if (!header.ok()) return wire::ToGrpcStatus(header.status());
   header->allow_non_finite = header->allow_non_finite || options_.allow_non_finite;
   // Every line of this publication on this thread carries its version (JSON logs).
   const LogField version_field("version", std::to_string(header->version));
@@ -193,7 +193,7 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   absl::StatusOr<std::unique_ptr<engine::PublicationSession>> opened = engine_->Open(*header);
   if (!opened.ok()) {
     spdlog::warn("publish v{} refused: {}", header->version, LogEscape(opened.status().ToString()));
-    return ToGrpcStatus(opened.status());
+    return wire::ToGrpcStatus(opened.status());
   }
   std::unique_ptr<engine::PublicationSession> session = std::move(*opened);
   if (header->group.has_value()) {
@@ -215,7 +215,7 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
     } else {
       session->Fail(status);
     }
-    return ToGrpcStatus(status);
+    return wire::ToGrpcStatus(status);
   };
   uint64_t messages = 1;
   bool committed = false;
@@ -239,7 +239,7 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
         return fail(absl::InvalidArgumentError(absl::StrCat(
             "duplicate 'header' (message ", messages, ") in publication v", header->version)));
       case pb::PublishRequest::kBatch: {
-        absl::StatusOr<engine::BatchInput> batch = FromProto(request.batch());
+        absl::StatusOr<engine::BatchInput> batch = wire::FromProto(request.batch());
         if (!batch.ok()) return fail(batch.status());
         if (absl::Status s = session->AddBatch(std::move(*batch)); !s.ok()) return fail(s);
         break;
@@ -283,9 +283,9 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
   if (!report.ok()) {
     spdlog::warn("publish v{} failed at commit: {}", header->version,
                  LogEscape(report.status().ToString()));
-    return ToGrpcStatus(report.status());
+    return wire::ToGrpcStatus(report.status());
   }
-  ToProto(*report, reply);
+  wire::ToProto(*report, reply);
   spdlog::info("publish v{} {}: {:.3f} s, {} bytes out, {} quantized, {} passed{}{}",
                report->version, engine::PublicationStatusName(report->status), report->wall_seconds,
                report->bytes_out, report->tensors_quantized, report->tensors_passthrough,
@@ -308,7 +308,7 @@ grpc::Status PublisherService::GetStatus(grpc::ServerContext* context,
                                          pb::GetStatusResponse* reply) {
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
   engine::EngineStatus status = engine_->GetStatus();
-  ToProto(status, reply);
+  wire::ToProto(status, reply);
   // last_reports is bounded by the engine; trim to what was asked for.
   while (static_cast<uint32_t>(reply->recent_reports_size()) > request->max_reports()) {
     reply->mutable_recent_reports()->RemoveLast();
@@ -316,11 +316,11 @@ grpc::Status PublisherService::GetStatus(grpc::ServerContext* context,
   reply->set_daemon_version(options_.daemon_version);
   if (coordinator_ != nullptr) {
     if (std::optional<engine::GroupSummary> g = coordinator_->LastRound()) {
-      ToProto(*g, reply->mutable_publication_group());
+      wire::ToProto(*g, reply->mutable_publication_group());
     }
   }
   if (std::optional<engine::RolloutGroupInfo> group = engine_->EngineGroup()) {
-    ToProto(*group, reply->mutable_engine_group());
+    wire::ToProto(*group, reply->mutable_engine_group());
     // The engines are the NCCL transport's receivers.
     for (pb::ReceiverInfo& r : *reply->mutable_receivers()) {
       for (const engine::RolloutEngineInfo& e : group->engines) {
@@ -335,8 +335,8 @@ grpc::Status PublisherService::ConnectEngines(grpc::ServerContext* context,
                                               const pb::ConnectEnginesRequest* request,
                                               pb::ConnectEnginesResponse* reply) {
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
-  absl::StatusOr<engine::RolloutConnectRequest> r = FromProto(*request);
-  if (!r.ok()) return ToGrpcStatus(r.status());
+  absl::StatusOr<engine::RolloutConnectRequest> r = wire::FromProto(*request);
+  if (!r.ok()) return wire::ToGrpcStatus(r.status());
   std::vector<std::string> names;
   for (const engine::RolloutEndpoint& e : r->engines)
     names.push_back(absl::StrCat(e.url, "=", e.gpus));
@@ -345,9 +345,9 @@ grpc::Status PublisherService::ConnectEngines(grpc::ServerContext* context,
   absl::StatusOr<engine::RolloutGroupInfo> group = engine_->ConnectEngines(*r);
   if (!group.ok()) {
     spdlog::warn("ConnectEngines refused or failed: {}", LogEscape(group.status().ToString()));
-    return ToGrpcStatus(group.status());
+    return wire::ToGrpcStatus(group.status());
   }
-  ToProto(*group, reply);
+  wire::ToProto(*group, reply);
   spdlog::info("ConnectEngines: group {} (generation {}, world size {}) formed",
                LogEscape(group->group_name), group->generation, group->world_size);
   return grpc::Status::OK;
@@ -359,7 +359,7 @@ grpc::Status PublisherService::ListReports(grpc::ServerContext* context,
   if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
   size_t limit = request->limit() == 0 ? options_.default_report_limit : request->limit();
   for (const engine::PublicationReport& r : engine_->RecentReports(limit)) {
-    ToProto(r, reply->add_reports());
+    wire::ToProto(r, reply->add_reports());
   }
   return grpc::Status::OK;
 }

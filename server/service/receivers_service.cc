@@ -36,7 +36,7 @@ grpc::Status Refuse(absl::string_view rpc, absl::string_view name,
                     const grpc::CallbackServerContext& context, const absl::Status& why) {
   spdlog::warn("refused {} for receiver '{}' from {}: {}", std::string(rpc), Printable(name),
                Printable(context.peer()), Printable(why.message(), 1024));
-  return ToGrpcStatus(why);
+  return wire::ToGrpcStatus(why);
 }
 
 // The subscription a PullBucket or Ack names, after validating the name: INVALID_ARGUMENT for a
@@ -106,11 +106,11 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<pb::ReceiverEvent
       // CANCELLED: closed or the daemon is shutting down; RESOURCE_EXHAUSTED: dropped for
       // falling behind.
       finished_ = true;
-      Finish(ToGrpcStatus(item.status()));
+      Finish(wire::ToGrpcStatus(item.status()));
       return;
     }
     event_.Clear();
-    ToProto(*item, &event_);
+    wire::ToProto(*item, &event_);
     if (event_.has_group_info()) {
       event_.mutable_group_info()->set_max_chunk_bytes(service_->options().max_chunk_bytes);
     }
@@ -259,7 +259,7 @@ grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(
     return new RejectReactor<pb::BucketChunk>(
         Refuse("PullBucket", name, *context, bucket.status()));
   }
-  if (!bucket.ok()) return new RejectReactor<pb::BucketChunk>(ToGrpcStatus(bucket.status()));
+  if (!bucket.ok()) return new RejectReactor<pb::BucketChunk>(wire::ToGrpcStatus(bucket.status()));
   // Clamped from both sides: at most the daemon's limit, at least kMinPullChunkBytes.
   const uint64_t limit = options_.max_chunk_bytes;
   uint64_t chunk = request->chunk_bytes() == 0 ? limit : request->chunk_bytes();
@@ -284,7 +284,7 @@ grpc::ServerUnaryReactor* ReceiversService::Ack(grpc::CallbackServerContext* con
   const absl::Status acked = (*sub)->Ack(request->subscription_token(), request->version(),
                                          request->index(), request->checksum(), request->attempt());
   reactor->Finish(absl::IsPermissionDenied(acked) ? Refuse("Ack", name, *context, acked)
-                                                  : ToGrpcStatus(acked));
+                                                  : wire::ToGrpcStatus(acked));
   return reactor;
 }
 

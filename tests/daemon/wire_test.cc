@@ -29,12 +29,12 @@ TEST(StatusMap, EveryCodeRoundTripsWithItsMessage) {
   for (int c = 0; c <= 16; ++c) {
     const auto code = static_cast<absl::StatusCode>(c);
     absl::Status s(code, c == 0 ? "" : absl::StrCat("tensor t", c));
-    grpc::Status g = ToGrpcStatus(s);
+    grpc::Status g = wire::ToGrpcStatus(s);
     EXPECT_EQ(static_cast<int>(g.error_code()), c);
     if (c != 0) {
       EXPECT_EQ(g.error_message(), absl::StrCat("tensor t", c));
     }
-    EXPECT_EQ(ToAbslStatus(g), s);
+    EXPECT_EQ(wire::ToAbslStatus(g), s);
   }
 }
 
@@ -66,7 +66,7 @@ TEST(Convert, BatchWithEverySourceKind) {
   pb::TensorPart* ipc = t->add_parts();
   ipc->mutable_cuda_ipc()->set_handle(std::string(64, '\x07'));
   ipc->mutable_cuda_ipc()->set_device_uuid("GPU-1");
-  absl::StatusOr<engine::BatchInput> in = FromProto(b);
+  absl::StatusOr<engine::BatchInput> in = wire::FromProto(b);
   ASSERT_TRUE(in.ok()) << in.status();
   ASSERT_EQ(in->tensors.size(), 1u);
   const engine::TensorInput& ti = in->tensors[0];
@@ -88,7 +88,7 @@ TEST(Convert, ErrorsNameTheTensorAndField) {
   {
     pb::Batch b = OneTensorBatch();
     b.mutable_tensors(0)->set_dtype("float7");
-    auto s = FromProto(b).status();
+    auto s = wire::FromProto(b).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("o_proj.weight"), absl::string_view::npos) << s;
     EXPECT_NE(s.message().find("float7"), absl::string_view::npos) << s;
@@ -96,27 +96,29 @@ TEST(Convert, ErrorsNameTheTensorAndField) {
   {
     pb::Batch b = OneTensorBatch();
     b.mutable_tensors(0)->mutable_parts(0)->clear_source();
-    auto s = FromProto(b).status();
+    auto s = wire::FromProto(b).status();
     EXPECT_NE(s.message().find("no source"), absl::string_view::npos) << s;
   }
   {
     pb::Batch b = OneTensorBatch();
     b.mutable_tensors(0)->set_concat_dim(3);
-    EXPECT_NE(FromProto(b).status().message().find("concat_dim"), absl::string_view::npos);
+    EXPECT_NE(wire::FromProto(b).status().message().find("concat_dim"), absl::string_view::npos);
   }
   {
     pb::Batch b = OneTensorBatch();
     b.mutable_tensors(0)->set_shape(0, -2);
-    EXPECT_NE(FromProto(b).status().message().find("negative"), absl::string_view::npos);
+    EXPECT_NE(wire::FromProto(b).status().message().find("negative"), absl::string_view::npos);
   }
   {
     pb::Batch b = OneTensorBatch();
     b.mutable_tensors(0)->mutable_parts(0)->mutable_cuda_ipc()->set_handle("short");
-    EXPECT_NE(FromProto(b).status().message().find("cuda_ipc.handle"), absl::string_view::npos);
+    EXPECT_NE(wire::FromProto(b).status().message().find("cuda_ipc.handle"),
+              absl::string_view::npos);
   }
   {
     pb::PublicationHeader h;
-    EXPECT_NE(FromProto(h).status().message().find("header.version"), absl::string_view::npos);
+    EXPECT_NE(wire::FromProto(h).status().message().find("header.version"),
+              absl::string_view::npos);
   }
 }
 
@@ -131,7 +133,7 @@ TEST(Convert, HeaderAndPrecisionExceptions) {
   e->set_first_last_layers_bf16(true);
   e->set_num_layers(10);
   e->set_num_layers_at_end_in_bf16(2);
-  auto out = FromProto(h);
+  auto out = wire::FromProto(h);
   ASSERT_TRUE(out.ok());
   EXPECT_EQ(out->version, 7u);
   EXPECT_EQ(out->recipe, "bf16");
@@ -141,7 +143,7 @@ TEST(Convert, HeaderAndPrecisionExceptions) {
       out->policy_json,
       R"({"extra_high_precision_layers_megatron":["layers.0."],"first_last_layers_bf16":true,)"
       R"("num_layers":10,"num_layers_at_end_in_bf16":2})");
-  EXPECT_EQ(PrecisionExceptionsJson(pb::PrecisionExceptions()), "");
+  EXPECT_EQ(wire::PrecisionExceptionsJson(pb::PrecisionExceptions()), "");
 }
 
 TEST(Convert, ManifestRoundTrip) {
@@ -157,11 +159,11 @@ TEST(Convert, ManifestRoundTrip) {
   b.tensors.push_back({"a.weight_scale", DType::kFloat8E4M3, {2, 4}, 32, 8});
   m.buckets.push_back(b);
   pb::ReceiverEvent event;
-  ToProto(transport::ReceiverEvent(transport::ManifestEvent{m}), &event);
+  wire::ToProto(transport::ReceiverEvent(transport::ManifestEvent{m}), &event);
   ASSERT_TRUE(event.has_manifest());
   EXPECT_EQ(event.manifest().total_bytes(), 40u);
   EXPECT_EQ(event.manifest().buckets(0).tensors(1).dtype(), "float8_e4m3fn");
-  auto back = FromProto(event.manifest());
+  auto back = wire::FromProto(event.manifest());
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->buckets, m.buckets);
   EXPECT_EQ(back->version, 3u);
@@ -175,7 +177,7 @@ TEST(Convert, ConnectEnginesRequestAndGroup) {
   b->set_gpus(4);
   r.set_group_name("run7");
   r.set_timeout_seconds(2.5);
-  auto e = FromProto(r);
+  auto e = wire::FromProto(r);
   ASSERT_TRUE(e.ok()) << e.status();
   ASSERT_EQ(e->engines.size(), 2u);
   EXPECT_EQ(e->engines[0].gpus, 1);
@@ -184,7 +186,7 @@ TEST(Convert, ConnectEnginesRequestAndGroup) {
   EXPECT_EQ(e->timeout, absl::Milliseconds(2500));
   for (double bad : {-1.0, 1e9, std::nan("")}) {
     r.set_timeout_seconds(bad);
-    auto s = FromProto(r).status();
+    auto s = wire::FromProto(r).status();
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad;
     EXPECT_NE(s.message().find("timeout_seconds"), std::string::npos) << s;
   }
@@ -198,7 +200,7 @@ TEST(Convert, ConnectEnginesRequestAndGroup) {
   g.engines = {{"http://a:1", 1, 1, transport::ReceiverState::kIdle},
                {"http://b:2", 4, 2, transport::ReceiverState::kFailed}};
   pb::EngineGroup status;
-  ToProto(g, &status);
+  wire::ToProto(g, &status);
   EXPECT_EQ(status.group_name(), "run7_3");
   EXPECT_EQ(status.world_size(), 6u);
   EXPECT_EQ(status.generation(), 3u);
@@ -209,7 +211,7 @@ TEST(Convert, ConnectEnginesRequestAndGroup) {
   EXPECT_EQ(status.engines(1).gpus(), 4u);
   EXPECT_EQ(status.engines(1).state(), "failed");
   pb::ConnectEnginesResponse reply;
-  ToProto(g, &reply);
+  wire::ToProto(g, &reply);
   EXPECT_EQ(reply.group_name(), "run7_3");
   EXPECT_EQ(reply.world_size(), 6u);
   EXPECT_EQ(reply.generation(), 3u);

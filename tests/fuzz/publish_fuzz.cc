@@ -94,7 +94,7 @@ absl::StatusOr<wpub::engine::PublicationReport> Drive(
     switch (request.kind_case()) {
       case pb::PublishRequest::kBatch: {
         RedirectShm(*request.mutable_batch());
-        absl::StatusOr<wpub::engine::BatchInput> batch = wpub::server::FromProto(request.batch());
+        absl::StatusOr<wpub::engine::BatchInput> batch = wpub::wire::FromProto(request.batch());
         s = batch.ok() ? session.AddBatch(*std::move(batch)) : batch.status();
         break;
       }
@@ -170,7 +170,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       first.kind_case() != pb::PublishRequest::kHeader) {
     return 0;  // the service refuses such a stream before it reaches the engine
   }
-  absl::StatusOr<wpub::engine::PublicationHeader> header = wpub::server::FromProto(first.header());
+  absl::StatusOr<wpub::engine::PublicationHeader> header = wpub::wire::FromProto(first.header());
   if (!header.ok()) return 0;
   std::unique_ptr<Engine> engine = NewEngine();
   {
@@ -179,7 +179,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       absl::StatusOr<wpub::engine::PublicationReport> report = Drive(**session, in);
       if (report.ok()) {
         pb::PublicationReport wire;
-        wpub::server::ToProto(*report, &wire);
+        wpub::wire::ToProto(*report, &wire);
         if (report->status == wpub::engine::PublicationStatus::kCommitted) {
           FUZZ_CHECK(engine->GetStatus().committed_version == header->version,
                      absl::StrCat("committed v", header->version, " but the engine holds v",
@@ -189,7 +189,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
   pb::GetStatusResponse status;
-  wpub::server::ToProto(engine->GetStatus(), &status);
+  wpub::wire::ToProto(engine->GetStatus(), &status);
   CheckStillServing(*engine);
   return 0;
 }
