@@ -310,18 +310,22 @@ TEST(EngineComponentsTest, TransportGroupMakesOneHostCopyAndNamesWhatCannotTakeA
   EXPECT_EQ(log_a.bytes, 5u) << "nothing sent";
 }
 
-// Two transports that read device memory cannot share a bucket's one `done` event.
-// Two transports that read device bytes (two rollout groups, one per engine family) and a
-// producer with an event for each: both read every bucket's device bytes, each recording its
-// own `done`, and no host copy is made.
-TEST(EngineComponentsTest, TwoDeviceReadersReadTheDeviceBytesEachWithItsOwnDoneEvent) {
+// One committed publication of the tiny model to two transports that read device bytes (two
+// rollout groups, one per engine family), over a producer with `readers` reader events.
+struct TwoReaders {
   FakeTransport::Log first, second;
-  auto backend = std::make_unique<DeviceBucketBackend>(/*readers=*/2);
+  std::vector<const void*> events;  // the producer's reader events
+  int copies = 0;                   // host copies the producer made
+  PublicationReport report;
+};
+void PublishToTwoDeviceReaders(size_t readers, TwoReaders* out) {
+  auto backend = std::make_unique<DeviceBucketBackend>(readers);
   DeviceBucketBackend* device_backend = backend.get();
+  for (size_t r = 0; r < readers; ++r) out->events.push_back(device_backend->event(r));
   EngineComponents components;
   components.backend = std::move(backend);
-  components.transports.push_back(std::make_unique<FakeTransport>(&first, false, true));
-  components.transports.push_back(std::make_unique<FakeTransport>(&second, false, true));
+  components.transports.push_back(std::make_unique<FakeTransport>(&out->first, false, true));
+  components.transports.push_back(std::make_unique<FakeTransport>(&out->second, false, true));
   EngineOptions options;
   options.bucket_bytes = 4096;
   options.min_bucket_bytes = 1024;
@@ -335,45 +339,34 @@ TEST(EngineComponentsTest, TwoDeviceReadersReadTheDeviceBytesEachWithItsOwnDoneE
   ASSERT_TRUE(report.ok()) << report.status();
   ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
   ASSERT_GT(report->buckets, 1u);
-  EXPECT_EQ(first.bytes, report->bytes_out);
-  EXPECT_EQ(second.bytes, report->bytes_out);
-  EXPECT_EQ(first.calls.size(), second.calls.size());
-  EXPECT_EQ(first.dones, std::set<const void*>{device_backend->event(0)});
-  EXPECT_EQ(second.dones, std::set<const void*>{device_backend->event(1)});
-  EXPECT_EQ(device_backend->copies.load(), 0);
+  EXPECT_EQ(out->first.bytes, report->bytes_out);
+  EXPECT_EQ(out->second.bytes, report->bytes_out);
+  out->copies = device_backend->copies.load();
+  out->report = *report;
 }
 
-// A producer with one reader event (as before several readers): the first device reader with
-// participants gets every device bucket as it is, the other the one host copy per bucket.
+// A producer with an event for each: both read every bucket's device bytes, each recording its
+// own `done`, and no host copy is made.
+TEST(EngineComponentsTest, TwoDeviceReadersReadTheDeviceBytesEachWithItsOwnDoneEvent) {
+  TwoReaders t;
+  ASSERT_NO_FATAL_FAILURE(PublishToTwoDeviceReaders(2, &t));
+  EXPECT_EQ(t.first.calls.size(), t.second.calls.size());
+  EXPECT_EQ(t.first.dones, std::set<const void*>{t.events[0]});
+  EXPECT_EQ(t.second.dones, std::set<const void*>{t.events[1]});
+  EXPECT_EQ(t.copies, 0);
+}
+
+// A producer with one reader event: the first device reader with participants gets every device
+// bucket as it is, the other the one host copy per bucket.
 TEST(EngineComponentsTest, ADeviceReaderTheProducerHasNoEventForTakesTheHostCopy) {
-  FakeTransport::Log first, second;
-  auto backend = std::make_unique<DeviceBucketBackend>(/*readers=*/1);
-  DeviceBucketBackend* device_backend = backend.get();
-  EngineComponents components;
-  components.backend = std::move(backend);
-  components.transports.push_back(std::make_unique<FakeTransport>(&first, false, true));
-  components.transports.push_back(std::make_unique<FakeTransport>(&second, false, true));
-  EngineOptions options;
-  options.bucket_bytes = 4096;
-  options.min_bucket_bytes = 1024;
-  auto engine = Engine::Create(options, nullptr, std::move(components));
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto session = (*engine)->Open(testing::Header(1));
-  ASSERT_TRUE(session.ok());
-  ASSERT_TRUE(
-      testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), 1)).ok());
-  auto report = (*session)->Commit();
-  ASSERT_TRUE(report.ok()) << report.status();
-  ASSERT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
-  ASSERT_GT(report->buckets, 1u);
-  EXPECT_EQ(first.bytes, report->bytes_out);
-  EXPECT_EQ(second.bytes, report->bytes_out);
+  TwoReaders t;
+  ASSERT_NO_FATAL_FAILURE(PublishToTwoDeviceReaders(1, &t));
   size_t device_first = 0, device_second = 0;
-  for (const std::string& c : first.calls) device_first += c.rfind("device ", 0) == 0;
-  for (const std::string& c : second.calls) device_second += c.rfind("device ", 0) == 0;
-  EXPECT_EQ(device_first, report->buckets);
+  for (const std::string& c : t.first.calls) device_first += c.rfind("device ", 0) == 0;
+  for (const std::string& c : t.second.calls) device_second += c.rfind("device ", 0) == 0;
+  EXPECT_EQ(device_first, t.report.buckets);
   EXPECT_EQ(device_second, 0u);
-  EXPECT_EQ(device_backend->copies.load(), static_cast<int>(report->buckets));
+  EXPECT_EQ(t.copies, static_cast<int>(t.report.buckets));
 }
 
 // Resolves "CUDA IPC" handles to host buffers (handle byte 0 = buffer index): exercises the
