@@ -156,7 +156,8 @@ lane_a() {
     verdict convert_read_by_safetensors 77 0 "numpy, torch or safetensors not importable"
   fi
   script vllm_handshake 120 python3 "$ROOT/tests/multi_gpu/vllm_handshake.py" || rc=1
-  unittest_run python_gpu_one_gpu 300 test_local_gather.LocalGatherCudaTest test_gpu_ipc \
+  unittest_run python_gpu_one_gpu 300 test_local_gather.LocalGatherCudaTest \
+    test_local_gather.LocalGatherDTensorTest test_gpu_ipc \
     test_gpu_group test_proto_compat test_client_glue.TargetAndVersionTest || rc=1
   return $rc
 }

@@ -4,9 +4,12 @@ tensors split along dim 0, row-parallel along dim 1, norms and routers replicate
 split EP-wise: rank r holds the experts e with e % 2 == r), shares them with
 wpub.torch.LocalGather over gloo, and rank 0 publishes the whole model.
 
-    gather_worker.py RANK WORLD RDZV_FILE TARGET VERSION SEED DEVICE RESULT_JSON
+    gather_worker.py RANK WORLD RDZV_FILE TARGET VERSION SEED DEVICE RESULT_JSON [LAYOUT]
 DEVICE: "cpu" (shared-memory references) or "cuda" (CUDA IPC references, one GPU for both
-ranks). Rank 0 writes RESULT_JSON; every rank exits 0 when its release() saw a commit."""
+ranks). LAYOUT "tp" (default: the shards above, tp_dim by name) or "fsdp2": every tensor a
+DTensor on a 1-D CPU mesh of the WORLD ranks, sharded along dim 0 as FSDP2 shards parameters
+(uneven shards when a dimension does not divide; the routers Replicate), handed to LocalGather
+as they are. Rank 0 writes RESULT_JSON; every rank exits 0 when its release() saw a commit."""
 
 import json
 import os
@@ -45,12 +48,42 @@ def shards(rank, world, seed, device):
     return out
 
 
+def fsdp2_params(world, seed):
+    """Every tensor of qwen3_batches(seed) as FSDP2 holds it: a DTensor sharded along dim 0
+    over a 1-D mesh of the world (the routers replicated, for the other placement)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    try:
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    except ImportError:  # torch 2.0-2.3
+        from torch.distributed._tensor import Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("cpu", (world,))
+    out = []
+    for m, ts in qwen3_batches(seed=seed):
+        mine = []
+        for n, a in ts:
+            t = torch.from_numpy(np.ascontiguousarray(a).astype(np.int16)).view(torch.bfloat16)
+            placement = Replicate() if n.endswith(".mlp.gate.weight") else Shard(0)
+            mine.append((n, distribute_tensor(t, mesh, [placement])))
+        out.append((m, mine))
+    return out
+
+
 def main():
     rank, world, rdzv, target, version, seed, device, result = sys.argv[1:9]
+    layout = sys.argv[9] if len(sys.argv) > 9 else "tp"
     rank, world, version, seed = int(rank), int(world), int(version), int(seed)
     dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=world)
     gather = wt.LocalGather()
-    batches = gather.share(shards(rank, world, seed, device))
+    mine = fsdp2_params(world, seed) if layout == "fsdp2" else shards(rank, world, seed, device)
+    if layout == "fsdp2" and rank == 0:
+        # This rank alone holds a shard: publishing it directly is refused, naming the way.
+        name, t = mine[-1][1][-1]
+        try:
+            wpub.tensors.normalize(name, t)
+            info_refused = ""
+        except wpub.TensorError as e:
+            info_refused = str(e)
+    batches = gather.share(mine)
     outcome = None
     info = {}
     if gather.is_publisher:
@@ -70,6 +103,8 @@ def main():
     dist.destroy_process_group()
     if gather.is_publisher:
         info["summary"] = summary
+        if layout == "fsdp2":
+            info["direct_refusal"] = info_refused
         with open(result, "w") as f:
             json.dump(info, f)
     sys.exit(0 if summary["committed"] or "error" in info else 3)

@@ -31,7 +31,8 @@ KEEP=$(mktemp -d /tmp/wpub_py_keep.XXXXXX)
 cd "$ROOT/tests/python" || exit 1
 PYTHONPATH=$ROOT/clients/python PYTHONDONTWRITEBYTECODE=1 WPUB_TEST_KEEP=1 TMPDIR=$KEEP \
   WPUBD=$WRAP/wpubd WPUB_RECV=$WRAP/wpub-recv WPUB_QUANTIZE_REF=$WRAP/wpub-quantize-ref \
-  timeout 540 python3 -m unittest -v test_local_gather.LocalGatherCudaTest test_gpu_ipc test_gpu_group \
+  timeout 540 python3 -m unittest -v test_local_gather.LocalGatherCudaTest \
+  test_local_gather.LocalGatherDTensorTest test_gpu_ipc test_gpu_group \
   test_proto_compat test_client_glue.TargetAndVersionTest
 rc=$?
 echo "--- exit $rc"

@@ -23,20 +23,25 @@ try:
     import torch.distributed as dist
     HAVE_GLOO = dist.is_available() and dist.is_gloo_available()
     HAVE_CUDA = torch.cuda.is_available()
+    try:
+        from torch.distributed.device_mesh import init_device_mesh  # noqa: F401 (torch >= 2.2)
+        HAVE_DTENSOR = True
+    except ImportError:
+        HAVE_DTENSOR = False
 except ImportError:
-    torch, HAVE_GLOO, HAVE_CUDA = None, False, False
+    torch, HAVE_GLOO, HAVE_CUDA, HAVE_DTENSOR = None, False, False, False
 
 
 class _GatherBase(DaemonTestCase):
     DEVICE = "cpu"
 
-    def run_ranks(self, seed: int, world: int = 2):
+    def run_ranks(self, seed: int, world: int = 2, layout: str = "tp"):
         version = self.next_version()
         tmp = tempfile.mkdtemp(prefix="wpub-gather-", dir=self.workdir)
         rdzv, result = os.path.join(tmp, "rdzv"), os.path.join(tmp, "result.json")
         procs = [subprocess.Popen(
             [sys.executable, os.path.join(HERE, "gather_worker.py"), str(r), str(world), rdzv,
-             self.daemon.target, str(version), str(seed), self.DEVICE, result],
+             self.daemon.target, str(version), str(seed), self.DEVICE, result, layout],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(world)]
         logs = []
         for p in procs:
@@ -48,10 +53,10 @@ class _GatherBase(DaemonTestCase):
             info = json.load(f)
         return version, info
 
-    def check(self, seed: int):
+    def check(self, seed: int, world: int = 2, layout: str = "tp"):
         batches = qwen3_batches(seed=seed)
         expected = reference(self.workdir, batches)
-        version, info = self.run_ranks(seed)
+        version, info = self.run_ranks(seed, world, layout)
         self.assertTrue(info["committed"], info)
         self.assertTrue(info["summary"]["committed"])
         self.assertEqual(info["summary"]["version"], version)
@@ -71,6 +76,21 @@ class LocalGatherCpuTest(_GatherBase):
         self.assertEqual(info["cuda_ipc_bytes"], 0)
         # A second step refills rank 1's kept segments.
         self.check(seed=71)
+
+
+@unittest.skipUnless(HAVE_GLOO and HAVE_DTENSOR,
+                     "needs torch >= 2.2 with gloo (DTensor and init_device_mesh)")
+class LocalGatherDTensorTest(_GatherBase):
+    """FSDP2: three ranks hold every parameter as a DTensor sharded along dim 0 (uneven where
+    3 does not divide a dimension), the routers replicated; each rank shares its local shard and
+    rank 0 publishes the whole model, bit-exact -- no rank gathered a parameter."""
+
+    def test_three_ranks_fsdp2_dtensors(self):
+        info = self.check(seed=73, world=3, layout="fsdp2")
+        self.assertGreater(info["shm_zero_copy_bytes"], 0)
+        # Publishing rank 0's shard alone is refused, naming the tensor and the way.
+        self.assertIn("sharded along dim 0 over 3 ranks", info["direct_refusal"])
+        self.assertIn("LocalGather", info["direct_refusal"])
 
 
 @unittest.skipUnless(HAVE_GLOO and HAVE_CUDA, "needs torch with CUDA and gloo (a GPU host)")

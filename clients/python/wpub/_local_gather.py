@@ -7,6 +7,11 @@ for local tensors), a host shard is copied once into a POSIX shared-memory segme
 rank and travels by name. The publishing rank assembles TP shards with wpub.concat (in group
 rank order, along the dimension `tp_dim` gives), so wpubd reads every part in place.
 
+FSDP2 parameters (torch DTensors on a 1-D device mesh over the group) need no tp_dim: each rank
+shares its local shard (`to_local()`, uneven and empty shards included) and the publishing rank
+concatenates them along the DTensor's Shard dimension in mesh order -- no rank all-gathers a
+parameter; a Replicate DTensor is published once.
+
     gather = wpub.torch.LocalGather(group)          # once; group: the ranks of one model copy
     for step in ...:
         train_step()
@@ -31,7 +36,7 @@ import torch.distributed as dist
 
 from .shm import ShmPool, align
 from .tensors import (DTYPE_SIZES, Concat, CudaIpc, CudaPart, HostPart, ShmPart, ShmRef, Tensor,
-                      TensorError, concat, normalize)
+                      TensorError, concat, dtensor_layout, normalize)
 
 TpDim = Union[None, Callable[[str], Optional[int]], Mapping[str, Optional[int]]]
 
@@ -113,16 +118,33 @@ class LocalGather:
             return self._tp_dim(hf_name)
         return self._tp_dim.get(hf_name)
 
+    def _local(self, hf_name: str, t) -> Tuple[Any, Optional[tuple]]:
+        """(what this rank shares of `t`, its layout): a DTensor's local shard with ("shard",
+        dim) or ("replicate",), checked against the group; anything else as it is, with None
+        (tp_dim decides)."""
+        if isinstance(t, Concat):
+            raise TensorError(f"tensor {hf_name}: a rank shares one tensor per name "
+                              "(LocalGather concatenates the ranks' shards)")
+        layout = dtensor_layout(hf_name, t)
+        if layout is None:
+            return t, None
+        mesh, local, dim = layout
+        if mesh.size() != self.world_size or mesh.get_coordinate() != [self.rank]:
+            raise TensorError(f"tensor {hf_name}: a DTensor over a device mesh of {mesh.size()} "
+                              f"ranks where this rank is {mesh.get_coordinate()}; LocalGather's "
+                              f"group has {self.world_size} ranks and this rank is {self.rank}: "
+                              "give LocalGather the mesh's group (mesh.get_group())")
+        return local, (("replicate",) if dim is None else ("shard", dim))
+
     def _describe(self, b: int, megatron_name: str, tensors) -> Tuple[str, list]:
         """One batch of this (non-publishing) rank as picklable references; host shards copied
         into this rank's segment for batch `b`."""
-        normalized = []
+        normalized, layouts = [], []
         for entry in tensors:
             hf_name, t = entry
-            if isinstance(t, Concat):
-                raise TensorError(f"tensor {hf_name}: a rank shares one tensor per name "
-                                  "(LocalGather concatenates the ranks' shards)")
-            normalized.append(normalize(hf_name, t))
+            local, layout = self._local(hf_name, t)
+            normalized.append(normalize(hf_name, local))
+            layouts.append(layout)
         size = 0
         for n in normalized:
             p = n.parts[0]
@@ -132,7 +154,7 @@ class LocalGather:
         if segment is not None:
             self._segments[b] = segment
         out, offset, devices = [], 0, set()
-        for n in normalized:
+        for n, layout in zip(normalized, layouts):
             p = n.parts[0]
             if isinstance(p, CudaPart):
                 ref = ("cuda", p.handle, p.device_uuid, p.offset)
@@ -149,7 +171,7 @@ class LocalGather:
                 segment.write(offset, p.array)
                 ref = ("shm", segment.name, offset)
                 offset += p.nbytes
-            out.append((n.name, n.dtype, tuple(n.shape), ref))
+            out.append((n.name, n.dtype, tuple(n.shape), ref, layout))
         for d in devices:  # wpubd reads on its own streams: the shards must be written
             torch.cuda.current_stream(d).synchronize()
         return megatron_name, out
@@ -174,7 +196,7 @@ class LocalGather:
             raise RuntimeError("LocalGather.share() called again before release()")
         self._shared = True
         if self.is_publisher:
-            mine = [(m, list(ts)) for m, ts in batches]
+            mine = [(m, [(n, *self._local(n, t)) for n, t in ts]) for m, ts in batches]
             local: Any = None
         else:
             mine = None
@@ -186,9 +208,11 @@ class LocalGather:
         merged: "OrderedDict[str, OrderedDict]" = OrderedDict()
         for r in range(self.world_size):
             if r == self.dst:
-                entries = [(m, [(n, (r, t, None)) for n, t in ts]) for m, ts in mine]
+                entries = [(m, [(n, (r, t, None, layout)) for n, t, layout in ts])
+                           for m, ts in mine]
             else:
-                entries = [(m, [(n, (r, None, (d, s, ref))) for n, d, s, ref in ts])
+                entries = [(m, [(n, (r, None, (d, s, ref), layout))
+                                for n, d, s, ref, layout in ts])
                            for m, ts in gathered[r]]
             for m, ts in entries:
                 slot = merged.setdefault(m, OrderedDict())
@@ -199,11 +223,19 @@ class LocalGather:
 
     def _assemble(self, hf_name: str, parts: list):
         def tensor_of(part):
-            _, local, remote = part
+            _, local, remote, _ = part
             return local if remote is None else self._as_tensor(*remote)
+        layouts = {p[3] for p in parts}
+        if len(layouts) > 1:
+            raise TensorError(f"tensor {hf_name}: ranks {[p[0] for p in parts]} hold it laid out "
+                              f"differently ({sorted(map(str, layouts))})")
+        layout = layouts.pop()
         if len(parts) == 1:
             return tensor_of(parts[0])
-        dim = self._dim(hf_name)
+        if layout is None:
+            dim = self._dim(hf_name)
+        else:  # a DTensor: its placement decides, not tp_dim
+            dim = layout[1] if layout[0] == "shard" else None
         if dim is None:  # replicated: publish one copy, the publisher's own when it has one
             shapes = {tuple(normalize(hf_name, tensor_of(p)).shape) for p in parts}
             if len(shapes) > 1:

@@ -138,6 +138,38 @@ def _is_torch_tensor(x) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
+def dtensor_layout(name: str, x):
+    """For a torch DTensor (FSDP2 parameters; torch.distributed.tensor, or ._tensor before torch
+    2.4): (the mesh, this rank's local tensor, the dimension it is sharded along or None when
+    every rank holds all of it). None for anything else. TensorError naming the tensor for what
+    wpub cannot assemble: a mesh of more than one dimension (HSDP, FSDP2 + TP) or a Partial
+    placement (reduce it first)."""
+    torch = _torch()
+    if torch is None:
+        return None
+    dt = None
+    for module in ("torch.distributed.tensor", "torch.distributed._tensor"):
+        mod = sys.modules.get(module)
+        if mod is not None and hasattr(mod, "DTensor"):
+            dt = mod
+            break
+    if dt is None or not isinstance(x, dt.DTensor):
+        return None
+    mesh, placements = x.device_mesh, tuple(x.placements)
+    if mesh.ndim != 1 or len(placements) != 1:
+        raise TensorError(f"tensor {name}: a DTensor on a {mesh.ndim}-D device mesh "
+                          f"{tuple(mesh.shape)} (placements {placements}); wpub assembles "
+                          "1-D meshes (FSDP2): hand each rank's shards to wpub.torch.LocalGather "
+                          "as plain tensors with tp_dim")
+    p = placements[0]
+    if p.is_shard():
+        return mesh, x.to_local(), int(p.dim)
+    if p.is_replicate():
+        return mesh, x.to_local(), None
+    raise TensorError(f"tensor {name}: a DTensor with placement {p} holds partial values; "
+                      "reduce it (full_tensor() or redistribute to Shard/Replicate) first")
+
+
 def _torch_dtype_name(t) -> str:
     name = str(t.dtype)
     return name[len("torch."):] if name.startswith("torch.") else name
@@ -241,6 +273,15 @@ def _one_part(name: str, x, explicit_dtype: Optional[str]):
         nbytes = size * int(np.prod(shape, dtype=np.int64))
         return x.dtype, CudaPart(shape, nbytes, bytes(x.handle), int(x.offset), x.device_uuid,
                                  -1, keepalive=x.keepalive)
+    layout = dtensor_layout(name, x) if _is_torch_tensor(x) else None
+    if layout is not None:
+        mesh, local, dim = layout
+        if dim is not None and mesh.size() > 1:
+            raise TensorError(f"tensor {name}: a DTensor sharded along dim {dim} over "
+                              f"{mesh.size()} ranks; this rank holds only its shard: publish "
+                              "through wpub.torch.LocalGather over the mesh's group (each rank "
+                              "shares its local shard, no rank gathers the whole tensor)")
+        return _one_part(name, local, explicit_dtype)
     if _is_torch_tensor(x):
         dtype = _torch_dtype_name(x)
         if explicit_dtype is not None and explicit_dtype != dtype:
