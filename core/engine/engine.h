@@ -95,7 +95,7 @@ class PublicationSession;
 // internals alive, and its Commit then ends ABORTED (the transports are shut down).
 class Engine {
  public:
-  // `observer` may be null; when given it must outlive the Engine.
+  // `observer` may be null; when given it must outlive the Engine and its sessions.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const EngineOptions& options,
                                                         EngineObserver* observer);
   // As above, with a custom backend and/or additional transports (owned by the engine).

@@ -22,6 +22,8 @@ struct EngineLiveState {
 
 // Thread-safety: both methods may be called from any of the engine's threads, concurrently with
 // each other; an implementation synchronizes itself. Neither may call back into the engine.
+// Lifetime: the observer outlives the Engine and every session of it (a session that outlives
+// the Engine still reports its end).
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;

@@ -58,7 +58,8 @@ absl::StatusOr<uint8_t*> PublicationRun::BuildBucket(size_t b) {
   WPUB_RETURN_IF_ERROR(GatherPassthrough(b, buf));
   WPUB_RETURN_IF_ERROR(EnqueueQuantize(b, buf));
   // The bucket is packed: its transfer may start. The checksum reads it beside the transfer
-  // (both only read; the buffer's next writer waits for `done`, recorded after the transfer,
+  // (both only read; the buffer's next writer waits for every reader's `done`, recorded after
+  // its transfer,
   // and runs behind this checksum on the same stream); the sum stays on the device until the
   // final read.
   WPUB_CUDA_RETURN_IF_ERROR(res_.ready[k].Record(s_));

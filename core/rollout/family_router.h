@@ -2,7 +2,8 @@
 // TCPStore, communicator and protocol), and the engine connector that splits a ConnectEngines
 // request by family between them. The engine drives both groups as transports; the transport
 // group hands both the device bucket, each with a `done` event of its own
-// (core/transport/transport_group.h), so a publication to both families makes no host copy.
+// (core/transport/transport_group.h): a publication to both families costs no host copy more
+// than one to a single family (only gRPC-pull receivers taking part ask for one).
 #pragma once
 
 #include <memory>

@@ -458,6 +458,10 @@ absl::Status RolloutGroup::Commit() {
     return absl::OkStatus();
   }
   WPUB_RETURN_IF_ERROR(channel_->failure());
+  if (Stage paused = Stage::kPaused; !stage_.compare_exchange_strong(paused, Stage::kEnding)) {
+    return absl::AbortedError(absl::StrCat("publication ", version_,
+                                           " was aborted before the engines were told to end it"));
+  }
   driver_->EndPublication();
   absl::Status s = driver_->WaitIdle(absl::Now() + family_->request_timeout());
   {
@@ -487,11 +491,12 @@ void RolloutGroup::Abort(absl::string_view reason) {
     channel_->Fail(
         absl::AbortedError(absl::StrCat("publication ", version_, " aborted: ", reason)));
   }
-  // kBegun -> kAborted, kPaused -> kResumeOwed (kIdle stays: nothing in flight to abort).
+  // kBegun, kEnding -> kAborted; kPaused -> kResumeOwed (other stages stay: nothing in flight
+  // to abort, or an abort already claimed it).
   Stage s = stage_.load();
-  while (
-      (s == Stage::kBegun || s == Stage::kPaused) &&
-      !stage_.compare_exchange_weak(s, s == Stage::kBegun ? Stage::kAborted : Stage::kResumeOwed)) {
+  while ((s == Stage::kBegun || s == Stage::kPaused || s == Stage::kEnding) &&
+         !stage_.compare_exchange_weak(
+             s, s == Stage::kPaused ? Stage::kResumeOwed : Stage::kAborted)) {
   }
   ResumeCleanEngines();
 }
@@ -505,7 +510,11 @@ void RolloutGroup::ResumeCleanEngines() {
     return;
   }
   Stage owed = Stage::kResumeOwed;
-  if (!stage_.compare_exchange_strong(owed, Stage::kIdle) || !driver_) return;
+  if (!stage_.compare_exchange_strong(owed, Stage::kResuming)) return;
+  if (!driver_) {
+    stage_ = Stage::kIdle;
+    return;
+  }
   std::set<std::string> still_dirty;
   {
     std::lock_guard lock(info_mu_);
@@ -518,10 +527,13 @@ void RolloutGroup::ResumeCleanEngines() {
   // that says the publication is over. Bounded: a hung engine costs at most kAbortSettle.
   (void)driver_->WaitIdle(absl::Now() + kAbortSettle);
   const std::vector<EngineSpec>& engines = driver_->engines();
-  std::lock_guard lock(info_mu_);
-  for (size_t i = 0; i < dirty.size() && i < engines.size(); ++i) {
-    if (dirty[i]) dirty_.insert(engines[i].url);
+  {
+    std::lock_guard lock(info_mu_);
+    for (size_t i = 0; i < dirty.size() && i < engines.size(); ++i) {
+      if (dirty[i]) dirty_.insert(engines[i].url);
+    }
   }
+  stage_ = Stage::kIdle;
 }
 
 void RolloutGroup::MarkParticipantsDirty() {

@@ -147,21 +147,28 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   const transport::GroupChannel& channel() const { return *channel_; }
 
  private:
-  // A publication's stage on this group. Begin: kIdle -> kBegun (no engine asked anything
-  // yet) -> kPaused (the engines were asked to pause / open their session: an abort owes the
-  // clean ones their resume). Commit: -> kIdle. Abort, from any thread: kBegun -> kAborted,
-  // kPaused -> kResumeOwed; the abort that holds connect_mu_ (the publication thread's own, which
-  // always follows one from another thread) resumes the clean engines and ends in kIdle. A Begin
-  // that finds its kBegun turned kAborted after asking the engines makes it kResumeOwed.
-  // Only kBegun and kPaused are in flight (Connect and Begin refuse; Send, WaitAcknowledged and
-  // Commit require it).
-  enum class Stage : uint8_t { kIdle, kBegun, kPaused, kAborted, kResumeOwed };
+  // A publication's stage on this group, every transition a compare-and-swap where another
+  // thread may race it:
+  //   Begin   kIdle -> kBegun (no engine asked anything yet) -> kPaused (the engines were asked to
+  //           pause / open their session: an abort owes the clean ones their resume); a Begin
+  //           that finds kBegun turned kAborted after asking the engines makes it kResumeOwed.
+  //   Commit  kPaused -> kEnding (the end calls are the engines' last word: an abort from now on
+  //           owes no resume) -> kIdle; it fails when an abort claimed kPaused first.
+  //   Abort   (any thread) kBegun, kEnding -> kAborted; kPaused -> kResumeOwed. Then whichever
+  //           abort takes connect_mu_ (never while Begin runs; the publication thread's own abort
+  //           always follows one from another thread) ends it: kAborted -> kIdle, or
+  //           kResumeOwed -> kResuming (the clean engines resumed, the others recorded dirty)
+  //           -> kIdle.
+  // kBegun, kPaused, kEnding and kResuming are in flight (Connect and Begin refuse; Group shows
+  // the engines receiving; Send, WaitAcknowledged and Commit require it).
+  enum class Stage : uint8_t { kIdle, kBegun, kPaused, kEnding, kAborted, kResumeOwed, kResuming };
 
   RolloutGroup(RolloutGroupOptions options,
                std::map<std::string, std::shared_ptr<const EngineFamily>> families);
   bool in_flight() const {
     const Stage s = stage_.load();
-    return s == Stage::kBegun || s == Stage::kPaused;
+    return s == Stage::kBegun || s == Stage::kPaused || s == Stage::kEnding ||
+           s == Stage::kResuming;
   }
   // Forms a group of `want` (requires connect_mu_). strict: every engine must pass the health
   // probe (ConnectEngines); otherwise the ones that fail it are left out (re-formation).

@@ -48,7 +48,7 @@ TEST(AllocatorSoak, RssStaysFlatOverManyPublications) {
   }
   auto h = DaemonHarness::Start(options);
   ASSERT_TRUE(h.ok()) << h.status();
-  // About 2.6 MB of weights per publication, one bucket: 0.1-0.2 s each on 2 cores.
+  // A few MB of weights per publication, one bucket: 0.1-0.2 s each on 2 cores.
   synthetic::ModelShape shape = synthetic::ModelShape::Tiny(synthetic::NamingStyle::kGlm, 2);
   shape.num_experts = 8;
   shape.hidden_size = 256;

@@ -175,9 +175,8 @@ TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
 }
 
 // Emits every bucket as a device bucket, as the GPU backend does (its "device memory" is the
-// CPU backend's host bucket), with a host copy that counts how often it is asked for.
-// Every bucket emitted as device bytes (host memory standing in) with `readers` reader events
-// (stand-ins: distinct addresses, never dereferenced).
+// CPU backend's host bucket), with `readers` reader events (stand-ins: distinct addresses, never
+// dereferenced) and a host copy that counts how often it is asked for.
 class DeviceBucketBackend final : public Backend {
  public:
   explicit DeviceBucketBackend(size_t readers = 1) : readers_(readers) {}

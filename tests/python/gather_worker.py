@@ -9,7 +9,10 @@ DEVICE: "cpu" (shared-memory references) or "cuda" (CUDA IPC references, one GPU
 ranks). LAYOUT "tp" (default: the shards above, tp_dim by name) or "fsdp2": every tensor a
 DTensor on a 1-D CPU mesh of the WORLD ranks, sharded along dim 0 as FSDP2 shards parameters
 (uneven shards when a dimension does not divide; the routers Replicate), handed to LocalGather
-as they are. Rank 0 writes RESULT_JSON; every rank exits 0 when its release() saw a commit."""
+as they are. LAYOUT "bad": rank 1 passes a wpub.concat (one tensor per name is what a rank may
+share): share() must raise TensorError on EVERY rank (none left waiting in the collective);
+each rank prints it and exits 4. Rank 0 writes RESULT_JSON; every rank exits 0 when its
+release() saw a commit."""
 
 import json
 import os
@@ -83,6 +86,18 @@ def main():
             info_refused = ""
         except wpub.TensorError as e:
             info_refused = str(e)
+    if layout == "bad":
+        if rank == 1:
+            name, t = mine[0][1][0]
+            mine[0][1][0] = (name, wpub.concat([t], 0))
+        try:
+            gather.share(mine)
+        except wpub.TensorError as e:
+            print(f"REFUSED: {e.message}", flush=True)
+            gather.close()
+            dist.destroy_process_group()
+            sys.exit(4)
+        sys.exit(5)
     batches = gather.share(mine)
     outcome = None
     info = {}

@@ -35,7 +35,7 @@ except ImportError:
 class _GatherBase(DaemonTestCase):
     DEVICE = "cpu"
 
-    def run_ranks(self, seed: int, world: int = 2, layout: str = "tp"):
+    def run_ranks(self, seed: int, world: int = 2, layout: str = "tp", codes=(0,)):
         version = self.next_version()
         tmp = tempfile.mkdtemp(prefix="wpub-gather-", dir=self.workdir)
         rdzv, result = os.path.join(tmp, "rdzv"), os.path.join(tmp, "result.json")
@@ -48,7 +48,9 @@ class _GatherBase(DaemonTestCase):
             out, _ = p.communicate(timeout=300)
             logs.append(out.decode(errors="replace"))
         for r, p in enumerate(procs):
-            self.assertEqual(p.returncode, 0, f"rank {r}:\n{logs[r]}")
+            self.assertIn(p.returncode, codes, f"rank {r}:\n{logs[r]}")
+        if codes != (0,):
+            return version, logs
         with open(result) as f:
             info = json.load(f)
         return version, info
@@ -76,6 +78,12 @@ class LocalGatherCpuTest(_GatherBase):
         self.assertEqual(info["cuda_ipc_bytes"], 0)
         # A second step refills rank 1's kept segments.
         self.check(seed=71)
+
+    def test_what_one_rank_cannot_share_fails_every_rank(self):
+        _, logs = self.run_ranks(seed=74, layout="bad", codes=(4,))
+        for r, log in enumerate(logs):
+            self.assertIn("REFUSED: rank 1: tensor", log, f"rank {r}")
+            self.assertIn("shares one tensor per name", log, f"rank {r}")
 
 
 @unittest.skipUnless(HAVE_GLOO and HAVE_DTENSOR,

@@ -474,6 +474,39 @@ TEST(RolloutGroupCpu, ACancelWhileTheGroupBeginsResumesTheEnginesItPaused) {
   ExpectAllServe(engines, 3);
 }
 
+// An abort from another thread (the engine shutting down) lands while Commit waits for the
+// engines' end calls: the end calls are their last word -- no resume-after-abort runs beside
+// them, drops them or marks the engines dirty -- and the version commits on every engine.
+TEST(RolloutGroupCpu, AnAbortDuringTheEndCallsLeavesThemTheEnginesLastWord) {
+  auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
+  Daemon d(Specs(engines));
+  SetIncoming(engines, 1);
+  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  const size_t per_version = engines[0]->load_formats().size();
+  ASSERT_GT(per_version, 0u);
+  for (auto& e : engines) e->SetDelay(std::chrono::milliseconds(400), "/end_weight_update");
+  SetIncoming(engines, 2);
+  PublicationReport r2 = d.Publish(2, [&](engine::PublicationSession&) {
+    // Every bucket of 2 loaded: Commit posts the end calls next, each answered 400 ms late.
+    while (engines[0]->load_formats().size() < 2 * per_version ||
+           engines[1]->load_formats().size() < 2 * per_version) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    d.group->Abort("the engine is shutting down");
+  });
+  for (auto& e : engines) e->SetDelay(std::chrono::milliseconds(0));
+  ASSERT_EQ(r2.status, PublicationStatus::kCommitted) << Errors(r2);
+  ExpectAllServe(engines, 2);
+  for (const auto& e : d.group->Group().engines) {
+    EXPECT_NE(e.state, transport::ReceiverState::kDirty) << e.url;
+  }
+  SetIncoming(engines, 3);
+  PublicationReport r3 = d.Publish(3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  ExpectAllServe(engines, 3);
+}
+
 TEST(RolloutGroupCpu, ADeadlinePassedByAStalledEngineFailsInTimeAndTheNextCommits) {
   auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
   Daemon d(Specs(engines), /*deadline=*/absl::Milliseconds(800));

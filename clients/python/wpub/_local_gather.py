@@ -123,6 +123,8 @@ class LocalGather:
         dim) or ("replicate",), checked against the group; anything else as it is, with None
         (tp_dim decides)."""
         if isinstance(t, Concat):
+            if self.is_publisher:  # its own, published as it is
+                return t, None
             raise TensorError(f"tensor {hf_name}: a rank shares one tensor per name "
                               "(LocalGather concatenates the ranks' shards)")
         layout = dtensor_layout(hf_name, t)
@@ -190,21 +192,37 @@ class LocalGather:
         ((megatron_name, [(hf_name, shard), ...]) of its shards: torch CPU/CUDA tensors, numpy
         arrays, wpub.Tensor). Returns, on the publishing rank, the whole model's batches for
         Publisher.publish (batches of the same name merged in rank order; a name held by
-        several ranks concatenated along tp_dim); None on the other ranks. Call release() on
-        every rank before the next share()."""
+        several ranks concatenated along its DTensor's Shard dimension, else along tp_dim);
+        None on the other ranks. What one rank cannot share raises TensorError on every rank.
+        Call release() on every rank before the next share()."""
         if self._shared:
             raise RuntimeError("LocalGather.share() called again before release()")
         self._shared = True
-        if self.is_publisher:
-            mine = [(m, [(n, *self._local(n, t)) for n, t in ts]) for m, ts in batches]
-            local: Any = None
-        else:
-            mine = None
-            local = [self._describe(b, m, ts) for b, (m, ts) in enumerate(batches)]
+        # What a rank cannot share is told to every rank through the collective, so that all of
+        # them raise (none is left waiting in it).
+        mine, local, error = None, None, None
+        try:
+            if self.is_publisher:
+                mine = [(m, [(n, *self._local(n, t)) for n, t in ts]) for m, ts in batches]
+                layouts = [(n, layout) for _, ts in mine for n, _, layout in ts]
+            else:
+                local = [self._describe(b, m, ts) for b, (m, ts) in enumerate(batches)]
+                layouts = [(e[0], e[4]) for _, ts in local for e in ts]
+        except Exception as e:  # noqa: BLE001 -- every rank must reach the collective
+            what = e.message if isinstance(e, TensorError) else f"{type(e).__name__}: {e}"
+            error, layouts = f"rank {self.rank}: {what}", []
         gathered: List[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, local, group=self.group)
+        dist.all_gather_object(gathered, (error, layouts, local), group=self.group)
+        problem = self._problem([g[0] for g in gathered], [g[1] for g in gathered])
+        if problem:
+            self._keepalive.clear()
+            if self._pool is not None:
+                self._pool.release(self._segments, reuse=True)
+            self._shared = False
+            raise TensorError(problem)
         if not self.is_publisher:
             return None
+        gathered = [g[2] for g in gathered]
         merged: "OrderedDict[str, OrderedDict]" = OrderedDict()
         for r in range(self.world_size):
             if r == self.dst:
@@ -220,6 +238,27 @@ class LocalGather:
                     slot.setdefault(n, []).append(part)
         return [(m, [(n, self._assemble(n, parts)) for n, parts in tensors.items()])
                 for m, tensors in merged.items()]
+
+    def _problem(self, errors: List[Optional[str]], layouts: List[list]) -> str:
+        """What keeps the gathered shards from forming the model, the same on every rank: a
+        rank's own error, or a DTensor sharded over the mesh that some rank did not share."""
+        for e in errors:
+            if e:
+                return e
+        holders: Dict[str, List[int]] = {}
+        sharded = set()
+        for r, entries in enumerate(layouts):
+            for name, layout in entries:
+                holders.setdefault(name, []).append(r)
+                if layout is not None and layout[0] == "shard":
+                    sharded.add(name)
+        for name in sorted(sharded):
+            missing = sorted(set(range(self.world_size)) - set(holders[name]))
+            if missing:
+                return (f"tensor {name}: a DTensor sharded over the {self.world_size} ranks of the "
+                        f"group, but ranks {missing} did not share their shards: every rank "
+                        "passes every parameter to share()")
+        return ""
 
     def _assemble(self, hf_name: str, parts: list):
         def tensor_of(part):
@@ -239,8 +278,9 @@ class LocalGather:
         if dim is None:  # replicated: publish one copy, the publisher's own when it has one
             shapes = {tuple(normalize(hf_name, tensor_of(p)).shape) for p in parts}
             if len(shapes) > 1:
+                why = "tp_dim says" if layout is None else "its DTensor placement says"
                 raise TensorError(f"tensor {hf_name}: ranks {[p[0] for p in parts]} hold shapes "
-                                  f"{sorted(shapes)} but tp_dim says it is replicated")
+                                  f"{sorted(shapes)} but {why} it is replicated")
             own = [p for p in parts if p[0] == self.dst]
             return tensor_of(own[0] if own else parts[0])
         return concat([tensor_of(p) for p in parts], dim)

@@ -163,7 +163,11 @@ def dtensor_layout(name: str, x):
                           "as plain tensors with tp_dim")
     p = placements[0]
     if p.is_shard():
-        return mesh, x.to_local(), int(p.dim)
+        dim = int(p.dim) % max(x.dim(), 1)
+        if type(p).__name__ != "Shard" or dim not in (0, 1):
+            raise TensorError(f"tensor {name}: a DTensor placed {p}; wpub assembles shards along "
+                              "dim 0 or 1 (FSDP2 shards dim 0)")
+        return mesh, x.to_local(), dim
     if p.is_replicate():
         return mesh, x.to_local(), None
     raise TensorError(f"tensor {name}: a DTensor with placement {p} holds partial values; "
