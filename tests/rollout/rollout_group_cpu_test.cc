@@ -287,6 +287,15 @@ std::string Errors(const PublicationReport& r) {
   return out;
 }
 
+// `version` published to `engines` and committed on every live one, which serves it whole.
+void ExpectCommits(Daemon& d, const std::vector<std::unique_ptr<FakeSglang>>& engines,
+                   uint64_t version) {
+  SetIncoming(engines, version);
+  PublicationReport r = d.Publish(version);
+  ASSERT_EQ(r.status, PublicationStatus::kCommitted) << Errors(r);
+  ExpectAllServe(engines, version);
+}
+
 TEST(RolloutGroupCpu, AnSglangLoaderFailureAtBucketKIsRetriedAndCommits) {
   for (const SglangRelease release : {SglangRelease::kV0_5_6, SglangRelease::kV0_5_16}) {
     SCOPED_TRACE(static_cast<int>(release));
@@ -373,8 +382,7 @@ TEST(RolloutGroupCpu, AVllmLoaderFailureIsRetriedAndEveryEngineHoldsTheOraclesBy
 TEST(RolloutGroupCpu, AnEngineKilledMidPublicationIsLeftOutAndTheRestCommit) {
   auto engines = SglangEngines(3, SglangRelease::kV0_5_16);
   Daemon d(Specs(engines));
-  SetIncoming(engines, 1);
-  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  ExpectCommits(d, engines, 1);
   SetIncoming(engines, 2);
   const size_t before = engines[1]->load_formats().size();
   PublicationReport r2 = d.Publish(2, [&](engine::PublicationSession&) {
@@ -388,10 +396,7 @@ TEST(RolloutGroupCpu, AnEngineKilledMidPublicationIsLeftOutAndTheRestCommit) {
   ASSERT_EQ(r2.status, PublicationStatus::kCommitted) << Errors(r2);
   EXPECT_TRUE(engines[1]->dead());
   ExpectAllServe(engines, 2);
-  SetIncoming(engines, 3);
-  PublicationReport r3 = d.Publish(3);
-  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
-  ExpectAllServe(engines, 3);
+  ExpectCommits(d, engines, 3);
   const engine::RolloutGroupInfo g = d.group->Group();
   ASSERT_EQ(g.engines.size(), 2u);  // re-formed without the dead one
 }
@@ -399,8 +404,7 @@ TEST(RolloutGroupCpu, AnEngineKilledMidPublicationIsLeftOutAndTheRestCommit) {
 TEST(RolloutGroupCpu, ATrainerCancelMidTransferLeavesEveryEngineAbleToTakeTheNext) {
   auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
   Daemon d(Specs(engines));
-  SetIncoming(engines, 1);
-  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  ExpectCommits(d, engines, 1);
   for (auto& e : engines) e->SetDelay(std::chrono::milliseconds(30));
   SetIncoming(engines, 2);
   const size_t before = engines[0]->load_formats().size();
@@ -419,10 +423,7 @@ TEST(RolloutGroupCpu, ATrainerCancelMidTransferLeavesEveryEngineAbleToTakeTheNex
   }
   const engine::RolloutGroupInfo g = d.group->Group();
   for (const auto& e : g.engines) EXPECT_EQ(e.state, transport::ReceiverState::kDirty) << e.url;
-  SetIncoming(engines, 3);
-  PublicationReport r3 = d.Publish(3);
-  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
-  ExpectAllServe(engines, 3);
+  ExpectCommits(d, engines, 3);
 }
 
 // The cancel lands while the group's Begin runs (after it took the publication, before it asked
@@ -432,8 +433,7 @@ TEST(RolloutGroupCpu, ATrainerCancelMidTransferLeavesEveryEngineAbleToTakeTheNex
 TEST(RolloutGroupCpu, ACancelWhileTheGroupBeginsResumesTheEnginesItPaused) {
   auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
   Daemon d(Specs(engines));
-  SetIncoming(engines, 1);
-  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  ExpectCommits(d, engines, 1);
   SetIncoming(engines, 2);
   auto session = d.engine->Open(engine::testing::Header(2));
   ASSERT_TRUE(session.ok()) << session.status();
@@ -468,10 +468,7 @@ TEST(RolloutGroupCpu, ACancelWhileTheGroupBeginsResumesTheEnginesItPaused) {
     d.channel->on_begin = nullptr;
   }
   session->reset();
-  SetIncoming(engines, 3);
-  PublicationReport r3 = d.Publish(3);
-  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
-  ExpectAllServe(engines, 3);
+  ExpectCommits(d, engines, 3);
 }
 
 // An abort from another thread (the engine shutting down) lands while Commit waits for the
@@ -480,8 +477,7 @@ TEST(RolloutGroupCpu, ACancelWhileTheGroupBeginsResumesTheEnginesItPaused) {
 TEST(RolloutGroupCpu, AnAbortDuringTheEndCallsLeavesThemTheEnginesLastWord) {
   auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
   Daemon d(Specs(engines));
-  SetIncoming(engines, 1);
-  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  ExpectCommits(d, engines, 1);
   const size_t per_version = engines[0]->load_formats().size();
   ASSERT_GT(per_version, 0u);
   for (auto& e : engines) e->SetDelay(std::chrono::milliseconds(400), "/end_weight_update");
@@ -501,17 +497,13 @@ TEST(RolloutGroupCpu, AnAbortDuringTheEndCallsLeavesThemTheEnginesLastWord) {
   for (const auto& e : d.group->Group().engines) {
     EXPECT_NE(e.state, transport::ReceiverState::kDirty) << e.url;
   }
-  SetIncoming(engines, 3);
-  PublicationReport r3 = d.Publish(3);
-  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
-  ExpectAllServe(engines, 3);
+  ExpectCommits(d, engines, 3);
 }
 
 TEST(RolloutGroupCpu, ADeadlinePassedByAStalledEngineFailsInTimeAndTheNextCommits) {
   auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
   Daemon d(Specs(engines), /*deadline=*/absl::Milliseconds(800));
-  SetIncoming(engines, 1);
-  ASSERT_EQ(d.Publish(1).status, PublicationStatus::kCommitted);
+  ExpectCommits(d, engines, 1);
   // Every update answered later than the deadline.
   engines[1]->SetDelay(std::chrono::milliseconds(1500), "/update_weights_from_distributed");
   SetIncoming(engines, 2);
@@ -527,10 +519,7 @@ TEST(RolloutGroupCpu, ADeadlinePassedByAStalledEngineFailsInTimeAndTheNextCommit
   // Three attempts (the engines got buckets: dirty), each the deadline plus the stalled answer.
   EXPECT_LT(absl::Now() - t0, absl::Seconds(20));
   engines[1]->SetDelay(std::chrono::milliseconds(0));
-  SetIncoming(engines, 3);
-  PublicationReport r3 = d.Publish(3);
-  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
-  ExpectAllServe(engines, 3);
+  ExpectCommits(d, engines, 3);
   for (const auto& e : engines) EXPECT_FALSE(e->dead()) << e->death();
 }
 
