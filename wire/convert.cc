@@ -225,6 +225,29 @@ absl::StatusOr<engine::BatchInput> FromProto(const pb::Batch& batch) {
   return out;
 }
 
+void ToProto(const transport::ReceiverOutcome& o, pb::ReceiverOutcome* out) {
+  out->set_name(o.name);
+  out->set_state(transport::ReceiverStateName(o.state));
+  out->set_error(o.error);
+  out->set_committed(o.committed);
+  out->set_failure(transport::ReceiverFailureName(o.failure));
+  out->set_dirty(o.dirty);
+}
+
+void ToProto(const engine::ReplayReport& r, pb::ReplayReport* out) {
+  out->set_kind(engine::ReplayKindName(r.kind));
+  out->set_version(r.version);
+  out->set_trigger(r.trigger);
+  out->set_completed(r.completed);
+  out->set_preempted(r.preempted);
+  out->set_error(r.error);
+  out->set_start_unix_nanos(UnixNanos(r.started_at));
+  out->set_seconds(r.seconds);
+  out->set_bytes(r.bytes);
+  out->set_buckets(r.buckets);
+  for (const transport::ReceiverOutcome& o : r.receivers) ToProto(o, out->add_receivers());
+}
+
 void ToProto(const engine::PublicationReport& r, pb::PublicationReport* out) {
   out->set_status(StatusToProto(r.status));
   out->set_version(r.version);
@@ -244,15 +267,7 @@ void ToProto(const engine::PublicationReport& r, pb::PublicationReport* out) {
   out->mutable_tensors()->set_quantized(r.tensors_quantized);
   out->mutable_tensors()->set_passthrough(r.tensors_passthrough);
   out->mutable_tensors()->set_ignored(r.tensors_ignored);
-  for (const transport::ReceiverOutcome& o : r.receivers) {
-    pb::ReceiverOutcome* ro = out->add_receivers();
-    ro->set_name(o.name);
-    ro->set_state(transport::ReceiverStateName(o.state));
-    ro->set_error(o.error);
-    ro->set_committed(o.committed);
-    ro->set_failure(transport::ReceiverFailureName(o.failure));
-    ro->set_dirty(o.dirty);
-  }
+  for (const transport::ReceiverOutcome& o : r.receivers) ToProto(o, out->add_receivers());
   out->set_start_unix_nanos(UnixNanos(r.started_at));
   out->set_num_buckets(r.buckets);
   out->set_attempts(r.attempts);
@@ -275,10 +290,20 @@ void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
     ri->set_state(transport::ReceiverStateName(r.state));
     ri->set_transport("pull");
     ri->set_last_committed_version(r.last_committed_version);
+    ri->set_held_version(r.state == transport::ReceiverState::kDirty ? 0 : r.held_version);
   }
   for (const engine::PublicationReport& r : s.last_reports) ToProto(r, out->add_recent_reports());
   out->set_serving(!s.shutting_down);
   out->set_backend(s.backend);
+  pb::RetainedCopy* retained = out->mutable_retained();
+  retained->set_where(transport::RetainWhereName(s.retained.where));
+  retained->set_version(s.retained.version);
+  retained->set_bytes(s.retained.bytes);
+  retained->set_buckets(s.retained.buckets);
+  retained->set_max_bytes(s.retained.max_bytes);
+  retained->set_over_bound(s.retained.over_bound);
+  retained->set_reason(s.retained.reason);
+  for (const engine::ReplayReport& r : s.last_replays) ToProto(r, out->add_recent_replays());
 }
 
 absl::StatusOr<engine::RolloutConnectRequest> FromProto(const pb::ConnectEnginesRequest& request) {

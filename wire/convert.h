@@ -24,6 +24,8 @@ std::string PrecisionExceptionsJson(const wpub::v1::PrecisionExceptions& excepti
 
 // Engine report -> wire report.
 void ToProto(const engine::PublicationReport& report, wpub::v1::PublicationReport* out);
+void ToProto(const transport::ReceiverOutcome& outcome, wpub::v1::ReceiverOutcome* out);
+void ToProto(const engine::ReplayReport& report, wpub::v1::ReplayReport* out);
 void ToProto(const engine::PhaseSeconds& phases, wpub::v1::PhaseSeconds* out);
 engine::PhaseSeconds FromProto(const wpub::v1::PhaseSeconds& phases);
 void ToProto(const engine::GroupSummary& group, wpub::v1::GroupSummary* out);

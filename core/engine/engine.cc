@@ -100,7 +100,15 @@ absl::StatusOr<RolloutGroupInfo> Engine::ConnectEngines(const RolloutConnectRequ
   absl::StatusOr<RolloutGroupInfo> group = impl_->connector()->Connect(request);
   impl_->ledger().EndConnecting();
   impl_->RefreshObserver();
+  // Engines that joined holding less than the committed version are caught up.
+  if (group.ok() && !group->engines.empty() && impl_->retained().Retained() != nullptr) {
+    impl_->replayer().Request(ReplayKind::kCatchUp, "engines joined (ConnectEngines)");
+  }
   return group;
+}
+
+absl::StatusOr<ReplayReport> Engine::Restore(std::string trigger) {
+  return impl_->replayer().Run(ReplayKind::kRestore, std::move(trigger));
 }
 
 std::optional<RolloutGroupInfo> Engine::EngineGroup() const {
@@ -124,6 +132,8 @@ EngineStatus Engine::GetStatus() const {
   }
   s.receivers = impl_->transports().Receivers();
   s.backend = std::string(impl_->backend().name());
+  s.retained = impl_->retained().Info();
+  s.last_replays = impl_->replayer().Recent(impl_->options().status_reports);
   return s;
 }
 
@@ -137,6 +147,7 @@ void Engine::BeginShutdown() { impl_->ledger().BeginShutdown(); }
 
 absl::Status Engine::Drain(absl::Time deadline) {
   BeginShutdown();
+  impl_->replayer().Stop();  // a replay in progress is preempted
   const std::shared_ptr<PublicationSession::State> active =
       impl_->ledger().WaitUntilIdle(deadline - absl::Now());
   absl::Status result = absl::OkStatus();

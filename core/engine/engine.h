@@ -27,6 +27,7 @@
 #include "core/engine/rollout_connector.h"
 #include "core/engine/types.h"
 #include "core/transport/pull_transport.h"
+#include "core/transport/retained_copy.h"
 #include "core/transport/transport.h"
 
 namespace wpub::engine {
@@ -64,6 +65,10 @@ struct EngineOptions {
   // version. Failures that left nobody dirty, bad input and abort requests are not retried.
   int max_attempts = 3;
   transport::PullTransportOptions pull;
+  // The retained copy of the committed version (core/transport/retained_copy.h): where it lives
+  // and its bound. With one, engines an abort left dirty are restored and engines and pull
+  // receivers that join behind are caught up (core/engine/replay.h); off by default.
+  transport::RetainedCopyOptions retain;
 };
 
 // Parts an engine may be given instead of its defaults (the GPU path). Everything is optional.
@@ -136,6 +141,14 @@ class Engine {
   // The weight-update group; nullopt without a connector. Never blocks on a ConnectEngines.
   std::optional<RolloutGroupInfo> EngineGroup() const;
 
+  // Replays the retained committed version to every engine (restoring the dirty ones) and to
+  // every pull receiver behind it, on the calling thread (an operator's restore: `wpubctl
+  // restore`). Errors, nothing sent: FAILED_PRECONDITION naming why nothing is retained, for a
+  // group version, or naming what holds the slot (a publication, a ConnectEngines, another
+  // replay); UNAVAILABLE after BeginShutdown. Otherwise the replay's report: `completed`, or
+  // why not (a receiver failed, a publication preempted it).
+  absl::StatusOr<ReplayReport> Restore(std::string trigger);
+
   // Snapshot; never blocks on a publication in progress.
   EngineStatus GetStatus() const;
   // The last `n` reports (all outcomes), newest first.
@@ -155,6 +168,7 @@ class Engine {
 
  private:
   friend class PublicationSession;
+  friend class Replayer;
   class Impl;
   explicit Engine(std::shared_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;  // shared with live sessions

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/common/status.h"
 #include "core/engine/cpu_backend.h"
 
@@ -40,6 +41,7 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   transport::PullTransportOptions pull = options.pull;
   pull.max_version = options.max_version;  // a receiver's claim is bounded as versions are
   WPUB_ASSIGN_OR_RETURN(parts.pull, transport::PullTransport::Create(pull));
+  parts.retained = std::make_unique<transport::RetainedCopy>(options.retain);
   if (components.backend) {
     parts.backend = std::move(components.backend);
   } else {
@@ -57,10 +59,17 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
     parts.extra_transports.push_back(std::move(t));
   }
   members.push_back(parts.pull.get());
+  members.push_back(parts.retained.get());  // last: it copies what the others were sent
   WPUB_ASSIGN_OR_RETURN(parts.transports, transport::TransportGroup::Create(std::move(members)));
   parts.observer = observer;
   std::shared_ptr<Impl> impl(new Impl(options, std::move(parts)));
   impl->StartRefresher();
+  // A pull receiver that subscribes holding less than the committed version is caught up.
+  Impl* self = impl.get();
+  impl->pull_->SetBehindListener([self](const std::string& receiver, uint64_t held) {
+    self->replayer_->Request(ReplayKind::kCatchUp,
+                             absl::StrCat("receiver ", receiver, " subscribed holding v", held));
+  });
   return impl;
 }
 
@@ -68,6 +77,7 @@ Engine::Impl::Impl(const EngineOptions& options, Parts parts)
     : options_(options),
       cache_(std::move(parts.cache)),
       pull_(std::move(parts.pull)),
+      retained_(std::move(parts.retained)),
       extra_transports_(std::move(parts.extra_transports)),
       transports_(std::move(parts.transports)),
       cuda_ipc_(std::move(parts.cuda_ipc)),
@@ -76,9 +86,13 @@ Engine::Impl::Impl(const EngineOptions& options, Parts parts)
       group_joiner_(parts.group_joiner),
       backend_(std::move(parts.backend)),
       observer_(parts.observer),
-      ledger_(options.report_history, options.status_reports) {}
+      ledger_(options.report_history, options.status_reports),
+      replayer_(std::make_unique<Replayer>(this, options.report_history)) {}
 
-Engine::Impl::~Impl() { StopRefresher(); }
+Engine::Impl::~Impl() {
+  replayer_->Stop();
+  StopRefresher();
+}
 
 void Engine::Impl::StartRefresher() {
   if (observer_ == nullptr) return;
@@ -105,6 +119,7 @@ void Engine::Impl::StopRefresher() {
 
 void Engine::Impl::Shutdown() {
   ledger_.BeginShutdown();
+  replayer_->Stop();
   StopRefresher();
   pull_->Shutdown();
   EndCudaIpcPublication();
@@ -131,6 +146,24 @@ void Engine::Impl::Record(const PublicationSession::State* holder,
     observer_->OnReport(report);
     RefreshObserver();
   }
+  // An abort left engines holding part of it: restore them to the committed version.
+  if (report.status == PublicationStatus::kAborted && !report.group.has_value()) {
+    std::vector<std::string> dirty;
+    for (const transport::ReceiverOutcome& o : report.receivers) {
+      if (o.dirty) dirty.push_back(o.name);
+    }
+    if (!dirty.empty() && retained_->Retained() != nullptr) {
+      replayer_->Request(ReplayKind::kRestore,
+                         absl::StrCat("v", report.version, " aborted leaving ",
+                                      absl::StrJoin(dirty, ", "), " dirty"));
+    }
+  }
+}
+
+void Engine::Impl::OnReplay(const ReplayReport& report) {
+  if (observer_ == nullptr) return;
+  observer_->OnReplay(report);
+  RefreshObserver();
 }
 
 void Engine::Impl::RefreshObserver() {

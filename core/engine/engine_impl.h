@@ -33,7 +33,9 @@
 #include "core/engine/ledger.h"
 #include "core/engine/lifecycle.h"
 #include "core/engine/recipe.h"
+#include "core/engine/replay.h"
 #include "core/policy/policy.h"
+#include "core/transport/retained_copy.h"
 #include "core/transport/transport_group.h"
 
 namespace wpub::engine {
@@ -52,8 +54,11 @@ class Engine::Impl {
   const EngineOptions& options() const { return options_; }
   policy::IgnoreSnapshotCache* cache() const { return cache_.get(); }
   transport::PullTransport& pull() const { return *pull_; }
-  // Every transport of a publication: the extras, then the pull transport.
+  // Every transport of a publication: the extras, the pull transport, the retained copy.
   transport::TransportGroup& transports() const { return *transports_; }
+  // The committed version's copy (off unless EngineOptions::retain says where).
+  transport::RetainedCopy& retained() const { return *retained_; }
+  Replayer& replayer() const { return *replayer_; }
   Backend& backend() const { return *backend_; }
   RolloutConnector* connector() const { return connector_; }   // null on the CPU path
   GroupJoiner* group_joiner() const { return group_joiner_; }  // null: no groups
@@ -68,6 +73,8 @@ class Engine::Impl {
   // A publication ended: records its report in the ledger (freeing the slot `holder` holds)
   // and tells the observer.
   void Record(const PublicationSession::State* holder, const PublicationReport& report);
+  // A replay ended (the Replayer recorded it): tells the observer.
+  void OnReplay(const ReplayReport& report);
   void RefreshObserver();
   // Beyond the committed version (checked by the ledger): the versions the connected engines
   // reported serving, and at most max_version_step above all of them. `group` is the
@@ -84,6 +91,7 @@ class Engine::Impl {
   struct Parts {
     std::unique_ptr<policy::IgnoreSnapshotCache> cache;
     std::unique_ptr<transport::PullTransport> pull;
+    std::unique_ptr<transport::RetainedCopy> retained;
     std::vector<std::unique_ptr<transport::Transport>> extra_transports;
     std::unique_ptr<transport::TransportGroup> transports;
     std::unique_ptr<CudaIpcResolver> cuda_ipc;
@@ -101,6 +109,7 @@ class Engine::Impl {
   const EngineOptions options_;
   const std::unique_ptr<policy::IgnoreSnapshotCache> cache_;
   const std::unique_ptr<transport::PullTransport> pull_;
+  const std::unique_ptr<transport::RetainedCopy> retained_;
   const std::vector<std::unique_ptr<transport::Transport>>
       extra_transports_;  // owned for transports_
   const std::unique_ptr<transport::TransportGroup> transports_;
@@ -120,6 +129,9 @@ class Engine::Impl {
   std::condition_variable refresher_cv_;
   bool stop_refresher_ = false;  // guarded by refresher_mu_
   std::thread refresher_;
+
+  // Last: its thread uses everything above, and it is stopped and destroyed first.
+  const std::unique_ptr<Replayer> replayer_;
 };
 
 class PublicationSession::State {

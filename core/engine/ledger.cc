@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status.h"
 #include "core/engine/engine_impl.h"
 
 namespace wpub::engine {
@@ -21,8 +22,52 @@ PublicationLedger::PublicationLedger(size_t report_history, size_t status_report
     : report_history_(std::max<size_t>(report_history, 1)), status_reports_(status_reports) {}
 
 std::string PublicationLedger::HolderLocked() const {
-  return active_ ? absl::StrCat("publication version ", active_->version())
-                 : std::string("ConnectEngines (forming the engine group)");
+  if (active_) return absl::StrCat("publication version ", active_->version());
+  if (replay_) return absl::StrCat("the ", replay_->what, " of version ", replay_->version);
+  return "ConnectEngines (forming the engine group)";
+}
+
+absl::Status PublicationLedger::YieldReplayLocked(std::unique_lock<std::mutex>& lock) {
+  if (!replay_) return absl::OkStatus();
+  if (std::function<void()> preempt = std::move(replay_->preempt)) {
+    replay_->preempt = nullptr;
+    lock.unlock();
+    preempt();
+    lock.lock();
+  }
+  const bool ended = cv_.wait_until(lock, SteadyIn(kReplayYield),
+                                    [&] { return !replay_.has_value() || shutting_down_; });
+  if (shutting_down_) return absl::UnavailableError("the engine is shutting down");
+  if (!ended) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(HolderLocked(), " did not yield within ", absl::FormatDuration(kReplayYield)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PublicationLedger::BeginReplay(uint64_t version, std::string what,
+                                            std::function<void()> preempt) {
+  std::lock_guard lock(mu_);
+  if (shutting_down_) return absl::UnavailableError("the engine is shutting down");
+  if (active_ || connecting_ || replay_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        HolderLocked(), " is active; the ", what, " of version ", version, " must wait for it"));
+  }
+  if (version != committed_version_) {
+    return absl::FailedPreconditionError(absl::StrCat("the ", what, " of version ", version,
+                                                      ": the committed version is now ",
+                                                      committed_version_));
+  }
+  replay_ = Replay{version, std::move(what), std::move(preempt)};
+  return absl::OkStatus();
+}
+
+void PublicationLedger::EndReplay() {
+  {
+    std::lock_guard lock(mu_);
+    replay_.reset();
+  }
+  cv_.notify_all();
 }
 
 absl::StatusOr<PublicationLedger::Active> PublicationLedger::Acquire(uint64_t version, bool queue,
@@ -30,13 +75,16 @@ absl::StatusOr<PublicationLedger::Active> PublicationLedger::Acquire(uint64_t ve
                                                                      Admit admit) {
   std::unique_lock lock(mu_);
   if (shutting_down_) return absl::UnavailableError("the engine is shutting down");
-  if (active_ || connecting_) {
+  // The trainer's version wins over a replay of the committed one.
+  WPUB_RETURN_IF_ERROR(YieldReplayLocked(lock));
+  if (active_ || connecting_ || replay_) {
     if (!queue) {
       return absl::FailedPreconditionError(
           absl::StrCat(HolderLocked(), " is active; version ", version, " must wait for it"));
     }
-    const bool freed = cv_.wait_until(lock, SteadyIn(queue_timeout),
-                                      [&] { return (!active_ && !connecting_) || shutting_down_; });
+    const bool freed = cv_.wait_until(lock, SteadyIn(queue_timeout), [&] {
+      return (!active_ && !connecting_ && !replay_) || shutting_down_;
+    });
     if (shutting_down_) return absl::UnavailableError("the engine is shutting down");
     if (!freed) {
       return absl::DeadlineExceededError(absl::StrCat("version ", version, " queued for ",
@@ -54,14 +102,19 @@ absl::StatusOr<PublicationLedger::Active> PublicationLedger::Acquire(uint64_t ve
 }
 
 absl::Status PublicationLedger::BeginConnecting() {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   if (shutting_down_) return absl::UnavailableError("the engine is shutting down");
+  WPUB_RETURN_IF_ERROR(YieldReplayLocked(lock));
   if (active_) {
     return absl::FailedPreconditionError(
         absl::StrCat("publication version ", active_->version(),
                      " is active; ConnectEngines must wait until it ends"));
   }
   if (connecting_) return absl::FailedPreconditionError("another ConnectEngines is in progress");
+  if (replay_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(HolderLocked(), " is active; ConnectEngines must wait until it ends"));
+  }
   connecting_ = true;
   return absl::OkStatus();
 }
@@ -102,6 +155,11 @@ PublicationLedger::Snapshot PublicationLedger::GetSnapshot() const {
   }
   s.active = active_;
   return s;
+}
+
+uint64_t PublicationLedger::committed_version() const {
+  std::lock_guard lock(mu_);
+  return committed_version_;
 }
 
 std::vector<PublicationReport> PublicationLedger::Recent(size_t n) const {

@@ -1,7 +1,11 @@
-// The engine's publication ledger: the one active slot (held by a publication, or by a
-// ConnectEngines forming the engine group), the committed version, the report history and the
-// shutdown flag, with the condition variable queued Opens and Drain wait on. Internal to
-// core/engine (Engine::Impl owns one).
+// The engine's publication ledger: the one active slot (held by a publication, by a
+// ConnectEngines forming the engine group, or by a replay of the retained version), the
+// committed version, the report history and the shutdown flag, with the condition variable
+// queued Opens and Drain wait on. Internal to core/engine (Engine::Impl owns one).
+//
+// A replay (a restore or a catch-up: replay.h) yields: a publication or a ConnectEngines that
+// finds the slot held by one preempts it (its `preempt` is called) and waits for it to end, so
+// that a replay never delays the trainer's version by more than its abort.
 //
 // Thread-safety: every method may be called from any thread. One mutex guards everything here;
 // it is never held while calling into a publication or a transport, except for the `admit`
@@ -12,8 +16,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,17 +55,30 @@ class PublicationLedger {
   // BeginShutdown; when the slot is held, FAILED_PRECONDITION naming the holder, or with
   // `queue` a wait until it is free (DEADLINE_EXCEEDED after `queue_timeout`, UNAVAILABLE on
   // shutdown); FAILED_PRECONDITION for a version <= the committed one; then `admit`'s error.
+  // A replay holding the slot is preempted and waited for (at most kReplayYield; past it,
+  // FAILED_PRECONDITION naming the replay).
   absl::StatusOr<Active> Acquire(uint64_t version, bool queue, absl::Duration queue_timeout,
                                  Admit admit);
   // The slot for a ConnectEngines: UNAVAILABLE after BeginShutdown, FAILED_PRECONDITION while a
-  // publication is active or another ConnectEngines runs. EndConnecting frees it.
+  // publication is active or another ConnectEngines runs; a replay is preempted and waited for
+  // as by Acquire. EndConnecting frees it.
   absl::Status BeginConnecting();
   void EndConnecting();
+  // The slot for a replay of committed version `version` (`what`: "restore", "catch-up"):
+  // UNAVAILABLE after BeginShutdown, FAILED_PRECONDITION naming the holder while the slot is
+  // held, or when the committed version is no longer `version`. `preempt` is called, from the
+  // thread that wants the slot and without the ledger's lock, at most once; the replay must
+  // then end promptly. EndReplay frees the slot.
+  absl::Status BeginReplay(uint64_t version, std::string what, std::function<void()> preempt);
+  void EndReplay();
+  // How long a publication or ConnectEngines waits for a preempted replay to end.
+  static constexpr absl::Duration kReplayYield = absl::Seconds(30);
   // Records a publication's final report (newest first), advances the committed version when
   // it committed, and frees the slot when `holder` holds it. Wakes every waiter.
   void Record(const PublicationSession::State* holder, const PublicationReport& report);
 
   Snapshot GetSnapshot() const;
+  uint64_t committed_version() const;
   std::vector<PublicationReport> Recent(size_t n) const;  // the last n, newest first
 
   // Acquire and BeginConnecting refuse from now on (queued Opens wake up and refuse).
@@ -71,6 +90,14 @@ class PublicationLedger {
  private:
   // Requires mu_: what holds the slot, for messages.
   std::string HolderLocked() const;
+  // Requires mu_ (held by `lock`): preempts a replay holding the slot and waits until it ends
+  // (or shutdown). FAILED_PRECONDITION naming it when it outlives kReplayYield.
+  absl::Status YieldReplayLocked(std::unique_lock<std::mutex>& lock);
+  struct Replay {
+    uint64_t version = 0;
+    std::string what;
+    std::function<void()> preempt;  // taken (moved out) by the first preemption
+  };
 
   const size_t report_history_;
   const size_t status_reports_;
@@ -78,6 +105,7 @@ class PublicationLedger {
   std::condition_variable cv_;      // signalled when the slot is freed, or on shutdown
   Active active_;                   // guarded by mu_
   bool connecting_ = false;         // guarded by mu_
+  std::optional<Replay> replay_;    // guarded by mu_
   uint64_t committed_version_ = 0;  // guarded by mu_
   std::string committed_model_id_;  // guarded by mu_
   absl::Time committed_at_ = absl::InfinitePast();  // guarded by mu_

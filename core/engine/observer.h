@@ -32,6 +32,8 @@ class EngineObserver {
   // After each report and every 500 ms between them, so receivers that connect or leave between
   // publications are seen.
   virtual void OnState(const EngineLiveState& state) = 0;
+  // Once per replay of the retained version that ran (restore or catch-up), completed or not.
+  virtual void OnReplay(const ReplayReport& report) { (void)report; }
 };
 
 }  // namespace wpub::engine

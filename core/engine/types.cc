@@ -42,4 +42,8 @@ double PhaseValue(const PhaseSeconds& s, std::string_view phase) {
   return 0;
 }
 
+const char* ReplayKindName(ReplayKind kind) {
+  return kind == ReplayKind::kCatchUp ? "catch_up" : "restore";
+}
+
 }  // namespace wpub::engine

@@ -232,6 +232,27 @@ struct ActivePublication {
   uint32_t buckets_sent = 0;
 };
 
+// A replay of the retained committed version (core/engine/replay.h).
+enum class ReplayKind : uint8_t {
+  kRestore,  // engines an abort left dirty, or an operator's request (wpubctl restore)
+  kCatchUp,  // engines or receivers that joined holding an older version
+};
+const char* ReplayKindName(ReplayKind kind);  // "restore", "catch_up"
+
+struct ReplayReport {
+  ReplayKind kind = ReplayKind::kRestore;
+  uint64_t version = 0;    // the committed version replayed
+  std::string trigger;     // why it ran ("v8 aborted leaving engines dirty: ...", ...)
+  bool completed = false;  // every participant holds the version and was told to apply it
+  bool preempted = false;  // a trainer's publication or a ConnectEngines took the slot
+  std::string error;       // why it did not complete ("" when it did)
+  absl::Time started_at = absl::InfinitePast();
+  double seconds = 0;  // slot taken .. the last commit call returned
+  uint64_t bytes = 0;  // bucket bytes sent
+  uint32_t buckets = 0;
+  std::vector<transport::ReceiverOutcome> receivers;  // the participants' outcomes
+};
+
 struct EngineStatus {
   uint64_t committed_version = 0;  // 0 = nothing committed yet
   std::string committed_model_id;
@@ -241,7 +262,9 @@ struct EngineStatus {
   std::vector<PublicationReport>
       last_reports;  // newest first, at most EngineOptions::status_reports
   bool shutting_down = false;
-  std::string backend;  // "cpu"
+  std::string backend;                     // "cpu"
+  transport::RetainedCopyInfo retained;    // the retained copy of the committed version
+  std::vector<ReplayReport> last_replays;  // newest first, at most EngineOptions::status_reports
 };
 
 }  // namespace wpub::engine

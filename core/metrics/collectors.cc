@@ -144,10 +144,23 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
   auto state =
       Family("wpub_receiver_state", "Each receiver's (engine's) state: 1 on its current state",
              MetricType::Gauge);
+  auto held = Family("wpub_receiver_held_version",
+                     "The version each receiver (engine) holds whole, as the daemon knows it "
+                     "(0: none or unknown)",
+                     MetricType::Gauge);
+  auto behind = Family("wpub_receiver_versions_behind",
+                       "How many versions each receiver (engine) is behind the committed one "
+                       "(committed - held; 0 when it holds it; a dirty engine counts as holding "
+                       "none)",
+                       MetricType::Gauge);
   size_t listed = 0;
   for (const auto& [name, r] : by_name) {
     if (listed++ == kMaxReceiverSeries) break;
     Add(last, static_cast<double>(r->last_committed_version), {{"receiver", name}});
+    const uint64_t holds = r->state == transport::ReceiverState::kDirty ? 0 : r->held_version;
+    Add(held, static_cast<double>(holds), {{"receiver", name}});
+    Add(behind, holds < s.committed_version ? static_cast<double>(s.committed_version - holds) : 0,
+        {{"receiver", name}});
     for (transport::ReceiverState st :
          {transport::ReceiverState::kIdle, transport::ReceiverState::kReceiving,
           transport::ReceiverState::kStaged, transport::ReceiverState::kFailed,
@@ -165,6 +178,20 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
   out.push_back(std::move(last));
   out.push_back(std::move(state));
   out.push_back(std::move(unlisted));
+  out.push_back(std::move(held));
+  out.push_back(std::move(behind));
+
+  auto retained_bytes = Family("wpub_retained_bytes",
+                               "Bytes of the retained copy of the committed version, by where it "
+                               "lives (--retain)",
+                               MetricType::Gauge);
+  auto retained_version = Family(
+      "wpub_retained_version", "The version the retained copy holds (0: none)", MetricType::Gauge);
+  Add(retained_bytes, static_cast<double>(s.retained.bytes),
+      {{"where", transport::RetainWhereName(s.retained.where)}});
+  Add(retained_version, static_cast<double>(s.retained.version));
+  out.push_back(std::move(retained_bytes));
+  out.push_back(std::move(retained_version));
   return out;
 }
 

@@ -121,6 +121,23 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
       const std::string name = engine::PublicationStatusName(s);
       m->attempt_seconds_[name] = &attempts.Add({{"status", name}}, SecondsBuckets());
     }
+    auto& replays = prometheus::BuildCounter()
+                        .Name(kReplaysTotal)
+                        .Help(
+                            "Replays of the retained committed version (restores of dirty "
+                            "engines, catch-ups of engines and receivers behind), by outcome")
+                        .Register(*registry);
+    auto& replay_seconds = prometheus::BuildHistogram()
+                               .Name(kReplaySeconds)
+                               .Help("Wall clock of every completed replay, by kind")
+                               .Register(*registry);
+    for (auto k : {engine::ReplayKind::kRestore, engine::ReplayKind::kCatchUp}) {
+      const std::string kind = engine::ReplayKindName(k);
+      for (const char* outcome : {"completed", "failed", "preempted"}) {
+        m->replays_[kind + "/" + outcome] = &replays.Add({{"kind", kind}, {"outcome", outcome}});
+      }
+      m->replay_seconds_[kind] = &replay_seconds.Add({{"kind", kind}}, SecondsBuckets());
+    }
     m->receiver_failures_ = &prometheus::BuildCounter()
                                  .Name(kReceiverFailuresTotal)
                                  .Help(
@@ -189,6 +206,14 @@ void EngineMetrics::OnState(const engine::EngineLiveState& state) {
     cache_misses_->Increment(static_cast<double>(state.ignore_cache_misses - last_misses_));
     last_misses_ = state.ignore_cache_misses;
   }
+}
+
+void EngineMetrics::OnReplay(const engine::ReplayReport& report) {
+  std::lock_guard lock(mu_);
+  const std::string kind = engine::ReplayKindName(report.kind);
+  const char* outcome = report.completed ? "completed" : report.preempted ? "preempted" : "failed";
+  replays_.at(kind + "/" + outcome)->Increment();
+  if (report.completed) replay_seconds_.at(kind)->Observe(report.seconds);
 }
 
 }  // namespace wpub::metrics

@@ -44,6 +44,8 @@ inline constexpr char kPublicationAttemptSeconds[] = "wpub_publication_attempt_s
 inline constexpr char kReceiverFailuresTotal[] = "wpub_receiver_failures_total";
 inline constexpr char kPublicationsWithoutReceiversTotal[] =
     "wpub_publications_without_receivers_total";
+inline constexpr char kReplaysTotal[] = "wpub_replays_total";
+inline constexpr char kReplaySeconds[] = "wpub_replay_seconds";
 // Receivers with a series of their own in wpub_receiver_failures_total; the rest count under
 // receiver="_other" (collectors.h bounds the live per-receiver series the same way).
 inline constexpr size_t kMaxReceiverFailureSeries = 64;
@@ -70,6 +72,10 @@ class EngineMetrics final : public engine::EngineObserver {
   // backwards).
   void OnState(const engine::EngineLiveState& state) override;
 
+  // Every replay of the retained version that ran: wpub_replays_total{kind,outcome}
+  // (outcome: completed, failed, preempted), wpub_replay_seconds{kind} (completed ones).
+  void OnReplay(const engine::ReplayReport& report) override;
+
  private:
   EngineMetrics() = default;
 
@@ -91,6 +97,8 @@ class EngineMetrics final : public engine::EngineObserver {
   prometheus::Gauge* last_committed_version_ = nullptr;
   std::map<std::string, prometheus::Counter*> failures_;
   std::map<std::string, prometheus::Histogram*> attempt_seconds_;
+  std::map<std::string, prometheus::Counter*> replays_;           // "<kind>/<outcome>"
+  std::map<std::string, prometheus::Histogram*> replay_seconds_;  // by kind
   prometheus::Family<prometheus::Counter>* receiver_failures_ = nullptr;
   std::map<std::string, prometheus::Counter*> receiver_failures_by_name_;  // guarded by mu_
 };

@@ -393,6 +393,7 @@ std::vector<transport::ReceiverInfo> RolloutGroup::Receivers() const {
     r.name = e.url;
     r.state =
         e.state == transport::ReceiverState::kFailed ? transport::ReceiverState::kLeft : e.state;
+    r.held_version = e.weight_version;
     out.push_back(std::move(r));
   }
   // Dirty engines no longer in the group (it re-formed without them) are still paused.

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -87,6 +88,8 @@ struct Subscription::Hub {
   uint64_t next_id = 1;
   uint64_t committed_version = 0;
   bool shutdown = false;
+  // PullTransport::SetBehindListener's; called without the lock.
+  std::function<void(const std::string&, uint64_t)> on_behind;
 
   bool in_flight = false;
   bool failed = false;  // a participant failed the publication in flight

@@ -76,6 +76,17 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   }
   absl::StatusOr<std::string> token = NewToken();
   if (!token.ok()) return token.status();
+  std::function<void(const std::string&, uint64_t)> behind;
+  absl::StatusOr<std::unique_ptr<Subscription>> sub =
+      SubscribeLocked(name, held_version, instance, staged_version, *std::move(token), &behind);
+  if (sub.ok() && behind) behind(std::string(name), held_version);
+  return sub;
+}
+
+absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::SubscribeLocked(
+    absl::string_view name, uint64_t held_version, absl::string_view instance,
+    uint64_t staged_version, std::string token,
+    std::function<void(const std::string&, uint64_t)>* behind) {
   HubLock lock(*hub_);
   if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
   for (const auto& [id, r] : hub_->receivers) {
@@ -94,12 +105,13 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   info.receiver_name = r->name;
   info.transport = "pull";
   info.committed_version = hub_->committed_version;
-  info.subscription_token = *token;
+  info.subscription_token = token;
   std::tie(info.staged, info.staged_reason) = hub_->StagedLocked(staged_version);
   r->events.push_back(std::move(info));
   hub_->receivers.emplace(id, std::move(r));
+  if (held_version < hub_->committed_version) *behind = hub_->on_behind;
   return std::unique_ptr<Subscription>(
-      new Subscription(hub_, std::string(name), id, *std::move(token)));
+      new Subscription(hub_, std::string(name), id, std::move(token)));
 }
 
 std::optional<HeldVersion> PullTransport::HighestHeldVersion() const {
@@ -128,7 +140,11 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
     return absl::FailedPreconditionError(absl::StrCat(
         "pull transport: publication ", hub_->manifest.version, " is still in flight"));
   }
-  if (absl::Status s = hub_->CheckVersionAheadLocked(manifest.version); !s.ok()) return s;
+  // A replay of the committed version goes to the receivers behind it alone; anything else
+  // must take every receiver forwards.
+  if (!manifest.replay) {
+    if (absl::Status s = hub_->CheckVersionAheadLocked(manifest.version); !s.ok()) return s;
+  }
   hub_->in_flight = true;
   hub_->failed = false;
   hub_->manifest = manifest;
@@ -136,6 +152,7 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
   hub_->participants.clear();
   std::vector<std::string> names;
   for (auto& [id, r] : hub_->receivers) {
+    if (manifest.replay && r->held_version >= manifest.version) continue;
     Subscription::Hub::Participant p;
     p.id = id;
     p.name = r->name;
@@ -272,8 +289,11 @@ void PullTransport::Abort(absl::string_view reason) {
   for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
     hub_->Push(p.id, AbortEvent{version, hub_->manifest.attempt, std::string(reason)});
   }
-  hub_->last_aborted_version = version;
-  hub_->Told(version, false);
+  // A replay's version committed: what receivers were told of it stays "commit".
+  if (!hub_->manifest.replay) {
+    hub_->last_aborted_version = version;
+    hub_->Told(version, false);
+  }
   hub_->EndLocked(/*committed=*/false);
 }
 
@@ -286,9 +306,15 @@ std::vector<ReceiverInfo> PullTransport::Receivers() const {
   HubLock lock(*hub_);
   std::vector<ReceiverInfo> out;
   for (const auto& [id, r] : hub_->receivers) {
-    out.push_back(ReceiverInfo{r->name, r->state, r->last_committed_version, r->connected_at});
+    out.push_back(ReceiverInfo{r->name, r->state, r->last_committed_version, r->connected_at,
+                               r->held_version});
   }
   return out;
+}
+
+void PullTransport::SetBehindListener(std::function<void(const std::string&, uint64_t)> listener) {
+  HubLock lock(*hub_);
+  hub_->on_behind = std::move(listener);
 }
 
 uint64_t PullTransport::committed_version() const {
@@ -309,8 +335,10 @@ void PullTransport::Shutdown(bool abort_in_flight) {
       if (!abort_in_flight) break;
       hub_->Push(p.id, AbortEvent{version, hub_->manifest.attempt, "transport shut down"});
     }
-    hub_->last_aborted_version = version;
-    if (abort_in_flight) hub_->Told(version, false);
+    if (!hub_->manifest.replay) {
+      hub_->last_aborted_version = version;
+      if (abort_in_flight) hub_->Told(version, false);
+    }
     hub_->EndLocked(false);
   }
   hub_->shutdown = true;

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -184,6 +185,11 @@ class PullTransport final : public Transport {
   std::vector<ReceiverOutcome> Outcomes() const override;
   std::vector<ReceiverInfo> Receivers() const override;
 
+  // Called (on the subscribing thread, without the transport's lock) for every receiver that
+  // subscribes holding less than the committed version (name, the version it holds): the
+  // engine catches it up from the retained copy. Set once, before receivers subscribe.
+  void SetBehindListener(std::function<void(const std::string&, uint64_t)> listener);
+
   // The version the transport last committed (announced in GroupInfoEvent). Seeded by the
   // engine at start; advanced by Commit.
   uint64_t committed_version() const;
@@ -196,6 +202,11 @@ class PullTransport final : public Transport {
 
  private:
   explicit PullTransport(std::shared_ptr<Subscription::Hub> hub);
+  // Subscribe under the transport's lock; *behind: the listener to call once it is released.
+  absl::StatusOr<std::unique_ptr<Subscription>> SubscribeLocked(
+      absl::string_view name, uint64_t held_version, absl::string_view instance,
+      uint64_t staged_version, std::string token,
+      std::function<void(const std::string&, uint64_t)>* behind);
   std::shared_ptr<Subscription::Hub> hub_;
 };
 

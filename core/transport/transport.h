@@ -49,6 +49,10 @@ struct TransportCapabilities {
   bool applies_on_receipt = false;
   // Largest bucket accepted; 0 = no limit.
   uint64_t max_bucket_bytes = 0;
+  // Keeps the buckets it is sent and has no receivers (the retained copy, retained_copy.h):
+  // the transport group hands it every bucket of a publication whose Begin named anything, and
+  // counts none of its names as participants.
+  bool retains = false;
 };
 
 class Transport {

@@ -43,6 +43,7 @@ TransportCapabilities TransportGroup::capabilities() const {
   for (const Transport* t : members_) {
     const TransportCapabilities m = t->capabilities();
     names.push_back(m.name);
+    if (m.retains) continue;  // no receivers: says nothing of how they are reached
     c.accepts |= m.accepts;
     c.receiver_paced |= m.receiver_paced;
     c.acknowledges_checksums &= m.acknowledges_checksums;
@@ -67,6 +68,7 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
       return names.status();
     }
     participants_[i] = names->size();
+    if (caps_[i].retains) continue;  // takes the buckets, counts as no participant
     if (participants_[i] > 0 && device_readers_.size() < kMaxDeviceReaders &&
         Contains(caps_[i].accepts, BucketLocation::kDevice)) {
       device_readers_.push_back(i);

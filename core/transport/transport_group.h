@@ -6,8 +6,10 @@
 // groups broadcast from the same device bytes concurrently), and its host copy (made once, only
 // when a member that takes host bytes has participants) to the others. Begin/Commit/Abort go to
 // every member; WaitAcknowledged waits on each member with participants in turn against the
-// same deadline; outcomes and receivers are concatenated. Internal to core/engine (and the
-// benchmarks that drive a backend as the engine does). Same thread-safety as Transport.
+// same deadline; outcomes and receivers are concatenated. A retaining member (the retained
+// copy: TransportCapabilities::retains) is handed the buckets of every publication it takes
+// part in, host bytes only, and none of its names are participants. Internal to core/engine (and
+// the benchmarks that drive a backend as the engine does). Same thread-safety as Transport.
 #pragma once
 
 #include <memory>

@@ -37,4 +37,14 @@ const char* ReceiverFailureName(ReceiverFailure failure) {
   return "unknown";
 }
 
+const char* RetainWhereName(RetainWhere where) {
+  switch (where) {
+    case RetainWhere::kOff:
+      return "off";
+    case RetainWhere::kHost:
+      return "host";
+  }
+  return "off";
+}
+
 }  // namespace wpub::transport

@@ -57,6 +57,11 @@ struct PublicationManifest {
   // begin before the first, version .. continue at commit). False for the members of a group
   // other than the leader: the leader calls them once per engine per version.
   bool engine_lifecycle = true;
+  // A replay of the committed version from the retained copy (retained_copy.h): a restore of
+  // engines an abort left dirty, or a catch-up of engines and receivers behind. Its version
+  // is the committed one; only receivers that do not hold it take part where the transport can
+  // choose (pull receivers behind), every engine of a weight-update group where it cannot.
+  bool replay = false;
   uint64_t total_bytes() const {
     uint64_t n = 0;
     for (const auto& b : buckets) n += b.nbytes;
@@ -144,6 +149,10 @@ struct ReceiverInfo {
   ReceiverState state = ReceiverState::kIdle;
   uint64_t last_committed_version = 0;  // last version this receiver was told to commit
   absl::Time connected_at = absl::InfinitePast();
+  // The version it holds whole, as far as the transport knows (0: none or unknown): a pull
+  // receiver's claim at subscribe raised by every commit, an engine's reported weight version
+  // raised by every commit. Below the committed version, the receiver is behind.
+  uint64_t held_version = 0;
 };
 
 // Why a receiver failed a publication (the wpub_engine_failures_total{reason} label values).
@@ -171,6 +180,29 @@ struct ReceiverOutcome {
   // an abort left it paused and kDirty until a complete version reaches it, or (while the
   // publication is in flight) it would be if the publication ended now.
   bool dirty = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The retained copy of the committed version (retained_copy.h).
+// ---------------------------------------------------------------------------------------------
+
+enum class RetainWhere : uint8_t {
+  kOff,   // nothing retained: no restore, no catch-up
+  kHost,  // host memory (the host copy of a device bucket)
+};
+// "off", "host".
+const char* RetainWhereName(RetainWhere where);
+
+// What status and metrics show of the copy.
+struct RetainedCopyInfo {
+  RetainWhere where = RetainWhere::kOff;
+  uint64_t max_bytes = 0;
+  uint64_t version = 0;  // the retained version (0: none)
+  uint64_t bytes = 0;    // its bytes
+  uint32_t buckets = 0;
+  // Committed versions not retained because they were over the bound (the copy was dropped).
+  uint64_t over_bound = 0;
+  std::string reason;  // why nothing is retained ("" when a version is)
 };
 
 }  // namespace wpub::transport

@@ -333,4 +333,17 @@ absl::StatusOr<pb::ConnectEnginesResponse> PublisherClient::ConnectEngines(
   return response;
 }
 
+absl::StatusOr<pb::ReplayReport> PublisherClient::Restore(const std::string& reason,
+                                                          absl::Duration rpc_timeout) {
+  grpc::ClientContext context;
+  Authorize(&context);
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout));
+  pb::RestoreRequest request;
+  request.set_reason(reason);
+  pb::ReplayReport response;
+  grpc::Status status = stub_->Restore(&context, request, &response);
+  if (!status.ok()) return wire::ToAbslStatus(status);
+  return response;
+}
+
 }  // namespace wpub::client

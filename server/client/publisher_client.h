@@ -94,6 +94,9 @@ class PublisherClient {
   // should exceed request.timeout_seconds (or the daemon's --engine_deadline when that is 0).
   absl::StatusOr<wpub::v1::ConnectEnginesResponse> ConnectEngines(
       const wpub::v1::ConnectEnginesRequest& request, absl::Duration rpc_timeout);
+  // Restore: replays the retained committed version; blocks at most `rpc_timeout`.
+  absl::StatusOr<wpub::v1::ReplayReport> Restore(const std::string& reason,
+                                                 absl::Duration rpc_timeout);
 
  private:
   PublisherClient(const ClientOptions& options,

@@ -353,6 +353,21 @@ grpc::Status PublisherService::ConnectEngines(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+grpc::Status PublisherService::Restore(grpc::ServerContext* context,
+                                       const pb::RestoreRequest* request, pb::ReplayReport* reply) {
+  if (grpc::Status auth = CheckAuth(options_, *context); !auth.ok()) return auth;
+  std::string reason = request->reason().empty() ? "wpubctl restore" : request->reason();
+  if (reason.size() > 256) reason.resize(256);
+  spdlog::info("Restore asked: {}", LogEscape(reason));
+  absl::StatusOr<engine::ReplayReport> report = engine_->Restore(std::move(reason));
+  if (!report.ok()) {
+    spdlog::warn("Restore refused: {}", LogEscape(report.status().ToString()));
+    return wire::ToGrpcStatus(report.status());
+  }
+  wire::ToProto(*report, reply);
+  return grpc::Status::OK;
+}
+
 grpc::Status PublisherService::ListReports(grpc::ServerContext* context,
                                            const pb::ListReportsRequest* request,
                                            pb::ListReportsResponse* reply) {

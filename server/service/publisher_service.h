@@ -48,6 +48,9 @@ class PublisherService final : public wpub::v1::Publisher::Service {
   grpc::Status ConnectEngines(grpc::ServerContext* context,
                               const wpub::v1::ConnectEnginesRequest* request,
                               wpub::v1::ConnectEnginesResponse* reply) override;
+  // Blocks this RPC's thread while the retained version is replayed (engine::Engine::Restore).
+  grpc::Status Restore(grpc::ServerContext* context, const wpub::v1::RestoreRequest* request,
+                       wpub::v1::ReplayReport* reply) override;
 
  private:
   std::string publisher_name() const;

@@ -56,6 +56,10 @@ const std::vector<Subcommand>& Subcommands() {
        Join({kDaemonFlags, kPublishFlags, kModelFlags, kPolicyFlags, {"version", "count"}})},
       {"status", "Show a running wpubd's committed version, receivers and recent reports.",
        &RunStatus, Join({kDaemonFlags, {"reports"}})},
+      {"restore",
+       "Replay a running wpubd's retained committed version (--retain) to every engine, "
+       "restoring the ones an abort left dirty, and to every receiver behind it.",
+       &RunRestore, Join({kDaemonFlags, {"restore_timeout_seconds"}}), 1, 0, "[REASON]"},
       {"connect-engines",
        "Connect SGLang or vLLM engines to a running GPU-path wpubd "
        "(--engines=http://h:p=gpus,vllm+http://h:p,...): form its NCCL weight-update group and "

@@ -1,5 +1,6 @@
-// `wpubctl status`: the daemon's committed version, active publication, receivers and recent
-// reports.
+// `wpubctl status`: the daemon's committed version, active publication, receivers (and how far
+// each is behind), the retained copy, recent replays and reports. `wpubctl restore`: replay the
+// retained committed version to every engine and every receiver behind it.
 #include <cstdio>
 
 #include "absl/flags/flag.h"
@@ -9,6 +10,8 @@
 #include "server/wpubctl/subcommand.h"
 
 ABSL_FLAG(uint32_t, reports, 8, "How many recent reports `wpubctl status` lists.");
+ABSL_FLAG(int32_t, restore_timeout_seconds, 600,
+          "How long `wpubctl restore` waits for the daemon's replay to end.");
 
 namespace wpub::wpubctl {
 namespace {
@@ -31,8 +34,36 @@ absl::Status PrintStatus() {
   }
   std::printf("receivers   %d\n", s.receivers_size());
   for (const auto& r : s.receivers()) {
-    std::printf("  %-20s %-10s %-6s last committed v%llu\n", r.name().c_str(), r.state().c_str(),
-                r.transport().c_str(), static_cast<unsigned long long>(r.last_committed_version()));
+    const uint64_t behind =
+        r.held_version() < s.committed_version() ? s.committed_version() - r.held_version() : 0;
+    std::printf(
+        "  %-20s %-10s %-6s last committed v%llu, holds v%llu%s\n", r.name().c_str(),
+        r.state().c_str(), r.transport().c_str(),
+        static_cast<unsigned long long>(r.last_committed_version()),
+        static_cast<unsigned long long>(r.held_version()),
+        behind == 0
+            ? ""
+            : absl::StrFormat(" (%llu behind)", static_cast<unsigned long long>(behind)).c_str());
+  }
+  const wpub::v1::RetainedCopy& retained = s.retained();
+  if (retained.version() != 0) {
+    std::printf(
+        "retained    v%llu in %s memory: %llu bytes, %u buckets (bound %s)\n",
+        static_cast<unsigned long long>(retained.version()), retained.where().c_str(),
+        static_cast<unsigned long long>(retained.bytes()), retained.buckets(),
+        retained.max_bytes() == 0
+            ? "none"
+            : absl::StrFormat("%llu bytes", static_cast<unsigned long long>(retained.max_bytes()))
+                  .c_str());
+  } else {
+    std::printf("retained    nothing (%s)\n", retained.reason().c_str());
+  }
+  for (const wpub::v1::ReplayReport& r : s.recent_replays()) {
+    std::printf("  %-8s v%-6llu %-10s %8.3f s %3d receivers  %s%s%s\n", r.kind().c_str(),
+                static_cast<unsigned long long>(r.version()),
+                r.completed() ? "completed" : (r.preempted() ? "preempted" : "failed"), r.seconds(),
+                r.receivers_size(), r.trigger().c_str(), r.error().empty() ? "" : ": ",
+                r.error().c_str());
   }
   if (s.has_publication_group()) {
     const wpub::v1::GroupSummary& g = s.publication_group();
@@ -73,6 +104,32 @@ int RunStatus(const std::vector<std::string>& /*args*/) {
   absl::Status status = PrintStatus();
   if (!status.ok()) {
     std::fprintf(stderr, "wpubctl status: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int RunRestore(const std::vector<std::string>& args) {
+  absl::Status status = [&]() -> absl::Status {
+    WPUB_ASSIGN_OR_RETURN(client::ClientOptions client_options, ClientOptionsFromFlags());
+    WPUB_ASSIGN_OR_RETURN(auto client, client::PublisherClient::Create(client_options));
+    WPUB_ASSIGN_OR_RETURN(
+        wpub::v1::ReplayReport r,
+        client->Restore(args.empty() ? "wpubctl restore" : args[0],
+                        absl::Seconds(absl::GetFlag(FLAGS_restore_timeout_seconds))));
+    std::printf("restore of v%llu %s in %.3f s: %u buckets, %llu bytes, %d receivers\n",
+                static_cast<unsigned long long>(r.version()),
+                r.completed() ? "completed" : (r.preempted() ? "preempted" : "failed"), r.seconds(),
+                r.buckets(), static_cast<unsigned long long>(r.bytes()), r.receivers_size());
+    for (const wpub::v1::ReceiverOutcome& o : r.receivers()) {
+      std::printf("  %-32s %-8s%s%s%s\n", o.name().c_str(), o.state().c_str(),
+                  o.dirty() ? " dirty" : "", o.error().empty() ? "" : "  ", o.error().c_str());
+    }
+    if (!r.completed()) return absl::AbortedError(r.error());
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    std::fprintf(stderr, "wpubctl restore: %s\n", status.ToString().c_str());
     return 1;
   }
   return 0;

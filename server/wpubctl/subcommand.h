@@ -31,6 +31,8 @@ int RunDemo(const std::vector<std::string>& args);
 int RunPublishSynthetic(const std::vector<std::string>& args);
 // status.cc: a running wpubd's status and recent reports.
 int RunStatus(const std::vector<std::string>& args);
+// status.cc: replay the retained committed version (args: [REASON]).
+int RunRestore(const std::vector<std::string>& args);
 // connect_engines.cc: ConnectEngines on a running GPU-path wpubd.
 int RunConnectEngines(const std::vector<std::string>& args);
 // convert.cc: offline HF checkpoint -> NVFP4 checkpoint conversion.

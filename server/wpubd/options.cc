@@ -77,6 +77,14 @@ ABSL_FLAG(bool, allow_non_finite, false,
 ABSL_FLAG(uint64_t, min_receivers, 0,
           "A publication aborts when fewer receivers are connected at its commit, or take part "
           "when its transfer begins.");
+ABSL_FLAG(std::string, retain, "off",
+          "Keep a copy of the last committed version's buckets, to restore engines an aborted "
+          "publication left dirty and to catch up engines and receivers that join behind "
+          "(wpubctl restore replays it on request): \"host\" (host memory; on the GPU path one "
+          "device-to-host copy and host synchronization per bucket) or \"off\".");
+ABSL_FLAG(wpub::cli::Bytes, retain_max_bytes, uint64_t{64} << 30,
+          "The most bytes the retained copy may hold: a committed version larger than this is "
+          "not retained (and the previous copy is dropped). 0: no bound.");
 ABSL_FLAG(wpub::cli::Bytes, max_chunk_bytes, uint64_t{4} << 20,
           "Largest inline payload chunk accepted, and the PullBucket chunk size.");
 ABSL_FLAG(wpub::cli::Bytes, max_message_bytes, uint64_t{8} << 20,
@@ -232,6 +240,14 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--commit_deadline must be positive");
   }
   o.engine.min_receivers = absl::GetFlag(FLAGS_min_receivers);
+  {
+    absl::StatusOr<transport::RetainWhere> where =
+        transport::ParseRetainWhere(absl::GetFlag(FLAGS_retain));
+    if (!where.ok())
+      return absl::InvalidArgumentError(absl::StrCat("--", where.status().message()));
+    o.engine.retain.where = *where;
+    o.engine.retain.max_bytes = absl::GetFlag(FLAGS_retain_max_bytes).value;
+  }
   o.engine.max_inline_bytes = absl::GetFlag(FLAGS_max_inline_bytes).value;
   o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (o.engine.cpu_threads < 1) {

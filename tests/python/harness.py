@@ -127,9 +127,12 @@ class Daemon(ChildProcess):
         deadline = time.monotonic() + timeout
         while not os.path.exists(ready):
             if self.proc.poll() is not None:
+                self._log.close()
                 raise RuntimeError(f"wpubd exited with {self.proc.returncode}: {self.log()}")
             if time.monotonic() > deadline:
                 self.proc.kill()
+                self.proc.wait()
+                self._log.close()
                 raise RuntimeError(f"wpubd did not become ready: {self.log()}")
             time.sleep(0.02)
         time.sleep(0.05)  # the ready file is written in one go, but be safe with partial reads

@@ -204,7 +204,8 @@ struct Daemon {
   RolloutGroup* group = nullptr;  // owned by the engine
   std::unique_ptr<Engine> engine;
 
-  Daemon(const std::vector<EngineSpec>& engines, absl::Duration deadline = absl::Seconds(20)) {
+  Daemon(const std::vector<EngineSpec>& engines, absl::Duration deadline = absl::Seconds(20),
+         int max_attempts = 3, transport::RetainedCopyOptions retain = {}) {
     RolloutGroupOptions o;
     o.store.bind_address = "127.0.0.1";
     o.group_name = "wpub_cpu";
@@ -225,7 +226,8 @@ struct Daemon {
     EngineOptions eo;
     eo.bucket_bytes = 4096;
     eo.min_bucket_bytes = 1024;
-    eo.max_attempts = 3;
+    eo.max_attempts = max_attempts;
+    eo.retain = retain;
     auto e = Engine::Create(eo, nullptr, std::move(c));
     EXPECT_TRUE(e.ok()) << e.status();
     engine = *std::move(e);
@@ -249,6 +251,16 @@ struct Daemon {
   }
   static std::vector<engine::testing::TestBatch> Batches(uint64_t version) {
     return engine::testing::ModelBatches(synthetic::ModelShape::Tiny(), version);
+  }
+  // The reports of the replays the engine ran (newest first), once it ran `n` in all.
+  std::vector<engine::ReplayReport> WaitForReplays(size_t n) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    std::vector<engine::ReplayReport> r = engine->GetStatus().last_replays;
+    while (r.size() < n && absl::Now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      r = engine->GetStatus().last_replays;
+    }
+    return r;
   }
 };
 
@@ -521,6 +533,121 @@ TEST(RolloutGroupCpu, ADeadlinePassedByAStalledEngineFailsInTimeAndTheNextCommit
   engines[1]->SetDelay(std::chrono::milliseconds(0));
   ExpectCommits(d, engines, 3);
   for (const auto& e : engines) EXPECT_FALSE(e->dead()) << e->death();
+}
+
+// Restore (--retain host): every attempt of v2 fails (max_attempts 1) after the engines loaded
+// part of it; the daemon replays the retained v1 through the real drivers -- SGLang's session
+// rules per release -- and every engine serves v1 whole, resumed, its session closed, before
+// the trainer publishes again.
+TEST(RolloutGroupCpu, SglangEnginesLeftDirtyAreRestoredToTheCommittedVersion) {
+  for (const SglangRelease release : {SglangRelease::kV0_5_6, SglangRelease::kV0_5_16}) {
+    SCOPED_TRACE(static_cast<int>(release));
+    auto engines = SglangEngines(2, release);
+    Daemon d(Specs(engines), absl::Seconds(20), /*max_attempts=*/1,
+             {.where = transport::RetainWhere::kHost});
+    ExpectCommits(d, engines, 1);
+    engines[0]->FailUpdateAt(1);
+    SetIncoming(engines, 2);
+    // The second Begin from now is the restore's: its broadcasts carry v1.
+    std::atomic<int> begins{0};
+    {
+      std::lock_guard lock(d.channel->mu);
+      d.channel->on_begin = [&] {
+        if (++begins == 2) SetIncoming(engines, 1);
+      };
+    }
+    PublicationReport r2 = d.Publish(2);
+    ASSERT_EQ(r2.status, PublicationStatus::kAborted) << Errors(r2);
+    const std::vector<engine::ReplayReport> r = d.WaitForReplays(1);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].kind, engine::ReplayKind::kRestore);
+    EXPECT_TRUE(r[0].completed) << r[0].error;
+    EXPECT_EQ(r[0].version, 1u);
+    EXPECT_EQ(r[0].receivers.size(), 2u);
+    ExpectAllServe(engines, 1);
+    {
+      std::lock_guard lock(d.channel->mu);
+      d.channel->on_begin = nullptr;
+    }
+    ExpectCommits(d, engines, 3);
+    for (const auto& e : engines) EXPECT_FALSE(e->dead()) << e->death();
+  }
+}
+
+// vLLM engines (wpub-recv's emulation of vLLM's weight-transfer API, bytes over the in-process
+// channel): a loader failure leaves them dirty, the restore puts v1 back byte for byte; then an
+// engine restarted empty joins with ConnectEngines and is caught up to the committed version
+// without the trainer publishing.
+TEST(RolloutGroupCpu, VllmEnginesAreRestoredByteForByteAndARestartedOneIsCaughtUp) {
+  std::vector<ChannelDataPath*> paths;
+  std::vector<std::unique_ptr<recv::VllmEngine>> engines;
+  std::vector<EngineSpec> specs;
+  auto start = [&]() -> EngineSpec {
+    auto path = std::make_unique<ChannelDataPath>();
+    paths.push_back(path.get());
+    auto e = recv::VllmEngine::Start({}, std::move(path));
+    EXPECT_TRUE(e.ok()) << e.status();
+    EngineSpec spec{(*e)->url(), 1, "vllm", ""};
+    engines.push_back(*std::move(e));
+    return spec;
+  };
+  for (int i = 0; i < 2; ++i) specs.push_back(start());
+  Daemon d(specs, absl::Seconds(20), /*max_attempts=*/1, {.where = transport::RetainWhere::kHost});
+  auto sink_to = [&](ChannelDataPath* p) {
+    d.AddSink([p](std::vector<uint8_t> c) { p->Push(std::move(c)); });
+  };
+  for (ChannelDataPath* p : paths) sink_to(p);
+  auto expect_holds = [&](uint64_t version) {
+    const auto want = engine::testing::ExpectedOutputs(
+        Daemon::Batches(version), *engine::testing::PlainPolicy(), kernels::QuantMode::Standard());
+    for (auto& e : engines) {
+      if (e == nullptr) continue;
+      const recv::VllmEngineState s = e->state();
+      EXPECT_FALSE(s.paused) << e->url();
+      EXPECT_FALSE(s.updating) << e->url();
+      EXPECT_FALSE(s.mixed) << e->url();
+      EXPECT_EQ(s.weight_version, std::to_string(version)) << e->url();
+      ASSERT_EQ(s.weights.size(), want.size()) << e->url();
+      for (const auto& [name, bytes] : want) {
+        auto it = s.weights.find(name);
+        ASSERT_NE(it, s.weights.end()) << name;
+        EXPECT_EQ(it->second.second, bytes) << name;
+      }
+    }
+  };
+  PublicationReport r1 = d.Publish(1);
+  ASSERT_EQ(r1.status, PublicationStatus::kCommitted) << Errors(r1);
+  expect_holds(1);
+  engines[0]->FailUpdateAt(1);  // the loader fails on the second bucket
+  PublicationReport r2 = d.Publish(2);
+  ASSERT_EQ(r2.status, PublicationStatus::kAborted) << Errors(r2);
+  std::vector<engine::ReplayReport> r = d.WaitForReplays(1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(r[0].completed) << r[0].error;
+  expect_holds(1);
+
+  // Engine 1 restarts (a new process: empty weights, no version) and joins again.
+  engines[1].reset();  // its data path goes with it: the channel feeds the live ones only
+  {
+    std::lock_guard lock(d.channel->mu);
+    d.channel->sinks.clear();
+  }
+  specs[1] = start();
+  sink_to(paths[0]);
+  sink_to(paths.back());
+  engine::RolloutConnectRequest join;
+  for (const EngineSpec& s : specs) join.engines.push_back({s.url, 1, "vllm"});
+  absl::StatusOr<engine::RolloutGroupInfo> g = d.engine->ConnectEngines(join);
+  ASSERT_TRUE(g.ok()) << g.status();
+  r = d.WaitForReplays(2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].kind, engine::ReplayKind::kCatchUp);
+  EXPECT_TRUE(r[0].completed) << r[0].error;
+  EXPECT_EQ(r[0].version, 1u);
+  expect_holds(1);
+  PublicationReport r3 = d.Publish(3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  expect_holds(3);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ from ._options import (DEFAULT_TARGET, build_header, check_target, check_version
 from .futures import PublicationFuture
 from .progress import Progress
 from ._request_stream import _POLL_S, _CallEnded, _RequestStream
-from .report import ClientTimings, EngineGroup, PublicationReport, Status
+from .report import ClientTimings, EngineGroup, PublicationReport, ReplayReport, Status
 from .shm import ShmArena, ShmPool, ShmSegment, align
 from .tensors import CudaPart, HostPart, ShmPart, TensorError, normalize
 
@@ -132,6 +132,9 @@ class Publisher:
             _SERVICE + "ConnectEngines",
             request_serializer=pb.ConnectEnginesRequest.SerializeToString,
             response_deserializer=pb.ConnectEnginesResponse.FromString)
+        self._restore = self._channel.unary_unary(
+            _SERVICE + "Restore", request_serializer=pb.RestoreRequest.SerializeToString,
+            response_deserializer=pb.ReplayReport.FromString)
         self._lock = threading.Lock()
         self._active = None  # the Publish call in flight, or _STARTING (guarded by _lock)
         self._owner: Optional[PublicationFuture] = None  # publish_async's (guarded by _lock)
@@ -232,6 +235,20 @@ class Publisher:
         # The daemon's default join budget is its --engine_deadline (120 s by default).
         rpc_timeout = (timeout if timeout is not None else 120.0) + 30.0
         return EngineGroup.from_proto(self._unary(self._connect_engines, req, rpc_timeout))
+
+    def restore(self, reason: str = "", timeout: Optional[float] = None) -> ReplayReport:
+        """Replays the daemon's retained committed version (wpubd --retain) to every engine --
+        the ones an aborted publication left dirty are restored, all are resumed on it -- and
+        to every pull receiver that holds less (Restore). Blocks until the replay ends.
+
+        Returns a ReplayReport (`completed`, or `preempted` / `error`). Raises
+        FailedPrecondition naming why nothing is retained (--retain=off, over
+        --retain_max_bytes, nothing committed since the daemon started), for a group version,
+        or naming the publication in progress; DaemonShuttingDown once the daemon stops.
+        timeout: seconds (default: the Publisher's rpc_timeout).
+        """
+        return ReplayReport.from_proto(
+            self._unary(self._restore, pb.RestoreRequest(reason=reason), timeout))
 
     def shm_empty(self, shape, dtype) -> "np.ndarray":
         """A numpy array allocated in POSIX shared memory: publishing it (or a contiguous view

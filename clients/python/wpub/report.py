@@ -144,6 +144,46 @@ class ReceiverInfo:
     state: str
     transport: str
     last_committed_version: int
+    # The version it holds whole as the daemon knows it (0: none or unknown; a dirty engine
+    # holds none): below Status.committed_version it is behind.
+    held_version: int = 0
+
+
+@dataclass
+class ReplayReport:
+    """A replay of the daemon's retained committed version (wpubd --retain): a "restore" of
+    engines an abort left dirty (or Publisher.restore), or a "catch_up" of engines and pull
+    receivers that joined behind."""
+    kind: str
+    version: int
+    trigger: str
+    completed: bool
+    preempted: bool  # a newer publication took the daemon's slot from it
+    error: str
+    seconds: float
+    bytes: int
+    buckets: int
+    receivers: List[ReceiverOutcome]
+
+    @classmethod
+    def from_proto(cls, m) -> "ReplayReport":
+        return cls(kind=m.kind, version=m.version, trigger=m.trigger, completed=m.completed,
+                   preempted=m.preempted, error=m.error, seconds=m.seconds, bytes=m.bytes,
+                   buckets=m.buckets,
+                   receivers=[ReceiverOutcome(r.name, r.state, r.committed, r.failure, r.error)
+                              for r in m.receivers])
+
+
+@dataclass
+class RetainedCopy:
+    """The daemon's copy of the committed version (wpubd --retain)."""
+    where: str  # "off" or "host"
+    version: int  # 0: nothing retained (reason says why)
+    bytes: int
+    buckets: int
+    max_bytes: int
+    over_bound: int
+    reason: str
 
 
 @dataclass
@@ -189,6 +229,8 @@ class Status:
     daemon_version: str
     backend: str
     engine_group: Optional[EngineGroup] = None
+    retained: Optional[RetainedCopy] = None
+    recent_replays: List[ReplayReport] = field(default_factory=list)
     raw: object = field(default=None, repr=False)
 
     @property
@@ -204,8 +246,13 @@ class Status:
         group = EngineGroup.from_proto(m.engine_group) if m.HasField("engine_group") else None
         return cls(
             committed_version=m.committed_version, active=active,
-            receivers=[ReceiverInfo(r.name, r.state, r.transport, r.last_committed_version)
+            receivers=[ReceiverInfo(r.name, r.state, r.transport, r.last_committed_version,
+                                    r.held_version)
                        for r in m.receivers],
             recent_reports=[PublicationReport.from_proto(r) for r in m.recent_reports],
             serving=m.serving, daemon_version=m.daemon_version, backend=m.backend,
-            engine_group=group, raw=m)
+            engine_group=group,
+            retained=RetainedCopy(m.retained.where, m.retained.version, m.retained.bytes,
+                                  m.retained.buckets, m.retained.max_bytes,
+                                  m.retained.over_bound, m.retained.reason),
+            recent_replays=[ReplayReport.from_proto(r) for r in m.recent_replays], raw=m)

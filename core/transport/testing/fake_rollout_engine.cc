@@ -165,6 +165,7 @@ std::vector<ReceiverInfo> FakeRolloutEngine::Receivers() const {
   r.state = dirty_ ? ReceiverState::kDirty
                    : (in_flight_ ? ReceiverState::kReceiving : ReceiverState::kIdle);
   r.last_committed_version = complete_version_;
+  r.held_version = dirty_ ? 0 : complete_version_;
   return {r};
 }
 

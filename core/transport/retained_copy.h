@@ -1,0 +1,93 @@
+// The retained copy: the last committed version's buckets exactly as they were emitted (bytes,
+// manifests, checksums), kept by the daemon so that engines and receivers converge on the
+// committed version without the trainer publishing again -- a dirty engine is restored after
+// an abort, an engine or receiver that joins behind is caught up (docs/DESIGN.md, "Convergence
+// on the committed version").
+//
+// It is one more member of the publication's transport group, without receivers: a retaining
+// transport (TransportCapabilities::retains) takes every bucket of every publication it joins
+// and is never counted among participants, receivers or outcomes. Per publication it stages the
+// buckets as they are sent, promotes them at Commit (the staged copy becomes the retained
+// version) and drops them at Abort (the retained version stays the last committed one). The copy
+// is the committed version or nothing, never an older one: a version over the memory bound is
+// not staged, and when it commits the previous copy is dropped too.
+//
+// Where the copy lives: RetainWhere::kHost keeps host buckets by reference (they are immutable
+// once emitted: the CPU backend's buckets cost nothing more) and takes the one host copy of a
+// device bucket the transport group makes (one device-to-host copy and one host synchronization
+// per bucket on the GPU path). kOff retains nothing.
+//
+// A replay of the retained version (a restore or a catch-up) is a publication whose manifest
+// says `replay`: the retained copy does not take part in it (it is the source).
+//
+// Thread-safety: as Transport (the engine's publication thread drives it, Abort from any
+// thread); Retained and Info from any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/transport/transport.h"
+
+namespace wpub::transport {
+
+// "off" / "host" (INVALID_ARGUMENT naming the values otherwise).
+absl::StatusOr<RetainWhere> ParseRetainWhere(absl::string_view text);
+
+struct RetainedCopyOptions {
+  RetainWhere where = RetainWhere::kOff;
+  // The most bytes one retained version may hold (the sum of its buckets); 0: no bound.
+  uint64_t max_bytes = 0;
+};
+
+// The retained version: immutable once promoted; shared with the replays reading it.
+struct RetainedVersion {
+  PublicationManifest manifest;  // as published (attempt: the one that committed)
+  std::vector<std::shared_ptr<const Bucket>> buckets;  // host buckets, checksums in manifests
+  uint64_t bytes = 0;
+  absl::Time committed_at = absl::InfinitePast();
+};
+
+class RetainedCopy final : public Transport {
+ public:
+  explicit RetainedCopy(RetainedCopyOptions options);
+
+  // The retained version, or null (nothing committed since start, kOff, or the last committed
+  // version was over the bound: Info().reason says which).
+  std::shared_ptr<const RetainedVersion> Retained() const;
+  RetainedCopyInfo Info() const;
+  // Drops the retained version (e.g. the engine's committed version moved on without it).
+  void Drop(absl::string_view why);
+
+  // Transport. Begin takes part (one pseudo participant the transport group does not count)
+  // unless nothing is retained or the manifest is a replay; Send keeps the bucket's host bytes
+  // (INTERNAL for a device bucket or a size that disagrees with its manifest); WaitAcknowledged
+  // has nothing to wait for; Commit promotes a complete staged copy (an incomplete one, e.g.
+  // over the bound, drops the retained version); Abort drops what was staged.
+  TransportCapabilities capabilities() const override;
+  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
+  absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
+  absl::Status WaitAcknowledged(absl::Time deadline) override;
+  absl::Status Commit() override;
+  void Abort(absl::string_view reason) override;
+  std::vector<ReceiverOutcome> Outcomes() const override { return {}; }
+  std::vector<ReceiverInfo> Receivers() const override { return {}; }
+
+ private:
+  const RetainedCopyOptions options_;
+  mutable std::mutex mu_;
+  bool in_flight_ = false;                           // guarded by mu_
+  bool staging_ = false;                             // this publication is kept (within the bound)
+  std::shared_ptr<RetainedVersion> staged_;          // guarded by mu_
+  std::shared_ptr<const RetainedVersion> retained_;  // guarded by mu_
+  uint64_t over_bound_ = 0;                          // guarded by mu_
+  std::string reason_;                               // guarded by mu_
+};
+
+}  // namespace wpub::transport
