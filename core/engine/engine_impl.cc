@@ -65,11 +65,15 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   std::shared_ptr<Impl> impl(new Impl(options, std::move(parts)));
   impl->StartRefresher();
   // A pull receiver that subscribes holding less than the committed version is caught up.
-  Impl* self = impl.get();
-  impl->pull_->SetBehindListener([self](const std::string& receiver, uint64_t held) {
-    self->replayer_->Request(ReplayKind::kCatchUp,
-                             absl::StrCat("receiver ", receiver, " subscribed holding v", held));
-  });
+  // Weak: a subscription on another thread may outlive the engine's parts.
+  impl->pull_->SetBehindListener(
+      [weak = std::weak_ptr<Impl>(impl)](const std::string& receiver, uint64_t held) {
+        if (const std::shared_ptr<Impl> self = weak.lock()) {
+          self->replayer_->Request(
+              ReplayKind::kCatchUp,
+              absl::StrCat("receiver ", receiver, " subscribed holding v", held));
+        }
+      });
   return impl;
 }
 

@@ -16,6 +16,10 @@ harness.nccl_env):
    on the second attempt; the engine then holds that one version, byte for byte, and serves it.
    A second version commits on the first attempt. Every session opened was closed and the
    engine process lived throughout (0.5.16 kills itself on a begin over an open session).
+3. For an SGLang and a vLLM engine, with --retain=host: every attempt of v2 fails after the
+   engine loaded part of it; the daemon restores the retained v1 over NCCL and the engine
+   serves v1 alone, byte for byte; the engine restarts empty, joins with connect_engines and is
+   caught up to v1 without a publication; v3 then commits.
 
 Writes OUT/engines_nccl.json; exit 0 when every check holds.
 Usage (a GPU host, binaries staged; see tests/gpu/run_one_gpu.sh):
@@ -25,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
@@ -178,13 +183,102 @@ def dirty_then_retry(out, release):
     return res
 
 
+def restore_and_catch_up(out, family):
+    """--retain=host: every attempt of v2 fails at a bucket after the engine of `family` loaded
+    part of it, so v2 aborts with the engine dirty; the daemon restores the retained v1 over
+    NCCL (the engine's own lifecycle, bytes checked against v1's reference) and resumes it on
+    v1 alone. Then the engine restarts (a new process, holding nothing) and joins with
+    connect_engines: it is caught up to v1 without the trainer publishing. v3 then commits."""
+    res = {"run": f"{family} restored after an abort, restarted and caught up", "ok": True}
+    tag = f"restore-{family}"
+    exp = os.path.join(out, "expect-" + tag)
+    if family == "sglang":
+        script, prefix = "sglang_emulator.py", ""
+        faults = ["--fail-at-bucket=1", "--fail-version=2", "--fail-count=3"]
+    else:
+        script, prefix = "vllm_emulator.py", "vllm+"
+        faults = ["--fail-at-update=1", "--fail-after-starts=1", "--fail-count=3"]
+    models = {}
+    for version in (1, 2, 3):
+        models[version] = version_of(80 + version)
+        expect(out, tag, version, reference(out, models[version][0]))
+    eng, url = emulator(out, script, tag, f"--expect-dir={exp}", *faults)
+    procs = [eng]
+    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines={prefix}{url}", "--retain=host",
+               "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=90,
+               env=nccl_env(SHARED))
+    pub = wpub.Publisher(d.target, timeout=300)
+
+    def replays(kind, n):
+        deadline = time.monotonic() + 120
+        while True:
+            r = [x for x in pub.status().recent_replays if x.kind == kind]
+            if len(r) >= n or time.monotonic() > deadline:
+                return r
+            time.sleep(0.1)
+
+    def holds(s, version):
+        """The engine serves `version` alone, checked byte for byte, never resumed on a mix."""
+        v = s["versions"].get(str(version), {})
+        if family == "sglang":
+            alone = s["held_versions"] == [str(version)] and not s["session_open"] and (
+                s["begins"] == s["ends"])
+        else:
+            alone = bool(s["served"]) and s["served"][-1] == [str(version)]
+        return (alone and s["serving"] and s["mixed_resumes"] == 0 and
+                (v.get("checked") or 0) > 0 and not v.get("mismatches"))
+
+    try:
+        r1 = pub.publish(1, models[1][1], bucket_bytes=256 << 10, check=False)
+        r2 = pub.publish(2, models[2][1], bucket_bytes=256 << 10, check=False)
+        restored = replays("restore", 1)
+        s = get(url + "/stats")
+        entry = {"v1": r1.status, "v2": r2.status, "v2_attempts": r2.raw.attempts,
+                 "restore": [(x.completed, x.version, x.error[:200]) for x in restored],
+                 "failures": s["failures"], "holds_v1": holds(s, 1)}
+        ok = (r1.committed and not r2.committed and len(restored) == 1 and
+              restored[0].completed and restored[0].version == 1 and entry["holds_v1"])
+        # The restarted engine: a new process on a new port, holding nothing.
+        eng.terminate()
+        eng.wait(10)
+        eng2, url2 = emulator(out, script, tag + "-restarted", f"--expect-dir={exp}")
+        procs.append(eng2)
+        pub.connect_engines([prefix + url2])
+        caught = replays("catch_up", 1)
+        s2 = get(url2 + "/stats")
+        entry.update({"catch_up": [(x.completed, x.version, x.error[:200]) for x in caught],
+                      "restarted_holds_v1": holds(s2, 1)})
+        ok &= (len(caught) >= 1 and caught[0].completed and caught[0].version == 1 and
+               entry["restarted_holds_v1"])
+        r3 = pub.publish(3, models[3][1], bucket_bytes=256 << 10, check=False)
+        s3 = get(url2 + "/stats")
+        entry.update({"v3": r3.status, "holds_v3": holds(s3, 3),
+                      "status_retained": pub.status().retained.version})
+        ok &= r3.committed and entry["holds_v3"] and entry["status_retained"] == 3
+        entry["ok"] = ok
+        res.update(entry)
+        res["ok"] &= ok
+        print(json.dumps(entry), flush=True)
+    finally:
+        pub.close()
+        res["daemon_exit"] = d.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(10)
+    res["ok"] &= res["daemon_exit"] == 0
+    return res
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/wpub_engines_nccl"
     os.makedirs(out, exist_ok=True)
     results = []
     runs = [("mixed_families", mixed_families)] + [
         (f"dirty_then_retry {r}", lambda o, r=r: dirty_then_retry(o, r))
-        for r in ("0.5.16", "0.5.6", "0.5.5")]
+        for r in ("0.5.16", "0.5.6", "0.5.5")] + [
+        (f"restore_and_catch_up {f}", lambda o, f=f: restore_and_catch_up(o, f))
+        for f in ("sglang", "vllm")]
     for name, run in runs:
         try:
             results.append(run(out))

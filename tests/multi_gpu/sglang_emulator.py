@@ -29,7 +29,8 @@ Test-only extras: GET /health, GET /stats, POST /bench_recv (receive `count` bro
 for the plain-NCCL baseline), --die-at-bucket N (SIGKILL itself when bucket N's request arrives:
 a receiver dying mid-publication), --fail-at-bucket N (receive bucket N of the first version
 that reaches it, load half of its tensors, then answer success=false: SGLang's "partially
-updated" failure).
+updated" failure); with --fail-version V --fail-count K, bucket N of each of the first K
+attempts at version V fails that way instead.
 """
 import argparse
 import json
@@ -88,7 +89,8 @@ class Engine:
         self.lock = threading.Lock()
         self.stats = {"versions": {}, "weight_version": None, "calls": [], "errors": [],
                       "serving": True, "served": [], "mixed_resumes": 0, "failed_once": False,
-                      "session_open": False, "begins": 0, "ends": 0}
+                      "session_open": False, "begins": 0, "ends": 0, "failures": 0}
+        self.attempt_buckets = 0  # buckets since the last pause (one attempt's)
         self.weights = {}
         self.live_versions = {}  # tensor name -> version of the bytes the live weights hold
 
@@ -153,8 +155,17 @@ class Engine:
         if self.args.die_at_bucket is not None and index == self.args.die_at_bucket:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
-        fail_here = (self.args.fail_at_bucket is not None and index == self.args.fail_at_bucket
-                     and not self.stats["failed_once"])
+        # --fail-version V --fail-count K: bucket N of each of the first K attempts at version
+        # V fails instead (the attempt's bucket index restarts at every pause).
+        attempt_index = self.attempt_buckets
+        self.attempt_buckets += 1
+        if self.args.fail_version is not None:
+            fail_here = (self.args.fail_at_bucket is not None and str(version) ==
+                         str(self.args.fail_version) and attempt_index == self.args.fail_at_bucket
+                         and self.stats["failures"] < self.args.fail_count)
+        else:
+            fail_here = (self.args.fail_at_bucket is not None and
+                         index == self.args.fail_at_bucket and not self.stats["failed_once"])
         flattened = req.get("load_format") == "flattened_bucket"
         if flattened and self.args.release == "0.5.5":
             # Before PRs #13413/#13824 (tensor_bucket.py): no flattened bucket of mixed dtypes.
@@ -220,6 +231,7 @@ class Engine:
                     mismatches=mismatches, recv_seconds=recv)
         if fail_here:
             self.stats["failed_once"] = True
+            self.stats["failures"] += 1
             return {"success": False,
                     "message": "Failed to update weights: partially updated. Please discard the "
                                "whole weights."}
@@ -230,6 +242,7 @@ class Engine:
 
     def pause(self, req):
         self.stats["serving"] = False
+        self.attempt_buckets = 0
         return {"success": True, "message": "paused"}
 
     def resume(self, req):
@@ -341,6 +354,10 @@ def main():
     p.add_argument("--expect-dir", default="")
     p.add_argument("--die-at-bucket", type=int, default=None)
     p.add_argument("--fail-at-bucket", type=int, default=None)
+    p.add_argument("--fail-version", default=None,
+                   help="with --fail-at-bucket: fail that bucket of this version's attempts")
+    p.add_argument("--fail-count", type=int, default=1,
+                   help="with --fail-version: how many attempts fail")
     p.add_argument("--eager-init", action="store_true", help="pass device_id (eager NCCL init)")
     p.add_argument("--keep", action="store_true", help="keep received tensors (as weights)")
     p.add_argument("--nccl-timeout", type=float, default=120)

@@ -107,7 +107,9 @@ class Engine:
         self.live = {}         # name -> the version (or update marker) the live weight holds
         self.marker = 0
         self.updates_seen = 0  # /update_weights requests over the emulator's life
-        self.stats = {"calls": [], "versions": {}, "serving": True, "mixed_resumes": 0,
+        self.updates_in_start = 0
+        self.stats = {"failures": 0, "calls": [], "versions": {}, "serving": True,
+                      "mixed_resumes": 0,
                       "served": [], "unique_id": None, "unique_id_type": None, "rank": None}
 
     @staticmethod
@@ -166,6 +168,7 @@ class Engine:
                                      "already active. Call finish_weight_update first.")
         self.updating = True
         self.marker += 1
+        self.updates_in_start = 0
         self.pending = {}
         return 200, {"message": "Weight update started"}
 
@@ -179,6 +182,14 @@ class Engine:
                                      "update_weights.")
         u = body["update_info"]
         names, dtypes, shapes = u["names"], u["dtype_names"], u["shapes"]
+        index = self.updates_in_start
+        self.updates_in_start += 1
+        # --fail-at-update N --fail-after-starts S --fail-count K: update N of the updates after
+        # the first S starts fails, K times, after it loaded its bytes (a loader error: the
+        # worker raises and leaves the update, the HTTP answer is 500).
+        fail_here = (self.args.fail_at_update is not None and index == self.args.fail_at_update
+                     and self.marker > self.args.fail_after_starts
+                     and self.stats["failures"] < self.args.fail_count)
         limit = u.get("packed_buffer_size_bytes",
                       self.packing.get("packed_buffer_size_bytes", 1 << 30))
         sizes = []
@@ -203,6 +214,9 @@ class Engine:
                 self.pending[names[k]] = t.view(torch.uint8).flatten().cpu().numpy().tobytes()
                 self.live[names[k]] = f"update-{self.marker}"  # loaded on receipt
                 off += sizes[k]
+        if fail_here:
+            self.stats["failures"] += 1
+            raise RuntimeError("loading the update failed (test fault)")
         return 200, {"message": "Weights updated"}
 
     def finish(self, body):
@@ -292,6 +306,9 @@ def main():
     p.add_argument("--release", default="main", choices=["main", "v0.25"])
     p.add_argument("--handshake-only", action="store_true")
     p.add_argument("--die-at-update", type=int, default=None)
+    p.add_argument("--fail-at-update", type=int, default=None)
+    p.add_argument("--fail-after-starts", type=int, default=1)
+    p.add_argument("--fail-count", type=int, default=1)
     args = p.parse_args()
     register_vllm_stand_in()
     engine = Engine(args)
