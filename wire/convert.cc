@@ -232,6 +232,15 @@ void ToProto(const transport::ReceiverOutcome& o, pb::ReceiverOutcome* out) {
   out->set_committed(o.committed);
   out->set_failure(transport::ReceiverFailureName(o.failure));
   out->set_dirty(o.dirty);
+  out->set_family(o.family);
+  if (o.pause.paused) {
+    pb::PauseWindow* w = out->mutable_pause();
+    w->set_seconds(o.pause.seconds);
+    w->set_waiting(o.pause.waiting);
+    w->set_transfer(o.pause.transfer);
+    w->set_finalization(o.pause.finalization);
+    w->set_resumed(o.pause.resumed);
+  }
 }
 
 void ToProto(const engine::ReplayReport& r, pb::ReplayReport* out) {

@@ -209,7 +209,6 @@ absl::StatusOr<ReplayReport> Replayer::Run(ReplayKind kind, std::string trigger)
     std::lock_guard lock(mu_);
     current_.reset();
   }
-  engine_->ledger().EndReplay();
   if (report.completed) {
     spdlog::info("{} of v{} completed in {:.3f} s: {} receivers, {} bytes", ReplayKindName(kind),
                  version, report.seconds, report.receivers.size(), report.bytes);
@@ -217,7 +216,10 @@ absl::StatusOr<ReplayReport> Replayer::Run(ReplayKind kind, std::string trigger)
     spdlog::warn("{} of v{} did not complete ({:.3f} s): {}", ReplayKindName(kind), version,
                  report.seconds, report.error);
   }
+  // Recorded before the slot is freed: whoever takes it next (a preempting publication) sees
+  // the replay's report.
   Record(report);
+  engine_->ledger().EndReplay();
   return report;
 }
 

@@ -11,7 +11,8 @@
 // reached dirty and paused (reported), the others resumed.
 //
 // A trainer's publication (or a ConnectEngines) preempts a replay: the ledger calls its preempt,
-// the replay aborts, and the new version -- which reaches every engine anyway -- wins.
+// the replay aborts, and the new version -- which reaches every engine anyway -- wins. A
+// replay's report is recorded before it frees the slot, so whoever takes the slot next sees it.
 //
 // Internal to core/engine (Engine::Impl owns one). Thread-safe: Run from any thread (one runs
 // at a time: the slot); Request from any thread, never blocking; Stop once, from the engine's

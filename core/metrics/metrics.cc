@@ -121,6 +121,20 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
       const std::string name = engine::PublicationStatusName(s);
       m->attempt_seconds_[name] = &attempts.Add({{"status", name}}, SecondsBuckets());
     }
+    m->paused_family_ = &prometheus::BuildHistogram()
+                             .Name(kEnginePausedSeconds)
+                             .Help(
+                                 "How long each rollout engine served nothing per publication "
+                                 "(pause answered .. resume answered), by engine family and "
+                                 "part: total, waiting (for wpub, before the first bucket), "
+                                 "transfer, finalization (the engine's own end of the update)")
+                             .Register(*registry);
+    for (const char* family : {"sglang", "vllm"}) {
+      for (const char* part : {"total", "waiting", "transfer", "finalization"}) {
+        m->paused_seconds_[std::string(family) + "/" + part] =
+            &m->paused_family_->Add({{"family", family}, {"part", part}}, SecondsBuckets());
+      }
+    }
     auto& replays = prometheus::BuildCounter()
                         .Name(kReplaysTotal)
                         .Help(
@@ -159,6 +173,24 @@ void EngineMetrics::OnReport(const engine::PublicationReport& r) {
   publication_host_syncs_->Set(static_cast<double>(r.host_syncs));
   attempt_seconds_[engine::PublicationStatusName(r.status)]->Observe(r.wall_seconds);
   for (const transport::ReceiverOutcome& o : r.receivers) {
+    if (o.pause.paused && o.pause.resumed) {
+      const std::pair<const char*, double> parts[] = {{"total", o.pause.seconds},
+                                                      {"waiting", o.pause.waiting},
+                                                      {"transfer", o.pause.transfer},
+                                                      {"finalization", o.pause.finalization}};
+      for (const auto& [part, seconds] : parts) {
+        // Families are the rollout engines' (a bounded set): one not made up front is added.
+        const std::string key = o.family + "/" + part;
+        auto it = paused_seconds_.find(key);
+        if (it == paused_seconds_.end()) {
+          it = paused_seconds_
+                   .emplace(key, &paused_family_->Add({{"family", o.family}, {"part", part}},
+                                                      SecondsBuckets()))
+                   .first;
+        }
+        it->second->Observe(seconds);
+      }
+    }
     if (o.failure == transport::ReceiverFailure::kNone) continue;
     failures_[transport::ReceiverFailureName(o.failure)]->Increment();
     auto it = receiver_failures_by_name_.find(o.name);

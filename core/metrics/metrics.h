@@ -44,6 +44,7 @@ inline constexpr char kPublicationAttemptSeconds[] = "wpub_publication_attempt_s
 inline constexpr char kReceiverFailuresTotal[] = "wpub_receiver_failures_total";
 inline constexpr char kPublicationsWithoutReceiversTotal[] =
     "wpub_publications_without_receivers_total";
+inline constexpr char kEnginePausedSeconds[] = "wpub_engine_paused_seconds";
 inline constexpr char kReplaysTotal[] = "wpub_replays_total";
 inline constexpr char kReplaySeconds[] = "wpub_replay_seconds";
 // Receivers with a series of their own in wpub_receiver_failures_total; the rest count under
@@ -60,7 +61,9 @@ class EngineMetrics final : public engine::EngineObserver {
   // Every report: wpub_publications_total{status}, wpub_host_syncs_total,
   // wpub_publication_host_syncs, wpub_engine_failures_total{reason} and
   // wpub_receiver_failures_total{receiver} (one per failed receiver),
-  // wpub_publication_attempt_seconds{status} (the wall clock of every outcome).
+  // wpub_publication_attempt_seconds{status} (the wall clock of every outcome),
+  // wpub_engine_paused_seconds{family,part} (every rollout engine paused and resumed in it:
+  // part total, waiting, transfer, finalization).
   // Committed reports also: wpub_publication_seconds, wpub_publication_phase_seconds{phase},
   // wpub_published_bytes_total{format}, wpub_tensors_total{action},
   // wpub_last_committed_version, and wpub_publications_without_receivers_total when no
@@ -97,6 +100,8 @@ class EngineMetrics final : public engine::EngineObserver {
   prometheus::Gauge* last_committed_version_ = nullptr;
   std::map<std::string, prometheus::Counter*> failures_;
   std::map<std::string, prometheus::Histogram*> attempt_seconds_;
+  std::map<std::string, prometheus::Histogram*> paused_seconds_;  // "<family>/<part>"
+  prometheus::Family<prometheus::Histogram>* paused_family_ = nullptr;
   std::map<std::string, prometheus::Counter*> replays_;           // "<kind>/<outcome>"
   std::map<std::string, prometheus::Histogram*> replay_seconds_;  // by kind
   prometheus::Family<prometheus::Counter>* receiver_failures_ = nullptr;

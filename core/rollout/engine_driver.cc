@@ -1,6 +1,8 @@
 // Engine lists and group layouts (engine_driver.h).
 #include "core/rollout/engine_driver.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -53,6 +55,26 @@ absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
   }
   g.world_size = next;
   return g;
+}
+
+transport::PauseWindow PauseWindowOf(const PauseTimes& t, absl::Time now) {
+  transport::PauseWindow w;
+  if (t.paused == absl::InfinitePast()) return w;
+  w.paused = true;
+  w.resumed = t.resumed >= t.paused;
+  const absl::Time end = w.resumed ? t.resumed : std::max(now, t.paused);
+  const auto seconds = [](absl::Time a, absl::Time b) { return absl::ToDoubleSeconds(b - a); };
+  w.seconds = seconds(t.paused, end);
+  // The marks in order, each clamped into the window (a bucket sent before the pause answered
+  // -- its request queued behind the pause -- starts the transfer at the pause).
+  const absl::Time first =
+      t.first_update == absl::InfinitePast() ? end : std::clamp(t.first_update, t.paused, end);
+  const absl::Time last =
+      t.last_update == absl::InfinitePast() ? first : std::clamp(t.last_update, first, end);
+  w.waiting = seconds(t.paused, first);
+  w.transfer = seconds(first, last);
+  w.finalization = seconds(last, end);
+  return w;
 }
 
 }  // namespace wpub::rollout

@@ -59,8 +59,22 @@ struct GroupLayout {
 absl::StatusOr<GroupLayout> LayoutGroup(const std::vector<EngineSpec>& engines,
                                         const std::string& group_name);
 
+// When one engine stopped and started serving around a publication attempt, as wpub saw the
+// answers (EngineRequest::pauses / resumes / update). InfinitePast: not (yet) seen.
+struct PauseTimes {
+  absl::Time paused = absl::InfinitePast();        // the pause's answer arrived
+  absl::Time first_update = absl::InfinitePast();  // the first bucket's update request was sent
+  absl::Time last_update = absl::InfinitePast();   // the last update request's answer arrived
+  absl::Time resumed = absl::InfinitePast();       // the resume's answer arrived
+};
+
+// The engine's pause window of an attempt from its answer times (`now` closes a window whose
+// resume was not answered). Not paused: all zero.
+transport::PauseWindow PauseWindowOf(const PauseTimes& t, absl::Time now);
+
 struct EngineOutcome {
   std::string url;
+  PauseTimes pause;
   bool failed = false;
   std::string error;      // the first failure of the current publication (or join)
   uint64_t requests = 0;  // requests answered successfully in the current publication
@@ -114,13 +128,17 @@ class EngineDriver {
   // Waits for every request posted so far: ABORTED naming the failed engines,
   // DEADLINE_EXCEEDED naming the silent ones.
   virtual absl::Status WaitIdle(absl::Time deadline) = 0;
-  // Resets outcomes and queues the calls that precede the first bucket. Without
-  // `lifecycle_calls` (a member of a publication group other than its leader; the leader makes
-  // them once per engine per version) the publication posts update requests only: nothing
-  // before the first bucket, nothing at EndPublication, no resume after an abort.
+  // Resets outcomes for publication `version`. The calls that precede the first bucket (the
+  // pause, the family's begin) are queued with the first bucket (PostBucket), not here: the
+  // engines serve until wpub has a bucket ready to send, and an abort before it leaves them
+  // untouched (no resume owed). Without `lifecycle_calls` (a member of a publication group
+  // other than its leader; the leader makes them once per engine per version) the publication
+  // posts update requests only: nothing before the first bucket, nothing at EndPublication, no
+  // resume after an abort.
   virtual void BeginPublication(uint64_t version, bool lifecycle_calls) = 0;
   // Queues the update request of one bucket (non-blocking; the engine posts its receive in the
-  // request's handler, so the caller issues it before the bucket's broadcast).
+  // request's handler, so the caller issues it before the bucket's broadcast); the first one of
+  // a publication is preceded by the pause and begin calls.
   virtual void PostBucket(const transport::BucketManifest& bucket) = 0;
   // The broadcasts one bucket is sent as, by byte size in order (the engines receive it in
   // these pieces): the whole bucket for SGLang's flattened bucket, vLLM's packed chunks.

@@ -70,6 +70,11 @@ struct EngineRequest {
   std::string fallback_when = "";
   // Said instead of the body of an HTTP 404 answer (what the missing route means).
   std::string on_404 = "";
+  // The engine stops serving (SGLang's /pause_generation, vLLM's /pause) or serves again
+  // (/continue_generation, /resume) once this is answered: the answer times are the engine's
+  // pause window (EngineOutcome::pause).
+  bool pauses = false;
+  bool resumes = false;
   // A refusal does not fail the engine: it is kept as EngineOutcome::warning (SGLang's
   // /flush_cache answers 400 while paused requests wait to resume, as pause mode retract keeps
   // them).
@@ -200,6 +205,9 @@ class EngineRequestQueue {
       // Counted before it is sent, under the lock DropQueued takes: once an abort dropped the
       // queue, updates_sent says exactly which engines may hold bytes of the aborted version.
       if (r.update) ++outcome_.updates_sent;
+      if (r.update && outcome_.pause.first_update == absl::InfinitePast()) {
+        outcome_.pause.first_update = absl::Now();
+      }
       if (r.opens) opened_ = true;
       ++in_flight_;
       exclusive_in_flight_ = !r.overlappable;
@@ -210,6 +218,10 @@ class EngineRequestQueue {
       if (!r.overlappable) exclusive_in_flight_ = false;
       if (error.empty()) {
         ++outcome_.requests;
+        const absl::Time now = absl::Now();
+        if (r.pauses) outcome_.pause.paused = now;
+        if (r.update) outcome_.pause.last_update = now;
+        if (r.resumes) outcome_.pause.resumed = now;
       } else if (r.best_effort) {
         outcome_.warning = std::move(error);
       } else if (!outcome_.failed) {

@@ -365,9 +365,14 @@ std::vector<transport::ReceiverOutcome> RolloutGroup::Outcomes() const {
     dirty = dirty_;
   }
   std::vector<transport::ReceiverOutcome> out;
-  for (const EngineOutcome& o : outcomes) {
+  const std::vector<EngineSpec>& specs = driver_->engines();
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    const EngineOutcome& o = outcomes[i];
     transport::ReceiverOutcome r;
     r.name = o.url;
+    if (i < specs.size()) r.family = specs[i].family;
+    r.pause = PauseWindowOf(o.pause, now);
     // Holds part of a version that has not committed: left dirty by an abort, or (in flight)
     // it would be if this attempt ended now.
     const bool in_flight = this->in_flight();

@@ -119,8 +119,14 @@ void SglangDriver::PostAll(const std::string& method, const std::string& path,
 
 void SglangDriver::PostClosing(size_t engine, const std::string& path) {
   if (path.empty() || Lacks(engine, path)) return;
-  workers_[engine]->Post(EngineRequest{"POST", path, std::make_shared<const std::string>("{}"),
-                                       /*overlappable=*/false, /*update=*/false, /*always=*/true});
+  EngineRequest r{"POST",
+                  path,
+                  std::make_shared<const std::string>("{}"),
+                  /*overlappable=*/false,
+                  /*update=*/false,
+                  /*always=*/true};
+  r.resumes = path == options_.endpoints.resume;
+  workers_[engine]->Post(std::move(r));
 }
 
 bool SglangDriver::Lacks(size_t engine, const std::string& path) const {
@@ -144,10 +150,16 @@ void SglangDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   version_ = version;
   closed_ = false;
   lifecycle_calls_ = lifecycle_calls;
+  paused_ = false;
   for (auto& w : workers_) w->Reset();
-  if (!lifecycle_calls) return;
+}
+
+void SglangDriver::PauseLocked() {
+  if (paused_ || !lifecycle_calls_) return;
+  paused_ = true;
   const SglangEndpoints& e = options_.endpoints;
-  PostAll("POST", e.pause, json({{"mode", e.pause_mode}}).dump());
+  PostAll("POST", e.pause, json({{"mode", e.pause_mode}}).dump(),
+          [](EngineRequest& r) { r.pauses = true; });
   // Best effort: SGLang refuses a flush while any request waits (after a retract pause, the
   // retracted ones do) -- the update goes on, the cache keeps what it holds.
   PostAll("GET", e.flush, "", [](EngineRequest& r) { r.best_effort = true; });
@@ -162,6 +174,7 @@ void SglangDriver::PostBucket(const transport::BucketManifest& bucket) {
   if (path.empty()) return;
   std::lock_guard lock(post_mu_);
   if (closed_) return;  // aborted: no engine may receive more of this version
+  PauseLocked();
   // Encoded here, once for every engine of each form (with or without weight_version): a
   // 3,300-tensor body takes ~0.3 ms (bench/rollout/update_request_bench), less than copying the
   // manifest for another thread.
@@ -191,6 +204,7 @@ void SglangDriver::EndPublication() {
   if (closed_) return;
   closed_ = true;
   if (!lifecycle_calls_) return;
+  PauseLocked();  // a publication without buckets still pauses, opens and ends its session
   const SglangEndpoints& e = options_.endpoints;
   // The session ends first (it finalizes the quantized layers); the version is announced only
   // then, so an engine reports a version once it holds all of it (update requests carry none:
@@ -200,7 +214,7 @@ void SglangDriver::EndPublication() {
   PostAll("POST", e.end, "{}");
   PostAll("POST", e.version,
           json({{"new_version", std::to_string(version_)}, {"abort_all_requests", false}}).dump());
-  PostAll("POST", e.resume, "{}");
+  PostAll("POST", e.resume, "{}", [](EngineRequest& r) { r.resumes = true; });
 }
 
 std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& still_dirty) {
@@ -217,7 +231,7 @@ std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& st
     // Closes the session on every engine that was asked to open one (answered or not: a begin
     // whose answer was lost may have opened it), dirty ones included, before any resume.
     if (workers_[i]->opened()) PostClosing(i, options_.endpoints.end);
-    if (!dirty[i]) PostClosing(i, options_.endpoints.resume);
+    if (!dirty[i] && paused_) PostClosing(i, options_.endpoints.resume);
   }
   return dirty;
 }

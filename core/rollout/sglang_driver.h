@@ -151,6 +151,10 @@ class SglangDriver final : public EngineDriver {
   // teardown (EngineRequest::always): an abort's end and resume. Nothing for an empty path or
   // one the engine lacks.
   void PostClosing(size_t engine, const std::string& path);
+  // Queues the calls that precede a publication's first bucket (pause, flush, begin), once per
+  // publication, at its first bucket (or its end): the engines keep serving while wpub checks
+  // the inputs and packs the first bucket. post_mu_ held.
+  void PauseLocked();
 
   const SglangDriverOptions options_;
   const GroupLayout layout_;
@@ -160,6 +164,7 @@ class SglangDriver final : public EngineDriver {
   uint64_t version_ = 0;         // guarded by post_mu_
   bool closed_ = true;           // guarded by post_mu_: the publication ended (or none began)
   bool lifecycle_calls_ = true;  // guarded by post_mu_: BeginPublication's
+  bool paused_ = false;          // guarded by post_mu_: this publication's pause was posted
   std::vector<std::unique_ptr<EngineRequestQueue>> workers_;
 };
 

@@ -164,10 +164,16 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
   version_ = version;
   closed_ = false;
   lifecycle_calls_ = lifecycle_calls;
+  paused_ = false;
   for (auto& w : workers_) w->Reset();
-  if (!lifecycle_calls) return;
+}
+
+void VllmDriver::PauseLocked() {
+  if (paused_ || !lifecycle_calls_) return;
+  paused_ = true;
   if (!options_.pause_mode.empty()) {
-    PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "");
+    PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "",
+            [](EngineRequest& r) { r.pauses = true; });
   }
   // the first four-phase releases parse a JSON body here; later ones read none.
   PostAll(kStart, "{}", [](EngineRequest& r) {
@@ -179,6 +185,7 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
 void VllmDriver::PostBucket(const transport::BucketManifest& bucket) {
   std::lock_guard lock(post_mu_);
   if (closed_) return;
+  PauseLocked();
   std::shared_ptr<const std::string> plain, packing;
   for (auto& w : workers_) {
     const bool per_update = w->fell_back();
@@ -200,8 +207,11 @@ void VllmDriver::EndPublication() {
   if (closed_) return;
   closed_ = true;
   if (!lifecycle_calls_) return;
+  PauseLocked();  // a publication without buckets still pauses, starts and finishes
   PostAll(kFinish, json{{"weight_version", std::to_string(version_)}}.dump());
-  if (!options_.pause_mode.empty()) PostAll(kResume, "");
+  if (!options_.pause_mode.empty()) {
+    PostAll(kResume, "", [](EngineRequest& r) { r.resumes = true; });
+  }
 }
 
 std::vector<bool> VllmDriver::ResumeAfterAbort(const std::set<std::string>& still_dirty) {
@@ -222,9 +232,10 @@ std::vector<bool> VllmDriver::ResumeAfterAbort(const std::set<std::string>& stil
       f.always = true;
       workers_[i]->Post(std::move(f));
     }
-    if (!dirty[i] && !options_.pause_mode.empty()) {
+    if (!dirty[i] && paused_ && !options_.pause_mode.empty()) {
       EngineRequest r{"POST", kResume, std::make_shared<const std::string>("")};
       r.always = true;
+      r.resumes = true;
       workers_[i]->Post(std::move(r));
     }
   }

@@ -83,6 +83,10 @@ class VllmDriver final : public EngineDriver {
   // fields first.
   void PostAll(const std::string& path, const std::string& body,
                void (*customize)(EngineRequest&) = nullptr);
+  // Queues the calls that precede a publication's first bucket (pause, start), once per
+  // publication, at its first bucket (or its end): the engines keep serving while wpub checks
+  // the inputs and packs the first bucket. post_mu_ held.
+  void PauseLocked();
 
   const VllmDriverOptions options_;
   const GroupLayout layout_;
@@ -90,6 +94,7 @@ class VllmDriver final : public EngineDriver {
   uint64_t version_ = 0;         // guarded by post_mu_
   bool closed_ = true;           // guarded by post_mu_
   bool lifecycle_calls_ = true;  // guarded by post_mu_
+  bool paused_ = false;          // guarded by post_mu_: this publication's pause was posted
   std::vector<std::unique_ptr<EngineRequestQueue>> workers_;
 };
 

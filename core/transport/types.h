@@ -166,6 +166,22 @@ enum class ReceiverFailure : uint8_t {
 // "none", "checksum", "timeout", "disconnected", "protocol".
 const char* ReceiverFailureName(ReceiverFailure failure);
 
+// How long a rollout engine served nothing in one publication attempt, from the answer to its
+// pause to the answer to its resume, and where that time went (seconds, as wpubd saw the
+// answers): waiting for wpub (the pause's answer .. the first bucket's update request: the
+// engine's own pause and cache flush, its session's begin, and whatever of ingestion and
+// quantization was left), the transfer (.. the last update's answer), and the engine's own
+// finalization (.. the resume's answer: SGLang's end of session and version, vLLM's finish).
+// waiting + transfer + finalization == seconds.
+struct PauseWindow {
+  bool paused = false;   // the engine answered a pause in this attempt
+  bool resumed = false;  // ... and its resume (false: still paused -- dirty -- at the report)
+  double seconds = 0;    // pause answer .. resume answer (or .. the report, when not resumed)
+  double waiting = 0;
+  double transfer = 0;
+  double finalization = 0;
+};
+
 // Outcome of one receiver in one publication.
 struct ReceiverOutcome {
   std::string name;
@@ -180,6 +196,10 @@ struct ReceiverOutcome {
   // an abort left it paused and kDirty until a complete version reaches it, or (while the
   // publication is in flight) it would be if the publication ended now.
   bool dirty = false;
+  // A rollout engine's family ("sglang", "vllm"); "" for a pull receiver.
+  std::string family;
+  // A rollout engine's pause window (engines that pause: not a pull receiver).
+  PauseWindow pause;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/common/log_context.h"
 #include "server/common/log_escape.h"
@@ -290,6 +291,18 @@ grpc::Status PublisherService::Publish(grpc::ServerContext* context,
                report->version, engine::PublicationStatusName(report->status), report->wall_seconds,
                report->bytes_out, report->tensors_quantized, report->tensors_passthrough,
                report->error.empty() ? "" : ": ", LogEscape(report->error));
+  for (const transport::ReceiverOutcome& o : report->receivers) {
+    if (!o.pause.paused) continue;
+    // One line per engine (in JSON logs: the engine and its pause window as fields).
+    const LogField engine_field("engine", o.name);
+    const LogField paused_field("paused_seconds", absl::StrFormat("%.6f", o.pause.seconds));
+    spdlog::info(
+        "publish v{}: {} engine {} served nothing for {:.3f} s{} (waiting for wpub {:.3f} s, "
+        "transfer {:.3f} s, its own finalization {:.3f} s)",
+        report->version, o.family, LogEscape(o.name), o.pause.seconds,
+        o.pause.resumed ? "" : " and is still paused", o.pause.waiting, o.pause.transfer,
+        o.pause.finalization);
+  }
   if (report->status == engine::PublicationStatus::kCommitted && report->receivers.empty()) {
     // Committed to nobody: no engine or pull receiver held it. Counted in
     // wpub_publications_without_receivers_total (alert WpubCommittedToNoReceiver).

@@ -91,6 +91,25 @@ absl::Status PrintStatus() {
                   e.gpus(), e.state().c_str());
     }
   }
+  // How long each engine served nothing in the newest publication, and where that time went.
+  for (int i = 0; i < s.recent_reports_size(); ++i) {
+    const wpub::v1::PublicationReport& last = s.recent_reports(i);
+    bool any = false;
+    for (const wpub::v1::ReceiverOutcome& o : last.receivers()) any |= o.has_pause();
+    if (!any) continue;
+    std::printf(
+        "paused      v%llu, per engine: served nothing for (waiting for wpub + transfer + "
+        "the engine's finalization)\n",
+        static_cast<unsigned long long>(last.version()));
+    for (const wpub::v1::ReceiverOutcome& o : last.receivers()) {
+      if (!o.has_pause()) continue;
+      const wpub::v1::PauseWindow& w = o.pause();
+      std::printf("  %-32s %-6s %8.3f s = %.3f + %.3f + %.3f%s\n", o.name().c_str(),
+                  o.family().c_str(), w.seconds(), w.waiting(), w.transfer(), w.finalization(),
+                  w.resumed() ? "" : "  (still paused)");
+    }
+    break;
+  }
   if (s.recent_reports_size() > 0) {
     std::printf("\nrecent publications (newest first)\n%s", ReportTableHeader().c_str());
     for (const auto& r : s.recent_reports()) std::printf("%s", ReportTableRow(r).c_str());

@@ -159,5 +159,75 @@ TEST(EngineMetrics, CommittedToNoReceiverIsCounted) {
   EXPECT_EQ(Flatten(registry.Collect()).at("wpub_publications_without_receivers_total{}"), 2);
 }
 
+// How far each receiver is behind the committed version (a dirty engine holds none), and what
+// the retained copy holds.
+TEST(StatusCollector, VersionsBehindAndTheRetainedCopy) {
+  StatusCollector c([] {
+    engine::EngineStatus s = Status(false, 3);
+    s.committed_version = 41;
+    s.receivers[0].held_version = 41;  // current
+    s.receivers[1].held_version = 41;  // dirty: holds none whole
+    s.receivers[2].held_version = 38;  // joined behind
+    s.retained.where = transport::RetainWhere::kHost;
+    s.retained.version = 41;
+    s.retained.bytes = 123456;
+    return s;
+  });
+  const auto m = Flatten(c.Collect());
+  EXPECT_EQ(m.at("wpub_receiver_versions_behind{receiver=recv-100}"), 0);
+  EXPECT_EQ(m.at("wpub_receiver_versions_behind{receiver=recv-101}"), 41);
+  EXPECT_EQ(m.at("wpub_receiver_versions_behind{receiver=recv-102}"), 3);
+  EXPECT_EQ(m.at("wpub_receiver_held_version{receiver=recv-101}"), 0);
+  EXPECT_EQ(m.at("wpub_receiver_held_version{receiver=recv-102}"), 38);
+  EXPECT_EQ(m.at("wpub_retained_bytes{where=host}"), 123456);
+  EXPECT_EQ(m.at("wpub_retained_version{}"), 41);
+}
+
+// Every engine paused and resumed in a publication: its window, by family and part; one still
+// paused (dirty) is not observed. Replays by kind and outcome, seconds of completed ones.
+TEST(EngineMetrics, PauseWindowsAndReplays) {
+  prometheus::Registry registry;
+  auto m = EngineMetrics::Create(&registry);
+  ASSERT_TRUE(m.ok()) << m.status();
+  engine::PublicationReport r = Report(engine::PublicationStatus::kCommitted, 2.0, {});
+  for (const char* family : {"sglang", "vllm", "vllm"}) {
+    transport::ReceiverOutcome o;
+    o.name = absl::StrCat("http://", family, r.receivers.size());
+    o.family = family;
+    o.pause = {.paused = true,
+               .resumed = true,
+               .seconds = 1.0,
+               .waiting = 0.1,
+               .transfer = 0.7,
+               .finalization = 0.2};
+    r.receivers.push_back(o);
+  }
+  r.receivers.back().pause.resumed = false;  // still paused: no window to observe
+  (*m)->OnReport(r);
+  engine::ReplayReport done;
+  done.kind = engine::ReplayKind::kRestore;
+  done.completed = true;
+  done.seconds = 0.5;
+  (*m)->OnReplay(done);
+  engine::ReplayReport preempted;
+  preempted.kind = engine::ReplayKind::kCatchUp;
+  preempted.preempted = true;
+  (*m)->OnReplay(preempted);
+  const auto v = Flatten(registry.Collect());
+  for (const char* part : {"total", "waiting", "transfer", "finalization"}) {
+    EXPECT_EQ(v.at(absl::StrCat("wpub_engine_paused_seconds_count{family=sglang,part=", part, "}")),
+              1)
+        << part;
+    EXPECT_EQ(v.at(absl::StrCat("wpub_engine_paused_seconds_count{family=vllm,part=", part, "}")),
+              1)
+        << part;
+  }
+  EXPECT_EQ(v.at("wpub_replays_total{kind=restore,outcome=completed}"), 1);
+  EXPECT_EQ(v.at("wpub_replays_total{kind=catch_up,outcome=preempted}"), 1);
+  EXPECT_EQ(v.at("wpub_replays_total{kind=catch_up,outcome=completed}"), 0);
+  EXPECT_EQ(v.at("wpub_replay_seconds_count{kind=restore}"), 1);
+  EXPECT_EQ(v.at("wpub_replay_seconds_count{kind=catch_up}"), 0);
+}
+
 }  // namespace
 }  // namespace wpub::metrics

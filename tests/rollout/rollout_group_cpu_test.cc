@@ -308,6 +308,28 @@ void ExpectCommits(Daemon& d, const std::vector<std::unique_ptr<FakeSglang>>& en
   ExpectAllServe(engines, version);
 }
 
+// Every live vLLM engine serves `version`, resumed, no update open, no mix, and holds the CPU
+// oracle's bytes of it tensor for tensor.
+void ExpectVllmHolds(const std::vector<std::unique_ptr<recv::VllmEngine>>& engines,
+                     uint64_t version) {
+  const auto want = engine::testing::ExpectedOutputs(
+      Daemon::Batches(version), *engine::testing::PlainPolicy(), kernels::QuantMode::Standard());
+  for (const auto& e : engines) {
+    if (e == nullptr) continue;  // stopped (a restart)
+    const recv::VllmEngineState s = e->state();
+    EXPECT_FALSE(s.paused) << e->url();
+    EXPECT_FALSE(s.updating) << e->url();
+    EXPECT_FALSE(s.mixed) << e->url();
+    EXPECT_EQ(s.weight_version, std::to_string(version)) << e->url();
+    ASSERT_EQ(s.weights.size(), want.size()) << e->url();
+    for (const auto& [name, bytes] : want) {
+      auto it = s.weights.find(name);
+      ASSERT_NE(it, s.weights.end()) << name;
+      EXPECT_EQ(it->second.second, bytes) << name;
+    }
+  }
+}
+
 TEST(RolloutGroupCpu, AnSglangLoaderFailureAtBucketKIsRetriedAndCommits) {
   for (const SglangRelease release : {SglangRelease::kV0_5_6, SglangRelease::kV0_5_16}) {
     SCOPED_TRACE(static_cast<int>(release));
@@ -357,23 +379,7 @@ TEST(RolloutGroupCpu, AVllmLoaderFailureIsRetriedAndEveryEngineHoldsTheOraclesBy
   Daemon d(specs);
   for (ChannelDataPath* p : paths)
     d.AddSink([p](std::vector<uint8_t> c) { p->Push(std::move(c)); });
-  auto expect_holds = [&](uint64_t version) {
-    const auto want = engine::testing::ExpectedOutputs(
-        Daemon::Batches(version), *engine::testing::PlainPolicy(), kernels::QuantMode::Standard());
-    for (auto& e : engines) {
-      const recv::VllmEngineState s = e->state();
-      EXPECT_FALSE(s.paused) << e->url();
-      EXPECT_FALSE(s.updating) << e->url();
-      EXPECT_FALSE(s.mixed) << e->url();
-      EXPECT_EQ(s.weight_version, std::to_string(version)) << e->url();
-      ASSERT_EQ(s.weights.size(), want.size()) << e->url();
-      for (const auto& [name, bytes] : want) {
-        auto it = s.weights.find(name);
-        ASSERT_NE(it, s.weights.end()) << name;
-        EXPECT_EQ(it->second.second, bytes) << name;
-      }
-    }
-  };
+  auto expect_holds = [&](uint64_t version) { ExpectVllmHolds(engines, version); };
   PublicationReport r1 = d.Publish(1);
   ASSERT_EQ(r1.status, PublicationStatus::kCommitted) << Errors(r1);
   expect_holds(1);
@@ -597,24 +603,7 @@ TEST(RolloutGroupCpu, VllmEnginesAreRestoredByteForByteAndARestartedOneIsCaughtU
     d.AddSink([p](std::vector<uint8_t> c) { p->Push(std::move(c)); });
   };
   for (ChannelDataPath* p : paths) sink_to(p);
-  auto expect_holds = [&](uint64_t version) {
-    const auto want = engine::testing::ExpectedOutputs(
-        Daemon::Batches(version), *engine::testing::PlainPolicy(), kernels::QuantMode::Standard());
-    for (auto& e : engines) {
-      if (e == nullptr) continue;
-      const recv::VllmEngineState s = e->state();
-      EXPECT_FALSE(s.paused) << e->url();
-      EXPECT_FALSE(s.updating) << e->url();
-      EXPECT_FALSE(s.mixed) << e->url();
-      EXPECT_EQ(s.weight_version, std::to_string(version)) << e->url();
-      ASSERT_EQ(s.weights.size(), want.size()) << e->url();
-      for (const auto& [name, bytes] : want) {
-        auto it = s.weights.find(name);
-        ASSERT_NE(it, s.weights.end()) << name;
-        EXPECT_EQ(it->second.second, bytes) << name;
-      }
-    }
-  };
+  auto expect_holds = [&](uint64_t version) { ExpectVllmHolds(engines, version); };
   PublicationReport r1 = d.Publish(1);
   ASSERT_EQ(r1.status, PublicationStatus::kCommitted) << Errors(r1);
   expect_holds(1);
@@ -648,6 +637,53 @@ TEST(RolloutGroupCpu, VllmEnginesAreRestoredByteForByteAndARestartedOneIsCaughtU
   PublicationReport r3 = d.Publish(3);
   ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
   expect_holds(3);
+}
+
+// Each engine's pause window in the report: pause answered .. resume answered, split where the
+// time went. Engine 0 takes 30 ms to load each bucket, engine 1 150 ms to end its session; an
+// aborted version leaves the dirty engines paused, their windows open.
+TEST(RolloutGroupCpu, EachEnginesPauseWindowSaysWhereItsTimeWent) {
+  auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
+  engines[0]->SetDelay(std::chrono::milliseconds(30), "/update_weights_from_distributed");
+  engines[1]->SetDelay(std::chrono::milliseconds(150), "/end_weight_update");
+  Daemon d(Specs(engines), absl::Seconds(20), /*max_attempts=*/1);
+  SetIncoming(engines, 1);
+  const PublicationReport r = d.Publish(1);
+  ASSERT_EQ(r.status, PublicationStatus::kCommitted) << Errors(r);
+  ASSERT_EQ(r.receivers.size(), 2u);
+  for (const transport::ReceiverOutcome& o : r.receivers) {
+    SCOPED_TRACE(o.name);
+    EXPECT_EQ(o.family, "sglang");
+    EXPECT_TRUE(o.pause.paused);
+    EXPECT_TRUE(o.pause.resumed);
+    EXPECT_NEAR(o.pause.waiting + o.pause.transfer + o.pause.finalization, o.pause.seconds, 1e-9);
+    EXPECT_GE(o.pause.waiting, 0);
+    EXPECT_LE(o.pause.seconds, r.wall_seconds);
+  }
+  const transport::ReceiverOutcome& slow_loads =
+      r.receivers[0].name == engines[0]->url() ? r.receivers[0] : r.receivers[1];
+  const transport::ReceiverOutcome& slow_end =
+      r.receivers[0].name == engines[1]->url() ? r.receivers[0] : r.receivers[1];
+  // Every bucket's answer took 30 ms: the first is answered 30 ms after it was sent at least.
+  EXPECT_GE(slow_loads.pause.transfer, 0.030);
+  EXPECT_GE(slow_end.pause.finalization, 0.150);
+  EXPECT_LT(slow_end.pause.transfer, slow_loads.pause.transfer);
+  ExpectAllServe(engines, 1);
+
+  // v2 fails at engine 0's second bucket: both engines loaded some of it and stay paused.
+  engines[0]->FailUpdateAt(1);
+  SetIncoming(engines, 2);
+  const PublicationReport r2 = d.Publish(2);
+  ASSERT_EQ(r2.status, PublicationStatus::kAborted) << Errors(r2);
+  for (const transport::ReceiverOutcome& o : r2.receivers) {
+    SCOPED_TRACE(o.name);
+    EXPECT_TRUE(o.dirty);
+    EXPECT_TRUE(o.pause.paused);
+    EXPECT_FALSE(o.pause.resumed);
+    EXPECT_NEAR(o.pause.waiting + o.pause.transfer + o.pause.finalization, o.pause.seconds, 1e-9);
+  }
+  SetIncoming(engines, 3);
+  ExpectCommits(d, engines, 3);
 }
 
 }  // namespace

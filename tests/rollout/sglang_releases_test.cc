@@ -236,7 +236,13 @@ TEST(SglangReleases, AnUnmatchedBeginKillsTheServerAsSglangDoes) {
   Group g({{SglangRelease::kV0_5_16}});
   g.driver->BeginPublication(1, /*lifecycle_calls=*/true);
   g.Settle();
+  // The session opens with the first bucket (pause, flush and begin go before it).
+  EXPECT_FALSE(g.engines[0]->session_open());
+  EXPECT_TRUE(g.engines[0]->serving());
+  g.driver->PostBucket(Bucket(0));
+  g.Settle();
   EXPECT_TRUE(g.engines[0]->session_open());
+  EXPECT_FALSE(g.engines[0]->serving());
   httplib::Client c(g.engines[0]->url());
   auto r = c.Post("/begin_weight_update", "{}", "application/json");
   EXPECT_FALSE(r && r->status == 200);

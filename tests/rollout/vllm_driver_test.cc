@@ -303,23 +303,34 @@ TEST(VllmDriver, AfterAnAbortEveryEngineFinishesAndOnlyCleanOnesResume) {
   EXPECT_EQ(sent.calls().back(), "/finish_weight_update");
   EXPECT_EQ(clean.calls().back(), "/finish_weight_update");  // dirty from before: not resumed
 
+  // An abort before the first bucket: the engine was never paused nor started (those calls go
+  // with the first bucket), so nothing is finished or resumed -- it served throughout.
   FakeVllm fresh;
   auto d2 = VllmDriver::Create(Options({&fresh}, {1}));
   (*d2)->StartJoin();
   ASSERT_TRUE((*d2)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::string> joined = fresh.calls();
   (*d2)->BeginPublication(6, true);
   ASSERT_TRUE((*d2)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_EQ(fresh.calls(), joined);
   EXPECT_EQ((*d2)->ResumeAfterAbort(), std::vector<bool>{false});
   ASSERT_TRUE((*d2)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
-  const std::vector<std::string> calls = fresh.calls();
-  ASSERT_GE(calls.size(), 2u);
-  EXPECT_EQ(calls[calls.size() - 2], "/finish_weight_update");
-  EXPECT_EQ(calls.back(), "/resume");
+  EXPECT_EQ(fresh.calls(), joined);
   // Nothing more of the aborted publication reaches an engine.
   (*d2)->PostBucket(Bucket(0));
   (*d2)->EndPublication();
   ASSERT_TRUE((*d2)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
-  EXPECT_EQ(fresh.calls().back(), "/resume");
+  EXPECT_EQ(fresh.calls(), joined);
+  // Once a bucket was posted, the engine was paused and started before it: an abort then
+  // finishes the update and resumes the engine (it is dirty: not resumed).
+  (*d2)->BeginPublication(7, true);
+  (*d2)->PostBucket(Bucket(0));
+  ASSERT_TRUE((*d2)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::string> calls = fresh.calls();
+  ASSERT_EQ(calls.size(), joined.size() + 3);
+  EXPECT_EQ(calls[joined.size()].rfind("/pause", 0), 0u) << calls[joined.size()];
+  EXPECT_EQ(calls[joined.size() + 1], "/start_weight_update");
+  EXPECT_EQ(calls[joined.size() + 2], "/update_weights");
 }
 
 TEST(VllmDriver, FollowersOfAPublicationGroupPostUpdatesOnly) {

@@ -20,7 +20,8 @@ from .group import GroupOutcome, GroupSpec, PublicationGroup
 from .progress import Progress
 from .publisher import Publisher
 from .report import (ActivePublication, ClientTimings, ConnectedEngine, EngineGroup,
-                     PhaseSeconds, PublicationReport, ReceiverInfo, ReceiverOutcome, ReplayReport,
+                     PauseWindow, PhaseSeconds, PublicationReport, ReceiverInfo, ReceiverOutcome,
+                     ReplayReport,
                      RetainedCopy, Status)
 from .tensors import Concat, CudaIpc, ShmRef, Tensor, TensorError, concat
 
@@ -30,7 +31,7 @@ _logging.getLogger(__name__).addHandler(_logging.NullHandler())
 __all__ = [
     "__version__", "Publisher", "PublicationGroup", "GroupSpec", "GroupOutcome",
     "PublicationFuture", "Progress", "PublicationReport",
-    "PhaseSeconds", "ClientTimings", "ReceiverOutcome", "Status", "ActivePublication", "ReceiverInfo", "EngineGroup", "ConnectedEngine", "ReplayReport",
+    "PhaseSeconds", "ClientTimings", "ReceiverOutcome", "PauseWindow", "Status", "ActivePublication", "ReceiverInfo", "EngineGroup", "ConnectedEngine", "ReplayReport",
     "RetainedCopy", "Tensor",
     "CudaIpc", "ShmRef", "Concat", "concat",
     "WpubError",

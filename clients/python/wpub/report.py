@@ -22,12 +22,34 @@ class PhaseSeconds:
 
 
 @dataclass
+class PauseWindow:
+    """How long a rollout engine served nothing in a publication (wpubd's view of its answers):
+    pause answered .. resume answered, split into waiting for wpub, the transfer and the
+    engine's own finalization (the three add up to `seconds`)."""
+    seconds: float
+    waiting: float
+    transfer: float
+    finalization: float
+    resumed: bool  # False: still paused (dirty) when the report was made
+
+
+@dataclass
 class ReceiverOutcome:
     name: str
     state: str
     committed: bool
     failure: str
     error: str
+    family: str = ""  # a rollout engine's family ("sglang", "vllm"); "" for a pull receiver
+    pause: Optional[PauseWindow] = None  # a rollout engine's pause window
+
+    @classmethod
+    def from_proto(cls, r) -> "ReceiverOutcome":
+        pause = None
+        if r.HasField("pause"):
+            p = r.pause
+            pause = PauseWindow(p.seconds, p.waiting, p.transfer, p.finalization, p.resumed)
+        return cls(r.name, r.state, r.committed, r.failure, r.error, r.family, pause)
 
 
 @dataclass
@@ -109,8 +131,7 @@ class PublicationReport:
             tensors_quantized=m.tensors.quantized, tensors_passthrough=m.tensors.passthrough,
             tensors_ignored=m.tensors.ignored, num_buckets=m.num_buckets,
             non_finite=m.non_finite, start_unix_nanos=m.start_unix_nanos,
-            receivers=[ReceiverOutcome(r.name, r.state, r.committed, r.failure, r.error)
-                       for r in m.receivers],
+            receivers=[ReceiverOutcome.from_proto(r) for r in m.receivers],
             client=client, raw=m)
 
     def summary(self) -> str:
@@ -170,8 +191,7 @@ class ReplayReport:
         return cls(kind=m.kind, version=m.version, trigger=m.trigger, completed=m.completed,
                    preempted=m.preempted, error=m.error, seconds=m.seconds, bytes=m.bytes,
                    buckets=m.buckets,
-                   receivers=[ReceiverOutcome(r.name, r.state, r.committed, r.failure, r.error)
-                              for r in m.receivers])
+                   receivers=[ReceiverOutcome.from_proto(r) for r in m.receivers])
 
 
 @dataclass
