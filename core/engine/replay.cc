@@ -66,12 +66,6 @@ void Replayer::Request(ReplayKind kind, std::string trigger) {
   cv_.notify_all();
 }
 
-bool Replayer::WaitIdle(absl::Duration timeout) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                      [&] { return stopping_ || (!pending_.has_value() && !running_); });
-}
-
 std::vector<ReplayReport> Replayer::Recent(size_t n) const {
   std::lock_guard lock(mu_);
   const size_t k = std::min(n, reports_.size());
@@ -108,7 +102,6 @@ void Replayer::Loop() {
     if (stopping_) return;
     Pending p = *std::move(pending_);
     pending_.reset();
-    running_ = true;
     lock.unlock();
     std::string who;
     if (SomethingBehind(&who)) {
@@ -121,8 +114,6 @@ void Replayer::Loop() {
       }
     }
     lock.lock();
-    running_ = false;
-    cv_.notify_all();
   }
 }
 
@@ -160,7 +151,6 @@ absl::StatusOr<ReplayReport> Replayer::Run(ReplayKind kind, std::string trigger)
     current_ = current;
     if (stopping_) current->preempted = true;
   }
-  ++runs_;
   spdlog::info("{} of v{} begins ({})", ReplayKindName(kind), version, report.trigger);
 
   transport::TransportGroup& transports = engine_->transports();

@@ -56,11 +56,7 @@ class Replayer {
   // are merged (a restore wins over a catch-up). Never blocks.
   void Request(ReplayKind kind, std::string trigger);
 
-  // Blocks until no replay is requested or running, or `timeout` passed; true when idle.
-  bool WaitIdle(absl::Duration timeout);
-
   std::vector<ReplayReport> Recent(size_t n) const;  // newest first
-  uint64_t runs() const { return runs_.load(); }     // replays begun (tests)
 
   // Preempts the replay in progress, drops what was requested, ends the thread. Idempotent.
   void Stop();
@@ -75,7 +71,6 @@ class Replayer {
 
   Engine::Impl* const engine_;
   const size_t history_;
-  std::atomic<uint64_t> runs_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -84,7 +79,6 @@ class Replayer {
     std::string trigger;
   };
   std::optional<Pending> pending_;    // guarded by mu_
-  bool running_ = false;              // the thread runs a replay; guarded by mu_
   bool stopping_ = false;             // guarded by mu_
   std::shared_ptr<Current> current_;  // the replay in progress; guarded by mu_
   std::deque<ReplayReport> reports_;  // newest first; guarded by mu_
