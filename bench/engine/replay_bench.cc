@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
   std::printf(
       "| catch-up of 1 late pull receiver (%.2f GB/s) | %.4f s | a publication of the version to "
       "1 receiver %.4f s (its transfer phase, overlapped with quantization: %.4f s) | %.3f |\n",
-      bytes_out / 1e9 / Median(catch_up), Median(catch_up), Median(one_wall),
-      Median(one_transfer), Median(catch_up) / Median(one_wall));
+      bytes_out / 1e9 / Median(catch_up), Median(catch_up), Median(one_wall), Median(one_transfer),
+      Median(catch_up) / Median(one_wall));
   return 0;
 }

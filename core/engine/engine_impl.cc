@@ -66,14 +66,13 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   impl->StartRefresher();
   // A pull receiver that subscribes holding less than the committed version is caught up.
   // Weak: a subscription on another thread may outlive the engine's parts.
-  impl->pull_->SetBehindListener(
-      [weak = std::weak_ptr<Impl>(impl)](const std::string& receiver, uint64_t held) {
-        if (const std::shared_ptr<Impl> self = weak.lock()) {
-          self->replayer_->Request(
-              ReplayKind::kCatchUp,
-              absl::StrCat("receiver ", receiver, " subscribed holding v", held));
-        }
-      });
+  impl->pull_->SetBehindListener([weak = std::weak_ptr<Impl>(impl)](const std::string& receiver,
+                                                                    uint64_t held) {
+    if (const std::shared_ptr<Impl> self = weak.lock()) {
+      self->replayer_->Request(ReplayKind::kCatchUp,
+                               absl::StrCat("receiver ", receiver, " subscribed holding v", held));
+    }
+  });
   return impl;
 }
 

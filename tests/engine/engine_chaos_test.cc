@@ -78,19 +78,10 @@ class ChaosTest : public ::testing::Test {
     cut_ = true;
   }
 
-  const Outputs& Expected(uint64_t version) {
-    auto it = expected_.find(version);
-    if (it == expected_.end()) {
-      it = expected_
-               .emplace(version, testing::ExpectedOutputs(Batches(version), *policy_,
-                                                          kernels::QuantMode::Standard()))
-               .first;
-    }
-    return it->second;
-  }
+  const Outputs& Expected(uint64_t version) { return model_.Expected(version); }
 
-  static std::vector<testing::TestBatch> Batches(uint64_t version) {
-    return testing::ModelBatches(synthetic::ModelShape::Tiny(), 1000 + version);
+  std::vector<testing::TestBatch> Batches(uint64_t version) const {
+    return model_.Batches(version);
   }
 
   // wpub_engines{state}: how many receivers are in `state` now.
@@ -115,8 +106,7 @@ class ChaosTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
   std::map<std::string, std::unique_ptr<transport::testing::InprocReceiver>> receivers_;
   bool cut_ = false;
-  std::unique_ptr<policy::Policy> policy_ = testing::PlainPolicy();
-  std::map<uint64_t, Outputs> expected_;
+  testing::VersionedModel model_{1000};
 };
 
 TEST_F(ChaosTest, TwoHundredPublicationsWithRandomFaultsNeverCommitFalselyOrServeAMix) {

@@ -70,20 +70,11 @@ class ReplayTest : public ::testing::Test {
     return (receivers_[name] = std::move(*r)).get();
   }
 
-  static std::vector<testing::TestBatch> Batches(uint64_t version) {
-    return testing::ModelBatches(synthetic::ModelShape::Tiny(), 5000 + version);
+  std::vector<testing::TestBatch> Batches(uint64_t version) const {
+    return model_.Batches(version);
   }
 
-  const Outputs& Expected(uint64_t version) {
-    auto it = expected_.find(version);
-    if (it == expected_.end()) {
-      it = expected_
-               .emplace(version, testing::ExpectedOutputs(Batches(version), *policy_,
-                                                          kernels::QuantMode::Standard()))
-               .first;
-    }
-    return it->second;
-  }
+  const Outputs& Expected(uint64_t version) { return model_.Expected(version); }
 
   PublicationReport Publish(uint64_t version) {
     auto session = engine_->Open(testing::Header(version));
@@ -128,8 +119,7 @@ class ReplayTest : public ::testing::Test {
   transport::testing::FaultInjectingTransport* faults_ = nullptr;  // owned by the engine
   std::unique_ptr<Engine> engine_;
   std::map<std::string, std::unique_ptr<transport::testing::InprocReceiver>> receivers_;
-  std::unique_ptr<policy::Policy> policy_ = testing::PlainPolicy();
-  std::map<uint64_t, Outputs> expected_;
+  testing::VersionedModel model_{5000};
 };
 
 TEST_F(ReplayTest, AnEngineDirtyAfterAFailureAtEveryBucketIsRestoredToTheCommittedVersion) {

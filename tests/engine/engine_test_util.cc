@@ -211,4 +211,19 @@ bool HasSubstr(const absl::Status& s, const std::string& needle) {
   return std::string(s.message()).find(needle) != std::string::npos;
 }
 
+std::vector<TestBatch> VersionedModel::Batches(uint64_t version) const {
+  return ModelBatches(synthetic::ModelShape::Tiny(), seed_base_ + version);
+}
+
+const std::map<std::string, std::vector<uint8_t>>& VersionedModel::Expected(uint64_t version) {
+  auto it = expected_.find(version);
+  if (it == expected_.end()) {
+    it = expected_
+             .emplace(version,
+                      ExpectedOutputs(Batches(version), *policy_, kernels::QuantMode::Standard()))
+             .first;
+  }
+  return it->second;
+}
+
 }  // namespace wpub::engine::testing

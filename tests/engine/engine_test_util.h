@@ -75,6 +75,20 @@ std::map<std::string, std::vector<uint8_t>> ExpectedOutputs(const std::vector<Te
 // The policy a header's recipe/config implies (NVFP4, no rules, no exceptions).
 std::unique_ptr<policy::Policy> PlainPolicy(policy::Recipe recipe = policy::Recipe::kNvfp4);
 
+// The small model's batches of each version (ModelShape::Tiny, seeded `seed_base + version`)
+// and the oracle's outputs of each, computed once per version (standard NVFP4, no rules).
+class VersionedModel {
+ public:
+  explicit VersionedModel(uint64_t seed_base) : seed_base_(seed_base) {}
+  std::vector<TestBatch> Batches(uint64_t version) const;
+  const std::map<std::string, std::vector<uint8_t>>& Expected(uint64_t version);
+
+ private:
+  const uint64_t seed_base_;
+  const std::unique_ptr<policy::Policy> policy_ = PlainPolicy();
+  std::map<uint64_t, std::map<std::string, std::vector<uint8_t>>> expected_;
+};
+
 bool HasSubstr(const absl::Status& s, const std::string& needle);
 
 }  // namespace wpub::engine::testing

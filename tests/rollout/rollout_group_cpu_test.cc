@@ -308,6 +308,39 @@ void ExpectCommits(Daemon& d, const std::vector<std::unique_ptr<FakeSglang>>& en
   ExpectAllServe(engines, version);
 }
 
+// vLLM engines (wpub-recv's emulation of vLLM's weight-transfer API) whose receive side is the
+// in-process channel: `paths[i]` is owned by `engines[i]`; a stopped engine is null in both.
+struct VllmEngines {
+  std::vector<std::unique_ptr<recv::VllmEngine>> engines;
+  std::vector<ChannelDataPath*> paths;
+  // Starts one more engine; its spec for the daemon.
+  EngineSpec Start() {
+    auto path = std::make_unique<ChannelDataPath>();
+    ChannelDataPath* raw = path.get();
+    auto e = recv::VllmEngine::Start({}, std::move(path));
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return {};
+    paths.push_back(raw);
+    engines.push_back(*std::move(e));
+    return {engines.back()->url(), 1, "vllm", ""};
+  }
+  // Stops engine `i` (a process that exits); its data path goes with it.
+  void Stop(size_t i) {
+    engines[i].reset();
+    paths[i] = nullptr;
+  }
+  // `d`'s broadcasts reach every live engine's data path, and only those.
+  void Feed(Daemon& d) const {
+    {
+      std::lock_guard lock(d.channel->mu);
+      d.channel->sinks.clear();
+    }
+    for (ChannelDataPath* p : paths) {
+      if (p != nullptr) d.AddSink([p](std::vector<uint8_t> c) { p->Push(std::move(c)); });
+    }
+  }
+};
+
 // Every live vLLM engine serves `version`, resumed, no update open, no mix, and holds the CPU
 // oracle's bytes of it tensor for tensor.
 void ExpectVllmHolds(const std::vector<std::unique_ptr<recv::VllmEngine>>& engines,
@@ -365,20 +398,12 @@ TEST(RolloutGroupCpu, AnSglangLoaderFailureAtBucketKIsRetriedAndCommits) {
 }
 
 TEST(RolloutGroupCpu, AVllmLoaderFailureIsRetriedAndEveryEngineHoldsTheOraclesBytes) {
-  std::vector<ChannelDataPath*> paths;
-  std::vector<std::unique_ptr<recv::VllmEngine>> engines;
+  VllmEngines vllm;
   std::vector<EngineSpec> specs;
-  for (int i = 0; i < 2; ++i) {
-    auto path = std::make_unique<ChannelDataPath>();
-    paths.push_back(path.get());
-    auto e = recv::VllmEngine::Start({}, std::move(path));
-    ASSERT_TRUE(e.ok()) << e.status();
-    specs.push_back({(*e)->url(), 1, "vllm", ""});
-    engines.push_back(*std::move(e));
-  }
+  for (int i = 0; i < 2; ++i) specs.push_back(vllm.Start());
+  auto& engines = vllm.engines;
   Daemon d(specs);
-  for (ChannelDataPath* p : paths)
-    d.AddSink([p](std::vector<uint8_t> c) { p->Push(std::move(c)); });
+  vllm.Feed(d);
   auto expect_holds = [&](uint64_t version) { ExpectVllmHolds(engines, version); };
   PublicationReport r1 = d.Publish(1);
   ASSERT_EQ(r1.status, PublicationStatus::kCommitted) << Errors(r1);
@@ -585,24 +610,12 @@ TEST(RolloutGroupCpu, SglangEnginesLeftDirtyAreRestoredToTheCommittedVersion) {
 // engine restarted empty joins with ConnectEngines and is caught up to the committed version
 // without the trainer publishing.
 TEST(RolloutGroupCpu, VllmEnginesAreRestoredByteForByteAndARestartedOneIsCaughtUp) {
-  std::vector<ChannelDataPath*> paths;
-  std::vector<std::unique_ptr<recv::VllmEngine>> engines;
+  VllmEngines vllm;
   std::vector<EngineSpec> specs;
-  auto start = [&]() -> EngineSpec {
-    auto path = std::make_unique<ChannelDataPath>();
-    paths.push_back(path.get());
-    auto e = recv::VllmEngine::Start({}, std::move(path));
-    EXPECT_TRUE(e.ok()) << e.status();
-    EngineSpec spec{(*e)->url(), 1, "vllm", ""};
-    engines.push_back(*std::move(e));
-    return spec;
-  };
-  for (int i = 0; i < 2; ++i) specs.push_back(start());
+  for (int i = 0; i < 2; ++i) specs.push_back(vllm.Start());
+  auto& engines = vllm.engines;
   Daemon d(specs, absl::Seconds(20), /*max_attempts=*/1, {.where = transport::RetainWhere::kHost});
-  auto sink_to = [&](ChannelDataPath* p) {
-    d.AddSink([p](std::vector<uint8_t> c) { p->Push(std::move(c)); });
-  };
-  for (ChannelDataPath* p : paths) sink_to(p);
+  vllm.Feed(d);
   auto expect_holds = [&](uint64_t version) { ExpectVllmHolds(engines, version); };
   PublicationReport r1 = d.Publish(1);
   ASSERT_EQ(r1.status, PublicationStatus::kCommitted) << Errors(r1);
@@ -616,14 +629,9 @@ TEST(RolloutGroupCpu, VllmEnginesAreRestoredByteForByteAndARestartedOneIsCaughtU
   expect_holds(1);
 
   // Engine 1 restarts (a new process: empty weights, no version) and joins again.
-  engines[1].reset();  // its data path goes with it: the channel feeds the live ones only
-  {
-    std::lock_guard lock(d.channel->mu);
-    d.channel->sinks.clear();
-  }
-  specs[1] = start();
-  sink_to(paths[0]);
-  sink_to(paths.back());
+  vllm.Stop(1);
+  specs[1] = vllm.Start();
+  vllm.Feed(d);
   engine::RolloutConnectRequest join;
   for (const EngineSpec& s : specs) join.engines.push_back({s.url, 1, "vllm"});
   absl::StatusOr<engine::RolloutGroupInfo> g = d.engine->ConnectEngines(join);
