@@ -11,7 +11,7 @@
 # Usage: deploy/stage_devbin.sh [--build] BUILD_DIR SET [BINARY...]
 #   SET onegpu: every test tests/gpu/run_one_gpu.sh runs on one GPU (GPU unit tests, multi_gpu,
 #                multi-rank, groups, vLLM and mixed engines over NCCL, Python GPU tests) plus
-#                the GPU-path benchmark
+#                the GPU-path and NVFP4 kernel benchmarks
 #   SET gpu_path (or gpu): every GPU test and benchmark, for tests/multi_gpu/run_all_h200x2.sh,
 #                run_h200x2.sh, run_fanout.sh and tests/python/run_gpu_{connect,gather}.sh
 #   SET kernels: the NVFP4 GPU tests, kernel benchmark and L2 probe (bench/kernels/device_run.sh)
@@ -62,6 +62,7 @@ case $SET in
       tests/python/wpub-quantize-ref
       bench/convert/convert_bench_checkpoint
       bench/gpu_path/gpu_path_bench
+      bench/kernels/nvfp4_kernels_bench
     )
     ;;
   gpu | gpu_path)

@@ -341,6 +341,14 @@ absl::StatusOr<engine::RolloutConnectRequest> FromProto(const pb::ConnectEngines
         absl::StrCat("timeout_seconds ", t, " is not in [0, 86400] (0: the daemon's default)"));
   }
   r.timeout = absl::Seconds(t);
+  if (request.has_pause()) {
+    absl::StatusOr<engine::PausePolicy> pause =
+        engine::PausePolicyOf(request.pause().in_flight(), request.pause().cache());
+    if (!pause.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("pause: ", pause.status().message()));
+    }
+    r.pause = *pause;
+  }
   return r;
 }
 
@@ -354,6 +362,7 @@ void EnginesToProto(const engine::RolloutGroupInfo& g,
     c->set_gpus(static_cast<uint32_t>(e.gpus));
     c->set_rank_offset(static_cast<uint32_t>(e.rank_offset));
     c->set_state(transport::ReceiverStateName(e.state));
+    c->set_pause(engine::PausePolicyName(e.pause));
   }
 }
 

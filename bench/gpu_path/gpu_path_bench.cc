@@ -23,10 +23,14 @@
 //        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
 //        [--cpp_receiver PATH] [--compute_sms N] [--sm_sweep N,N,...] [--kernel_trace 1]
 //        [--ctas_per_sm N] [--ctas_sweep N,N,...] [--backend_only 1] [--nccl_ctas N]
+//        [--pause_windows 1]
 // --nccl_ctas N sets NCCL's channel count on both sides of every group: wpub's communicators and
 // the C++ engine's through their configs, the emulator's through NCCL_MIN_CTAS/NCCL_MAX_CTAS in
 // its environment.
 // --backend_only 1 runs case (e) alone, which needs one GPU.
+// --pause_windows 1 runs (a), (a1) and (a-emu) alone and prints each engine's pause window (its
+// pause answered .. its resume answered: waiting for wpub, transfer, finalization) against the
+// transfer.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -77,6 +81,7 @@ struct Args {
   int ctas_per_sm = 3;          // GpuBackendOptions::overlap_ctas_per_sm of every wpub case
   std::vector<int> ctas_sweep;  // extra (a)/(a') rows with that cap (0: none)
   bool backend_only = false;    // case (e) alone, on one GPU
+  bool pause_windows = false;  // --pause_windows 1: (a), (a1), (a-emu) with pause windows
   int nccl_ctas = 0;            // NcclCommOptions::ctas on both sides (0: NCCL's choice)
 };
 
@@ -128,6 +133,8 @@ Args Parse(int argc, char** argv) {
       a.kernel_trace = v != "0";
     else if (k == "--backend_only")
       a.backend_only = v != "0";
+    else if (k == "--pause_windows")
+      a.pause_windows = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -300,6 +307,51 @@ int Main(int argc, char** argv) {
 
   const auto* base = static_cast<const uint8_t*>(model);
   uint64_t version = 0, bytes_a = 0, bytes_b = 0, unused = 0;
+  // Each engine's pause window of the row's last publication (from its own answers), against
+  // the publisher's transfer phase (Execute): the paused seconds and where they went.
+  auto pause_windows = [](json* row, const rollout::RolloutGroup& group) {
+    json windows = json::array();
+    const double execute = (*row)["publication_phases"]["execute_seconds"].get<double>();
+    for (const transport::ReceiverOutcome& o : group.Outcomes()) {
+      const transport::PauseWindow& w = o.pause;
+      windows.push_back({{"engine", o.name},
+                         {"paused_seconds", w.seconds},
+                         {"waiting_seconds", w.waiting},
+                         {"transfer_seconds", w.transfer},
+                         {"finalization_seconds", w.finalization},
+                         {"paused_over_transfer", w.transfer > 0 ? w.seconds / w.transfer : 0},
+                         {"within_goal", w.seconds <= 1.2 * w.transfer + w.finalization}});
+      std::printf(
+          "%-22s paused %7.4f s = waiting %6.4f + transfer %7.4f + finalization %6.4f"
+          "  (%.3fx the transfer; publisher's execute %7.4f s)%s\n",
+          "", w.seconds, w.waiting, w.transfer, w.finalization,
+          w.transfer > 0 ? w.seconds / w.transfer : 0.0, execute,
+          w.seconds <= 1.2 * w.transfer + w.finalization ? "" : "  OVER 1.2x + finalization");
+    }
+    (*row)["pause_windows"] = windows;
+  };
+  if (args.pause_windows) {
+    // (a) to the C++ engine (three update requests in flight), (a1) with SGLang's one, (a-emu)
+    // to the SGLang emulator (Python, torch.distributed): the engines' pause windows.
+    json rows = json::array();
+    auto be = backend_for(to_cpp.get(), true);
+    for (int in_flight : {3, 1}) {
+      auto t = in_flight == 3 ? std::move(to_cpp)
+                              : make_transport(cpp_port, "wpub_bench_cpp1", in_flight);
+      json row = RunWpub(in_flight == 3 ? "(a) nvfp4 -> C++ engine" : "(a1) nvfp4 1 in flight",
+                         true, run, layout, base, *be, *t, &version, &unused);
+      pause_windows(&row, *t);
+      rows.push_back(row);
+    }
+    json emu = RunWpub("(a-emu) nvfp4 -> emu", true, run, layout, base,
+                       *backend_for(to_emu.get(), true), *to_emu, &version, &unused);
+    pause_windows(&emu, *to_emu);
+    rows.push_back(emu);
+    json out = {{"device", prop.name}, {"engines_share_gpu", shared}, {"rows", rows}};
+    if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
+    cudaFree(model);
+    return 0;
+  }
   // The C++ engine's own account of the row's last publication (sums over its buckets).
   // The C++ engine's own account of the row's last publication (sums over its buckets) and the
   // publisher's broadcasts as its comm stream timed them.

@@ -6,6 +6,9 @@
 # build under test, staged by `deploy/stage_devbin.sh <build> gpu_path`) and, for the comparison, a tarball of the
 # other build's gpu_path_bench and nvfp4_kernels_bench as .devbin/before.tgz (same lib/ is used).
 # Writes every log under $OUT. Usage: bash bench/gpu_path/run_h200_one_gpu.sh [tests] [compare]
+# [pause]; pause: the engines' pause windows at the Qwen3-30B-A3B shape (gpu_path_bench
+# --pause_windows 1: the C++ engine and the SGLang emulator sharing GPU 0 over NCCL's sockets).
+# WPUB_DEVBIN=$PWD/.devbin/onegpu runs the one-GPU set (deploy/stage_devbin.sh <build> onegpu).
 set -u
 ROOT=$(pwd)
 OUT=${OUT:-/tmp/wpub_h200_out}
@@ -40,6 +43,14 @@ for step in "${steps[@]}"; do
       OUT=$OUT/python bash "$ROOT/tests/python/run_gpu_gather.sh" >"$LOGS/python_gpu.log" 2>&1
       r=$?
       echo "python GPU tests rc=$r: $(grep -E '^(Ran|OK|FAILED)' "$LOGS/python_gpu.log" | tr '\n' ' ')"
+      [ $r -ne 0 ] && rc=1 ;;
+    pause)
+      timeout 300 "$BIN/gpu_path_bench" --pause_windows 1 --iters 3 --log_dir "$LOGS" \
+        --json "$OUT/pause_windows.json" >"$LOGS/pause_windows.log" 2>&1
+      r=$?
+      echo "pause windows rc=$r"
+      grep -E '^\(a|paused' "$LOGS/pause_windows.log" | head -20
+      grep -E '^ +paused' "$LOGS/pause_windows.log" | head -20
       [ $r -ne 0 ] && rc=1 ;;
     compare)
       B=$ROOT/.devbin/before

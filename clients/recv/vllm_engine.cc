@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "clients/recv/engine_listener.h"
 #include "core/common/json_bounds.h"
@@ -161,14 +162,33 @@ class VllmEngine::Impl {
     return absl::StrCat("joined as rank ", init.rank_offset, " of ", init.world_size);
   }
 
+  // POST /pause?mode=abort|wait|keep&clear_cache=<bool> (defaults "abort" and true): FastAPI
+  // validates both query parameters (PauseMode, a Literal, and a bool) and answers a bad one 400
+  // (rl/online/api_router.py at 39929f18; serve/rlhf/api_router.py at 1ace43ed).
   absl::StatusOr<std::string> Pause(const Request& q) {
     const std::string mode = q.has_param("mode") ? q.get_param_value("mode") : "abort";
     if (mode != "abort" && mode != "wait" && mode != "keep") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pause mode '", mode, "' is not abort, wait or keep"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "1 validation error: query.mode: Input should be 'abort', 'wait' or 'keep', got '", mode,
+          "'"));
+    }
+    bool clear_cache = true;
+    if (q.has_param("clear_cache")) {
+      // pydantic's bool from a query string.
+      const std::string v = absl::AsciiStrToLower(q.get_param_value("clear_cache"));
+      if (v == "true" || v == "1" || v == "yes" || v == "on" || v == "t" || v == "y") {
+        clear_cache = true;
+      } else if (v == "false" || v == "0" || v == "no" || v == "off" || v == "f" || v == "n") {
+        clear_cache = false;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "1 validation error: query.clear_cache: Input should be a valid boolean, got '", v,
+            "'"));
+      }
     }
     state_.paused = true;
     state_.pause_mode = mode;
+    state_.pause_clear_cache = clear_cache;
     return std::string("paused");
   }
 

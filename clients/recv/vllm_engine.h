@@ -66,7 +66,8 @@ struct VllmEngineOptions {
 struct VllmEngineState {
   bool joined = false;
   bool paused = false;
-  std::string pause_mode;  // of the last /pause
+  std::string pause_mode;         // of the last /pause
+  bool pause_clear_cache = false;  // ... and its clear_cache
   bool updating = false;   // between start and finish
   uint64_t updates = 0;    // /update_weights received in the current (or last) update
   // The last finish's weight_version ("" when it gave none), and whether what the engine holds

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "core/engine/pause_policy.h"
 #include "core/transport/types.h"
 
 namespace wpub::engine {
@@ -28,6 +30,9 @@ struct RolloutConnectRequest {
   std::vector<RolloutEndpoint> engines;           // the new engine set, in rank order
   std::string group_name;                         // base group name; empty keeps the connector's
   absl::Duration timeout = absl::ZeroDuration();  // health probe + join; 0: connector default
+  // What every engine of the set does with its requests and cache while paused; unset: the
+  // connector's (wpubd --pause). A family that cannot carry it out refuses the request.
+  std::optional<PausePolicy> pause;
 };
 
 // One engine of the weight-update group as laid out.
@@ -38,6 +43,7 @@ struct RolloutEngineInfo {
   transport::ReceiverState state = transport::ReceiverState::kIdle;
   // The weight version it reported serving when it joined (0: none or unknown).
   uint64_t weight_version = 0;
+  PausePolicy pause;  // what it does while paused
 };
 
 // The weight-update group (GPU path).

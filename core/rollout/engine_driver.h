@@ -34,6 +34,8 @@ struct EngineSpec {
   // checks an API key on its weight routes answers 401 without it; vLLM's --api-key guards only
   // its /v1 routes, so sending it there is harmless); empty: none. Never logged or reported.
   std::string auth_token = "";
+  // What the engine does with its requests and cache while paused (its engine set's policy).
+  engine::PausePolicy pause = {};
 };
 
 // SplitEngineFamily ("vllm+http://..."): core/engine/rollout_connector.h.
@@ -197,6 +199,12 @@ class EngineFamily {
   // health probe.
   virtual absl::Duration request_timeout() const = 0;
   virtual absl::Duration connect_timeout() const = 0;
+  // `policy` as the family's engines carry it out with their own pause routes (its
+  // Cache::kDefault resolved to what the family can do), or INVALID_ARGUMENT saying what the
+  // family lacks (e.g. SGLang has no mode that lets in-flight requests finish). Checked before
+  // any engine of a set is contacted.
+  virtual absl::StatusOr<engine::PausePolicy> ResolvePause(
+      const engine::PausePolicy& policy) const = 0;
 };
 
 // Family-neutral HTTP reads of every engine, concurrently (engine_requests.cc).

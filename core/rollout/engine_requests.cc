@@ -219,6 +219,22 @@ bool AnyFailed(const EngineQueues& queues) {
   return false;
 }
 
+std::shared_ptr<ResumeBarrier> PostResumesTogether(const EngineQueues& queues,
+                                                   const std::vector<size_t>& engines,
+                                                   const std::string& method,
+                                                   const std::string& path,
+                                                   const std::string& body) {
+  auto barrier = std::make_shared<ResumeBarrier>(engines.size());
+  auto shared = std::make_shared<const std::string>(body);
+  for (size_t i : engines) {
+    EngineRequest r{method, path, shared, /*overlappable=*/false, /*update=*/false};
+    r.resumes = true;
+    r.seat = std::make_shared<ResumeSeat>(barrier);
+    queues[i]->Post(std::move(r));
+  }
+  return barrier;
+}
+
 std::vector<bool> ProbeEngines(const std::vector<EngineSpec>& engines, const std::string& path,
                                absl::Duration timeout) {
   std::vector<bool> alive;

@@ -44,6 +44,63 @@ BoundedAnswer SendBounded(httplib::Client& client, const std::string& method,
                           const std::string& path, const std::string* body, absl::Time deadline,
                           size_t max_bytes = kMaxEngineAnswerBytes);
 
+// Where one publication's engines meet before they resume (their resumes are sent together, once
+// every engine finished its update, so none serves the new version while another still
+// finalizes it). Each engine's resume request holds a ResumeSeat: the engine arrives when its
+// queue takes the resume (everything before it answered), or when the request is skipped or
+// dropped (the seat is destroyed unused: a failed or aborted engine never holds the others).
+class ResumeBarrier {
+ public:
+  explicit ResumeBarrier(size_t engines) : waiting_for_(engines) {}
+  void Arrive() {
+    std::lock_guard lock(mu_);
+    if (waiting_for_ > 0) --waiting_for_;
+    cv_.notify_all();
+  }
+  // True when every engine arrived by `deadline` (false: released or timed out).
+  bool Wait(absl::Time deadline) {
+    std::unique_lock lock(mu_);
+    while (waiting_for_ > 0 && !released_) {
+      if (cv_.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout) break;
+    }
+    return waiting_for_ == 0;
+  }
+  // Lets every waiter go at once (the driver's teardown: no queue thread may wait out a
+  // deadline on engines that are being torn down).
+  void Release() {
+    std::lock_guard lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t waiting_for_;     // guarded by mu_
+  bool released_ = false;  // guarded by mu_
+};
+
+// One engine's place at a ResumeBarrier.
+class ResumeSeat {
+ public:
+  explicit ResumeSeat(std::shared_ptr<ResumeBarrier> barrier) : barrier_(std::move(barrier)) {}
+  ~ResumeSeat() {
+    if (!arrived_) barrier_->Arrive();
+  }
+  ResumeSeat(const ResumeSeat&) = delete;
+  ResumeSeat& operator=(const ResumeSeat&) = delete;
+  // Arrives and waits for the others until `deadline`; false when they did not all arrive.
+  bool ArriveAndWait(absl::Time deadline) {
+    if (!arrived_) barrier_->Arrive();
+    arrived_ = true;
+    return barrier_->Wait(deadline);
+  }
+
+ private:
+  std::shared_ptr<ResumeBarrier> barrier_;
+  bool arrived_ = false;
+};
+
 // One request to one engine.
 struct EngineRequest {
   std::string method;  // "GET" | "POST"
@@ -79,6 +136,10 @@ struct EngineRequest {
   // /flush_cache answers 400 while paused requests wait to resume, as pause mode retract keeps
   // them).
   bool best_effort = false;
+  // A resume sent together with the other engines' (ResumeBarrier): the queue waits, before
+  // sending it, until every engine arrived or the request timeout passed (then it is sent
+  // anyway: an engine never stays paused because another is slow).
+  std::shared_ptr<ResumeSeat> seat = nullptr;
 };
 
 // The verdict on a 2xx answer (within the JSON bounds): "" when it succeeded, otherwise a
@@ -212,6 +273,7 @@ class EngineRequestQueue {
       ++in_flight_;
       exclusive_in_flight_ = !r.overlappable;
       lock.unlock();
+      if (r.seat) r.seat->ArriveAndWait(absl::Now() + request_timeout_);
       std::string error = Send(client, r);
       lock.lock();
       --in_flight_;
@@ -285,6 +347,14 @@ using EngineQueues = std::vector<std::unique_ptr<EngineRequestQueue>>;
 absl::Status WaitAllIdle(const EngineQueues& queues, absl::Time deadline);
 std::vector<EngineOutcome> OutcomesOf(const EngineQueues& queues);
 bool AnyFailed(const EngineQueues& queues);
+// Queues `method path` with `body` on each engine of `engines` (indices into `queues`) as a
+// resume sent together (EngineRequest::resumes, a seat each at one new ResumeBarrier, which is
+// returned: the driver releases it when it tears its queues down).
+std::shared_ptr<ResumeBarrier> PostResumesTogether(const EngineQueues& queues,
+                                                   const std::vector<size_t>& engines,
+                                                   const std::string& method,
+                                                   const std::string& path,
+                                                   const std::string& body);
 
 // GETs `path` on every engine concurrently (one thread each, `timeout` for the connection and
 // the answer) and returns the 2xx answers' bodies (nullopt where there was none).

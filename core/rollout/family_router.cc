@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/status.h"
 
 namespace wpub::rollout {
 namespace {
@@ -30,12 +31,19 @@ absl::StatusOr<engine::RolloutGroupInfo> FamilyRouter::Connect(
   const auto disconnect_all = [&] {
     for (const auto& [family, group] : members_) group->Disconnect().IgnoreError();
   };
+  std::vector<engine::RolloutConnectRequest> parts;
   for (const auto& [family, group] : members_) {
-    engine::RolloutConnectRequest part = request;
+    engine::RolloutConnectRequest& part = parts.emplace_back(request);
     part.engines.clear();
     for (const engine::RolloutEndpoint& e : request.engines) {
       if (FamilyOf(e) == family) part.engines.push_back(e);
     }
+    // Refused before any group changes (e.g. a pause policy one family cannot carry out).
+    if (!part.engines.empty()) WPUB_RETURN_IF_ERROR(group->CheckConnect(part));
+  }
+  for (size_t m = 0; m < members_.size(); ++m) {
+    FamilyConnector* group = members_[m].second;
+    const engine::RolloutConnectRequest& part = parts[m];
     if (part.engines.empty()) {
       if (absl::Status s = group->Disconnect(); !s.ok()) {
         disconnect_all();

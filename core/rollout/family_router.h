@@ -22,6 +22,11 @@ class FamilyConnector : public engine::RolloutConnector {
   // Tears the group down and forgets its engines; afterwards no engine of it is connected.
   // FAILED_PRECONDITION while a publication is in flight on it.
   virtual absl::Status Disconnect() = 0;
+  // What Connect(request) would refuse before changing anything (INVALID_ARGUMENT), without
+  // side effects: the router checks every family's part before it connects any.
+  virtual absl::Status CheckConnect(const engine::RolloutConnectRequest& /*request*/) const {
+    return absl::OkStatus();
+  }
 };
 
 class FamilyRouter final : public engine::RolloutConnector {
@@ -31,8 +36,9 @@ class FamilyRouter final : public engine::RolloutConnector {
       : members_(std::move(members)) {}
 
   // Validates the request, then connects each family's engines to that family's group and
-  // disconnects the groups of the families the request does not name. On any failure every
-  // group is disconnected (never half-connected) and the first error is returned.
+  // disconnects the groups of the families the request does not name. Each family's part is
+  // checked first (FamilyConnector::CheckConnect): a refusal changes nothing. On any later
+  // failure every group is disconnected (never half-connected) and the first error is returned.
   // INVALID_ARGUMENT naming the engine for a family no group serves.
   absl::StatusOr<engine::RolloutGroupInfo> Connect(const engine::RolloutConnectRequest& r) override;
   // The groups' snapshots merged: their engines in member order, names and store addresses

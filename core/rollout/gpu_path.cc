@@ -33,6 +33,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
     ro.publication_deadline = options.publication_deadline;
     ro.nccl_ctas = options.nccl_ctas;
     ro.engine_auth_token = options.engine_auth_token;
+    ro.pause = options.pause;
     WPUB_ASSIGN_OR_RETURN(std::unique_ptr<RolloutGroup> group, RolloutGroup::Create(ro));
     groups.push_back(std::move(group));
   }

@@ -33,6 +33,7 @@ struct GpuPathOptions {
   int overlap_ctas_per_sm = 3;    // gpu::GpuBackendOptions::overlap_ctas_per_sm (0: no cap)
   int nccl_ctas = 0;              // RolloutGroupOptions::nccl_ctas (0: NCCL's choice)
   std::string engine_auth_token;  // RolloutGroupOptions::engine_auth_token ("": none)
+  engine::PausePolicy pause;      // RolloutGroupOptions::pause (wpubd --pause)
 };
 
 // The GPU backend on options.device, the rollout group as the engine's extra transport and as

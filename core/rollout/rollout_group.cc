@@ -68,6 +68,9 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
       options.vllm_family ? options.vllm_family : std::make_shared<VllmFamily>(options.vllm);
   std::unique_ptr<RolloutGroup> g(new RolloutGroup(options, std::move(families)));
   WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(g->engines_));
+  if (!g->engines_.empty()) {
+    WPUB_ASSIGN_OR_RETURN(g->engines_, g->WithPause(g->engines_, *g->family_, options.pause));
+  }
   WPUB_ASSIGN_OR_RETURN(g->store_, rendezvous::TcpStoreServer::Create(options.store));
   g->channel_ = std::move(channel);
   {
@@ -114,14 +117,14 @@ void RolloutGroup::PublishInfo() {
     g.world_size = l.world_size;
     const std::vector<EngineSpec>& members = driver_->engines();
     for (size_t i = 0; i < members.size(); ++i) {
-      g.engines.push_back(
-          {members[i].url, members[i].gpus, l.rank_offsets[i], transport::ReceiverState::kIdle});
+      g.engines.push_back({members[i].url, members[i].gpus, l.rank_offsets[i],
+                           transport::ReceiverState::kIdle, 0, members[i].pause});
     }
   } else {
     // No group: the engine set the next Begin forms one with (empty after a failed Connect).
     int next = 1;
     for (const EngineSpec& e : engines_) {
-      g.engines.push_back({e.url, e.gpus, next, transport::ReceiverState::kLeft});
+      g.engines.push_back({e.url, e.gpus, next, transport::ReceiverState::kLeft, 0, e.pause});
       next += e.gpus;
     }
   }

@@ -71,6 +71,10 @@ struct RolloutGroupOptions {
   // The bearer token of every engine of this group, those of `engines` and of every
   // ConnectEngines request (EngineSpec::auth_token; an engine's own token wins); "": none.
   std::string engine_auth_token;
+  // The pause policy of `engines` and of every ConnectEngines request that names none (wpubd
+  // --pause; the request's own wins). Create refuses one the initial engines' family cannot
+  // carry out.
+  engine::PausePolicy pause;
   // The engines' protocols, chosen per engine set by EngineSpec::family (one family per group:
   // a ConnectEngines mixing them is INVALID_ARGUMENT). `family` null: SGLang with the settings
   // below; `vllm_family` null: vLLM with `vllm`'s.
@@ -118,6 +122,13 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   absl::StatusOr<engine::RolloutGroupInfo> Connect(
       const engine::RolloutConnectRequest& request) override;
   engine::RolloutGroupInfo Group() const override;
+  // What Connect checks before anything changes, without side effects: the request is valid,
+  // its engines are of one family this group speaks, and that family carries out the request's
+  // pause policy (or the group's). The engines as Connect would take them, or INVALID_ARGUMENT.
+  absl::StatusOr<std::vector<EngineSpec>> Check(const engine::RolloutConnectRequest& request) const;
+  absl::Status CheckConnect(const engine::RolloutConnectRequest& request) const override {
+    return Check(request).status();
+  }
   uint16_t store_port() const { return store_->port(); }
   int generation() const { return generation_; }
   // 8 hex digits drawn when the group object is created: part of every group name, so a
@@ -193,6 +204,11 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   // engines of different families or an unknown family.
   absl::StatusOr<std::shared_ptr<const EngineFamily>> FamilyOf(
       const std::vector<EngineSpec>& engines) const;
+  // `engines` with `policy` as `family` carries it out, or INVALID_ARGUMENT naming the policy
+  // and the family when it cannot.
+  absl::StatusOr<std::vector<EngineSpec>> WithPause(std::vector<EngineSpec> engines,
+                                                    const EngineFamily& family,
+                                                    const engine::PausePolicy& policy) const;
   // Serializes Connect and Begin; guards engines_, family_ and base_group_.
   std::mutex connect_mu_;
   std::vector<EngineSpec> engines_;  // the engine set; empty: none connected

@@ -67,6 +67,33 @@ absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
       absl::StrCat("engine ", engines[0].url, ": unknown engine family '", engines[0].family, "'"));
 }
 
+absl::StatusOr<std::vector<EngineSpec>> RolloutGroup::WithPause(
+    std::vector<EngineSpec> engines, const EngineFamily& family,
+    const engine::PausePolicy& policy) const {
+  absl::StatusOr<engine::PausePolicy> resolved = family.ResolvePause(policy);
+  if (!resolved.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pause policy '", engine::InFlightName(policy.in_flight), ":",
+        engine::CacheName(policy.cache), "' for ", std::string(family.name()), " engines: ",
+        resolved.status().message()));
+  }
+  for (EngineSpec& e : engines) e.pause = *resolved;
+  return engines;
+}
+
+absl::StatusOr<std::vector<EngineSpec>> RolloutGroup::Check(
+    const engine::RolloutConnectRequest& request) const {
+  WPUB_RETURN_IF_ERROR(engine::ValidateRolloutConnectRequest(request));
+  const engine::PausePolicy pause = request.pause.value_or(options_.pause);
+  std::vector<EngineSpec> want;
+  for (const engine::RolloutEndpoint& e : request.engines) {
+    want.push_back({e.url, e.gpus, e.family.empty() ? std::string("sglang") : e.family,
+                    options_.engine_auth_token, pause});
+  }
+  WPUB_ASSIGN_OR_RETURN(std::shared_ptr<const EngineFamily> family, FamilyOf(want));
+  return WithPause(std::move(want), *family, pause);
+}
+
 absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::string& base_group,
                                 absl::Duration timeout, bool strict) {
   channel_->End();
@@ -168,14 +195,9 @@ absl::StatusOr<engine::RolloutGroupInfo> RolloutGroup::Connect(
     return absl::FailedPreconditionError(absl::StrCat(
         "publication ", version_, " is in flight on the rollout group; connect after it ends"));
   }
-  std::vector<EngineSpec> want;
-  for (const engine::RolloutEndpoint& e : request.engines) {
-    want.push_back({e.url, e.gpus, e.family.empty() ? std::string("sglang") : e.family,
-                    options_.engine_auth_token});
-  }
   // Refused before anything changes: the connected group stays.
-  WPUB_ASSIGN_OR_RETURN(std::shared_ptr<const EngineFamily> family, FamilyOf(want));
-  family_ = std::move(family);
+  WPUB_ASSIGN_OR_RETURN(std::vector<EngineSpec> want, Check(request));
+  family_ = *FamilyOf(want);
   const std::string base = request.group_name.empty() ? base_group_ : request.group_name;
   const absl::Duration timeout =
       request.timeout > absl::ZeroDuration() ? request.timeout : options_.join_timeout;

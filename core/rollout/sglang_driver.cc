@@ -103,7 +103,25 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
 
 SglangDriver::SglangDriver(SglangDriverOptions options, GroupLayout layout)
     : options_(std::move(options)), layout_(std::move(layout)) {}
-SglangDriver::~SglangDriver() = default;
+SglangDriver::~SglangDriver() {
+  std::lock_guard lock(post_mu_);
+  if (resumes_) resumes_->Release();  // no queue thread waits out a deadline at teardown
+}
+
+void SglangDriver::PostEach(const std::string& method, const std::string& path,
+                            const std::function<std::optional<std::string>(size_t)>& body_of,
+                            void (*customize)(EngineRequest&)) {
+  if (path.empty()) return;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (Lacks(i, path)) continue;
+    std::optional<std::string> body = body_of(i);
+    if (!body) continue;
+    EngineRequest r{method, path, std::make_shared<const std::string>(*std::move(body)),
+                    /*overlappable=*/false, /*update=*/false};
+    if (customize != nullptr) customize(r);
+    workers_[i]->Post(std::move(r));
+  }
+}
 
 void SglangDriver::PostAll(const std::string& method, const std::string& path,
                            const std::string& body, void (*customize)(EngineRequest&)) {
@@ -158,11 +176,12 @@ void SglangDriver::PauseLocked() {
   if (paused_ || !lifecycle_calls_) return;
   paused_ = true;
   const SglangEndpoints& e = options_.endpoints;
-  PostAll("POST", e.pause, json({{"mode", e.pause_mode}}).dump(),
-          [](EngineRequest& r) { r.pauses = true; });
-  // Best effort: SGLang refuses a flush while any request waits (after a retract pause, the
-  // retracted ones do) -- the update goes on, the cache keeps what it holds.
-  PostAll("GET", e.flush, "", [](EngineRequest& r) { r.best_effort = true; });
+  PostEach(
+      "POST", e.pause,
+      [&](size_t i) -> std::optional<std::string> {
+        return json({{"mode", SglangPauseMode(options_.engines[i].pause.in_flight)}}).dump();
+      },
+      [](EngineRequest& r) { r.pauses = true; });
   // Opens SGLang's weight-update session: every path from here closes it (EndPublication, or
   // ResumeAfterAbort's end), since the next begin on an engine whose session is still open
   // fails its scheduler's assertion and takes the server down.
@@ -214,7 +233,67 @@ void SglangDriver::EndPublication() {
   PostAll("POST", e.end, "{}");
   PostAll("POST", e.version,
           json({{"new_version", std::to_string(version_)}, {"abort_all_requests", false}}).dump());
-  PostAll("POST", e.resume, "{}", [](EngineRequest& r) { r.resumes = true; });
+  // The cache computed with the old weights goes once the new ones are in, before any request
+  // runs again: with an abort pause nothing runs or waits in the scheduler by now (SGLang holds
+  // new requests in its tokenizer manager while paused), so the flush finds it idle. Best
+  // effort: a refusal is the engine's warning, the version stays applied.
+  PostEach(
+      "GET", e.flush,
+      [&](size_t i) -> std::optional<std::string> {
+        if (options_.engines[i].pause.cache_action() != engine::PausePolicy::Cache::kFlush) {
+          return std::nullopt;
+        }
+        return std::string();
+      },
+      [](EngineRequest& r) { r.best_effort = true; });
+  if (!e.resume.empty()) {
+    std::vector<size_t> resumed;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (!Lacks(i, e.resume)) resumed.push_back(i);
+    }
+    if (resumes_) resumes_->Release();
+    resumes_ = PostResumesTogether(workers_, resumed, "POST", e.resume, "{}");
+  }
+}
+
+std::string SglangPauseMode(engine::PausePolicy::InFlight in_flight) {
+  switch (in_flight) {
+    case engine::PausePolicy::InFlight::kAbort:
+      return "abort";
+    case engine::PausePolicy::InFlight::kRetract:
+      return "retract";
+    case engine::PausePolicy::InFlight::kKeep:
+      return "in_place";
+    case engine::PausePolicy::InFlight::kWait:
+      return "";
+  }
+  return "";
+}
+
+absl::StatusOr<engine::PausePolicy> SglangFamily::ResolvePause(
+    const engine::PausePolicy& policy) const {
+  using InFlight = engine::PausePolicy::InFlight;
+  using Cache = engine::PausePolicy::Cache;
+  engine::PausePolicy p = policy;
+  switch (policy.in_flight) {
+    case InFlight::kWait:
+      return absl::InvalidArgumentError(
+          "SGLang's /pause_generation has no mode that lets in-flight requests finish (its modes "
+          "are abort, retract and in_place): use abort, retract or keep");
+    case InFlight::kAbort:
+      if (p.cache == Cache::kDefault) p.cache = Cache::kFlush;
+      return p;
+    case InFlight::kRetract:
+    case InFlight::kKeep:
+      if (p.cache == Cache::kFlush) {
+        return absl::InvalidArgumentError(
+            "SGLang refuses /flush_cache while paused requests wait or run (retract re-queues "
+            "them, in_place keeps them running): the cache can only be kept (':keep')");
+      }
+      p.cache = Cache::kKeep;
+      return p;
+  }
+  return p;
 }
 
 std::vector<bool> SglangDriver::ResumeAfterAbort(const std::set<std::string>& still_dirty) {

@@ -2,8 +2,9 @@
 // own weight-update API (docs/specs/engines.md). It lays out the weight-update group
 // (publisher rank 0, engine i's TP ranks from rank_offset_i), asks every engine to join it
 // (`/init_weights_update_group`), and per publication issues the configurable lifecycle calls
-// (pause, flush, begin, one update per bucket with load_format "flattened_bucket", version,
-// end, continue). The NCCL side (the broadcasts) is core/nccl's; the HTTP call of a bucket and
+// (pause with the engine's pause policy's mode, begin, one update per bucket with load_format
+// "flattened_bucket", end, version, a cache flush when the policy asks for one, continue -- the
+// continues of all engines together, once every engine finished). The NCCL side (the broadcasts) is core/nccl's; the HTTP call of a bucket and
 // its broadcast run concurrently (the engine posts its receive inside the request handler).
 //
 // Threading: each engine has a worker that sends that engine's requests in the order they were
@@ -23,8 +24,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -41,15 +44,16 @@ namespace wpub::rollout {
 
 class EngineRequestQueue;  // engine_requests.h
 struct EngineRequest;      // engine_requests.h
+class ResumeBarrier;       // engine_requests.h
 
 // Engine-specific strings (SGLang versions differ): an empty path skips that call.
 struct SglangEndpoints {
   std::string init_group = "/init_weights_update_group";
   std::string update = "/update_weights_from_distributed";
   std::string destroy_group = "/destroy_weights_update_group";
+  // Its body's "mode" is the engine's pause policy's (EngineSpec::pause, SglangPauseMode).
   std::string pause = "/pause_generation";
-  std::string pause_mode = "retract";  // "retract" | "abort" | "in_place"
-  std::string flush = "/flush_cache";  // GET
+  std::string flush = "/flush_cache";  // GET, after the update, for a policy that flushes
   std::string begin = "/begin_weight_update";
   std::string version = "/update_weight_version";
   std::string end = "/end_weight_update";
@@ -88,6 +92,10 @@ struct SglangDriverOptions {
   std::vector<EngineProfile> profiles;
 };
 
+// The /pause_generation mode of an in-flight policy SGLang serves: "abort", "retract",
+// "in_place" (kKeep); "" for kWait.
+std::string SglangPauseMode(engine::PausePolicy::InFlight in_flight);
+
 // EngineProfile::lacks of an SGLang release that predates the flattened bucket of mixed dtypes.
 inline constexpr std::string_view kFlattenedBucket = "flattened_bucket";
 
@@ -112,11 +120,12 @@ class SglangDriver final : public EngineDriver {
   // the silent ones.
   absl::Status WaitIdle(absl::Time deadline) override;
 
-  // Starts a publication: resets outcomes, then queues pause, flush, begin per engine.
+  // Starts a publication: resets outcomes (the pause is queued with the first bucket).
   void BeginPublication(uint64_t version, bool lifecycle_calls) override;
   // Queues the update request of one bucket (non-blocking; in order per engine).
   void PostBucket(const transport::BucketManifest& bucket) override;
-  // Queues version, end, continue.
+  // Queues end, version, the flush (policies that flush), and continue: every engine's
+  // continue waits until every engine answered the calls before it (ResumeBarrier).
   void EndPublication() override;
   // After an aborted publication: drops the requests not yet sent and ends the publication
   // (later PostBucket/EndPublication calls are ignored), queues end_weight_update for every
@@ -143,6 +152,11 @@ class SglangDriver final : public EngineDriver {
   SglangDriver(SglangDriverOptions options, GroupLayout layout);
   // Queues one request per engine (none when `path` is empty); `customize` sets its optional
   // fields.
+  // POST or GET `path` on every engine with the body `body_of` gives it (nullopt: that engine
+  // is skipped).
+  void PostEach(const std::string& method, const std::string& path,
+                const std::function<std::optional<std::string>(size_t)>& body_of,
+                void (*customize)(EngineRequest&) = nullptr);
   void PostAll(const std::string& method, const std::string& path, const std::string& body_json,
                void (*customize)(EngineRequest&) = nullptr);
   // Engine `engine`'s profile says it lacks `path`.
@@ -151,7 +165,7 @@ class SglangDriver final : public EngineDriver {
   // teardown (EngineRequest::always): an abort's end and resume. Nothing for an empty path or
   // one the engine lacks.
   void PostClosing(size_t engine, const std::string& path);
-  // Queues the calls that precede a publication's first bucket (pause, flush, begin), once per
+  // Queues the calls that precede a publication's first bucket (pause, begin), once per
   // publication, at its first bucket (or its end): the engines keep serving while wpub checks
   // the inputs and packs the first bucket. post_mu_ held.
   void PauseLocked();
@@ -165,6 +179,8 @@ class SglangDriver final : public EngineDriver {
   bool closed_ = true;           // guarded by post_mu_: the publication ended (or none began)
   bool lifecycle_calls_ = true;  // guarded by post_mu_: BeginPublication's
   bool paused_ = false;          // guarded by post_mu_: this publication's pause was posted
+  // The resumes of the publication in progress (released at teardown); guarded by post_mu_.
+  std::shared_ptr<ResumeBarrier> resumes_;
   std::vector<std::unique_ptr<EngineRequestQueue>> workers_;
 };
 
@@ -197,6 +213,11 @@ class SglangFamily final : public EngineFamily {
       const GroupAddress& address) const override;
   absl::Duration request_timeout() const override { return options_.driver.request_timeout; }
   absl::Duration connect_timeout() const override { return options_.driver.connect_timeout; }
+  // abort:flush|keep, retract:keep, keep:keep (wait: no SGLang mode lets in-flight requests
+  // finish; a flush after retract or keep: SGLang refuses /flush_cache while requests wait or
+  // run).
+  absl::StatusOr<engine::PausePolicy> ResolvePause(
+      const engine::PausePolicy& policy) const override;
 
  private:
   const SglangFamilyOptions options_;

@@ -128,7 +128,10 @@ absl::StatusOr<std::unique_ptr<VllmDriver>> VllmDriver::Create(const VllmDriverO
 
 VllmDriver::VllmDriver(VllmDriverOptions options, GroupLayout layout)
     : options_(std::move(options)), layout_(std::move(layout)) {}
-VllmDriver::~VllmDriver() = default;
+VllmDriver::~VllmDriver() {
+  std::lock_guard lock(post_mu_);
+  if (resumes_) resumes_->Release();  // no queue thread waits out a deadline at teardown
+}
 
 void VllmDriver::PostAll(const std::string& path, const std::string& body,
                          void (*customize)(EngineRequest&)) {
@@ -171,9 +174,13 @@ void VllmDriver::BeginPublication(uint64_t version, bool lifecycle_calls) {
 void VllmDriver::PauseLocked() {
   if (paused_ || !lifecycle_calls_) return;
   paused_ = true;
-  if (!options_.pause_mode.empty()) {
-    PostAll(absl::StrCat("/pause?mode=", options_.pause_mode), "",
-            [](EngineRequest& r) { r.pauses = true; });
+  if (options_.pause_calls) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      EngineRequest r{"POST", absl::StrCat("/pause?", VllmPauseQuery(options_.engines[i].pause)),
+                      std::make_shared<const std::string>("")};
+      r.pauses = true;
+      workers_[i]->Post(std::move(r));
+    }
   }
   // the first four-phase releases parse a JSON body here; later ones read none.
   PostAll(kStart, "{}", [](EngineRequest& r) {
@@ -209,9 +216,40 @@ void VllmDriver::EndPublication() {
   if (!lifecycle_calls_) return;
   PauseLocked();  // a publication without buckets still pauses, starts and finishes
   PostAll(kFinish, json{{"weight_version", std::to_string(version_)}}.dump());
-  if (!options_.pause_mode.empty()) {
-    PostAll(kResume, "", [](EngineRequest& r) { r.resumes = true; });
+  if (options_.pause_calls) {
+    std::vector<size_t> all(workers_.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    if (resumes_) resumes_->Release();
+    resumes_ = PostResumesTogether(workers_, all, "POST", kResume, "");
   }
+}
+
+std::string VllmPauseQuery(const engine::PausePolicy& policy) {
+  using InFlight = engine::PausePolicy::InFlight;
+  const bool clear = policy.cache_action() == engine::PausePolicy::Cache::kFlush;
+  const char* mode = policy.in_flight == InFlight::kAbort  ? "abort"
+                     : policy.in_flight == InFlight::kWait ? "wait"
+                                                           : "keep";
+  return absl::StrCat("mode=", mode, "&clear_cache=", clear ? "true" : "false");
+}
+
+absl::StatusOr<engine::PausePolicy> VllmFamily::ResolvePause(
+    const engine::PausePolicy& policy) const {
+  using InFlight = engine::PausePolicy::InFlight;
+  using Cache = engine::PausePolicy::Cache;
+  engine::PausePolicy p = policy;
+  p.cache = policy.cache_action();
+  if (policy.in_flight == InFlight::kRetract && p.cache == Cache::kKeep) {
+    return absl::InvalidArgumentError(
+        "vLLM frees a paused request's KV only by clearing its whole cache (/pause mode keep with "
+        "clear_cache=true): retract needs ':flush'");
+  }
+  if (policy.in_flight == InFlight::kKeep && p.cache == Cache::kFlush) {
+    return absl::InvalidArgumentError(
+        "vLLM clears its cache in /pause mode keep by preempting the frozen requests, which are "
+        "then recomputed on the new weights: that is 'retract:flush'; 'keep' keeps the cache");
+  }
+  return p;
 }
 
 std::vector<bool> VllmDriver::ResumeAfterAbort(const std::set<std::string>& still_dirty) {
@@ -232,7 +270,7 @@ std::vector<bool> VllmDriver::ResumeAfterAbort(const std::set<std::string>& stil
       f.always = true;
       workers_[i]->Post(std::move(f));
     }
-    if (!dirty[i] && paused_ && !options_.pause_mode.empty()) {
+    if (!dirty[i] && paused_ && options_.pause_calls) {
       EngineRequest r{"POST", kResume, std::make_shared<const std::string>("")};
       r.always = true;
       r.resumes = true;

@@ -8,9 +8,9 @@
 // packing parameters per update instead (v0.22 to v0.27: its init answers HTTP 500, or 400,
 // naming init_info) is asked again without them, and its update requests carry them. Per
 // publication:
-// `/pause?mode=<pause_mode>`, `/start_weight_update` {}, one `/update_weights` {"update_info":
+// `/pause?mode=<m>&clear_cache=<c>` (the engine's pause policy), `/start_weight_update` {}, one `/update_weights` {"update_info":
 // {names, dtype_names, shapes}} per bucket, `/finish_weight_update` {"weight_version"},
-// `/resume`. A bucket is broadcast as vLLM's packed chunks (BroadcastChunks): its tensors lie back
+// `/resume` (every engine's together, once every engine finished). A bucket is broadcast as vLLM's packed chunks (BroadcastChunks): its tensors lie back
 // to back without padding in the bucket (the planner's layout), and vLLM closes a chunk after the
 // tensor that takes it past packed_buffer_size_bytes. Releases before v0.22 (no
 // `/start_weight_update`) and engines without dev mode (no `/init_weight_transfer_engine`) are
@@ -41,6 +41,7 @@ namespace wpub::rollout {
 
 class EngineRequestQueue;  // engine_requests.h
 struct EngineRequest;      // engine_requests.h
+class ResumeBarrier;       // engine_requests.h
 
 struct VllmDriverOptions {
   std::vector<EngineSpec> engines;
@@ -51,7 +52,9 @@ struct VllmDriverOptions {
   // the buffers each side rotates.
   uint64_t packed_buffer_bytes = uint64_t{256} << 20;
   int packed_num_buffers = 2;
-  std::string pause_mode = "keep";  // "abort" | "wait" | "keep"; empty: no /pause, /resume
+  // `/pause?mode=&clear_cache=` (each engine's pause policy, VllmPauseQuery) and `/resume`
+  // around every publication; false: neither.
+  bool pause_calls = true;
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration request_timeout = absl::Seconds(120);
 };
@@ -95,6 +98,8 @@ class VllmDriver final : public EngineDriver {
   bool closed_ = true;           // guarded by post_mu_
   bool lifecycle_calls_ = true;  // guarded by post_mu_
   bool paused_ = false;          // guarded by post_mu_: this publication's pause was posted
+  // The resumes of the publication in progress (released at teardown); guarded by post_mu_.
+  std::shared_ptr<ResumeBarrier> resumes_;
   std::vector<std::unique_ptr<EngineRequestQueue>> workers_;
 };
 
@@ -121,6 +126,10 @@ struct VllmFamilyOptions {
   std::string weight_info_endpoint = "/weight_info";
 };
 
+// The /pause query of a pause policy vLLM serves: "mode=abort&clear_cache=true", ...
+// (kRetract: mode keep with clear_cache=true, which preempts the frozen requests).
+std::string VllmPauseQuery(const engine::PausePolicy& policy);
+
 class VllmFamily final : public EngineFamily {
  public:
   explicit VllmFamily(VllmFamilyOptions options) : options_(std::move(options)) {}
@@ -141,6 +150,11 @@ class VllmFamily final : public EngineFamily {
       absl::Span<const uint8_t> id) const override;
   bool warmup_all_reduce() const override { return true; }
   absl::Duration request_timeout() const override { return options_.driver.request_timeout; }
+  // abort:flush|keep, wait:flush|keep, retract:flush, keep:keep (vLLM clears its cache in mode
+  // keep by preempting the frozen requests: keep:flush is retract, and a retract without the
+  // clear does not exist).
+  absl::StatusOr<engine::PausePolicy> ResolvePause(
+      const engine::PausePolicy& policy) const override;
   absl::Duration connect_timeout() const override { return options_.driver.connect_timeout; }
 
  private:

@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
 #include "core/common/status.h"
+#include "core/engine/pause_policy.h"
 #include "core/rollout/sglang_driver.h"
 #include "server/wpubctl/publish_common.h"
 #include "server/wpubctl/subcommand.h"
@@ -14,6 +15,9 @@ ABSL_FLAG(std::string, engines, "",
           "rank order.");
 ABSL_FLAG(std::string, group_name, "",
           "connect-engines: base name of the weight-update group (empty: the daemon's).");
+ABSL_FLAG(std::string, pause, "",
+          "connect-engines: the engines' pause policy, \"<in_flight>[:<cache>]\" (abort, wait, "
+          "retract, keep; flush, keep), e.g. \"retract:keep\" (empty: the daemon's --pause).");
 ABSL_FLAG(absl::Duration, join_timeout, absl::ZeroDuration(),
           "connect-engines: how long the engines have to join (0: the daemon's "
           "--engine_deadline).");
@@ -32,6 +36,13 @@ absl::Status Connect() {
     ep->set_gpus(e.gpus);
   }
   request.set_group_name(absl::GetFlag(FLAGS_group_name));
+  if (const std::string pause = absl::GetFlag(FLAGS_pause); !pause.empty()) {
+    // Checked here for the syntax (the daemon checks what the engines' family can do).
+    WPUB_RETURN_IF_ERROR(engine::ParsePausePolicy(pause).status());
+    const size_t colon = pause.find(':');
+    request.mutable_pause()->set_in_flight(pause.substr(0, colon));
+    if (colon != std::string::npos) request.mutable_pause()->set_cache(pause.substr(colon + 1));
+  }
   const absl::Duration join = absl::GetFlag(FLAGS_join_timeout);
   request.set_timeout_seconds(absl::ToDoubleSeconds(join));
   // The daemon's default join budget is 120 s: wait a little longer than whichever applies.
@@ -43,8 +54,9 @@ absl::Status Connect() {
   std::printf("group       %s (generation %llu, world size %u)\n", r.group_name().c_str(),
               static_cast<unsigned long long>(r.generation()), r.world_size());
   for (const auto& e : r.engines()) {
-    std::printf("  %-32s ranks %u..%u (%u GPUs) %s\n", e.url().c_str(), e.rank_offset(),
-                e.rank_offset() + e.gpus() - 1, e.gpus(), e.state().c_str());
+    std::printf("  %-32s ranks %u..%u (%u GPUs) %s, pause %s\n", e.url().c_str(),
+                e.rank_offset(), e.rank_offset() + e.gpus() - 1, e.gpus(), e.state().c_str(),
+                e.pause().c_str());
   }
   return absl::OkStatus();
 }

@@ -87,8 +87,8 @@ absl::Status PrintStatus() {
                 static_cast<unsigned long long>(g.generation()), g.world_size(),
                 g.healthy() ? "healthy" : "not formed", g.store_address().c_str());
     for (const auto& e : g.engines()) {
-      std::printf("  %-32s rank offset %-4u %u GPUs  %s\n", e.url().c_str(), e.rank_offset(),
-                  e.gpus(), e.state().c_str());
+      std::printf("  %-32s rank offset %-4u %u GPUs  %-9s pause %s\n", e.url().c_str(),
+                  e.rank_offset(), e.gpus(), e.state().c_str(), e.pause().c_str());
     }
   }
   // How long each engine served nothing in the newest publication, and where that time went.

@@ -16,6 +16,7 @@
 #include "cli/logging.h"
 #include "cli/secret_file.h"
 #include "core/common/status.h"
+#include "core/engine/pause_policy.h"
 
 ABSL_FLAG(std::string, config, "",
           "File of flags, one `--name=value` per line (absl flagfile syntax); flags given after "
@@ -107,6 +108,13 @@ ABSL_FLAG(std::string, engines, "",
           "GPU path: engines to publish to over NCCL, \"http://host:port=gpus,...\" (SGLang) or "
           "\"vllm+http://host:port=gpus,...\" (vLLM v0.22+, its weight-transfer API; one kind per "
           "group) (implies --gpu_path; ConnectEngines replaces them).");
+ABSL_FLAG(std::string, pause, "abort",
+          "GPU path: what engines do with their requests and cache while paused for a "
+          "publication, \"<in_flight>[:<cache>]\": in_flight abort (the default: no request's "
+          "tokens from two versions), wait (vLLM), retract (SGLang; vLLM's keep with its cache "
+          "cleared) or keep; cache flush or keep (default: flush, but keep after keep, and after "
+          "retract on SGLang). ConnectEngines may give its own. docs/specs/engines.md, \"Pause "
+          "policies\".");
 ABSL_FLAG(int32_t, gpu_device, wpub::rollout::GpuPathOptions{}.device,
           "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
 ABSL_FLAG(std::string, nccl_group, wpub::rollout::GpuPathOptions{}.group_name,
@@ -286,6 +294,13 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.engines = absl::GetFlag(FLAGS_engines);
   o.gpu_path = absl::GetFlag(FLAGS_gpu_path) || !o.engines.empty();
   o.gpu.device = absl::GetFlag(FLAGS_gpu_device);
+  {
+    absl::StatusOr<engine::PausePolicy> pause = engine::ParsePausePolicy(absl::GetFlag(FLAGS_pause));
+    if (!pause.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--pause: ", pause.status().message()));
+    }
+    o.gpu.pause = *pause;
+  }
   o.gpu.group_name = absl::GetFlag(FLAGS_nccl_group);
   o.nccl_store_listen = absl::GetFlag(FLAGS_nccl_store_listen);
   {

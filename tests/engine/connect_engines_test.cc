@@ -249,3 +249,48 @@ TEST(ConnectEngines, UnavailableAfterShutdown) {
 
 }  // namespace
 }  // namespace wpub::engine
+
+namespace wpub::engine {
+namespace {
+
+TEST(PausePolicy, ParsesNamesAndDefaults) {
+  using P = PausePolicy;
+  struct Case {
+    const char* text;
+    P::InFlight in_flight;
+    const char* name;  // resolved by the in-flight mode's default
+    bool never_mixes;
+  };
+  const Case cases[] = {
+      {"", P::InFlight::kAbort, "abort:flush", true},
+      {"abort", P::InFlight::kAbort, "abort:flush", true},
+      {"abort:keep", P::InFlight::kAbort, "abort:keep", false},
+      {"wait", P::InFlight::kWait, "wait:flush", true},
+      {"retract", P::InFlight::kRetract, "retract:flush", false},
+      {"retract:keep", P::InFlight::kRetract, "retract:keep", false},
+      {"keep", P::InFlight::kKeep, "keep:keep", false},
+      {"keep:flush", P::InFlight::kKeep, "keep:flush", false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    absl::StatusOr<P> p = ParsePausePolicy(c.text);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->in_flight, c.in_flight);
+    EXPECT_EQ(PausePolicyName(*p), c.name);
+    EXPECT_EQ(p->never_mixes(), c.never_mixes);
+    // The name parses back to the same policy.
+    absl::StatusOr<P> again = ParsePausePolicy(PausePolicyName(*p));
+    ASSERT_TRUE(again.ok());
+    EXPECT_TRUE(*again == *p);
+  }
+  for (const char* bad : {"drain", "abort:", "abort:maybe", ":flush", "ABORT", "abort:flush:x"}) {
+    const absl::Status s = ParsePausePolicy(bad).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad;
+    EXPECT_NE(s.message().find(bad), std::string::npos) << s;
+  }
+  EXPECT_TRUE(PausePolicyOf("", "").ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(PausePolicyOf("keep", "drop").status()));
+}
+
+}  // namespace
+}  // namespace wpub::engine

@@ -427,7 +427,9 @@ TEST(GpuBackend, TwoDeviceReadersReadTheSameBucketsWithoutAHostCopy) {
   BuildMixed(m);
   const uint64_t bucket = uint64_t{2} << 10;  // many buckets: each staging buffer reused often
   const auto want = Reference(m, bucket);
-  ASSERT_GT(want.size(), 8u);
+  // More buckets than twice the backend's two staging buffers: each is reused at least twice
+  // while the slow reader may still be reading it.
+  ASSERT_GT(want.size(), 4u);
   DeviceReaderTransport fast("sglang-group", 0), slow("vllm-group", uint64_t{64} << 20);
   auto group = transport::TransportGroup::Create({&fast, &slow});
   ASSERT_TRUE(group.ok()) << group.status();

@@ -5,10 +5,11 @@
 # group), step (a timestamped heading) and brief (the lines of a gtest log worth reading).
 # The staged binaries travel packed (deploy/stage_devbin.sh <build dir> gpu_path): unpacked when the folder
 # is missing or older than the tarball.
-if [[ -f $ROOT/.devbin/gpu_path.tgz && ( ! -d $ROOT/.devbin/gpu_path ||
-  $ROOT/.devbin/gpu_path.tgz -nt $ROOT/.devbin/gpu_path ) ]]; then
-  rm -rf "$ROOT/.devbin/gpu_path"
-  tar -xzf "$ROOT/.devbin/gpu_path.tgz" -C "$ROOT/.devbin" && touch "$ROOT/.devbin/gpu_path"
+# WPUB_DEVBIN names another staged set (e.g. $ROOT/.devbin/onegpu on a one-GPU call).
+BIN=${WPUB_DEVBIN:-$ROOT/.devbin/gpu_path}
+if [[ -f $BIN.tgz && ( ! -d $BIN || $BIN.tgz -nt $BIN ) ]]; then
+  rm -rf "$BIN"
+  tar -xzf "$BIN.tgz" -C "$(dirname "$BIN")" && touch "$BIN"
 fi
 # NVLink multicast stays off on these machines (KINDS.md), also for child processes.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -25,9 +26,8 @@ CUPTI_LIB=$(wheel_lib nvidia.cuda_cupti)  # dlopened by gpu_backend_test's CUPTI
 PYWRAP=$(mktemp /tmp/wpub_python.XXXXXX)
 printf '#!/bin/sh\nLD_LIBRARY_PATH="%s" exec python3 "$@"\n' "${LD_LIBRARY_PATH:-}" >"$PYWRAP"
 chmod +x "$PYWRAP"
-export LD_LIBRARY_PATH=$ROOT/.devbin/gpu_path/lib${NCCL_LIB:+:$NCCL_LIB}${CUPTI_LIB:+:$CUPTI_LIB}:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=$BIN/lib${NCCL_LIB:+:$NCCL_LIB}${CUPTI_LIB:+:$CUPTI_LIB}:${LD_LIBRARY_PATH:-}
 export WPUB_SOURCE_DIR=$ROOT WPUB_PYTHON=$PYWRAP WPUB_TEST_LOG_DIR=$LOGS
-BIN=$ROOT/.devbin/gpu_path
 START=$(date +%s)
 # Every step's timeout fits a total of WPUB_RUN_BUDGET_S seconds (default 570): min(its cap,
 # what is left minus what the later steps are guaranteed). Reserves are written for the default

@@ -105,6 +105,11 @@ class ScriptedEngine {
     std::lock_guard lock(mu_);
     return bodies_;
   }
+  // When each request arrived (steady clock), in the order of calls().
+  std::vector<std::chrono::steady_clock::time_point> arrivals() const {
+    std::lock_guard lock(mu_);
+    return arrivals_;
+  }
   bool Called(const std::string& path) const {
     std::lock_guard lock(mu_);
     return std::find(calls_.begin(), calls_.end(), path) != calls_.end();
@@ -130,6 +135,7 @@ class ScriptedEngine {
       std::lock_guard lock(mu_);
       calls_.push_back(req.path);
       bodies_.push_back(req.body);
+      arrivals_.push_back(std::chrono::steady_clock::now());
       if (!api_key_.empty() && req.get_header_value("Authorization") != "Bearer " + api_key_) {
         res.status = 401;
         res.set_content(R"({"error": "Unauthorized"})", "application/json");
@@ -166,6 +172,7 @@ class ScriptedEngine {
 
   mutable std::mutex mu_;
   std::vector<std::string> calls_, bodies_;  // guarded by mu_, as the rest
+  std::vector<std::chrono::steady_clock::time_point> arrivals_;
   std::string fail_path_, soft_fail_path_, slow_path_, api_key_;
   int fail_on_nth_ = 0, fail_count_ = 0, slow_ms_ = 0, soft_fail_status_ = 400;
   bool slow_post_only_ = false;

@@ -1,6 +1,8 @@
 // FakeSglang (fake_sglang.h): SGLang's weight-update routes per release, from its source.
 #include "tests/rollout/fake_sglang.h"
 
+#include <algorithm>
+
 #include <chrono>
 
 #include "absl/strings/match.h"
@@ -96,6 +98,16 @@ void FakeSglang::Kill() {
   std::lock_guard lock(mu_);
   dead_ = true;
   if (death_.empty()) death_ = "killed";
+}
+
+void FakeSglang::SetAbortLag(int n) {
+  std::lock_guard lock(mu_);
+  abort_lag_ = n;
+}
+
+std::string FakeSglang::last_pause_mode() const {
+  std::lock_guard lock(mu_);
+  return last_pause_mode_;
 }
 
 void FakeSglang::SetWaitingRequests(int n) {
@@ -250,6 +262,12 @@ void FakeSglang::Serve(const std::string& method, const std::string& path,
   }
   if (path == "/pause_generation") {
     serving_ = false;
+    // PauseGenerationReqInput.mode defaults to "abort" (io_struct.py at 001067ff): the tokenizer
+    // manager aborts every request (all leave the scheduler, but those still in the abort's way:
+    // SetAbortLag); "retract" re-queues the running ones, "in_place" keeps them running
+    // (scheduler.py at 0003215c). New requests wait in the tokenizer manager either way.
+    last_pause_mode_ = body.is_object() ? body.value("mode", std::string("abort")) : "abort";
+    if (last_pause_mode_ == "abort") waiting_ = std::min(waiting_, abort_lag_);
     r.set_content(R"({"message":"Generation paused successfully.","status":"ok"})",
                   "application/json");
     return;

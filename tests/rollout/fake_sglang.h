@@ -29,7 +29,8 @@
 // version at once (per bucket, not per publication); /update_weight_version's
 // abort_all_requests defaults to true (io_struct.py) and aborts every in-flight request;
 // /flush_cache (GET or POST) answers 400 text/plain while any request is queued or running,
-// which a pause in mode "retract" leaves queued; /pause_generation and /continue_generation
+// which a pause in mode "retract" leaves queued and "in_place" running (scheduler.py at
+// 0003215c: is_fully_idle), while "abort" ends them; /pause_generation and /continue_generation
 // always answer 200 (no already-paused check); FastAPI answers 404 {"detail": "Not Found"} for
 // a route the release lacks and 405 for a method a route does not take; with an API key the
 // middleware answers 401 {"error": "Unauthorized"} on every route but /health* and /metrics*
@@ -87,8 +88,12 @@ class FakeSglang {
   // The server process dies (SIGKILL): every request from now on gets no answer.
   void Kill();
   void ClearFailure();
-  // Requests queued or running (in flight when generation is paused in mode retract).
+  // Requests in the scheduler, queued or running: a pause in mode "abort" ends them, "retract"
+  // re-queues and "in_place" keeps them (and /flush_cache answers 400 while any is there).
   void SetWaitingRequests(int n);
+  // How many of them an abort pause has not ended yet when later calls arrive (SGLang's
+  // tokenizer manager sends its abort again every second until the update lock is free).
+  void SetAbortLag(int n);
   // Every answer to a path starting with `prefix` ("" : every path) waits this long first (a
   // busy or stalled engine).
   void SetDelay(std::chrono::milliseconds delay, const std::string& prefix = "");
@@ -98,6 +103,7 @@ class FakeSglang {
   bool dead() const;  // the server process exited (a scheduler assertion)
   std::string death() const;
   bool session_open() const;
+  std::string last_pause_mode() const;  // the last /pause_generation's mode
   // The single version the weights hold, or "" when they mix versions.
   std::string held_version() const;
   // What /get_model_info reports ("" : none).
@@ -128,6 +134,8 @@ class FakeSglang {
   std::string death_;
   int fail_in_ = -1;  // updates to let through before the failing one; -1: none
   int waiting_ = 0;
+  int abort_lag_ = 0;
+  std::string last_pause_mode_;
   std::string weight_version_;  // "" : none reported
   int mixed_resumes_ = 0;
   int aborted_by_version_ = 0;

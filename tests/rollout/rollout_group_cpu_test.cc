@@ -694,5 +694,79 @@ TEST(RolloutGroupCpu, EachEnginesPauseWindowSaysWhereItsTimeWent) {
   ExpectCommits(d, engines, 3);
 }
 
+// The pause policy of an engine set (ConnectEngines' `pause`, else the daemon's): each family
+// carries it out with its own routes, a policy it cannot carry out is refused before any engine
+// is contacted (the connected set stays and keeps committing), and the group reports each
+// engine's policy as its family resolved it.
+TEST(RolloutGroupCpu, EachEngineSetsPausePolicyIsCarriedOutOrRefusedUpFront) {
+  using P = engine::PausePolicy;
+  auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
+  Daemon d(Specs(engines));
+  // The default, abort:flush: in-flight requests end, the cache goes after the update.
+  engines[0]->SetWaitingRequests(4);
+  ExpectCommits(d, engines, 1);
+  EXPECT_EQ(engines[0]->last_pause_mode(), "abort");
+  for (const engine::RolloutEngineInfo& e : d.group->Group().engines) {
+    EXPECT_EQ(engine::PausePolicyName(e.pause), "abort:flush");
+  }
+  engine::RolloutConnectRequest request;
+  for (const auto& e : engines) request.engines.push_back({e->url(), 1, "sglang"});
+  const auto connect = [&](P policy) {
+    request.pause = policy;
+    return d.group->Connect(request);
+  };
+  // SGLang has no mode that lets in-flight requests finish, and refuses a flush while retracted
+  // requests wait: both refused naming the policy and the family; the group stays and commits.
+  for (const P refused : {P{P::InFlight::kWait, P::Cache::kDefault},
+                          P{P::InFlight::kRetract, P::Cache::kFlush},
+                          P{P::InFlight::kKeep, P::Cache::kFlush}}) {
+    absl::StatusOr<engine::RolloutGroupInfo> g = connect(refused);
+    ASSERT_TRUE(absl::IsInvalidArgument(g.status())) << g.status();
+    EXPECT_NE(g.status().message().find("for sglang engines"), std::string::npos) << g.status();
+  }
+  EXPECT_TRUE(d.group->Group().healthy);
+  ExpectCommits(d, engines, 2);
+  // retract (its cache kept, as SGLang can): the retracted requests wait through the update,
+  // and no flush is asked for.
+  absl::StatusOr<engine::RolloutGroupInfo> g = connect({P::InFlight::kRetract, P::Cache::kDefault});
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const engine::RolloutEngineInfo& e : g->engines) {
+    EXPECT_EQ(engine::PausePolicyName(e.pause), "retract:keep");
+  }
+  engines[0]->SetWaitingRequests(4);
+  SetIncoming(engines, 3);
+  PublicationReport r = d.Publish(3);
+  ASSERT_EQ(r.status, PublicationStatus::kCommitted) << Errors(r);
+  EXPECT_EQ(engines[0]->last_pause_mode(), "retract");
+  for (const transport::ReceiverOutcome& o : r.receivers) EXPECT_TRUE(o.error.empty()) << o.error;
+  ExpectAllServe(engines, 3);
+
+  // vLLM: keep (frozen with their KV: clear_cache=false), retract (mode keep with the cache
+  // cleared), and keep:flush refused (clearing the cache in mode keep is retract).
+  VllmEngines vllm;
+  Daemon v({vllm.Start()});
+  vllm.Feed(v);
+  engine::RolloutConnectRequest vr;
+  vr.engines.push_back({vllm.engines[0]->url(), 1, "vllm"});
+  vr.pause = P{P::InFlight::kKeep, P::Cache::kFlush};
+  absl::StatusOr<engine::RolloutGroupInfo> vg = v.group->Connect(vr);
+  ASSERT_TRUE(absl::IsInvalidArgument(vg.status())) << vg.status();
+  EXPECT_NE(vg.status().message().find("retract:flush"), std::string::npos) << vg.status();
+  const std::pair<P, bool> cases[] = {{P{P::InFlight::kKeep, P::Cache::kDefault}, false},
+                                      {P{P::InFlight::kRetract, P::Cache::kDefault}, true}};
+  uint64_t version = 1;
+  for (const auto& [policy, clears] : cases) {
+    vr.pause = policy;
+    vg = v.group->Connect(vr);
+    ASSERT_TRUE(vg.ok()) << vg.status();
+    vllm.Feed(v);
+    PublicationReport vr_report = v.Publish(version);
+    ASSERT_EQ(vr_report.status, PublicationStatus::kCommitted) << Errors(vr_report);
+    ExpectVllmHolds(vllm.engines, version++);
+    EXPECT_EQ(vllm.engines[0]->state().pause_mode, "keep");
+    EXPECT_EQ(vllm.engines[0]->state().pause_clear_cache, clears);
+  }
+}
+
 }  // namespace
 }  // namespace wpub::rollout

@@ -322,6 +322,9 @@ class OtherFamily final : public rollout::EngineFamily {
   }
   absl::Duration request_timeout() const override { return absl::Seconds(5); }
   absl::Duration connect_timeout() const override { return absl::Seconds(2); }
+  absl::StatusOr<engine::PausePolicy> ResolvePause(const engine::PausePolicy& p) const override {
+    return p;
+  }
   mutable int probes = 0;
   mutable std::vector<rollout::GroupAddress> addresses;
 };

@@ -143,17 +143,18 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
   (*d)->PostBucket(Bucket(1));
   (*d)->EndPublication();
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  // The default pause policy, abort:flush: the cache goes once the new weights are in.
   const std::vector<std::string> want = {"/pause_generation",
-                                         "/flush_cache",
                                          "/begin_weight_update",
                                          "/update_weights_from_distributed",
                                          "/update_weights_from_distributed",
                                          "/end_weight_update",
                                          "/update_weight_version",
+                                         "/flush_cache",
                                          "/continue_generation"};
   EXPECT_EQ(a.calls(), want);
   EXPECT_EQ(b.calls(), want);
-  json u = json::parse(a.bodies()[3]);
+  json u = json::parse(a.bodies()[2]);
   EXPECT_EQ(u["load_format"], "flattened_bucket");
   // SGLang adopts an update's weight_version as soon as it loads: the version is announced
   // once the session ended, never on a bucket.
@@ -164,12 +165,12 @@ TEST(SglangDriver, PublicationLifecycleInOrder) {
   EXPECT_EQ(u["dtypes"], json({"float32", "uint8", "float8_e4m3fn"}));
   EXPECT_EQ(u["shapes"][0], json::array());
   EXPECT_EQ(u["shapes"][2], json({2048, 48}));
-  EXPECT_EQ(json::parse(a.bodies()[0])["mode"], "retract");
+  EXPECT_EQ(json::parse(a.bodies()[0])["mode"], "abort");
   EXPECT_FALSE(u.contains("wpub_sequence"));  // one request in flight: SGLang's own protocol
   EXPECT_EQ(a.max_active(), 1);
-  EXPECT_EQ(json::parse(a.bodies()[6])["new_version"], "7");
+  EXPECT_EQ(json::parse(a.bodies()[5])["new_version"], "7");
   // SGLang aborts every running request unless told not to (its default is true).
-  EXPECT_EQ(json::parse(a.bodies()[6])["abort_all_requests"], false);
+  EXPECT_EQ(json::parse(a.bodies()[5])["abort_all_requests"], false);
   for (const EngineOutcome& o : (*d)->outcomes()) {
     EXPECT_FALSE(o.failed) << o.error;
     EXPECT_EQ(o.requests, 8u);
@@ -209,6 +210,77 @@ TEST(SglangDriver, WithoutLifecycleCallsOnlyUpdatesArePosted) {
   EXPECT_EQ(a.calls().back(), "/continue_generation");
 }
 
+// Each engine's pause policy picks its /pause_generation mode and whether its cache is flushed
+// (after the update, before the continue): abort:flush, abort:keep, retract:keep, keep:keep.
+TEST(SglangDriver, EachEnginesPausePolicyPicksItsModeAndItsFlush) {
+  using P = engine::PausePolicy;
+  FakeEngine a, b, c, d;
+  SglangDriverOptions o = Options({&a, &b, &c, &d}, {1, 1, 1, 1});
+  o.engines[0].pause = {P::InFlight::kAbort, P::Cache::kFlush};
+  o.engines[1].pause = {P::InFlight::kAbort, P::Cache::kKeep};
+  o.engines[2].pause = {P::InFlight::kRetract, P::Cache::kKeep};
+  o.engines[3].pause = {P::InFlight::kKeep, P::Cache::kKeep};
+  auto driver = SglangDriver::Create(o);
+  ASSERT_TRUE(driver.ok());
+  (*driver)->BeginPublication(4, /*lifecycle_calls=*/true);
+  (*driver)->PostBucket(Bucket(0));
+  (*driver)->EndPublication();
+  ASSERT_TRUE((*driver)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::pair<FakeEngine*, const char*>> modes = {
+      {&a, "abort"}, {&b, "abort"}, {&c, "retract"}, {&d, "in_place"}};
+  for (const auto& [engine, mode] : modes) {
+    ASSERT_EQ(engine->calls().front(), "/pause_generation");
+    EXPECT_EQ(json::parse(engine->bodies().front())["mode"], mode) << engine->url();
+    EXPECT_EQ(engine->calls().back(), "/continue_generation");
+  }
+  EXPECT_TRUE(a.Called("/flush_cache"));
+  for (FakeEngine* kept : {&b, &c, &d}) EXPECT_FALSE(kept->Called("/flush_cache"));
+  EXPECT_EQ(SglangPauseMode(P::InFlight::kWait), "");  // no SGLang mode: refused at connect
+}
+
+// Engines resume together: the one that finishes first waits for the other's last call before
+// its continue (no engine serves the new version while another still finalizes it).
+TEST(SglangDriver, EnginesResumeTogetherOnceEveryEngineFinished) {
+  FakeEngine a, b;
+  auto d = SglangDriver::Create(Options({&a, &b}, {1, 1}));
+  ASSERT_TRUE(d.ok());
+  a.SlowOn("/end_weight_update", 300);
+  (*d)->BeginPublication(5, /*lifecycle_calls=*/true);
+  (*d)->PostBucket(Bucket(0));
+  (*d)->EndPublication();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::string> ca = a.calls(), cb = b.calls();
+  ASSERT_EQ(ca.back(), "/continue_generation");
+  ASSERT_EQ(cb.back(), "/continue_generation");
+  ASSERT_EQ(ca[ca.size() - 2], "/flush_cache");
+  // a's flush is sent only once its slow end was answered (then its version): b's continue
+  // came after it.
+  EXPECT_GE(b.arrivals().back(), a.arrivals()[ca.size() - 2]);
+  for (const EngineOutcome& o : (*d)->outcomes()) {
+    EXPECT_FALSE(o.failed) << o.error;
+    EXPECT_GE(o.pause.resumed, o.pause.last_update);
+  }
+}
+
+// An engine that fails never holds the others' resume: its skipped continue frees its seat.
+TEST(SglangDriver, AFailedEngineDoesNotHoldTheOthersResume) {
+  FakeEngine a, b;
+  SglangDriverOptions o = Options({&a, &b}, {1, 1});
+  o.request_timeout = absl::Seconds(30);
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok());
+  a.FailOn("/end_weight_update", 0);
+  (*d)->BeginPublication(6, /*lifecycle_calls=*/true);
+  (*d)->PostBucket(Bucket(0));
+  (*d)->EndPublication();
+  const absl::Time start = absl::Now();
+  const absl::Status idle = (*d)->WaitIdle(absl::Now() + absl::Seconds(10));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // not the 30 s request timeout
+  EXPECT_FALSE(idle.ok());  // a failed
+  EXPECT_FALSE(a.Called("/continue_generation"));
+  EXPECT_EQ(b.calls().back(), "/continue_generation");
+}
+
 TEST(SglangDriver, EndpointsAreConfigurable) {
   FakeEngine a;
   SglangDriverOptions o = Options({&a}, {1});
@@ -219,7 +291,6 @@ TEST(SglangDriver, EndpointsAreConfigurable) {
   o.endpoints.version = "/v2/version";
   o.endpoints.update = "/v2/update";
   o.endpoints.load_format = "";
-  o.endpoints.pause_mode = "abort";
   auto d = SglangDriver::Create(o);
   ASSERT_TRUE(d.ok());
   (*d)->BeginPublication(3, /*lifecycle_calls=*/true);
@@ -246,9 +317,11 @@ TEST(SglangDriver, HttpErrorFailsThatEngineOnlyAndSkipsItsLaterCalls) {
   auto out = (*d)->outcomes();
   EXPECT_FALSE(out[0].failed);
   EXPECT_TRUE(out[1].failed);
-  // b saw pause, flush, begin, bucket 0, bucket 1 (failed) and nothing after.
-  EXPECT_EQ(b.calls().size(), 5u);
+  // b saw pause, begin, bucket 0, bucket 1 (failed) and nothing after; a all 9 calls (its
+  // continue was not held by b, whose skipped continue freed its seat).
+  EXPECT_EQ(b.calls().size(), 4u);
   EXPECT_EQ(a.calls().size(), 9u);
+  EXPECT_EQ(a.calls().back(), "/continue_generation");
   // The next publication starts clean.
   (*d)->BeginPublication(10, /*lifecycle_calls=*/true);
   (*d)->PostBucket(Bucket(0));
@@ -328,15 +401,14 @@ TEST(SglangDriver, TwoUpdatesInFlightOverlapButLifecycleCallsNever) {
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(10)).ok());
   const std::vector<std::string> calls = a.calls();
   ASSERT_EQ(calls.size(), 10u);
-  EXPECT_EQ(
-      std::vector<std::string>(calls.begin(), calls.begin() + 3),
-      (std::vector<std::string>{"/pause_generation", "/flush_cache", "/begin_weight_update"}));
-  EXPECT_EQ(std::vector<std::string>(calls.end() - 3, calls.end()),
+  EXPECT_EQ(std::vector<std::string>(calls.begin(), calls.begin() + 2),
+            (std::vector<std::string>{"/pause_generation", "/begin_weight_update"}));
+  EXPECT_EQ(std::vector<std::string>(calls.end() - 4, calls.end()),
             (std::vector<std::string>{"/end_weight_update", "/update_weight_version",
-                                      "/continue_generation"}));
+                                      "/flush_cache", "/continue_generation"}));
   // Every bucket once, each naming its place in the publication.
   std::vector<int> seen;
-  for (size_t i = 3; i < 7; ++i) {
+  for (size_t i = 2; i < 6; ++i) {
     EXPECT_EQ(calls[i], "/update_weights_from_distributed");
     seen.push_back(json::parse(a.bodies()[i])["wpub_sequence"].get<int>());
   }
@@ -356,7 +428,7 @@ TEST(SglangDriver, LeaveDropsTheUnsentRequestsOfAnAbortedPublication) {
   for (uint32_t i = 0; i < 3; ++i) (*d)->PostBucket(Bucket(i));
   // Wait until the first update is in flight, then leave: buckets 1 and 2 must never be sent
   // (each would post a receive that no broadcast matches).
-  for (int i = 0; i < 200 && a.calls().size() < 4; ++i) {
+  for (int i = 0; i < 200 && a.calls().size() < 3; ++i) {  // pause, begin, the first update
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   (*d)->Leave();

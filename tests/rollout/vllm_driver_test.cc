@@ -37,6 +37,7 @@ class FakeVllm {
       std::lock_guard lock(mu_);
       std::string call = path;
       if (req.has_param("mode")) call += "?mode=" + req.get_param_value("mode");
+      if (req.has_param("clear_cache")) call += "&clear_cache=" + req.get_param_value("clear_cache");
       calls_.push_back(call);
       bodies_.push_back(req.body);
       const bool dev = release_ != "nodev";
@@ -172,7 +173,7 @@ TEST(VllmDriver, JoinAndPublicationInOrderWithTheirBodies) {
   (*d)->EndPublication();
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
   const std::vector<std::string> want = {"/init_weight_transfer_engine",
-                                         "/pause?mode=keep",
+                                         "/pause?mode=abort&clear_cache=true",
                                          "/start_weight_update",
                                          "/update_weights",
                                          "/update_weights",

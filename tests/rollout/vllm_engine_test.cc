@@ -235,13 +235,14 @@ TEST(VllmEngine, ThreeVersionsArriveByteForByteAtBothPackingPlacements) {
       EXPECT_EQ(s.weight_version, std::to_string(v));
       EXPECT_FALSE(s.mixed);
       EXPECT_FALSE(s.paused);
-      EXPECT_EQ(s.pause_mode, "keep");
+      EXPECT_EQ(s.pause_mode, "abort");  // the default policy, abort:flush
+      EXPECT_TRUE(s.pause_clear_cache);
       EXPECT_EQ(s.updates, 3u);
       ExpectHolds(s, buckets);
     }
   }
   const std::vector<std::string> publication = {
-      "POST /pause?mode=keep", "POST /start_weight_update", "POST /update_weights",
+      "POST /pause?mode=abort", "POST /start_weight_update", "POST /update_weights",
       "POST /update_weights",  "POST /update_weights",      "POST /finish_weight_update",
       "POST /resume"};
   std::vector<std::string> want = {"POST /init_weight_transfer_engine"};
@@ -461,7 +462,14 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
   }
   r = post("/pause?mode=sometimes", "");
   EXPECT_EQ(r.first, 400);
-  EXPECT_NE(error(r).find("not abort, wait or keep"), std::string::npos) << error(r);
+  EXPECT_NE(error(r).find("query.mode"), std::string::npos) << error(r);
+  r = post("/pause?mode=keep&clear_cache=maybe", "");
+  EXPECT_EQ(r.first, 400);
+  EXPECT_NE(error(r).find("query.clear_cache"), std::string::npos) << error(r);
+  r = post("/pause?mode=keep&clear_cache=false", "");
+  EXPECT_EQ(r.first, 200);
+  EXPECT_EQ((*e)->state().pause_mode, "keep");
+  EXPECT_FALSE((*e)->state().pause_clear_cache);
   r = post("/finish_weight_update", R"({"weight_version":7})");
   EXPECT_EQ(r.first, 400);
   EXPECT_NE(error(r).find("weight_version must be a string"), std::string::npos) << error(r);

@@ -131,7 +131,9 @@ class LocalGather:
         if layout is None:
             return t, None
         mesh, local, dim = layout
-        if mesh.size() != self.world_size or mesh.get_coordinate() != [self.rank]:
+        # get_coordinate() is a list in some torch releases and a tuple in others (2.11).
+        coordinate = mesh.get_coordinate()
+        if mesh.size() != self.world_size or list(coordinate or ()) != [self.rank]:
             raise TensorError(f"tensor {hf_name}: a DTensor over a device mesh of {mesh.size()} "
                               f"ranks where this rank is {mesh.get_coordinate()}; LocalGather's "
                               f"group has {self.world_size} ranks and this rank is {self.rank}: "

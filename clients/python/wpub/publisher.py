@@ -207,7 +207,8 @@ class Publisher:
         return [PublicationReport.from_proto(r) for r in m.reports]
 
     def connect_engines(self, engines: Iterable[Any], group_name: Optional[str] = None,
-                        timeout: Optional[float] = None) -> EngineGroup:
+                        timeout: Optional[float] = None,
+                        pause: Optional[str] = None) -> EngineGroup:
         """Connects SGLang or vLLM engines to a GPU-path wpubd (ConnectEngines): replaces its
         engine set and forms the NCCL weight-update group. Blocks until every engine joined.
 
@@ -216,7 +217,12 @@ class Publisher:
         {"url": ..., "gpus": ..., "kind": "sglang" | "vllm"}; a "vllm+http://host:port" URL is a
         vLLM engine (its native weight-transfer API, v0.22 or later). One group holds one kind. group_name: base group name (default: the daemon's
         --nccl_group). timeout: seconds the engines have to answer their health probe and join
-        (default: the daemon's --engine_deadline); the RPC waits 30 s longer.
+        (default: the daemon's --engine_deadline); the RPC waits 30 s longer. pause: what the
+        engines do with their requests and cache while paused for a publication,
+        "<in_flight>[:<cache>]" -- in_flight "abort" (no request's tokens from two versions),
+        "wait" (vLLM), "retract" or "keep"; cache "flush" or "keep" (default: the daemon's
+        --pause; docs/specs/engines.md, "Pause policies"). A policy the engines' kind cannot
+        carry out raises InvalidArgument naming it.
 
         Returns an EngineGroup (group_name of this generation, world_size, generation, and per
         engine its rank_offset and gpus). Raises InvalidArgument naming the entry (here or from
@@ -232,6 +238,12 @@ class Publisher:
             if not timeout > 0:
                 raise errors.InvalidArgument(f"timeout={timeout!r} must be > 0 seconds")
             req.timeout_seconds = float(timeout)
+        if pause is not None:
+            if not isinstance(pause, str) or not pause:
+                raise errors.InvalidArgument(f"pause={pause!r} must be a non-empty string")
+            in_flight, _, cache = pause.partition(":")
+            req.pause.in_flight = in_flight
+            req.pause.cache = cache
         # The daemon's default join budget is its --engine_deadline (120 s by default).
         rpc_timeout = (timeout if timeout is not None else 120.0) + 30.0
         return EngineGroup.from_proto(self._unary(self._connect_engines, req, rpc_timeout))

@@ -213,6 +213,7 @@ class ConnectedEngine:
     gpus: int
     rank_offset: int
     state: str  # "idle", "receiving", "staged", "failed" or "left"
+    pause: str = ""  # its pause policy as its kind carries it out, "abort:flush"
 
 
 @dataclass
@@ -232,7 +233,8 @@ class EngineGroup:
         """From a ConnectEnginesResponse or an EngineGroup message."""
         return cls(
             group_name=m.group_name, world_size=m.world_size, generation=m.generation,
-            engines=[ConnectedEngine(e.url, e.gpus, e.rank_offset, e.state) for e in m.engines],
+            engines=[ConnectedEngine(e.url, e.gpus, e.rank_offset, e.state, e.pause)
+                     for e in m.engines],
             healthy=getattr(m, "healthy", True), store_address=getattr(m, "store_address", ""),
             raw=m)
 
