@@ -62,6 +62,13 @@ class CpuDaemonTest(unittest.TestCase):
         with self.assertRaises(wpub.InvalidArgument) as cm:
             self.pub.connect_engines(["http://a:1"], group_name="no spaces please")
         self.assertIn("group_name", cm.exception.message)
+        # A pause policy the daemon cannot read is refused naming it (before the GPU path).
+        for pause, expect in [("drain", "pause in-flight mode 'drain'"),
+                              ("abort:maybe", "pause cache action 'maybe'")]:
+            with self.subTest(pause=pause):
+                with self.assertRaises(wpub.InvalidArgument) as cm:
+                    self.pub.connect_engines(["http://a:1"], pause=pause)
+                self.assertIn(expect, cm.exception.message)
 
     def test_client_checks_the_forms(self):
         for engines, expect in [([], "no engine"), ([("http://a:1", 0)], "engines[0] 'http://a:1'"),
@@ -77,6 +84,9 @@ class CpuDaemonTest(unittest.TestCase):
                 self.assertIn(expect, cm.exception.message)
         with self.assertRaises(wpub.InvalidArgument):
             self.pub.connect_engines(["http://a:1"], timeout=0)
+        for pause in ("", 3):
+            with self.assertRaises(wpub.InvalidArgument):
+                self.pub.connect_engines(["http://a:1"], pause=pause)
 
 
 class FakePublisher:
@@ -154,11 +164,22 @@ class FakeDaemonTest(unittest.TestCase):
         self.assertEqual([(e.url, e.gpus, e.kind) for e in req.engines],
                          [("http://sglang-engine-0:30000", 2, ""),
                           ("vllm+http://vllm-engine-0:8000", 4, "")])
-        # Defaults: the daemon's group name and join timeout (the RPC still waits longer).
+        # Defaults: the daemon's group name, join timeout and pause policy (the RPC still waits
+        # longer).
         self.pub.connect_engines("http://h0:30000")
         req = self.fake.requests[-1]
         self.assertEqual((req.group_name, req.timeout_seconds, len(req.engines)), ("", 0.0, 1))
+        self.assertFalse(req.HasField("pause"))
         self.assertGreater(self.fake.time_left[-1], 120)
+        # A pause policy: its two halves; each engine's, as its kind carries it out, comes back.
+        r.engines[0].pause = "retract:keep"
+        group = self.pub.connect_engines("http://h0:30000", pause="retract:keep")
+        req = self.fake.requests[-1]
+        self.assertEqual((req.pause.in_flight, req.pause.cache), ("retract", "keep"))
+        self.assertEqual(group.engines[0].pause, "retract:keep")
+        self.pub.connect_engines("http://h0:30000", pause="keep")
+        req = self.fake.requests[-1]
+        self.assertEqual((req.pause.in_flight, req.pause.cache), ("keep", ""))
 
     def test_every_error_maps_to_its_class(self):
         codes = {
