@@ -123,6 +123,7 @@ EngineStatus Engine::GetStatus() const {
   s.committed_model_id = std::move(ledger.committed_model_id);
   s.committed_at = ledger.committed_at;
   s.shutting_down = ledger.shutting_down;
+  s.queued_publications = ledger.queued;
   s.last_reports = std::move(ledger.last_reports);
   if (const auto& active = ledger.active) {
     s.active =

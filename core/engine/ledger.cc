@@ -53,6 +53,11 @@ absl::Status PublicationLedger::BeginReplay(uint64_t version, std::string what,
     return absl::FailedPreconditionError(absl::StrCat(
         HolderLocked(), " is active; the ", what, " of version ", version, " must wait for it"));
   }
+  if (queued_ > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(queued_, " publication(s) queued for the slot: the ", what, " of version ",
+                     version, " yields to the new version"));
+  }
   if (version != committed_version_) {
     return absl::FailedPreconditionError(absl::StrCat("the ", what, " of version ", version,
                                                       ": the committed version is now ",
@@ -82,9 +87,13 @@ absl::StatusOr<PublicationLedger::Active> PublicationLedger::Acquire(uint64_t ve
       return absl::FailedPreconditionError(
           absl::StrCat(HolderLocked(), " is active; version ", version, " must wait for it"));
     }
+    // Counted while it waits: a replay does not take the slot ahead of a queued version
+    // (BeginReplay refuses), so the queued one never waits behind the committed one's replay.
+    ++queued_;
     const bool freed = cv_.wait_until(lock, SteadyIn(queue_timeout), [&] {
       return (!active_ && !connecting_ && !replay_) || shutting_down_;
     });
+    --queued_;
     if (shutting_down_) return absl::UnavailableError("the engine is shutting down");
     if (!freed) {
       return absl::DeadlineExceededError(absl::StrCat("version ", version, " queued for ",
@@ -154,6 +163,7 @@ PublicationLedger::Snapshot PublicationLedger::GetSnapshot() const {
     s.last_reports.push_back(reports_[i]);
   }
   s.active = active_;
+  s.queued = queued_;
   return s;
 }
 

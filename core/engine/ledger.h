@@ -46,6 +46,7 @@ class PublicationLedger {
     bool shutting_down = false;
     std::vector<PublicationReport> last_reports;  // newest first, at most status_reports
     Active active;                                // null when none
+    int queued = 0;                               // Opens waiting for the slot (`queue`)
   };
 
   // Keeps the last max(report_history, 1) reports; Snapshot shows status_reports of them.
@@ -66,7 +67,8 @@ class PublicationLedger {
   void EndConnecting();
   // The slot for a replay of committed version `version` (`what`: "restore", "catch-up"):
   // UNAVAILABLE after BeginShutdown, FAILED_PRECONDITION naming the holder while the slot is
-  // held, or when the committed version is no longer `version`. `preempt` is called, from the
+  // held or an Acquire waits for it (`queue`: the new version goes first), or when the committed
+  // version is no longer `version`. `preempt` is called, from the
   // thread that wants the slot and without the ledger's lock, at most once; the replay must
   // then end promptly. EndReplay frees the slot.
   absl::Status BeginReplay(uint64_t version, std::string what, std::function<void()> preempt);
@@ -106,6 +108,7 @@ class PublicationLedger {
   Active active_;                   // guarded by mu_
   bool connecting_ = false;         // guarded by mu_
   std::optional<Replay> replay_;    // guarded by mu_
+  int queued_ = 0;                  // guarded by mu_: Acquires waiting with `queue`
   uint64_t committed_version_ = 0;  // guarded by mu_
   std::string committed_model_id_;  // guarded by mu_
   absl::Time committed_at_ = absl::InfinitePast();  // guarded by mu_

@@ -265,6 +265,7 @@ struct EngineStatus {
   std::string backend;                     // "cpu"
   transport::RetainedCopyInfo retained;    // the retained copy of the committed version
   std::vector<ReplayReport> last_replays;  // newest first, at most EngineOptions::status_reports
+  int queued_publications = 0;             // Opens waiting for the active one (header.queue)
 };
 
 }  // namespace wpub::engine

@@ -302,6 +302,55 @@ TEST_F(ReplayTest, ATrainersPublicationPreemptsACatchUpAndWins) {
   EXPECT_EQ(r0->committed_tensors(), Expected(2));
 }
 
+// A version queued behind one that aborts takes the slot before the restore of the committed
+// version (which it replaces anyway): the restore yields instead of holding the new version
+// back, and the engine ends on the new version, whole.
+TEST_F(ReplayTest, AVersionQueuedBehindAnAbortGoesBeforeTheRestore) {
+  Make({.where = transport::RetainWhere::kHost});
+  ASSERT_EQ(Publish(1).status, PublicationStatus::kCommitted);
+  faults_->Arm(Fault{.kind = FaultKind::kDisconnect, .bucket = 1, .attempts = 3});
+  auto v2 = engine_->Open(testing::Header(2));
+  ASSERT_TRUE(v2.ok()) << v2.status();
+  std::atomic<bool> v3_done{false};
+  absl::StatusOr<PublicationReport> v3_report = absl::UnknownError("not run");
+  std::thread queued([&] {
+    PublicationHeader h = testing::Header(3);
+    h.queue = true;
+    h.queue_timeout = absl::Seconds(60);
+    auto v3 = engine_->Open(h);
+    if (v3.ok()) {
+      faults_->Arm(Fault{});
+      if (absl::Status s = testing::Send(**v3, Batches(3)); !s.ok()) {
+        v3_report = s;
+      } else {
+        v3_report = (*v3)->Commit();
+      }
+    } else {
+      v3_report = v3.status();
+    }
+    v3_done = true;
+  });
+  const absl::Time deadline = absl::Now() + kWait;
+  while (engine_->GetStatus().queued_publications != 1 && absl::Now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(engine_->GetStatus().queued_publications, 1);
+  ASSERT_TRUE(testing::Send(**v2, Batches(2)).ok());
+  absl::StatusOr<PublicationReport> r2 = (*v2)->Commit();
+  ASSERT_TRUE(r2.ok()) << r2.status();
+  EXPECT_EQ(r2->status, PublicationStatus::kAborted);
+  queued.join();
+  ASSERT_TRUE(v3_done);
+  ASSERT_TRUE(v3_report.ok()) << v3_report.status();
+  EXPECT_EQ(v3_report->status, PublicationStatus::kCommitted) << v3_report->error;
+  EXPECT_EQ(engine_->GetStatus().queued_publications, 0);
+  // No restore of v1 ran over v3's slot: the engine holds v3, whole.
+  EXPECT_EQ(Replays("restore", "completed"), 0);
+  EXPECT_FALSE(fake_->dirty());
+  EXPECT_EQ(fake_->complete_version(), 3u);
+  EXPECT_EQ(fake_->weights(), Expected(3));
+}
+
 TEST_F(ReplayTest, NothingIsReplayedOverTheBoundOrWithTheCopyOff) {
   Make({.where = transport::RetainWhere::kHost, .max_bytes = 1024});
   ASSERT_EQ(Publish(1).status, PublicationStatus::kCommitted);
