@@ -41,8 +41,9 @@ namespace {
 using json = nlohmann::json;
 
 struct Args {
-  int64_t rows = 768;   // Qwen3-30B-A3B's routed expert down_proj is [2048, 768]; gate/up [768, 2048]
-  int64_t cols = 2048;  // (a multiple of 16)
+  // Qwen3-30B-A3B's routed expert gate/up projection [768, 2048] (down_proj is [2048, 768]).
+  int64_t rows = 768;
+  int64_t cols = 2048;  // a multiple of 16
   int steps = 12;
   int warmup = 2;
   std::vector<double> lrs = {1e-7, 1e-6, 1e-5};
@@ -231,14 +232,17 @@ int Main(int argc, char** argv) {
       "(the first %d not averaged), served as bf16 -> NVFP4\n",
       static_cast<long>(a.rows), static_cast<long>(a.cols), a.init_std, a.steps, a.warmup);
   json rows = json::array();
-  for (const auto& [mode, name] :
-       {std::pair{kernels::QuantMode::Standard(), "standard"},
-        std::pair{kernels::QuantMode::FourOverSixDefault(), "4over6"}}) {
+  for (const auto& [mode, name] : {std::pair{kernels::QuantMode::Standard(), "standard"},
+                                   std::pair{kernels::QuantMode::FourOverSixDefault(), "4over6"}}) {
     for (double lr : a.lrs) rows.push_back(Run(a, lr, mode, name));
   }
   if (!a.json_path.empty()) {
-    json out = {{"rows", a.rows},       {"cols", a.cols},     {"steps", a.steps},
-                {"warmup", a.warmup},   {"init_std", a.init_std}, {"seed", a.seed},
+    json out = {{"rows", a.rows},
+                {"cols", a.cols},
+                {"steps", a.steps},
+                {"warmup", a.warmup},
+                {"init_std", a.init_std},
+                {"seed", a.seed},
                 {"model", "fp32 master, AdamW(0.9, 0.999, 1e-8) on i.i.d. N(0,1) gradients"},
                 {"results", rows}};
     std::ofstream(a.json_path) << out.dump(2) << "\n";

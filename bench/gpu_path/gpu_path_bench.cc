@@ -81,7 +81,7 @@ struct Args {
   int ctas_per_sm = 3;          // GpuBackendOptions::overlap_ctas_per_sm of every wpub case
   std::vector<int> ctas_sweep;  // extra (a)/(a') rows with that cap (0: none)
   bool backend_only = false;    // case (e) alone, on one GPU
-  bool pause_windows = false;  // --pause_windows 1: (a), (a1), (a-emu) with pause windows
+  bool pause_windows = false;   // --pause_windows 1: (a), (a1), (a-emu) with pause windows
   int nccl_ctas = 0;            // NcclCommOptions::ctas on both sides (0: NCCL's choice)
 };
 

@@ -66,10 +66,10 @@ struct VllmEngineOptions {
 struct VllmEngineState {
   bool joined = false;
   bool paused = false;
-  std::string pause_mode;         // of the last /pause
+  std::string pause_mode;          // of the last /pause
   bool pause_clear_cache = false;  // ... and its clear_cache
-  bool updating = false;   // between start and finish
-  uint64_t updates = 0;    // /update_weights received in the current (or last) update
+  bool updating = false;           // between start and finish
+  uint64_t updates = 0;            // /update_weights received in the current (or last) update
   // The last finish's weight_version ("" when it gave none), and whether what the engine holds
   // mixes versions: a finish applied a partial update (one without a weight_version after
   // receiving something) or a later complete one has not replaced it.

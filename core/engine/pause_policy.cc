@@ -56,9 +56,8 @@ absl::StatusOr<PausePolicy> PausePolicyOf(absl::string_view in_flight, absl::str
   } else if (in_flight == "keep") {
     p.in_flight = PausePolicy::InFlight::kKeep;
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pause in-flight mode '", in_flight,
-                     "' is not one of abort, wait, retract, keep"));
+    return absl::InvalidArgumentError(absl::StrCat("pause in-flight mode '", in_flight,
+                                                   "' is not one of abort, wait, retract, keep"));
   }
   if (cache.empty() || cache == "default") {
     p.cache = PausePolicy::Cache::kDefault;

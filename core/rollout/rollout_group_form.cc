@@ -72,10 +72,10 @@ absl::StatusOr<std::vector<EngineSpec>> RolloutGroup::WithPause(
     const engine::PausePolicy& policy) const {
   absl::StatusOr<engine::PausePolicy> resolved = family.ResolvePause(policy);
   if (!resolved.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pause policy '", engine::InFlightName(policy.in_flight), ":",
-        engine::CacheName(policy.cache), "' for ", std::string(family.name()), " engines: ",
-        resolved.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pause policy '", engine::InFlightName(policy.in_flight), ":",
+                     engine::CacheName(policy.cache), "' for ", std::string(family.name()),
+                     " engines: ", resolved.status().message()));
   }
   for (EngineSpec& e : engines) e.pause = *resolved;
   return engines;

@@ -4,8 +4,9 @@
 // (`/init_weights_update_group`), and per publication issues the configurable lifecycle calls
 // (pause with the engine's pause policy's mode, begin, one update per bucket with load_format
 // "flattened_bucket", end, version, a cache flush when the policy asks for one, continue -- the
-// continues of all engines together, once every engine finished). The NCCL side (the broadcasts) is core/nccl's; the HTTP call of a bucket and
-// its broadcast run concurrently (the engine posts its receive inside the request handler).
+// continues of all engines together, once every engine finished). The NCCL side (the broadcasts) is
+// core/nccl's; the HTTP call of a bucket and its broadcast run concurrently (the engine posts its
+// receive inside the request handler).
 //
 // Threading: each engine has a worker that sends that engine's requests in the order they were
 // posted, strictly one after another by default (bucket k+1's request never overtakes bucket

@@ -8,11 +8,13 @@
 // packing parameters per update instead (v0.22 to v0.27: its init answers HTTP 500, or 400,
 // naming init_info) is asked again without them, and its update requests carry them. Per
 // publication:
-// `/pause?mode=<m>&clear_cache=<c>` (the engine's pause policy), `/start_weight_update` {}, one `/update_weights` {"update_info":
-// {names, dtype_names, shapes}} per bucket, `/finish_weight_update` {"weight_version"},
-// `/resume` (every engine's together, once every engine finished). A bucket is broadcast as vLLM's packed chunks (BroadcastChunks): its tensors lie back
-// to back without padding in the bucket (the planner's layout), and vLLM closes a chunk after the
-// tensor that takes it past packed_buffer_size_bytes. Releases before v0.22 (no
+// `/pause?mode=<m>&clear_cache=<c>` (the engine's pause policy), `/start_weight_update` {}, one
+// `/update_weights` {"update_info": {names, dtype_names, shapes}} per bucket,
+// `/finish_weight_update` {"weight_version"},
+// `/resume` (every engine's together, once every engine finished). A bucket is broadcast as vLLM's
+// packed chunks (BroadcastChunks): its tensors lie back to back without padding in the bucket (the
+// planner's layout), and vLLM closes a chunk after the tensor that takes it past
+// packed_buffer_size_bytes. Releases before v0.22 (no
 // `/start_weight_update`) and engines without dev mode (no `/init_weight_transfer_engine`) are
 // refused with an error naming the engine and the route.
 //

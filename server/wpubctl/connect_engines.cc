@@ -54,9 +54,8 @@ absl::Status Connect() {
   std::printf("group       %s (generation %llu, world size %u)\n", r.group_name().c_str(),
               static_cast<unsigned long long>(r.generation()), r.world_size());
   for (const auto& e : r.engines()) {
-    std::printf("  %-32s ranks %u..%u (%u GPUs) %s, pause %s\n", e.url().c_str(),
-                e.rank_offset(), e.rank_offset() + e.gpus() - 1, e.gpus(), e.state().c_str(),
-                e.pause().c_str());
+    std::printf("  %-32s ranks %u..%u (%u GPUs) %s, pause %s\n", e.url().c_str(), e.rank_offset(),
+                e.rank_offset() + e.gpus() - 1, e.gpus(), e.state().c_str(), e.pause().c_str());
   }
   return absl::OkStatus();
 }

@@ -64,7 +64,8 @@ const std::vector<Subcommand>& Subcommands() {
        "Connect SGLang or vLLM engines to a running GPU-path wpubd "
        "(--engines=http://h:p=gpus,vllm+http://h:p,...): form its NCCL weight-update group and "
        "print the ranks.",
-       &RunConnectEngines, Join({kDaemonFlags, {"engines", "group_name", "pause", "join_timeout"}})},
+       &RunConnectEngines,
+       Join({kDaemonFlags, {"engines", "group_name", "pause", "join_timeout"}})},
       {"demo",
        "The project's main job: start wpubd and two wpub-recv, publish several versions of a "
        "synthetic GLM-like MoE end to end, print a per-publication table, stop cleanly.",

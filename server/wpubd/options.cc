@@ -295,7 +295,8 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.gpu_path = absl::GetFlag(FLAGS_gpu_path) || !o.engines.empty();
   o.gpu.device = absl::GetFlag(FLAGS_gpu_device);
   {
-    absl::StatusOr<engine::PausePolicy> pause = engine::ParsePausePolicy(absl::GetFlag(FLAGS_pause));
+    absl::StatusOr<engine::PausePolicy> pause =
+        engine::ParsePausePolicy(absl::GetFlag(FLAGS_pause));
     if (!pause.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--pause: ", pause.status().message()));
     }

@@ -717,9 +717,9 @@ TEST(RolloutGroupCpu, EachEngineSetsPausePolicyIsCarriedOutOrRefusedUpFront) {
   };
   // SGLang has no mode that lets in-flight requests finish, and refuses a flush while retracted
   // requests wait: both refused naming the policy and the family; the group stays and commits.
-  for (const P refused : {P{P::InFlight::kWait, P::Cache::kDefault},
-                          P{P::InFlight::kRetract, P::Cache::kFlush},
-                          P{P::InFlight::kKeep, P::Cache::kFlush}}) {
+  for (const P refused :
+       {P{P::InFlight::kWait, P::Cache::kDefault}, P{P::InFlight::kRetract, P::Cache::kFlush},
+        P{P::InFlight::kKeep, P::Cache::kFlush}}) {
     absl::StatusOr<engine::RolloutGroupInfo> g = connect(refused);
     ASSERT_TRUE(absl::IsInvalidArgument(g.status())) << g.status();
     EXPECT_NE(g.status().message().find("for sglang engines"), std::string::npos) << g.status();

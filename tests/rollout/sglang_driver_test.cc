@@ -276,7 +276,7 @@ TEST(SglangDriver, AFailedEngineDoesNotHoldTheOthersResume) {
   const absl::Time start = absl::Now();
   const absl::Status idle = (*d)->WaitIdle(absl::Now() + absl::Seconds(10));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // not the 30 s request timeout
-  EXPECT_FALSE(idle.ok());  // a failed
+  EXPECT_FALSE(idle.ok());                           // a failed
   EXPECT_FALSE(a.Called("/continue_generation"));
   EXPECT_EQ(b.calls().back(), "/continue_generation");
 }

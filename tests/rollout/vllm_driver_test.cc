@@ -37,7 +37,8 @@ class FakeVllm {
       std::lock_guard lock(mu_);
       std::string call = path;
       if (req.has_param("mode")) call += "?mode=" + req.get_param_value("mode");
-      if (req.has_param("clear_cache")) call += "&clear_cache=" + req.get_param_value("clear_cache");
+      if (req.has_param("clear_cache"))
+        call += "&clear_cache=" + req.get_param_value("clear_cache");
       calls_.push_back(call);
       bodies_.push_back(req.body);
       const bool dev = release_ != "nodev";

@@ -241,10 +241,13 @@ TEST(VllmEngine, ThreeVersionsArriveByteForByteAtBothPackingPlacements) {
       ExpectHolds(s, buckets);
     }
   }
-  const std::vector<std::string> publication = {
-      "POST /pause?mode=abort", "POST /start_weight_update", "POST /update_weights",
-      "POST /update_weights",  "POST /update_weights",      "POST /finish_weight_update",
-      "POST /resume"};
+  const std::vector<std::string> publication = {"POST /pause?mode=abort",
+                                                "POST /start_weight_update",
+                                                "POST /update_weights",
+                                                "POST /update_weights",
+                                                "POST /update_weights",
+                                                "POST /finish_weight_update",
+                                                "POST /resume"};
   std::vector<std::string> want = {"POST /init_weight_transfer_engine"};
   for (int v = 0; v < 3; ++v) want.insert(want.end(), publication.begin(), publication.end());
   EXPECT_EQ(h.engine(0).state().calls, want);
