@@ -66,13 +66,24 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   impl->StartRefresher();
   // A pull receiver that subscribes holding less than the committed version is caught up.
   // Weak: a subscription on another thread may outlive the engine's parts.
-  impl->pull_->SetBehindListener([weak = std::weak_ptr<Impl>(impl)](const std::string& receiver,
-                                                                    uint64_t held) {
+  // So is a rollout engine that comes back from a restart holding less (the rollout group's
+  // engine watch).
+  const std::weak_ptr<Impl> weak = impl;
+  impl->pull_->SetBehindListener([weak](const std::string& receiver, uint64_t held) {
     if (const std::shared_ptr<Impl> self = weak.lock()) {
       self->replayer_->Request(ReplayKind::kCatchUp,
                                absl::StrCat("receiver ", receiver, " subscribed holding v", held));
     }
   });
+  for (const auto& t : impl->extra_transports_) {
+    t->SetBehindListener([weak](const std::string& engine, uint64_t held) {
+      if (const std::shared_ptr<Impl> self = weak.lock()) {
+        self->replayer_->Request(
+            ReplayKind::kCatchUp,
+            absl::StrCat("engine ", engine, " back from a restart holding v", held));
+      }
+    });
+  }
   return impl;
 }
 

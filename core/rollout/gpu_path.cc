@@ -34,6 +34,7 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
     ro.nccl_ctas = options.nccl_ctas;
     ro.engine_auth_token = options.engine_auth_token;
     ro.pause = options.pause;
+    ro.engine_watch_interval = options.engine_watch_interval;
     WPUB_ASSIGN_OR_RETURN(std::unique_ptr<RolloutGroup> group, RolloutGroup::Create(ro));
     groups.push_back(std::move(group));
   }

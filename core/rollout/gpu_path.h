@@ -34,6 +34,8 @@ struct GpuPathOptions {
   int nccl_ctas = 0;              // RolloutGroupOptions::nccl_ctas (0: NCCL's choice)
   std::string engine_auth_token;  // RolloutGroupOptions::engine_auth_token ("": none)
   engine::PausePolicy pause;      // RolloutGroupOptions::pause (wpubd --pause)
+  // RolloutGroupOptions::engine_watch_interval (wpubd --engine_watch_interval; zero: none).
+  absl::Duration engine_watch_interval = absl::Seconds(10);
 };
 
 // The GPU backend on options.device, the rollout group as the engine's extra transport and as

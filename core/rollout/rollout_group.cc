@@ -77,6 +77,9 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
     std::lock_guard lock(g->connect_mu_);
     g->PublishInfo();
   }
+  if (options.engine_watch_interval > absl::ZeroDuration()) {
+    g->watch_thread_ = std::thread([raw = g.get()] { raw->WatchLoop(); });
+  }
   return g;
 }
 
@@ -89,6 +92,12 @@ RolloutGroup::RolloutGroup(RolloutGroupOptions options,
       incarnation_(NewIncarnation()) {}
 
 RolloutGroup::~RolloutGroup() {
+  {
+    std::lock_guard lock(watch_mu_);
+    watch_stop_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watch_thread_.joinable()) watch_thread_.join();
   if (channel_) {  // null when Create failed before taking it
     channel_->End();
     channel_->Close();  // NCCL: terminates anything still on the comm stream
@@ -197,7 +206,8 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
     stage_ = Stage::kBegun;
     return std::vector<std::string>{};
   }
-  if (!formed_ || !channel_->usable()) {
+  if (!formed_ || reform_ || !channel_->usable()) {
+    reform_ = false;
     // Re-formation after a failure: the engines that pass their health check.
     absl::Status s = Form(engines_, base_group_, options_.join_timeout, /*strict=*/false);
     PublishInfo();

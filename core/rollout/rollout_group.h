@@ -37,11 +37,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -96,6 +98,12 @@ struct RolloutGroupOptions {
   // the same bounds (NCCL_MIN_CTAS = NCCL_MAX_CTAS = nccl_ctas in their environment), else every
   // broadcast fails and the publication is aborted (see NcclCommOptions::ctas).
   int nccl_ctas = 0;
+  // The engine watch: this often, while no publication or ConnectEngines runs, every engine of
+  // the formed group is asked for its health and weight version; one that answers holding less
+  // than the group last gave it came back from a restart (it left the NCCL group with its
+  // process): the group re-forms at the next Begin and the behind listener is told, so the
+  // engine is caught up from the retained copy. Zero: no watch.
+  absl::Duration engine_watch_interval = absl::Seconds(10);
 };
 
 class RolloutGroup final : public transport::Transport, public FamilyConnector {
@@ -151,6 +159,12 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   absl::Status Disconnect() override;
   // Every engine of the group becomes dirty (no resume at the abort that follows).
   void MarkParticipantsDirty() override;
+  void SetBehindListener(BehindListener listener) override;
+  // One round of the engine watch (RolloutGroupOptions::engine_watch_interval), on the caller's
+  // thread: the URLs of the engines found back from a restart (each also told to the behind
+  // listener, and the group marked for re-formation). Nothing while a publication or a Connect
+  // runs, or no group is formed.
+  std::vector<std::string> WatchEnginesOnce();
 
   // Engines left paused by an aborted publication (see the file comment).
   std::vector<std::string> dirty_engines() const;
@@ -221,6 +235,8 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   engine::RolloutGroupInfo info_;                    // guarded by info_mu_
   std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
   std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
+  // Engines the watch saw report a version (> 0): only they are judged by it.
+  std::set<std::string> reporting_;  // guarded by info_mu_
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
   std::unique_ptr<transport::GroupChannel> channel_;
 
@@ -231,9 +247,20 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   // A group formed and was not torn down since: the group's state, apart from the stage (a
   // publication without engines is in flight with no group; an aborted one leaves it formed).
   std::atomic<bool> formed_{false};
+  // The engine watch found an engine back from a restart (out of the NCCL group): the next Begin
+  // forms the group again (under connect_mu_).
+  bool reform_ = false;
   std::atomic<Stage> stage_{Stage::kIdle};
   uint64_t version_ = 0;
   absl::Time publication_deadline_ = absl::InfiniteFuture();
+
+  // The engine watch's thread (WatchLoop) and what it tells.
+  void WatchLoop();
+  std::mutex watch_mu_;
+  std::condition_variable watch_cv_;
+  bool watch_stop_ = false;         // guarded by watch_mu_
+  BehindListener behind_listener_;  // guarded by watch_mu_
+  std::thread watch_thread_;        // last: joined first
 };
 
 }  // namespace wpub::rollout

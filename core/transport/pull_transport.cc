@@ -312,7 +312,7 @@ std::vector<ReceiverInfo> PullTransport::Receivers() const {
   return out;
 }
 
-void PullTransport::SetBehindListener(std::function<void(const std::string&, uint64_t)> listener) {
+void PullTransport::SetBehindListener(BehindListener listener) {
   HubLock lock(*hub_);
   hub_->on_behind = std::move(listener);
 }

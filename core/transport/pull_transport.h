@@ -188,7 +188,7 @@ class PullTransport final : public Transport {
   // Called (on the subscribing thread, without the transport's lock) for every receiver that
   // subscribes holding less than the committed version (name, the version it holds): the
   // engine catches it up from the retained copy. Set once, before receivers subscribe.
-  void SetBehindListener(std::function<void(const std::string&, uint64_t)> listener);
+  void SetBehindListener(BehindListener listener) override;
 
   // The version the transport last committed (announced in GroupInfoEvent). Seeded by the
   // engine at start; advanced by Commit.

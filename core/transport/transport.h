@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -99,6 +100,14 @@ class Transport {
   // (leaves it paused) instead of resuming the ones it sent nothing. Called before that Abort,
   // from any thread; others need not implement it.
   virtual void MarkParticipantsDirty() {}
+
+  // Called with a receiver's name and the version it holds when the transport notices one that
+  // holds less than it should outside a publication (it subscribed behind, or an engine came
+  // back from a restart): the engine then catches it up from the retained copy. Called from the
+  // transport's own threads, without its locks. Set once, before the transport is used; the
+  // default notices nothing.
+  using BehindListener = std::function<void(const std::string& receiver, uint64_t held)>;
+  virtual void SetBehindListener(BehindListener /*listener*/) {}
 };
 
 }  // namespace wpub::transport

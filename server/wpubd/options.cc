@@ -115,6 +115,11 @@ ABSL_FLAG(std::string, pause, "abort",
           "cleared) or keep; cache flush or keep (default: flush, but keep after keep, and after "
           "retract on SGLang). ConnectEngines may give its own. docs/specs/engines.md, \"Pause "
           "policies\".");
+ABSL_FLAG(absl::Duration, engine_watch_interval,
+          wpub::rollout::GpuPathOptions{}.engine_watch_interval,
+          "GPU path: how often, between publications, the engines are asked for their health and "
+          "weight version; one back from a restart (healthy, holding less than it was given) is "
+          "caught up from the retained copy (--retain). 0: never.");
 ABSL_FLAG(int32_t, gpu_device, wpub::rollout::GpuPathOptions{}.device,
           "GPU path: the CUDA device of the GPU backend and NCCL rank 0.");
 ABSL_FLAG(std::string, nccl_group, wpub::rollout::GpuPathOptions{}.group_name,
@@ -294,6 +299,10 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.engines = absl::GetFlag(FLAGS_engines);
   o.gpu_path = absl::GetFlag(FLAGS_gpu_path) || !o.engines.empty();
   o.gpu.device = absl::GetFlag(FLAGS_gpu_device);
+  o.gpu.engine_watch_interval = absl::GetFlag(FLAGS_engine_watch_interval);
+  if (o.gpu.engine_watch_interval < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--engine_watch_interval must not be negative");
+  }
   {
     absl::StatusOr<engine::PausePolicy> pause =
         engine::ParsePausePolicy(absl::GetFlag(FLAGS_pause));

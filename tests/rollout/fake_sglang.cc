@@ -100,6 +100,18 @@ void FakeSglang::Kill() {
   if (death_.empty()) death_ = "killed";
 }
 
+void FakeSglang::Restart() {
+  std::lock_guard lock(mu_);
+  dead_ = false;
+  death_.clear();
+  session_open_ = false;
+  serving_ = true;
+  fail_in_ = -1;
+  waiting_ = 0;
+  for (auto& [name, version] : weights_) version = "0";  // its start-up checkpoint
+  weight_version_.clear();                               // reported as SGLang's "default"
+}
+
 void FakeSglang::SetAbortLag(int n) {
   std::lock_guard lock(mu_);
   abort_lag_ = n;

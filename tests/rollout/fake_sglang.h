@@ -87,6 +87,9 @@ class FakeSglang {
   void FailUpdateAt(int k);
   // The server process dies (SIGKILL): every request from now on gets no answer.
   void Kill();
+  // The server comes back (a restarted process on the same port): its start-up checkpoint
+  // ("0" in every tensor, reported as "default"), no session, no weight-update group, serving.
+  void Restart();
   void ClearFailure();
   // Requests in the scheduler, queued or running: a pause in mode "abort" ends them, "retract"
   // re-queues and "in_place" keeps them (and /flush_cache answers 400 while any is there).

@@ -216,7 +216,8 @@ struct Daemon {
     o.sglang.driver.request_timeout = absl::Seconds(10);
     o.vllm.driver.connect_timeout = absl::Seconds(2);
     o.vllm.driver.request_timeout = absl::Seconds(10);
-    o.vllm.driver.packed_buffer_bytes = 3000;  // several chunks per bucket
+    o.vllm.driver.packed_buffer_bytes = 3000;        // several chunks per bucket
+    o.engine_watch_interval = absl::ZeroDuration();  // the tests run the watch by hand
     auto g = RolloutGroup::Create(o, std::make_unique<InprocChannel>(channel));
     EXPECT_TRUE(g.ok()) << g.status();
     group = g->get();
@@ -766,6 +767,35 @@ TEST(RolloutGroupCpu, EachEngineSetsPausePolicyIsCarriedOutOrRefusedUpFront) {
     EXPECT_EQ(vllm.engines[0]->state().pause_mode, "keep");
     EXPECT_EQ(vllm.engines[0]->state().pause_clear_cache, clears);
   }
+}
+
+// An SGLang engine that restarts between publications comes back on its start-up checkpoint,
+// out of the NCCL group: the engine watch finds it (healthy, reporting less than it was given),
+// the group re-forms with it and it is caught up from the retained copy -- before the trainer's
+// next version, and without disturbing the watch's next round.
+TEST(RolloutGroupCpu, AnEngineRestartedBetweenPublicationsIsCaughtUpByTheWatch) {
+  auto engines = SglangEngines(2, SglangRelease::kV0_5_16);
+  Daemon d(Specs(engines), absl::Seconds(20), /*max_attempts=*/3,
+           {.where = transport::RetainWhere::kHost});
+  ExpectCommits(d, engines, 1);
+  EXPECT_TRUE(d.group->WatchEnginesOnce().empty());  // both report v1: nothing to do
+  engines[1]->Restart();
+  ASSERT_EQ(engines[1]->reported_version(), "");
+  SetIncoming(engines, 1);  // a catch-up carries the committed version
+  EXPECT_EQ(d.group->WatchEnginesOnce(), std::vector<std::string>{engines[1]->url()});
+  const std::vector<engine::ReplayReport> r = d.WaitForReplays(1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].kind, engine::ReplayKind::kCatchUp);
+  EXPECT_TRUE(r[0].completed) << r[0].error;
+  EXPECT_NE(r[0].trigger.find("back from a restart"), std::string::npos) << r[0].trigger;
+  ExpectAllServe(engines, 1);
+  EXPECT_TRUE(d.group->WatchEnginesOnce().empty());  // caught up: no second catch-up
+  EXPECT_EQ(d.engine->GetStatus().last_replays.size(), 1u);
+  // A killed engine that does not come back is not "back": the watch leaves it to the next
+  // publication, which commits to the other.
+  engines[0]->Kill();
+  EXPECT_TRUE(d.group->WatchEnginesOnce().empty());
+  ExpectCommits(d, engines, 2);
 }
 
 }  // namespace

@@ -1,0 +1,87 @@
+// The rollout group's engine watch (rollout_group.h, RolloutGroupOptions::engine_watch_interval):
+// an engine that restarts between publications leaves the NCCL group with its process and comes
+// back serving its start-up checkpoint. The watch finds it -- it answers its health check and
+// reports a weight version below the one the group last gave it -- marks the group for
+// re-formation and tells the behind listener, so the engine is caught up from the retained copy
+// (docs/DESIGN.md, "Convergence on the committed version").
+#include <spdlog/spdlog.h>
+
+#include "core/rollout/rollout_group.h"
+
+namespace wpub::rollout {
+
+void RolloutGroup::SetBehindListener(BehindListener listener) {
+  std::lock_guard lock(watch_mu_);
+  behind_listener_ = std::move(listener);
+}
+
+std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
+  std::vector<EngineSpec> engines;
+  std::shared_ptr<const EngineFamily> family;
+  int generation = 0;
+  {
+    // Never waits on a publication or a Connect: the watch only looks at an idle, formed group.
+    std::unique_lock lock(connect_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || in_flight() || !formed_ || engines_.empty() || !driver_) return {};
+    engines = driver_->engines();
+    family = family_;
+    generation = generation_;
+  }
+  // The probes run without the group's lock (they take up to the family's connect timeout).
+  const absl::Duration timeout = family->connect_timeout();
+  const std::vector<bool> alive = family->Probe(engines, timeout);
+  const std::vector<uint64_t> versions = family->WeightVersions(engines, timeout);
+  std::vector<std::pair<std::string, uint64_t>> back;
+  {
+    std::unique_lock lock(connect_mu_, std::try_to_lock);
+    // A publication or Connect began meanwhile: it sees the engines itself.
+    if (!lock.owns_lock() || in_flight() || generation_ != generation) return {};
+    {
+      std::lock_guard info(info_mu_);
+      for (size_t i = 0; i < engines.size() && i < alive.size() && i < versions.size(); ++i) {
+        if (!alive[i]) continue;  // down, not back: the next publication leaves it out
+        const std::string& url = engines[i].url;
+        // Only an engine seen reporting a version is judged by what it reports (0 is also what
+        // a release without versions answers, every time).
+        if (versions[i] > 0) reporting_.insert(url);
+        if (reporting_.count(url) == 0) continue;
+        uint64_t& had = weight_versions_[url];
+        if (versions[i] >= had) continue;
+        back.emplace_back(url, versions[i]);
+        had = versions[i];  // what it holds now: behind the committed version
+      }
+    }
+    if (back.empty()) return {};
+    // The next Begin (the catch-up's) forms the group again, with it. The group stays shown
+    // formed meanwhile: the engine is up, and behind (it holds less than the committed version).
+    reform_ = true;
+    PublishInfo();
+  }
+  BehindListener listener;
+  {
+    std::lock_guard lock(watch_mu_);
+    listener = behind_listener_;
+  }
+  std::vector<std::string> urls;
+  for (const auto& [url, held] : back) {
+    spdlog::warn("engine {} is back from a restart holding v{}: the group re-forms with it", url,
+                 held);
+    if (listener) listener(url, held);
+    urls.push_back(url);
+  }
+  return urls;
+}
+
+void RolloutGroup::WatchLoop() {
+  std::unique_lock lock(watch_mu_);
+  for (;;) {
+    watch_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.engine_watch_interval),
+                       [&] { return watch_stop_; });
+    if (watch_stop_) return;
+    lock.unlock();
+    WatchEnginesOnce();
+    lock.lock();
+  }
+}
+
+}  // namespace wpub::rollout
