@@ -102,7 +102,8 @@ struct RolloutGroupOptions {
   // the formed group is asked for its health and weight version; one that answers holding less
   // than the group last gave it came back from a restart (it left the NCCL group with its
   // process): the group re-forms at the next Begin and the behind listener is told, so the
-  // engine is caught up from the retained copy. Zero: no watch.
+  // engine is caught up from the retained copy. One that does not answer its health check makes
+  // the next Begin re-form the group without it. Zero: no watch.
   absl::Duration engine_watch_interval = absl::Seconds(10);
 };
 
@@ -162,7 +163,8 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   void SetBehindListener(BehindListener listener) override;
   // One round of the engine watch (RolloutGroupOptions::engine_watch_interval), on the caller's
   // thread: the URLs of the engines found back from a restart (each also told to the behind
-  // listener, and the group marked for re-formation). Nothing while a publication or a Connect
+  // listener, and the group marked for re-formation; an engine found down marks it too, so the
+  // next Begin forms the group without it). Nothing while a publication or a Connect
   // runs, or no group is formed.
   std::vector<std::string> WatchEnginesOnce();
 

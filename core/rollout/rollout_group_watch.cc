@@ -3,7 +3,9 @@
 // back serving its start-up checkpoint. The watch finds it -- it answers its health check and
 // reports a weight version below the one the group last gave it -- marks the group for
 // re-formation and tells the behind listener, so the engine is caught up from the retained copy
-// (docs/DESIGN.md, "Convergence on the committed version").
+// (docs/DESIGN.md, "Convergence on the committed version"). An engine that stopped answering
+// its health check makes the group re-form too, without it, so the next version is not lost to
+// a pause request the dead engine cannot answer.
 #include <spdlog/spdlog.h>
 
 #include "core/rollout/rollout_group.h"
@@ -32,6 +34,7 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
   const std::vector<bool> alive = family->Probe(engines, timeout);
   const std::vector<uint64_t> versions = family->WeightVersions(engines, timeout);
   std::vector<std::pair<std::string, uint64_t>> back;
+  std::vector<std::string> down;
   {
     std::unique_lock lock(connect_mu_, std::try_to_lock);
     // A publication or Connect began meanwhile: it sees the engines itself.
@@ -39,7 +42,10 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
     {
       std::lock_guard info(info_mu_);
       for (size_t i = 0; i < engines.size() && i < alive.size() && i < versions.size(); ++i) {
-        if (!alive[i]) continue;  // down, not back: the next publication leaves it out
+        if (!alive[i]) {  // down: the next publication re-forms the group without it
+          down.push_back(engines[i].url);
+          continue;
+        }
         const std::string& url = engines[i].url;
         // Only an engine seen reporting a version is judged by what it reports (0 is also what
         // a release without versions answers, every time).
@@ -51,11 +57,17 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
         had = versions[i];  // what it holds now: behind the committed version
       }
     }
-    if (back.empty()) return {};
+    if (back.empty() && down.empty()) return {};
     // The next Begin (the catch-up's) forms the group again, with it. The group stays shown
     // formed meanwhile: the engine is up, and behind (it holds less than the committed version).
     reform_ = true;
     PublishInfo();
+  }
+  for (const std::string& url : down) {
+    spdlog::warn(
+        "engine {} does not answer its health check: the next publication re-forms the "
+        "group without it",
+        url);
   }
   BehindListener listener;
   {

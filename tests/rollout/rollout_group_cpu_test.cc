@@ -791,11 +791,12 @@ TEST(RolloutGroupCpu, AnEngineRestartedBetweenPublicationsIsCaughtUpByTheWatch) 
   ExpectAllServe(engines, 1);
   EXPECT_TRUE(d.group->WatchEnginesOnce().empty());  // caught up: no second catch-up
   EXPECT_EQ(d.engine->GetStatus().last_replays.size(), 1u);
-  // A killed engine that does not come back is not "back": the watch leaves it to the next
-  // publication, which commits to the other.
+  // A killed engine is not "back", but the watch has the next publication re-form the group
+  // without it: the version is not lost to a pause request the dead engine cannot answer.
   engines[0]->Kill();
   EXPECT_TRUE(d.group->WatchEnginesOnce().empty());
   ExpectCommits(d, engines, 2);
+  EXPECT_EQ(d.group->Group().engines.size(), 1u);
 }
 
 }  // namespace
