@@ -164,7 +164,8 @@ class VllmEngine::Impl {
 
   // POST /pause?mode=abort|wait|keep&clear_cache=<bool> (defaults "abort" and true): FastAPI
   // validates both query parameters (PauseMode, a Literal, and a bool) and answers a bad one 400
-  // (rl/online/api_router.py at 39929f18; serve/rlhf/api_router.py at 1ace43ed).
+  // "1 validation error: ..." naming `query.<name>` (rl/online/api_router.py at 39929f18;
+  // serve/rlhf/api_router.py at 1ace43ed; the handler: serve/utils/server_utils.py at 0753ceeb).
   absl::StatusOr<std::string> Pause(const Request& q) {
     const std::string mode = q.has_param("mode") ? q.get_param_value("mode") : "abort";
     if (mode != "abort" && mode != "wait" && mode != "keep") {

@@ -206,6 +206,12 @@ absl::StatusOr<engine::RolloutGroupInfo> RolloutGroup::Connect(
   if (s.ok()) {
     engines_ = want;
     base_group_ = base;
+    if (!want.empty() && !want[0].pause.never_mixes()) {
+      spdlog::info(
+          "{} engine(s): pause policy {} lets one request's tokens come from two weight "
+          "versions (docs/specs/engines.md, \"Pause policies\")",
+          want.size(), engine::PausePolicyName(want[0].pause));
+    }
   }
   PublishInfo();
   if (!s.ok()) return s;

@@ -58,6 +58,9 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
       }
     }
     if (back.empty() && down.empty()) return {};
+    // Said once per re-formation owed: the watch finds a dead engine again every round until
+    // the next Begin leaves it out.
+    if (reform_) down.clear();
     // The next Begin (the catch-up's) forms the group again, with it. The group stays shown
     // formed meanwhile: the engine is up, and behind (it holds less than the committed version).
     reform_ = true;

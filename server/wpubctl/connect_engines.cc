@@ -36,12 +36,13 @@ absl::Status Connect() {
     ep->set_gpus(e.gpus);
   }
   request.set_group_name(absl::GetFlag(FLAGS_group_name));
-  if (const std::string pause = absl::GetFlag(FLAGS_pause); !pause.empty()) {
-    // Checked here for the syntax (the daemon checks what the engines' family can do).
-    WPUB_RETURN_IF_ERROR(engine::ParsePausePolicy(pause).status());
-    const size_t colon = pause.find(':');
-    request.mutable_pause()->set_in_flight(pause.substr(0, colon));
-    if (colon != std::string::npos) request.mutable_pause()->set_cache(pause.substr(colon + 1));
+  if (const std::string text = absl::GetFlag(FLAGS_pause); !text.empty()) {
+    // Read here for the syntax (the daemon checks what the engines' family can do).
+    WPUB_ASSIGN_OR_RETURN(engine::PausePolicy pause, engine::ParsePausePolicy(text));
+    request.mutable_pause()->set_in_flight(std::string(engine::InFlightName(pause.in_flight)));
+    if (pause.cache != engine::PausePolicy::Cache::kDefault) {
+      request.mutable_pause()->set_cache(std::string(engine::CacheName(pause.cache)));
+    }
   }
   const absl::Duration join = absl::GetFlag(FLAGS_join_timeout);
   request.set_timeout_seconds(absl::ToDoubleSeconds(join));
