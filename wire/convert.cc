@@ -311,6 +311,7 @@ void ToProto(const engine::EngineStatus& s, pb::GetStatusResponse* out) {
   retained->set_buckets(s.retained.buckets);
   retained->set_max_bytes(s.retained.max_bytes);
   retained->set_over_bound(s.retained.over_bound);
+  retained->set_held_bytes(s.retained.held_bytes);
   retained->set_reason(s.retained.reason);
   for (const engine::ReplayReport& r : s.last_replays) ToProto(r, out->add_recent_replays());
 }

@@ -23,7 +23,7 @@
 //        [--bucket_mib 512] [--iters 3] [--json FILE] [--log_dir DIR] [--copy_gbps 4293]
 //        [--cpp_receiver PATH] [--compute_sms N] [--sm_sweep N,N,...] [--kernel_trace 1]
 //        [--ctas_per_sm N] [--ctas_sweep N,N,...] [--backend_only 1] [--nccl_ctas N]
-//        [--pause_windows 1]
+//        [--pause_windows 1] [--restore 1]
 // --nccl_ctas N sets NCCL's channel count on both sides of every group: wpub's communicators and
 // the C++ engine's through their configs, the emulator's through NCCL_MIN_CTAS/NCCL_MAX_CTAS in
 // its environment.
@@ -31,9 +31,16 @@
 // --pause_windows 1 runs (a), (a1) and (a-emu) alone and prints each engine's pause window (its
 // pause answered .. its resume answered: waiting for wpub, transfer, finalization) against the
 // transfer.
+// --restore 1 runs the retained copy's cases alone (core/transport/retained_copy.h): (a) without
+// a copy, then (a) with the copy kept in device, pinned and host memory (its cost on the
+// publication), each followed by --iters restores of the retained version to the C++ engine
+// (the replay's transport calls: Begin with the replay manifest, every retained bucket, the
+// acknowledgements, Commit), against (a)'s transfer phase and the plain broadcast (d) of the
+// same bytes.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -50,12 +57,15 @@
 #include "bench/gpu_path/fill.h"
 #include "bench/gpu_path/kernel_trace.h"
 #include "core/gpu/gpu_backend.h"
+#include "core/gpu/retained_memory.h"
 #include "core/nccl/nccl_comm.h"
 #include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
 #include "core/rollout/rollout_group.h"
 #include "core/rollout/sglang_driver.h"
 #include "core/transport/pull_transport.h"
+#include "core/transport/retained_copy.h"
+#include "core/transport/transport_group.h"
 #include "core/transport/testing/inproc_receiver.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/loopback_transport.h"
@@ -82,6 +92,7 @@ struct Args {
   std::vector<int> ctas_sweep;  // extra (a)/(a') rows with that cap (0: none)
   bool backend_only = false;    // case (e) alone, on one GPU
   bool pause_windows = false;   // --pause_windows 1: (a), (a1), (a-emu) with pause windows
+  bool restore = false;         // --restore 1: the retained copy's cost and its restores
   int nccl_ctas = 0;            // NcclCommOptions::ctas on both sides (0: NCCL's choice)
 };
 
@@ -135,6 +146,8 @@ Args Parse(int argc, char** argv) {
       a.backend_only = v != "0";
     else if (k == "--pause_windows")
       a.pause_windows = v != "0";
+    else if (k == "--restore")
+      a.restore = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       std::exit(2);
@@ -352,7 +365,82 @@ int Main(int argc, char** argv) {
     cudaFree(model);
     return 0;
   }
-  // The C++ engine's own account of the row's last publication (sums over its buckets).
+  if (args.restore) {
+    // (a) without a copy; then with the copy in each place, and restores from it.
+    json rows = json::array();
+    auto be = backend_for(to_cpp.get(), true);
+    json plain = RunWpub("(a) nvfp4, no copy", true, run, layout, base, *be, *to_cpp, &version,
+                         &bytes_a);
+    const double transfer = plain["publication_phases"]["execute_seconds"].get<double>();
+    rows.push_back(plain);
+    auto raw_store = rendezvous::TcpStoreServer::Create({"127.0.0.1"});
+    BENCH_OK(raw_store.status());
+    const std::vector<rollout::EngineSpec> emu = {{absl::StrCat("http://127.0.0.1:", port), 1}};
+    json d = RunPlainBroadcast("(d) nccl bcast nvfp4B", bytes_a, run, emu, "/bench_recv",
+                               **raw_store, 1);
+    const double bcast = d["wall_seconds"].get<double>();
+    rows.push_back(d);
+    for (transport::RetainWhere where : {transport::RetainWhere::kDevice,
+                                         transport::RetainWhere::kPinned,
+                                         transport::RetainWhere::kHost}) {
+      const char* name = transport::RetainWhereName(where);
+      std::shared_ptr<transport::RetainedMemory> memory;
+      if (where != transport::RetainWhere::kHost) {
+        auto m = gpu::GpuRetainedMemory::Create({0, where});
+        BENCH_OK(m.status());
+        memory = *std::move(m);
+      }
+      auto copy = transport::RetainedCopy::Create({.where = where}, memory);
+      BENCH_OK(copy.status());
+      auto group = transport::TransportGroup::Create({to_cpp.get(), copy->get()});
+      BENCH_OK(group.status());
+      json row = RunWpub(absl::StrCat("(a) + copy in ", name).c_str(), true, run, layout, base,
+                         *be, **group, &version, &unused);
+      const std::shared_ptr<const transport::RetainedVersion> retained = (*copy)->Retained();
+      if (retained == nullptr) {
+        std::fprintf(stderr, "nothing retained in %s memory: %s\n", name,
+                     (*copy)->Info().reason.c_str());
+        return 1;
+      }
+      std::vector<double> restore;
+      for (int it = -1; it < args.iters; ++it) {
+        transport::PublicationManifest manifest = retained->manifest;
+        manifest.replay = true;
+        const auto t0 = std::chrono::steady_clock::now();
+        BENCH_OK((*group)->Begin(manifest).status());
+        for (size_t i = 0; i < retained->bucket_count(); ++i) {
+          auto bucket = retained->BucketAt(i);
+          BENCH_OK(bucket.status());
+          BENCH_OK((*group)->Send(*bucket));
+        }
+        BENCH_OK((*group)->WaitAcknowledged(absl::Now() + absl::Seconds(600)));
+        BENCH_OK((*group)->Commit());
+        if (it >= 0) {
+          restore.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+      }
+      const transport::RetainedCopyInfo info = (*copy)->Info();
+      const double r = Median(restore);
+      row["retained"] = {{"where", name},
+                         {"bytes", info.bytes},
+                         {"held_bytes", info.held_bytes},
+                         {"restore_seconds", r},
+                         {"restore_all", restore},
+                         {"restore_over_transfer", r / transfer},
+                         {"restore_over_plain_broadcast", r / bcast}};
+      std::printf(
+          "%-22s restore %7.4f s = %.3fx (a)'s transfer phase (%.4f s), %.3fx the plain "
+          "broadcast (%.4f s); copy %.2f GB, %.2f GB held in %s memory\n",
+          "", r, r / transfer, transfer, r / bcast, bcast, info.bytes / 1e9,
+          info.held_bytes / 1e9, name);
+      rows.push_back(row);
+    }
+    json out = {{"device", prop.name}, {"engines_share_gpu", shared}, {"rows", rows}};
+    if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
+    cudaFree(model);
+    return 0;
+  }
   // The C++ engine's own account of the row's last publication (sums over its buckets) and the
   // publisher's broadcasts as its comm stream timed them.
   auto engine_side = [&](json* row, const rollout::RolloutGroup& group) {

@@ -7,7 +7,10 @@
 # other build's gpu_path_bench and nvfp4_kernels_bench as .devbin/before.tgz (same lib/ is used).
 # Writes every log under $OUT. Usage: bash bench/gpu_path/run_h200_one_gpu.sh [tests] [compare]
 # [pause]; pause: the engines' pause windows at the Qwen3-30B-A3B shape (gpu_path_bench
-# --pause_windows 1: the C++ engine and the SGLang emulator sharing GPU 0 over NCCL's sockets).
+# --pause_windows 1: the C++ engine and the SGLang emulator sharing GPU 0 over NCCL's sockets);
+# restore: the retained copy's cost on a publication and its restores, in device, pinned and host
+# memory (gpu_path_bench --restore 1, RESTORE_LAYERS layers of the Qwen3-30B-A3B shape, default
+# 24 so that two versions' worth of device copies fit an 80 GB card beside the BF16 model).
 # WPUB_DEVBIN=$PWD/.devbin/onegpu runs the one-GPU set (deploy/stage_devbin.sh <build> onegpu).
 set -u
 ROOT=$(pwd)
@@ -52,6 +55,13 @@ for step in "${steps[@]}"; do
       grep -E '^\(a|paused' "$LOGS/pause_windows.log" | head -20
       grep -E '^ +paused' "$LOGS/pause_windows.log" | head -20
       [ $r -ne 0 ] && rc=1 ;;
+    restore)
+      timeout 420 "$BIN/gpu_path_bench" --restore 1 --layers "${RESTORE_LAYERS:-24}" --iters 3 \
+        --log_dir "$LOGS" --json "$OUT/restore.json" >"$LOGS/restore.log" 2>&1
+      r=$?
+      echo "restore rc=$r"
+      grep -E '^\(|restore' "$LOGS/restore.log" | head -30
+      [ $r -ne 0 ] && { tail -20 "$LOGS/restore.log"; rc=1; } ;;
     compare)
       B=$ROOT/.devbin/before
       for round in 1 2; do

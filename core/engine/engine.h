@@ -91,6 +91,9 @@ struct EngineComponents {
   // Joins publications whose header names a group (PublicationHeader::group) to it. Not owned;
   // it must outlive the engine. Without one such headers are FAILED_PRECONDITION.
   GroupJoiner* group_joiner = nullptr;
+  // Holds the retained copy's bytes for EngineOptions::retain.where kDevice / kPinned (the GPU
+  // path's, core/gpu/retained_memory.h); without one those are INVALID_ARGUMENT.
+  std::shared_ptr<transport::RetainedMemory> retained_memory;
 };
 
 class PublicationSession;

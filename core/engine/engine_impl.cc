@@ -41,7 +41,8 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   transport::PullTransportOptions pull = options.pull;
   pull.max_version = options.max_version;  // a receiver's claim is bounded as versions are
   WPUB_ASSIGN_OR_RETURN(parts.pull, transport::PullTransport::Create(pull));
-  parts.retained = std::make_unique<transport::RetainedCopy>(options.retain);
+  WPUB_ASSIGN_OR_RETURN(parts.retained, transport::RetainedCopy::Create(
+                                            options.retain, std::move(components.retained_memory)));
   if (components.backend) {
     parts.backend = std::move(components.backend);
   } else {
@@ -80,7 +81,7 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
       if (const std::shared_ptr<Impl> self = weak.lock()) {
         self->replayer_->Request(
             ReplayKind::kCatchUp,
-            absl::StrCat("engine ", engine, " back from a restart holding v", held));
+            absl::StrCat("engine ", engine, " came back holding v", held));
       }
     });
   }

@@ -163,11 +163,12 @@ absl::StatusOr<ReplayReport> Replayer::Run(ReplayKind kind, std::string trigger)
                          : transports.Begin(manifest);
   bool begun = participants.ok();
   absl::Status s = participants.status();
-  for (size_t i = 0; s.ok() && i < retained->buckets.size(); ++i) {
+  for (size_t i = 0; s.ok() && i < retained->bucket_count(); ++i) {
     if (current->preempted) break;
-    s = transports.Send(retained->buckets[i]);
+    absl::StatusOr<std::shared_ptr<const transport::Bucket>> bucket = retained->BucketAt(i);
+    s = bucket.ok() ? transports.Send(*bucket) : bucket.status();
     if (s.ok()) {
-      report.bytes += retained->buckets[i]->manifest.nbytes;
+      report.bytes += retained->manifest.buckets[i].nbytes;
       ++report.buckets;
     }
   }

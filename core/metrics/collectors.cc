@@ -190,8 +190,16 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
   Add(retained_bytes, static_cast<double>(s.retained.bytes),
       {{"where", transport::RetainWhereName(s.retained.where)}});
   Add(retained_version, static_cast<double>(s.retained.version));
+  auto retained_held = Family("wpub_retained_held_bytes",
+                              "Memory the retained copy holds now, by where it lives: for device "
+                              "and pinned up to two versions' worth (the retained one and the one "
+                              "being staged) plus the replay's bounce buffers",
+                              MetricType::Gauge);
+  Add(retained_held, static_cast<double>(s.retained.held_bytes),
+      {{"where", transport::RetainWhereName(s.retained.where)}});
   out.push_back(std::move(retained_bytes));
   out.push_back(std::move(retained_version));
+  out.push_back(std::move(retained_held));
   return out;
 }
 

@@ -3,6 +3,7 @@
 
 #include "core/common/status.h"
 #include "core/gpu/gpu_backend.h"
+#include "core/gpu/retained_memory.h"
 #include "core/gpu/ipc_cache.h"
 #include "core/rollout/family_router.h"
 #include "core/rollout/rollout_group.h"
@@ -48,6 +49,11 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   io.device = options.device;
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<gpu::IpcCache> ipc, gpu::IpcCache::Create(io));
   engine::EngineComponents c;
+  if (options.retain == transport::RetainWhere::kDevice ||
+      options.retain == transport::RetainWhere::kPinned) {
+    WPUB_ASSIGN_OR_RETURN(c.retained_memory,
+                          gpu::GpuRetainedMemory::Create({options.device, options.retain}));
+  }
   c.cuda_ipc = std::move(ipc);
   c.backend = std::move(backend);
   c.owned_connector =

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "core/engine/engine.h"
 #include "core/rollout/engine_driver.h"
+#include "core/transport/types.h"
 
 namespace wpub::rollout {
 
@@ -36,6 +37,9 @@ struct GpuPathOptions {
   engine::PausePolicy pause;      // RolloutGroupOptions::pause (wpubd --pause)
   // RolloutGroupOptions::engine_watch_interval (wpubd --engine_watch_interval; zero: none).
   absl::Duration engine_watch_interval = absl::Seconds(10);
+  // Where the retained copy lives (wpubd --retain): kDevice / kPinned make the components carry
+  // the GPU memory for it (core/gpu/retained_memory.h); kOff / kHost need none.
+  transport::RetainWhere retain = transport::RetainWhere::kOff;
 };
 
 // The GPU backend on options.device, the rollout group as the engine's extra transport and as

@@ -129,6 +129,13 @@ void RolloutGroup::PublishInfo() {
       g.engines.push_back({members[i].url, members[i].gpus, l.rank_offsets[i],
                            transport::ReceiverState::kIdle, 0, members[i].pause});
     }
+    // Left out for not answering, answering again (the engine watch): behind, no rank yet.
+    std::lock_guard lock(info_mu_);
+    for (const EngineSpec& e : engines_) {
+      if (rejoining_.count(e.url) != 0) {
+        g.engines.push_back({e.url, e.gpus, 0, transport::ReceiverState::kIdle, 0, e.pause});
+      }
+    }
   } else {
     // No group: the engine set the next Begin forms one with (empty after a failed Connect).
     int next = 1;

@@ -162,10 +162,11 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   void MarkParticipantsDirty() override;
   void SetBehindListener(BehindListener listener) override;
   // One round of the engine watch (RolloutGroupOptions::engine_watch_interval), on the caller's
-  // thread: the URLs of the engines found back from a restart (each also told to the behind
-  // listener, and the group marked for re-formation; an engine found down marks it too, so the
-  // next Begin forms the group without it). Nothing while a publication or a Connect
-  // runs, or no group is formed.
+  // thread: the URLs of the engines found back -- from a restart (in the group, reporting less
+  // than it was given), or answering again after a re-formation left them out for not answering
+  // their health check -- each also told to the behind listener, and the group marked for
+  // re-formation; an engine found down marks it too, so the next Begin forms the group without
+  // it. Nothing while a publication or a Connect runs, or no group is formed.
   std::vector<std::string> WatchEnginesOnce();
 
   // Engines left paused by an aborted publication (see the file comment).
@@ -239,6 +240,13 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
   // Engines the watch saw report a version (> 0): only they are judged by it.
   std::set<std::string> reporting_;  // guarded by info_mu_
+  // Engines of the set a re-formation left out because they did not answer their health check
+  // and that the watch found answering again: shown among the receivers (with the version they
+  // report, behind the committed one) until the next formation takes them back.
+  std::set<std::string> rejoining_;  // guarded by info_mu_
+  // Engines of the set a formation left out because they cannot take publications (a release
+  // too old, an API key wpubd lacks): not watched -- only a ConnectEngines brings them back.
+  std::set<std::string> unusable_;  // guarded by info_mu_
   std::unique_ptr<rendezvous::TcpStoreServer> store_;
   std::unique_ptr<transport::GroupChannel> channel_;
 

@@ -98,6 +98,12 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
                                 absl::Duration timeout, bool strict) {
   channel_->End();
   TearDownGroup();
+  {
+    // This formation decides again who is in: the watch's findings are spent.
+    std::lock_guard lock(info_mu_);
+    rejoining_.clear();
+    unusable_.clear();
+  }
   PublishInfo();
   WPUB_ASSIGN_OR_RETURN(std::vector<EngineSpec> alive, Alive(want, timeout, strict));
   // What each engine serves decides what it is sent (its release's routes); one that cannot
@@ -117,6 +123,8 @@ absl::Status RolloutGroup::Form(const std::vector<EngineSpec>& want, const std::
         }
         spdlog::warn("weight-update group: {} left out: {}", alive[i].url,
                      std::string(p.status().message()));
+        std::lock_guard lock(info_mu_);
+        unusable_.insert(alive[i].url);  // the engine watch leaves it to ConnectEngines
         continue;
       }
       spdlog::info("engine {} ({}): release {}{}{}", alive[i].url, family_->name(),

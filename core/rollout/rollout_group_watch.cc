@@ -5,8 +5,12 @@
 // re-formation and tells the behind listener, so the engine is caught up from the retained copy
 // (docs/DESIGN.md, "Convergence on the committed version"). An engine that stopped answering
 // its health check makes the group re-form too, without it, so the next version is not lost to
-// a pause request the dead engine cannot answer.
+// a pause request the dead engine cannot answer. An engine a re-formation left out that way is
+// watched too: once it answers again, it is shown behind and the group re-forms with it, so it
+// is caught up like a restarted one.
 #include <spdlog/spdlog.h>
+
+#include <set>
 
 #include "core/rollout/rollout_group.h"
 
@@ -19,6 +23,7 @@ void RolloutGroup::SetBehindListener(BehindListener listener) {
 
 std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
   std::vector<EngineSpec> engines;
+  std::vector<EngineSpec> left_out;  // of the set, not in the formed group
   std::shared_ptr<const EngineFamily> family;
   int generation = 0;
   {
@@ -26,6 +31,12 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
     std::unique_lock lock(connect_mu_, std::try_to_lock);
     if (!lock.owns_lock() || in_flight() || !formed_ || engines_.empty() || !driver_) return {};
     engines = driver_->engines();
+    std::set<std::string> members;
+    for (const EngineSpec& e : engines) members.insert(e.url);
+    std::lock_guard info(info_mu_);
+    for (const EngineSpec& e : engines_) {
+      if (members.count(e.url) == 0 && unusable_.count(e.url) == 0) left_out.push_back(e);
+    }
     family = family_;
     generation = generation_;
   }
@@ -33,6 +44,10 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
   const absl::Duration timeout = family->connect_timeout();
   const std::vector<bool> alive = family->Probe(engines, timeout);
   const std::vector<uint64_t> versions = family->WeightVersions(engines, timeout);
+  const std::vector<bool> left_alive =
+      left_out.empty() ? std::vector<bool>{} : family->Probe(left_out, timeout);
+  const std::vector<uint64_t> left_versions =
+      left_out.empty() ? std::vector<uint64_t>{} : family->WeightVersions(left_out, timeout);
   std::vector<std::pair<std::string, uint64_t>> back;
   std::vector<std::string> down;
   {
@@ -41,6 +56,14 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
     if (!lock.owns_lock() || in_flight() || generation_ != generation) return {};
     {
       std::lock_guard info(info_mu_);
+      for (size_t i = 0; i < left_out.size() && i < left_alive.size(); ++i) {
+        const std::string& url = left_out[i].url;
+        if (!left_alive[i] || rejoining_.count(url) != 0) continue;  // still down, or told
+        rejoining_.insert(url);
+        const uint64_t held = i < left_versions.size() ? left_versions[i] : 0;
+        weight_versions_[url] = held;
+        back.emplace_back(url, held);
+      }
       for (size_t i = 0; i < engines.size() && i < alive.size() && i < versions.size(); ++i) {
         if (!alive[i]) {  // down: the next publication re-forms the group without it
           down.push_back(engines[i].url);
@@ -79,8 +102,7 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
   }
   std::vector<std::string> urls;
   for (const auto& [url, held] : back) {
-    spdlog::warn("engine {} is back from a restart holding v{}: the group re-forms with it", url,
-                 held);
+    spdlog::warn("engine {} is back holding v{}: the group re-forms with it", url, held);
     if (listener) listener(url, held);
     urls.push_back(url);
   }

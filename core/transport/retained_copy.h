@@ -15,7 +15,12 @@
 // Where the copy lives: RetainWhere::kHost keeps host buckets by reference (they are immutable
 // once emitted: the CPU backend's buckets cost nothing more) and takes the one host copy of a
 // device bucket the transport group makes (one device-to-host copy and one host synchronization
-// per bucket on the GPU path). kOff retains nothing.
+// per bucket on the GPU path). kDevice and kPinned keep the bytes in a RetainedMemory
+// (retained_memory.h, the GPU layer's): the copy is then one more reader of each device bucket
+// (an enqueued copy, no host synchronization per bucket; one wait at commit), and a replay emits
+// device buckets the engines' broadcasts read as they read a publication's. kOff retains
+// nothing. A version that cannot be copied (over the bound, memory refused, a copy failed) is
+// not retained and never fails the publication.
 //
 // A replay of the retained version (a restore or a catch-up) is a publication whose manifest
 // says `replay`: the retained copy does not take part in it (it is the source).
@@ -33,30 +38,43 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/transport/retained_memory.h"
 #include "core/transport/transport.h"
 
 namespace wpub::transport {
 
-// "off" / "host" (INVALID_ARGUMENT naming the values otherwise).
+// "off" / "host" / "device" / "pinned" (INVALID_ARGUMENT naming the values otherwise).
 absl::StatusOr<RetainWhere> ParseRetainWhere(absl::string_view text);
 
 struct RetainedCopyOptions {
   RetainWhere where = RetainWhere::kOff;
   // The most bytes one retained version may hold (the sum of its buckets); 0: no bound.
+  // With kDevice / kPinned a second version's worth is held while a publication is staged.
   uint64_t max_bytes = 0;
 };
 
 // The retained version: immutable once promoted; shared with the replays reading it.
 struct RetainedVersion {
-  PublicationManifest manifest;  // as published (attempt: the one that committed)
-  std::vector<std::shared_ptr<const Bucket>> buckets;  // host buckets, checksums in manifests
+  PublicationManifest manifest;  // as published (attempt: the one that committed), checksums in
+  std::vector<std::shared_ptr<const Bucket>> buckets;  // kHost: the host buckets
+  std::shared_ptr<RetainedBytes> memory;               // kDevice / kPinned: the sealed bytes
   uint64_t bytes = 0;
   absl::Time committed_at = absl::InfinitePast();
+
+  size_t bucket_count() const { return manifest.buckets.size(); }
+  // Bucket i for a replay, in index order (kDevice / kPinned: RetainedBytes::Emit).
+  absl::StatusOr<std::shared_ptr<const Bucket>> BucketAt(size_t i) const;
 };
 
 class RetainedCopy final : public Transport {
  public:
-  explicit RetainedCopy(RetainedCopyOptions options);
+  // `memory` holds the bytes for kDevice / kPinned and must then be given (its where() equal
+  // to options.where); null otherwise.
+  static absl::StatusOr<std::unique_ptr<RetainedCopy>> Create(
+      RetainedCopyOptions options, std::shared_ptr<RetainedMemory> memory = nullptr);
+  // kOff or kHost only (no memory).
+  explicit RetainedCopy(RetainedCopyOptions options)
+      : RetainedCopy(options, nullptr) {}
 
   // The retained version, or null (nothing committed since start, kOff, or the last committed
   // version was over the bound: Info().reason says which).
@@ -66,10 +84,12 @@ class RetainedCopy final : public Transport {
   void Drop(absl::string_view why);
 
   // Transport. Begin takes part (one pseudo participant the transport group does not count)
-  // unless nothing is retained or the manifest is a replay; Send keeps the bucket's host bytes
-  // (INTERNAL for a device bucket or a size that disagrees with its manifest); WaitAcknowledged
-  // has nothing to wait for; Commit promotes a complete staged copy (an incomplete one, e.g.
-  // over the bound, drops the retained version); Abort drops what was staged.
+  // unless nothing is retained, the manifest is a replay, the version is over the bound or its
+  // memory was refused; Send keeps the bucket's host bytes (kHost: INTERNAL for a device bucket
+  // or a size that disagrees with its manifest) or stages its copy (kDevice / kPinned: a failed
+  // copy stops the staging, logged, and returns OK); WaitAcknowledged has nothing to wait for;
+  // Commit promotes a complete staged copy, sealing it (an incomplete one, e.g. over the bound,
+  // drops the retained version); Abort drops what was staged.
   TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
@@ -80,10 +100,18 @@ class RetainedCopy final : public Transport {
   std::vector<ReceiverInfo> Receivers() const override { return {}; }
 
  private:
+  RetainedCopy(RetainedCopyOptions options, std::shared_ptr<RetainedMemory> memory);
+  // Stops staging this publication: the version, if it commits, is not retained.
+  void StopStaging(std::string why);  // mu_ held
+
   const RetainedCopyOptions options_;
+  const std::shared_ptr<RetainedMemory> memory_;  // kDevice / kPinned
   mutable std::mutex mu_;
   bool in_flight_ = false;                           // guarded by mu_
   bool staging_ = false;                             // this publication is kept (within the bound)
+  std::string not_staged_;                           // why not (guarded by mu_)
+  std::shared_ptr<RetainedBytes> staged_memory_;     // kDevice / kPinned (guarded by mu_)
+  uint32_t staged_count_ = 0;                        // buckets staged (guarded by mu_)
   std::shared_ptr<RetainedVersion> staged_;          // guarded by mu_
   std::shared_ptr<const RetainedVersion> retained_;  // guarded by mu_
   uint64_t over_bound_ = 0;                          // guarded by mu_

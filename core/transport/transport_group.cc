@@ -68,11 +68,11 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
       return names.status();
     }
     participants_[i] = names->size();
-    if (caps_[i].retains) continue;  // takes the buckets, counts as no participant
     if (participants_[i] > 0 && device_readers_.size() < kMaxDeviceReaders &&
         Contains(caps_[i].accepts, BucketLocation::kDevice)) {
       device_readers_.push_back(i);
     }
+    if (caps_[i].retains) continue;  // takes the buckets, counts as no participant
     all.insert(all.end(), names->begin(), names->end());
   }
   return all;

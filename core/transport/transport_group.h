@@ -8,7 +8,9 @@
 // every member; WaitAcknowledged waits on each member with participants in turn against the
 // same deadline; outcomes and receivers are concatenated. A retaining member (the retained
 // copy: TransportCapabilities::retains) is handed the buckets of every publication it takes
-// part in, host bytes only, and none of its names are participants. Internal to core/engine (and
+// part in -- device bytes when it reads them (kept in device or pinned memory) and a reader
+// event is left for it (it is the last member), the host copy otherwise -- and none of its
+// names are participants. Internal to core/engine (and
 // the benchmarks that drive a backend as the engine does). Same thread-safety as Transport.
 #pragma once
 

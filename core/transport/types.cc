@@ -43,6 +43,10 @@ const char* RetainWhereName(RetainWhere where) {
       return "off";
     case RetainWhere::kHost:
       return "host";
+    case RetainWhere::kDevice:
+      return "device";
+    case RetainWhere::kPinned:
+      return "pinned";
   }
   return "off";
 }

@@ -207,10 +207,12 @@ struct ReceiverOutcome {
 // ---------------------------------------------------------------------------------------------
 
 enum class RetainWhere : uint8_t {
-  kOff,   // nothing retained: no restore, no catch-up
-  kHost,  // host memory (the host copy of a device bucket)
+  kOff,     // nothing retained: no restore, no catch-up
+  kHost,    // host memory (the host buckets as emitted; the host copy of a device bucket)
+  kDevice,  // device memory of the publishing GPU (retained_memory.h; the GPU path)
+  kPinned,  // pinned host memory (retained_memory.h; the GPU path)
 };
-// "off", "host".
+// "off", "host", "device", "pinned".
 const char* RetainWhereName(RetainWhere where);
 
 // What status and metrics show of the copy.
@@ -220,7 +222,12 @@ struct RetainedCopyInfo {
   uint64_t version = 0;  // the retained version (0: none)
   uint64_t bytes = 0;    // its bytes
   uint32_t buckets = 0;
-  // Committed versions not retained because they were over the bound (the copy was dropped).
+  // Memory the copy holds now where it lives (device, pinned): the retained version's buffer,
+  // the one a publication stages into (a second version's worth while one is in flight) and the
+  // replay's bounce buffers. For kHost, the retained bytes.
+  uint64_t held_bytes = 0;
+  // Committed versions not retained (over the bound, memory refused, a copy that failed): each
+  // dropped the older copy too.
   uint64_t over_bound = 0;
   std::string reason;  // why nothing is retained ("" when a version is)
 };

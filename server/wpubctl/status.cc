@@ -48,9 +48,10 @@ absl::Status PrintStatus() {
   const wpub::v1::RetainedCopy& retained = s.retained();
   if (retained.version() != 0) {
     std::printf(
-        "retained    v%llu in %s memory: %llu bytes, %u buckets (bound %s)\n",
+        "retained    v%llu in %s memory: %llu bytes, %u buckets, %llu bytes held (bound %s)\n",
         static_cast<unsigned long long>(retained.version()), retained.where().c_str(),
         static_cast<unsigned long long>(retained.bytes()), retained.buckets(),
+        static_cast<unsigned long long>(retained.held_bytes()),
         retained.max_bytes() == 0
             ? "none"
             : absl::StrFormat("%llu bytes", static_cast<unsigned long long>(retained.max_bytes()))

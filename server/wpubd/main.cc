@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<wpub::engine::Engine>> CreateEngine(
     g.engines = *std::move(specs);
   }
   g.reject_non_finite_before_send = !options.server.service.allow_non_finite;
+  g.retain = options.engine.retain.where;
   absl::StatusOr<wpub::engine::EngineComponents> components =
       wpub::rollout::MakeGpuPathComponents(g);
   if (!components.ok()) return components.status();

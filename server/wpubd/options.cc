@@ -81,10 +81,15 @@ ABSL_FLAG(uint64_t, min_receivers, 0,
 ABSL_FLAG(std::string, retain, "off",
           "Keep a copy of the last committed version's buckets, to restore engines an aborted "
           "publication left dirty and to catch up engines and receivers that join behind "
-          "(wpubctl restore replays it on request): \"host\" (host memory; on the GPU path one "
-          "device-to-host copy and host synchronization per bucket) or \"off\".");
+          "(wpubctl restore replays it on request): \"device\" (GPU path: device memory of "
+          "--device, copied as each bucket is sent; a replay broadcasts from it in place), "
+          "\"pinned\" (GPU path: pinned host memory, the same copies to the host; a replay "
+          "copies each bucket back while the previous one is broadcast), \"host\" (host "
+          "memory; on the GPU path one device-to-host copy and host synchronization per bucket) "
+          "or \"off\". device and pinned hold two versions' worth once a second version is "
+          "published.");
 ABSL_FLAG(wpub::cli::Bytes, retain_max_bytes, uint64_t{64} << 30,
-          "The most bytes the retained copy may hold: a committed version larger than this is "
+          "The most bytes one retained version may hold: a committed version larger than this is "
           "not retained (and the previous copy is dropped). 0: no bound.");
 ABSL_FLAG(wpub::cli::Bytes, max_chunk_bytes, uint64_t{4} << 20,
           "Largest inline payload chunk accepted, and the PullBucket chunk size.");

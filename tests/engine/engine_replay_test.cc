@@ -376,5 +376,16 @@ TEST_F(ReplayTest, NothingIsReplayedOverTheBoundOrWithTheCopyOff) {
   EXPECT_TRUE(testing::HasSubstr(r.status(), "--retain=off")) << r.status();
 }
 
+TEST(ReplayOptions, DeviceOrPinnedRetentionWithoutTheGpuPathIsRefusedAtStart) {
+  for (transport::RetainWhere where : {transport::RetainWhere::kDevice,
+                                       transport::RetainWhere::kPinned}) {
+    EngineOptions options;
+    options.retain.where = where;
+    auto engine = Engine::Create(options, nullptr);
+    EXPECT_EQ(engine.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(testing::HasSubstr(engine.status(), "needs the GPU path")) << engine.status();
+  }
+}
+
 }  // namespace
 }  // namespace wpub::engine

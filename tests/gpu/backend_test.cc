@@ -4,7 +4,8 @@
 // misaligned input view, an odd-sized passthrough that misaligns the packed codes -- with
 // device buckets (a copying reader; two readers through the transport group, one lagging, each
 // with its own `done` event and no host copy) and their host copies; the device checksums equal the
-// CPU's; non-finite weights are rejected naming the tensor; and an independent CUPTI count of
+// CPU's; the retained copy in device and pinned memory holds the CPU reference's bytes and
+// checksums and replays them as device buckets; non-finite weights are rejected naming the tensor; and an independent CUPTI count of
 // synchronizing calls equals the backend's own accounting, 2 per publication for 8 or 128
 // experts.
 #include <cuda_runtime_api.h>
@@ -18,8 +19,10 @@
 
 #include "core/engine/cpu_backend.h"
 #include "core/gpu/gpu_backend.h"
+#include "core/gpu/retained_memory.h"
 #include "core/gpu/sm_partition.h"
 #include "core/transport/planner.h"
+#include "core/transport/retained_copy.h"
 #include "core/transport/transport_group.h"
 #include "tests/kernels_gpu/cupti_sync_counter.h"
 
@@ -462,6 +465,101 @@ TEST(GpuBackend, TwoDeviceReadersReadTheSameBucketsWithoutAHostCopy) {
   EXPECT_EQ(fast.dones.size(), 2u);
   EXPECT_EQ(slow.dones.size(), 2u);
   for (cudaEvent_t e : fast.dones) EXPECT_EQ(slow.dones.count(e), 0u);
+}
+
+// The retained copy in device and in pinned memory (core/gpu/retained_memory.h) as the last
+// device reader of the transport group beside a lagging engine: it copies every bucket with no
+// host copy and no synchronization counted to the publication; once committed it holds the CPU
+// reference's bytes and its manifest the CPU reference's checksums (summed on the device); an
+// aborted version leaves it as it was; a replay emits device buckets that a reader takes as it
+// takes a publication's, and their host copies are the same bytes. A third version reuses the
+// first one's buffer (two versions' worth held, no more).
+TEST(GpuBackend, TheRetainedCopyInDeviceOrPinnedMemoryHoldsTheReferenceAndReplaysIt) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Model m;
+  BuildMixed(m);
+  const uint64_t bucket = uint64_t{2} << 10;
+  const auto want = Reference(m, bucket);
+  ASSERT_GT(want.size(), 4u);
+  for (transport::RetainWhere where :
+       {transport::RetainWhere::kDevice, transport::RetainWhere::kPinned}) {
+    SCOPED_TRACE(transport::RetainWhereName(where));
+    auto memory = GpuRetainedMemory::Create({0, where});
+    ASSERT_TRUE(memory.ok()) << memory.status();
+    auto copy = transport::RetainedCopy::Create({.where = where}, *memory);
+    ASSERT_TRUE(copy.ok()) << copy.status();
+    DeviceReaderTransport engine("sglang-group", uint64_t{16} << 20);
+    auto group = transport::TransportGroup::Create({&engine, copy->get()});
+    ASSERT_TRUE(group.ok()) << group.status();
+    auto backend = GpuBackend::Create({});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    uint64_t one_version = 0;
+    for (uint64_t version = 1; version <= 3; ++version) {
+      std::vector<InputTensor> inputs;
+      engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
+      plan.version = version;
+      transport::PublicationManifest manifest;
+      manifest.version = version;
+      for (const transport::BucketLayout& l : plan.buckets) {
+        manifest.buckets.push_back(transport::MakeBucketManifest(l, plan.outputs));
+      }
+      ASSERT_TRUE((*group)->Begin(manifest).ok());
+      engine::SyncCounter syncs;
+      engine::ExecutionHooks hooks;
+      hooks.syncs = &syncs;
+      hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) { return (*group)->Send(b); };
+      auto r = (*backend)->Execute(plan, hooks);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ(engine.host_buckets, 0);
+      if (version > 1) EXPECT_EQ(syncs.count(), 2u);  // the copy adds none per bucket
+      if (version == 2) {
+        (*group)->Abort("test: an aborted version");
+        ASSERT_NE((*copy)->Retained(), nullptr);
+        EXPECT_EQ((*copy)->Retained()->manifest.version, 1u);
+        continue;
+      }
+      ASSERT_TRUE((*group)->Commit().ok());
+      const auto retained = (*copy)->Retained();
+      ASSERT_NE(retained, nullptr) << (*copy)->Info().reason;
+      EXPECT_EQ(retained->manifest.version, version);
+      ASSERT_EQ(retained->bucket_count(), want.size());
+      for (size_t b = 0; b < want.size(); ++b) {
+        EXPECT_EQ(retained->manifest.buckets[b].checksum, want[b]->manifest.checksum)
+            << "bucket " << b;
+      }
+      const transport::RetainedCopyInfo info = (*copy)->Info();
+      if (version == 1) {
+        one_version = info.held_bytes;
+        EXPECT_GE(one_version, retained->bytes);
+      } else {
+        // The staged buffer, reused since; pinned memory adds the replay's two bounce buffers.
+        uint64_t bounce = 0;
+        for (const auto& w : want) bounce = std::max<uint64_t>(bounce, w->manifest.nbytes);
+        EXPECT_GE(info.held_bytes, 2 * one_version);
+        EXPECT_LE(info.held_bytes,
+                  2 * one_version + (where == transport::RetainWhere::kPinned ? 2 * bounce : 0));
+      }
+      // A replay: device buckets, read in place or through the bounce buffers.
+      DeviceReaderTransport late("late-engine", 0);
+      ASSERT_TRUE(late.Begin(manifest).ok());
+      for (size_t b = 0; b < want.size(); ++b) {
+        auto emitted = retained->BucketAt(b);
+        ASSERT_TRUE(emitted.ok()) << emitted.status();
+        ASSERT_EQ((*emitted)->location, transport::BucketLocation::kDevice);
+        ASSERT_TRUE(late.Send(*emitted).ok());
+        if (b == 1) {
+          auto host = (*emitted)->device.copy_to_host();
+          ASSERT_TRUE(host.ok()) << host.status();
+          EXPECT_EQ((*host)->bytes, want[b]->bytes);
+        }
+      }
+      const auto got = late.Received();
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t b = 0; b < got.size(); ++b) {
+        EXPECT_EQ(got[b], want[b]->bytes) << "replayed bucket " << b;
+      }
+    }
+  }
 }
 
 TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {

@@ -168,9 +168,10 @@ TEST(StatusCollector, VersionsBehindAndTheRetainedCopy) {
     s.receivers[0].held_version = 41;  // current
     s.receivers[1].held_version = 41;  // dirty: holds none whole
     s.receivers[2].held_version = 38;  // joined behind
-    s.retained.where = transport::RetainWhere::kHost;
+    s.retained.where = transport::RetainWhere::kPinned;
     s.retained.version = 41;
     s.retained.bytes = 123456;
+    s.retained.held_bytes = 2 * 123456 + 4096;
     return s;
   });
   const auto m = Flatten(c.Collect());
@@ -179,7 +180,8 @@ TEST(StatusCollector, VersionsBehindAndTheRetainedCopy) {
   EXPECT_EQ(m.at("wpub_receiver_versions_behind{receiver=recv-102}"), 3);
   EXPECT_EQ(m.at("wpub_receiver_held_version{receiver=recv-101}"), 0);
   EXPECT_EQ(m.at("wpub_receiver_held_version{receiver=recv-102}"), 38);
-  EXPECT_EQ(m.at("wpub_retained_bytes{where=host}"), 123456);
+  EXPECT_EQ(m.at("wpub_retained_bytes{where=pinned}"), 123456);
+  EXPECT_EQ(m.at("wpub_retained_held_bytes{where=pinned}"), 2 * 123456 + 4096);
   EXPECT_EQ(m.at("wpub_retained_version{}"), 41);
 }
 

@@ -16,10 +16,12 @@ harness.nccl_env):
    on the second attempt; the engine then holds that one version, byte for byte, and serves it.
    A second version commits on the first attempt. Every session opened was closed and the
    engine process lived throughout (0.5.16 kills itself on a begin over an open session).
-3. For an SGLang and a vLLM engine, with --retain=host: every attempt of v2 fails after the
-   engine loaded part of it; the daemon restores the retained v1 over NCCL and the engine
-   serves v1 alone, byte for byte; the engine restarts empty, joins with connect_engines and is
-   caught up to v1 without a publication; v3 then commits.
+3. For an SGLang engine with the retained copy in device memory (--retain=device) and in host
+   memory (--retain=host), and a vLLM engine with it in pinned memory (--retain=pinned): every
+   attempt of v2 fails after the engine loaded part of it; the daemon restores the retained v1
+   over NCCL and the engine serves v1 alone, byte for byte; the engine restarts empty, joins
+   with connect_engines and is caught up to v1 without a publication; v3 then commits, and
+   status says where the copy lives and what it holds.
 
 Writes OUT/engines_nccl.json; exit 0 when every check holds.
 Usage (a GPU host, binaries staged; see tests/gpu/run_one_gpu.sh):
@@ -183,14 +185,15 @@ def dirty_then_retry(out, release):
     return res
 
 
-def restore_and_catch_up(out, family):
-    """--retain=host: every attempt of v2 fails at a bucket after the engine of `family` loaded
+def restore_and_catch_up(out, family, where):
+    """--retain=WHERE: every attempt of v2 fails at a bucket after the engine of `family` loaded
     part of it, so v2 aborts with the engine dirty; the daemon restores the retained v1 over
     NCCL (the engine's own lifecycle, bytes checked against v1's reference) and resumes it on
     v1 alone. Then the engine restarts (a new process, holding nothing) and joins with
     connect_engines: it is caught up to v1 without the trainer publishing. v3 then commits."""
-    res = {"run": f"{family} restored after an abort, restarted and caught up", "ok": True}
-    tag = f"restore-{family}"
+    res = {"run": f"{family} restored after an abort, restarted and caught up ({where})",
+           "ok": True}
+    tag = f"restore-{family}-{where}"
     exp = os.path.join(out, "expect-" + tag)
     if family == "sglang":
         script, prefix = "sglang_emulator.py", ""
@@ -204,7 +207,7 @@ def restore_and_catch_up(out, family):
         expect(out, tag, version, reference(out, models[version][0]))
     eng, url = emulator(out, script, tag, f"--expect-dir={exp}", *faults)
     procs = [eng]
-    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines={prefix}{url}", "--retain=host",
+    d = Daemon(out, "--gpu_path", "--gpu_device=0", f"--engines={prefix}{url}", f"--retain={where}",
                "--nccl_store_listen=127.0.0.1:0", log_level="info", timeout=90,
                env=nccl_env(SHARED))
     pub = wpub.Publisher(d.target, timeout=300)
@@ -252,9 +255,13 @@ def restore_and_catch_up(out, family):
                entry["restarted_holds_v1"])
         r3 = pub.publish(3, models[3][1], bucket_bytes=256 << 10, check=False)
         s3 = get(url2 + "/stats")
+        retained = pub.status().retained
         entry.update({"v3": r3.status, "holds_v3": holds(s3, 3),
-                      "status_retained": pub.status().retained.version})
-        ok &= r3.committed and entry["holds_v3"] and entry["status_retained"] == 3
+                      "status_retained": retained.version, "where": retained.where,
+                      "bytes": retained.bytes, "held_bytes": retained.held_bytes})
+        # device / pinned: the retained v3 and the buffer v2's staging left (reused for v4).
+        ok &= (r3.committed and entry["holds_v3"] and entry["status_retained"] == 3 and
+               retained.where == where and retained.held_bytes >= retained.bytes > 0)
         entry["ok"] = ok
         res.update(entry)
         res["ok"] &= ok
@@ -277,8 +284,8 @@ def main():
     runs = [("mixed_families", mixed_families)] + [
         (f"dirty_then_retry {r}", lambda o, r=r: dirty_then_retry(o, r))
         for r in ("0.5.16", "0.5.6", "0.5.5")] + [
-        (f"restore_and_catch_up {f}", lambda o, f=f: restore_and_catch_up(o, f))
-        for f in ("sglang", "vllm")]
+        (f"restore_and_catch_up {f} {w}", lambda o, f=f, w=w: restore_and_catch_up(o, f, w))
+        for f, w in (("sglang", "device"), ("vllm", "pinned"), ("sglang", "host"))]
     for name, run in runs:
         try:
             results.append(run(out))

@@ -74,6 +74,7 @@ class RetainedCopyTest(unittest.TestCase):
         self.assertEqual(status.retained.where, "host")
         self.assertEqual(status.retained.version, 3)
         self.assertEqual(status.retained.bytes, report.bytes_out)
+        self.assertEqual(status.retained.held_bytes, report.bytes_out)  # host: the buckets
         self.assertEqual(status.retained.reason, "")
 
         late = self.receiver("late")  # holds nothing

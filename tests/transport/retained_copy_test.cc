@@ -168,5 +168,197 @@ TEST(RetainedCopy, InATransportGroupItTakesEveryBucketAndIsNoParticipant) {
   EXPECT_TRUE((*group)->Receivers().empty());
 }
 
+// Memory where the copy's bytes live, as the GPU layer's does (retained_memory.h), in host
+// vectors: device buckets here point at host bytes; the events are only compared.
+class FakeMemory final : public RetainedMemory {
+ public:
+  struct Bytes final : RetainedBytes {
+    FakeMemory* owner = nullptr;
+    std::vector<std::vector<uint8_t>> copies;
+    std::vector<uint64_t> sizes;
+    bool sealed = false;
+    absl::Status Stage(const Bucket& b) override {
+      const uint32_t i = b.manifest.index;
+      if (i != copies.size() || b.manifest.nbytes != sizes[i]) {
+        return absl::InternalError("out of order");
+      }
+      if (owner->fail_at == static_cast<int>(i)) return absl::InternalError("copy engine fault");
+      if (b.location == BucketLocation::kDevice) {
+        copies.emplace_back(b.device.data, b.device.data + b.manifest.nbytes);
+        owner->done_recorded.push_back(b.device.done);
+      } else {
+        copies.push_back(b.bytes);
+      }
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<uint64_t>> Seal() override {
+      if (copies.size() != sizes.size()) return absl::FailedPreconditionError("incomplete");
+      sealed = true;
+      std::vector<uint64_t> sums;
+      for (const auto& c : copies) sums.push_back(Checksum(c.data(), c.size()));
+      return sums;
+    }
+    absl::StatusOr<std::shared_ptr<const Bucket>> Emit(uint64_t version,
+                                                       const BucketManifest& m) override {
+      if (!sealed) return absl::InternalError("not sealed");
+      auto b = std::make_shared<Bucket>();
+      b->version = version;
+      b->manifest = m;
+      b->bytes = copies[m.index];
+      return std::shared_ptr<const Bucket>(std::move(b));
+    }
+  };
+  RetainWhere where() const override { return RetainWhere::kDevice; }
+  LocationSet accepts() const override { return kHostOrDevice; }
+  absl::StatusOr<std::shared_ptr<RetainedBytes>> Reserve(const PublicationManifest& m) override {
+    if (refuse) return absl::ResourceExhaustedError("cannot allocate 40 bytes of device memory");
+    auto b = std::make_shared<Bytes>();
+    b->owner = this;
+    for (const BucketManifest& bm : m.buckets) b->sizes.push_back(bm.nbytes);
+    held += m.total_bytes();
+    return std::shared_ptr<RetainedBytes>(std::move(b));
+  }
+  uint64_t held_bytes() const override { return held; }
+
+  bool refuse = false;
+  int fail_at = -1;
+  uint64_t held = 0;
+  std::vector<CUevent_st*> done_recorded;
+};
+
+// The bytes of bucket `index` of `m` (as HostBucket's), and a device bucket over them with
+// distinct (never dereferenced) reader events.
+struct DeviceBucketOf {
+  std::vector<uint8_t> bytes;
+  std::shared_ptr<Bucket> bucket;
+  DeviceBucketOf(const PublicationManifest& m, uint32_t index) {
+    bytes = HostBucket(m, index)->bytes;
+    bucket = std::make_shared<Bucket>();
+    bucket->version = m.version;
+    bucket->manifest = m.buckets[index];  // checksum 0, as a device bucket's
+    bucket->location = BucketLocation::kDevice;
+    bucket->device.data = bytes.data();
+    for (size_t r = 0; r < kMaxDeviceReaders; ++r) {
+      bucket->device.reader_done[r] = reinterpret_cast<CUevent_st*>(0x1000 + 16 * r);
+    }
+    bucket->device.done = bucket->device.reader_done[0];
+  }
+};
+
+// A device reader that records the `done` it was given.
+class DeviceRecording final : public Transport {
+ public:
+  TransportCapabilities capabilities() const override {
+    return {.name = "device", .accepts = kHostOrDevice};
+  }
+  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest&) override {
+    return std::vector<std::string>{"engine"};
+  }
+  absl::Status Send(std::shared_ptr<const Bucket> b) override {
+    done.push_back(b->device.done);
+    return absl::OkStatus();
+  }
+  absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
+  absl::Status Commit() override { return absl::OkStatus(); }
+  void Abort(absl::string_view) override {}
+  std::vector<ReceiverOutcome> Outcomes() const override { return {}; }
+  std::vector<ReceiverInfo> Receivers() const override { return {}; }
+  std::vector<CUevent_st*> done;
+};
+
+TEST(RetainedCopyInMemory, IsTheNextDeviceReaderAndKeepsTheChecksumsOfWhatItCopied) {
+  auto memory = std::make_shared<FakeMemory>();
+  DeviceRecording engine;
+  auto copy = RetainedCopy::Create({.where = RetainWhere::kDevice}, memory);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ((*copy)->capabilities().accepts, kHostOrDevice);
+  auto group = TransportGroup::Create({&engine, copy->get()});
+  ASSERT_TRUE(group.ok());
+  const PublicationManifest v1 = Manifest(1, 3, 40);
+  ASSERT_TRUE((*group)->Begin(v1).ok());
+  for (uint32_t i = 0; i < 3; ++i) {
+    DeviceBucketOf d(v1, i);
+    ASSERT_TRUE((*group)->Send(d.bucket).ok());
+    // The engine records the producer's first event, the copy the second: no host copy made.
+    EXPECT_EQ(engine.done.back(), d.bucket->device.reader_done[0]);
+    EXPECT_EQ(memory->done_recorded.back(), d.bucket->device.reader_done[1]);
+  }
+  ASSERT_TRUE((*group)->WaitAcknowledged(absl::Now() + absl::Seconds(1)).ok());
+  ASSERT_TRUE((*group)->Commit().ok());
+  const std::shared_ptr<const RetainedVersion> r = (*copy)->Retained();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->bucket_count(), 3u);
+  EXPECT_EQ(r->bytes, 120u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    // The device buckets carried no checksum; the sealed copy's are in the manifest.
+    EXPECT_EQ(r->manifest.buckets[i].checksum, HostBucket(v1, i)->manifest.checksum);
+    auto b = r->BucketAt(i);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ((*b)->bytes, HostBucket(v1, i)->bytes);
+  }
+  EXPECT_EQ(r->BucketAt(3).status().code(), absl::StatusCode::kOutOfRange);
+  const RetainedCopyInfo info = (*copy)->Info();
+  EXPECT_EQ(info.where, RetainWhere::kDevice);
+  EXPECT_EQ(info.buckets, 3u);
+  EXPECT_EQ(info.held_bytes, 120u);
+}
+
+TEST(RetainedCopyInMemory, ARefusedReservationOrAFailedCopyRetainsNothingAndNeverFailsThePublication) {
+  auto memory = std::make_shared<FakeMemory>();
+  auto copy = RetainedCopy::Create({.where = RetainWhere::kDevice}, memory);
+  ASSERT_TRUE(copy.ok());
+  RetainedCopy& c = **copy;
+  Publish(c, Manifest(1, 2, 40), /*commit=*/true);
+  ASSERT_NE(c.Retained(), nullptr);
+
+  // An aborted version leaves the sealed one as it was.
+  const std::shared_ptr<const RetainedVersion> v1 = c.Retained();
+  Publish(c, Manifest(2, 2, 40), /*commit=*/false);
+  EXPECT_EQ(c.Retained(), v1);
+  EXPECT_EQ((*v1->BucketAt(1))->bytes, HostBucket(Manifest(1, 2, 40), 1)->bytes);
+
+  // Memory refused: the publication goes on (Begin takes no part), nothing is retained, and
+  // the older copy is dropped -- it is not the committed version.
+  memory->refuse = true;
+  auto names = c.Begin(Manifest(3, 2, 40));
+  ASSERT_TRUE(names.ok());
+  EXPECT_TRUE(names->empty());
+  ASSERT_TRUE(c.Commit().ok());
+  EXPECT_EQ(c.Retained(), nullptr);
+  EXPECT_NE(c.Info().reason.find("v3 was not retained: device memory for the copy: cannot "
+                                 "allocate 40 bytes"),
+            std::string::npos)
+      << c.Info().reason;
+  EXPECT_EQ(c.Info().over_bound, 1u);
+
+  // A copy that fails mid-version: every Send still succeeds.
+  memory->refuse = false;
+  memory->fail_at = 1;
+  Publish(c, Manifest(4, 3, 40), /*commit=*/true);
+  EXPECT_EQ(c.Retained(), nullptr);
+  EXPECT_NE(c.Info().reason.find("the copy of bucket 1 failed: copy engine fault"),
+            std::string::npos)
+      << c.Info().reason;
+  EXPECT_EQ(c.Info().over_bound, 2u);
+
+  memory->fail_at = -1;
+  Publish(c, Manifest(5, 3, 40), /*commit=*/true);
+  ASSERT_NE(c.Retained(), nullptr);
+  EXPECT_EQ(c.Retained()->manifest.version, 5u);
+}
+
+TEST(RetainedCopyInMemory, DeviceOrPinnedNeedsTheGpuPathsMemory) {
+  auto none = RetainedCopy::Create({.where = RetainWhere::kPinned}, nullptr);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("--retain=pinned"), std::string::npos) << none.status();
+  EXPECT_NE(none.status().message().find("--gpu_path"), std::string::npos) << none.status();
+  auto other = RetainedCopy::Create({.where = RetainWhere::kPinned}, std::make_shared<FakeMemory>());
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseRetainWhere("pinned").value(), RetainWhere::kPinned);
+  EXPECT_EQ(ParseRetainWhere("device").value(), RetainWhere::kDevice);
+  EXPECT_NE(ParseRetainWhere("gpu").status().message().find("off, host, device, pinned"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace wpub::transport

@@ -197,13 +197,14 @@ class ReplayReport:
 @dataclass
 class RetainedCopy:
     """The daemon's copy of the committed version (wpubd --retain)."""
-    where: str  # "off" or "host"
+    where: str  # "off", "host", "device" or "pinned"
     version: int  # 0: nothing retained (reason says why)
     bytes: int
     buckets: int
     max_bytes: int
     over_bound: int
     reason: str
+    held_bytes: int = 0  # memory held now (device, pinned: two versions' worth at most)
 
 
 @dataclass
@@ -276,5 +277,6 @@ class Status:
             engine_group=group,
             retained=RetainedCopy(m.retained.where, m.retained.version, m.retained.bytes,
                                   m.retained.buckets, m.retained.max_bytes,
-                                  m.retained.over_bound, m.retained.reason),
+                                  m.retained.over_bound, m.retained.reason,
+                                  m.retained.held_bytes),
             recent_replays=[ReplayReport.from_proto(r) for r in m.recent_replays], raw=m)

@@ -1,0 +1,329 @@
+// GpuRetainedMemory: the retained copy's arenas in device or pinned memory (retained_memory.h).
+#include "core/gpu/retained_memory.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status.h"
+#include "core/gpu/host_syncs.h"
+#include "core/transport/checksum.h"
+#include "kernels/cuda/status_kernels.h"
+
+namespace wpub::gpu {
+
+namespace {
+
+constexpr uint64_t kAlign = 256;
+
+uint64_t Align(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+absl::Status Exhausted(cudaError_t err, uint64_t bytes, const char* what) {
+  (void)cudaGetLastError();
+  return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of ", what,
+                                                   ": ", cudaGetErrorString(err)));
+}
+
+}  // namespace
+
+// One version's bytes and its checksum sums. Its readers' `done` events are recorded by the
+// transports that read a replay's buckets in place (device arenas).
+struct GpuRetainedMemory::Arena {
+  kernels::cuda::DeviceBuffer device;      // kDevice
+  kernels::cuda::PinnedHostBuffer pinned;  // kPinned
+  kernels::cuda::DeviceBuffer sums;        // one 64-bit sum per bucket
+  kernels::cuda::PinnedHostBuffer sums_host;
+  kernels::cuda::Event sealed;
+  kernels::cuda::Event readers[transport::kMaxDeviceReaders];
+
+  uint64_t capacity() const { return device.size() + pinned.size(); }
+  uint8_t* base() const {
+    return device.empty() ? pinned.as<uint8_t>() : device.as<uint8_t>();
+  }
+};
+
+// The RetainedBytes of one version, in one arena.
+class GpuRetainedMemory::Version final : public transport::RetainedBytes {
+ public:
+  Version(std::shared_ptr<GpuRetainedMemory> memory, std::shared_ptr<Arena> arena,
+          const transport::PublicationManifest& manifest)
+      : memory_(std::move(memory)), arena_(std::move(arena)) {
+    uint64_t offset = 0;
+    for (const transport::BucketManifest& b : manifest.buckets) {
+      offsets_.push_back(offset);
+      sizes_.push_back(b.nbytes);
+      offset = Align(offset + b.nbytes);
+    }
+    host_summed_.assign(sizes_.size(), false);
+  }
+
+  absl::Status Stage(const transport::Bucket& bucket) override {
+    const uint32_t i = bucket.manifest.index;
+    if (sealed_ || i != staged_ || i >= sizes_.size() || bucket.manifest.nbytes != sizes_[i]) {
+      return absl::InternalError(absl::StrCat("retained memory: bucket ", i,
+                                              " out of order, of the wrong size or after the seal"));
+    }
+    WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(memory_->options_.device));
+    const cudaStream_t s = memory_->stream_.get();
+    if (i == 0) {
+      // A replay of the version this arena held before may have read it in place.
+      for (const kernels::cuda::Event& e : arena_->readers) {
+        WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, e.get(), 0));
+      }
+    }
+    const uint64_t n = sizes_[i];
+    uint8_t* dst = arena_->base() + offsets_[i];
+    auto* sum = arena_->sums.as<unsigned long long>() + i;
+    const bool to_device = !arena_->device.empty();
+    if (bucket.location == transport::BucketLocation::kDevice) {
+      const transport::DeviceBytes& d = bucket.device;
+      WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, d.ready, 0));
+      if (to_device) {
+        WPUB_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToDevice, s));
+        WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(dst, n, 0, sum, s));
+      } else {
+        WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(d.data, n, 0, sum, s));
+        WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToHost, s));
+      }
+      if (d.done != nullptr) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(d.done, s));
+    } else {
+      if (bucket.bytes.size() != n) {
+        return absl::InternalError(absl::StrCat("retained memory: bucket ", i, " holds ",
+                                                bucket.bytes.size(), " bytes, not ", n));
+      }
+      if (to_device) {
+        WPUB_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dst, bucket.bytes.data(), n, cudaMemcpyHostToDevice, s));
+        WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(dst, n, 0, sum, s));
+      } else {
+        // Behind whatever this stream still does with the arena; summed on the host at the seal.
+        WPUB_CUDA_RETURN_IF_ERROR(
+            cudaMemcpyAsync(dst, bucket.bytes.data(), n, cudaMemcpyHostToHost, s));
+        host_summed_[i] = true;
+      }
+    }
+    ++staged_;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<uint64_t>> Seal() override {
+    if (staged_ != sizes_.size()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("retained memory: ", staged_, " of ", sizes_.size(), " buckets staged"));
+    }
+    WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(memory_->options_.device));
+    const cudaStream_t s = memory_->stream_.get();
+    const uint64_t sums_bytes = sizes_.size() * sizeof(uint64_t);
+    if (sums_bytes != 0) {
+      WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(arena_->sums_host.data(), arena_->sums.data(),
+                                                sums_bytes, cudaMemcpyDeviceToHost, s));
+    }
+    WPUB_CUDA_RETURN_IF_ERROR(arena_->sealed.Record(s));
+    HostSyncs uncounted(nullptr);  // the transports' waits are not the backend's syncs
+    WPUB_RETURN_IF_ERROR(uncounted.EventSynchronize(arena_->sealed.get(), "retained copy seal"));
+    std::vector<uint64_t> checksums(sizes_.size());
+    const auto* sums = arena_->sums_host.as<const uint64_t>();
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      checksums[i] = host_summed_[i]
+                         ? transport::Checksum(arena_->base() + offsets_[i], sizes_[i])
+                         : transport::ChecksumFinish(sums[i], sizes_[i]);
+    }
+    sealed_ = true;
+    return checksums;
+  }
+
+  absl::StatusOr<std::shared_ptr<const transport::Bucket>> Emit(
+      uint64_t version, const transport::BucketManifest& manifest) override {
+    const uint32_t i = manifest.index;
+    if (!sealed_ || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
+      return absl::InternalError(absl::StrCat("retained memory: bucket ", i,
+                                              " is not a bucket of the sealed version"));
+    }
+    if (arena_->device.empty()) {
+      return memory_->EmitThroughBounce(arena_, offsets_[i], version, manifest);
+    }
+    auto bucket = std::make_shared<transport::Bucket>();
+    bucket->version = version;
+    bucket->manifest = manifest;
+    bucket->location = transport::BucketLocation::kDevice;
+    bucket->device.data = arena_->base() + offsets_[i];
+    bucket->device.device = memory_->options_.device;
+    bucket->device.ready = arena_->sealed.get();
+    for (size_t r = 0; r < transport::kMaxDeviceReaders; ++r) {
+      bucket->device.reader_done[r] = arena_->readers[r].get();
+    }
+    bucket->device.done = bucket->device.reader_done[0];
+    const int device = memory_->options_.device;
+    const uint8_t* data = bucket->device.data;
+    const std::shared_ptr<Arena> arena = arena_;  // alive while the bucket is
+    bucket->device.copy_to_host =
+        [device, data, version, manifest,
+         arena]() -> absl::StatusOr<std::shared_ptr<const transport::Bucket>> {
+      auto host = std::make_shared<transport::Bucket>();
+      host->version = version;
+      host->manifest = manifest;
+      host->bytes.resize(manifest.nbytes);
+      WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+      // The arena is sealed: nothing writes it until it is staged into again, which needs this
+      // version gone. One blocking copy.
+      WPUB_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(host->bytes.data(), data, manifest.nbytes, cudaMemcpyDeviceToHost));
+      return std::shared_ptr<const transport::Bucket>(std::move(host));
+    };
+    return std::shared_ptr<const transport::Bucket>(std::move(bucket));
+  }
+
+ private:
+  const std::shared_ptr<GpuRetainedMemory> memory_;
+  const std::shared_ptr<Arena> arena_;
+  std::vector<uint64_t> offsets_, sizes_;
+  std::vector<bool> host_summed_;  // staged from host bytes into pinned memory
+  uint32_t staged_ = 0;
+  bool sealed_ = false;
+};
+
+absl::StatusOr<std::shared_ptr<GpuRetainedMemory>> GpuRetainedMemory::Create(
+    RetainedMemoryOptions options) {
+  if (options.where != transport::RetainWhere::kDevice &&
+      options.where != transport::RetainWhere::kPinned) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU retained memory: where must be device or "
+                                                   "pinned, not ",
+                                                   transport::RetainWhereName(options.where)));
+  }
+  if (const cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::FailedPreconditionError(absl::StrCat("retained copy: CUDA device ",
+                                                      options.device, " is not usable: ",
+                                                      cudaGetErrorString(e)));
+  }
+  std::shared_ptr<GpuRetainedMemory> m(new GpuRetainedMemory(options));
+  WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Stream::Create(&m->stream_));
+  for (int k = 0; k < 2; ++k) {
+    WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &m->bounce_ready_[k]));
+    for (kernels::cuda::Event& e : m->bounce_done_[k]) {
+      WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &e));
+    }
+  }
+  return m;
+}
+
+GpuRetainedMemory::~GpuRetainedMemory() {
+  if (stream_.get() != nullptr) {
+    (void)cudaSetDevice(options_.device);
+    (void)stream_.Synchronize();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<transport::RetainedBytes>> GpuRetainedMemory::Reserve(
+    const transport::PublicationManifest& manifest) {
+  uint64_t total = 0;
+  for (const transport::BucketManifest& b : manifest.buckets) total = Align(total + b.nbytes);
+  const size_t n = manifest.buckets.size();
+  std::lock_guard lock(mu_);
+  WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  // A free arena (held by nothing but this list), the largest first.
+  std::shared_ptr<Arena> arena;
+  for (const std::shared_ptr<Arena>& a : arenas_) {
+    if (a.use_count() == 1 && (arena == nullptr || a->capacity() > arena->capacity())) arena = a;
+  }
+  if (arena == nullptr) {
+    if (arenas_.size() >= 2) {
+      return absl::ResourceExhaustedError(
+          "both retained buffers are held (the retained version and a replay still reading an "
+          "older one)");
+    }
+    arena = std::make_shared<Arena>();
+    WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &arena->sealed));
+    for (kernels::cuda::Event& e : arena->readers) {
+      WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &e));
+    }
+    arenas_.push_back(arena);
+  }
+  if (arena->capacity() < total) {
+    // Every earlier read or write of it completed before it was freed (cudaFree synchronizes).
+    arena->device.Reset();
+    arena->pinned.Reset();
+    if (options_.where == transport::RetainWhere::kDevice) {
+      if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(total, &arena->device);
+          e != cudaSuccess) {
+        return Exhausted(e, total, "device memory for the retained copy");
+      }
+    } else {
+      if (const cudaError_t e = kernels::cuda::PinnedHostBuffer::Create(total, &arena->pinned);
+          e != cudaSuccess) {
+        return Exhausted(e, total, "pinned host memory for the retained copy");
+      }
+    }
+  }
+  const uint64_t sums_bytes = std::max<uint64_t>(n, 1) * sizeof(uint64_t);
+  if (arena->sums.size() < sums_bytes) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(sums_bytes, &arena->sums);
+        e != cudaSuccess) {
+      return Exhausted(e, sums_bytes, "device memory for the retained copy's checksums");
+    }
+    if (const cudaError_t e = kernels::cuda::PinnedHostBuffer::Create(sums_bytes,
+                                                                      &arena->sums_host);
+        e != cudaSuccess) {
+      return Exhausted(e, sums_bytes, "pinned memory for the retained copy's checksums");
+    }
+  }
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(arena->sums.data(), 0, sums_bytes, stream_.get()));
+  return std::shared_ptr<transport::RetainedBytes>(
+      std::make_shared<Version>(shared_from_this(), std::move(arena), manifest));
+}
+
+uint64_t GpuRetainedMemory::held_bytes() const {
+  std::lock_guard lock(mu_);
+  uint64_t held = bounce_[0].size() + bounce_[1].size();
+  for (const std::shared_ptr<Arena>& a : arenas_) held += a->capacity();
+  return held;
+}
+
+absl::StatusOr<std::shared_ptr<const transport::Bucket>> GpuRetainedMemory::EmitThroughBounce(
+    const std::shared_ptr<Arena>& arena, uint64_t offset, uint64_t version,
+    const transport::BucketManifest& manifest) {
+  std::lock_guard lock(mu_);
+  WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  const int k = static_cast<int>(manifest.index % 2);
+  const uint64_t n = manifest.nbytes;
+  const cudaStream_t s = stream_.get();
+  if (bounce_[k].size() < n) {
+    // cudaFree waits for the device: no reader still uses the smaller buffer.
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(n, &bounce_[k]);
+        e != cudaSuccess) {
+      return Exhausted(e, n, "device memory for the retained copy's bounce buffer");
+    }
+  }
+  // Bucket index - 2 was read from this buffer: its readers must be done.
+  for (const kernels::cuda::Event& e : bounce_done_[k]) {
+    WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, e.get(), 0));
+  }
+  const uint8_t* src = arena->base() + offset;
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bounce_[k].data(), src, n, cudaMemcpyHostToDevice, s));
+  WPUB_CUDA_RETURN_IF_ERROR(bounce_ready_[k].Record(s));
+  auto bucket = std::make_shared<transport::Bucket>();
+  bucket->version = version;
+  bucket->manifest = manifest;
+  bucket->location = transport::BucketLocation::kDevice;
+  bucket->device.data = bounce_[k].as<const uint8_t>();
+  bucket->device.device = options_.device;
+  bucket->device.ready = bounce_ready_[k].get();
+  for (size_t r = 0; r < transport::kMaxDeviceReaders; ++r) {
+    bucket->device.reader_done[r] = bounce_done_[k][r].get();
+  }
+  bucket->device.done = bucket->device.reader_done[0];
+  const std::shared_ptr<Arena> keep = arena;  // the pinned bytes stay while the bucket does
+  bucket->device.copy_to_host =
+      [src, version, manifest, keep]() -> absl::StatusOr<std::shared_ptr<const transport::Bucket>> {
+    auto host = std::make_shared<transport::Bucket>();
+    host->version = version;
+    host->manifest = manifest;
+    host->bytes.assign(src, src + manifest.nbytes);  // sealed pinned bytes: no device wait
+    return std::shared_ptr<const transport::Bucket>(std::move(host));
+  };
+  return std::shared_ptr<const transport::Bucket>(std::move(bucket));
+}
+
+}  // namespace wpub::gpu

@@ -1,0 +1,81 @@
+// The GPU path's memory for the retained copy (core/transport/retained_memory.h): the committed
+// version's bytes in device memory of the publishing GPU (--retain=device) or in pinned host
+// memory (--retain=pinned), copied from the device buckets as they are published and emitted
+// back as device buckets when the version is replayed.
+//
+// Buffers. A version's bytes live in one arena (its buckets at 256-byte aligned offsets, their
+// checksum sums beside it on the device). At most two arenas: the retained version's and the
+// one a publication stages into; at commit they swap roles, so a retaining daemon holds two
+// versions' worth once it has published twice (held_bytes). An arena is reused when nothing
+// else holds it (no replay still reads the version in it) and it is large enough; otherwise it
+// is reallocated -- one synchronizing allocation, only when the published size grows. With
+// both arenas held (the retained version and a replay of an older one) Reserve refuses.
+//
+// Staging, per bucket, on this memory's own stream and without a host synchronization: wait
+// for the bucket's `ready`, copy its bytes (device to device, or device to pinned host), add
+// its checksum on the device (of the copy in device memory; of the source, which the copy
+// reproduces exactly, for pinned memory), record the bucket's `done` -- the producer reuses its
+// staging buffer only after it. Seal: one host wait for the copies and the checksums.
+//
+// Emission for a replay: a device arena's bucket is emitted in place (its `ready` the seal's
+// event, long complete; its readers' `done` events belong to the arena, and the next staging
+// into it waits for them); a pinned arena's bucket is first copied into one of two device
+// bounce buffers (the copy of bucket k+2 waits on the device for bucket k's readers), so the
+// host-to-device copy of one bucket overlaps the broadcast of the previous one. A host copy of
+// an emitted bucket (for pull receivers behind) costs a device-to-host copy and one wait
+// (device) or a memcpy (pinned).
+//
+// Thread-safety: see retained_memory.h. Create the memory once; it must outlive nothing: every
+// RetainedBytes it hands out keeps it alive.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/transport/retained_memory.h"
+#include "kernels/cuda/cuda_raii.h"
+
+namespace wpub::gpu {
+
+struct RetainedMemoryOptions {
+  int device = 0;
+  transport::RetainWhere where = transport::RetainWhere::kDevice;  // kDevice or kPinned
+};
+
+class GpuRetainedMemory final : public transport::RetainedMemory,
+                                public std::enable_shared_from_this<GpuRetainedMemory> {
+ public:
+  // INVALID_ARGUMENT for a `where` other than kDevice / kPinned; FAILED_PRECONDITION without
+  // the CUDA device. Allocates nothing until the first Reserve.
+  static absl::StatusOr<std::shared_ptr<GpuRetainedMemory>> Create(RetainedMemoryOptions options);
+  ~GpuRetainedMemory() override;
+
+  transport::RetainWhere where() const override { return options_.where; }
+  transport::LocationSet accepts() const override { return transport::kHostOrDevice; }
+  absl::StatusOr<std::shared_ptr<transport::RetainedBytes>> Reserve(
+      const transport::PublicationManifest& manifest) override;
+  uint64_t held_bytes() const override;
+
+  struct Arena;  // retained_memory.cc
+
+ private:
+  class Version;
+  explicit GpuRetainedMemory(RetainedMemoryOptions options) : options_(options) {}
+  // A pinned version's bucket in bounce buffer `slot`, for a replay (Version::Emit).
+  absl::StatusOr<std::shared_ptr<const transport::Bucket>> EmitThroughBounce(
+      const std::shared_ptr<Arena>& arena, uint64_t offset, uint64_t version,
+      const transport::BucketManifest& manifest);
+
+  const RetainedMemoryOptions options_;
+  kernels::cuda::Stream stream_;  // staging, sealing and bounce copies
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Arena>> arenas_;  // at most two (guarded by mu_)
+  // Pinned emission: two device bounce buffers and their events (guarded by mu_).
+  kernels::cuda::DeviceBuffer bounce_[2];
+  kernels::cuda::Event bounce_ready_[2];
+  kernels::cuda::Event bounce_done_[2][transport::kMaxDeviceReaders];
+};
+
+}  // namespace wpub::gpu

@@ -1,0 +1,67 @@
+// Where a retained version's bytes live when they are not the emitted host buckets kept by
+// reference (retained_copy.h): device memory or pinned host memory, which the GPU layer provides
+// (core/gpu/retained_memory.h). This header is the contract, free of CUDA, so that the retained
+// copy and its tests build without a GPU.
+//
+// Per publication the retained copy reserves one RetainedBytes for the version it stages, hands
+// it each bucket as it is sent (Stage: an enqueued copy, no host synchronization), and seals it
+// when the version commits (Seal: the one wait for the copies, the checksums of the copied
+// bytes). A sealed RetainedBytes is the retained version's bytes: immutable, emitted bucket by
+// bucket to a replay as a producer emits them (Emit: device buckets the engines' broadcasts read
+// directly, with the events of core/transport/bucket.h and a host copy for pull receivers).
+//
+// Thread-safety: RetainedMemory::Reserve and held_bytes from any thread. A RetainedBytes is
+// staged and sealed by one thread (the publication's) and emitted by one replay at a time (the
+// engine's ledger serializes replays and publications).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/transport/bucket.h"
+#include "core/transport/types.h"
+
+namespace wpub::transport {
+
+class RetainedBytes {
+ public:
+  virtual ~RetainedBytes() = default;
+  // Enqueues the copy of `bucket` (index order; its manifest's index and size are those of the
+  // reserved manifest) into this version's memory: a device bucket's bytes after its `ready`,
+  // its `done` recorded behind the copy; a host bucket's bytes. No host synchronization.
+  // INTERNAL naming the bucket for a bucket out of order or of the wrong size, or a CUDA error.
+  virtual absl::Status Stage(const Bucket& bucket) = 0;
+  // Waits for every staged copy and returns each bucket's checksum of the bytes as copied
+  // (core/transport/checksum.h), index order. The bytes never change afterwards.
+  // FAILED_PRECONDITION when not every bucket was staged; INTERNAL on a CUDA error.
+  virtual absl::StatusOr<std::vector<uint64_t>> Seal() = 0;
+  // Bucket `manifest.index` of the sealed version for a replay, as a producer emits it: where
+  // the transports read it (bucket.h's DeviceBytes, with a host copy on request) and its
+  // manifest (the checksum included). Called in index order by one replay at a time; a bucket
+  // stays readable until its readers' `done` events, which the next Emit respects.
+  virtual absl::StatusOr<std::shared_ptr<const Bucket>> Emit(uint64_t version,
+                                                             const BucketManifest& manifest) = 0;
+};
+
+class RetainedMemory {
+ public:
+  virtual ~RetainedMemory() = default;
+  // kDevice or kPinned.
+  virtual RetainWhere where() const = 0;
+  // What Stage takes (kHostOrDevice for the GPU layer's memory).
+  virtual LocationSet accepts() const = 0;
+  // Memory for one version of `manifest` (the sum of its buckets, each aligned). Errors, with
+  // nothing reserved: RESOURCE_EXHAUSTED naming the bytes when they cannot be had (the
+  // allocation failed, or every buffer is still held by the retained version and a replay of an
+  // older one); INTERNAL on a CUDA error. The retained copy then keeps nothing of that version.
+  virtual absl::StatusOr<std::shared_ptr<RetainedBytes>> Reserve(
+      const PublicationManifest& manifest) = 0;
+  // The bytes this memory holds now: the retained version's buffer, the one a publication
+  // stages into (kept for the next one), the replay's bounce buffers.
+  virtual uint64_t held_bytes() const = 0;
+};
+
+}  // namespace wpub::transport
