@@ -431,6 +431,7 @@ void ToProto(const transport::ReceiverEvent& event, pb::ReceiverEvent* out) {
         } else if constexpr (std::is_same_v<T, transport::ManifestEvent>) {
           ToProto(e.manifest, out->mutable_manifest());
           out->mutable_manifest()->set_committed_version(e.committed_version);
+          out->mutable_manifest()->set_patch_base(e.patch_base);
         } else if constexpr (std::is_same_v<T, transport::BucketReadyEvent>) {
           out->mutable_bucket_ready()->set_version(e.version);
           out->mutable_bucket_ready()->set_index(e.index);

@@ -31,6 +31,10 @@ ABSL_FLAG(std::string, output, "",
           "writable at start). A version in an existing file's metadata is the version held.");
 ABSL_FLAG(uint64_t, exit_after_versions, 0, "Exit 0 after this many commits (0: run forever).");
 ABSL_FLAG(wpub::cli::Bytes, chunk_bytes, 0, "PullBucket chunk size (0: the daemon's limit).");
+ABSL_FLAG(bool, patches, true,
+          "Accept bucket patches from a daemon that offers them (wpubd --patches): for a version "
+          "after the one held in memory only the changed words of each bucket are pulled, the "
+          "bucket rebuilt and checked against the whole bucket's checksum.");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
 ABSL_FLAG(absl::Duration, resubscribe_timeout, absl::Minutes(5),
           "When wpubd goes away (restart, crash), how long to keep subscribing again, holding "
@@ -261,6 +265,7 @@ int main(int argc, char** argv) {
   options.output_path = absl::GetFlag(FLAGS_output);
   options.exit_after_versions = absl::GetFlag(FLAGS_exit_after_versions);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes).value;
+  options.patches = absl::GetFlag(FLAGS_patches);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.resubscribe_timeout = absl::GetFlag(FLAGS_resubscribe_timeout);
   options.leave_after_buckets = absl::GetFlag(FLAGS_leave_after_buckets);

@@ -229,6 +229,7 @@ Receiver::Impl::Session Receiver::Impl::Subscribe(Link& link, absl::Time deadlin
   request.add_transports("pull");
   request.set_held_version(held_version());
   request.set_instance(instance_);
+  request.set_accepts_patches(options_.patches);
   {
     absl::MutexLock lock(&mu_);
     request.set_staged_version(StagedVersionLocked());

@@ -61,6 +61,11 @@ struct ReceiverOptions {
   // after pulling it (its checksum then mismatches). -1 = never.
   int64_t corrupt_bucket = -1;
   wire::ClientTls tls;  // plaintext unless tls.ca_file is set
+  // Accept bucket patches (SubscribeRequest.accepts_patches): a publication that follows the
+  // committed version this receiver holds in memory may then send only the words of each
+  // bucket that changed; the receiver rebuilds the bucket from its copy and verifies it against
+  // the whole bucket's checksum (a patch that does not apply is pulled again whole).
+  bool patches = true;
 };
 
 // The last committed version: the buckets as received and their manifest.
@@ -80,6 +85,7 @@ struct ReceiverStats {
   uint64_t buckets = 0;
   uint64_t bytes = 0;
   uint64_t checksum_mismatches = 0;
+  uint64_t patched_buckets = 0;  // buckets rebuilt from a patch (bytes counts the patch's)
   uint64_t last_committed_version = 0;
   uint64_t subscriptions = 0;  // accepted subscriptions (1 + resubscriptions)
 };

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "clients/recv/receiver_impl.h"
 #include "core/common/status.h"
+#include "core/delta/bucket_patch.h"
 #include "core/transport/checksum.h"
 #include "wire/convert.h"
 #include "wire/status_map.h"
@@ -69,6 +70,7 @@ absl::StatusOr<bool> Receiver::Impl::Handle(Link& link, const pb::ReceiverEvent&
         }
       }
       link.pending->manifest = std::move(manifest);
+      link.pending->patch_base = options_.patches ? event.manifest().patch_base() : 0;
       link.pulled_in_publication = 0;
       if (link.pending->manifest.buckets.empty()) WPUB_RETURN_IF_ERROR(HandOver(link));
       return false;
@@ -111,6 +113,103 @@ absl::StatusOr<bool> Receiver::Impl::Handle(Link& link, const pb::ReceiverEvent&
 absl::StatusOr<bool> Receiver::Impl::Pull(Link& link, uint64_t version, uint32_t index,
                                           uint64_t* expected_checksum, uint64_t* received) {
   Pending& pending = *link.pending;
+  // A patch needs this bucket of the base in memory (a version held from an output file at
+  // start is not: it is pulled whole).
+  std::shared_ptr<const CommittedModel> base;
+  if (pending.patch_base != 0) {
+    absl::MutexLock lock(&mu_);
+    if (committed_ != nullptr && committed_->manifest.version == pending.patch_base &&
+        index < committed_->buckets.size()) {
+      base = committed_;
+    }
+  }
+  if (base != nullptr) {
+    absl::StatusOr<bool> patched =
+        PullPatched(link, version, index, *base, expected_checksum, received);
+    if (!patched.ok() || *patched) return patched;
+    // The daemon sent the bucket whole, or the patch did not apply: pulled whole below.
+  }
+  return PullWhole(link, version, index, expected_checksum, received);
+}
+
+absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, uint32_t index,
+                                                 const CommittedModel& base,
+                                                 uint64_t* expected_checksum, uint64_t* received) {
+  Pending& pending = *link.pending;
+  const transport::BucketManifest& bm = pending.manifest.buckets[index];
+  grpc::ClientContext context;
+  Authorize(&context);
+  pb::PullBucketRequest request;
+  request.set_receiver_name(options_.name);
+  request.set_version(version);
+  request.set_index(index);
+  request.set_chunk_bytes(options_.chunk_bytes);
+  request.set_subscription_token(link.token);
+  request.set_attempt(pending.manifest.attempt);
+  request.set_patch(true);
+  std::unique_ptr<grpc::ClientReader<pb::BucketChunk>> reader =
+      link.stub->PullBucket(&context, request);
+  pb::BucketChunk chunk;
+  std::vector<uint8_t> data;
+  uint64_t patch_base = 0, checksum = bm.checksum, size = 0, got = 0;
+  while (reader->Read(&chunk)) {
+    if (chunk.offset() == 0) {
+      patch_base = chunk.patch_base();
+      size = patch_base != 0 ? chunk.nbytes() : bm.nbytes;
+      if (chunk.checksum() != 0) checksum = chunk.checksum();
+      // A patch is never larger than the bucket it makes (the daemon sends it whole then).
+      if (size > std::max<uint64_t>(bm.nbytes, delta::kBucketPatchHeaderBytes)) {
+        context.TryCancel();
+        reader->Finish();
+        return absl::DataLossError(absl::StrCat("bucket ", index, " of v", version, ": a patch of ",
+                                                size, " bytes for a bucket of ", bm.nbytes));
+      }
+      data.assign(size, 0);
+    }
+    if (chunk.offset() + chunk.data().size() > data.size()) {
+      context.TryCancel();
+      reader->Finish();
+      return absl::DataLossError(absl::StrCat("bucket ", index, " of v", version,
+                                              ": chunk beyond the ", data.size(), " bytes"));
+    }
+    std::copy(chunk.data().begin(), chunk.data().end(), data.begin() + chunk.offset());
+    got += chunk.data().size();
+  }
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    spdlog::warn("[{}] pulling bucket {} of v{} from {}: {}", options_.name, index, version,
+                 link.target, status.error_message());
+    return absl::StatusOr<bool>(false);
+  }
+  *received += got;
+  *expected_checksum = checksum;
+  if (got != size) data.clear();  // short: fails its check (whole) or its application (patch)
+  if (patch_base == 0) {  // sent whole: the bytes are the bucket
+    pending.buckets[index] = std::move(data);
+    return true;
+  }
+  absl::StatusOr<std::vector<uint8_t>> rebuilt =
+      patch_base == base.manifest.version
+          ? delta::ApplyBucketPatch(data, base.buckets[index])
+          : absl::FailedPreconditionError(absl::StrCat("a patch against v", patch_base));
+  if (!rebuilt.ok() || delta::PatchTargetChecksum(data) != checksum) {
+    spdlog::warn("[{}] bucket {} of v{}: the patch against v{} did not apply ({}); pulling it "
+                 "whole",
+                 options_.name, index, version, base.manifest.version,
+                 rebuilt.ok() ? "checksum" : rebuilt.status().ToString());
+    return false;
+  }
+  pending.buckets[index] = *std::move(rebuilt);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.patched_buckets;
+  }
+  return true;
+}
+
+absl::StatusOr<bool> Receiver::Impl::PullWhole(Link& link, uint64_t version, uint32_t index,
+                                               uint64_t* expected_checksum, uint64_t* received) {
+  Pending& pending = *link.pending;
   const transport::BucketManifest& bm = pending.manifest.buckets[index];
   std::vector<uint8_t>& bytes = pending.buckets[index];
   bytes.assign(bm.nbytes, 0);
@@ -129,7 +228,7 @@ absl::StatusOr<bool> Receiver::Impl::Pull(Link& link, uint64_t version, uint32_t
   // The manifest is announced before packing; the daemon sends the packed bucket's checksum
   // with the first chunk.
   *expected_checksum = bm.checksum;
-  *received = 0;
+  uint64_t got = 0;
   while (reader->Read(&chunk)) {
     if (chunk.offset() == 0 && chunk.checksum() != 0) *expected_checksum = chunk.checksum();
     if (chunk.offset() + chunk.data().size() > bytes.size()) {
@@ -140,7 +239,7 @@ absl::StatusOr<bool> Receiver::Impl::Pull(Link& link, uint64_t version, uint32_t
                                               " bytes"));
     }
     std::copy(chunk.data().begin(), chunk.data().end(), bytes.begin() + chunk.offset());
-    *received += chunk.data().size();
+    got += chunk.data().size();
   }
   grpc::Status status = reader->Finish();
   if (!status.ok()) {
@@ -148,6 +247,8 @@ absl::StatusOr<bool> Receiver::Impl::Pull(Link& link, uint64_t version, uint32_t
                  link.target, status.error_message());
     return false;
   }
+  *received += got;
+  if (got != bm.nbytes) bytes.clear();  // short: fails its check, the publication aborts
   return true;
 }
 
@@ -156,7 +257,7 @@ absl::Status Receiver::Impl::PullAndAck(Link& link, uint64_t version, uint32_t i
     return absl::InternalError(absl::StrCat("bucket ", index, " of v", version, " unknown"));
   }
   uint64_t expected_checksum = 0;
-  uint64_t received = 0;
+  uint64_t received = 0;  // bytes on the wire (a patch's, and the bucket's when pulled again)
   WPUB_ASSIGN_OR_RETURN(bool pulled, Pull(link, version, index, &expected_checksum, &received));
   if (!pulled) return absl::OkStatus();
   Pending& pending = *link.pending;
@@ -166,7 +267,7 @@ absl::Status Receiver::Impl::PullAndAck(Link& link, uint64_t version, uint32_t i
     bytes[bytes.size() / 2] ^= 0x5A;
   }
   const uint64_t checksum = transport::Checksum(bytes.data(), bytes.size());
-  const bool match = checksum == expected_checksum && received == nbytes;
+  const bool match = checksum == expected_checksum && bytes.size() == nbytes;
   {
     absl::MutexLock lock(&mu_);
     ++stats_.buckets;

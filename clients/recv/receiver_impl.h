@@ -85,6 +85,14 @@ class Receiver::Impl {
   // failed, e.g. because the publication was aborted meanwhile (its abort event follows).
   absl::StatusOr<bool> Pull(Link& link, uint64_t version, uint32_t index,
                             uint64_t* expected_checksum, uint64_t* received);
+  // Pull's two ways: as a patch against `base` (true: the bucket is in the pending version;
+  // false: pull it whole -- the patch did not apply, or the pull failed and is logged) and
+  // whole.
+  absl::StatusOr<bool> PullPatched(Link& link, uint64_t version, uint32_t index,
+                                   const CommittedModel& base, uint64_t* expected_checksum,
+                                   uint64_t* received);
+  absl::StatusOr<bool> PullWhole(Link& link, uint64_t version, uint32_t index,
+                                 uint64_t* expected_checksum, uint64_t* received);
 
   absl::Status PullAndAck(Link& link, uint64_t version, uint32_t index);
 

@@ -24,6 +24,7 @@ struct Pending {
   size_t num_received = 0;
   bool mismatch = false;  // a bucket failed its checksum: the publication will abort
   bool handed = false;    // complete: its manifest and buckets moved into the assembly
+  uint64_t patch_base = 0;  // Manifest.patch_base: buckets may come as patches against it
 };
 
 // The version being assembled from every member of its group (one member outside a group):

@@ -69,6 +69,14 @@ struct EngineOptions {
   // and its bound. With one, engines an abort left dirty are restored and engines and pull
   // receivers that join behind are caught up (core/engine/replay.h); off by default.
   transport::RetainedCopyOptions retain;
+  // Bucket patches to pull receivers that hold the committed version and accept them
+  // (transport::PatchSource, core/delta/bucket_patch.h), made from the retained copy: needs
+  // `retain` on (INVALID_ARGUMENT otherwise).
+  struct Patches {
+    bool enabled = false;
+    uint32_t full_every = 8;          // PatchSource::full_every
+    double max_patch_fraction = 0.5;  // delta::BucketPatchOptions::max_patch_fraction
+  } patches;
 };
 
 // Parts an engine may be given instead of its defaults (the GPU path). Everything is optional.

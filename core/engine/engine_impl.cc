@@ -2,11 +2,14 @@
 // the observer's upkeep and the version floor beyond the committed version.
 #include "core/engine/engine_impl.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
+#include "core/delta/bucket_patch.h"
 #include "core/engine/cpu_backend.h"
 
 namespace wpub::engine {
@@ -27,10 +30,62 @@ absl::Status ValidateOptions(const EngineOptions& options) {
   }
   if (options.cpu_threads < 1) return absl::InvalidArgumentError("cpu_threads must be >= 1");
   if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
+  if (options.patches.enabled && options.retain.where == transport::RetainWhere::kOff) {
+    return absl::InvalidArgumentError(
+        "--patches makes bucket patches from the retained copy: it needs --retain (host, "
+        "pinned or device)");
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+// Patches against the retained committed version (core/delta/bucket_patch.h): a bucket laid
+// out as the retained one (same size, same tensors at the same offsets) is diffed against it.
+transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
+                                                    const EngineOptions& options) {
+  transport::PatchSource source;
+  source.full_every = options.patches.full_every;
+  source.base_version = [weak]() -> uint64_t {
+    const std::shared_ptr<Impl> self = weak.lock();
+    if (self == nullptr) return 0;
+    const std::shared_ptr<const transport::RetainedVersion> r = self->retained().Retained();
+    return r == nullptr ? 0 : r->manifest.version;
+  };
+  const delta::BucketPatchOptions patch{.max_patch_fraction = options.patches.max_patch_fraction,
+                                        .threads = options.cpu_threads};
+  source.make = [weak, patch](uint64_t base_version,
+                              const transport::Bucket& next) -> std::shared_ptr<const transport::Bucket> {
+    const std::shared_ptr<Impl> self = weak.lock();
+    if (self == nullptr) return nullptr;
+    const std::shared_ptr<const transport::RetainedVersion> r = self->retained().Retained();
+    const uint32_t i = next.manifest.index;
+    if (r == nullptr || r->manifest.version != base_version || i >= r->bucket_count()) {
+      return nullptr;
+    }
+    const transport::BucketManifest& was = r->manifest.buckets[i];
+    if (was.nbytes != next.manifest.nbytes || was.tensors != next.manifest.tensors) return nullptr;
+    absl::StatusOr<std::shared_ptr<const transport::Bucket>> base = r->BucketAt(i);
+    if (base.ok() && (*base)->location == transport::BucketLocation::kDevice) {
+      base = (*base)->device.copy_to_host();  // a device copy: its bytes once, for the diff
+    }
+    if (!base.ok()) {
+      spdlog::warn("v{}: no patch for bucket {}: the retained bucket: {}", next.version, i,
+                   base.status().ToString());
+      return nullptr;
+    }
+    delta::BucketPatchPlan plan =
+        delta::DiffBucket((*base)->span(), was.checksum, next.span(), next.manifest.checksum, patch);
+    if (plan.full) return nullptr;
+    auto out = std::make_shared<transport::Bucket>();
+    out->version = next.version;
+    out->manifest = next.manifest;
+    out->bytes = std::move(plan.patch);
+    out->patch_base = base_version;
+    return out;
+  };
+  return source;
+}
 
 absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineOptions& options,
                                                                    EngineObserver* observer,
@@ -76,6 +131,7 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
                                absl::StrCat("receiver ", receiver, " subscribed holding v", held));
     }
   });
+  if (options.patches.enabled) impl->pull_->SetPatchSource(MakePatchSource(weak, options));
   for (const auto& t : impl->extra_transports_) {
     t->SetBehindListener([weak](const std::string& engine, uint64_t held) {
       if (const std::shared_ptr<Impl> self = weak.lock()) {

@@ -58,6 +58,9 @@ class Engine::Impl {
   transport::TransportGroup& transports() const { return *transports_; }
   // The committed version's copy (off unless EngineOptions::retain says where).
   transport::RetainedCopy& retained() const { return *retained_; }
+  // The pull transport's patches (EngineOptions::patches), made from the retained copy.
+  static transport::PatchSource MakePatchSource(std::weak_ptr<Impl> weak,
+                                                const EngineOptions& options);
   Replayer& replayer() const { return *replayer_; }
   Backend& backend() const { return *backend_; }
   RolloutConnector* connector() const { return connector_; }   // null on the CPU path

@@ -76,8 +76,12 @@ struct Bucket {
   uint64_t version = 0;
   BucketManifest manifest;
   BucketLocation location = BucketLocation::kHost;
-  std::vector<uint8_t> bytes;  // kHost: manifest.nbytes bytes
+  std::vector<uint8_t> bytes;  // kHost: manifest.nbytes bytes (a patch: the patch's bytes)
   DeviceBytes device;          // kDevice
+  // Non-zero: `bytes` are a patch (core/delta/bucket_patch.h) that makes this bucket of a
+  // receiver's copy of version `patch_base`; the manifest (nbytes, checksum) is the whole
+  // bucket's. Only the pull transport hands such buckets out (Subscription::ReadBucket).
+  uint64_t patch_base = 0;
   absl::Span<const uint8_t> span() const { return absl::MakeConstSpan(bytes); }
 };
 

@@ -48,6 +48,7 @@ struct Subscription::Hub {
     ReceiverState state = ReceiverState::kIdle;
     uint64_t last_committed_version = 0;
     uint64_t held_version = 0;  // as subscribed; raised by every commit
+    bool accepts_patches = false;
     absl::Time connected_at;
     bool closed = false;
     bool cancelled = false;
@@ -65,6 +66,13 @@ struct Subscription::Hub {
     ReceiverFailure failure = ReceiverFailure::kNone;
     std::string error;
     bool committed = false;
+    uint64_t patch_base = 0;  // offered patches against this version (0: none)
+  };
+  // A bucket's patch, made once by its first reader (outside `mu`).
+  struct PatchSlot {
+    std::mutex mu;
+    bool made = false;
+    std::shared_ptr<const Bucket> patch;  // null: the bucket goes whole
   };
 
   explicit Hub(const PullTransportOptions& o) : options(o) {}
@@ -90,6 +98,11 @@ struct Subscription::Hub {
   bool shutdown = false;
   // PullTransport::SetBehindListener's; called without the lock.
   std::function<void(const std::string&, uint64_t)> on_behind;
+
+  PatchSource patches;                // SetPatchSource's
+  uint32_t offered_in_a_row = 0;      // publications in a row that offered patches
+  uint64_t patch_base = 0;            // of the publication in flight (0: none offered)
+  std::vector<std::shared_ptr<PatchSlot>> patch_slots;  // per bucket, when patch_base != 0
 
   bool in_flight = false;
   bool failed = false;  // a participant failed the publication in flight

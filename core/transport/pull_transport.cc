@@ -55,7 +55,8 @@ PullTransport::~PullTransport() { Shutdown(); }
 absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::string_view name,
                                                                        uint64_t held_version,
                                                                        absl::string_view instance,
-                                                                       uint64_t staged_version) {
+                                                                       uint64_t staged_version,
+                                                                       bool accepts_patches) {
   if (absl::Status s = ValidateReceiverName(name); !s.ok()) return s;
   if (!instance.empty()) {
     if (absl::Status s = ValidateReceiverName(instance, "instance"); !s.ok()) return s;
@@ -78,14 +79,15 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   if (!token.ok()) return token.status();
   std::function<void(const std::string&, uint64_t)> behind;
   absl::StatusOr<std::unique_ptr<Subscription>> sub =
-      SubscribeLocked(name, held_version, instance, staged_version, *std::move(token), &behind);
+      SubscribeLocked(name, held_version, instance, staged_version, accepts_patches,
+                      *std::move(token), &behind);
   if (sub.ok() && behind) behind(std::string(name), held_version);
   return sub;
 }
 
 absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::SubscribeLocked(
     absl::string_view name, uint64_t held_version, absl::string_view instance,
-    uint64_t staged_version, std::string token,
+    uint64_t staged_version, bool accepts_patches, std::string token,
     std::function<void(const std::string&, uint64_t)>* behind) {
   HubLock lock(*hub_);
   if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
@@ -101,6 +103,7 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::SubscribeLocked(
   r->connected_at = absl::Now();
   r->held_version = held_version;
   r->instance = std::string(instance);
+  r->accepts_patches = accepts_patches;
   GroupInfoEvent info;
   info.receiver_name = r->name;
   info.transport = "pull";
@@ -133,7 +136,19 @@ TransportCapabilities PullTransport::capabilities() const {
   return c;
 }
 
+void PullTransport::SetPatchSource(PatchSource source) {
+  HubLock lock(*hub_);
+  hub_->patches = std::move(source);
+}
+
 absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationManifest& manifest) {
+  // The version patches would be made against, asked outside the lock (the engine's copy).
+  std::function<uint64_t()> base_of;
+  {
+    HubLock lock(*hub_);
+    base_of = hub_->patches.base_version;
+  }
+  const uint64_t base = base_of ? base_of() : 0;
   HubLock lock(*hub_);
   if (hub_->shutdown) return absl::UnavailableError("the pull transport is shut down");
   if (hub_->in_flight) {
@@ -150,6 +165,15 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
   hub_->manifest = manifest;
   hub_->staged.clear();
   hub_->participants.clear();
+  // Patches: for a version after the one the copy holds (not a replay, nor a group version,
+  // whose receivers assemble parts of several daemons), unless this is the full_every-th.
+  const uint32_t every = hub_->patches.full_every;
+  const bool offer = base != 0 && hub_->patches.make && !manifest.replay &&
+                     manifest.group.empty() && manifest.version > base &&
+                     (every == 0 || hub_->offered_in_a_row + 1 < every);
+  hub_->offered_in_a_row = offer ? hub_->offered_in_a_row + 1 : 0;
+  hub_->patch_base = 0;
+  hub_->patch_slots.clear();
   std::vector<std::string> names;
   for (auto& [id, r] : hub_->receivers) {
     if (manifest.replay && r->held_version >= manifest.version) continue;
@@ -158,12 +182,21 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
     p.name = r->name;
     p.instance = r->instance;
     p.acked.assign(manifest.buckets.size(), false);
+    if (offer && r->accepts_patches && r->held_version == base) {
+      p.patch_base = base;
+      hub_->patch_base = base;
+    }
     hub_->participants.push_back(std::move(p));
     r->state = ReceiverState::kReceiving;
     names.push_back(r->name);
   }
+  if (hub_->patch_base != 0) {
+    for (size_t i = 0; i < manifest.buckets.size(); ++i) {
+      hub_->patch_slots.push_back(std::make_shared<Subscription::Hub::PatchSlot>());
+    }
+  }
   for (const auto& p : std::vector<Subscription::Hub::Participant>(hub_->participants)) {
-    hub_->Push(p.id, ManifestEvent{manifest, hub_->committed_version});
+    hub_->Push(p.id, ManifestEvent{manifest, hub_->committed_version, p.patch_base});
   }
   return names;
 }

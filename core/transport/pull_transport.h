@@ -41,6 +41,22 @@ struct PullTransportOptions {
 class PullTransport;
 class HubLock;  // pull_hub.h (internal)
 
+// Bucket patches for receivers that hold the committed version (wpubd --patches): the engine
+// makes them from the retained copy (core/engine/engine_impl.cc, core/delta/bucket_patch.h).
+struct PatchSource {
+  // The version patches are made against now (the retained committed version); 0: none.
+  // Called at Begin, without the transport's lock.
+  std::function<uint64_t()> base_version;
+  // The patch that makes bucket `next` of a copy of `base_version`, as a host bucket
+  // (Bucket::patch_base set, the manifest the whole bucket's), or null when `next` goes whole
+  // (another layout, a patch not worth it, the base gone). Called at most once per bucket of a
+  // publication, by the first receiver that reads it, without the transport's lock.
+  std::function<std::shared_ptr<const Bucket>(uint64_t base_version, const Bucket& next)> make;
+  // Every full_every-th publication goes whole to every receiver (so each rebuilds its copy
+  // from a whole version at least that often); 1: never patches; 0: never forced.
+  uint32_t full_every = 0;
+};
+
 // Receiver names are 1..kMaxReceiverNameBytes bytes of printable ASCII other than space: they
 // appear in logs, reports and metric labels.
 inline constexpr size_t kMaxReceiverNameBytes = 128;
@@ -97,9 +113,14 @@ class Subscription {
   // stays valid as long as it is held.
   // `attempt` is the ManifestEvent's (PublicationManifest::attempt; 0 is read as 1): for an
   // aborted attempt of the version now in flight again, FAILED_PRECONDITION.
+  // `patch`: the receiver asks for the bucket as a patch against the version it holds (its
+  // ManifestEvent::patch_base): when this receiver was offered patches and the bucket's patch
+  // is worth it, a host bucket whose bytes are the patch (Bucket::patch_base set; made once per
+  // bucket, by the first reader, without the transport's lock); the bucket itself otherwise.
   absl::StatusOr<std::shared_ptr<const Bucket>> ReadBucket(absl::string_view token,
                                                            uint64_t version, uint32_t index,
-                                                           uint32_t attempt = 1);
+                                                           uint32_t attempt = 1,
+                                                           bool patch = false);
 
   // Acknowledges bucket `index` of `version` with the checksum the receiver computed over the
   // bytes it received. A wrong `token` is PERMISSION_DENIED naming the receiver and changes
@@ -161,10 +182,18 @@ class PullTransport final : public Transport {
   // GroupInfoEvent says what this transport told its receivers of that version (kApply when it
   // committed it, kDiscard when it aborted it or it is older than the committed version),
   // kUnknown otherwise (in flight here, or never seen: another member of a group may know).
+  // `accepts_patches`: the receiver keeps its committed version and applies bucket patches
+  // (SubscribeRequest.accepts_patches): with a PatchSource, a publication that follows the
+  // version it holds offers it patches (ManifestEvent::patch_base).
   absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(absl::string_view name,
                                                           uint64_t held_version = 0,
                                                           absl::string_view instance = "",
-                                                          uint64_t staged_version = 0);
+                                                          uint64_t staged_version = 0,
+                                                          bool accepts_patches = false);
+
+  // Offers receivers that accept them patches from `source` (see PatchSource). Once, before
+  // publications begin.
+  void SetPatchSource(PatchSource source);
 
   // The highest version a connected receiver holds (what it subscribed with, or the last
   // version it committed here, whichever is higher); nullopt when no receiver holds one.
@@ -205,7 +234,7 @@ class PullTransport final : public Transport {
   // Subscribe under the transport's lock; *behind: the listener to call once it is released.
   absl::StatusOr<std::unique_ptr<Subscription>> SubscribeLocked(
       absl::string_view name, uint64_t held_version, absl::string_view instance,
-      uint64_t staged_version, std::string token,
+      uint64_t staged_version, bool accepts_patches, std::string token,
       std::function<void(const std::string&, uint64_t)>* behind);
   std::shared_ptr<Subscription::Hub> hub_;
 };

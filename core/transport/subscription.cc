@@ -102,19 +102,42 @@ void Subscription::Detach() {
 absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::string_view token,
                                                                        uint64_t version,
                                                                        uint32_t index,
-                                                                       uint32_t attempt) {
+                                                                       uint32_t attempt,
+                                                                       bool patch) {
   if (absl::Status s = CheckToken(token); !s.ok()) return s;
-  HubLock lock(*hub_);
-  WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
-  if (hub_->in_flight && hub_->manifest.version == version) {
-    if (index < hub_->staged.size()) return hub_->staged[index];
-    return absl::NotFoundError(
-        absl::StrCat("bucket ", index, " of version ", version, " is not staged"));
+  std::shared_ptr<const Bucket> bucket;
+  std::shared_ptr<Hub::PatchSlot> slot;
+  uint64_t base = 0;
+  std::function<std::shared_ptr<const Bucket>(uint64_t, const Bucket&)> make;
+  {
+    HubLock lock(*hub_);
+    WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
+    if (!hub_->in_flight || hub_->manifest.version != version) {
+      if (version != 0 && version == hub_->last_aborted_version) {
+        return absl::AbortedError(absl::StrCat("version ", version, " was aborted"));
+      }
+      return absl::NotFoundError(absl::StrCat("version ", version, " is not in flight"));
+    }
+    if (index >= hub_->staged.size()) {
+      return absl::NotFoundError(
+          absl::StrCat("bucket ", index, " of version ", version, " is not staged"));
+    }
+    bucket = hub_->staged[index];
+    const Hub::Participant* p = patch ? hub_->FindParticipant(id_) : nullptr;
+    if (p != nullptr && p->patch_base != 0 && index < hub_->patch_slots.size()) {
+      slot = hub_->patch_slots[index];
+      base = p->patch_base;
+      make = hub_->patches.make;
+    }
   }
-  if (version != 0 && version == hub_->last_aborted_version) {
-    return absl::AbortedError(absl::StrCat("version ", version, " was aborted"));
+  if (slot == nullptr || !make) return bucket;
+  // The first reader makes the patch; the others wait for it (the lock is the slot's alone).
+  std::lock_guard made(slot->mu);
+  if (!slot->made) {
+    slot->patch = make(base, *bucket);
+    slot->made = true;
   }
-  return absl::NotFoundError(absl::StrCat("version ", version, " is not in flight"));
+  return slot->patch != nullptr ? slot->patch : bucket;
 }
 
 absl::Status Subscription::Ack(absl::string_view token, uint64_t version, uint32_t index,

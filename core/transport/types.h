@@ -101,6 +101,9 @@ struct ManifestEvent {
   // The daemon's committed version as this publication begins (decides a version a receiver
   // holds staged and in doubt: equal, it committed; lower, it did not).
   uint64_t committed_version = 0;
+  // Non-zero: this receiver may read the buckets as patches against this version, which it
+  // holds (Subscription::ReadBucket's `patch`); 0: whole buckets only.
+  uint64_t patch_base = 0;
 };
 // Bucket `index` of `version` can be read (ReadBucket) and must then be acknowledged (Ack)
 // with the checksum the receiver computes over the bytes it read.

@@ -151,11 +151,14 @@ class PullReactor final : public grpc::ServerWriteReactor<pb::BucketChunk> {
     chunk_.set_offset(offset_);
     chunk_.set_data(reinterpret_cast<const char*>(bytes.data() + offset_), n);
     if (offset_ == 0) {
+      // Of a patch: the whole bucket's checksum, the patch's size and its base.
       chunk_.set_checksum(bucket_->manifest.checksum);
       chunk_.set_nbytes(bytes.size());
+      chunk_.set_patch_base(bucket_->patch_base);
     } else {
       chunk_.clear_checksum();
       chunk_.clear_nbytes();
+      chunk_.clear_patch_base();
     }
     offset_ += n;
     StartWrite(&chunk_);
@@ -224,7 +227,8 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   // subscribers racing at the bound.
   if (Count() >= options_.max_subscriptions) return full();
   absl::StatusOr<std::unique_ptr<transport::Subscription>> sub = transport_->Subscribe(
-      name, request->held_version(), request->instance(), request->staged_version());
+      name, request->held_version(), request->instance(), request->staged_version(),
+      request->accepts_patches());
   if (!sub.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, sub.status()));
   }
@@ -254,7 +258,8 @@ grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(
     return new RejectReactor<pb::BucketChunk>(Refuse("PullBucket", name, *context, sub.status()));
   }
   absl::StatusOr<std::shared_ptr<const transport::Bucket>> bucket = (*sub)->ReadBucket(
-      request->subscription_token(), request->version(), request->index(), request->attempt());
+      request->subscription_token(), request->version(), request->index(), request->attempt(),
+      request->patch());
   if (absl::IsPermissionDenied(bucket.status())) {
     return new RejectReactor<pb::BucketChunk>(
         Refuse("PullBucket", name, *context, bucket.status()));

@@ -91,6 +91,15 @@ ABSL_FLAG(std::string, retain, "off",
 ABSL_FLAG(wpub::cli::Bytes, retain_max_bytes, uint64_t{64} << 30,
           "The most bytes one retained version may hold: a committed version larger than this is "
           "not retained (and the previous copy is dropped). 0: no bound.");
+ABSL_FLAG(bool, patches, false,
+          "Send pull receivers that hold the committed version and accept patches (wpub-recv "
+          "does) only the 8-byte words of each bucket that changed since that version, made "
+          "from the retained copy (needs --retain); the receiver rebuilds the bucket and checks "
+          "it against the whole bucket's checksum. A bucket whose patch would exceed half its "
+          "size, or whose layout changed, goes whole.");
+ABSL_FLAG(uint32_t, patches_full_every, 8,
+          "With --patches: every Nth publication goes whole to every receiver (1: never patch; "
+          "0: never forced).");
 ABSL_FLAG(wpub::cli::Bytes, max_chunk_bytes, uint64_t{4} << 20,
           "Largest inline payload chunk accepted, and the PullBucket chunk size.");
 ABSL_FLAG(wpub::cli::Bytes, max_message_bytes, uint64_t{8} << 20,
@@ -266,6 +275,8 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
     o.engine.retain.where = *where;
     o.engine.retain.max_bytes = absl::GetFlag(FLAGS_retain_max_bytes).value;
   }
+  o.engine.patches.enabled = absl::GetFlag(FLAGS_patches);
+  o.engine.patches.full_every = absl::GetFlag(FLAGS_patches_full_every);
   o.engine.max_inline_bytes = absl::GetFlag(FLAGS_max_inline_bytes).value;
   o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   if (o.engine.cpu_threads < 1) {
