@@ -14,8 +14,11 @@
 //   global    whether the tensor's global scale (its amax) changed,
 //   bf16      the fraction of bf16 elements that changed (what a BF16 delta ships),
 // and the bytes a block delta would carry (each changed block's 8 code bytes + 1 scale byte + a
-// 4-byte block index) against the full tensor's (codes + scales + global scale). Steps after the
-// first `warmup` are averaged (Adam's early steps are larger: bias correction).
+// 4-byte block index) against the full tensor's (codes + scales + global scale), and the bytes
+// of the bucket patch wpubd --patches sends (core/delta/bucket_patch.h: the changed 8-byte word
+// runs of a bucket holding the codes, the scales and the global scale; and of the bf16 copy, as a
+// layer kept in bf16 would be patched). Steps after the first
+// `warmup` are averaged (Adam's early steps are larger: bias correction).
 //
 // Usage: nvfp4_delta_sparsity [--rows 768] [--cols 2048] [--steps 12] [--warmup 2]
 //        [--lrs 1e-7,1e-6,1e-5] [--init_std 0.02] [--seed 2026] [--threads 0] [--json FILE]
@@ -31,6 +34,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "core/delta/bucket_patch.h"
+#include "core/transport/checksum.h"
 #include "kernels/nvfp4_math.h"
 #include "kernels/reference.h"
 #include "nlohmann/json.hpp"
@@ -123,9 +128,28 @@ Served Quantize(const std::vector<uint16_t>& bf16, const Args& a, kernels::Quant
 }
 
 struct StepDelta {
-  double elements = 0, blocks = 0, scales = 0, bf16 = 0, delta_bytes = 0;
+  double elements = 0, blocks = 0, scales = 0, bf16 = 0, delta_bytes = 0, patch_bytes = 0;
+  double bf16_patch = 0;  // the bucket patch of the bf16 copy (a layer kept bf16), a fraction
   bool global = false;
 };
+
+// The tensor as a bucket holds it: codes, scales, the decode scale, back to back.
+std::vector<uint8_t> AsBucket(const Served& s) {
+  std::vector<uint8_t> b(s.packed);
+  b.insert(b.end(), s.scales.begin(), s.scales.end());
+  const auto* f = reinterpret_cast<const uint8_t*>(&s.decode_scale);
+  b.insert(b.end(), f, f + 4);
+  return b;
+}
+
+// The bytes wpubd --patches sends for a bucket of these bytes (its patch, or the bucket when a
+// patch is not worth it).
+double PatchBytes(const std::vector<uint8_t>& bx, const std::vector<uint8_t>& by) {
+  const delta::BucketPatchPlan plan =
+      delta::DiffBucket(bx, transport::Checksum(bx.data(), bx.size()), by,
+                        transport::Checksum(by.data(), by.size()));
+  return static_cast<double>(plan.full ? by.size() : plan.patch.size());
+}
 
 StepDelta Compare(const Served& x, const Served& y, const std::vector<uint16_t>& bx,
                   const std::vector<uint16_t>& by) {
@@ -152,6 +176,12 @@ StepDelta Compare(const Served& x, const Served& y, const std::vector<uint16_t>&
   // scale ships every block (each block's codes and scale are relative to it).
   d.delta_bytes = d.global ? static_cast<double>(x.packed.size() + x.scales.size() + 4)
                            : static_cast<double>(blocks_changed) * (8 + 1 + 4) + 4;
+  d.patch_bytes = PatchBytes(AsBucket(x), AsBucket(y));
+  const auto* px = reinterpret_cast<const uint8_t*>(bx.data());
+  const auto* py = reinterpret_cast<const uint8_t*>(by.data());
+  d.bf16_patch = PatchBytes(std::vector<uint8_t>(px, px + 2 * bx.size()),
+                            std::vector<uint8_t>(py, py + 2 * by.size())) /
+                 (2.0 * bx.size());
   return d;
 }
 
@@ -194,14 +224,18 @@ json Run(const Args& a, double lr, kernels::QuantMode mode, const char* recipe) 
     mean.scales += steps[t].scales / counted;
     mean.bf16 += steps[t].bf16 / counted;
     mean.delta_bytes += steps[t].delta_bytes / counted;
+    mean.patch_bytes += steps[t].patch_bytes / counted;
+    mean.bf16_patch += steps[t].bf16_patch / counted;
     globals += steps[t].global;
   }
   const double full = static_cast<double>(prev.packed.size() + prev.scales.size() + 4);
   std::printf(
       "%-8s lr %-7.0e bf16 %7.3f%%  nvfp4 elements %7.4f%%  blocks %7.4f%%  block scales %7.4f%%"
-      "  global scale changed %d/%d steps  delta %7.3f%% of the full tensor\n",
+      "  global scale changed %d/%d steps  delta %7.3f%% of the full tensor  bucket patch "
+      "%7.3f%%  (bf16 copy's bucket patch %6.2f%%)\n",
       recipe, lr, 100 * mean.bf16, 100 * mean.elements, 100 * mean.blocks, 100 * mean.scales,
-      globals, counted, 100 * mean.delta_bytes / full);
+      globals, counted, 100 * mean.delta_bytes / full, 100 * mean.patch_bytes / full,
+      100 * mean.bf16_patch);
   json per_step = json::array();
   for (const StepDelta& s : steps) {
     per_step.push_back({{"bf16", s.bf16},
@@ -209,7 +243,9 @@ json Run(const Args& a, double lr, kernels::QuantMode mode, const char* recipe) 
                         {"blocks", s.blocks},
                         {"scales", s.scales},
                         {"global", s.global},
-                        {"delta_bytes", s.delta_bytes}});
+                        {"delta_bytes", s.delta_bytes},
+                        {"patch_bytes", s.patch_bytes},
+                        {"bf16_patch_fraction", s.bf16_patch}});
   }
   return {{"recipe", recipe},
           {"lr", lr},
@@ -222,6 +258,9 @@ json Run(const Args& a, double lr, kernels::QuantMode mode, const char* recipe) 
           {"delta_bytes", mean.delta_bytes},
           {"full_bytes", full},
           {"delta_over_full", mean.delta_bytes / full},
+          {"patch_bytes", mean.patch_bytes},
+          {"patch_over_full", mean.patch_bytes / full},
+          {"bf16_patch_fraction", mean.bf16_patch},
           {"steps", per_step}};
 }
 

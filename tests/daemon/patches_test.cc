@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <thread>
@@ -174,6 +175,10 @@ TEST_F(Patches, AReceiverHoldingTheCommittedVersionPullsOnlyWhatChangedAndHoldsE
     const recv::ReceiverStats p1 = patched.receiver->stats(), w1 = whole.receiver->stats();
     const uint64_t patched_bytes = p1.bytes - p0.bytes, whole_bytes = w1.bytes - w0.bytes;
     EXPECT_EQ(whole_bytes, r.bytes_out());
+    std::printf("v%llu: the patched receiver pulled %llu bytes, the whole one %llu (%u buckets)\n",
+                static_cast<unsigned long long>(s.version),
+                static_cast<unsigned long long>(patched_bytes),
+                static_cast<unsigned long long>(whole_bytes), static_cast<unsigned>(buckets));
     EXPECT_EQ(p1.checksum_mismatches, 0u);
     if (!s.patches) {
       EXPECT_EQ(p1.patched_buckets, p0.patched_buckets);
