@@ -65,10 +65,7 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
     }
     const transport::BucketManifest& was = r->manifest.buckets[i];
     if (was.nbytes != next.manifest.nbytes || was.tensors != next.manifest.tensors) return nullptr;
-    absl::StatusOr<std::shared_ptr<const transport::Bucket>> base = r->BucketAt(i);
-    if (base.ok() && (*base)->location == transport::BucketLocation::kDevice) {
-      base = (*base)->device.copy_to_host();  // a device copy: its bytes once, for the diff
-    }
+    absl::StatusOr<std::shared_ptr<const transport::Bucket>> base = r->HostBucketAt(i);
     if (!base.ok()) {
       spdlog::warn("v{}: no patch for bucket {}: the retained bucket: {}", next.version, i,
                    base.status().ToString());

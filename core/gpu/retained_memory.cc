@@ -134,6 +134,28 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
     return checksums;
   }
 
+  absl::StatusOr<std::shared_ptr<const transport::Bucket>> HostCopy(
+      uint64_t version, const transport::BucketManifest& manifest) override {
+    const uint32_t i = manifest.index;
+    if (!sealed_ || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
+      return absl::InternalError(absl::StrCat("retained memory: bucket ", i,
+                                              " is not a bucket of the sealed version"));
+    }
+    auto host = std::make_shared<transport::Bucket>();
+    host->version = version;
+    host->manifest = manifest;
+    const uint8_t* src = arena_->base() + offsets_[i];
+    if (arena_->device.empty()) {
+      host->bytes.assign(src, src + manifest.nbytes);  // sealed pinned bytes
+    } else {
+      host->bytes.resize(manifest.nbytes);
+      WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(memory_->options_.device));
+      WPUB_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(host->bytes.data(), src, manifest.nbytes, cudaMemcpyDeviceToHost));
+    }
+    return std::shared_ptr<const transport::Bucket>(std::move(host));
+  }
+
   absl::StatusOr<std::shared_ptr<const transport::Bucket>> Emit(
       uint64_t version, const transport::BucketManifest& manifest) override {
     const uint32_t i = manifest.index;

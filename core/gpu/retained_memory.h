@@ -22,8 +22,9 @@
 // into it waits for them); a pinned arena's bucket is first copied into one of two device
 // bounce buffers (the copy of bucket k+2 waits on the device for bucket k's readers), so the
 // host-to-device copy of one bucket overlaps the broadcast of the previous one. A host copy of
-// an emitted bucket (for pull receivers behind) costs a device-to-host copy and one wait
-// (device) or a memcpy (pinned).
+// an emitted bucket (for pull receivers behind), or of any sealed bucket (HostCopy: what a
+// bucket patch is diffed against), costs a device-to-host copy and one wait (device) or a
+// memcpy (pinned).
 //
 // Thread-safety: see retained_memory.h. Create the memory once; it must outlive nothing: every
 // RetainedBytes it hands out keeps it alive.

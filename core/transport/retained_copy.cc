@@ -34,6 +34,15 @@ absl::StatusOr<std::shared_ptr<const Bucket>> RetainedVersion::BucketAt(size_t i
   return buckets[i];
 }
 
+absl::StatusOr<std::shared_ptr<const Bucket>> RetainedVersion::HostBucketAt(size_t i) const {
+  if (i >= manifest.buckets.size()) {
+    return absl::OutOfRangeError(absl::StrCat("v", manifest.version, " has ",
+                                              manifest.buckets.size(), " buckets, not ", i + 1));
+  }
+  if (memory != nullptr) return memory->HostCopy(manifest.version, manifest.buckets[i]);
+  return buckets[i];
+}
+
 absl::StatusOr<std::unique_ptr<RetainedCopy>> RetainedCopy::Create(
     RetainedCopyOptions options, std::shared_ptr<RetainedMemory> memory) {
   if (InMemory(options.where)) {

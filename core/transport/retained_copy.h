@@ -64,6 +64,8 @@ struct RetainedVersion {
   size_t bucket_count() const { return manifest.buckets.size(); }
   // Bucket i for a replay, in index order (kDevice / kPinned: RetainedBytes::Emit).
   absl::StatusOr<std::shared_ptr<const Bucket>> BucketAt(size_t i) const;
+  // Bucket i in host memory, any order, any thread (kDevice / kPinned: a copy).
+  absl::StatusOr<std::shared_ptr<const Bucket>> HostBucketAt(size_t i) const;
 };
 
 class RetainedCopy final : public Transport {

@@ -12,7 +12,7 @@
 //
 // Thread-safety: RetainedMemory::Reserve and held_bytes from any thread. A RetainedBytes is
 // staged and sealed by one thread (the publication's) and emitted by one replay at a time (the
-// engine's ledger serializes replays and publications).
+// engine's ledger serializes replays and publications); HostCopy from any thread once sealed.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +44,10 @@ class RetainedBytes {
   // stays readable until its readers' `done` events, which the next Emit respects.
   virtual absl::StatusOr<std::shared_ptr<const Bucket>> Emit(uint64_t version,
                                                              const BucketManifest& manifest) = 0;
+  // Bucket `manifest.index` of the sealed version in host memory (a copy), for work on the
+  // host (a bucket patch's diff). Any thread, concurrently with each other and with Emit.
+  virtual absl::StatusOr<std::shared_ptr<const Bucket>> HostCopy(
+      uint64_t version, const BucketManifest& manifest) = 0;
 };
 
 class RetainedMemory {

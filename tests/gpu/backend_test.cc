@@ -552,6 +552,9 @@ TEST(GpuBackend, TheRetainedCopyInDeviceOrPinnedMemoryHoldsTheReferenceAndReplay
           ASSERT_TRUE(host.ok()) << host.status();
           EXPECT_EQ((*host)->bytes, want[b]->bytes);
         }
+        auto copy_of = retained->HostBucketAt(b);  // what a bucket patch is diffed against
+        ASSERT_TRUE(copy_of.ok()) << copy_of.status();
+        EXPECT_EQ((*copy_of)->bytes, want[b]->bytes) << "host copy of bucket " << b;
       }
       const auto got = late.Received();
       ASSERT_EQ(got.size(), want.size());

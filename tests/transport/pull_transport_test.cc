@@ -533,3 +533,97 @@ TEST(PullTransportTest, TracksTheHighestVersionConnectedReceiversHold) {
 
 }  // namespace
 }  // namespace wpub::transport
+
+namespace wpub::transport {
+namespace {
+
+// The ManifestEvent of the publication just begun, after the events before it.
+ManifestEvent NextManifest(Subscription& sub) {
+  for (;;) {
+    absl::StatusOr<ReceiverEvent> e = sub.Next(absl::Seconds(10));
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (!e.ok()) return {};
+    if (const auto* m = std::get_if<ManifestEvent>(&*e)) return *m;
+  }
+}
+
+// Patches are offered per receiver: only to one that accepts them and holds the base, never in a
+// replay, nor in every full_every-th publication; the patch is made once per bucket, by the
+// first reader, and a receiver that was not offered one reads the bucket.
+TEST(PullTransportTest, PatchesAreOfferedOnlyToReceiversHoldingTheBaseAndMadeOncePerBucket) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  uint64_t base = 0;
+  int made = 0;
+  PatchSource source;
+  source.base_version = [&] { return base; };
+  source.make = [&](uint64_t b, const Bucket& next) -> std::shared_ptr<const Bucket> {
+    ++made;
+    auto p = std::make_shared<Bucket>(next);
+    p->bytes = {0xAB};
+    p->patch_base = b;
+    return p;
+  };
+  source.full_every = 3;
+  (*transport)->SetPatchSource(source);
+  auto holder = (*transport)->Subscribe("holder", 0, "", 0, /*accepts_patches=*/true);
+  auto refuser = (*transport)->Subscribe("refuser", 0, "", 0, /*accepts_patches=*/false);
+  ASSERT_TRUE(holder.ok() && refuser.ok());
+  const std::string ht = FirstEvent(**holder).subscription_token;
+  const std::string rt = FirstEvent(**refuser).subscription_token;
+  // v1: no base yet: nothing offered.
+  auto commit = [&](uint64_t v, const std::shared_ptr<const Bucket>& b) {
+    for (auto* s : {&*holder, &*refuser}) {
+      const std::string& t = s == &*holder ? ht : rt;
+      ASSERT_TRUE((*s)->Ack(t, v, 0, b->manifest.checksum).ok());
+    }
+    ASSERT_TRUE((*transport)->WaitAcknowledged(absl::Now() + absl::Seconds(10)).ok());
+    ASSERT_TRUE((*transport)->Commit().ok());
+  };
+  auto b1 = BeginOneBucket(**transport, 1);
+  EXPECT_EQ(NextManifest(**holder).patch_base, 0u);
+  EXPECT_EQ((*(*holder)->ReadBucket(ht, 1, 0, 1, /*patch=*/true))->patch_base, 0u);
+  commit(1, b1);
+  base = 1;  // the retained copy holds v1 now; both receivers hold it
+  // v2: the holder is offered patches, the refuser is not; one patch for both reads.
+  auto b2 = BeginOneBucket(**transport, 2);
+  EXPECT_EQ(NextManifest(**holder).patch_base, 1u);
+  EXPECT_EQ(NextManifest(**refuser).patch_base, 0u);
+  auto p = (*holder)->ReadBucket(ht, 2, 0, 1, true);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->patch_base, 1u);
+  EXPECT_EQ((*p)->bytes, std::vector<uint8_t>{0xAB});
+  EXPECT_EQ((*p)->manifest.checksum, b2->manifest.checksum);  // the whole bucket's
+  EXPECT_EQ(*(*holder)->ReadBucket(ht, 2, 0, 1, true), *p);
+  EXPECT_EQ(made, 1);
+  // The refuser asking for a patch anyway gets the bucket.
+  EXPECT_EQ(*(*refuser)->ReadBucket(rt, 2, 0, 1, true), b2);
+  commit(2, b2);
+  // v3 offered (the second in a row), v4 whole (full_every 3), v5 offered again.
+  for (uint64_t v = 3; v <= 5; ++v) {
+    base = v - 1;
+    auto b = BeginOneBucket(**transport, v);
+    EXPECT_EQ(NextManifest(**holder).patch_base, v == 4 ? 0u : v - 1) << "v" << v;
+    (void)NextManifest(**refuser);
+    commit(v, b);
+  }
+  // A base the receiver does not hold (the copy is older than what it holds): nothing offered.
+  base = 3;
+  auto b6 = BeginOneBucket(**transport, 6);
+  EXPECT_EQ(NextManifest(**holder).patch_base, 0u);
+  commit(6, b6);
+  // A replay is never patched.
+  base = 6;
+  PublicationManifest replay;
+  replay.version = 6;
+  replay.replay = true;
+  replay.buckets.push_back(b6->manifest);
+  auto late = (*transport)->Subscribe("late", 5, "", 0, true);
+  ASSERT_TRUE(late.ok());
+  ASSERT_TRUE((*transport)->Begin(replay).ok());
+  EXPECT_EQ(NextManifest(**late).patch_base, 0u);
+  (*transport)->Abort("test");
+}
+
+}  // namespace
+}  // namespace wpub::transport

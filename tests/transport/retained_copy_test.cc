@@ -198,6 +198,10 @@ class FakeMemory final : public RetainedMemory {
       for (const auto& c : copies) sums.push_back(Checksum(c.data(), c.size()));
       return sums;
     }
+    absl::StatusOr<std::shared_ptr<const Bucket>> HostCopy(uint64_t version,
+                                                           const BucketManifest& m) override {
+      return Emit(version, m);
+    }
     absl::StatusOr<std::shared_ptr<const Bucket>> Emit(uint64_t version,
                                                        const BucketManifest& m) override {
       if (!sealed) return absl::InternalError("not sealed");
