@@ -135,6 +135,9 @@ class Receiver::Impl {
   uint64_t adopted_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<const CommittedModel> committed_ ABSL_GUARDED_BY(mu_);
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
+  // stats_.bytes and .patched_buckets at the last commit (the log says what each version cost).
+  uint64_t bytes_at_commit_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t patched_at_commit_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace wpub::recv

@@ -114,8 +114,12 @@ absl::Status Receiver::Impl::ApplyLocked() {
     for (auto& b : part.buckets) model->buckets.push_back(std::move(b));
   }
   assembly_.reset();
-  spdlog::info("[{}] committed v{} ({} buckets, {} bytes)", options_.name, version,
-               model->buckets.size(), model->manifest.total_bytes());
+  // What this version cost on the wire (a patch's bytes for a patched bucket).
+  spdlog::info("[{}] committed v{} ({} buckets, {} bytes; pulled {} bytes, {} buckets from patches)",
+               options_.name, version, model->buckets.size(), model->manifest.total_bytes(),
+               stats_.bytes - bytes_at_commit_, stats_.patched_buckets - patched_at_commit_);
+  bytes_at_commit_ = stats_.bytes;
+  patched_at_commit_ = stats_.patched_buckets;
   committed_ = std::move(model);
   ++stats_.commits;
   stats_.last_committed_version = version;
