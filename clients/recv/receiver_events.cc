@@ -161,8 +161,10 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
       if (size > std::max<uint64_t>(bm.nbytes, delta::kBucketPatchHeaderBytes)) {
         context.TryCancel();
         reader->Finish();
-        return absl::DataLossError(absl::StrCat("bucket ", index, " of v", version, ": a patch of ",
-                                                size, " bytes for a bucket of ", bm.nbytes));
+        spdlog::warn("[{}] bucket {} of v{}: a patch of {} bytes for a bucket of {}; pulling it "
+                     "whole",
+                     options_.name, index, version, size, bm.nbytes);
+        return false;
       }
       data.assign(size, 0);
     }

@@ -52,7 +52,8 @@ struct BucketPatchPlan {
 };
 
 // The patch from `base` to `next` (the same bucket index of two versions, laid out alike), or
-// the decision to send `next` whole: a size that differs, or a patch over max_patch_fraction.
+// the decision to send `next` whole: a size that differs, a patch over max_patch_fraction, or
+// more words or runs than a u32 counts.
 // `base_checksum` and `next_checksum` are the buckets' checksums (the manifests'): they go into
 // the patch unverified here.
 BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksum,

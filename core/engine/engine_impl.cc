@@ -50,7 +50,8 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
     const std::shared_ptr<Impl> self = weak.lock();
     if (self == nullptr) return 0;
     const std::shared_ptr<const transport::RetainedVersion> r = self->retained().Retained();
-    return r == nullptr ? 0 : r->manifest.version;
+    // A group version's copy is this member's part: a receiver holds the assembled version.
+    return r == nullptr || !r->manifest.group.empty() ? 0 : r->manifest.version;
   };
   const delta::BucketPatchOptions patch{.max_patch_fraction = options.patches.max_patch_fraction,
                                         .threads = options.cpu_threads};

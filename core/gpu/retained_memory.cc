@@ -36,11 +36,10 @@ struct GpuRetainedMemory::Arena {
   kernels::cuda::PinnedHostBuffer sums_host;
   kernels::cuda::Event sealed;
   kernels::cuda::Event readers[transport::kMaxDeviceReaders];
+  bool in_pinned = false;  // where the bytes live (an empty version has no buffer at all)
 
   uint64_t capacity() const { return device.size() + pinned.size(); }
-  uint8_t* base() const {
-    return device.empty() ? pinned.as<uint8_t>() : device.as<uint8_t>();
-  }
+  uint8_t* base() const { return in_pinned ? pinned.as<uint8_t>() : device.as<uint8_t>(); }
 };
 
 // The RetainedBytes of one version, in one arena.
@@ -75,19 +74,25 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
     const uint64_t n = sizes_[i];
     uint8_t* dst = arena_->base() + offsets_[i];
     auto* sum = arena_->sums.as<unsigned long long>() + i;
-    const bool to_device = !arena_->device.empty();
+    const bool to_device = !arena_->in_pinned;
     if (bucket.location == transport::BucketLocation::kDevice) {
       const transport::DeviceBytes& d = bucket.device;
-      WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, d.ready, 0));
-      if (to_device) {
-        WPUB_CUDA_RETURN_IF_ERROR(
-            cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToDevice, s));
-        WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(dst, n, 0, sum, s));
-      } else {
-        WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(d.data, n, 0, sum, s));
-        WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToHost, s));
-      }
+      const absl::Status copied = [&]() -> absl::Status {
+        WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, d.ready, 0));
+        if (to_device) {
+          WPUB_CUDA_RETURN_IF_ERROR(
+              cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToDevice, s));
+          WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(dst, n, 0, sum, s));
+        } else {
+          WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(d.data, n, 0, sum, s));
+          WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToHost, s));
+        }
+        return absl::OkStatus();
+      }();
+      // Behind whatever of the copy was enqueued, failed or not: the producer reuses its buffer
+      // only after it.
       if (d.done != nullptr) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(d.done, s));
+      WPUB_RETURN_IF_ERROR(copied);
     } else {
       if (bucket.bytes.size() != n) {
         return absl::InternalError(absl::StrCat("retained memory: bucket ", i, " holds ",
@@ -145,7 +150,7 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
     host->version = version;
     host->manifest = manifest;
     const uint8_t* src = arena_->base() + offsets_[i];
-    if (arena_->device.empty()) {
+    if (arena_->in_pinned) {
       host->bytes.assign(src, src + manifest.nbytes);  // sealed pinned bytes
     } else {
       host->bytes.resize(manifest.nbytes);
@@ -163,7 +168,7 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
       return absl::InternalError(absl::StrCat("retained memory: bucket ", i,
                                               " is not a bucket of the sealed version"));
     }
-    if (arena_->device.empty()) {
+    if (arena_->in_pinned) {
       return memory_->EmitThroughBounce(arena_, offsets_[i], version, manifest);
     }
     auto bucket = std::make_shared<transport::Bucket>();
@@ -245,7 +250,13 @@ absl::StatusOr<std::shared_ptr<transport::RetainedBytes>> GpuRetainedMemory::Res
   const size_t n = manifest.buckets.size();
   std::lock_guard lock(mu_);
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
-  // A free arena (held by nothing but this list), the largest first.
+  // A free arena (held by nothing but this list), the largest first. Holders are the
+  // RetainedBytes of a version (the retained copy, a replay or a patch being made); use_count
+  // reads 1 only once the last of them let go, and every read of the arena they made is
+  // stream-ordered before the next staging (the readers' events) or finished on the host
+  // (HostCopy, copy_to_host) before they let go.
+  // A patch or replay still holding an older version keeps its arena: with two held, Reserve
+  // refuses and that version is not retained.
   std::shared_ptr<Arena> arena;
   for (const std::shared_ptr<Arena>& a : arenas_) {
     if (a.use_count() == 1 && (arena == nullptr || a->capacity() > arena->capacity())) arena = a;
@@ -257,6 +268,7 @@ absl::StatusOr<std::shared_ptr<transport::RetainedBytes>> GpuRetainedMemory::Res
           "older one)");
     }
     arena = std::make_shared<Arena>();
+    arena->in_pinned = options_.where == transport::RetainWhere::kPinned;
     WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &arena->sealed));
     for (kernels::cuda::Event& e : arena->readers) {
       WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &e));

@@ -241,8 +241,10 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   // Engines the watch saw report a version (> 0): only they are judged by it.
   std::set<std::string> reporting_;  // guarded by info_mu_
   // Engines of the set a re-formation left out because they did not answer their health check
-  // and that the watch found answering again: shown among the receivers (with the version they
-  // report, behind the committed one) until the next formation takes them back.
+  // and that the watch found answering again: shown among the receivers (rank offset 0: no rank
+  // yet; the version they report, which the committed version may have passed meanwhile) until
+  // the next formation -- which the watch asks for, and a catch-up runs when one is behind --
+  // takes them back.
   std::set<std::string> rejoining_;  // guarded by info_mu_
   // Engines of the set a formation left out because they cannot take publications (a release
   // too old, an API key wpubd lacks): not watched -- only a ConnectEngines brings them back.

@@ -44,10 +44,15 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
   const absl::Duration timeout = family->connect_timeout();
   const std::vector<bool> alive = family->Probe(engines, timeout);
   const std::vector<uint64_t> versions = family->WeightVersions(engines, timeout);
+  // Left out: probed, and only those that answer asked for their version.
   const std::vector<bool> left_alive =
       left_out.empty() ? std::vector<bool>{} : family->Probe(left_out, timeout);
-  const std::vector<uint64_t> left_versions =
-      left_out.empty() ? std::vector<uint64_t>{} : family->WeightVersions(left_out, timeout);
+  std::vector<EngineSpec> answering;
+  for (size_t i = 0; i < left_out.size() && i < left_alive.size(); ++i) {
+    if (left_alive[i]) answering.push_back(left_out[i]);
+  }
+  const std::vector<uint64_t> answering_versions =
+      answering.empty() ? std::vector<uint64_t>{} : family->WeightVersions(answering, timeout);
   std::vector<std::pair<std::string, uint64_t>> back;
   std::vector<std::string> down;
   {
@@ -56,11 +61,11 @@ std::vector<std::string> RolloutGroup::WatchEnginesOnce() {
     if (!lock.owns_lock() || in_flight() || generation_ != generation) return {};
     {
       std::lock_guard info(info_mu_);
-      for (size_t i = 0; i < left_out.size() && i < left_alive.size(); ++i) {
-        const std::string& url = left_out[i].url;
-        if (!left_alive[i] || rejoining_.count(url) != 0) continue;  // still down, or told
+      for (size_t i = 0; i < answering.size(); ++i) {
+        const std::string& url = answering[i].url;
+        if (rejoining_.count(url) != 0) continue;  // told already
         rejoining_.insert(url);
-        const uint64_t held = i < left_versions.size() ? left_versions[i] : 0;
+        const uint64_t held = i < answering_versions.size() ? answering_versions[i] : 0;
         weight_versions_[url] = held;
         back.emplace_back(url, held);
       }

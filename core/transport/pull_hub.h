@@ -100,7 +100,8 @@ struct Subscription::Hub {
   std::function<void(const std::string&, uint64_t)> on_behind;
 
   PatchSource patches;                // SetPatchSource's
-  uint32_t offered_in_a_row = 0;      // publications in a row that offered patches
+  uint32_t offered_in_a_row = 0;      // committed publications in a row that offered patches
+  bool offered_now = false;           // the publication in flight offered patches
   uint64_t patch_base = 0;            // of the publication in flight (0: none offered)
   std::vector<std::shared_ptr<PatchSlot>> patch_slots;  // per bucket, when patch_base != 0
 
@@ -159,7 +160,7 @@ struct Subscription::Hub {
     std::vector<ReceiverOutcome> out;
     for (const auto& p : participants) {
       ReceiverOutcome o{p.name,      p.instance, ReceiverState::kReceiving,
-                        p.committed, p.failure,  p.error};
+                        p.committed, p.failure,  p.error, false, {}, {}};
       if (p.failure != ReceiverFailure::kNone) {
         o.state = p.failure == ReceiverFailure::kDisconnected ? ReceiverState::kLeft
                                                               : ReceiverState::kFailed;

@@ -167,11 +167,14 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
   hub_->participants.clear();
   // Patches: for a version after the one the copy holds (not a replay, nor a group version,
   // whose receivers assemble parts of several daemons), unless this is the full_every-th.
+  // The count of committed publications in a row that offered patches moves at Commit: an
+  // aborted attempt, its retry (which decides as it did) and a replay (it reaches only
+  // receivers behind) leave it as it is.
   const uint32_t every = hub_->patches.full_every;
   const bool offer = base != 0 && hub_->patches.make && !manifest.replay &&
                      manifest.group.empty() && manifest.version > base &&
                      (every == 0 || hub_->offered_in_a_row + 1 < every);
-  hub_->offered_in_a_row = offer ? hub_->offered_in_a_row + 1 : 0;
+  hub_->offered_now = offer;
   hub_->patch_base = 0;
   hub_->patch_slots.clear();
   std::vector<std::string> names;
@@ -288,6 +291,9 @@ absl::Status PullTransport::Commit() {
   }
   hub_->committed_version = version;
   hub_->Told(version, true);
+  if (!hub_->manifest.replay) {
+    hub_->offered_in_a_row = hub_->offered_now ? hub_->offered_in_a_row + 1 : 0;
+  }
   hub_->EndLocked(/*committed=*/true);
   return absl::OkStatus();
 }
@@ -301,6 +307,7 @@ absl::Status PullTransport::CommitDecided() {
   }
   hub_->committed_version = version;
   hub_->Told(version, true);
+  hub_->offered_in_a_row = 0;  // a group version: every receiver took it whole
   hub_->EndLocked(/*committed=*/true);
   // The ones that left (or fell behind) after acknowledging everything were not told.
   for (ReceiverOutcome& o : hub_->last_outcomes) {

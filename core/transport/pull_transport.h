@@ -52,8 +52,9 @@ struct PatchSource {
   // (another layout, a patch not worth it, the base gone). Called at most once per bucket of a
   // publication, by the first receiver that reads it, without the transport's lock.
   std::function<std::shared_ptr<const Bucket>(uint64_t base_version, const Bucket& next)> make;
-  // Every full_every-th publication goes whole to every receiver (so each rebuilds its copy
-  // from a whole version at least that often); 1: never patches; 0: never forced.
+  // After full_every - 1 committed publications in a row that offered patches, the next goes
+  // whole to every receiver (so each rebuilds its copy from a whole version at least that
+  // often; aborted attempts and replays do not count); 1: never patches; 0: never forced.
   uint32_t full_every = 0;
 };
 

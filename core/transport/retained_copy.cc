@@ -115,8 +115,7 @@ void RetainedCopy::StopStaging(std::string why) {
   staging_ = false;
   staged_memory_.reset();
   not_staged_ = std::move(why);
-  spdlog::warn("v{}: {}: if it commits, nothing is retained", staged_->manifest.version,
-               not_staged_);
+  spdlog::warn("v{}: {}: if it commits, nothing is retained", staging_version_, not_staged_);
 }
 
 absl::StatusOr<std::vector<std::string>> RetainedCopy::Begin(const PublicationManifest& manifest) {
@@ -133,6 +132,7 @@ absl::StatusOr<std::vector<std::string>> RetainedCopy::Begin(const PublicationMa
   not_staged_.clear();
   if (options_.where == RetainWhere::kOff || manifest.replay) return std::vector<std::string>{};
   in_flight_ = true;
+  staging_version_ = manifest.version;
   staged_ = std::make_shared<RetainedVersion>();
   staged_->manifest = manifest;
   staging_ = true;

@@ -87,9 +87,10 @@ class RetainedCopy final : public Transport {
 
   // Transport. Begin takes part (one pseudo participant the transport group does not count)
   // unless nothing is retained, the manifest is a replay, the version is over the bound or its
-  // memory was refused; Send keeps the bucket's host bytes (kHost: INTERNAL for a device bucket
-  // or a size that disagrees with its manifest) or stages its copy (kDevice / kPinned: a failed
-  // copy stops the staging, logged, and returns OK); WaitAcknowledged has nothing to wait for;
+  // memory was refused; Send keeps the bucket's host bytes (kHost: INTERNAL for a device bucket)
+  // or stages its copy (kDevice / kPinned: a failed copy stops the staging, logged, and returns
+  // OK) -- a bucket out of order or of another size than its manifest says is INTERNAL either
+  // way (the producer broke the transport contract: every transport refuses it); WaitAcknowledged has nothing to wait for;
   // Commit promotes a complete staged copy, sealing it (an incomplete one, e.g. over the bound,
   // drops the retained version); Abort drops what was staged.
   TransportCapabilities capabilities() const override;
@@ -114,6 +115,7 @@ class RetainedCopy final : public Transport {
   std::string not_staged_;                           // why not (guarded by mu_)
   std::shared_ptr<RetainedBytes> staged_memory_;     // kDevice / kPinned (guarded by mu_)
   uint32_t staged_count_ = 0;                        // buckets staged (guarded by mu_)
+  uint64_t staging_version_ = 0;                     // the version in flight (guarded by mu_)
   std::shared_ptr<RetainedVersion> staged_;          // guarded by mu_
   std::shared_ptr<const RetainedVersion> retained_;  // guarded by mu_
   uint64_t over_bound_ = 0;                          // guarded by mu_

@@ -192,6 +192,7 @@ class FakeMemory final : public RetainedMemory {
       return absl::OkStatus();
     }
     absl::StatusOr<std::vector<uint64_t>> Seal() override {
+      if (owner->fail_seal) return absl::InternalError("cudaEventSynchronize: an illegal address");
       if (copies.size() != sizes.size()) return absl::FailedPreconditionError("incomplete");
       sealed = true;
       std::vector<uint64_t> sums;
@@ -226,6 +227,7 @@ class FakeMemory final : public RetainedMemory {
 
   bool refuse = false;
   int fail_at = -1;
+  bool fail_seal = false;
   uint64_t held = 0;
   std::vector<CUevent_st*> done_recorded;
 };
@@ -349,6 +351,18 @@ TEST(RetainedCopyInMemory, ARefusedReservationOrAFailedCopyRetainsNothingAndNeve
   Publish(c, Manifest(5, 3, 40), /*commit=*/true);
   ASSERT_NE(c.Retained(), nullptr);
   EXPECT_EQ(c.Retained()->manifest.version, 5u);
+
+  // A seal that fails at commit: the commit still succeeds, nothing is retained.
+  memory->fail_seal = true;
+  Publish(c, Manifest(6, 2, 40), /*commit=*/true);
+  EXPECT_EQ(c.Retained(), nullptr);
+  EXPECT_NE(c.Info().reason.find("v6 was not retained: its copy could not be sealed: "
+                                 "cudaEventSynchronize"),
+            std::string::npos)
+      << c.Info().reason;
+  memory->fail_seal = false;
+  Publish(c, Manifest(7, 2, 40), /*commit=*/true);
+  ASSERT_NE(c.Retained(), nullptr);
 }
 
 TEST(RetainedCopyInMemory, DeviceOrPinnedNeedsTheGpuPathsMemory) {
