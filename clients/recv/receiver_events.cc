@@ -132,6 +132,19 @@ absl::StatusOr<bool> Receiver::Impl::Pull(Link& link, uint64_t version, uint32_t
   return PullWhole(link, version, index, expected_checksum, received);
 }
 
+pb::PullBucketRequest Receiver::Impl::PullRequest(const Link& link, uint64_t version,
+                                                  uint32_t index, bool patch) const {
+  pb::PullBucketRequest request;
+  request.set_receiver_name(options_.name);
+  request.set_version(version);
+  request.set_index(index);
+  request.set_chunk_bytes(options_.chunk_bytes);
+  request.set_subscription_token(link.token);
+  request.set_attempt(link.pending->manifest.attempt);
+  request.set_patch(patch);
+  return request;
+}
+
 absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, uint32_t index,
                                                  const CommittedModel& base,
                                                  uint64_t* expected_checksum, uint64_t* received) {
@@ -139,16 +152,8 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
   const transport::BucketManifest& bm = pending.manifest.buckets[index];
   grpc::ClientContext context;
   Authorize(&context);
-  pb::PullBucketRequest request;
-  request.set_receiver_name(options_.name);
-  request.set_version(version);
-  request.set_index(index);
-  request.set_chunk_bytes(options_.chunk_bytes);
-  request.set_subscription_token(link.token);
-  request.set_attempt(pending.manifest.attempt);
-  request.set_patch(true);
   std::unique_ptr<grpc::ClientReader<pb::BucketChunk>> reader =
-      link.stub->PullBucket(&context, request);
+      link.stub->PullBucket(&context, PullRequest(link, version, index, /*patch=*/true));
   pb::BucketChunk chunk;
   std::vector<uint8_t> data;
   uint64_t patch_base = 0, checksum = bm.checksum, size = 0, got = 0;
@@ -217,15 +222,8 @@ absl::StatusOr<bool> Receiver::Impl::PullWhole(Link& link, uint64_t version, uin
   bytes.assign(bm.nbytes, 0);
   grpc::ClientContext context;
   Authorize(&context);
-  pb::PullBucketRequest request;
-  request.set_receiver_name(options_.name);
-  request.set_version(version);
-  request.set_index(index);
-  request.set_chunk_bytes(options_.chunk_bytes);
-  request.set_subscription_token(link.token);
-  request.set_attempt(pending.manifest.attempt);
   std::unique_ptr<grpc::ClientReader<pb::BucketChunk>> reader =
-      link.stub->PullBucket(&context, request);
+      link.stub->PullBucket(&context, PullRequest(link, version, index, /*patch=*/false));
   pb::BucketChunk chunk;
   // The manifest is announced before packing; the daemon sends the packed bucket's checksum
   // with the first chunk.

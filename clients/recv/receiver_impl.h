@@ -93,6 +93,9 @@ class Receiver::Impl {
                                    uint64_t* received);
   absl::StatusOr<bool> PullWhole(Link& link, uint64_t version, uint32_t index,
                                  uint64_t* expected_checksum, uint64_t* received);
+  // The PullBucket request for bucket `index` of the link's pending `version`.
+  pb::PullBucketRequest PullRequest(const Link& link, uint64_t version, uint32_t index,
+                                    bool patch) const;
 
   absl::Status PullAndAck(Link& link, uint64_t version, uint32_t index);
 
