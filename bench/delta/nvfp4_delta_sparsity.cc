@@ -145,9 +145,8 @@ std::vector<uint8_t> AsBucket(const Served& s) {
 // The bytes wpubd --patches sends for a bucket of these bytes (its patch, or the bucket when a
 // patch is not worth it).
 double PatchBytes(const std::vector<uint8_t>& bx, const std::vector<uint8_t>& by) {
-  const delta::BucketPatchPlan plan =
-      delta::DiffBucket(bx, transport::Checksum(bx.data(), bx.size()), by,
-                        transport::Checksum(by.data(), by.size()));
+  const delta::BucketPatchPlan plan = delta::DiffBucket(
+      bx, transport::Checksum(bx.data(), bx.size()), by, transport::Checksum(by.data(), by.size()));
   return static_cast<double>(plan.full ? by.size() : plan.patch.size());
 }
 

@@ -65,8 +65,8 @@
 #include "core/rollout/sglang_driver.h"
 #include "core/transport/pull_transport.h"
 #include "core/transport/retained_copy.h"
-#include "core/transport/transport_group.h"
 #include "core/transport/testing/inproc_receiver.h"
+#include "core/transport/transport_group.h"
 #include "nlohmann/json.hpp"
 #include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
@@ -369,8 +369,8 @@ int Main(int argc, char** argv) {
     // (a) without a copy; then with the copy in each place, and restores from it.
     json rows = json::array();
     auto be = backend_for(to_cpp.get(), true);
-    json plain = RunWpub("(a) nvfp4, no copy", true, run, layout, base, *be, *to_cpp, &version,
-                         &bytes_a);
+    json plain =
+        RunWpub("(a) nvfp4, no copy", true, run, layout, base, *be, *to_cpp, &version, &bytes_a);
     const double transfer = plain["publication_phases"]["execute_seconds"].get<double>();
     rows.push_back(plain);
     auto raw_store = rendezvous::TcpStoreServer::Create({"127.0.0.1"});
@@ -380,9 +380,9 @@ int Main(int argc, char** argv) {
                                **raw_store, 1);
     const double bcast = d["wall_seconds"].get<double>();
     rows.push_back(d);
-    for (transport::RetainWhere where : {transport::RetainWhere::kDevice,
-                                         transport::RetainWhere::kPinned,
-                                         transport::RetainWhere::kHost}) {
+    for (transport::RetainWhere where :
+         {transport::RetainWhere::kDevice, transport::RetainWhere::kPinned,
+          transport::RetainWhere::kHost}) {
       const char* name = transport::RetainWhereName(where);
       std::shared_ptr<transport::RetainedMemory> memory;
       if (where != transport::RetainWhere::kHost) {
@@ -394,8 +394,8 @@ int Main(int argc, char** argv) {
       BENCH_OK(copy.status());
       auto group = transport::TransportGroup::Create({to_cpp.get(), copy->get()});
       BENCH_OK(group.status());
-      json row = RunWpub(absl::StrCat("(a) + copy in ", name).c_str(), true, run, layout, base,
-                         *be, **group, &version, &unused);
+      json row = RunWpub(absl::StrCat("(a) + copy in ", name).c_str(), true, run, layout, base, *be,
+                         **group, &version, &unused);
       const std::shared_ptr<const transport::RetainedVersion> retained = (*copy)->Retained();
       if (retained == nullptr) {
         std::fprintf(stderr, "nothing retained in %s memory: %s\n", name,
@@ -432,8 +432,8 @@ int Main(int argc, char** argv) {
       std::printf(
           "%-22s restore %7.4f s = %.3fx (a)'s transfer phase (%.4f s), %.3fx the plain "
           "broadcast (%.4f s); copy %.2f GB, %.2f GB held in %s memory\n",
-          "", r, r / transfer, transfer, r / bcast, bcast, info.bytes / 1e9,
-          info.held_bytes / 1e9, name);
+          "", r, r / transfer, transfer, r / bcast, bcast, info.bytes / 1e9, info.held_bytes / 1e9,
+          name);
       rows.push_back(row);
     }
     json out = {{"device", prop.name}, {"engines_share_gpu", shared}, {"rows", rows}};

@@ -166,9 +166,10 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
       if (size > std::max<uint64_t>(bm.nbytes, delta::kBucketPatchHeaderBytes)) {
         context.TryCancel();
         reader->Finish();
-        spdlog::warn("[{}] bucket {} of v{}: a patch of {} bytes for a bucket of {}; pulling it "
-                     "whole",
-                     options_.name, index, version, size, bm.nbytes);
+        spdlog::warn(
+            "[{}] bucket {} of v{}: a patch of {} bytes for a bucket of {}; pulling it "
+            "whole",
+            options_.name, index, version, size, bm.nbytes);
         return false;
       }
       data.assign(size, 0);
@@ -191,7 +192,7 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
   *received += got;
   *expected_checksum = checksum;
   if (got != size) data.clear();  // short: fails its check (whole) or its application (patch)
-  if (patch_base == 0) {  // sent whole: the bytes are the bucket
+  if (patch_base == 0) {          // sent whole: the bytes are the bucket
     pending.buckets[index] = std::move(data);
     return true;
   }
@@ -200,10 +201,11 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
           ? delta::ApplyBucketPatch(data, base.buckets[index])
           : absl::FailedPreconditionError(absl::StrCat("a patch against v", patch_base));
   if (!rebuilt.ok() || delta::PatchTargetChecksum(data) != checksum) {
-    spdlog::warn("[{}] bucket {} of v{}: the patch against v{} did not apply ({}); pulling it "
-                 "whole",
-                 options_.name, index, version, base.manifest.version,
-                 rebuilt.ok() ? "checksum" : rebuilt.status().ToString());
+    spdlog::warn(
+        "[{}] bucket {} of v{}: the patch against v{} did not apply ({}); pulling it "
+        "whole",
+        options_.name, index, version, base.manifest.version,
+        rebuilt.ok() ? "checksum" : rebuilt.status().ToString());
     return false;
   }
   pending.buckets[index] = *std::move(rebuilt);

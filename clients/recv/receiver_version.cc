@@ -115,9 +115,10 @@ absl::Status Receiver::Impl::ApplyLocked() {
   }
   assembly_.reset();
   // What this version cost on the wire (a patch's bytes for a patched bucket).
-  spdlog::info("[{}] committed v{} ({} buckets, {} bytes; pulled {} bytes, {} buckets from patches)",
-               options_.name, version, model->buckets.size(), model->manifest.total_bytes(),
-               stats_.bytes - bytes_at_commit_, stats_.patched_buckets - patched_at_commit_);
+  spdlog::info(
+      "[{}] committed v{} ({} buckets, {} bytes; pulled {} bytes, {} buckets from patches)",
+      options_.name, version, model->buckets.size(), model->manifest.total_bytes(),
+      stats_.bytes - bytes_at_commit_, stats_.patched_buckets - patched_at_commit_);
   bytes_at_commit_ = stats_.bytes;
   patched_at_commit_ = stats_.patched_buckets;
   committed_ = std::move(model);

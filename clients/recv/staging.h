@@ -22,8 +22,8 @@ struct Pending {
   std::vector<std::vector<uint8_t>> buckets;
   std::vector<bool> received;
   size_t num_received = 0;
-  bool mismatch = false;  // a bucket failed its checksum: the publication will abort
-  bool handed = false;    // complete: its manifest and buckets moved into the assembly
+  bool mismatch = false;    // a bucket failed its checksum: the publication will abort
+  bool handed = false;      // complete: its manifest and buckets moved into the assembly
   uint64_t patch_base = 0;  // Manifest.patch_base: buckets may come as patches against it
 };
 

@@ -138,8 +138,8 @@ absl::StatusOr<std::vector<uint8_t>> ApplyBucketPatch(absl::Span<const uint8_t> 
   const uint64_t target_checksum = Get<uint64_t>(p + 24);
   const uint32_t runs = Get<uint32_t>(p + 32);
   if (base.size() != n) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "bucket patch: for a base of ", n, " bytes, the receiver holds ", base.size()));
+    return absl::FailedPreconditionError(absl::StrCat("bucket patch: for a base of ", n,
+                                                      " bytes, the receiver holds ", base.size()));
   }
   if (transport::Checksum(base.data(), base.size()) != base_checksum) {
     return absl::FailedPreconditionError(

@@ -43,7 +43,7 @@ absl::Status ValidateOptions(const EngineOptions& options) {
 // Patches against the retained committed version (core/delta/bucket_patch.h): a bucket laid
 // out as the retained one (same size, same tensors at the same offsets) is diffed against it.
 transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
-                                                    const EngineOptions& options) {
+                                                     const EngineOptions& options) {
   transport::PatchSource source;
   source.full_every = options.patches.full_every;
   source.base_version = [weak]() -> uint64_t {
@@ -55,8 +55,9 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
   };
   const delta::BucketPatchOptions patch{.max_patch_fraction = options.patches.max_patch_fraction,
                                         .threads = options.cpu_threads};
-  source.make = [weak, patch](uint64_t base_version,
-                              const transport::Bucket& next) -> std::shared_ptr<const transport::Bucket> {
+  source.make = [weak, patch](
+                    uint64_t base_version,
+                    const transport::Bucket& next) -> std::shared_ptr<const transport::Bucket> {
     const std::shared_ptr<Impl> self = weak.lock();
     if (self == nullptr) return nullptr;
     const std::shared_ptr<const transport::RetainedVersion> r = self->retained().Retained();
@@ -72,8 +73,8 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
                    base.status().ToString());
       return nullptr;
     }
-    delta::BucketPatchPlan plan =
-        delta::DiffBucket((*base)->span(), was.checksum, next.span(), next.manifest.checksum, patch);
+    delta::BucketPatchPlan plan = delta::DiffBucket((*base)->span(), was.checksum, next.span(),
+                                                    next.manifest.checksum, patch);
     if (plan.full) return nullptr;
     auto out = std::make_shared<transport::Bucket>();
     out->version = next.version;
@@ -133,9 +134,8 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   for (const auto& t : impl->extra_transports_) {
     t->SetBehindListener([weak](const std::string& engine, uint64_t held) {
       if (const std::shared_ptr<Impl> self = weak.lock()) {
-        self->replayer_->Request(
-            ReplayKind::kCatchUp,
-            absl::StrCat("engine ", engine, " came back holding v", held));
+        self->replayer_->Request(ReplayKind::kCatchUp,
+                                 absl::StrCat("engine ", engine, " came back holding v", held));
       }
     });
   }

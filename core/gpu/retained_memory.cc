@@ -21,8 +21,8 @@ uint64_t Align(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
 absl::Status Exhausted(cudaError_t err, uint64_t bytes, const char* what) {
   (void)cudaGetLastError();
-  return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes of ", what,
-                                                   ": ", cudaGetErrorString(err)));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("cannot allocate ", bytes, " bytes of ", what, ": ", cudaGetErrorString(err)));
 }
 
 }  // namespace
@@ -60,8 +60,8 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
   absl::Status Stage(const transport::Bucket& bucket) override {
     const uint32_t i = bucket.manifest.index;
     if (sealed_ || i != staged_ || i >= sizes_.size() || bucket.manifest.nbytes != sizes_[i]) {
-      return absl::InternalError(absl::StrCat("retained memory: bucket ", i,
-                                              " out of order, of the wrong size or after the seal"));
+      return absl::InternalError(absl::StrCat(
+          "retained memory: bucket ", i, " out of order, of the wrong size or after the seal"));
     }
     WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(memory_->options_.device));
     const cudaStream_t s = memory_->stream_.get();
@@ -80,8 +80,7 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
       const absl::Status copied = [&]() -> absl::Status {
         WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, d.ready, 0));
         if (to_device) {
-          WPUB_CUDA_RETURN_IF_ERROR(
-              cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToDevice, s));
+          WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, d.data, n, cudaMemcpyDeviceToDevice, s));
           WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(dst, n, 0, sum, s));
         } else {
           WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchChecksumAdd(d.data, n, 0, sum, s));
@@ -131,9 +130,8 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
     std::vector<uint64_t> checksums(sizes_.size());
     const auto* sums = arena_->sums_host.as<const uint64_t>();
     for (size_t i = 0; i < sizes_.size(); ++i) {
-      checksums[i] = host_summed_[i]
-                         ? transport::Checksum(arena_->base() + offsets_[i], sizes_[i])
-                         : transport::ChecksumFinish(sums[i], sizes_[i]);
+      checksums[i] = host_summed_[i] ? transport::Checksum(arena_->base() + offsets_[i], sizes_[i])
+                                     : transport::ChecksumFinish(sums[i], sizes_[i]);
     }
     sealed_ = true;
     return checksums;
@@ -143,8 +141,8 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
       uint64_t version, const transport::BucketManifest& manifest) override {
     const uint32_t i = manifest.index;
     if (!sealed_ || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
-      return absl::InternalError(absl::StrCat("retained memory: bucket ", i,
-                                              " is not a bucket of the sealed version"));
+      return absl::InternalError(
+          absl::StrCat("retained memory: bucket ", i, " is not a bucket of the sealed version"));
     }
     auto host = std::make_shared<transport::Bucket>();
     host->version = version;
@@ -165,8 +163,8 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
       uint64_t version, const transport::BucketManifest& manifest) override {
     const uint32_t i = manifest.index;
     if (!sealed_ || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
-      return absl::InternalError(absl::StrCat("retained memory: bucket ", i,
-                                              " is not a bucket of the sealed version"));
+      return absl::InternalError(
+          absl::StrCat("retained memory: bucket ", i, " is not a bucket of the sealed version"));
     }
     if (arena_->in_pinned) {
       return memory_->EmitThroughBounce(arena_, offsets_[i], version, manifest);
@@ -215,15 +213,15 @@ absl::StatusOr<std::shared_ptr<GpuRetainedMemory>> GpuRetainedMemory::Create(
     RetainedMemoryOptions options) {
   if (options.where != transport::RetainWhere::kDevice &&
       options.where != transport::RetainWhere::kPinned) {
-    return absl::InvalidArgumentError(absl::StrCat("GPU retained memory: where must be device or "
-                                                   "pinned, not ",
-                                                   transport::RetainWhereName(options.where)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU retained memory: where must be device or "
+                     "pinned, not ",
+                     transport::RetainWhereName(options.where)));
   }
   if (const cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat("retained copy: CUDA device ",
-                                                      options.device, " is not usable: ",
-                                                      cudaGetErrorString(e)));
+    return absl::FailedPreconditionError(absl::StrCat("retained copy: CUDA device ", options.device,
+                                                      " is not usable: ", cudaGetErrorString(e)));
   }
   std::shared_ptr<GpuRetainedMemory> m(new GpuRetainedMemory(options));
   WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Stream::Create(&m->stream_));
@@ -297,8 +295,8 @@ absl::StatusOr<std::shared_ptr<transport::RetainedBytes>> GpuRetainedMemory::Res
         e != cudaSuccess) {
       return Exhausted(e, sums_bytes, "device memory for the retained copy's checksums");
     }
-    if (const cudaError_t e = kernels::cuda::PinnedHostBuffer::Create(sums_bytes,
-                                                                      &arena->sums_host);
+    if (const cudaError_t e =
+            kernels::cuda::PinnedHostBuffer::Create(sums_bytes, &arena->sums_host);
         e != cudaSuccess) {
       return Exhausted(e, sums_bytes, "pinned memory for the retained copy's checksums");
     }

@@ -3,8 +3,8 @@
 
 #include "core/common/status.h"
 #include "core/gpu/gpu_backend.h"
-#include "core/gpu/retained_memory.h"
 #include "core/gpu/ipc_cache.h"
+#include "core/gpu/retained_memory.h"
 #include "core/rollout/family_router.h"
 #include "core/rollout/rollout_group.h"
 

@@ -99,10 +99,10 @@ struct Subscription::Hub {
   // PullTransport::SetBehindListener's; called without the lock.
   std::function<void(const std::string&, uint64_t)> on_behind;
 
-  PatchSource patches;                // SetPatchSource's
-  uint32_t offered_in_a_row = 0;      // committed publications in a row that offered patches
-  bool offered_now = false;           // the publication in flight offered patches
-  uint64_t patch_base = 0;            // of the publication in flight (0: none offered)
+  PatchSource patches;            // SetPatchSource's
+  uint32_t offered_in_a_row = 0;  // committed publications in a row that offered patches
+  bool offered_now = false;       // the publication in flight offered patches
+  uint64_t patch_base = 0;        // of the publication in flight (0: none offered)
   std::vector<std::shared_ptr<PatchSlot>> patch_slots;  // per bucket, when patch_base != 0
 
   bool in_flight = false;
@@ -160,7 +160,8 @@ struct Subscription::Hub {
     std::vector<ReceiverOutcome> out;
     for (const auto& p : participants) {
       ReceiverOutcome o{p.name,      p.instance, ReceiverState::kReceiving,
-                        p.committed, p.failure,  p.error, false, {}, {}};
+                        p.committed, p.failure,  p.error,
+                        false,       {},         {}};
       if (p.failure != ReceiverFailure::kNone) {
         o.state = p.failure == ReceiverFailure::kDisconnected ? ReceiverState::kLeft
                                                               : ReceiverState::kFailed;

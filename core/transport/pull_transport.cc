@@ -78,9 +78,8 @@ absl::StatusOr<std::unique_ptr<Subscription>> PullTransport::Subscribe(absl::str
   absl::StatusOr<std::string> token = NewToken();
   if (!token.ok()) return token.status();
   std::function<void(const std::string&, uint64_t)> behind;
-  absl::StatusOr<std::unique_ptr<Subscription>> sub =
-      SubscribeLocked(name, held_version, instance, staged_version, accepts_patches,
-                      *std::move(token), &behind);
+  absl::StatusOr<std::unique_ptr<Subscription>> sub = SubscribeLocked(
+      name, held_version, instance, staged_version, accepts_patches, *std::move(token), &behind);
   if (sub.ok() && behind) behind(std::string(name), held_version);
   return sub;
 }

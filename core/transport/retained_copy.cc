@@ -52,10 +52,9 @@ absl::StatusOr<std::unique_ptr<RetainedCopy>> RetainedCopy::Create(
           " keeps the copy in GPU-path memory: it needs the GPU path (--gpu_path or --engines)"));
     }
     if (memory->where() != options.where) {
-      return absl::InvalidArgumentError(absl::StrCat("retained copy: --retain=",
-                                                     RetainWhereName(options.where),
-                                                     " given memory of kind ",
-                                                     RetainWhereName(memory->where())));
+      return absl::InvalidArgumentError(
+          absl::StrCat("retained copy: --retain=", RetainWhereName(options.where),
+                       " given memory of kind ", RetainWhereName(memory->where())));
     }
   } else {
     memory.reset();  // host buckets are kept by reference
@@ -165,13 +164,11 @@ absl::Status RetainedCopy::Send(std::shared_ptr<const Bucket> bucket) {
   const uint32_t index = bucket->manifest.index;
   if (index != staged_count_ || index >= staged_->manifest.buckets.size() ||
       bucket->manifest.nbytes != staged_->manifest.buckets[index].nbytes) {
-    return absl::InternalError(absl::StrCat("retained copy: bucket ", index, " of v",
-                                            bucket->version, " out of order or of the wrong size (",
-                                            bucket->manifest.nbytes, " bytes, manifest says ",
-                                            index < staged_->manifest.buckets.size()
-                                                ? staged_->manifest.buckets[index].nbytes
-                                                : 0,
-                                            ")"));
+    return absl::InternalError(absl::StrCat(
+        "retained copy: bucket ", index, " of v", bucket->version,
+        " out of order or of the wrong size (", bucket->manifest.nbytes, " bytes, manifest says ",
+        index < staged_->manifest.buckets.size() ? staged_->manifest.buckets[index].nbytes : 0,
+        ")"));
   }
   if (staged_memory_ != nullptr) {
     if (absl::Status s = staged_memory_->Stage(*bucket); !s.ok()) {
@@ -184,10 +181,9 @@ absl::Status RetainedCopy::Send(std::shared_ptr<const Bucket> bucket) {
                                               bucket->version, " is not in host memory"));
     }
     if (bucket->bytes.size() != bucket->manifest.nbytes) {
-      return absl::InternalError(absl::StrCat("retained copy: bucket ", index, " of v",
-                                              bucket->version, " holds ", bucket->bytes.size(),
-                                              " bytes, its manifest says ",
-                                              bucket->manifest.nbytes));
+      return absl::InternalError(absl::StrCat(
+          "retained copy: bucket ", index, " of v", bucket->version, " holds ",
+          bucket->bytes.size(), " bytes, its manifest says ", bucket->manifest.nbytes));
     }
     // The manifest the bucket carries has its checksum (a device bucket's host copy too).
     staged_->manifest.buckets[index] = bucket->manifest;

@@ -75,8 +75,7 @@ class RetainedCopy final : public Transport {
   static absl::StatusOr<std::unique_ptr<RetainedCopy>> Create(
       RetainedCopyOptions options, std::shared_ptr<RetainedMemory> memory = nullptr);
   // kOff or kHost only (no memory).
-  explicit RetainedCopy(RetainedCopyOptions options)
-      : RetainedCopy(options, nullptr) {}
+  explicit RetainedCopy(RetainedCopyOptions options) : RetainedCopy(options, nullptr) {}
 
   // The retained version, or null (nothing committed since start, kOff, or the last committed
   // version was over the bound: Info().reason says which).
@@ -90,9 +89,9 @@ class RetainedCopy final : public Transport {
   // memory was refused; Send keeps the bucket's host bytes (kHost: INTERNAL for a device bucket)
   // or stages its copy (kDevice / kPinned: a failed copy stops the staging, logged, and returns
   // OK) -- a bucket out of order or of another size than its manifest says is INTERNAL either
-  // way (the producer broke the transport contract: every transport refuses it); WaitAcknowledged has nothing to wait for;
-  // Commit promotes a complete staged copy, sealing it (an incomplete one, e.g. over the bound,
-  // drops the retained version); Abort drops what was staged.
+  // way (the producer broke the transport contract: every transport refuses it); WaitAcknowledged
+  // has nothing to wait for; Commit promotes a complete staged copy, sealing it (an incomplete one,
+  // e.g. over the bound, drops the retained version); Abort drops what was staged.
   TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;

@@ -99,11 +99,8 @@ void Subscription::Detach() {
   hub_->delivered_cv.wait(lock.lock(), [&] { return !hub_->delivering.contains(id_); });
 }
 
-absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(absl::string_view token,
-                                                                       uint64_t version,
-                                                                       uint32_t index,
-                                                                       uint32_t attempt,
-                                                                       bool patch) {
+absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(
+    absl::string_view token, uint64_t version, uint32_t index, uint32_t attempt, bool patch) {
   if (absl::Status s = CheckToken(token); !s.ok()) return s;
   std::shared_ptr<const Bucket> bucket;
   std::shared_ptr<Hub::PatchSlot> slot;

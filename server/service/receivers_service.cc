@@ -226,9 +226,9 @@ grpc::ServerWriteReactor<pb::ReceiverEvent>* ReceiversService::Subscribe(
   // a publication beginning in between); Register checks the bound again with its insert, for
   // subscribers racing at the bound.
   if (Count() >= options_.max_subscriptions) return full();
-  absl::StatusOr<std::unique_ptr<transport::Subscription>> sub = transport_->Subscribe(
-      name, request->held_version(), request->instance(), request->staged_version(),
-      request->accepts_patches());
+  absl::StatusOr<std::unique_ptr<transport::Subscription>> sub =
+      transport_->Subscribe(name, request->held_version(), request->instance(),
+                            request->staged_version(), request->accepts_patches());
   if (!sub.ok()) {
     return new RejectReactor<pb::ReceiverEvent>(Refuse("Subscribe", name, *context, sub.status()));
   }
@@ -257,9 +257,9 @@ grpc::ServerWriteReactor<pb::BucketChunk>* ReceiversService::PullBucket(
   if (!sub.ok()) {
     return new RejectReactor<pb::BucketChunk>(Refuse("PullBucket", name, *context, sub.status()));
   }
-  absl::StatusOr<std::shared_ptr<const transport::Bucket>> bucket = (*sub)->ReadBucket(
-      request->subscription_token(), request->version(), request->index(), request->attempt(),
-      request->patch());
+  absl::StatusOr<std::shared_ptr<const transport::Bucket>> bucket =
+      (*sub)->ReadBucket(request->subscription_token(), request->version(), request->index(),
+                         request->attempt(), request->patch());
   if (absl::IsPermissionDenied(bucket.status())) {
     return new RejectReactor<pb::BucketChunk>(
         Refuse("PullBucket", name, *context, bucket.status()));

@@ -225,15 +225,15 @@ TEST(Wpubd, GpuPathFlagsOutOfRangeAreRefusedNamingTheFlag) {
 // flag and what it needs, instead of publishing with no copy; an unknown place names the values.
 TEST(Wpubd, ADeviceOrPinnedRetainedCopyWithoutTheGpuPathIsRefused) {
   const std::pair<const char*, const char*> cases[] = {
-      {"--retain=device", "--retain=device keeps the copy in GPU-path memory: it needs the GPU "
-                          "path (--gpu_path or --engines)"},
+      {"--retain=device",
+       "--retain=device keeps the copy in GPU-path memory: it needs the GPU "
+       "path (--gpu_path or --engines)"},
       {"--retain=pinned", "--retain=pinned keeps the copy in GPU-path memory"},
       {"--retain=gpu", "'gpu' is not one of off, host, device, pinned"},
   };
   for (const auto& [flag, message] : cases) {
     std::string out;
-    EXPECT_NE(RunWpubdToExit({flag, "--listen=127.0.0.1:0", "--metrics_listen="}, &out), 0)
-        << flag;
+    EXPECT_NE(RunWpubdToExit({flag, "--listen=127.0.0.1:0", "--metrics_listen="}, &out), 0) << flag;
     EXPECT_NE(out.find(message), std::string::npos) << flag << ": " << out;
   }
 }

@@ -159,8 +159,7 @@ TEST_F(Patches, AReceiverHoldingTheCommittedVersionPullsOnlyWhatChangedAndHoldsE
     bool patches;  // the patched receiver is offered patches
   };
   // full_every 3: v4 (the third in a row after v1) and v7 go whole.
-  const Step steps[] = {{1, -1, false}, {2, 3, true}, {3, -1, true}, {4, 5, false},
-                        {5, 2, true}};
+  const Step steps[] = {{1, -1, false}, {2, 3, true}, {3, -1, true}, {4, 5, false}, {5, 2, true}};
   uint64_t buckets = 0;
   for (const Step& s : steps) {
     SCOPED_TRACE(absl::StrCat("v", s.version));

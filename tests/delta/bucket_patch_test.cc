@@ -114,7 +114,9 @@ TEST(BucketPatch, MalformedOrCorruptedPatchesAreRefused) {
   for (size_t at : {10u, 11u, 800u, 3000u}) next[at] ^= 0x11;
   const std::vector<uint8_t> good = DiffBucket(base, Sum(base), next, Sum(next)).patch;
   ASSERT_EQ(*ApplyBucketPatch(good, base), next);
-  auto code = [&](std::vector<uint8_t> patch) { return ApplyBucketPatch(patch, base).status().code(); };
+  auto code = [&](std::vector<uint8_t> patch) {
+    return ApplyBucketPatch(patch, base).status().code();
+  };
   EXPECT_EQ(code({}), absl::StatusCode::kInvalidArgument);
   std::vector<uint8_t> p = good;
   p[0] = 'X';

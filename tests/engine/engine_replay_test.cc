@@ -377,8 +377,8 @@ TEST_F(ReplayTest, NothingIsReplayedOverTheBoundOrWithTheCopyOff) {
 }
 
 TEST(ReplayOptions, DeviceOrPinnedRetentionWithoutTheGpuPathIsRefusedAtStart) {
-  for (transport::RetainWhere where : {transport::RetainWhere::kDevice,
-                                       transport::RetainWhere::kPinned}) {
+  for (transport::RetainWhere where :
+       {transport::RetainWhere::kDevice, transport::RetainWhere::kPinned}) {
     EngineOptions options;
     options.retain.where = where;
     auto engine = Engine::Create(options, nullptr);

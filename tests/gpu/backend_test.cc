@@ -5,9 +5,9 @@
 // device buckets (a copying reader; two readers through the transport group, one lagging, each
 // with its own `done` event and no host copy) and their host copies; the device checksums equal the
 // CPU's; the retained copy in device and pinned memory holds the CPU reference's bytes and
-// checksums and replays them as device buckets; non-finite weights are rejected naming the tensor; and an independent CUPTI count of
-// synchronizing calls equals the backend's own accounting, 2 per publication for 8 or 128
-// experts.
+// checksums and replays them as device buckets; non-finite weights are rejected naming the tensor;
+// and an independent CUPTI count of synchronizing calls equals the backend's own accounting, 2 per
+// publication for 8 or 128 experts.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 

@@ -309,7 +309,8 @@ TEST(RetainedCopyInMemory, IsTheNextDeviceReaderAndKeepsTheChecksumsOfWhatItCopi
   EXPECT_EQ(info.held_bytes, 120u);
 }
 
-TEST(RetainedCopyInMemory, ARefusedReservationOrAFailedCopyRetainsNothingAndNeverFailsThePublication) {
+TEST(RetainedCopyInMemory,
+     ARefusedReservationOrAFailedCopyRetainsNothingAndNeverFailsThePublication) {
   auto memory = std::make_shared<FakeMemory>();
   auto copy = RetainedCopy::Create({.where = RetainWhere::kDevice}, memory);
   ASSERT_TRUE(copy.ok());
@@ -370,7 +371,8 @@ TEST(RetainedCopyInMemory, DeviceOrPinnedNeedsTheGpuPathsMemory) {
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(none.status().message().find("--retain=pinned"), std::string::npos) << none.status();
   EXPECT_NE(none.status().message().find("--gpu_path"), std::string::npos) << none.status();
-  auto other = RetainedCopy::Create({.where = RetainWhere::kPinned}, std::make_shared<FakeMemory>());
+  auto other =
+      RetainedCopy::Create({.where = RetainWhere::kPinned}, std::make_shared<FakeMemory>());
   EXPECT_EQ(other.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ParseRetainWhere("pinned").value(), RetainWhere::kPinned);
   EXPECT_EQ(ParseRetainWhere("device").value(), RetainWhere::kDevice);
