@@ -197,8 +197,8 @@ TEST(Convert, ConnectEnginesRequestAndGroup) {
   g.generation = 3;
   g.healthy = true;
   g.store_address = "10.0.0.5:29500";
-  g.engines = {{"http://a:1", 1, 1, transport::ReceiverState::kIdle},
-               {"http://b:2", 4, 2, transport::ReceiverState::kFailed}};
+  g.engines = {{"http://a:1", 1, 1, transport::ReceiverState::kIdle, 0, {}},
+               {"http://b:2", 4, 2, transport::ReceiverState::kFailed, 0, {}}};
   pb::EngineGroup status;
   wire::ToProto(g, &status);
   EXPECT_EQ(status.group_name(), "run7_3");

@@ -32,7 +32,7 @@ class FakeConnector : public RolloutConnector {
     g.group_name = (request.group_name.empty() ? "wpub_weights" : request.group_name) + "_1";
     int next = 1;
     for (const RolloutEndpoint& e : request.engines) {
-      g.engines.push_back({e.url, e.gpus, next, transport::ReceiverState::kIdle});
+      g.engines.push_back({e.url, e.gpus, next, transport::ReceiverState::kIdle, 0, {}});
       next += e.gpus;
     }
     g.world_size = next;

@@ -57,8 +57,10 @@ TEST(EngineVersionsTest, VersionsAreBoundedSoNoPublicationUsesUpTheSpace) {
 TEST(EngineVersionsTest, ARestartedDaemonNeverPublishesBelowWhatItsEnginesServe) {
   auto connector = std::make_unique<VersionedConnector>();
   VersionedConnector* c = connector.get();
-  c->info.engines.push_back({"http://engine-0:30000", 1, 1, transport::ReceiverState::kIdle, 3});
-  c->info.engines.push_back({"http://engine-1:30000", 1, 2, transport::ReceiverState::kIdle, 5});
+  c->info.engines.push_back(
+      {"http://engine-0:30000", 1, 1, transport::ReceiverState::kIdle, 3, {}});
+  c->info.engines.push_back(
+      {"http://engine-1:30000", 1, 2, transport::ReceiverState::kIdle, 5, {}});
   c->info.highest_engine_version = 5;
   EngineComponents components;
   components.connector = c;

@@ -21,7 +21,7 @@ class FakeGroup final : public FamilyConnector {
     info_.engines.clear();
     int rank = 1;
     for (const engine::RolloutEndpoint& e : r.engines) {
-      info_.engines.push_back({e.url, e.gpus, rank, transport::ReceiverState::kIdle});
+      info_.engines.push_back({e.url, e.gpus, rank, transport::ReceiverState::kIdle, 0, {}});
       info_.world_size += e.gpus;
       rank += e.gpus;
     }
