@@ -102,8 +102,8 @@ struct Subscription::Hub {
   PatchSource patches;            // SetPatchSource's
   uint32_t offered_in_a_row = 0;  // committed publications in a row that offered patches
   bool offered_now = false;       // the publication in flight offered patches
-  uint64_t patch_base = 0;        // of the publication in flight (0: none offered)
-  std::vector<std::shared_ptr<PatchSlot>> patch_slots;  // per bucket, when patch_base != 0
+  // Per bucket of the publication in flight, when a participant was offered patches.
+  std::vector<std::shared_ptr<PatchSlot>> patch_slots;
 
   bool in_flight = false;
   bool failed = false;  // a participant failed the publication in flight

@@ -174,8 +174,8 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
                      manifest.group.empty() && manifest.version > base &&
                      (every == 0 || hub_->offered_in_a_row + 1 < every);
   hub_->offered_now = offer;
-  hub_->patch_base = 0;
   hub_->patch_slots.clear();
+  bool any_patched = false;  // a participant was offered patches
   std::vector<std::string> names;
   for (auto& [id, r] : hub_->receivers) {
     if (manifest.replay && r->held_version >= manifest.version) continue;
@@ -186,13 +186,13 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
     p.acked.assign(manifest.buckets.size(), false);
     if (offer && r->accepts_patches && r->held_version == base) {
       p.patch_base = base;
-      hub_->patch_base = base;
+      any_patched = true;
     }
     hub_->participants.push_back(std::move(p));
     r->state = ReceiverState::kReceiving;
     names.push_back(r->name);
   }
-  if (hub_->patch_base != 0) {
+  if (any_patched) {
     for (size_t i = 0; i < manifest.buckets.size(); ++i) {
       hub_->patch_slots.push_back(std::make_shared<Subscription::Hub::PatchSlot>());
     }

@@ -25,20 +25,20 @@ absl::StatusOr<RetainWhere> ParseRetainWhere(absl::string_view text) {
       absl::StrCat("retain: '", text, "' is not one of off, host, device, pinned"));
 }
 
+absl::Status RetainedVersion::CheckIndex(size_t i) const {
+  if (i < manifest.buckets.size()) return absl::OkStatus();
+  return absl::OutOfRangeError(absl::StrCat("v", manifest.version, " has ", manifest.buckets.size(),
+                                            " buckets, not ", i + 1));
+}
+
 absl::StatusOr<std::shared_ptr<const Bucket>> RetainedVersion::BucketAt(size_t i) const {
-  if (i >= manifest.buckets.size()) {
-    return absl::OutOfRangeError(absl::StrCat("v", manifest.version, " has ",
-                                              manifest.buckets.size(), " buckets, not ", i + 1));
-  }
+  if (absl::Status s = CheckIndex(i); !s.ok()) return s;
   if (memory != nullptr) return memory->Emit(manifest.version, manifest.buckets[i]);
   return buckets[i];
 }
 
 absl::StatusOr<std::shared_ptr<const Bucket>> RetainedVersion::HostBucketAt(size_t i) const {
-  if (i >= manifest.buckets.size()) {
-    return absl::OutOfRangeError(absl::StrCat("v", manifest.version, " has ",
-                                              manifest.buckets.size(), " buckets, not ", i + 1));
-  }
+  if (absl::Status s = CheckIndex(i); !s.ok()) return s;
   if (memory != nullptr) return memory->HostCopy(manifest.version, manifest.buckets[i]);
   return buckets[i];
 }

@@ -66,6 +66,8 @@ struct RetainedVersion {
   absl::StatusOr<std::shared_ptr<const Bucket>> BucketAt(size_t i) const;
   // Bucket i in host memory, any order, any thread (kDevice / kPinned: a copy).
   absl::StatusOr<std::shared_ptr<const Bucket>> HostBucketAt(size_t i) const;
+  // OUT_OF_RANGE naming the version unless i < bucket_count().
+  absl::Status CheckIndex(size_t i) const;
 };
 
 class RetainedCopy final : public Transport {
