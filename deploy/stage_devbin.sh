@@ -44,6 +44,7 @@ case $SET in
     BINS=(
       tests/kernels_gpu/kernels_gpu_test
       tests/kernels_gpu/kernels_status_test
+      tests/kernels_gpu/kernels_bucket_diff_test
       tests/gpu/gpu_ipc_cache_test
       tests/gpu/gpu_backend_test
       tests/convert/convert_gpu_test
@@ -62,6 +63,7 @@ case $SET in
       tests/python/wpub-quantize-ref
       bench/convert/convert_bench_checkpoint
       bench/gpu_path/gpu_path_bench
+      bench/gpu_path/delta_bench
       bench/kernels/nvfp4_kernels_bench
     )
     ;;

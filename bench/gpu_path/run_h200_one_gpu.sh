@@ -11,6 +11,9 @@
 # restore: the retained copy's cost on a publication and its restores, in device, pinned and host
 # memory (gpu_path_bench --restore 1, RESTORE_LAYERS layers of the Qwen3-30B-A3B shape, default
 # 24 so that two versions' worth of device copies fit an 80 GB card beside the BF16 model).
+# delta: delta publication against full publications to a gRPC-pull receiver under the AdamW
+# update model (delta_bench, DELTA_LAYERS layers of the Qwen3-30B-A3B shape, default 24;
+# DELTA_LR, default 1e-6; 2 warm-up + DELTA_VERSIONS versions, default 10).
 # WPUB_DEVBIN=$PWD/.devbin/onegpu runs the one-GPU set (deploy/stage_devbin.sh <build> onegpu).
 set -u
 ROOT=$(pwd)
@@ -62,6 +65,13 @@ for step in "${steps[@]}"; do
       echo "restore rc=$r"
       grep -E '^\(|restore' "$LOGS/restore.log" | head -30
       [ $r -ne 0 ] && { tail -20 "$LOGS/restore.log"; rc=1; } ;;
+    delta)
+      timeout 540 "$BIN/delta_bench" --layers "${DELTA_LAYERS:-24}" --lr "${DELTA_LR:-1e-6}" \
+        --versions "${DELTA_VERSIONS:-10}" --json "$OUT/delta.json" >"$LOGS/delta.log" 2>&1
+      r=$?
+      echo "delta rc=$r"
+      grep -E '^(device|full|patches|median)' "$LOGS/delta.log" | head -40
+      [ $r -ne 0 ] && { tail -20 "$LOGS/delta.log"; rc=1; } ;;
     compare)
       B=$ROOT/.devbin/before
       for round in 1 2; do

@@ -35,6 +35,9 @@ ABSL_FLAG(bool, patches, true,
           "Accept bucket patches from a daemon that offers them (wpubd --patches): for a version "
           "after the one held in memory only the changed words of each bucket are pulled, the "
           "bucket rebuilt and checked against the whole bucket's checksum.");
+ABSL_FLAG(int32_t, patch_threads, 8,
+          "Threads that rebuild a bucket from a patch (checksums of the base and of the result, "
+          "the copy of the base); <= 0: one per hardware thread.");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
 ABSL_FLAG(absl::Duration, resubscribe_timeout, absl::Minutes(5),
           "When wpubd goes away (restart, crash), how long to keep subscribing again, holding "
@@ -266,6 +269,7 @@ int main(int argc, char** argv) {
   options.exit_after_versions = absl::GetFlag(FLAGS_exit_after_versions);
   options.chunk_bytes = absl::GetFlag(FLAGS_chunk_bytes).value;
   options.patches = absl::GetFlag(FLAGS_patches);
+  options.patch_threads = absl::GetFlag(FLAGS_patch_threads);
   options.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   options.resubscribe_timeout = absl::GetFlag(FLAGS_resubscribe_timeout);
   options.leave_after_buckets = absl::GetFlag(FLAGS_leave_after_buckets);

@@ -66,6 +66,9 @@ struct ReceiverOptions {
   // bucket that changed; the receiver rebuilds the bucket from its copy and verifies it against
   // the whole bucket's checksum (a patch that does not apply is pulled again whole).
   bool patches = true;
+  // Threads that rebuild a bucket from a patch (the base's and the result's checksums, the
+  // copy of the base); <= 0: the hardware's.
+  int patch_threads = 8;
 };
 
 // The last committed version: the buckets as received and their manifest.

@@ -111,7 +111,8 @@ absl::StatusOr<bool> Receiver::Impl::Handle(Link& link, const pb::ReceiverEvent&
 }
 
 absl::StatusOr<bool> Receiver::Impl::Pull(Link& link, uint64_t version, uint32_t index,
-                                          uint64_t* expected_checksum, uint64_t* received) {
+                                          uint64_t* expected_checksum, uint64_t* received,
+                                          std::optional<uint64_t>* rebuilt_checksum) {
   Pending& pending = *link.pending;
   // A patch needs this bucket of the base in memory (a version held from an output file at
   // start is not: it is pulled whole).
@@ -125,7 +126,7 @@ absl::StatusOr<bool> Receiver::Impl::Pull(Link& link, uint64_t version, uint32_t
   }
   if (base != nullptr) {
     absl::StatusOr<bool> patched =
-        PullPatched(link, version, index, *base, expected_checksum, received);
+        PullPatched(link, version, index, *base, expected_checksum, received, rebuilt_checksum);
     if (!patched.ok() || *patched) return patched;
     // The daemon sent the bucket whole, or the patch did not apply: pulled whole below.
   }
@@ -147,7 +148,8 @@ pb::PullBucketRequest Receiver::Impl::PullRequest(const Link& link, uint64_t ver
 
 absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, uint32_t index,
                                                  const CommittedModel& base,
-                                                 uint64_t* expected_checksum, uint64_t* received) {
+                                                 uint64_t* expected_checksum, uint64_t* received,
+                                                 std::optional<uint64_t>* rebuilt_checksum) {
   Pending& pending = *link.pending;
   const transport::BucketManifest& bm = pending.manifest.buckets[index];
   grpc::ClientContext context;
@@ -196,9 +198,11 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
     pending.buckets[index] = std::move(data);
     return true;
   }
+  uint64_t rebuilt_sum = 0;
   absl::StatusOr<std::vector<uint8_t>> rebuilt =
       patch_base == base.manifest.version
-          ? delta::ApplyBucketPatch(data, base.buckets[index])
+          ? delta::ApplyBucketPatch(data, base.buckets[index],
+                                    {.threads = options_.patch_threads, .checksum = &rebuilt_sum})
           : absl::FailedPreconditionError(absl::StrCat("a patch against v", patch_base));
   if (!rebuilt.ok() || delta::PatchTargetChecksum(data) != checksum) {
     spdlog::warn(
@@ -209,6 +213,7 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
     return false;
   }
   pending.buckets[index] = *std::move(rebuilt);
+  *rebuilt_checksum = rebuilt_sum;
   {
     absl::MutexLock lock(&mu_);
     ++stats_.patched_buckets;
@@ -260,15 +265,20 @@ absl::Status Receiver::Impl::PullAndAck(Link& link, uint64_t version, uint32_t i
   }
   uint64_t expected_checksum = 0;
   uint64_t received = 0;  // bytes on the wire (a patch's, and the bucket's when pulled again)
-  WPUB_ASSIGN_OR_RETURN(bool pulled, Pull(link, version, index, &expected_checksum, &received));
+  std::optional<uint64_t> rebuilt_checksum;  // of a bucket rebuilt from a patch
+  WPUB_ASSIGN_OR_RETURN(
+      bool pulled, Pull(link, version, index, &expected_checksum, &received, &rebuilt_checksum));
   if (!pulled) return absl::OkStatus();
   Pending& pending = *link.pending;
   std::vector<uint8_t>& bytes = pending.buckets[index];
   const uint64_t nbytes = pending.manifest.buckets[index].nbytes;
   if (options_.corrupt_bucket == static_cast<int64_t>(index) && !bytes.empty()) {
     bytes[bytes.size() / 2] ^= 0x5A;
+    rebuilt_checksum.reset();
   }
-  const uint64_t checksum = transport::Checksum(bytes.data(), bytes.size());
+  const uint64_t checksum = rebuilt_checksum.has_value()
+                                ? *rebuilt_checksum
+                                : transport::Checksum(bytes.data(), bytes.size());
   const bool match = checksum == expected_checksum && bytes.size() == nbytes;
   {
     absl::MutexLock lock(&mu_);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,14 +84,17 @@ class Receiver::Impl {
 
   // Pulls bucket `index` into the link's pending version; false (after logging) when the pull
   // failed, e.g. because the publication was aborted meanwhile (its abort event follows).
+  // *rebuilt_checksum: set when the bucket was rebuilt from a patch, to the checksum the
+  // patch's application computed over the whole rebuilt bucket (no need to compute it again).
   absl::StatusOr<bool> Pull(Link& link, uint64_t version, uint32_t index,
-                            uint64_t* expected_checksum, uint64_t* received);
+                            uint64_t* expected_checksum, uint64_t* received,
+                            std::optional<uint64_t>* rebuilt_checksum);
   // Pull's two ways: as a patch against `base` (true: the bucket is in the pending version;
   // false: pull it whole -- the patch did not apply, or the pull failed and is logged) and
   // whole.
   absl::StatusOr<bool> PullPatched(Link& link, uint64_t version, uint32_t index,
                                    const CommittedModel& base, uint64_t* expected_checksum,
-                                   uint64_t* received);
+                                   uint64_t* received, std::optional<uint64_t>* rebuilt_checksum);
   absl::StatusOr<bool> PullWhole(Link& link, uint64_t version, uint32_t index,
                                  uint64_t* expected_checksum, uint64_t* received);
   // The PullBucket request for bucket `index` of the link's pending `version`.

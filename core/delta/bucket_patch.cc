@@ -38,6 +38,24 @@ struct Run {
   uint64_t first = 0, words = 0;
 };
 
+// transport::Checksum of the n bytes at `data`, its words summed in slices on `threads` threads
+// (partial sums add up: core/transport/checksum.h).
+uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, int threads) {
+  constexpr uint64_t kSliceWords = uint64_t{1} << 21;  // 16 MiB
+  const uint64_t words = (n + kWord - 1) / kWord;
+  const size_t slices = static_cast<size_t>((words + kSliceWords - 1) / kSliceWords);
+  if (slices <= 1 || threads == 1) return transport::Checksum(data, n);
+  std::vector<uint64_t> sums(slices);
+  ParallelFor(slices, threads, [&](size_t s) {
+    const uint64_t first = s * kSliceWords;
+    const uint64_t bytes = std::min(kSliceWords * kWord, n - first * kWord);
+    sums[s] = transport::ChecksumPartial(data + first * kWord, bytes, first);
+  });
+  uint64_t sum = 0;
+  for (uint64_t v : sums) sum += v;
+  return transport::ChecksumFinish(sum, n);
+}
+
 }  // namespace
 
 uint64_t PatchTargetChecksum(absl::Span<const uint8_t> patch) {
@@ -120,7 +138,8 @@ BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksu
 }
 
 absl::StatusOr<std::vector<uint8_t>> ApplyBucketPatch(absl::Span<const uint8_t> patch,
-                                                      absl::Span<const uint8_t> base) {
+                                                      absl::Span<const uint8_t> base,
+                                                      const ApplyPatchOptions& options) {
   if (patch.size() < kBucketPatchHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket patch: ", patch.size(), " bytes, shorter than its header"));
@@ -141,12 +160,18 @@ absl::StatusOr<std::vector<uint8_t>> ApplyBucketPatch(absl::Span<const uint8_t> 
     return absl::FailedPreconditionError(absl::StrCat("bucket patch: for a base of ", n,
                                                       " bytes, the receiver holds ", base.size()));
   }
-  if (transport::Checksum(base.data(), base.size()) != base_checksum) {
+  if (ParallelChecksum(base.data(), base.size(), options.threads) != base_checksum) {
     return absl::FailedPreconditionError(
         "bucket patch: the receiver's bucket is not the patch's base (checksum)");
   }
   const uint64_t words = (n + kWord - 1) / kWord;
-  std::vector<uint8_t> out(base.begin(), base.end());
+  std::vector<uint8_t> out(n);
+  constexpr uint64_t kCopySlice = uint64_t{16} << 20;
+  ParallelFor(static_cast<size_t>((n + kCopySlice - 1) / kCopySlice), options.threads,
+              [&](size_t s) {
+                const uint64_t at = s * kCopySlice;
+                std::memcpy(out.data() + at, base.data() + at, std::min(kCopySlice, n - at));
+              });
   size_t at = kBucketPatchHeaderBytes;
   uint64_t next_free = 0;  // the first word a run may start at
   for (uint32_t i = 0; i < runs; ++i) {
@@ -171,10 +196,11 @@ absl::StatusOr<std::vector<uint8_t>> ApplyBucketPatch(absl::Span<const uint8_t> 
     return absl::InvalidArgumentError(
         absl::StrCat("bucket patch: ", patch.size() - at, " bytes after its last run"));
   }
-  if (transport::Checksum(out.data(), out.size()) != target_checksum) {
+  if (ParallelChecksum(out.data(), out.size(), options.threads) != target_checksum) {
     return absl::DataLossError(
         "bucket patch: the patched bucket does not have the target's checksum");
   }
+  if (options.checksum != nullptr) *options.checksum = target_checksum;
   return out;
 }
 

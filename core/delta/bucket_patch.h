@@ -60,12 +60,23 @@ BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksu
                            absl::Span<const uint8_t> next, uint64_t next_checksum,
                            const BucketPatchOptions& options = {});
 
+struct ApplyPatchOptions {
+  // Threads for the two whole-bucket checksums and the copy of the base (<= 0: the
+  // hardware's); the result does not depend on it.
+  int threads = 1;
+  // When set, receives the result's checksum (the target's): a caller that acknowledges it
+  // need not checksum the bucket again.
+  uint64_t* checksum = nullptr;
+};
+
 // The bucket `patch` makes of `base`, all or nothing: INVALID_ARGUMENT naming the field for a
 // malformed patch (header, sizes, runs out of range, overlapping or out of order);
 // FAILED_PRECONDITION when `base` is not the patch's base (size or checksum: the receiver needs
-// the whole bucket); DATA_LOSS when the result does not have the target's checksum.
+// the whole bucket); DATA_LOSS when the result does not have the target's checksum. Both
+// checksums are of the whole buckets, computed here over `base` and over the result.
 absl::StatusOr<std::vector<uint8_t>> ApplyBucketPatch(absl::Span<const uint8_t> patch,
-                                                      absl::Span<const uint8_t> base);
+                                                      absl::Span<const uint8_t> base,
+                                                      const ApplyPatchOptions& options = {});
 
 // The target checksum a patch promises (0 for a patch too short to have a header).
 uint64_t PatchTargetChecksum(absl::Span<const uint8_t> patch);

@@ -38,6 +38,11 @@ absl::Status ValidateOptions(const EngineOptions& options) {
   return absl::OkStatus();
 }
 
+// How long a patch waits for the retained memory to have copied the bucket it diffs: the copy
+// is enqueued right after the bucket is announced (the retained copy is the transport group's
+// last member), so this bounds only a stalled publication.
+constexpr absl::Duration kPatchStagingWait = absl::Seconds(30);
+
 }  // namespace
 
 // Patches against the retained committed version (core/delta/bucket_patch.h): a bucket laid
@@ -67,6 +72,27 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
     }
     const transport::BucketManifest& was = r->manifest.buckets[i];
     if (was.nbytes != next.manifest.nbytes || was.tensors != next.manifest.tensors) return nullptr;
+    auto out = std::make_shared<transport::Bucket>();
+    out->version = next.version;
+    out->manifest = next.manifest;
+    out->patch_base = base_version;
+    // Where the copies live (device memory): diffed there, only the patch comes back.
+    const std::shared_ptr<transport::RetainedBytes> staging =
+        r->memory != nullptr ? self->retained().StagingBytes(next.version) : nullptr;
+    if (staging != nullptr) {
+      absl::StatusOr<transport::RetainedPatch> made =
+          staging->Patch(*r->memory, was, next.manifest, next.manifest.checksum,
+                         patch.max_patch_fraction, kPatchStagingWait);
+      if (made.ok()) {
+        if (!made->made) return nullptr;
+        out->bytes = std::move(made->bytes);
+        return out;
+      }
+      if (!absl::IsUnimplemented(made.status())) {
+        spdlog::warn("v{}: bucket {}'s patch in retained memory: {}; diffing host copies",
+                     next.version, i, made.status().ToString());
+      }
+    }
     absl::StatusOr<std::shared_ptr<const transport::Bucket>> base = r->HostBucketAt(i);
     if (!base.ok()) {
       spdlog::warn("v{}: no patch for bucket {}: the retained bucket: {}", next.version, i,
@@ -76,11 +102,7 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
     delta::BucketPatchPlan plan = delta::DiffBucket((*base)->span(), was.checksum, next.span(),
                                                     next.manifest.checksum, patch);
     if (plan.full) return nullptr;
-    auto out = std::make_shared<transport::Bucket>();
-    out->version = next.version;
-    out->manifest = next.manifest;
     out->bytes = std::move(plan.patch);
-    out->patch_base = base_version;
     return out;
   };
   return source;

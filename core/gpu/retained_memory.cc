@@ -2,6 +2,8 @@
 #include "core/gpu/retained_memory.h"
 
 #include <algorithm>
+#include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <utility>
 
@@ -9,6 +11,7 @@
 #include "core/common/status.h"
 #include "core/gpu/host_syncs.h"
 #include "core/transport/checksum.h"
+#include "kernels/cuda/bucket_diff.h"
 #include "kernels/cuda/status_kernels.h"
 
 namespace wpub::gpu {
@@ -58,8 +61,18 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
   }
 
   absl::Status Stage(const transport::Bucket& bucket) override {
+    WPUB_RETURN_IF_ERROR(StageCopy(bucket));
+    std::lock_guard lock(mu_);
+    ++staged_;
+    staged_cv_.notify_all();
+    return absl::OkStatus();
+  }
+
+  // Stage's copy, its event recorded behind it (Patch waits on it).
+  absl::Status StageCopy(const transport::Bucket& bucket) {
     const uint32_t i = bucket.manifest.index;
-    if (sealed_ || i != staged_ || i >= sizes_.size() || bucket.manifest.nbytes != sizes_[i]) {
+    if (sealed() || i != staged_count() || i >= sizes_.size() ||
+        bucket.manifest.nbytes != sizes_[i]) {
       return absl::InternalError(absl::StrCat(
           "retained memory: bucket ", i, " out of order, of the wrong size or after the seal"));
     }
@@ -108,14 +121,62 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
         host_summed_[i] = true;
       }
     }
-    ++staged_;
+    // Only this thread appends (Stage); Patch reads entry i once staged_ > i, under mu_.
+    kernels::cuda::Event copied;
+    WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &copied));
+    WPUB_CUDA_RETURN_IF_ERROR(copied.Record(s));
+    std::lock_guard lock(mu_);
+    copied_.push_back(std::move(copied));
     return absl::OkStatus();
   }
 
+  void Abandon() override {
+    std::lock_guard lock(mu_);
+    abandoned_ = true;
+    staged_cv_.notify_all();
+  }
+
+  absl::StatusOr<transport::RetainedPatch> Patch(const transport::RetainedBytes& base_bytes,
+                                                 const transport::BucketManifest& base_bucket,
+                                                 const transport::BucketManifest& next,
+                                                 uint64_t next_checksum, double max_patch_fraction,
+                                                 absl::Duration wait) override {
+    if (arena_->in_pinned) {
+      return absl::UnimplementedError("a pinned copy is diffed on the host");
+    }
+    const auto* base = dynamic_cast<const Version*>(&base_bytes);
+    const uint32_t i = next.index;
+    if (base == nullptr || base->memory_ != memory_ || base->arena_->in_pinned) {
+      return absl::InvalidArgumentError("retained memory: the patch's base is not of this memory");
+    }
+    if (i >= sizes_.size() || next.nbytes != sizes_[i] || base_bucket.index != i ||
+        i >= base->sizes_.size() || base->sizes_[i] != sizes_[i] || !base->sealed()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("retained memory: bucket ", i,
+                       " of the base and of this version differ in size, or "
+                       "the base is not sealed"));
+    }
+    cudaEvent_t copied = nullptr;
+    {
+      std::unique_lock lock(mu_);
+      if (!staged_cv_.wait_for(lock, absl::ToChronoNanoseconds(wait),
+                               [&] { return staged_ > i || abandoned_; }) ||
+          staged_ <= i) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "retained memory: bucket ", i,
+            abandoned_ ? " will not be copied (the staging stopped)" : " was not copied in time"));
+      }
+      copied = copied_[i].get();
+    }
+    return memory_->Diff(base->arena_->base() + base->offsets_[i], arena_->base() + offsets_[i],
+                         sizes_[i], copied, base_bucket.checksum, next_checksum,
+                         max_patch_fraction);
+  }
+
   absl::StatusOr<std::vector<uint64_t>> Seal() override {
-    if (staged_ != sizes_.size()) {
+    if (const uint32_t staged = staged_count(); staged != sizes_.size()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("retained memory: ", staged_, " of ", sizes_.size(), " buckets staged"));
+          absl::StrCat("retained memory: ", staged, " of ", sizes_.size(), " buckets staged"));
     }
     WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(memory_->options_.device));
     const cudaStream_t s = memory_->stream_.get();
@@ -133,6 +194,7 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
       checksums[i] = host_summed_[i] ? transport::Checksum(arena_->base() + offsets_[i], sizes_[i])
                                      : transport::ChecksumFinish(sums[i], sizes_[i]);
     }
+    std::lock_guard lock(mu_);
     sealed_ = true;
     return checksums;
   }
@@ -140,7 +202,7 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
   absl::StatusOr<std::shared_ptr<const transport::Bucket>> HostCopy(
       uint64_t version, const transport::BucketManifest& manifest) override {
     const uint32_t i = manifest.index;
-    if (!sealed_ || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
+    if (!sealed() || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
       return absl::InternalError(
           absl::StrCat("retained memory: bucket ", i, " is not a bucket of the sealed version"));
     }
@@ -162,7 +224,7 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
   absl::StatusOr<std::shared_ptr<const transport::Bucket>> Emit(
       uint64_t version, const transport::BucketManifest& manifest) override {
     const uint32_t i = manifest.index;
-    if (!sealed_ || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
+    if (!sealed() || i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
       return absl::InternalError(
           absl::StrCat("retained memory: bucket ", i, " is not a bucket of the sealed version"));
     }
@@ -201,12 +263,25 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
   }
 
  private:
+  bool sealed() const {
+    std::lock_guard lock(mu_);
+    return sealed_;
+  }
+  uint32_t staged_count() const {
+    std::lock_guard lock(mu_);
+    return staged_;
+  }
+
   const std::shared_ptr<GpuRetainedMemory> memory_;
   const std::shared_ptr<Arena> arena_;
   std::vector<uint64_t> offsets_, sizes_;
-  std::vector<bool> host_summed_;  // staged from host bytes into pinned memory
-  uint32_t staged_ = 0;
-  bool sealed_ = false;
+  std::vector<bool> host_summed_;  // staged from host bytes into pinned memory (Stage's thread)
+  mutable std::mutex mu_;          // Stage / Seal against Patch, HostCopy, Emit
+  std::condition_variable staged_cv_;
+  std::vector<kernels::cuda::Event> copied_;  // per staged bucket: its copy done (guarded by mu_)
+  uint32_t staged_ = 0;                       // guarded by mu_
+  bool sealed_ = false;                       // guarded by mu_
+  bool abandoned_ = false;                    // guarded by mu_
 };
 
 absl::StatusOr<std::shared_ptr<GpuRetainedMemory>> GpuRetainedMemory::Create(
@@ -307,10 +382,77 @@ absl::StatusOr<std::shared_ptr<transport::RetainedBytes>> GpuRetainedMemory::Res
 }
 
 uint64_t GpuRetainedMemory::held_bytes() const {
-  std::lock_guard lock(mu_);
-  uint64_t held = bounce_[0].size() + bounce_[1].size();
-  for (const std::shared_ptr<Arena>& a : arenas_) held += a->capacity();
-  return held;
+  uint64_t held = 0;
+  {
+    std::lock_guard lock(mu_);
+    held = bounce_[0].size() + bounce_[1].size();
+    for (const std::shared_ptr<Arena>& a : arenas_) held += a->capacity();
+  }
+  std::lock_guard lock(diff_mu_);
+  return held + diff_patch_.size() + diff_scratch_.size();
+}
+
+absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
+    const uint8_t* base, const uint8_t* next, uint64_t n, cudaEvent_t next_copied,
+    uint64_t base_checksum, uint64_t next_checksum, double max_patch_fraction) {
+  // DiffBucket sends the bucket whole when the patch's size > fraction * n: for an integer
+  // size, exactly when it is over floor(fraction * n), the capacity the device diff gets.
+  const double limit = std::clamp(max_patch_fraction, 0.0, 1.0) * static_cast<double>(n);
+  const uint64_t capacity = static_cast<uint64_t>(std::floor(limit));
+  const uint64_t scratch = kernels::cuda::BucketDiffScratchBytes(n, capacity);
+  std::lock_guard lock(diff_mu_);
+  WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  constexpr uint64_t kTotals = sizeof(kernels::cuda::BucketDiffTotals);
+  if (diff_stream_.get() == nullptr) {
+    WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Stream::Create(&diff_stream_));
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(kTotals, &diff_totals_device_);
+        e != cudaSuccess) {
+      return Exhausted(e, kTotals, "device memory for a patch's totals");
+    }
+    if (const cudaError_t e = kernels::cuda::PinnedHostBuffer::Create(kTotals, &diff_totals_);
+        e != cudaSuccess) {
+      return Exhausted(e, kTotals, "pinned memory for a patch's totals");
+    }
+  }
+  // Grown to the largest bucket's needs, kept for the next ones (held_bytes counts them).
+  if (diff_patch_.size() < std::max<uint64_t>(capacity, 1)) {
+    if (const cudaError_t e =
+            kernels::cuda::DeviceBuffer::Create(std::max<uint64_t>(capacity, 1), &diff_patch_);
+        e != cudaSuccess) {
+      return Exhausted(e, capacity, "device memory for a bucket patch");
+    }
+  }
+  if (diff_scratch_.size() < scratch) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(scratch, &diff_scratch_);
+        e != cudaSuccess) {
+      return Exhausted(e, scratch, "device memory for a bucket diff");
+    }
+  }
+  const cudaStream_t s = diff_stream_.get();
+  WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, next_copied, 0));
+  WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchBucketDiff(
+      base, next, n, base_checksum, next_checksum, diff_patch_.as<uint8_t>(), capacity,
+      diff_scratch_.data(), diff_scratch_.size(),
+      diff_totals_device_.as<kernels::cuda::BucketDiffTotals>(), s));
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(diff_totals_.data(), diff_totals_device_.data(),
+                                            kTotals, cudaMemcpyDeviceToHost, s));
+  const auto* totals = diff_totals_.as<const kernels::cuda::BucketDiffTotals>();
+  HostSyncs uncounted(nullptr);  // a receiver's read, off the publication's thread
+  WPUB_RETURN_IF_ERROR(uncounted.StreamSynchronize(s, "bucket diff"));
+  transport::RetainedPatch out;
+  out.changed_words = totals->changed_words;
+  out.runs = static_cast<uint32_t>(std::min<unsigned long long>(totals->runs, UINT32_MAX));
+  if (totals->written != 1) {
+    out.why = absl::StrCat("a patch would be ", totals->patch_bytes, " bytes, over ",
+                           max_patch_fraction, " of the bucket's ", n);
+    return out;
+  }
+  out.made = true;
+  out.bytes.resize(totals->patch_bytes);
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.bytes.data(), diff_patch_.data(), out.bytes.size(),
+                                            cudaMemcpyDeviceToHost, s));
+  WPUB_RETURN_IF_ERROR(uncounted.StreamSynchronize(s, "bucket patch read-back"));
+  return out;
 }
 
 absl::StatusOr<std::shared_ptr<const transport::Bucket>> GpuRetainedMemory::EmitThroughBounce(

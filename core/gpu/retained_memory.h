@@ -26,6 +26,14 @@
 // bucket patch is diffed against), costs a device-to-host copy and one wait (device) or a
 // memcpy (pinned).
 //
+// Patches (Patch): the staging version's bucket, once its copy is done, is diffed against the
+// retained version's on the device (kernels/cuda/bucket_diff.h), byte for byte what
+// delta::DiffBucket makes of host copies; the host waits twice (the totals, then the patch's
+// bytes) on the reading receiver's thread, never the publication's, and only the patch crosses
+// PCIe. A pinned copy leaves patches to the host (UNIMPLEMENTED). The diff's device buffers (a
+// patch of up to max_patch_fraction of the largest bucket, and its run scratch) are kept and
+// counted in held_bytes.
+//
 // Thread-safety: see retained_memory.h. Create the memory once; it must outlive nothing: every
 // RetainedBytes it hands out keeps it alive.
 #pragma once
@@ -68,6 +76,13 @@ class GpuRetainedMemory final : public transport::RetainedMemory,
   absl::StatusOr<std::shared_ptr<const transport::Bucket>> EmitThroughBounce(
       const std::shared_ptr<Arena>& arena, uint64_t offset, uint64_t version,
       const transport::BucketManifest& manifest);
+  // The patch between two device buckets of n bytes (Version::Patch), once `next_copied` is
+  // complete: diffed on diff_stream_ (kernels/cuda/bucket_diff.h), one wait for its totals and
+  // one for the patch's bytes. Serialized by diff_mu_.
+  absl::StatusOr<transport::RetainedPatch> Diff(const uint8_t* base, const uint8_t* next,
+                                                uint64_t n, cudaEvent_t next_copied,
+                                                uint64_t base_checksum, uint64_t next_checksum,
+                                                double max_patch_fraction);
 
   const RetainedMemoryOptions options_;
   kernels::cuda::Stream stream_;  // staging, sealing and bounce copies
@@ -77,6 +92,13 @@ class GpuRetainedMemory final : public transport::RetainedMemory,
   kernels::cuda::DeviceBuffer bounce_[2];
   kernels::cuda::Event bounce_ready_[2];
   kernels::cuda::Event bounce_done_[2][transport::kMaxDeviceReaders];
+  // Patches (Diff): made one at a time; the buffers grow to the largest bucket's needs.
+  mutable std::mutex diff_mu_;
+  kernels::cuda::Stream diff_stream_;               // created by the first patch
+  kernels::cuda::DeviceBuffer diff_patch_;          // floor(max_patch_fraction * bucket) bytes
+  kernels::cuda::DeviceBuffer diff_scratch_;        // kernels::cuda::BucketDiffScratchBytes
+  kernels::cuda::DeviceBuffer diff_totals_device_;  // one BucketDiffTotals, written by the diff
+  kernels::cuda::PinnedHostBuffer diff_totals_;     // ... read back here
 };
 
 }  // namespace wpub::gpu

@@ -112,6 +112,7 @@ TransportCapabilities RetainedCopy::capabilities() const {
 void RetainedCopy::StopStaging(std::string why) {
   if (!staging_) return;
   staging_ = false;
+  if (staged_memory_ != nullptr) staged_memory_->Abandon();
   staged_memory_.reset();
   not_staged_ = std::move(why);
   spdlog::warn("v{}: {}: if it commits, nothing is retained", staging_version_, not_staged_);
@@ -237,7 +238,14 @@ void RetainedCopy::Abort(absl::string_view) {
   in_flight_ = false;
   staging_ = false;
   staged_.reset();
+  if (staged_memory_ != nullptr) staged_memory_->Abandon();
   staged_memory_.reset();
+}
+
+std::shared_ptr<RetainedBytes> RetainedCopy::StagingBytes(uint64_t version) const {
+  std::lock_guard lock(mu_);
+  if (!in_flight_ || !staging_ || staging_version_ != version) return nullptr;
+  return staged_memory_;
 }
 
 }  // namespace wpub::transport

@@ -83,6 +83,9 @@ class RetainedCopy final : public Transport {
   // version was over the bound: Info().reason says which).
   std::shared_ptr<const RetainedVersion> Retained() const;
   RetainedCopyInfo Info() const;
+  // The memory publication `version` is being staged into (kDevice / kPinned), for a patch made
+  // where the bytes live (RetainedBytes::Patch); null when that version is not staging here.
+  std::shared_ptr<RetainedBytes> StagingBytes(uint64_t version) const;
   // Drops the retained version (e.g. the engine's committed version moved on without it).
   void Drop(absl::string_view why);
 

@@ -10,21 +10,37 @@
 // bucket to a replay as a producer emits them (Emit: device buckets the engines' broadcasts read
 // directly, with the events of core/transport/bucket.h and a host copy for pull receivers).
 //
+// A patch source (core/engine) asks the memory for a bucket patch between the retained version
+// and the one staging (Patch): the GPU layer diffs the two device copies on the device and brings
+// back only the patch, so a delta publication reads no bucket back to the host.
+//
 // Thread-safety: RetainedMemory::Reserve and held_bytes from any thread. A RetainedBytes is
 // staged and sealed by one thread (the publication's) and emitted by one replay at a time (the
-// engine's ledger serializes replays and publications); HostCopy from any thread once sealed.
+// engine's ledger serializes replays and publications); HostCopy from any thread once sealed;
+// Patch from any thread.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/transport/bucket.h"
 #include "core/transport/types.h"
 
 namespace wpub::transport {
+
+// A bucket patch made where a version's bytes live (RetainedBytes::Patch).
+struct RetainedPatch {
+  bool made = false;           // false: the bucket goes whole (why says why)
+  std::string why;             // "" when made
+  std::vector<uint8_t> bytes;  // the patch, core/delta/bucket_patch.h's format, when made
+  uint64_t changed_words = 0;
+  uint32_t runs = 0;
+};
 
 class RetainedBytes {
  public:
@@ -48,6 +64,26 @@ class RetainedBytes {
   // host (a bucket patch's diff). Any thread, concurrently with each other and with Emit.
   virtual absl::StatusOr<std::shared_ptr<const Bucket>> HostCopy(
       uint64_t version, const BucketManifest& manifest) = 0;
+  // The bucket patch that makes bucket `next.index` of `base` -- a sealed version of the same
+  // memory, that bucket of the same size -- into that bucket of this version, made without a
+  // host copy of either: byte for byte what delta::DiffBucket makes of the two buckets with
+  // checksums `base.checksum` and `next_checksum`, or made = false exactly when DiffBucket would
+  // send the bucket whole under `max_patch_fraction`. This version may still be staging: the
+  // call waits up to `wait` for that bucket's copy (DEADLINE_EXCEEDED after it, or when the
+  // staging stopped). Any thread, one patch at a time per memory (callers queue), concurrently
+  // with Stage, Emit and HostCopy. UNIMPLEMENTED where the memory cannot (the caller diffs host
+  // copies instead: the default).
+  virtual absl::StatusOr<RetainedPatch> Patch(const RetainedBytes& base,
+                                              const BucketManifest& base_bucket,
+                                              const BucketManifest& next, uint64_t next_checksum,
+                                              double max_patch_fraction, absl::Duration wait) {
+    (void)base, (void)base_bucket, (void)next, (void)next_checksum, (void)max_patch_fraction,
+        (void)wait;
+    return absl::UnimplementedError("this retained memory makes no patches");
+  }
+  // No further bucket will be staged (the staging stopped, or the publication aborted): a Patch
+  // waiting for one returns DEADLINE_EXCEEDED now. Any thread.
+  virtual void Abandon() {}
 };
 
 class RetainedMemory {

@@ -5,20 +5,27 @@
 // daemon's whole-bucket checksums verify); an unchanged version costs each bucket a patch
 // header; every full_every-th version goes whole; a receiver without the base is caught up
 // whole; a version aborted mid-patch (another receiver's checksum fails) leaves the base in
-// place and the next version is patched against it.
+// place and the next version is patched against it. The same with the copy in a retained memory
+// that makes patches where its bytes live (the GPU path's device copy: the engine asks the
+// memory, and diffs host copies only when the memory cannot), stood in for here by host arenas.
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "clients/recv/receiver.h"
+#include "core/delta/bucket_patch.h"
 #include "core/engine/engine.h"
 #include "core/metrics/metrics.h"
+#include "core/transport/checksum.h"
 #include "server/client/publisher_client.h"
 #include "server/service/daemon_server.h"
 #include "tests/daemon/harness.h"
@@ -27,6 +34,110 @@ namespace wpub::server {
 namespace {
 
 namespace pb = ::wpub::v1;
+
+// A retained memory that keeps each version in host vectors and makes patches itself
+// (delta::DiffBucket over its own bytes) the way the GPU layer's device memory makes them on the
+// device: Patch waits for the staging bucket and is UNIMPLEMENTED nowhere. `fail`: every Patch
+// is an INTERNAL error (the engine then diffs host copies). Counts the patches it made.
+class HostArenaMemory final : public transport::RetainedMemory {
+ public:
+  explicit HostArenaMemory(bool fail) : fail_(fail) {}
+  transport::RetainWhere where() const override { return transport::RetainWhere::kDevice; }
+  transport::LocationSet accepts() const override { return transport::kHostOnly; }
+  absl::StatusOr<std::shared_ptr<transport::RetainedBytes>> Reserve(
+      const transport::PublicationManifest& manifest) override {
+    return std::shared_ptr<transport::RetainedBytes>(std::make_shared<Arena>(this, manifest));
+  }
+  uint64_t held_bytes() const override { return 0; }
+  uint64_t patches_made() const { return made_.load(); }
+  uint64_t patches_asked() const { return asked_.load(); }
+
+ private:
+  class Arena final : public transport::RetainedBytes {
+   public:
+    Arena(HostArenaMemory* memory, const transport::PublicationManifest& manifest)
+        : memory_(memory), buckets_(manifest.buckets.size()) {}
+    absl::Status Stage(const transport::Bucket& bucket) override {
+      std::lock_guard lock(mu_);
+      if (bucket.manifest.index != staged_) return absl::InternalError("out of order");
+      buckets_[staged_++] = bucket.bytes;
+      cv_.notify_all();
+      return absl::OkStatus();
+    }
+    absl::StatusOr<std::vector<uint64_t>> Seal() override {
+      std::lock_guard lock(mu_);
+      std::vector<uint64_t> sums;
+      for (const auto& b : buckets_) sums.push_back(transport::Checksum(b.data(), b.size()));
+      return sums;
+    }
+    absl::StatusOr<std::shared_ptr<const transport::Bucket>> Emit(
+        uint64_t version, const transport::BucketManifest& manifest) override {
+      return HostCopy(version, manifest);
+    }
+    absl::StatusOr<std::shared_ptr<const transport::Bucket>> HostCopy(
+        uint64_t version, const transport::BucketManifest& manifest) override {
+      auto b = std::make_shared<transport::Bucket>();
+      b->version = version;
+      b->manifest = manifest;
+      std::lock_guard lock(mu_);
+      b->bytes = buckets_.at(manifest.index);
+      return std::shared_ptr<const transport::Bucket>(std::move(b));
+    }
+    absl::StatusOr<transport::RetainedPatch> Patch(const transport::RetainedBytes& base,
+                                                   const transport::BucketManifest& base_bucket,
+                                                   const transport::BucketManifest& next,
+                                                   uint64_t next_checksum, double fraction,
+                                                   absl::Duration wait) override {
+      ++memory_->asked_;
+      if (memory_->fail_) return absl::InternalError("test: this memory's patches fail");
+      std::vector<uint8_t> bytes;
+      {
+        std::unique_lock lock(mu_);
+        if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(wait),
+                          [&] { return staged_ > next.index || abandoned_; }) ||
+            staged_ <= next.index) {
+          return absl::DeadlineExceededError("test: not staged");
+        }
+        bytes = buckets_[next.index];
+      }
+      const auto& from = static_cast<const Arena&>(base);
+      std::vector<uint8_t> old;
+      {
+        std::lock_guard lock(from.mu_);
+        old = from.buckets_.at(base_bucket.index);
+      }
+      delta::BucketPatchPlan plan = delta::DiffBucket(
+          old, base_bucket.checksum, bytes, next_checksum, {.max_patch_fraction = fraction});
+      transport::RetainedPatch out;
+      out.made = !plan.full;
+      out.why = plan.why;
+      out.bytes = std::move(plan.patch);
+      out.changed_words = plan.changed_words;
+      out.runs = plan.runs;
+      if (out.made) ++memory_->made_;
+      return out;
+    }
+    void Abandon() override {
+      std::lock_guard lock(mu_);
+      abandoned_ = true;
+      cv_.notify_all();
+    }
+
+   private:
+    HostArenaMemory* const memory_;  // outlives its arenas (the test's engine holds both)
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<std::vector<uint8_t>> buckets_;
+    uint32_t staged_ = 0;
+    bool abandoned_ = false;
+  };
+
+  const bool fail_;
+  std::atomic<uint64_t> made_{0}, asked_{0};
+};
+
+// Where the retained copy lives in a run of the test.
+enum class CopyIn { kHost, kPatchingMemory, kFailingMemory };
 
 // A receiver running on its own thread until Stop.
 struct RunningReceiver {
@@ -56,20 +167,27 @@ struct RunningReceiver {
   }
 };
 
-class Patches : public ::testing::Test {
+class Patches : public ::testing::TestWithParam<CopyIn> {
  protected:
   void SetUp() override {
     engine::EngineOptions o;
     o.bucket_bytes = 64 << 10;  // many buckets
     o.min_bucket_bytes = 4 << 10;
-    o.retain.where = transport::RetainWhere::kHost;
+    engine::EngineComponents components;
+    if (GetParam() == CopyIn::kHost) {
+      o.retain.where = transport::RetainWhere::kHost;
+    } else {
+      memory_ = std::make_shared<HostArenaMemory>(GetParam() == CopyIn::kFailingMemory);
+      components.retained_memory = memory_;
+      o.retain.where = transport::RetainWhere::kDevice;
+    }
     o.patches.enabled = true;
     o.patches.full_every = 3;
     o.max_attempts = 1;
     auto metrics = metrics::EngineMetrics::Create(&registry_);
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     metrics_ = *std::move(metrics);
-    auto eng = engine::Engine::Create(o, metrics_.get());
+    auto eng = engine::Engine::Create(o, metrics_.get(), std::move(components));
     ASSERT_TRUE(eng.ok()) << eng.status();
     engine_ = *std::move(eng);
     DaemonServerOptions so;
@@ -119,6 +237,7 @@ class Patches : public ::testing::Test {
     return r.ok() ? *r : pb::PublicationReport{};
   }
 
+  std::shared_ptr<HostArenaMemory> memory_;  // kPatchingMemory, kFailingMemory
   prometheus::Registry registry_;
   std::unique_ptr<metrics::EngineMetrics> metrics_;
   std::unique_ptr<engine::Engine> engine_;
@@ -149,7 +268,7 @@ void ExpectSameBuckets(const RunningReceiver& a, const RunningReceiver& b) {
   }
 }
 
-TEST_F(Patches, AReceiverHoldingTheCommittedVersionPullsOnlyWhatChangedAndHoldsEveryVersion) {
+TEST_P(Patches, AReceiverHoldingTheCommittedVersionPullsOnlyWhatChangedAndHoldsEveryVersion) {
   RunningReceiver patched(target_, "patched", true);
   RunningReceiver whole(target_, "whole", false);
   WaitForReceivers(2);
@@ -220,7 +339,34 @@ TEST_F(Patches, AReceiverHoldingTheCommittedVersionPullsOnlyWhatChangedAndHoldsE
   ExpectSameBuckets(patched, whole);
   ExpectSameBuckets(late, whole);
   EXPECT_GT(patched.receiver->stats().patched_buckets, before);
+
+  // Where the patches were made: by the memory when it can (every patched bucket; whole
+  // buckets too are decided there), else from host copies after the memory's error.
+  if (memory_ != nullptr) {
+    const uint64_t patched_buckets = patched.receiver->stats().patched_buckets;
+    EXPECT_GT(memory_->patches_asked(), 0u);
+    if (GetParam() == CopyIn::kPatchingMemory) {
+      EXPECT_GE(memory_->patches_made(), patched_buckets);
+    } else {
+      EXPECT_EQ(memory_->patches_made(), 0u);
+    }
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(CopyIn, Patches,
+                         ::testing::Values(CopyIn::kHost, CopyIn::kPatchingMemory,
+                                           CopyIn::kFailingMemory),
+                         [](const ::testing::TestParamInfo<CopyIn>& p) {
+                           switch (p.param) {
+                             case CopyIn::kHost:
+                               return "HostCopy";
+                             case CopyIn::kPatchingMemory:
+                               return "MemoryMakesPatches";
+                             case CopyIn::kFailingMemory:
+                               return "MemoryPatchesFail";
+                           }
+                           return "";
+                         });
 
 TEST(PatchesOptions, PatchesWithoutTheRetainedCopyAreRefused) {
   engine::EngineOptions o;

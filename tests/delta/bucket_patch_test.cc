@@ -32,8 +32,34 @@ BucketPatchPlan RoundTrip(const std::vector<uint8_t>& base, const std::vector<ui
   EXPECT_EQ(PatchTargetChecksum(plan.patch), Sum(next));
   absl::StatusOr<std::vector<uint8_t>> got = ApplyBucketPatch(plan.patch, base);
   EXPECT_TRUE(got.ok()) << got.status();
-  if (got.ok()) EXPECT_EQ(*got, next);
+  if (got.ok()) {
+    EXPECT_EQ(*got, next);
+  }
   return plan;
+}
+
+// Applied on several threads (the checksums summed in 16 MiB slices, the base copied in
+// slices) over a bucket of several slices with a partial last word: the same bucket, and the
+// checksum it reports is the whole result's.
+TEST(BucketPatch, AppliedOnThreadsGivesTheSameBucketAndItsChecksum) {
+  const std::vector<uint8_t> base = Random((uint64_t{40} << 20) + 5, 11);
+  std::vector<uint8_t> next = base;
+  for (uint64_t at : {uint64_t{0}, uint64_t{17} << 20, (uint64_t{16} << 20) - 3, next.size() - 1}) {
+    next[at] ^= 0x41;
+  }
+  const BucketPatchPlan plan = DiffBucket(base, Sum(base), next, Sum(next));
+  ASSERT_FALSE(plan.full) << plan.why;
+  for (int threads : {1, 4, 0}) {
+    uint64_t checksum = 0;
+    auto got = ApplyBucketPatch(plan.patch, base, {.threads = threads, .checksum = &checksum});
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, next) << threads << " threads";
+    EXPECT_EQ(checksum, Sum(next)) << threads << " threads";
+  }
+  std::vector<uint8_t> other = base;
+  other[(uint64_t{33} << 20) + 1] ^= 1;  // not the base, in a slice of its own
+  EXPECT_EQ(ApplyBucketPatch(plan.patch, other, {.threads = 4}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(BucketPatch, NoChangeIsAnEmptyPatch) {

@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 
+#include "core/delta/bucket_patch.h"
 #include "core/engine/cpu_backend.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/retained_memory.h"
@@ -511,7 +512,9 @@ TEST(GpuBackend, TheRetainedCopyInDeviceOrPinnedMemoryHoldsTheReferenceAndReplay
       auto r = (*backend)->Execute(plan, hooks);
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_EQ(engine.host_buckets, 0);
-      if (version > 1) EXPECT_EQ(syncs.count(), 2u);  // the copy adds none per bucket
+      if (version > 1) {
+        EXPECT_EQ(syncs.count(), 2u);  // the copy adds none per bucket
+      }
       if (version == 2) {
         (*group)->Abort("test: an aborted version");
         ASSERT_NE((*copy)->Retained(), nullptr);
@@ -563,6 +566,128 @@ TEST(GpuBackend, TheRetainedCopyInDeviceOrPinnedMemoryHoldsTheReferenceAndReplay
       }
     }
   }
+}
+
+// A delta publication's patch, made on the device between the retained version and the one
+// staging (GpuRetainedMemory's Patch), is byte for byte the host diff of the CPU reference's
+// buckets (delta::DiffBucket), for buckets that changed, did not change, and under a limit that
+// sends every bucket whole; a pinned copy leaves patches to the host; a patch waiting for a
+// bucket of a staging that stopped returns at once.
+TEST(GpuBackend, TheDeviceCopyMakesTheHostDiffsPatchByteForByte) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  Model m;
+  BuildMixed(m);
+  const uint64_t bucket = uint64_t{2} << 10;
+  auto memory = GpuRetainedMemory::Create({0, transport::RetainWhere::kDevice});
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  auto copy = transport::RetainedCopy::Create({.where = transport::RetainWhere::kDevice}, *memory);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  DeviceReaderTransport engine("sglang-group", 0);
+  auto group = transport::TransportGroup::Create({&engine, copy->get()});
+  ASSERT_TRUE(group.ok()) << group.status();
+  auto backend = GpuBackend::Create({});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  // Publishes and commits the model as `version`; `during` sees the staging bytes after the
+  // backend ran, before the commit.
+  auto publish = [&](uint64_t version,
+                     const std::function<void(transport::RetainedBytes*)>& during) {
+    std::vector<InputTensor> inputs;
+    engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
+    plan.version = version;
+    transport::PublicationManifest manifest;
+    manifest.version = version;
+    for (const transport::BucketLayout& l : plan.buckets) {
+      manifest.buckets.push_back(transport::MakeBucketManifest(l, plan.outputs));
+    }
+    ASSERT_TRUE((*group)->Begin(manifest).ok());
+    const std::shared_ptr<transport::RetainedBytes> staging = (*copy)->StagingBytes(version);
+    ASSERT_NE(staging, nullptr);
+    engine::SyncCounter syncs;
+    engine::ExecutionHooks hooks;
+    hooks.syncs = &syncs;
+    hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) { return (*group)->Send(b); };
+    auto r = (*backend)->Execute(plan, hooks);
+    ASSERT_TRUE(r.ok()) << r.status();
+    during(staging.get());
+    ASSERT_TRUE((*group)->Commit().ok());
+  };
+  publish(1, [](transport::RetainedBytes*) {});
+  const auto v1 = Reference(m, bucket);
+  // v2: one bf16 element of the dense layer and a few of quantized tensors move (a block's
+  // codes, one scale, maybe the amax); most buckets keep every byte.
+  m.SetHost(2, 0, 6, 0x3f80);
+  m.SetHost(3, 0, 2 * 300, 0x3f00);
+  m.SetHost(7, 1, 2 * 5000, 0xbf20);
+  const auto v2 = Reference(m, bucket);
+  ASSERT_EQ(v1.size(), v2.size());
+  size_t patched = 0, unchanged = 0;
+  publish(2, [&](transport::RetainedBytes* staging) {
+    const auto base = (*copy)->Retained();
+    ASSERT_NE(base, nullptr);
+    ASSERT_EQ(base->manifest.version, 1u);
+    for (size_t i = 0; i < v2.size(); ++i) {
+      SCOPED_TRACE(i);
+      const uint64_t c1 = v1[i]->manifest.checksum, c2 = v2[i]->manifest.checksum;
+      EXPECT_EQ(base->manifest.buckets[i].checksum, c1);
+      for (double fraction : {0.5, 0.0}) {
+        auto got = staging->Patch(*base->memory, base->manifest.buckets[i], v2[i]->manifest, c2,
+                                  fraction, absl::Seconds(10));
+        ASSERT_TRUE(got.ok()) << got.status();
+        const delta::BucketPatchPlan want = delta::DiffBucket(v1[i]->span(), c1, v2[i]->span(), c2,
+                                                              {.max_patch_fraction = fraction});
+        ASSERT_EQ(got->made, !want.full) << got->why;
+        EXPECT_EQ(got->changed_words, want.changed_words);
+        if (!got->made) continue;
+        EXPECT_EQ(got->runs, want.runs);
+        EXPECT_EQ(got->bytes, want.patch);
+        auto rebuilt = delta::ApplyBucketPatch(got->bytes, v1[i]->span());
+        ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+        EXPECT_EQ(*rebuilt, v2[i]->bytes);
+        ++(want.changed_words == 0 ? unchanged : patched);
+      }
+    }
+  });
+  EXPECT_GT(patched, 0u);
+  EXPECT_GT(unchanged, 0u);
+  EXPECT_GT((*copy)->Info().held_bytes, 0u);
+  // A staging that stopped (the publication aborted before a bucket was copied): at once.
+  {
+    std::vector<InputTensor> inputs;
+    engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
+    transport::PublicationManifest manifest;
+    manifest.version = 3;
+    for (const transport::BucketLayout& l : plan.buckets) {
+      manifest.buckets.push_back(transport::MakeBucketManifest(l, plan.outputs));
+    }
+    ASSERT_TRUE((*group)->Begin(manifest).ok());
+    const std::shared_ptr<transport::RetainedBytes> staging = (*copy)->StagingBytes(3);
+    ASSERT_NE(staging, nullptr);
+    (*group)->Abort("test: aborted before any bucket");
+    const auto base = (*copy)->Retained();
+    const absl::Time start = absl::Now();
+    auto got = staging->Patch(*base->memory, base->manifest.buckets[0], manifest.buckets[0], 0, 0.5,
+                              absl::Seconds(30));
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  }
+  // Pinned memory: UNIMPLEMENTED (its bytes are on the host already).
+  auto pinned = GpuRetainedMemory::Create({0, transport::RetainWhere::kPinned});
+  ASSERT_TRUE(pinned.ok());
+  auto pinned_copy =
+      transport::RetainedCopy::Create({.where = transport::RetainWhere::kPinned}, *pinned);
+  ASSERT_TRUE(pinned_copy.ok());
+  transport::PublicationManifest empty;
+  empty.version = 1;
+  ASSERT_TRUE((*pinned_copy)->Begin(empty).ok());
+  ASSERT_TRUE((*pinned_copy)->Commit().ok());
+  ASSERT_NE((*pinned_copy)->Retained(), nullptr);
+  empty.version = 2;
+  ASSERT_TRUE((*pinned_copy)->Begin(empty).ok());
+  auto staging = (*pinned_copy)->StagingBytes(2);
+  ASSERT_NE(staging, nullptr);
+  auto got = staging->Patch(*(*pinned_copy)->Retained()->memory, {}, {}, 0, 0.5, absl::Seconds(1));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnimplemented) << got.status();
+  (*pinned_copy)->Abort("test");
 }
 
 TEST(GpuBackend, NonFiniteRejectedNamingTheTensorUnlessAllowed) {

@@ -7,7 +7,7 @@
 #
 # Staged binaries: deploy/stage_devbin.sh build onegpu (carry .devbin/onegpu.tgz).
 # Two lanes run side by side (the GPU has room for both):
-#   lane A, the GPU unit tests: kernels against the CPU reference, status kernels, the CUDA IPC
+#   lane A, the GPU unit tests: kernels against the CPU reference, status kernels, the bucket diff against the host diff, the CUDA IPC
 #     cache, the converter's CUDA path and its output read by the real `safetensors` library
 #     (when importable) and `wpubctl inspect`, the GPU backend, rendezvous, the rollout group,
 #     SGLang driver, dirty engines and GPU path; then vLLM's rendezvous refusal
@@ -129,7 +129,7 @@ unittest_run() {
 
 lane_a() {
   local rc=0
-  for t in kernels_gpu_test:300 kernels_status_test:60 gpu_ipc_cache_test:60 \
+  for t in kernels_gpu_test:300 kernels_status_test:60 kernels_bucket_diff_test:120 gpu_ipc_cache_test:60 \
     convert_gpu_test:120 gpu_backend_test:120 rendezvous_test:60 rollout_group_test:120 \
     rollout_sglang_driver_test:120 rollout_sglang_dirty_test:120 rollout_gpu_path_test:60; do
     gtest "${t%%:*}" "${t##*:}" || rc=1

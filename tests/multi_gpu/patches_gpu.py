@@ -5,8 +5,9 @@ patches, one pulling whole buckets. Each version after the first moves one route
 MoE layer (v3 moves nothing; v4 is the --patches_full_every=3rd and goes whole). After every
 version both receivers' files equal the CPU reference byte for byte; the patched receiver's log
 says what each version cost it on the wire: a small share of the bytes when an expert moved, a
-48-byte header per bucket when nothing did, everything on the whole version. The patches are
-diffed against the retained copy in device memory (read back per bucket).
+48-byte header per bucket when nothing did, everything on the whole version. On the GPU path the patches are made on the
+device, between the retained copy and the staging one in device memory (only the patch is read
+back): the daemon's log must show no patch that fell back to host copies.
 
 Writes OUT/patches_gpu.json; exit 0 when every check holds.
 Usage (a GPU host, binaries staged; see tests/gpu/run_one_gpu.sh):
@@ -122,6 +123,10 @@ def main():
             p.stop()
         res["daemon_exit"] = d.stop()
     res["ok"] &= res["daemon_exit"] == 0
+    with open(d.log_path, "rb") as f:
+        fell_back = f.read().decode(errors="replace").count("diffing host copies")
+    res["patches_from_host_copies"] = fell_back
+    res["ok"] &= fell_back == 0
     with open(os.path.join(out, "patches_gpu.json"), "w") as f:
         json.dump(res, f, indent=1)
     sys.exit(0 if res["ok"] else 1)

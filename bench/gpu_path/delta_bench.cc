@@ -1,0 +1,335 @@
+// Delta publication on the GPU path (a program, not a test): a model shaped like Qwen3-30B-A3B
+// (routed experts of [768, 2048] in NVFP4, attention and norms in BF16) in GPU 0 memory, moved by
+// an RL-like update model step after step and published by the engine as wpubd runs it -- the
+// GPU backend, the retained copy in device memory, gRPC pull -- to a wpub-recv receiver
+// (clients/recv, in process, over the daemon's gRPC service on loopback), twice:
+//   full     every version whole (wpubd --retain=device),
+//   patches  every version after the first as bucket patches (wpubd --retain=device --patches
+//            --patches_full_every=0): the engine diffs each bucket against the retained copy on
+//            the device and only the patch crosses to the host and the wire.
+// The update model (bench/gpu_path/fill.h, FillAdamBf16): an fp32 master with AdamW at --lr on
+// i.i.d. N(0, 1) gradients, its bf16 copy published each step; --warmup steps are published and
+// not counted (Adam's first steps are its largest). Per version and mode: the publication's wall
+// clock (Open .. Commit returned: every receiver acknowledged every bucket, rebuilt and checked
+// against the whole bucket's checksum), its phases, the bytes the receiver pulled, the buckets
+// that came as patches; and after each version a digest of the receiver's buckets (checksums of
+// every bucket, summed) that must be the same in both modes: the patched receiver holds every
+// version byte for byte. The CUDA IPC mapping is replaced by pointers into this process's model
+// allocation (the engine reads them in place, as it reads mapped trainer memory).
+// Usage: delta_bench [--layers 24] [--experts 128] [--hidden 2048] [--inter 768]
+//        [--bucket_mib 512] [--versions 10] [--warmup 2] [--lr 1e-6] [--init_std 0.02]
+//        [--seed 2026] [--json FILE]
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/gpu_path/bench_util.h"
+#include "bench/gpu_path/fill.h"
+#include "clients/recv/receiver.h"
+#include "core/common/parallel_for.h"
+#include "core/engine/engine.h"
+#include "core/gpu/gpu_backend.h"
+#include "core/gpu/retained_memory.h"
+#include "core/transport/checksum.h"
+#include "nlohmann/json.hpp"
+#include "server/service/daemon_server.h"
+#include "tests/multi_gpu/moe_fixture.h"
+
+namespace wpub::bench {
+namespace {
+
+using json = nlohmann::json;
+
+struct Args {
+  testing::MoeShape shape;
+  uint64_t bucket_bytes = uint64_t{512} << 20;
+  int versions = 10;
+  int warmup = 2;
+  double lr = 1e-6;
+  double init_std = 0.02;
+  uint64_t seed = 2026;
+  std::string json_path;
+};
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  a.shape = testing::Qwen3MoeShape();
+  a.shape.layers = 24;  // bf16 model + two retained versions fit an 80 GB GPU
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--layers") {
+      a.shape.layers = std::atoi(v.c_str());
+    } else if (k == "--experts") {
+      a.shape.experts = std::atoi(v.c_str());
+    } else if (k == "--hidden") {
+      a.shape.hidden = std::atoll(v.c_str());
+    } else if (k == "--inter") {
+      a.shape.inter = std::atoll(v.c_str());
+    } else if (k == "--bucket_mib") {
+      a.bucket_bytes = std::strtoull(v.c_str(), nullptr, 10) << 20;
+    } else if (k == "--versions") {
+      a.versions = std::atoi(v.c_str());
+    } else if (k == "--warmup") {
+      a.warmup = std::atoi(v.c_str());
+    } else if (k == "--lr") {
+      a.lr = std::atof(v.c_str());
+    } else if (k == "--init_std") {
+      a.init_std = std::atof(v.c_str());
+    } else if (k == "--seed") {
+      a.seed = std::strtoull(v.c_str(), nullptr, 10);
+    } else if (k == "--json") {
+      a.json_path = v;
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      std::exit(2);
+    }
+  }
+  return a;
+}
+
+// The CUDA IPC mapping of this benchmark: a part's `offset` is its offset in the model's
+// allocation (the handle is not opened: the model lives in this process).
+class InProcessResolver final : public engine::CudaIpcResolver {
+ public:
+  InProcessResolver(const uint8_t* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
+  absl::StatusOr<const uint8_t*> Resolve(const engine::CudaIpcSource& source,
+                                         uint64_t expected_bytes,
+                                         absl::string_view tensor) override {
+    if (source.offset + expected_bytes > bytes_) {
+      return absl::OutOfRangeError(absl::StrCat(tensor, " is outside the model"));
+    }
+    return base_ + source.offset;
+  }
+  void EndPublication() override {}
+
+ private:
+  const uint8_t* const base_;
+  const uint64_t bytes_;
+};
+
+// One batch per tensor, each read in place from the model.
+std::vector<engine::BatchInput> Batches(const testing::ModelLayout& layout) {
+  std::vector<engine::BatchInput> out;
+  for (const testing::ModelTensor& t : layout.tensors) {
+    engine::CudaIpcSource ipc;
+    ipc.handle[0] = 1;
+    ipc.device_uuid = "GPU-00000000-0000-0000-0000-000000000000";
+    ipc.offset = t.offset;
+    ipc.length = t.nbytes;
+    engine::TensorInput in;
+    in.desc = TensorDesc{t.name, t.dtype, t.shape};
+    in.parts.push_back({ipc, t.shape});
+    out.push_back({t.name, {std::move(in)}});
+  }
+  return out;
+}
+
+// Sum of the checksums of the receiver's buckets of its committed version (0: none).
+uint64_t Digest(const recv::Receiver& r) {
+  const std::shared_ptr<const recv::CommittedModel> m = r.committed();
+  if (m == nullptr) return 0;
+  std::vector<uint64_t> sums(m->buckets.size());
+  ParallelFor(sums.size(), 16, [&](size_t i) {
+    sums[i] = transport::Checksum(m->buckets[i].data(), m->buckets[i].size());
+  });
+  uint64_t digest = 0;
+  for (uint64_t s : sums) digest += s;
+  return digest;
+}
+
+struct VersionRow {
+  uint64_t version = 0;
+  double wall = 0, quantize = 0, transfer = 0, commit = 0;
+  uint64_t bytes_out = 0, pulled = 0, patched = 0, buckets = 0, syncs = 0, digest = 0;
+};
+
+// Every step of the update model published in one mode; the rows of the counted versions.
+std::vector<VersionRow> RunMode(bool patches, const Args& args, const testing::ModelLayout& layout,
+                                uint8_t* model) {
+  engine::EngineOptions eo;
+  eo.bucket_bytes = args.bucket_bytes;
+  eo.max_bucket_bytes = std::max(eo.max_bucket_bytes, args.bucket_bytes);
+  eo.ack_deadline = absl::Seconds(600);
+  eo.retain.where = transport::RetainWhere::kDevice;
+  eo.patches.enabled = patches;
+  eo.patches.full_every = 0;  // never forced: the figure is the steady state
+  engine::EngineComponents components;
+  gpu::GpuBackendOptions bo;
+  bo.overlap_ctas_per_sm = 0;  // nothing is broadcast beside the kernels
+  auto backend = gpu::GpuBackend::Create(bo);
+  BENCH_OK(backend.status());
+  components.backend = *std::move(backend);
+  auto memory = gpu::GpuRetainedMemory::Create({0, transport::RetainWhere::kDevice});
+  BENCH_OK(memory.status());
+  components.retained_memory = *memory;
+  components.cuda_ipc = std::make_unique<InProcessResolver>(model, layout.total_bytes);
+  auto eng = engine::Engine::Create(eo, nullptr, std::move(components));
+  BENCH_OK(eng.status());
+  server::DaemonServerOptions so;
+  so.listen = "127.0.0.1:0";
+  so.max_message_bytes = 64 << 20;
+  auto srv = server::DaemonServer::Create(so, eng->get());
+  BENCH_OK(srv.status());
+  recv::ReceiverOptions ro;
+  ro.target = absl::StrCat("127.0.0.1:", (*srv)->port());
+  ro.name = patches ? "patched" : "whole";
+  ro.patches = patches;
+  auto receiver = recv::Receiver::Create(ro);
+  BENCH_OK(receiver.status());
+  absl::Status run_status;
+  std::thread thread([&] { run_status = (*receiver)->Run(); });
+  while ((*eng)->pull_transport()->Receivers().empty()) absl::SleepFor(absl::Milliseconds(5));
+
+  const std::vector<engine::BatchInput> batches = Batches(layout);
+  std::vector<VersionRow> rows;
+  for (int step = 1; step <= args.warmup + args.versions; ++step) {
+    if (FillAdamBf16(model, layout.total_bytes / 2, args.seed, step, static_cast<float>(args.lr),
+                     static_cast<float>(args.init_std), nullptr) != cudaSuccess ||
+        cudaDeviceSynchronize() != cudaSuccess) {
+      std::fprintf(stderr, "the update model's fill failed\n");
+      std::exit(1);
+    }
+    const recv::ReceiverStats before = (*receiver)->stats();
+    engine::PublicationHeader header;
+    header.version = static_cast<uint64_t>(step);
+    header.model_id = "qwen3-moe-delta-bench";
+    header.recipe = "nvfp4";
+    auto session = (*eng)->Open(header);
+    BENCH_OK(session.status());
+    for (const engine::BatchInput& b : batches) BENCH_OK((*session)->AddBatch(b));
+    auto report = (*session)->Commit();
+    BENCH_OK(report.status());
+    if (report->status != engine::PublicationStatus::kCommitted) {
+      std::fprintf(stderr, "v%d did not commit: %s\n", step, report->error.c_str());
+      std::exit(1);
+    }
+    while ((*receiver)->stats().last_committed_version < static_cast<uint64_t>(step)) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    const recv::ReceiverStats after = (*receiver)->stats();
+    VersionRow row;
+    row.version = static_cast<uint64_t>(step);
+    row.wall = report->wall_seconds;
+    row.quantize = report->phases.quantize;
+    row.transfer = report->phases.transfer;
+    row.commit = report->phases.commit;
+    row.bytes_out = report->bytes_out;
+    row.buckets = report->buckets;
+    row.syncs = report->host_syncs;
+    row.pulled = after.bytes - before.bytes;
+    row.patched = after.patched_buckets - before.patched_buckets;
+    row.digest = Digest(**receiver);
+    std::printf(
+        "%-8s v%-3d wall %7.3f s (quantize %7.3f, transfer %7.3f, commit %6.3f)  %12lu B out  "
+        "pulled %12lu B (%7.4f%%)  %3lu of %3lu buckets patched  %lu host syncs%s\n",
+        patches ? "patches" : "full", step, row.wall, row.quantize, row.transfer, row.commit,
+        static_cast<unsigned long>(row.bytes_out), static_cast<unsigned long>(row.pulled),
+        100.0 * static_cast<double>(row.pulled) / static_cast<double>(row.bytes_out),
+        static_cast<unsigned long>(row.patched), static_cast<unsigned long>(row.buckets),
+        static_cast<unsigned long>(row.syncs), step <= args.warmup ? "  (warm-up)" : "");
+    std::fflush(stdout);
+    if (step > args.warmup) rows.push_back(row);
+  }
+  (*receiver)->Stop();
+  thread.join();
+  (*srv)->Shutdown(absl::Now() + absl::Seconds(10));
+  return rows;
+}
+
+int Main(int argc, char** argv) {
+  const Args args = Parse(argc, argv);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "delta_bench needs a GPU\n");
+    return 1;
+  }
+  cudaSetDevice(0);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  const testing::ModelLayout layout = testing::LayoutModel(args.shape);
+  std::printf(
+      "device: %s; model: %d layers, %d experts [%ld, %ld]: %.2f GB bf16 (%.2f GB routed "
+      "experts); buckets of %lu MiB; AdamW lr %g on N(0,1) gradients, master N(0, %g); %d "
+      "warm-up + %d versions\n",
+      prop.name, args.shape.layers, args.shape.experts, static_cast<long>(args.shape.inter),
+      static_cast<long>(args.shape.hidden), layout.total_bytes / 1e9, layout.expert_bytes / 1e9,
+      static_cast<unsigned long>(args.bucket_bytes >> 20), args.lr, args.init_std, args.warmup,
+      args.versions);
+  void* model = nullptr;
+  if (cudaMalloc(&model, layout.total_bytes) != cudaSuccess) {
+    std::fprintf(stderr, "cannot allocate %lu bytes on GPU 0\n",
+                 static_cast<unsigned long>(layout.total_bytes));
+    return 1;
+  }
+  const std::vector<VersionRow> full = RunMode(false, args, layout, static_cast<uint8_t*>(model));
+  const std::vector<VersionRow> patched = RunMode(true, args, layout, static_cast<uint8_t*>(model));
+  cudaFree(model);
+
+  json versions = json::array();
+  std::vector<double> byte_ratio, time_ratio, full_wall, patch_wall;
+  bool same = full.size() == patched.size();
+  for (size_t i = 0; same && i < full.size(); ++i) {
+    const VersionRow &f = full[i], &p = patched[i];
+    same = f.digest == p.digest && f.bytes_out == p.bytes_out;
+    byte_ratio.push_back(static_cast<double>(p.pulled) / static_cast<double>(f.pulled));
+    time_ratio.push_back(p.wall / f.wall);
+    full_wall.push_back(f.wall);
+    patch_wall.push_back(p.wall);
+    versions.push_back({{"version", f.version},
+                        {"full_wall_seconds", f.wall},
+                        {"patches_wall_seconds", p.wall},
+                        {"full_quantize_seconds", f.quantize},
+                        {"patches_quantize_seconds", p.quantize},
+                        {"full_transfer_seconds", f.transfer},
+                        {"patches_transfer_seconds", p.transfer},
+                        {"full_commit_seconds", f.commit},
+                        {"patches_commit_seconds", p.commit},
+                        {"bytes_out", f.bytes_out},
+                        {"full_pulled_bytes", f.pulled},
+                        {"patches_pulled_bytes", p.pulled},
+                        {"patched_buckets", p.patched},
+                        {"buckets", p.buckets},
+                        {"patches_host_syncs", p.syncs},
+                        {"full_host_syncs", f.syncs},
+                        {"bytes_ratio", byte_ratio.back()},
+                        {"time_ratio", time_ratio.back()},
+                        {"digest_equal", f.digest == p.digest}});
+  }
+  if (!same) {
+    std::fprintf(stderr, "the patched receiver does not hold what the whole one holds\n");
+    return 1;
+  }
+  const double bytes_median = Median(byte_ratio), time_median = Median(time_ratio);
+  std::printf(
+      "\nmedian over %zu versions: bytes pulled %.4f%% of a full version; publication %.3f s vs "
+      "%.3f s full = %.3fx; every version's buckets identical in both modes\n",
+      full.size(), 100 * bytes_median, Median(patch_wall), Median(full_wall), time_median);
+  json out = {{"device", prop.name},
+              {"layers", args.shape.layers},
+              {"experts", args.shape.experts},
+              {"bucket_mib", args.bucket_bytes >> 20},
+              {"lr", args.lr},
+              {"init_std", args.init_std},
+              {"warmup", args.warmup},
+              {"model", "fp32 master, AdamW(0.9, 0.999, 1e-8) on i.i.d. N(0,1) gradients"},
+              {"versions", versions},
+              {"median_bytes_ratio", bytes_median},
+              {"median_time_ratio", time_median},
+              {"median_full_wall_seconds", Median(full_wall)},
+              {"median_patches_wall_seconds", Median(patch_wall)}};
+  if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace wpub::bench
+
+int main(int argc, char** argv) { return wpub::bench::Main(argc, argv); }

@@ -1,0 +1,361 @@
+// Bucket diff kernels: a stream compaction of the changed words into the patch, in three
+// launches of fixed shape. Compare: each CTA reads one tile of both buckets at memory bandwidth
+// and keeps a bit per word (the only full pass over the buckets' bytes) and the tile's counts.
+// Scan: one CTA turns the tile counts into prefix sums, the totals and the header. Write: a warp
+// per tile with a change, a lane per 64-word mask word, places the changed words and, at each
+// run's end, the run's header, reading `next` only where it changed.
+#include "kernels/cuda/bucket_diff.h"
+
+#include <algorithm>
+
+namespace wpub::kernels::cuda {
+namespace {
+
+constexpr uint64_t kHeaderBytes = 48;
+constexpr uint64_t kWord = 8;
+constexpr int kThreads = 256;  // compare and write kernels
+constexpr int kWarps = kThreads / 32;
+// 16-byte loads per thread and bucket in flight in the compare kernel: 128 bytes per thread with
+// both buckets, and small CTAs whose only serial tail is one warp's, so that several CTAs per SM
+// keep HBM busy.
+constexpr int kUnroll = 4;
+constexpr uint64_t kTileWords = uint64_t{2} * kThreads * kUnroll;  // a warp's load: 64 words
+constexpr int kMasksPerTile = static_cast<int>(kTileWords / 64);
+constexpr int kScanThreads = 1024;
+constexpr int kScanWarps = kScanThreads / 32;
+constexpr int kScanItems = 8;  // consecutive tiles per scan thread and round
+static_assert(kThreads % 32 == 0 && kScanThreads % 32 == 0, "whole warps");
+static_assert(kMasksPerTile == 32, "a lane per mask word of a tile");
+// The write kernel packs a warp's counts in a u32 (changed words << 16 | run starts), the scan
+// kernel a round's in a u64 (changed words << 32 | run starts).
+static_assert(kTileWords < (1u << 16), "a tile's counts fit 16 bits");
+static_assert(uint64_t{kScanThreads} * kScanItems * kTileWords < (uint64_t{1} << 32),
+              "a round's counts fit 32 bits");
+
+// Per tile, from the compare kernel.
+struct TileCount {
+  uint32_t changed;      // words that differ
+  uint32_t starts;       // words that differ whose predecessor does not (or word 0)
+  uint64_t last_start1;  // 1 + the tile's last run start, 0 when none starts in it
+};
+// Per tile, from the scan kernel: over the tiles before it.
+struct TilePrefix {
+  uint64_t runs;         // runs started before the tile
+  uint64_t changed;      // words changed before the tile
+  uint64_t open_start1;  // 1 + the last run start before the tile (0: none)
+};
+
+// Scratch: a bit per word (bit w % 64 of mask w / 64, zero past the last word; tiles are whole
+// mask words), then the per-tile counts and prefixes, each 256-byte aligned.
+struct Layout {
+  uint64_t words = 0, tiles = 0;
+  uint64_t counts_at = 0, prefix_at = 0, bytes = 0;
+};
+
+constexpr uint64_t Align256(uint64_t b) { return (b + 255) / 256 * 256; }
+
+Layout MakeLayout(uint64_t n) {
+  Layout l;
+  l.words = n / kWord + (n % kWord != 0);
+  l.tiles = std::max<uint64_t>(1, (l.words + kTileWords - 1) / kTileWords);  // n == 0: one
+  l.counts_at = Align256(l.tiles * kMasksPerTile * sizeof(uint64_t));
+  l.prefix_at = l.counts_at + Align256(l.tiles * sizeof(TileCount));
+  l.bytes = l.prefix_at + Align256(l.tiles * sizeof(TilePrefix));
+  return l;
+}
+
+struct Plus {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct Max {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a > b ? a : b;
+  }
+};
+
+// Inclusive scan over a warp's lanes (op commutative and associative).
+template <typename T, typename Op>
+__device__ __forceinline__ T WarpInclusiveScan(T v, Op op) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T t = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v = op(t, v);
+  }
+  return v;
+}
+template <typename T, typename Op>
+__device__ __forceinline__ T WarpReduce(T v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Inclusive scan of one value per thread in thread order (op commutative and associative, T a
+// built-in shuffle type); every thread of the block calls it. s_warp: kBlock / 32 slots, which
+// hold the warps' inclusive scan on return.
+template <int kBlock, typename T, typename Op>
+__device__ T BlockInclusiveScan(T v, Op op, T* s_warp) {
+  constexpr int kBlockWarps = kBlock / 32;
+  static_assert(kBlockWarps <= 32, "one warp scans the warps");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = WarpInclusiveScan(v, op);
+  if (lane == 31) s_warp[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    const T w = WarpInclusiveScan(lane < kBlockWarps ? s_warp[lane] : T(0), op);
+    if (lane < kBlockWarps) s_warp[lane] = w;
+  }
+  __syncthreads();
+  if (warp > 0) v = op(s_warp[warp - 1], v);
+  __syncthreads();  // s_warp may be rewritten at once
+  return v;
+}
+
+__device__ __forceinline__ uint64_t LoadWord(const uint8_t* p, uint64_t w) {
+  return __ldg(reinterpret_cast<const unsigned long long*>(p) + w);
+}
+
+// Whether word w (< words) differs; the last word compares only the bucket's bytes.
+__device__ bool WordDiffers(const uint8_t* a, const uint8_t* b, uint64_t w, uint64_t n) {
+  if (kWord * w + kWord <= n) return LoadWord(a, w) != LoadWord(b, w);
+  bool d = false;
+  for (uint64_t i = kWord * w; i < n; ++i) d |= a[i] != b[i];
+  return d;
+}
+
+// Words 2p and 2p + 1: one 16-byte load where both buckets are 16-byte aligned, else two.
+struct Pair {
+  uint64_t lo, hi;
+};
+template <bool kVec16>
+__device__ __forceinline__ Pair LoadPair(const uint8_t* p, uint64_t pair) {
+  if constexpr (kVec16) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + pair);
+    return {static_cast<uint64_t>(v.y) << 32 | v.x, static_cast<uint64_t>(v.w) << 32 | v.z};
+  } else {
+    return {LoadWord(p, 2 * pair), LoadWord(p, 2 * pair + 1)};
+  }
+}
+
+// Bit i of x to bit 2i.
+__device__ __forceinline__ uint64_t SpreadBits(uint32_t x) {
+  uint64_t v = x;
+  v = (v | v << 16) & 0x0000FFFF0000FFFFull;
+  v = (v | v << 8) & 0x00FF00FF00FF00FFull;
+  v = (v | v << 4) & 0x0F0F0F0F0F0F0F0Full;
+  v = (v | v << 2) & 0x3333333333333333ull;
+  v = (v | v << 1) & 0x5555555555555555ull;
+  return v;
+}
+
+// The run starts of mask word m: its changed words whose predecessor (prev_bit for bit 0) is not.
+__device__ __forceinline__ uint64_t RunStarts(uint64_t m, uint64_t prev_bit) {
+  return m & ~((m << 1) | prev_bit);
+}
+
+// One tile per CTA: lane l of a warp's load u compares words 2l and 2l + 1 of a 64-word mask
+// word; two ballots make it. Then warp 0 alone counts the tile (the rest of the CTA is done).
+template <bool kVec16>
+__global__ void __launch_bounds__(kThreads)
+    CompareKernel(const uint8_t* base, const uint8_t* next, uint64_t n, uint64_t* masks,
+                  TileCount* counts) {
+  __shared__ uint64_t s_mask[kMasksPerTile];
+  const uint64_t tile = blockIdx.x;
+  const uint64_t words = n / kWord + (n % kWord != 0);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // Whether the word before the tile (a whole word) differs: thread 0, which counts starts.
+  const bool carry =
+      threadIdx.x == 0 && tile > 0 && WordDiffers(base, next, tile * kTileWords - 1, n);
+  Pair a[kUnroll], b[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const uint64_t pair = tile * (kTileWords / 2) + u * kThreads + threadIdx.x;
+    if (16 * pair + 16 <= n) {
+      a[u] = LoadPair<kVec16>(base, pair);
+      b[u] = LoadPair<kVec16>(next, pair);
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const uint64_t pair = tile * (kTileWords / 2) + u * kThreads + threadIdx.x;
+    bool d0, d1;
+    if (16 * pair + 16 <= n) {
+      d0 = a[u].lo != b[u].lo;
+      d1 = a[u].hi != b[u].hi;
+    } else {  // the bucket's end: a partial last word, or words past it
+      d0 = 2 * pair < words && WordDiffers(base, next, 2 * pair, n);
+      d1 = 2 * pair + 1 < words && WordDiffers(base, next, 2 * pair + 1, n);
+    }
+    const uint32_t even = __ballot_sync(0xffffffffu, d0), odd = __ballot_sync(0xffffffffu, d1);
+    if (lane == 0) s_mask[u * kWarps + warp] = SpreadBits(even) | SpreadBits(odd) << 1;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  const uint64_t m = s_mask[lane];
+  masks[tile * kMasksPerTile + lane] = m;
+  uint64_t prev = __shfl_up_sync(0xffffffffu, m, 1);
+  if (lane == 0) prev = carry ? uint64_t{1} << 63 : 0;
+  const uint64_t starts = RunStarts(m, prev >> 63);
+  const uint32_t changed = WarpReduce(static_cast<uint32_t>(__popcll(m)), Plus());
+  const uint32_t started = WarpReduce(static_cast<uint32_t>(__popcll(starts)), Plus());
+  const uint64_t last_start1 = WarpReduce(
+      starts != 0 ? tile * kTileWords + 64 * lane + (63 - __clzll(starts)) + 1 : 0, Max());
+  if (lane == 0) counts[tile] = {changed, started, last_start1};
+}
+
+// One CTA: exclusive prefixes of the tile counts (rounds of kScanThreads * kScanItems tiles,
+// each thread a run of consecutive tiles), then the totals and, when the patch fits, its header.
+__global__ void __launch_bounds__(kScanThreads)
+    ScanKernel(const TileCount* counts, TilePrefix* prefix, uint64_t tiles, const uint64_t* masks,
+               uint64_t n, uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
+               uint64_t patch_capacity, BucketDiffTotals* totals) {
+  __shared__ uint64_t s_sum[kScanWarps], s_max[kScanWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  uint64_t runs = 0, changed = 0, open1 = 0;  // over the rounds before, alike in every thread
+  for (uint64_t round = 0; round < tiles; round += uint64_t{kScanThreads} * kScanItems) {
+    const uint64_t first = round + uint64_t{threadIdx.x} * kScanItems;
+    TileCount t[kScanItems];
+    uint64_t packed = 0, o = 0;
+#pragma unroll
+    for (int i = 0; i < kScanItems; ++i) {
+      t[i] = first + i < tiles ? counts[first + i] : TileCount{0, 0, 0};
+      packed += uint64_t{t[i].changed} << 32 | t[i].starts;
+      o = Max()(o, t[i].last_start1);
+    }
+    const uint64_t packed_before = BlockInclusiveScan<kScanThreads>(packed, Plus(), s_sum) - packed;
+    const uint64_t o_incl = BlockInclusiveScan<kScanThreads>(o, Max(), s_max);
+    // The max is not invertible: the exclusive value is the previous thread's inclusive one
+    // (for a warp's lane 0, the warps' scan before it, which the slots still hold).
+    const uint64_t o_lane_before = __shfl_up_sync(0xffffffffu, o_incl, 1);
+    uint64_t pr = runs + (packed_before & 0xFFFFFFFFu), pc = changed + (packed_before >> 32);
+    uint64_t po = Max()(open1, lane > 0 ? o_lane_before : (warp > 0 ? s_max[warp - 1] : 0));
+#pragma unroll
+    for (int i = 0; i < kScanItems; ++i) {
+      if (first + i < tiles) prefix[first + i] = {pr, pc, po};
+      pr += t[i].starts;
+      pc += t[i].changed;
+      po = Max()(po, t[i].last_start1);
+    }
+    // The round's totals, alike in every thread: the last warp's slots.
+    runs += s_sum[kScanWarps - 1] & 0xFFFFFFFFu;
+    changed += s_sum[kScanWarps - 1] >> 32;
+    open1 = Max()(open1, s_max[kScanWarps - 1]);
+    __syncthreads();  // the slots are rewritten by the next round's scans
+  }
+  if (threadIdx.x != 0) return;
+  const uint64_t words = n / kWord + (n % kWord != 0);
+  const uint64_t tail = n % kWord;
+  const bool last_changed = words > 0 && (masks[(words - 1) / 64] >> ((words - 1) % 64)) & 1;
+  const uint64_t bytes =
+      kHeaderBytes + kWord * (runs + changed) - (tail != 0 && last_changed ? kWord - tail : 0);
+  const bool fits = bytes <= patch_capacity && words <= UINT32_MAX && runs <= UINT32_MAX;
+  totals->runs = runs;
+  totals->changed_words = changed;
+  totals->patch_bytes = bytes;
+  totals->written = fits ? 1 : 0;
+  if (!fits) return;
+  // "WPBP", format 1, n, checksums, runs, reserved 0, changed words (little-endian).
+  auto* h = reinterpret_cast<unsigned long long*>(patch);
+  h[0] = 0x50425057ull | uint64_t{1} << 32;
+  h[1] = n;
+  h[2] = base_checksum;
+  h[3] = next_checksum;
+  h[4] = runs;
+  h[5] = changed;
+}
+
+// A warp per tile with a change, lane k its mask word k: changed word w (bit b) with r runs
+// started at or before it and c words changed before it goes to 48 + 8 r + 8 c; the word that
+// ends a run also writes the run's header {first, words} 8 bytes before the run's first word.
+// The run's first word: the last run start at or before w -- in w's mask word, else before it
+// (the lanes before, then the tiles before: the scan kernel's open_start1).
+__global__ void __launch_bounds__(kThreads)
+    WriteKernel(const uint8_t* next, uint64_t n, const uint64_t* masks, const TileCount* counts,
+                const TilePrefix* prefix, uint64_t tiles, uint8_t* patch,
+                const BucketDiffTotals* totals) {
+  if (totals->written == 0) return;
+  const int lane = threadIdx.x & 31;
+  const uint64_t tile = uint64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
+  if (tile >= tiles || counts[tile].changed == 0) return;  // warp-uniform
+  const TilePrefix pre = prefix[tile];
+  const uint64_t* tile_masks = masks + tile * kMasksPerTile;
+  const uint64_t word0 = tile * kTileWords + 64 * lane;  // the first word of this mask word
+  const uint64_t m = tile_masks[lane];
+  uint64_t prev = __shfl_up_sync(0xffffffffu, m, 1), after = __shfl_down_sync(0xffffffffu, m, 1);
+  if (lane == 0) prev = tile > 0 ? tile_masks[-1] : 0;
+  if (lane == 31) after = tile + 1 < tiles ? tile_masks[kMasksPerTile] : 0;
+  const uint64_t starts = RunStarts(m, prev >> 63);
+  const uint64_t ends = m & ~(m >> 1 | after << 63);  // changed words whose successor is not
+  const uint32_t packed =
+      static_cast<uint32_t>(__popcll(m)) << 16 | static_cast<uint32_t>(__popcll(starts));
+  const uint32_t before = WarpInclusiveScan(packed, Plus()) - packed;
+  const uint64_t open_incl =
+      WarpInclusiveScan(starts != 0 ? word0 + (63 - __clzll(starts)) + 1 : 0, Max());
+  const uint64_t open_lane_before = __shfl_up_sync(0xffffffffu, open_incl, 1);
+  const uint64_t open_before = Max()(pre.open_start1, lane > 0 ? open_lane_before : 0);
+  const uint64_t runs_before = pre.runs + (before & 0xFFFF);
+  const uint64_t changed_before = pre.changed + (before >> 16);
+  for (uint64_t rest = m; rest != 0; rest &= rest - 1) {
+    const int b = __ffsll(static_cast<long long>(rest)) - 1;
+    const uint64_t w = word0 + b;
+    const uint64_t upto = ~uint64_t{0} >> (63 - b);  // bits 0..b
+    const uint64_t r = runs_before + __popcll(starts & upto);
+    const uint64_t c = changed_before + __popcll(m & (upto >> 1));
+    const uint64_t at = kHeaderBytes + kWord * (r + c);
+    if (kWord * w + kWord <= n) {
+      *reinterpret_cast<unsigned long long*>(patch + at) = LoadWord(next, w);
+    } else {  // the bucket's partial last word: its bytes only, the patch's last
+      for (uint64_t j = 0; kWord * w + j < n; ++j) patch[at + j] = next[kWord * w + j];
+    }
+    if ((ends >> b & 1) == 0) continue;
+    const uint64_t own = starts & upto;
+    const uint64_t first = own != 0 ? word0 + (63 - __clzll(own)) : open_before - 1;
+    const uint64_t run_words = w - first + 1;
+    const uint64_t header = first | run_words << 32;  // u32 first, u32 words
+    *reinterpret_cast<unsigned long long*>(patch + at - kWord * run_words) = header;
+  }
+}
+
+}  // namespace
+
+uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t /*patch_capacity*/) {
+  return MakeLayout(n).bytes;
+}
+
+cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t n,
+                             uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
+                             uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
+                             BucketDiffTotals* totals, cudaStream_t stream) {
+  const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  const Layout l = MakeLayout(n);
+  if ((n > 0 && (base == nullptr || next == nullptr)) || (patch_capacity > 0 && patch == nullptr) ||
+      scratch == nullptr || totals == nullptr ||
+      (addr(base) | addr(next) | addr(patch)) % kWord != 0 || addr(scratch) % 256 != 0 ||
+      scratch_bytes < l.bytes || l.tiles > static_cast<uint64_t>(INT32_MAX)) {
+    return cudaErrorInvalidValue;
+  }
+  auto* masks = static_cast<uint64_t*>(scratch);
+  auto* counts = reinterpret_cast<TileCount*>(static_cast<uint8_t*>(scratch) + l.counts_at);
+  auto* prefix = reinterpret_cast<TilePrefix*>(static_cast<uint8_t*>(scratch) + l.prefix_at);
+  const unsigned grid = static_cast<unsigned>(l.tiles);
+  if ((addr(base) | addr(next)) % 16 == 0) {
+    CompareKernel<true><<<grid, kThreads, 0, stream>>>(base, next, n, masks, counts);
+  } else {
+    CompareKernel<false><<<grid, kThreads, 0, stream>>>(base, next, n, masks, counts);
+  }
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  ScanKernel<<<1, kScanThreads, 0, stream>>>(counts, prefix, l.tiles, masks, n, base_checksum,
+                                             next_checksum, patch, patch_capacity, totals);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const unsigned write_grid = static_cast<unsigned>((l.tiles + kWarps - 1) / kWarps);
+  WriteKernel<<<write_grid, kThreads, 0, stream>>>(next, n, masks, counts, prefix, l.tiles, patch,
+                                                   totals);
+  return cudaGetLastError();
+}
+
+}  // namespace wpub::kernels::cuda

@@ -1,0 +1,51 @@
+// The bucket patch of core/delta/bucket_patch.h made on the GPU: the runs of 8-byte words that
+// differ between two device copies of a bucket, written as the "WPBP" patch that
+// delta::DiffBucket makes of them, byte for byte, with its totals for the caller's decision
+// (patch or whole bucket) on the host.
+//
+// Launch contract: asynchronous on `stream`, no host synchronization, no allocation, three kernel
+// launches whatever the data (capturable in a CUDA graph; a replay diffs whatever the captured
+// buffers hold). The patch is deterministic: every byte has one writer, its place given by
+// prefix sums. Launchers keep no state; concurrent calls on different streams with different
+// scratch and outputs are safe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace wpub::kernels::cuda {
+
+// Totals of one diff, written by the launch (device memory; read once by the host).
+struct BucketDiffTotals {
+  unsigned long long runs;           // runs of changed words
+  unsigned long long changed_words;  // words that differ
+  // The whole patch's size, header included (48 + 8*runs + bytes of changed words, the
+  // bucket's last word counting only its n%8 bytes when partial).
+  unsigned long long patch_bytes;
+  unsigned long long written;  // 1 when the patch was written into `patch`, else 0
+};
+
+// Device scratch the diff of an n-byte bucket needs (bytes, a multiple of 256): a bit per word
+// and 40 bytes per 2048 words, about n / 55 (18.5 MiB for 1 GiB). It does not depend on
+// patch_capacity (no per-run scratch); the argument keeps the contract open to designs that do.
+uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t patch_capacity);
+
+// Compares the n bytes at `base` and `next` (device, 8-byte aligned) word by word (8-byte words,
+// the last one partial when n % 8 != 0) and writes into `patch` (device, 8-byte aligned,
+// patch_capacity bytes) the patch DiffBucket (core/delta/bucket_patch.h) makes of them -- header
+// with base_checksum / next_checksum, runs ascending -- byte for byte, when it fits:
+// patch_bytes <= patch_capacity and words and runs fit in uint32. Otherwise writes only *totals
+// (written = 0) and leaves `patch` untouched. Scratch: `scratch` (device, 256-byte aligned) of
+// at least BucketDiffScratchBytes(n, patch_capacity); its contents need no initialization and
+// are garbage afterwards. Asynchronous on `stream`, no host synchronization, a fixed number of
+// launches (no data-dependent host work). n == 0 gives a header-only patch (48 bytes, runs 0).
+// The "patch too big" decision (max_patch_fraction) is the caller's, from *totals.
+// Returns cudaErrorInvalidValue (enqueuing nothing) for a misaligned or null pointer or too
+// little scratch, else the launch error.
+cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t n,
+                             uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
+                             uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
+                             BucketDiffTotals* totals, cudaStream_t stream);
+
+}  // namespace wpub::kernels::cuda
