@@ -74,8 +74,10 @@ struct EngineOptions {
   // `retain` on (INVALID_ARGUMENT otherwise).
   struct Patches {
     bool enabled = false;
-    uint32_t full_every = 8;          // PatchSource::full_every
-    double max_patch_fraction = 0.5;  // delta::BucketPatchOptions::max_patch_fraction
+    uint32_t full_every = 8;  // PatchSource::full_every
+    // delta::BucketPatchOptions::max_patch_fraction, in (0, 1] (INVALID_ARGUMENT otherwise);
+    // a device copy's diff keeps a buffer of this fraction of the largest bucket.
+    double max_patch_fraction = 0.5;
   } patches;
 };
 

@@ -30,6 +30,10 @@ absl::Status ValidateOptions(const EngineOptions& options) {
   }
   if (options.cpu_threads < 1) return absl::InvalidArgumentError("cpu_threads must be >= 1");
   if (options.max_attempts < 1) return absl::InvalidArgumentError("max_attempts must be >= 1");
+  if (!(options.patches.max_patch_fraction > 0 && options.patches.max_patch_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "patches.max_patch_fraction ", options.patches.max_patch_fraction, " is outside (0, 1]"));
+  }
   if (options.patches.enabled && options.retain.where == transport::RetainWhere::kOff) {
     return absl::InvalidArgumentError(
         "--patches makes bucket patches from the retained copy: it needs --retain (host, "

@@ -85,17 +85,26 @@ sigset_t BlockShutdownSignals() {
 
 // Bounds glibc's malloc arenas before any thread exists (arenas are made as threads first
 // contend): with the default of 8 per core, each RPC thread's arena keeps freed pages, and
-// RSS grows with every publication. MALLOC_ARENA_MAX in the environment, which glibc reads
-// itself, wins over the flag.
-void ConfigureAllocator(int arena_max) {
+// RSS grows with every publication. Fixes the mmap threshold: glibc's adaptive one rises to
+// the size of the first large buffer freed, after which buffers of that size (chunks, small
+// buckets) come from the heap and their pages may stay there (RSS of the soak test moved by up
+// to 14 MiB over 100 publications with it, by at most 2 MiB with 1 MiB fixed). The
+// environment's MALLOC_ARENA_MAX / MALLOC_MMAP_THRESHOLD_, which glibc reads itself, win over
+// the flags.
+void ConfigureAllocator(int arena_max, uint64_t mmap_threshold) {
   if (const char* env = std::getenv("MALLOC_ARENA_MAX"); env != nullptr) {
     spdlog::info("malloc arenas: MALLOC_ARENA_MAX={} from the environment",
                  wpub::server::LogEscape(env));
-    return;
-  }
-  if (arena_max == 0) return;  // glibc's default
-  if (mallopt(M_ARENA_MAX, arena_max) != 1) {
+  } else if (arena_max != 0 && mallopt(M_ARENA_MAX, arena_max) != 1) {
     spdlog::warn("mallopt(M_ARENA_MAX, {}) failed; glibc's default arena count stays", arena_max);
+  }
+  if (const char* env = std::getenv("MALLOC_MMAP_THRESHOLD_"); env != nullptr) {
+    spdlog::info("malloc mmap threshold: MALLOC_MMAP_THRESHOLD_={} from the environment",
+                 wpub::server::LogEscape(env));
+  } else if (mmap_threshold != 0 &&
+             mallopt(M_MMAP_THRESHOLD, static_cast<int>(mmap_threshold)) != 1) {
+    spdlog::warn("mallopt(M_MMAP_THRESHOLD, {}) failed; glibc's adaptive threshold stays",
+                 mmap_threshold);
   }
 }
 
@@ -250,6 +259,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   wpub::wpubd::ConfigureLogging(*options);
-  ConfigureAllocator(options->malloc_arena_max);
+  ConfigureAllocator(options->malloc_arena_max, options->malloc_mmap_threshold);
   return Run(*options, signals);
 }

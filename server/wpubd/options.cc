@@ -67,6 +67,12 @@ ABSL_FLAG(int32_t, malloc_arena_max, 2,
           "glibc malloc arenas (mallopt M_ARENA_MAX), set at startup unless the environment "
           "sets MALLOC_ARENA_MAX: bounds the fragmentation that otherwise grows RSS with every "
           "publication. 0 keeps glibc's default (8 per core).");
+ABSL_FLAG(wpub::cli::Bytes, malloc_mmap_threshold, uint64_t{1} << 20,
+          "Allocations of at least this many bytes are mapped and unmapped on their own "
+          "(mallopt M_MMAP_THRESHOLD), set at startup unless the environment sets "
+          "MALLOC_MMAP_THRESHOLD_: a fixed threshold keeps freed bucket and chunk buffers from "
+          "staying in the heap, which glibc's adaptive one lets happen. In [64 KiB, 32 MiB]; 0 "
+          "keeps glibc's adaptive threshold.");
 ABSL_FLAG(wpub::cli::Bytes, bucket_bytes, uint64_t{256} << 20,
           "Default bucket size in bytes (a publication header may override it).");
 ABSL_FLAG(absl::Duration, commit_deadline, absl::Seconds(60),
@@ -246,6 +252,12 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   }
   o.malloc_arena_max = absl::GetFlag(FLAGS_malloc_arena_max);
   WPUB_RETURN_IF_ERROR(IntFlagInRange("malloc_arena_max", o.malloc_arena_max, 0, 1024));
+  o.malloc_mmap_threshold = absl::GetFlag(FLAGS_malloc_mmap_threshold).value;
+  if (o.malloc_mmap_threshold != 0 && (o.malloc_mmap_threshold < (uint64_t{64} << 10) ||
+                                       o.malloc_mmap_threshold > (uint64_t{32} << 20))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--malloc_mmap_threshold must be 0 or in [64 KiB, 32 MiB], not ", o.malloc_mmap_threshold));
+  }
   o.metrics_threads = absl::GetFlag(FLAGS_metrics_threads);
   WPUB_RETURN_IF_ERROR(IntFlagInRange("metrics_threads", o.metrics_threads, 1, 1024));
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);

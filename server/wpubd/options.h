@@ -29,6 +29,10 @@ struct DaemonOptions {
   // in the environment; 0 keeps glibc's default of 8 per core, whose fragmentation grows RSS
   // with every publication.
   int malloc_arena_max = 2;
+  // glibc's mmap threshold, fixed at startup (mallopt M_MMAP_THRESHOLD) unless
+  // MALLOC_MMAP_THRESHOLD_ is in the environment; 0 keeps glibc's adaptive threshold, which
+  // rises after the first large frees and leaves later buffers of that size in the heap.
+  uint64_t malloc_mmap_threshold = uint64_t{1} << 20;
   // How long shutdown waits for an active publication before aborting it.
   absl::Duration drain_deadline = absl::Seconds(30);
   // How long the gRPC server then waits for RPCs to finish before cancelling them (gRPC also

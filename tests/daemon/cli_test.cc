@@ -238,6 +238,16 @@ TEST(Wpubd, ADeviceOrPinnedRetainedCopyWithoutTheGpuPathIsRefused) {
   }
 }
 
+TEST(Wpubd, AnMmapThresholdOutsideGlibcsRangeIsRefused) {
+  for (const char* flag : {"--malloc_mmap_threshold=1024", "--malloc_mmap_threshold=64MiB"}) {
+    std::string out;
+    EXPECT_NE(RunWpubdToExit({flag, "--listen=127.0.0.1:0", "--metrics_listen="}, &out), 0) << flag;
+    EXPECT_NE(out.find("--malloc_mmap_threshold must be 0 or in [64 KiB, 32 MiB]"),
+              std::string::npos)
+        << flag << ": " << out;
+  }
+}
+
 TEST(Wpubctl, DemoRunsEndToEndAndStopsCleanly) {
   char tmpl[] = "/tmp/wpub-demo-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);

@@ -374,6 +374,15 @@ TEST(PatchesOptions, PatchesWithoutTheRetainedCopyAreRefused) {
   auto e = engine::Engine::Create(o, nullptr);
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(e.status().message(), "it needs --retain")) << e.status();
+  o.retain.where = transport::RetainWhere::kHost;
+  for (double fraction : {0.0, -1.0, 1.5}) {
+    o.patches.max_patch_fraction = fraction;
+    e = engine::Engine::Create(o, nullptr);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << fraction;
+    EXPECT_TRUE(absl::StrContains(e.status().message(), "max_patch_fraction")) << e.status();
+  }
+  o.patches.max_patch_fraction = 1.0;
+  EXPECT_TRUE(engine::Engine::Create(o, nullptr).ok());
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // ones (after the first two, which fill the daemon's caches and pools). With glibc's default
 // arenas (8 per core) every RPC thread's arena keeps its own freed pages and RSS keeps
 // growing (+20 MiB over this test's 100 publications on 2 cores, 24 -> 97 MB over 1,000 on a
-// larger host); wpubd bounds the arenas (--malloc_arena_max=2) and RSS stays flat.
+// larger host); wpubd bounds the arenas (--malloc_arena_max=2) and fixes glibc's mmap threshold
+// (--malloc_mmap_threshold=1M: the adaptive one let RSS move by up to 14 MiB over 100
+// publications even with two arenas), and RSS stays flat.
 // WPUB_SOAK_PUBLICATIONS, WPUB_SOAK_ARENA_MAX and WPUB_SOAK_TRACE_EVERY override the count,
 // the setting and the trace interval for measurements (bench/results/hardening.md).
 #include <cstdlib>

@@ -288,6 +288,16 @@ void BuildMixed(Model& m) {
   m.Add("view.weight", DType::kBFloat16, {32, 64}, {{32, 64}}, 0, true, -1, /*misalign=*/2);
 }
 
+// The manifest of `plan`'s buckets as publication `version`.
+transport::PublicationManifest ManifestOf(const engine::ExecutionPlan& plan, uint64_t version) {
+  transport::PublicationManifest manifest;
+  manifest.version = version;
+  for (const transport::BucketLayout& l : plan.buckets) {
+    manifest.buckets.push_back(transport::MakeBucketManifest(l, plan.outputs));
+  }
+  return manifest;
+}
+
 // The CPU reference's buckets.
 std::vector<std::shared_ptr<const transport::Bucket>> Reference(const Model& m, uint64_t bucket) {
   std::vector<InputTensor> inputs;
@@ -499,11 +509,7 @@ TEST(GpuBackend, TheRetainedCopyInDeviceOrPinnedMemoryHoldsTheReferenceAndReplay
       std::vector<InputTensor> inputs;
       engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
       plan.version = version;
-      transport::PublicationManifest manifest;
-      manifest.version = version;
-      for (const transport::BucketLayout& l : plan.buckets) {
-        manifest.buckets.push_back(transport::MakeBucketManifest(l, plan.outputs));
-      }
+      const transport::PublicationManifest manifest = ManifestOf(plan, version);
       ASSERT_TRUE((*group)->Begin(manifest).ok());
       engine::SyncCounter syncs;
       engine::ExecutionHooks hooks;
@@ -594,12 +600,7 @@ TEST(GpuBackend, TheDeviceCopyMakesTheHostDiffsPatchByteForByte) {
     std::vector<InputTensor> inputs;
     engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
     plan.version = version;
-    transport::PublicationManifest manifest;
-    manifest.version = version;
-    for (const transport::BucketLayout& l : plan.buckets) {
-      manifest.buckets.push_back(transport::MakeBucketManifest(l, plan.outputs));
-    }
-    ASSERT_TRUE((*group)->Begin(manifest).ok());
+    ASSERT_TRUE((*group)->Begin(ManifestOf(plan, version)).ok());
     const std::shared_ptr<transport::RetainedBytes> staging = (*copy)->StagingBytes(version);
     ASSERT_NE(staging, nullptr);
     engine::SyncCounter syncs;
@@ -653,12 +654,7 @@ TEST(GpuBackend, TheDeviceCopyMakesTheHostDiffsPatchByteForByte) {
   // A staging that stopped (the publication aborted before a bucket was copied): at once.
   {
     std::vector<InputTensor> inputs;
-    engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
-    transport::PublicationManifest manifest;
-    manifest.version = 3;
-    for (const transport::BucketLayout& l : plan.buckets) {
-      manifest.buckets.push_back(transport::MakeBucketManifest(l, plan.outputs));
-    }
+    const transport::PublicationManifest manifest = ManifestOf(m.Plan(true, bucket, &inputs), 3);
     ASSERT_TRUE((*group)->Begin(manifest).ok());
     const std::shared_ptr<transport::RetainedBytes> staging = (*copy)->StagingBytes(3);
     ASSERT_NE(staging, nullptr);
