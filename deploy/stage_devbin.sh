@@ -65,6 +65,7 @@ case $SET in
       bench/gpu_path/gpu_path_bench
       bench/gpu_path/delta_bench
       bench/kernels/nvfp4_kernels_bench
+      bench/kernels/bucket_diff_bench
     )
     ;;
   gpu | gpu_path)
@@ -94,7 +95,8 @@ case $SET in
     )
     ;;
   kernels)
-    BINS=(tests/kernels_gpu/kernels_gpu_test bench/kernels/nvfp4_kernels_bench
+    BINS=(tests/kernels_gpu/kernels_gpu_test tests/kernels_gpu/kernels_bucket_diff_test
+      bench/kernels/bucket_diff_bench bench/kernels/nvfp4_kernels_bench
       bench/kernels/l2_reuse_bench)
     ;;
   convert)

@@ -1,9 +1,8 @@
 // Bucket diff kernels: a stream compaction of the changed words into the patch, in three
 // launches of fixed shape. Compare: each CTA reads one tile of both buckets at memory bandwidth
-// and keeps a bit per word (the only full pass over the buckets' bytes) and the tile's counts.
-// Scan: one CTA turns the tile counts into prefix sums, the totals and the header. Write: a warp
-// per tile with a change, a lane per 64-word mask word, places the changed words and, at each
-// run's end, the run's header, reading `next` only where it changed.
+// and keeps a bit per word (the only pass over the buckets' bytes). Scan: one CTA turns the tile
+// counts into prefix sums, the totals and the header. Write: each tile with a change places its
+// changed words and, at each run's end, the run's header, reading `next` only where it changed.
 #include "kernels/cuda/bucket_diff.h"
 
 #include <algorithm>
@@ -14,23 +13,17 @@ namespace {
 constexpr uint64_t kHeaderBytes = 48;
 constexpr uint64_t kWord = 8;
 constexpr int kThreads = 256;  // compare and write kernels
-constexpr int kWarps = kThreads / 32;
-// 16-byte loads per thread and bucket in flight in the compare kernel: 128 bytes per thread with
-// both buckets, and small CTAs whose only serial tail is one warp's, so that several CTAs per SM
-// keep HBM busy.
-constexpr int kUnroll = 4;
+// 16-byte loads per thread and bucket kept in flight by the compare kernel: 256 bytes per thread
+// with both buckets, which saturates HBM at a few CTAs per SM.
+constexpr int kUnroll = 8;
 constexpr uint64_t kTileWords = uint64_t{2} * kThreads * kUnroll;  // a warp's load: 64 words
 constexpr int kMasksPerTile = static_cast<int>(kTileWords / 64);
 constexpr int kScanThreads = 1024;
-constexpr int kScanWarps = kScanThreads / 32;
 constexpr int kScanItems = 8;  // consecutive tiles per scan thread and round
 static_assert(kThreads % 32 == 0 && kScanThreads % 32 == 0, "whole warps");
-static_assert(kMasksPerTile == 32, "a lane per mask word of a tile");
-// The write kernel packs a warp's counts in a u32 (changed words << 16 | run starts), the scan
-// kernel a round's in a u64 (changed words << 32 | run starts).
-static_assert(kTileWords < (1u << 16), "a tile's counts fit 16 bits");
-static_assert(uint64_t{kScanThreads} * kScanItems * kTileWords < (uint64_t{1} << 32),
-              "a round's counts fit 32 bits");
+static_assert(kMasksPerTile % 32 == 0 && kMasksPerTile <= kThreads, "a thread per mask word");
+// Tile counts travel packed in a u32: changed words << 16 | run starts.
+static_assert(kTileWords < (1u << 16), "per-tile counts fit 16 bits");
 
 // Per tile, from the compare kernel.
 struct TileCount {
@@ -77,42 +70,31 @@ struct Max {
   }
 };
 
-// Inclusive scan over a warp's lanes (op commutative and associative).
-template <typename T, typename Op>
-__device__ __forceinline__ T WarpInclusiveScan(T v, Op op) {
-  const int lane = threadIdx.x & 31;
+// Inclusive scan of one value per thread in thread order (op commutative and associative, T a
+// built-in shuffle type); every thread of the block calls it. s_warp: kBlock / 32 slots.
+template <int kBlock, typename T, typename Op>
+__device__ T BlockInclusiveScan(T v, Op op, T* s_warp) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
     const T t = __shfl_up_sync(0xffffffffu, v, o);
     if (lane >= o) v = op(t, v);
   }
-  return v;
-}
-template <typename T, typename Op>
-__device__ __forceinline__ T WarpReduce(T v, Op op) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// Inclusive scan of one value per thread in thread order (op commutative and associative, T a
-// built-in shuffle type); every thread of the block calls it. s_warp: kBlock / 32 slots, which
-// hold the warps' inclusive scan on return.
-template <int kBlock, typename T, typename Op>
-__device__ T BlockInclusiveScan(T v, Op op, T* s_warp) {
-  constexpr int kBlockWarps = kBlock / 32;
-  static_assert(kBlockWarps <= 32, "one warp scans the warps");
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = WarpInclusiveScan(v, op);
   if (lane == 31) s_warp[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    const T w = WarpInclusiveScan(lane < kBlockWarps ? s_warp[lane] : T(0), op);
-    if (lane < kBlockWarps) s_warp[lane] = w;
+    constexpr int kWarps = kBlock / 32;
+    T w = lane < kWarps ? s_warp[lane] : T(0);
+#pragma unroll
+    for (int o = 1; o < kWarps; o <<= 1) {
+      const T t = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w = op(t, w);
+    }
+    if (lane < kWarps) s_warp[lane] = w;
   }
   __syncthreads();
   if (warp > 0) v = op(s_warp[warp - 1], v);
-  __syncthreads();  // s_warp may be rewritten at once
+  __syncthreads();  // s_warp may be reused at once
   return v;
 }
 
@@ -159,18 +141,21 @@ __device__ __forceinline__ uint64_t RunStarts(uint64_t m, uint64_t prev_bit) {
 }
 
 // One tile per CTA: lane l of a warp's load u compares words 2l and 2l + 1 of a 64-word mask
-// word; two ballots make it. Then warp 0 alone counts the tile (the rest of the CTA is done).
+// word; two ballots make it. Then the tile's counts, from the masks in shared memory.
 template <bool kVec16>
 __global__ void __launch_bounds__(kThreads)
     CompareKernel(const uint8_t* base, const uint8_t* next, uint64_t n, uint64_t* masks,
                   TileCount* counts) {
   __shared__ uint64_t s_mask[kMasksPerTile];
+  __shared__ uint32_t s_sum[kThreads / 32];
+  __shared__ uint64_t s_max[kThreads / 32];
+  __shared__ uint64_t s_carry;  // whether the word before the tile differs
   const uint64_t tile = blockIdx.x;
   const uint64_t words = n / kWord + (n % kWord != 0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Whether the word before the tile (a whole word) differs: thread 0, which counts starts.
-  const bool carry =
-      threadIdx.x == 0 && tile > 0 && WordDiffers(base, next, tile * kTileWords - 1, n);
+  if (threadIdx.x == 0) {
+    s_carry = tile > 0 && WordDiffers(base, next, tile * kTileWords - 1, n);
+  }
   Pair a[kUnroll], b[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
@@ -192,20 +177,22 @@ __global__ void __launch_bounds__(kThreads)
       d1 = 2 * pair + 1 < words && WordDiffers(base, next, 2 * pair + 1, n);
     }
     const uint32_t even = __ballot_sync(0xffffffffu, d0), odd = __ballot_sync(0xffffffffu, d1);
-    if (lane == 0) s_mask[u * kWarps + warp] = SpreadBits(even) | SpreadBits(odd) << 1;
+    if (lane == 0) s_mask[u * (kThreads / 32) + warp] = SpreadBits(even) | SpreadBits(odd) << 1;
   }
   __syncthreads();
-  if (warp != 0) return;
-  const uint64_t m = s_mask[lane];
-  masks[tile * kMasksPerTile + lane] = m;
-  uint64_t prev = __shfl_up_sync(0xffffffffu, m, 1);
-  if (lane == 0) prev = carry ? uint64_t{1} << 63 : 0;
-  const uint64_t starts = RunStarts(m, prev >> 63);
-  const uint32_t changed = WarpReduce(static_cast<uint32_t>(__popcll(m)), Plus());
-  const uint32_t started = WarpReduce(static_cast<uint32_t>(__popcll(starts)), Plus());
-  const uint64_t last_start1 = WarpReduce(
-      starts != 0 ? tile * kTileWords + 64 * lane + (63 - __clzll(starts)) + 1 : 0, Max());
-  if (lane == 0) counts[tile] = {changed, started, last_start1};
+  uint32_t packed = 0;
+  uint64_t last_start1 = 0;
+  const int k = threadIdx.x;
+  if (k < kMasksPerTile) {
+    const uint64_t m = s_mask[k];
+    masks[tile * kMasksPerTile + k] = m;
+    const uint64_t starts = RunStarts(m, k > 0 ? s_mask[k - 1] >> 63 : s_carry);
+    packed = static_cast<uint32_t>(__popcll(m)) << 16 | static_cast<uint32_t>(__popcll(starts));
+    if (starts != 0) last_start1 = tile * kTileWords + 64 * k + (63 - __clzll(starts)) + 1;
+  }
+  packed = BlockInclusiveScan<kThreads>(packed, Plus(), s_sum);
+  last_start1 = BlockInclusiveScan<kThreads>(last_start1, Max(), s_max);
+  if (threadIdx.x == kThreads - 1) counts[tile] = {packed >> 16, packed & 0xFFFF, last_start1};
 }
 
 // One CTA: exclusive prefixes of the tile counts (rounds of kScanThreads * kScanItems tiles,
@@ -214,37 +201,38 @@ __global__ void __launch_bounds__(kScanThreads)
     ScanKernel(const TileCount* counts, TilePrefix* prefix, uint64_t tiles, const uint64_t* masks,
                uint64_t n, uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
                uint64_t patch_capacity, BucketDiffTotals* totals) {
-  __shared__ uint64_t s_sum[kScanWarps], s_max[kScanWarps];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ uint64_t s_runs[kScanThreads / 32], s_changed[kScanThreads / 32],
+      s_open[kScanThreads / 32];
   uint64_t runs = 0, changed = 0, open1 = 0;  // over the rounds before, alike in every thread
   for (uint64_t round = 0; round < tiles; round += uint64_t{kScanThreads} * kScanItems) {
     const uint64_t first = round + uint64_t{threadIdx.x} * kScanItems;
-    TileCount t[kScanItems];
-    uint64_t packed = 0, o = 0;
-#pragma unroll
-    for (int i = 0; i < kScanItems; ++i) {
-      t[i] = first + i < tiles ? counts[first + i] : TileCount{0, 0, 0};
-      packed += uint64_t{t[i].changed} << 32 | t[i].starts;
-      o = Max()(o, t[i].last_start1);
+    uint64_t r = 0, c = 0, o = 0;
+    for (int i = 0; i < kScanItems && first + i < tiles; ++i) {
+      const TileCount t = counts[first + i];
+      r += t.starts;
+      c += t.changed;
+      o = Max()(o, t.last_start1);
     }
-    const uint64_t packed_before = BlockInclusiveScan<kScanThreads>(packed, Plus(), s_sum) - packed;
-    const uint64_t o_incl = BlockInclusiveScan<kScanThreads>(o, Max(), s_max);
+    const uint64_t r_incl = BlockInclusiveScan<kScanThreads>(r, Plus(), s_runs);
+    const uint64_t c_incl = BlockInclusiveScan<kScanThreads>(c, Plus(), s_changed);
+    const uint64_t o_incl = BlockInclusiveScan<kScanThreads>(o, Max(), s_open);
     // The max is not invertible: the exclusive value is the previous thread's inclusive one
     // (for a warp's lane 0, the warps' scan before it, which the slots still hold).
     const uint64_t o_lane_before = __shfl_up_sync(0xffffffffu, o_incl, 1);
-    uint64_t pr = runs + (packed_before & 0xFFFFFFFFu), pc = changed + (packed_before >> 32);
-    uint64_t po = Max()(open1, lane > 0 ? o_lane_before : (warp > 0 ? s_max[warp - 1] : 0));
-#pragma unroll
-    for (int i = 0; i < kScanItems; ++i) {
-      if (first + i < tiles) prefix[first + i] = {pr, pc, po};
-      pr += t[i].starts;
-      pc += t[i].changed;
-      po = Max()(po, t[i].last_start1);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint64_t pr = runs + r_incl - r, pc = changed + c_incl - c;
+    uint64_t po = Max()(open1, lane > 0 ? o_lane_before : (warp > 0 ? s_open[warp - 1] : 0));
+    for (int i = 0; i < kScanItems && first + i < tiles; ++i) {
+      prefix[first + i] = {pr, pc, po};
+      const TileCount t = counts[first + i];
+      pr += t.starts;
+      pc += t.changed;
+      po = Max()(po, t.last_start1);
     }
-    // The round's totals, alike in every thread: the last warp's slots.
-    runs += s_sum[kScanWarps - 1] & 0xFFFFFFFFu;
-    changed += s_sum[kScanWarps - 1] >> 32;
-    open1 = Max()(open1, s_max[kScanWarps - 1]);
+    // Every thread's round totals: the last thread's inclusive values, from the warp slots.
+    runs += s_runs[kScanThreads / 32 - 1];
+    changed += s_changed[kScanThreads / 32 - 1];
+    open1 = Max()(open1, s_open[kScanThreads / 32 - 1]);
     __syncthreads();  // the slots are rewritten by the next round's scans
   }
   if (threadIdx.x != 0) return;
@@ -269,52 +257,65 @@ __global__ void __launch_bounds__(kScanThreads)
   h[5] = changed;
 }
 
-// A warp per tile with a change, lane k its mask word k: changed word w (bit b) with r runs
-// started at or before it and c words changed before it goes to 48 + 8 r + 8 c; the word that
+// One tile per CTA, tiles with a change only: changed word w of mask word k, bit b, with r runs
+// started at or before it and c words changed before it, goes to 48 + 8 r + 8 c; the word that
 // ends a run also writes the run's header {first, words} 8 bytes before the run's first word.
-// The run's first word: the last run start at or before w -- in w's mask word, else before it
-// (the lanes before, then the tiles before: the scan kernel's open_start1).
 __global__ void __launch_bounds__(kThreads)
     WriteKernel(const uint8_t* next, uint64_t n, const uint64_t* masks, const TileCount* counts,
                 const TilePrefix* prefix, uint64_t tiles, uint8_t* patch,
                 const BucketDiffTotals* totals) {
   if (totals->written == 0) return;
-  const int lane = threadIdx.x & 31;
-  const uint64_t tile = uint64_t{blockIdx.x} * kWarps + (threadIdx.x >> 5);
-  if (tile >= tiles || counts[tile].changed == 0) return;  // warp-uniform
+  const uint64_t tile = blockIdx.x;
+  if (counts[tile].changed == 0) return;
+  __shared__ uint64_t s_mask[kMasksPerTile], s_starts[kMasksPerTile], s_open[kMasksPerTile];
+  __shared__ uint32_t s_pre[kMasksPerTile];  // packed, over the tile's mask words before
+  __shared__ uint32_t s_sum[kThreads / 32];
+  __shared__ uint64_t s_max[kThreads / 32];
+  __shared__ uint64_t s_next_bit;  // whether the word after the tile differs
   const TilePrefix pre = prefix[tile];
+  const uint64_t tile_word = tile * kTileWords;
   const uint64_t* tile_masks = masks + tile * kMasksPerTile;
-  const uint64_t word0 = tile * kTileWords + 64 * lane;  // the first word of this mask word
-  const uint64_t m = tile_masks[lane];
-  uint64_t prev = __shfl_up_sync(0xffffffffu, m, 1), after = __shfl_down_sync(0xffffffffu, m, 1);
-  if (lane == 0) prev = tile > 0 ? tile_masks[-1] : 0;
-  if (lane == 31) after = tile + 1 < tiles ? tile_masks[kMasksPerTile] : 0;
-  const uint64_t starts = RunStarts(m, prev >> 63);
-  const uint64_t ends = m & ~(m >> 1 | after << 63);  // changed words whose successor is not
-  const uint32_t packed =
-      static_cast<uint32_t>(__popcll(m)) << 16 | static_cast<uint32_t>(__popcll(starts));
-  const uint32_t before = WarpInclusiveScan(packed, Plus()) - packed;
-  const uint64_t open_incl =
-      WarpInclusiveScan(starts != 0 ? word0 + (63 - __clzll(starts)) + 1 : 0, Max());
-  const uint64_t open_lane_before = __shfl_up_sync(0xffffffffu, open_incl, 1);
-  const uint64_t open_before = Max()(pre.open_start1, lane > 0 ? open_lane_before : 0);
-  const uint64_t runs_before = pre.runs + (before & 0xFFFF);
-  const uint64_t changed_before = pre.changed + (before >> 16);
-  for (uint64_t rest = m; rest != 0; rest &= rest - 1) {
-    const int b = __ffsll(static_cast<long long>(rest)) - 1;
-    const uint64_t w = word0 + b;
+  const int k = threadIdx.x;
+  uint64_t m = 0, starts = 0, open1 = 0;
+  uint32_t packed = 0;
+  if (k < kMasksPerTile) {
+    m = tile_masks[k];
+    const uint64_t prev = k > 0 ? tile_masks[k - 1] : (tile > 0 ? tile_masks[-1] : 0);
+    starts = RunStarts(m, prev >> 63);
+    packed = static_cast<uint32_t>(__popcll(m)) << 16 | static_cast<uint32_t>(__popcll(starts));
+    if (starts != 0) open1 = tile_word + 64 * k + (63 - __clzll(starts)) + 1;
+  }
+  if (threadIdx.x == 0) s_next_bit = tile + 1 < tiles ? tile_masks[kMasksPerTile] & 1 : 0;
+  const uint32_t packed_incl = BlockInclusiveScan<kThreads>(packed, Plus(), s_sum);
+  const uint64_t open_incl = BlockInclusiveScan<kThreads>(open1, Max(), s_max);
+  if (k < kMasksPerTile) {
+    s_mask[k] = m;
+    s_starts[k] = starts;
+    s_pre[k] = packed_incl - packed;
+    s_open[k] = Max()(open_incl, pre.open_start1);  // 1 + last run start up to mask word k's end
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < static_cast<int>(kTileWords); i += kThreads) {
+    const int mk = i / 64, b = i % 64;
+    const uint64_t mw = s_mask[mk];
+    if ((mw >> b & 1) == 0) continue;
+    const uint64_t w = tile_word + i;
     const uint64_t upto = ~uint64_t{0} >> (63 - b);  // bits 0..b
-    const uint64_t r = runs_before + __popcll(starts & upto);
-    const uint64_t c = changed_before + __popcll(m & (upto >> 1));
+    const uint64_t st = s_starts[mk];
+    const uint64_t r = pre.runs + (s_pre[mk] & 0xFFFF) + __popcll(st & upto);
+    const uint64_t c = pre.changed + (s_pre[mk] >> 16) + __popcll(mw & (upto >> 1));
     const uint64_t at = kHeaderBytes + kWord * (r + c);
     if (kWord * w + kWord <= n) {
       *reinterpret_cast<unsigned long long*>(patch + at) = LoadWord(next, w);
     } else {  // the bucket's partial last word: its bytes only, the patch's last
       for (uint64_t j = 0; kWord * w + j < n; ++j) patch[at + j] = next[kWord * w + j];
     }
-    if ((ends >> b & 1) == 0) continue;
-    const uint64_t own = starts & upto;
-    const uint64_t first = own != 0 ? word0 + (63 - __clzll(own)) : open_before - 1;
+    const uint64_t next_bit =
+        b < 63 ? mw >> (b + 1) & 1 : (mk + 1 < kMasksPerTile ? s_mask[mk + 1] & 1 : s_next_bit);
+    if (next_bit != 0) continue;
+    // The run's first word: its start in this mask word, else the last start before it.
+    const uint64_t first = (st & upto) != 0 ? tile_word + 64 * mk + (63 - __clzll(st & upto))
+                                            : (mk > 0 ? s_open[mk - 1] : pre.open_start1) - 1;
     const uint64_t run_words = w - first + 1;
     const uint64_t header = first | run_words << 32;  // u32 first, u32 words
     *reinterpret_cast<unsigned long long*>(patch + at - kWord * run_words) = header;
@@ -352,9 +353,8 @@ cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t 
   ScanKernel<<<1, kScanThreads, 0, stream>>>(counts, prefix, l.tiles, masks, n, base_checksum,
                                              next_checksum, patch, patch_capacity, totals);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const unsigned write_grid = static_cast<unsigned>((l.tiles + kWarps - 1) / kWarps);
-  WriteKernel<<<write_grid, kThreads, 0, stream>>>(next, n, masks, counts, prefix, l.tiles, patch,
-                                                   totals);
+  WriteKernel<<<grid, kThreads, 0, stream>>>(next, n, masks, counts, prefix, l.tiles, patch,
+                                             totals);
   return cudaGetLastError();
 }
 

@@ -27,7 +27,7 @@ struct BucketDiffTotals {
 };
 
 // Device scratch the diff of an n-byte bucket needs (bytes, a multiple of 256): a bit per word
-// and 40 bytes per 2048 words, about n / 55 (18.5 MiB for 1 GiB). It does not depend on
+// and 40 bytes per 4096-word tile, about n / 59 (18 MiB for 1 GiB). It does not depend on
 // patch_capacity (no per-run scratch); the argument keeps the contract open to designs that do.
 uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t patch_capacity);
 

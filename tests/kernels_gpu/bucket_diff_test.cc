@@ -29,7 +29,7 @@ using Bytes = std::vector<uint8_t>;
 
 // The kernel's tile (kTileWords in bucket_diff.cu) and the tiles its scan takes per round: the
 // boundaries worth testing. The results never depend on them.
-constexpr uint64_t kTile = 2048;
+constexpr uint64_t kTile = 4096;
 constexpr uint64_t kScanRoundTiles = 8192;
 constexpr uint8_t kSentinel = 0xCD;
 
