@@ -212,6 +212,7 @@ class FakeMemory final : public RetainedMemory {
       b->bytes = copies[m.index];
       return std::shared_ptr<const Bucket>(std::move(b));
     }
+    void Abandon() override { ++owner->abandoned; }
   };
   RetainWhere where() const override { return RetainWhere::kDevice; }
   LocationSet accepts() const override { return kHostOrDevice; }
@@ -221,6 +222,7 @@ class FakeMemory final : public RetainedMemory {
     b->owner = this;
     for (const BucketManifest& bm : m.buckets) b->sizes.push_back(bm.nbytes);
     held += m.total_bytes();
+    last_reserved = b.get();
     return std::shared_ptr<RetainedBytes>(std::move(b));
   }
   uint64_t held_bytes() const override { return held; }
@@ -230,6 +232,8 @@ class FakeMemory final : public RetainedMemory {
   bool fail_seal = false;
   uint64_t held = 0;
   std::vector<CUevent_st*> done_recorded;
+  const RetainedBytes* last_reserved = nullptr;
+  int abandoned = 0;  // Abandon calls: staging that stopped before its seal
 };
 
 // The bytes of bucket `index` of `m` (as HostBucket's), and a device bucket over them with
@@ -364,6 +368,53 @@ TEST(RetainedCopyInMemory,
   memory->fail_seal = false;
   Publish(c, Manifest(7, 2, 40), /*commit=*/true);
   ASSERT_NE(c.Retained(), nullptr);
+}
+
+// The staging version's memory is handed out (for a patch made where the bytes live) only while
+// that version is in flight and staging; a staging that stops (abort, failed copy) is abandoned,
+// so a patch waiting on it returns, and a committed one is not.
+TEST(RetainedCopyInMemory, StagingBytesAreTheVersionInFlightsAndAbandonedWhenItStops) {
+  auto memory = std::make_shared<FakeMemory>();
+  auto copy = RetainedCopy::Create({.where = RetainWhere::kDevice}, memory);
+  ASSERT_TRUE(copy.ok());
+  RetainedCopy& c = **copy;
+  EXPECT_EQ(c.StagingBytes(1), nullptr);
+  const PublicationManifest v1 = Manifest(1, 2, 40);
+  ASSERT_TRUE(c.Begin(v1).ok());
+  const std::shared_ptr<RetainedBytes> staging = c.StagingBytes(1);
+  ASSERT_NE(staging, nullptr);
+  EXPECT_EQ(staging.get(), memory->last_reserved);
+  EXPECT_EQ(c.StagingBytes(2), nullptr);  // another version
+  ASSERT_TRUE(c.Send(HostBucket(v1, 0)).ok());
+  EXPECT_EQ(c.StagingBytes(1), staging);  // while staging
+  ASSERT_TRUE(c.Send(HostBucket(v1, 1)).ok());
+  ASSERT_TRUE(c.Commit().ok());
+  EXPECT_EQ(c.StagingBytes(1), nullptr);  // sealed: the retained version now
+  EXPECT_EQ(c.Retained()->memory, staging);
+  EXPECT_EQ(memory->abandoned, 0);
+
+  const PublicationManifest v2 = Manifest(2, 2, 40);
+  ASSERT_TRUE(c.Begin(v2).ok());
+  ASSERT_NE(c.StagingBytes(2), nullptr);
+  c.Abort("test");
+  EXPECT_EQ(c.StagingBytes(2), nullptr);
+  EXPECT_EQ(memory->abandoned, 1);
+
+  memory->fail_at = 0;  // the copy of bucket 0 fails: staging stops, its memory abandoned
+  ASSERT_TRUE(c.Begin(Manifest(3, 2, 40)).ok());
+  ASSERT_TRUE(c.Send(HostBucket(Manifest(3, 2, 40), 0)).ok());
+  EXPECT_EQ(c.StagingBytes(3), nullptr);
+  EXPECT_EQ(memory->abandoned, 2);
+  c.Abort("test");
+  EXPECT_EQ(memory->abandoned, 2);  // nothing left to abandon
+
+  // A replay stages nothing.
+  memory->fail_at = -1;
+  PublicationManifest replay = Manifest(1, 2, 40);
+  replay.replay = true;
+  ASSERT_TRUE(c.Begin(replay).ok());
+  EXPECT_EQ(c.StagingBytes(1), nullptr);
+  c.Abort("test");
 }
 
 TEST(RetainedCopyInMemory, DeviceOrPinnedNeedsTheGpuPathsMemory) {
