@@ -115,10 +115,13 @@ class InProcessResolver final : public engine::CudaIpcResolver {
   const uint64_t bytes_;
 };
 
-// One batch per tensor, each read in place from the model.
+// One batch per tensor, but an up_proj joins its gate_proj's (the pair shares one global amax:
+// the policy wants both in one conversion batch), each read in place from the model.
 std::vector<engine::BatchInput> Batches(const testing::ModelLayout& layout) {
   std::vector<engine::BatchInput> out;
-  for (const testing::ModelTensor& t : layout.tensors) {
+  std::vector<size_t> batch_of(layout.tensors.size());
+  for (size_t i = 0; i < layout.tensors.size(); ++i) {
+    const testing::ModelTensor& t = layout.tensors[i];
     engine::CudaIpcSource ipc;
     ipc.handle[0] = 1;
     ipc.device_uuid = "GPU-00000000-0000-0000-0000-000000000000";
@@ -127,6 +130,12 @@ std::vector<engine::BatchInput> Batches(const testing::ModelLayout& layout) {
     engine::TensorInput in;
     in.desc = TensorDesc{t.name, t.dtype, t.shape};
     in.parts.push_back({ipc, t.shape});
+    if (t.pair >= 0 && static_cast<size_t>(t.pair) < i) {
+      batch_of[i] = batch_of[static_cast<size_t>(t.pair)];
+      out[batch_of[i]].tensors.push_back(std::move(in));
+      continue;
+    }
+    batch_of[i] = out.size();
     out.push_back({t.name, {std::move(in)}});
   }
   return out;
@@ -186,7 +195,13 @@ std::vector<VersionRow> RunMode(bool patches, const Args& args, const testing::M
   BENCH_OK(receiver.status());
   absl::Status run_status;
   std::thread thread([&] { run_status = (*receiver)->Run(); });
-  while ((*eng)->pull_transport()->Receivers().empty()) absl::SleepFor(absl::Milliseconds(5));
+  for (int i = 0; (*eng)->pull_transport()->Receivers().empty(); ++i) {
+    if (i == 6000) {
+      std::fprintf(stderr, "the receiver did not subscribe\n");
+      std::exit(1);
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 
   const std::vector<engine::BatchInput> batches = Batches(layout);
   std::vector<VersionRow> rows;
@@ -211,7 +226,12 @@ std::vector<VersionRow> RunMode(bool patches, const Args& args, const testing::M
       std::fprintf(stderr, "v%d did not commit: %s\n", step, report->error.c_str());
       std::exit(1);
     }
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
     while ((*receiver)->stats().last_committed_version < static_cast<uint64_t>(step)) {
+      if (absl::Now() > deadline) {
+        std::fprintf(stderr, "the receiver did not apply v%d\n", step);
+        std::exit(1);
+      }
       absl::SleepFor(absl::Milliseconds(1));
     }
     const recv::ReceiverStats after = (*receiver)->stats();

@@ -298,6 +298,18 @@ transport::PublicationManifest ManifestOf(const engine::ExecutionPlan& plan, uin
   return manifest;
 }
 
+// Runs `plan` on `backend`, every bucket sent through `group`; the host syncs it counted.
+absl::StatusOr<uint64_t> ExecuteThrough(GpuBackend& backend, transport::TransportGroup& group,
+                                        const engine::ExecutionPlan& plan) {
+  engine::SyncCounter syncs;
+  engine::ExecutionHooks hooks;
+  hooks.syncs = &syncs;
+  hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) { return group.Send(b); };
+  auto r = backend.Execute(plan, hooks);
+  if (!r.ok()) return r.status();
+  return syncs.count();
+}
+
 // The CPU reference's buckets.
 std::vector<std::shared_ptr<const transport::Bucket>> Reference(const Model& m, uint64_t bucket) {
   std::vector<InputTensor> inputs;
@@ -453,11 +465,7 @@ TEST(GpuBackend, TwoDeviceReadersReadTheSameBucketsWithoutAHostCopy) {
     std::vector<InputTensor> inputs;
     engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
     ASSERT_TRUE((*group)->Begin(transport::PublicationManifest{}).ok());
-    engine::SyncCounter syncs;
-    engine::ExecutionHooks hooks;
-    hooks.syncs = &syncs;
-    hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) { return (*group)->Send(b); };
-    auto r = (*backend)->Execute(plan, hooks);
+    auto r = ExecuteThrough(**backend, **group, plan);
     ASSERT_TRUE(r.ok()) << r.status();
     for (DeviceReaderTransport* t : {&fast, &slow}) {
       const auto got = t->Received();
@@ -469,7 +477,7 @@ TEST(GpuBackend, TwoDeviceReadersReadTheSameBucketsWithoutAHostCopy) {
     }
     // The first publication also allocates its buffers (one counted sync each).
     if (round > 0) {
-      EXPECT_EQ(syncs.count(), 2u);
+      EXPECT_EQ(*r, 2u);
     }
   }
   // Each reader recorded events of its own (one per staging buffer), none of the other's.
@@ -511,15 +519,11 @@ TEST(GpuBackend, TheRetainedCopyInDeviceOrPinnedMemoryHoldsTheReferenceAndReplay
       plan.version = version;
       const transport::PublicationManifest manifest = ManifestOf(plan, version);
       ASSERT_TRUE((*group)->Begin(manifest).ok());
-      engine::SyncCounter syncs;
-      engine::ExecutionHooks hooks;
-      hooks.syncs = &syncs;
-      hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) { return (*group)->Send(b); };
-      auto r = (*backend)->Execute(plan, hooks);
-      ASSERT_TRUE(r.ok()) << r.status();
+      auto syncs = ExecuteThrough(**backend, **group, plan);
+      ASSERT_TRUE(syncs.ok()) << syncs.status();
       EXPECT_EQ(engine.host_buckets, 0);
       if (version > 1) {
-        EXPECT_EQ(syncs.count(), 2u);  // the copy adds none per bucket
+        EXPECT_EQ(*syncs, 2u);  // the copy adds none per bucket
       }
       if (version == 2) {
         (*group)->Abort("test: an aborted version");
@@ -603,11 +607,7 @@ TEST(GpuBackend, TheDeviceCopyMakesTheHostDiffsPatchByteForByte) {
     ASSERT_TRUE((*group)->Begin(ManifestOf(plan, version)).ok());
     const std::shared_ptr<transport::RetainedBytes> staging = (*copy)->StagingBytes(version);
     ASSERT_NE(staging, nullptr);
-    engine::SyncCounter syncs;
-    engine::ExecutionHooks hooks;
-    hooks.syncs = &syncs;
-    hooks.emit = [&](std::shared_ptr<const transport::Bucket> b) { return (*group)->Send(b); };
-    auto r = (*backend)->Execute(plan, hooks);
+    auto r = ExecuteThrough(**backend, **group, plan);
     ASSERT_TRUE(r.ok()) << r.status();
     during(staging.get());
     ASSERT_TRUE((*group)->Commit().ok());
