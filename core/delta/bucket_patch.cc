@@ -38,24 +38,6 @@ struct Run {
   uint64_t first = 0, words = 0;
 };
 
-// transport::Checksum of the n bytes at `data`, its words summed in slices on `threads` threads
-// (partial sums add up: core/transport/checksum.h).
-uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, int threads) {
-  constexpr uint64_t kSliceWords = uint64_t{1} << 21;  // 16 MiB
-  const uint64_t words = (n + kWord - 1) / kWord;
-  const size_t slices = static_cast<size_t>((words + kSliceWords - 1) / kSliceWords);
-  if (slices <= 1 || threads == 1) return transport::Checksum(data, n);
-  std::vector<uint64_t> sums(slices);
-  ParallelFor(slices, threads, [&](size_t s) {
-    const uint64_t first = s * kSliceWords;
-    const uint64_t bytes = std::min(kSliceWords * kWord, n - first * kWord);
-    sums[s] = transport::ChecksumPartial(data + first * kWord, bytes, first);
-  });
-  uint64_t sum = 0;
-  for (uint64_t v : sums) sum += v;
-  return transport::ChecksumFinish(sum, n);
-}
-
 }  // namespace
 
 uint64_t PatchTargetChecksum(absl::Span<const uint8_t> patch) {
@@ -160,7 +142,7 @@ absl::StatusOr<std::vector<uint8_t>> ApplyBucketPatch(absl::Span<const uint8_t> 
     return absl::FailedPreconditionError(absl::StrCat("bucket patch: for a base of ", n,
                                                       " bytes, the receiver holds ", base.size()));
   }
-  if (ParallelChecksum(base.data(), base.size(), options.threads) != base_checksum) {
+  if (transport::ParallelChecksum(base.data(), base.size(), options.threads) != base_checksum) {
     return absl::FailedPreconditionError(
         "bucket patch: the receiver's bucket is not the patch's base (checksum)");
   }
@@ -196,7 +178,7 @@ absl::StatusOr<std::vector<uint8_t>> ApplyBucketPatch(absl::Span<const uint8_t> 
     return absl::InvalidArgumentError(
         absl::StrCat("bucket patch: ", patch.size() - at, " bytes after its last run"));
   }
-  if (ParallelChecksum(out.data(), out.size(), options.threads) != target_checksum) {
+  if (transport::ParallelChecksum(out.data(), out.size(), options.threads) != target_checksum) {
     return absl::DataLossError(
         "bucket patch: the patched bucket does not have the target's checksum");
   }

@@ -76,29 +76,6 @@ uint64_t CountNonFinite(const uint8_t* p, uint64_t nbytes, DType dtype) {
   return n;
 }
 
-// Checksum of a large buffer on `threads` threads: partial sums over word ranges add up.
-uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, int threads) {
-  constexpr uint64_t kMinPerThread = uint64_t{8} << 20;
-  const uint64_t t =
-      std::min<uint64_t>(std::max(threads, 1), std::max<uint64_t>(1, n / kMinPerThread));
-  if (t <= 1) return transport::Checksum(data, n);
-  const uint64_t words = (n + 7) / 8;
-  const uint64_t per = (words + t - 1) / t;
-  std::vector<uint64_t> sums(t, 0);
-  std::vector<std::thread> pool;
-  for (uint64_t k = 0; k < t; ++k) {
-    const uint64_t w0 = k * per, w1 = std::min(words, w0 + per);
-    if (w0 >= w1) break;
-    const uint64_t b0 = 8 * w0, b1 = std::min(n, 8 * w1);
-    pool.emplace_back(
-        [&, k, w0, b0, b1] { sums[k] = transport::ChecksumPartial(data + b0, b1 - b0, w0); });
-  }
-  for (auto& th : pool) th.join();
-  uint64_t sum = 0;
-  for (uint64_t s : sums) sum += s;
-  return transport::ChecksumFinish(sum, n);
-}
-
 // Appends an input's parts, concatenated along its concat_dim, to `out` (whose capacity is
 // already reserved: appending instead of writing into a resized vector skips zero-filling the
 // passed-through bytes).
@@ -316,7 +293,7 @@ absl::StatusOr<ExecutionResult> CpuBackend::Execute(const ExecutionPlan& plan,
     WPUB_RETURN_IF_ERROR(QuantizeBucket(plan, layout, pieces, group_amax, slots, cpu, base));
     result.quantize_seconds += Since(t0);
     t0 = Clock::now();
-    bucket->manifest.checksum = ParallelChecksum(base, layout.nbytes, threads);
+    bucket->manifest.checksum = transport::ParallelChecksum(base, layout.nbytes, threads);
     result.pack_seconds += Since(t0);
     WPUB_RETURN_IF_ERROR(hooks.emit(std::move(bucket)));
   }

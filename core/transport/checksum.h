@@ -39,6 +39,10 @@ uint64_t ChecksumPartial(const uint8_t* data, size_t n, uint64_t first_word);
 // Finishes a sum over every word of an n-byte buffer.
 constexpr uint64_t ChecksumFinish(uint64_t sum, uint64_t n) { return ChecksumMix(sum + n); }
 
+// Checksum(data, n) with its words summed in 16 MiB slices on `threads` threads (<= 0: the
+// hardware's; 1, or a buffer of one slice: the caller's thread alone). Thread-safe (pure).
+uint64_t ParallelChecksum(const uint8_t* data, uint64_t n, int threads);
+
 // checksum(b) of the n bytes at `data`.
 uint64_t Checksum(const uint8_t* data, size_t n);
 

@@ -64,6 +64,21 @@ TEST(ChecksumTest, PartialSumsOverAnySplitAddUp) {
   }
 }
 
+// Summed in 16 MiB slices on several threads: the same checksum, for one slice, several, and a
+// partial last word.
+TEST(ChecksumTest, ParallelChecksumEqualsTheSerialOne) {
+  std::mt19937_64 rng(5);
+  std::vector<uint8_t> data((uint64_t{40} << 20) + 3);
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (uint64_t n : {uint64_t{0}, uint64_t{13}, uint64_t{16} << 20, (uint64_t{16} << 20) + 1,
+                     static_cast<uint64_t>(data.size())}) {
+    const uint64_t want = Checksum(data.data(), n);
+    for (int threads : {1, 3, 0}) {
+      EXPECT_EQ(ParallelChecksum(data.data(), n, threads), want) << n << " bytes, " << threads;
+    }
+  }
+}
+
 TEST(ChecksumTest, DetectsEverySingleBitFlipInASmallBuffer) {
   auto v = Iota(40);
   const uint64_t base = Checksum(v.data(), v.size());
