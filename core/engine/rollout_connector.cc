@@ -60,9 +60,9 @@ absl::Status ValidateRolloutConnectRequest(const RolloutConnectRequest& request)
     if (!seen.insert(e.url).second) {
       return absl::InvalidArgumentError(absl::StrCat(entry, ": the URL is given twice"));
     }
-    if (!e.family.empty() && e.family != "sglang" && e.family != "vllm") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(entry, ": unknown engine kind '", e.family, "' (sglang or vllm)"));
+    if (!e.family.empty() && !IsEngineFamily(e.family)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          entry, ": unknown engine kind '", e.family, "' (sglang, vllm, sglang-ipc or vllm-ipc)"));
     }
   }
   if (request.group_name.size() > 100) {
@@ -82,6 +82,17 @@ absl::Status ValidateRolloutConnectRequest(const RolloutConnectRequest& request)
   return absl::OkStatus();
 }
 
+bool IsEngineFamily(std::string_view family) {
+  for (std::string_view f : kEngineFamilies) {
+    if (f == family) return true;
+  }
+  return false;
+}
+
+bool IsColocatedFamily(std::string_view family) {
+  return family.size() >= 4 && family.substr(family.size() - 4) == "-ipc";
+}
+
 absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::string_view url) {
   const size_t plus = url.find('+');
   const size_t scheme = url.find("://");
@@ -89,10 +100,10 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::strin
     return std::pair<std::string, std::string>{"", std::string(url)};
   }
   const std::string family(url.substr(0, plus));
-  if (family != "vllm" && family != "sglang") {
-    return absl::InvalidArgumentError(absl::StrCat("engine '", std::string(url),
-                                                   "': unknown engine kind '", family,
-                                                   "+' (vllm+http://, sglang+http://)"));
+  if (!IsEngineFamily(family)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine '", std::string(url), "': unknown engine kind '", family,
+        "+' (vllm+http://, sglang+http://, sglang-ipc+http://, vllm-ipc+http://)"));
   }
   return std::pair<std::string, std::string>{family, std::string(url.substr(plus + 1))};
 }

@@ -23,8 +23,16 @@ namespace wpub::engine {
 struct RolloutEndpoint {
   std::string url;  // "http://host:port" or "https://host:port"
   int gpus = 1;
-  std::string family = "";  // "sglang" | "vllm"; empty: sglang
+  // "sglang" | "vllm" (over NCCL) | "sglang-ipc" | "vllm-ipc" (colocated: the engine runs on
+  // this node and reads the buckets in wpub's GPU memory through CUDA IPC); empty: sglang.
+  std::string family = "";
 };
+
+// The engine families an engine may name (RolloutEndpoint::family).
+inline constexpr std::string_view kEngineFamilies[] = {"sglang", "vllm", "sglang-ipc", "vllm-ipc"};
+bool IsEngineFamily(std::string_view family);
+// A family whose engines read the buckets through CUDA IPC on this node ("...-ipc").
+bool IsColocatedFamily(std::string_view family);
 
 struct RolloutConnectRequest {
   std::vector<RolloutEndpoint> engines;           // the new engine set, in rank order
@@ -66,8 +74,8 @@ struct RolloutGroupInfo {
 absl::Status ValidateRolloutConnectRequest(const RolloutConnectRequest& request);
 
 // The engine family an engine URL names by its scheme: "vllm+http://h:p" -> ("vllm",
-// "http://h:p"), "sglang+https://..." -> ("sglang", "https://..."), a plain URL -> ("", url) (the
-// caller's default). INVALID_ARGUMENT naming the URL for another "<x>+" prefix.
+// "http://h:p"), "sglang-ipc+https://..." -> ("sglang-ipc", "https://..."), a plain URL -> ("",
+// url) (the caller's default). INVALID_ARGUMENT naming the URL for another "<x>+" prefix.
 absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::string_view url);
 
 // Forms the weight-update group with a given engine set (the GPU path's NCCL transport).

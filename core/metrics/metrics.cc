@@ -8,6 +8,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/status/status.h"
+#include "core/engine/rollout_connector.h"
 
 namespace wpub::metrics {
 namespace {
@@ -129,10 +130,11 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
                                  "part: total, waiting (for wpub, before the first bucket), "
                                  "transfer, finalization (the engine's own end of the update)")
                              .Register(*registry);
-    for (const char* family : {"sglang", "vllm"}) {
+    for (std::string_view family : engine::kEngineFamilies) {
       for (const char* part : {"total", "waiting", "transfer", "finalization"}) {
         m->paused_seconds_[std::string(family) + "/" + part] =
-            &m->paused_family_->Add({{"family", family}, {"part", part}}, SecondsBuckets());
+            &m->paused_family_->Add({{"family", std::string(family)}, {"part", part}},
+                                     SecondsBuckets());
       }
     }
     auto& replays = prometheus::BuildCounter()

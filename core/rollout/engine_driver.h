@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "core/engine/rollout_connector.h"
 #include "core/engine/types.h"
+#include "core/transport/group_channel.h"
 
 namespace wpub::rollout {
 
@@ -83,6 +84,9 @@ struct EngineOutcome {
   // Bucket update requests sent to the engine (answered or not) in the current publication:
   // more than 0 means it may hold bytes of it.
   uint64_t updates_sent = 0;
+  // Bucket update requests the engine answered successfully in the current publication (a
+  // colocated channel whose engines copy a bucket before answering releases it on this).
+  uint64_t updates_answered = 0;
   // The last refusal of a call that may fail without failing the engine (e.g. a cache flush
   // the engine could not do), for the logs; "" when none.
   std::string warning;
@@ -140,8 +144,11 @@ class EngineDriver {
   virtual void BeginPublication(uint64_t version, bool lifecycle_calls) = 0;
   // Queues the update request of one bucket (non-blocking; the engine posts its receive in the
   // request's handler, so the caller issues it before the bucket's broadcast); the first one of
-  // a publication is preceded by the pause and begin calls.
-  virtual void PostBucket(const transport::BucketManifest& bucket) = 0;
+  // a publication is preceded by the pause and begin calls. `shared`: the bucket as a colocated
+  // channel hands it over in GPU memory (GroupChannel::Share), which the request carries; null
+  // for a channel that broadcasts it.
+  virtual void PostBucket(const transport::BucketManifest& bucket,
+                          const transport::SharedDeviceBytes* shared = nullptr) = 0;
   // The broadcasts one bucket is sent as, by byte size in order (the engines receive it in
   // these pieces): the whole bucket for SGLang's flattened bucket, vLLM's packed chunks.
   virtual std::vector<uint64_t> BroadcastChunks(const transport::BucketManifest& bucket) const {

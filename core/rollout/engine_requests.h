@@ -209,6 +209,16 @@ class EngineRequestQueue {
     std::erase_if(queue_, [](const EngineRequest& r) { return !r.always; });
     cv_.notify_all();
   }
+  // Marks the engine failed with `error` (unless it already failed): its later requests of the
+  // publication are skipped, and it is never reported committed.
+  void Fail(std::string error) {
+    std::lock_guard lock(mu_);
+    if (!outcome_.failed) {
+      outcome_.failed = true;
+      outcome_.error = std::move(error);
+    }
+    cv_.notify_all();
+  }
   void Post(EngineRequest r) {
     {
       std::lock_guard lock(mu_);
@@ -282,7 +292,10 @@ class EngineRequestQueue {
         ++outcome_.requests;
         const absl::Time now = absl::Now();
         if (r.pauses) outcome_.pause.paused = now;
-        if (r.update) outcome_.pause.last_update = now;
+        if (r.update) {
+          outcome_.pause.last_update = now;
+          ++outcome_.updates_answered;
+        }
         if (r.resumes) outcome_.pause.resumed = now;
       } else if (r.best_effort) {
         outcome_.warning = std::move(error);

@@ -6,6 +6,7 @@
 #include "core/gpu/ipc_cache.h"
 #include "core/gpu/retained_memory.h"
 #include "core/rollout/family_router.h"
+#include "core/rollout/ipc_channel.h"
 #include "core/rollout/rollout_group.h"
 
 namespace wpub::rollout {
@@ -15,12 +16,17 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   // router that splits ConnectEngines between them (family_router.h). The SGLang group's store
   // takes store_port; the vLLM group's the next port (or an ephemeral one).
   std::vector<std::unique_ptr<RolloutGroup>> groups;
-  const std::string families[] = {"sglang", "vllm"};
+  // Colocated families read the buckets in place over CUDA IPC (ipc_channel.h): their group's
+  // channel moves no bytes, and its TCPStore serves nobody.
+  const std::string families[] = {"sglang", "vllm", std::string(kSglangIpcFamily)};
   for (const std::string& family : families) {
+    const bool colocated = engine::IsColocatedFamily(family);
     RolloutGroupOptions ro;
+    ro.colocated = colocated;
     ro.device = options.device;
     ro.store.bind_address = options.store_bind_address;
-    ro.store.port = options.store_port == 0 || family == families[0]
+    ro.store.port = options.store_port == 0 || colocated ? 0
+                    : family == families[0]
                         ? options.store_port
                         : static_cast<uint16_t>(options.store_port + 1);
     ro.advertise_address = options.advertise_address;
@@ -36,7 +42,15 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
     ro.engine_auth_token = options.engine_auth_token;
     ro.pause = options.pause;
     ro.engine_watch_interval = options.engine_watch_interval;
-    WPUB_ASSIGN_OR_RETURN(std::unique_ptr<RolloutGroup> group, RolloutGroup::Create(ro));
+    std::unique_ptr<RolloutGroup> group;
+    if (colocated) {
+      IpcChannelOptions io;
+      io.device = options.device;
+      WPUB_ASSIGN_OR_RETURN(std::unique_ptr<IpcChannel> channel, IpcChannel::Create(io));
+      WPUB_ASSIGN_OR_RETURN(group, RolloutGroup::Create(ro, std::move(channel)));
+    } else {
+      WPUB_ASSIGN_OR_RETURN(group, RolloutGroup::Create(ro));
+    }
     groups.push_back(std::move(group));
   }
   gpu::GpuBackendOptions bo;
@@ -56,9 +70,9 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   }
   c.cuda_ipc = std::move(ipc);
   c.backend = std::move(backend);
-  c.owned_connector =
-      std::make_unique<FamilyRouter>(std::vector<std::pair<std::string, FamilyConnector*>>{
-          {families[0], groups[0].get()}, {families[1], groups[1].get()}});
+  std::vector<std::pair<std::string, FamilyConnector*>> members;
+  for (size_t i = 0; i < groups.size(); ++i) members.emplace_back(families[i], groups[i].get());
+  c.owned_connector = std::make_unique<FamilyRouter>(std::move(members));
   for (auto& g : groups) c.transports.push_back(std::move(g));  // owned by the engine
   return c;
 }

@@ -62,10 +62,17 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
     return absl::InvalidArgumentError("rollout group: no unique-id key template");
   }
   std::map<std::string, std::shared_ptr<const EngineFamily>> families;
-  families["sglang"] =
-      options.family ? options.family : std::make_shared<SglangFamily>(options.sglang);
-  families["vllm"] =
-      options.vllm_family ? options.vllm_family : std::make_shared<VllmFamily>(options.vllm);
+  if (options.colocated) {
+    SglangFamilyOptions sglang = options.sglang;
+    sglang.driver.colocated = true;
+    families[std::string(kSglangIpcFamily)] =
+        options.family ? options.family : std::make_shared<SglangFamily>(sglang);
+  } else {
+    families["sglang"] =
+        options.family ? options.family : std::make_shared<SglangFamily>(options.sglang);
+    families["vllm"] =
+        options.vllm_family ? options.vllm_family : std::make_shared<VllmFamily>(options.vllm);
+  }
   std::unique_ptr<RolloutGroup> g(new RolloutGroup(options, std::move(families)));
   WPUB_ASSIGN_OR_RETURN(g->family_, g->FamilyOf(g->engines_));
   if (!g->engines_.empty()) {
@@ -180,7 +187,7 @@ engine::RolloutGroupInfo RolloutGroup::Group() const {
 
 transport::TransportCapabilities RolloutGroup::capabilities() const {
   transport::TransportCapabilities c;
-  c.name = "nccl";
+  c.name = options_.colocated ? "ipc" : "nccl";
   c.accepts = transport::kHostOrDevice;
   c.receiver_paced = false;
   c.acknowledges_checksums = false;
@@ -227,7 +234,8 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
   watch.deadline = publication_deadline_;
   watch.deadline_message = absl::StrCat(
       "publication ", m.version, " did not reach every engine within ",
-      absl::FormatDuration(options_.publication_deadline), "; NCCL communicator aborted");
+      absl::FormatDuration(options_.publication_deadline),
+      options_.colocated ? "" : "; NCCL communicator aborted");
   watch.peer_failure = [this] { return EngineFailure(); };
   watch.not_ready_detail = [this] {
     // The keys engines asked the store for tell a wrong unique-id key template at once.
@@ -250,8 +258,11 @@ absl::Status RolloutGroup::Send(std::shared_ptr<const transport::Bucket> bucket)
   if (!in_flight()) return absl::FailedPreconditionError("rollout group: no publication begun");
   if (!driver_) return absl::OkStatus();  // no engines: no participants
   WPUB_RETURN_IF_ERROR(channel_->failure());
+  // A colocated channel's engines read the bucket in place: their request carries it.
+  WPUB_ASSIGN_OR_RETURN(const std::optional<transport::SharedDeviceBytes> shared,
+                        channel_->Share(*bucket));
   // The engine posts its receive inside this request's handler: issue it first.
-  driver_->PostBucket(bucket->manifest);
+  driver_->PostBucket(bucket->manifest, shared.has_value() ? &*shared : nullptr);
   const std::vector<uint64_t> chunks = driver_->BroadcastChunks(bucket->manifest);
   return channel_->Send(*bucket, chunks);
 }

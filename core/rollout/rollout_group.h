@@ -84,6 +84,10 @@ struct RolloutGroupOptions {
   SglangFamilyOptions sglang;
   std::shared_ptr<const EngineFamily> vllm_family;
   VllmFamilyOptions vllm;
+  // The engines are colocated (families "sglang-ipc", "vllm-ipc": the channel is an IpcChannel,
+  // core/rollout/ipc_channel.h); otherwise they take NCCL broadcasts ("sglang", "vllm"). A group
+  // speaks only the families of its kind.
+  bool colocated = false;
   // Keys the ncclUniqueId is stored under (each template as rendezvous::UniqueIdKey takes it):
   // torch 2.11's layout first, then the one of torch versions without the device-type layer.
   std::vector<std::string> unique_id_key_templates = {

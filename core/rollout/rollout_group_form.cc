@@ -52,7 +52,7 @@ void RolloutGroup::RecordWeightVersions(const std::vector<EngineSpec>& engines,
 
 absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
     const std::vector<EngineSpec>& engines) const {
-  if (engines.empty()) return families_.at("sglang");
+  if (engines.empty()) return families_.begin()->second;
   for (const EngineSpec& e : engines) {
     if (e.family != engines[0].family) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -63,8 +63,12 @@ absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
   }
   const auto it = families_.find(engines[0].family.empty() ? "sglang" : engines[0].family);
   if (it != families_.end()) return it->second;
-  return absl::InvalidArgumentError(
-      absl::StrCat("engine ", engines[0].url, ": unknown engine family '", engines[0].family, "'"));
+  std::vector<std::string> served;
+  for (const auto& [name, family] : families_) served.push_back(name);
+  return absl::InvalidArgumentError(absl::StrCat("engine ", engines[0].url, ": engine family '",
+                                                 engines[0].family, "' is not served by this ",
+                                                 "weight-update group (it serves ",
+                                                 absl::StrJoin(served, ", "), ")"));
 }
 
 absl::StatusOr<std::vector<EngineSpec>> RolloutGroup::WithPause(

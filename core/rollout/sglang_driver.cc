@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,7 +19,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/common/json_bounds.h"
+#include "core/common/status.h"
 #include "core/rollout/engine_requests.h"
+#include "core/rollout/torch_ipc.h"
 #include "core/rollout/update_request.h"
 #include "nlohmann/json.hpp"
 
@@ -66,6 +69,22 @@ std::string UpdateBody(const SglangDriverOptions& o, const transport::BucketMani
   return EncodeUpdateRequest(bucket.tensors, f);
 }
 
+absl::StatusOr<std::string> TensorUpdateBody(const transport::BucketManifest& bucket,
+                                             const transport::SharedDeviceBytes& shared,
+                                             int tp_ranks, uint64_t first_slot) {
+  json ranks = json::array();
+  for (int r = 0; r < tp_ranks; ++r) {
+    WPUB_ASSIGN_OR_RETURN(
+        const std::string pickle,
+        SglangFlattenedBucketPickle(bucket, shared, shared.ref_counter_offset + first_slot + r));
+    ranks.push_back(absl::Base64Escape(pickle));
+  }
+  json j = {{"serialized_named_tensors", std::move(ranks)},
+            {"load_format", "flattened_bucket"},
+            {"flush_cache", false}};
+  return j.dump();
+}
+
 absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
     const SglangDriverOptions& options) {
   absl::StatusOr<GroupLayout> layout = LayoutGroup(options.engines, options.group_name);
@@ -76,12 +95,19 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
           absl::StrCat("engine URL '", e.url, "' must start with http:// or https://"));
     }
   }
-  if (options.master_port == 0) {
-    return absl::InvalidArgumentError("SGLang driver: master_port (the TCPStore port) is 0");
-  }
-  if (options.endpoints.update.empty() || options.endpoints.init_group.empty()) {
-    return absl::InvalidArgumentError(
-        "SGLang driver: the init_group and update endpoints may not be empty");
+  if (options.colocated) {
+    if (options.endpoints.tensor_update.empty()) {
+      return absl::InvalidArgumentError(
+          "SGLang driver: colocated engines need the tensor_update endpoint");
+    }
+  } else {
+    if (options.master_port == 0) {
+      return absl::InvalidArgumentError("SGLang driver: master_port (the TCPStore port) is 0");
+    }
+    if (options.endpoints.update.empty() || options.endpoints.init_group.empty()) {
+      return absl::InvalidArgumentError(
+          "SGLang driver: the init_group and update endpoints may not be empty");
+    }
   }
   if (!options.profiles.empty() && options.profiles.size() != options.engines.size()) {
     return absl::InvalidArgumentError(absl::StrCat("SGLang driver: ", options.profiles.size(),
@@ -154,6 +180,7 @@ bool SglangDriver::Lacks(size_t engine, const std::string& path) const {
 void SglangDriver::StartJoin() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->Reset();
+    if (options_.colocated) continue;  // no weight-update group: nothing to join
     workers_[i]->Post(
         EngineRequest{"POST", options_.endpoints.init_group,
                       std::make_shared<const std::string>(InitGroupBody(options_, layout_, i)),
@@ -188,7 +215,12 @@ void SglangDriver::PauseLocked() {
   PostAll("POST", e.begin, "{}", [](EngineRequest& r) { r.opens = true; });
 }
 
-void SglangDriver::PostBucket(const transport::BucketManifest& bucket) {
+void SglangDriver::PostBucket(const transport::BucketManifest& bucket,
+                              const transport::SharedDeviceBytes* shared) {
+  if (options_.colocated) {
+    PostSharedBucket(bucket, shared);
+    return;
+  }
   const std::string& path = options_.endpoints.update;
   if (path.empty()) return;
   std::lock_guard lock(post_mu_);
@@ -206,6 +238,30 @@ void SglangDriver::PostBucket(const transport::BucketManifest& bucket) {
           UpdateBody(options_, bucket, load_format_, with_version ? std::to_string(version_) : ""));
     }
     workers_[i]->Post(EngineRequest{"POST", path, body, /*overlappable=*/true, /*update=*/true});
+  }
+}
+
+void SglangDriver::PostSharedBucket(const transport::BucketManifest& bucket,
+                                    const transport::SharedDeviceBytes* shared) {
+  std::lock_guard lock(post_mu_);
+  if (closed_) return;  // aborted: no engine may receive more of this version
+  PauseLocked();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    absl::StatusOr<std::string> body =
+        shared == nullptr
+            ? absl::FailedPreconditionError(
+                  "the bucket was not shared in GPU memory (colocated engines need the GPU path)")
+            : TensorUpdateBody(bucket, *shared, options_.engines[i].gpus,
+                               static_cast<uint64_t>(layout_.rank_offsets[i] - 1));
+    if (!body.ok()) {
+      // Nothing of this bucket reaches the engine: it fails the publication, never commits it.
+      workers_[i]->Fail(absl::StrCat("engine ", options_.engines[i].url, " bucket ", bucket.index,
+                                     ": ", body.status().message()));
+      continue;
+    }
+    workers_[i]->Post(EngineRequest{"POST", options_.endpoints.tensor_update,
+                                    std::make_shared<const std::string>(*std::move(body)),
+                                    /*overlappable=*/true, /*update=*/true});
   }
 }
 
@@ -322,6 +378,7 @@ void SglangDriver::Leave() {
     w->DropQueued();
     w->Reset();
   }
+  if (options_.colocated) return;  // no weight-update group to leave
   PostAll("POST", options_.endpoints.destroy_group,
           json({{"group_name", layout_.group_name}}).dump());
 }
@@ -373,11 +430,13 @@ std::vector<absl::StatusOr<EngineProfile>> SglangFamily::Profile(
   // GETs only: SGLang serves these routes for POST (FastAPI answers 405 to a GET of a route it
   // has, 404 to one it lacks), so nothing on the engine changes. /flush_cache is not probed (a
   // GET flushes).
-  std::vector<std::string> required = {e.init_group, e.update};
+  const bool colocated = options_.driver.colocated;
+  std::vector<std::string> required =
+      colocated ? std::vector<std::string>{e.tensor_update} : std::vector<std::string>{e.init_group, e.update};
   std::vector<std::string> optional;
   for (const std::string* p :
        {&e.destroy_group, &e.pause, &e.begin, &e.version, &e.end, &e.resume}) {
-    if (!p->empty()) optional.push_back(*p);
+    if (!p->empty() && !(colocated && p == &e.destroy_group)) optional.push_back(*p);
   }
   std::vector<std::string> paths = required;
   paths.insert(paths.end(), optional.begin(), optional.end());
@@ -421,6 +480,13 @@ std::vector<absl::StatusOr<EngineProfile>> SglangFamily::Profile(
         if (!options_.flattened_bucket_since.empty() &&
             ReleaseBefore(p.release, options_.flattened_bucket_since)) {
           p.lacks.emplace(kFlattenedBucket);
+          if (colocated) {
+            // Its tensor route rebuilds a flattened bucket in one dtype only.
+            return absl::FailedPreconditionError(absl::StrCat(
+                "engine ", engine.url, " runs SGLang ", p.release,
+                ", whose /update_weights_from_tensor takes no flattened bucket of mixed dtypes (",
+                options_.flattened_bucket_since, " or later serves colocated publications)"));
+          }
         }
         return p;
       });

@@ -61,6 +61,8 @@ struct SglangEndpoints {
   std::string resume = "/continue_generation";
   std::string load_format = "flattened_bucket";  // empty: per-tensor broadcasts, no field sent
   std::string backend = "nccl";
+  // Colocated engines (SglangDriverOptions::colocated): each bucket handed over in GPU memory.
+  std::string tensor_update = "/update_weights_from_tensor";
 };
 
 struct SglangDriverOptions {
@@ -91,6 +93,11 @@ struct SglangDriverOptions {
   // requests only to engines whose profile says bucket_versions (SGLang adopts a bucket's
   // version as soon as it loads: the engine would report a version it does not wholly hold).
   std::vector<EngineProfile> profiles;
+  // Colocated engines (family "sglang-ipc"): the engines run on this node and read each bucket
+  // in wpub's GPU memory. There is no weight-update group to join or leave; each bucket's
+  // request is `endpoints.tensor_update` with one pickled CUDA IPC tensor per TP rank
+  // (TensorUpdateBody), in the same session of pause, begin, end, version and continue.
+  bool colocated = false;
 };
 
 // The /pause_generation mode of an in-flight policy SGLang serves: "abort", "retract",
@@ -124,7 +131,8 @@ class SglangDriver final : public EngineDriver {
   // Starts a publication: resets outcomes (the pause is queued with the first bucket).
   void BeginPublication(uint64_t version, bool lifecycle_calls) override;
   // Queues the update request of one bucket (non-blocking; in order per engine).
-  void PostBucket(const transport::BucketManifest& bucket) override;
+  void PostBucket(const transport::BucketManifest& bucket,
+                  const transport::SharedDeviceBytes* shared = nullptr) override;
   // Queues end, version, the flush (policies that flush), and continue: every engine's
   // continue waits until every engine answered the calls before it (ResumeBarrier).
   void EndPublication() override;
@@ -170,6 +178,9 @@ class SglangDriver final : public EngineDriver {
   // publication, at its first bucket (or its end): the engines keep serving while wpub checks
   // the inputs and packs the first bucket. post_mu_ held.
   void PauseLocked();
+  // PostBucket of a colocated engine set: each engine's /update_weights_from_tensor request.
+  void PostSharedBucket(const transport::BucketManifest& bucket,
+                        const transport::SharedDeviceBytes* shared);
 
   const SglangDriverOptions options_;
   const GroupLayout layout_;
@@ -198,10 +209,15 @@ struct SglangFamilyOptions {
   std::string flattened_bucket_since = "0.5.6";
 };
 
+// The family's name for the colocated form ("sglang-ipc").
+inline constexpr std::string_view kSglangIpcFamily = "sglang-ipc";
+
 class SglangFamily final : public EngineFamily {
  public:
   explicit SglangFamily(SglangFamilyOptions options) : options_(std::move(options)) {}
-  std::string_view name() const override { return "sglang"; }
+  std::string_view name() const override {
+    return options_.driver.colocated ? kSglangIpcFamily : std::string_view("sglang");
+  }
   std::vector<bool> Probe(const std::vector<EngineSpec>& engines,
                           absl::Duration timeout) const override;
   std::vector<uint64_t> WeightVersions(const std::vector<EngineSpec>& engines,
@@ -230,6 +246,14 @@ std::string InitGroupBody(const SglangDriverOptions& options, const GroupLayout&
                           size_t engine);
 std::string UpdateBody(const SglangDriverOptions& options, const transport::BucketManifest& bucket,
                        const std::string& load_format, const std::string& version);
+// A colocated engine's /update_weights_from_tensor body for one bucket shared in GPU memory:
+// {"serialized_named_tensors": [base64 of SglangFlattenedBucketPickle per TP rank, rank r's
+// tensor decrementing reference-counter slot shared.ref_counter_offset + first_slot + r],
+// "load_format": "flattened_bucket", "flush_cache": false} (the cache is flushed once, after the
+// update, as the pause policy says). INVALID_ARGUMENT naming the tensor that does not fit.
+absl::StatusOr<std::string> TensorUpdateBody(const transport::BucketManifest& bucket,
+                                             const transport::SharedDeviceBytes& shared,
+                                             int tp_ranks, uint64_t first_slot);
 
 // An SGLang release ("0.5.5.post3", "v0.5.16") before `minimum` ("0.5.6"), compared by their
 // leading numeric components; false when either has none (unknown: assumed current).

@@ -189,7 +189,8 @@ void VllmDriver::PauseLocked() {
   });
 }
 
-void VllmDriver::PostBucket(const transport::BucketManifest& bucket) {
+void VllmDriver::PostBucket(const transport::BucketManifest& bucket,
+                            const transport::SharedDeviceBytes* /*shared*/) {
   std::lock_guard lock(post_mu_);
   if (closed_) return;
   PauseLocked();

@@ -74,7 +74,8 @@ class VllmDriver final : public EngineDriver {
   void StartJoin() override;
   absl::Status WaitIdle(absl::Time deadline) override;
   void BeginPublication(uint64_t version, bool lifecycle_calls) override;
-  void PostBucket(const transport::BucketManifest& bucket) override;
+  void PostBucket(const transport::BucketManifest& bucket,
+                  const transport::SharedDeviceBytes* shared = nullptr) override;
   std::vector<uint64_t> BroadcastChunks(const transport::BucketManifest& bucket) const override;
   void EndPublication() override;
   std::vector<bool> ResumeAfterAbort(const std::set<std::string>& dirty = {}) override;

@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -38,6 +39,24 @@ struct PublicationWatch {
 
 using GroupId = std::array<uint8_t, 128>;  // NCCL's ncclUniqueId bytes
 
+// A device bucket handed over in GPU memory to receivers on the same node (a colocated channel:
+// GroupChannel::Share), described as torch describes a CUDA tensor it shares between processes
+// (torch/multiprocessing/reductions.py, reduce_tensor; docs/specs/engines.md, "Colocated
+// engines"): the receiver opens the allocation with cudaIpcOpenMemHandle, waits on the event
+// before reading, and, once it no longer reads the bytes, decrements its slot of the shared
+// reference counter. No CUDA types: the handles are their bytes.
+struct SharedDeviceBytes {
+  std::string mem_handle;       // cudaIpcMemHandle_t (64 bytes) of the allocation
+  uint64_t allocation_bytes = 0;  // the allocation's size
+  uint64_t offset_bytes = 0;      // where the bucket starts in it
+  uint64_t nbytes = 0;            // the bucket's size
+  int device = 0;                 // the device's index in the daemon's process
+  std::string device_uuid;        // "GPU-8-4-4-4-12 hex" (receivers see other device indices)
+  std::string event_handle;     // cudaIpcEventHandle_t (64 bytes), recorded once the bytes are final
+  std::string ref_counter;      // the shared-memory file of the reference counters ("/name")
+  uint64_t ref_counter_offset = 0;  // this bucket's int64 slot in it
+};
+
 class GroupChannel {
  public:
   virtual ~GroupChannel() = default;
@@ -59,6 +78,13 @@ class GroupChannel {
   virtual absl::Status WarmUp(absl::Time deadline) = 0;
   // Starts a publication: forgets the previous one's failure and starts the watchdog.
   virtual void Begin(PublicationWatch watch) = 0;
+  // A channel whose receivers read the bucket in place (colocated engines: CUDA IPC) describes
+  // it for the update request that carries it (the driver's PostBucket), before Send; nullopt
+  // for one that moves the bytes itself (NCCL). The description is valid until Send of the
+  // bucket returned and the bucket is released (Send of a later bucket, WaitSent, Close).
+  virtual absl::StatusOr<std::optional<SharedDeviceBytes>> Share(const Bucket& /*bucket*/) {
+    return std::optional<SharedDeviceBytes>();
+  }
   // Broadcasts one bucket as `chunks` (byte sizes in order summing to its size; empty: one
   // broadcast). ABORTED with the failure once the publication failed.
   virtual absl::Status Send(const Bucket& bucket, absl::Span<const uint64_t> chunks) = 0;

@@ -23,7 +23,9 @@
 #     vLLM engines in one publication, a dirty SGLang engine whose retry commits, and SGLang
 #     and vLLM engines restored from the retained copy (in device, pinned and host memory)
 #     after an abort, restarted and caught up (engines_nccl.py), bucket patches from a device
-#     copy to a wpub-recv receiver, byte-identical to one pulling whole buckets (patches_gpu.py), and ConnectEngines + CUDA IPC publications from Python
+#     copy to a wpub-recv receiver, byte-identical to one pulling whole buckets (patches_gpu.py), colocated SGLang engines taking
+#     three versions in wpub's GPU memory over CUDA IPC, one killed mid-handover, an aborted attempt
+#     retried (colocated_gpu.py), and ConnectEngines + CUDA IPC publications from Python
 #     (test_gpu_connect_publish).
 # Writes to $OUT: verdicts.txt (one line per test: PASS/FAIL/SKIP, seconds, the test's own
 # summary), summary.log, the JSON results of the Python runs, logs.tar.gz (every log).
@@ -172,6 +174,7 @@ lane_b() {
   script vllm_nccl 300 python3 "$ROOT/tests/multi_gpu/vllm_nccl.py" || rc=1
   script engines_nccl 480 python3 "$ROOT/tests/multi_gpu/engines_nccl.py" || rc=1
   script patches_gpu 180 python3 "$ROOT/tests/multi_gpu/patches_gpu.py" || rc=1
+  script colocated_gpu 240 python3 "$ROOT/tests/multi_gpu/colocated_gpu.py" || rc=1
   unittest_run python_gpu_connect_publish 240 test_gpu_connect_publish || rc=1
   # The GPU-path benchmark on the shared GPU, only when named: its figures are a socket's.
   if [[ " ${ONLY[*]} " == *" gpu_path_bench "* ]]; then

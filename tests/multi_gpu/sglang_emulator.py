@@ -25,6 +25,22 @@ server (the request gets no answer); 0.5.6 has no session (begin/end answer 404)
 flattened bucket (one broadcast per tensor, each in its dtype). Every weight route answers
 success=false with HTTP 400.
 
+Colocated engines (`/update_weights_from_tensor`, SGLang's CUDA IPC route), modelled from
+SGLang's scheduler_components/weight_updater.py (update_weights_from_tensor: the open-session
+assertion, serialized_named_tensors[tp_rank]), utils/common.py (MultiprocessingSerializer.
+deserialize: standard base64 with validate=True, then SafeUnpickler -- its module-prefix
+allowlist and class denylist at 004f0c7a8d398a9c4b6844c1d8071502fa88e78c; a refused class raises
+in the scheduler, which kills the server), utils/patch_torch.py (rebuild_cuda_tensor's device
+argument may be a device UUID string, mapped to the local device) at
+04643955d5327edea893c1f44c87ed29a861a48c, and weight_sync/tensor_bucket.py (the multi-dtype
+FlattenedTensorBucket: tensor i is flattened[start:end].view(dtype).reshape(shape)) at
+0cbf0687be1b263c40f5e888741646398cd43809. The tensors are rebuilt by torch's own
+rebuild_cuda_tensor (CUDA IPC open, the event wait, the reference-counter decrement when they
+are freed), copied into the live weights without a device sync before the answer (as SGLang
+answers), and dropped. --tp N decodes the entries of N TP ranks (one process stands for the N
+schedulers). POST /check {"version": V} compares every live weight with <expect-dir>/v<V>/
+tensors/<name>.bin (test-only).
+
 Test-only extras: GET /health, GET /stats, POST /bench_recv (receive `count` broadcasts of `nbytes`
 for the plain-NCCL baseline), --die-at-bucket N (SIGKILL itself when bucket N's request arrives:
 a receiver dying mid-publication), --fail-at-bucket N (receive bucket N of the first version
@@ -42,8 +58,16 @@ import time
 import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import base64
+import binascii
+import dataclasses
+import io
+import pickle
+import types
+
 import torch
 import torch.distributed as dist
+import torch.multiprocessing.reductions as reductions
 
 DTYPES = {
     "bfloat16": torch.bfloat16,
@@ -78,6 +102,91 @@ def init_custom_process_group(backend, init_method, timeout, world_size, rank, g
                                       group_name=group_name, timeout=timeout, **kwargs)
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
+
+
+# SGLang's FlattenedTensorMetadata, importable under its module path for the unpickler
+# (sglang/srt/weight_sync/tensor_bucket.py: a plain dataclass of these six fields).
+@dataclasses.dataclass
+class FlattenedTensorMetadata:
+    name: str
+    shape: torch.Size
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int
+
+
+def _install_sglang_modules():
+    path = "sglang.srt.weight_sync.tensor_bucket"
+    parts = path.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        sys.modules.setdefault(name, types.ModuleType(name))
+    FlattenedTensorMetadata.__module__ = path
+    FlattenedTensorMetadata.__qualname__ = "FlattenedTensorMetadata"
+    sys.modules[path].FlattenedTensorMetadata = FlattenedTensorMetadata
+
+
+_install_sglang_modules()
+
+# SGLang's SafeUnpickler (utils/common.py at 004f0c7a): a class loads when it is not denied and
+# its module (with a trailing '.') starts with an allowed prefix; anything else raises.
+ALLOWED_MODULE_PREFIXES = (
+    "builtins.", "collections.", "copyreg.", "functools.", "itertools.", "operator.", "types.",
+    "weakref.", "torch.", "torch._tensor.", "torch.storage.", "torch.nn.parameter.",
+    "torch.autograd.function.", "torch.distributed.", "torch.distributed._shard.",
+    "torch.distributed._composable.", "torch._C._distributed_c10d.",
+    "torch._C._distributed_fsdp.", "torch.distributed.optim.", "multiprocessing.resource_sharer.",
+    "multiprocessing.reduction.", "pickletools.", "peft.", "transformers.", "huggingface_hub.",
+    "sglang.srt.weight_sync.tensor_bucket.", "sglang.srt.model_executor.model_runner.",
+    "sglang.srt.layers.", "sglang.srt.utils.")
+DENY_CLASSES = {("builtins", "eval"), ("builtins", "exec"), ("builtins", "compile"),
+                ("os", "system"), ("subprocess", "Popen"), ("subprocess", "run"),
+                ("codecs", "decode"), ("types", "CodeType"), ("types", "FunctionType")}
+
+
+class SafeUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if (module, name) in DENY_CLASSES or not any(
+                (module + ".").startswith(p) for p in ALLOWED_MODULE_PREFIXES):
+            raise RuntimeError(f"Blocked unsafe class loading ({module}.{name}), to prevent "
+                               f"exploitation of CVE-2025-10164")
+        return super().find_class(module, name)
+
+
+def _device_from_maybe_uuid(device):
+    """patch_torch.py: an int is the local ordinal; a str is matched against str(uuid)."""
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        for i in range(torch.cuda.device_count()):
+            if str(torch.cuda.get_device_properties(i).uuid) == device:
+                return i
+        raise Exception(f"Invalid device_uuid={device}")
+    raise Exception(f"Unknown type: device={device}")
+
+
+def monkey_patch_torch_reductions():
+    """What SGLang's monkey_patch_torch_reductions does on the receiving side: the module's
+    rebuild_cuda_tensor takes a device UUID at argument 6 (patched once)."""
+    if hasattr(reductions, "_rebuild_cuda_tensor_original"):
+        return
+    reductions._rebuild_cuda_tensor_original = reductions.rebuild_cuda_tensor
+
+    def _rebuild_cuda_tensor_modified(*args):
+        args = list(args)
+        args[6] = _device_from_maybe_uuid(args[6])
+        return reductions._rebuild_cuda_tensor_original(*args)
+
+    reductions.rebuild_cuda_tensor = _rebuild_cuda_tensor_modified
+    reductions.init_reductions()
+
+
+def deserialize(data):
+    """MultiprocessingSerializer.deserialize: base64 (standard, validate=True) for a str."""
+    if isinstance(data, str):
+        data = base64.b64decode(data, validate=True)
+    return SafeUnpickler(io.BytesIO(data)).load()
 
 
 class Engine:
@@ -237,6 +346,70 @@ class Engine:
                                "whole weights."}
         return {"success": True, "message": f"bucket {index}: {len(names)} tensors"}
 
+    def update_from_tensor(self, req):
+        """SGLang's update_weights_from_tensor, per TP rank: deserialize the rank's entry,
+        rebuild the flattened bucket, load every tensor into the live weights."""
+        index = self.stats.setdefault("tensor_buckets", 0)
+        self.stats["tensor_buckets"] = index + 1
+        if self.args.die_at_bucket is not None and self.attempt_buckets == self.args.die_at_bucket:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        attempt_index = self.attempt_buckets
+        self.attempt_buckets += 1
+        entries = req["serialized_named_tensors"]
+        load_format = req.get("load_format")
+        if load_format != "flattened_bucket":
+            self.die(f"NotImplementedError: this emulator models load_format=flattened_bucket "
+                     f"only, got {load_format}")
+        names = 0
+        t0 = time.perf_counter()
+        for rank in range(self.args.tp):
+            if rank >= len(entries):
+                self.die(f"IndexError: serialized_named_tensors has {len(entries)} entries, "
+                         f"rank {rank}")
+            try:
+                monkey_patch_torch_reductions()
+                payload = deserialize(entries[rank])
+            except (RuntimeError, pickle.UnpicklingError, binascii.Error, ValueError) as e:
+                self.die(f"{type(e).__name__}: {e}")  # raised in the scheduler: the server dies
+            flattened = payload["flattened_tensor"]
+            metadata = payload["metadata"]
+            for meta in metadata:
+                t = flattened[meta.start_idx:meta.end_idx].view(meta.dtype).reshape(meta.shape)
+                live = self.weights.get((rank, meta.name))
+                if live is None or live.shape != t.shape or live.dtype != t.dtype:
+                    live = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+                    self.weights[(rank, meta.name)] = live
+                live.copy_(t, non_blocking=True)  # no device sync before the answer
+                self.live_versions[meta.name] = "pending"
+                names += 1
+                del t
+            del flattened, metadata, payload
+        if (self.args.fail_at_bucket is not None and attempt_index == self.args.fail_at_bucket
+                and not self.stats["failed_once"]):
+            self.stats["failed_once"] = True
+            return {"success": False, "message": "Failed to update weights: partially updated."}
+        self.stats.setdefault("tensor_seconds", 0.0)
+        self.stats["tensor_seconds"] += time.perf_counter() - t0
+        return {"success": True, "message": "Success"}
+
+    def check(self, req):
+        """Every live weight (each rank's) against the expected bytes of version V."""
+        version = str(req["version"])
+        torch.cuda.synchronize(self.device)
+        mismatches, checked = [], 0
+        for (rank, name), t in sorted(self.weights.items()):
+            want = self.expected_tensor(version, name)
+            if want is None:
+                mismatches.append(f"rank {rank} {name}: no expectation for v{version}")
+                continue
+            got = t.reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+            checked += 1
+            if got != want:
+                mismatches.append(f"rank {rank} {name}: differs from v{version}")
+        return {"success": True, "checked": checked, "mismatches": mismatches[:10],
+                "weights": len(self.weights)}
+
     def held_versions(self):
         return sorted({str(v) for v in self.live_versions.values()})
 
@@ -264,7 +437,8 @@ class Engine:
     # SGLang serves these for POST only; FastAPI answers a GET of them 405 (a route it lacks:
     # 404), which is how wpubd's join probes what a release serves.
     POST_ROUTES = ("/init_weights_update_group", "/destroy_weights_update_group",
-                   "/update_weights_from_distributed", "/update_weight_version",
+                   "/update_weights_from_distributed", "/update_weights_from_tensor",
+                   "/update_weight_version",
                    "/pause_generation", "/continue_generation", "/begin_weight_update",
                    "/end_weight_update")
 
@@ -305,6 +479,8 @@ class Engine:
             self.stats["session_open"] = False
             self.stats["ends"] += 1
             return 200, {"success": True, "message": "Success"}
+        if session and path == "/update_weights_from_tensor" and not self.stats["session_open"]:
+            self.die("update_weights_from_tensor requires an open begin_weight_update session")
         if session and path == "/update_weights_from_distributed" and \
                 not self.stats["session_open"]:
             self.die("update_weights_from_distributed requires an open begin_weight_update "
@@ -323,6 +499,8 @@ class Engine:
             "/init_weights_update_group": self.init_group,
             "/destroy_weights_update_group": self.destroy_group,
             "/update_weights_from_distributed": self.update,
+            "/update_weights_from_tensor": self.update_from_tensor,
+            "/check": self.check,
             "/bench_recv": self.bench_recv,
         }
         if path in routes:
@@ -337,6 +515,10 @@ class Engine:
                     return 400, {"success": False, "message": str(e)}
         if path == "/update_weight_version":
             self.stats["weight_version"] = req.get("new_version")
+            # The tensor route is told the version once, at the end (what it loaded since).
+            for name, v in self.live_versions.items():
+                if v == "pending":
+                    self.live_versions[name] = str(req.get("new_version"))
             return 200, {"success": True, "message": "ok"}
         if path == "/pause_generation":
             return 200, self.pause(req)
@@ -361,6 +543,8 @@ def main():
     p.add_argument("--eager-init", action="store_true", help="pass device_id (eager NCCL init)")
     p.add_argument("--keep", action="store_true", help="keep received tensors (as weights)")
     p.add_argument("--nccl-timeout", type=float, default=120)
+    p.add_argument("--tp", type=int, default=1,
+                   help="TP ranks whose serialized_named_tensors entries this process decodes")
     p.add_argument("--release", default="0.5.16", choices=["0.5.5", "0.5.6", "0.5.16"],
                    help="0.5.16: the weight-update session, misuse kills the server; 0.5.6: no "
                         "session (begin/end 404); 0.5.5: also no flattened bucket (one "

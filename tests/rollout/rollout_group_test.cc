@@ -289,7 +289,7 @@ class RefusingDriver final : public rollout::EngineDriver {
     return absl::AbortedError("other-family: join refused");
   }
   void BeginPublication(uint64_t, bool) override {}
-  void PostBucket(const transport::BucketManifest&) override {}
+  void PostBucket(const transport::BucketManifest&, const transport::SharedDeviceBytes*) override {}
   void EndPublication() override {}
   std::vector<bool> ResumeAfterAbort(const std::set<std::string>&) override {
     return std::vector<bool>(address_.engines.size(), false);
