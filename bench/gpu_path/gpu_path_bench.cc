@@ -28,6 +28,11 @@
 // the C++ engine's through their configs, the emulator's through NCCL_MIN_CTAS/NCCL_MAX_CTAS in
 // its environment.
 // --backend_only 1 runs case (e) alone, which needs one GPU.
+// --colocated 1 runs (e) and (g) alone on GPU 0: (g) the same publication handed over in GPU
+// memory (CUDA IPC, core/rollout/ipc_channel.h) to colocated SGLang emulators on the same GPU
+// (/update_weights_from_tensor with torch's own rebuild; each copies every bucket whole,
+// --tensor-load=bucket, so the row is the handover's cost and not a Python loop over tensors),
+// one with TP=1 and, as (g2), one engine of TP=2; the goal is (g) <= 1.15x (e).
 // --pause_windows 1 runs (a), (a1) and (a-emu) alone and prints each engine's pause window (its
 // pause answered .. its resume answered: waiting for wpub, transfer, finalization) against the
 // transfer.
@@ -61,6 +66,7 @@
 #include "core/nccl/nccl_comm.h"
 #include "core/nccl/nccl_transport.h"
 #include "core/rendezvous/tcp_store_server.h"
+#include "core/rollout/ipc_channel.h"
 #include "core/rollout/rollout_group.h"
 #include "core/rollout/sglang_driver.h"
 #include "core/transport/pull_transport.h"
@@ -91,6 +97,7 @@ struct Args {
   int ctas_per_sm = 3;          // GpuBackendOptions::overlap_ctas_per_sm of every wpub case
   std::vector<int> ctas_sweep;  // extra (a)/(a') rows with that cap (0: none)
   bool backend_only = false;    // case (e) alone, on one GPU
+  bool colocated = false;       // --colocated 1: (e) against (g), colocated engines, one GPU
   bool pause_windows = false;   // --pause_windows 1: (a), (a1), (a-emu) with pause windows
   bool restore = false;         // --restore 1: the retained copy's cost and its restores
   int nccl_ctas = 0;            // NcclCommOptions::ctas on both sides (0: NCCL's choice)
@@ -144,6 +151,8 @@ Args Parse(int argc, char** argv) {
       a.kernel_trace = v != "0";
     else if (k == "--backend_only")
       a.backend_only = v != "0";
+    else if (k == "--colocated")
+      a.colocated = v != "0";
     else if (k == "--pause_windows")
       a.pause_windows = v != "0";
     else if (k == "--restore")
@@ -214,6 +223,52 @@ json RunPull(const char* label, const RunSettings& run, const testing::ModelLayo
   return row;
 }
 
+// --colocated 1: (e), then (g) and (g2) -- the same publication to colocated SGLang emulators on
+// GPU 0 through an IpcChannel rollout group (TP=1, then one engine of TP=2).
+int RunColocated(const Args& args, const RunSettings& run, const testing::ModelLayout& layout,
+                 const uint8_t* model, const char* device) {
+  DiscardSink discard;
+  gpu::GpuBackendOptions bo;
+  bo.compute_sms = args.compute_sms;
+  bo.overlap_ctas_per_sm = 0;  // nothing is broadcast beside the kernels
+  auto backend = gpu::GpuBackend::Create(bo);
+  BENCH_OK(backend.status());
+  uint64_t version = 0, unused = 0;
+  json rows = json::array();
+  rows.push_back(
+      RunWpub("(e) backend only nvfp4", true, run, layout, model, **backend, discard, &version,
+              &unused));
+  for (int tp : {1, 2}) {
+    const int port = testing::FreePort();
+    auto emulator = testing::StartEmulator(
+        port, 0, {"--tensor-load=bucket", absl::StrCat("--tp=", tp)},
+        absl::StrCat(args.log_dir, "/bench_colocated_tp", tp, ".log"));
+    BENCH_OK(emulator.status());
+    rollout::RolloutGroupOptions ro;
+    ro.colocated = true;
+    ro.engines = {{absl::StrCat("http://127.0.0.1:", port), tp, "sglang-ipc"}};
+    ro.group_name = "wpub_bench_ipc";
+    ro.publication_deadline = absl::Seconds(600);
+    ro.sglang.driver.request_timeout = absl::Seconds(600);
+    ro.engine_watch_interval = absl::ZeroDuration();
+    auto channel = rollout::IpcChannel::Create({});
+    BENCH_OK(channel.status());
+    auto group = rollout::RolloutGroup::Create(ro, *std::move(channel));
+    BENCH_OK(group.status());
+    json row = RunWpub(tp == 1 ? "(g) colocated ipc tp1" : "(g2) colocated ipc tp2", true, run,
+                       layout, model, **backend, **group, &version, &unused);
+    row["over_backend_only"] =
+        row["wall_seconds"].get<double>() / rows[0]["wall_seconds"].get<double>();
+    std::printf("%-24s %.3fx the backend alone (goal <= 1.15x)\n", "",
+                row["over_backend_only"].get<double>());
+    rows.push_back(row);
+    group->reset();
+  }
+  json out = {{"device", device}, {"rows", rows}};
+  if (!args.json_path.empty()) std::ofstream(args.json_path) << out.dump(2) << "\n";
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
   const RunSettings run{args.iters, args.bucket_bytes, args.nccl_ctas};
@@ -225,7 +280,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const bool shared = testing::SharesPublisherGpu(engine_gpu);
-  testing::AdoptOwnNcclHost(shared && !args.backend_only);
+  testing::AdoptOwnNcclHost(shared && !args.backend_only && !args.colocated);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   const testing::ModelLayout layout = testing::LayoutModel(args.shape);
@@ -247,6 +302,11 @@ int Main(int argc, char** argv) {
   }
   if (FillBf16(model, layout.total_bytes / 2, 2026, nullptr) != cudaSuccess) return 1;
   cudaDeviceSynchronize();
+  if (args.colocated) {
+    const int rc = RunColocated(args, run, layout, static_cast<const uint8_t*>(model), prop.name);
+    cudaFree(model);
+    return rc;
+  }
   if (args.backend_only) {
     // (e) only: the backend's own speed into a discarding sink, on GPU 0.
     DiscardSink discard;

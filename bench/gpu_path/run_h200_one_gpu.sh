@@ -11,6 +11,9 @@
 # restore: the retained copy's cost on a publication and its restores, in device, pinned and host
 # memory (gpu_path_bench --restore 1, RESTORE_LAYERS layers of the Qwen3-30B-A3B shape, default
 # 24 so that two versions' worth of device copies fit an 80 GB card beside the BF16 model).
+# colocated: the GPU backend alone against the same publication handed over in GPU memory to
+# colocated SGLang emulators on the same GPU (gpu_path_bench --colocated 1, COLOC_LAYERS layers of
+# the Qwen3-30B-A3B shape, default 24).
 # delta: delta publication against full publications to a gRPC-pull receiver under the AdamW
 # update model (delta_bench, DELTA_LAYERS layers of the Qwen3-30B-A3B shape, default 24;
 # DELTA_LR, default 1e-6; 2 warm-up + DELTA_VERSIONS versions, default 10).
@@ -49,6 +52,13 @@ for step in "${steps[@]}"; do
       OUT=$OUT/python bash "$ROOT/tests/python/run_gpu_gather.sh" >"$LOGS/python_gpu.log" 2>&1
       r=$?
       echo "python GPU tests rc=$r: $(grep -E '^(Ran|OK|FAILED)' "$LOGS/python_gpu.log" | tr '\n' ' ')"
+      [ $r -ne 0 ] && rc=1 ;;
+    colocated)
+      timeout 400 "$BIN/gpu_path_bench" --colocated 1 --layers "${COLOC_LAYERS:-24}" --iters 3 \
+        --log_dir "$LOGS" --json "$OUT/colocated.json" >"$LOGS/colocated.log" 2>&1
+      r=$?
+      echo "colocated rc=$r"
+      grep -E '^device|^\((e|g)|goal' "$LOGS/colocated.log" | head -20
       [ $r -ne 0 ] && rc=1 ;;
     pause)
       timeout 300 "$BIN/gpu_path_bench" --pause_windows 1 --iters 3 --log_dir "$LOGS" \

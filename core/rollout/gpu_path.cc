@@ -8,6 +8,7 @@
 #include "core/rollout/family_router.h"
 #include "core/rollout/ipc_channel.h"
 #include "core/rollout/rollout_group.h"
+#include "core/rollout/vllm_driver.h"
 
 namespace wpub::rollout {
 
@@ -18,7 +19,8 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
   std::vector<std::unique_ptr<RolloutGroup>> groups;
   // Colocated families read the buckets in place over CUDA IPC (ipc_channel.h): their group's
   // channel moves no bytes, and its TCPStore serves nobody.
-  const std::string families[] = {"sglang", "vllm", std::string(kSglangIpcFamily)};
+  const std::string families[] = {"sglang", "vllm", std::string(kSglangIpcFamily),
+                                  std::string(kVllmIpcFamily)};
   for (const std::string& family : families) {
     const bool colocated = engine::IsColocatedFamily(family);
     RolloutGroupOptions ro;
@@ -46,6 +48,10 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
     if (colocated) {
       IpcChannelOptions io;
       io.device = options.device;
+      // SGLang answers before its copies completed: torch's counters say when they did. vLLM's
+      // packed consumer has copied (and synchronized) when it answers.
+      io.release = family == kVllmIpcFamily ? IpcChannelOptions::Release::kAnswered
+                                            : IpcChannelOptions::Release::kRefCounter;
       WPUB_ASSIGN_OR_RETURN(std::unique_ptr<IpcChannel> channel, IpcChannel::Create(io));
       WPUB_ASSIGN_OR_RETURN(group, RolloutGroup::Create(ro, std::move(channel)));
     } else {

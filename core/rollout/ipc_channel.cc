@@ -71,6 +71,11 @@ absl::StatusOr<std::unique_ptr<IpcChannel>> IpcChannel::Create(const IpcChannelO
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<TorchRefCounters> counters, TorchRefCounters::Create());
   std::unique_ptr<IpcChannel> c(
       new IpcChannel(options, FormatUuid(prop.uuid), std::move(counters)));
+  for (int d = 0; d < count; ++d) {
+    cudaDeviceProp p{};
+    WPUB_IPC_CUDA(cudaGetDeviceProperties(&p, d), "cudaGetDeviceProperties");
+    c->node_uuids_.push_back(FormatUuid(p.uuid));
+  }
   WPUB_IPC_CUDA(kernels::cuda::Stream::Create(&c->stream_), "stream");
   for (cudaEvent_t& e : c->events_) {
     WPUB_IPC_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess),
@@ -129,6 +134,7 @@ std::string IpcChannel::Describe() const {
 void IpcChannel::Begin(transport::PublicationWatch watch) {
   DropHeld();
   watch_ = std::move(watch);
+  seq_ = 0;
   std::lock_guard lock(mu_);
   if (open_) failure_ = absl::OkStatus();
 }
@@ -175,6 +181,7 @@ absl::StatusOr<std::optional<transport::SharedDeviceBytes>> IpcChannel::Share(
   s.nbytes = bucket.manifest.nbytes;
   s.device = options_.device;
   s.device_uuid = uuid_;
+  s.node_device_uuids = node_uuids_;
   s.event_handle.assign(reinterpret_cast<const char*>(&evh), sizeof(evh));
   s.ref_counter = counters_->name();
   // One slot per reading rank, each decremented once; wrapped around the file (the slots of a
@@ -184,7 +191,8 @@ absl::StatusOr<std::optional<transport::SharedDeviceBytes>> IpcChannel::Share(
   }
   s.ref_counter_offset = next_slot_ % TorchRefCounters::kSlots;
   for (int r = 0; r < readers_; ++r) counters_->Set(s.ref_counter_offset + r, 1);
-  pending_ = Held{s.ref_counter_offset, readers_, bucket.device.done, bucket.manifest.index};
+  pending_ = Held{s.ref_counter_offset, readers_, bucket.device.done, bucket.manifest.index,
+                  seq_++};
   next_slot_ += readers_;
   ++shared_;
   return std::optional<transport::SharedDeviceBytes>(std::move(s));
@@ -228,11 +236,16 @@ absl::Status IpcChannel::WaitReleased(const Held& h, absl::Time deadline) {
   for (;;) {
     bool released = true;
     int64_t holding = 0;
-    for (int r = 0; r < h.slots; ++r) {
-      const int64_t v = counters_->Get(h.first_slot + r);
-      if (v > 0) {
-        released = false;
-        holding += v;
+    if (options_.release == IpcChannelOptions::Release::kAnswered) {
+      released = watch_.updates_answered && watch_.updates_answered() > h.seq;
+      holding = released ? 0 : 1;
+    } else {
+      for (int r = 0; r < h.slots; ++r) {
+        const int64_t v = counters_->Get(h.first_slot + r);
+        if (v > 0) {
+          released = false;
+          holding += v;
+        }
       }
     }
     if (released) return absl::OkStatus();
@@ -247,8 +260,10 @@ absl::Status IpcChannel::WaitReleased(const Held& h, absl::Time deadline) {
       Fail(absl::DeadlineExceededError(absl::StrCat(
           watch_.deadline_message.empty() ? "colocated publication timed out"
                                           : watch_.deadline_message,
-          ": ", holding, " engine rank(s) still hold bucket ", h.index,
-          " (torch's CUDA IPC reference counter not released)")));
+          options_.release == IpcChannelOptions::Release::kAnswered
+              ? absl::StrCat(": an engine has not answered bucket ", h.index, "'s request")
+              : absl::StrCat(": ", holding, " engine rank(s) still hold bucket ", h.index,
+                             " (torch's CUDA IPC reference counter not released)"))));
       return failure();
     }
     std::this_thread::sleep_for(absl::ToChronoMicroseconds(options_.poll_interval));

@@ -43,6 +43,12 @@ struct IpcChannelOptions {
   int device = 0;
   // How often a wait for the engines' release polls their reference counters and the peers.
   absl::Duration poll_interval = absl::Microseconds(50);
+  // When a bucket is released: once every rank freed the tensor (torch's reference counter:
+  // SGLang, which answers before its copies completed), or once every engine answered the
+  // bucket's request (vLLM's packed IPC consumer clones every tensor and synchronizes the
+  // device before it answers, and keeps its mapping until the next bucket arrives).
+  enum class Release : uint8_t { kRefCounter, kAnswered };
+  Release release = Release::kRefCounter;
 };
 
 class IpcChannel final : public transport::GroupChannel {
@@ -78,6 +84,7 @@ class IpcChannel final : public transport::GroupChannel {
     int slots = 0;
     cudaEvent_t done = nullptr;
     uint32_t index = 0;
+    uint64_t seq = 0;  // its place among the publication's update requests
   };
   IpcChannel(const IpcChannelOptions& options, std::string uuid,
              std::unique_ptr<TorchRefCounters> counters);
@@ -95,6 +102,8 @@ class IpcChannel final : public transport::GroupChannel {
   int readers_ = 0;        // ranks that read each bucket
   uint64_t next_slot_ = 0;  // the first counter slot of the next shared bucket
   uint64_t shared_ = 0;     // buckets shared so far (event ring position)
+  uint64_t seq_ = 0;        // buckets shared in the publication in flight
+  std::vector<std::string> node_uuids_;  // every visible GPU's
   std::optional<Held> pending_;  // shared, not yet sent
   std::deque<Held> held_;         // shared and sent, not yet released
   transport::PublicationWatch watch_;

@@ -3,6 +3,8 @@
 // rollout_group_form.cc).
 #include "core/rollout/rollout_group.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <random>
 
@@ -67,6 +69,10 @@ absl::StatusOr<std::unique_ptr<RolloutGroup>> RolloutGroup::Create(
     sglang.driver.colocated = true;
     families[std::string(kSglangIpcFamily)] =
         options.family ? options.family : std::make_shared<SglangFamily>(sglang);
+    VllmFamilyOptions vllm = options.vllm;
+    vllm.driver.colocated = true;
+    families[std::string(kVllmIpcFamily)] =
+        options.vllm_family ? options.vllm_family : std::make_shared<VllmFamily>(vllm);
   } else {
     families["sglang"] =
         options.family ? options.family : std::make_shared<SglangFamily>(options.sglang);
@@ -237,6 +243,11 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
       absl::FormatDuration(options_.publication_deadline),
       options_.colocated ? "" : "; NCCL communicator aborted");
   watch.peer_failure = [this] { return EngineFailure(); };
+  watch.updates_answered = [this] {
+    uint64_t fewest = UINT64_MAX;
+    for (const EngineOutcome& o : driver_->outcomes()) fewest = std::min(fewest, o.updates_answered);
+    return fewest == UINT64_MAX ? 0 : fewest;
+  };
   watch.not_ready_detail = [this] {
     // The keys engines asked the store for tell a wrong unique-id key template at once.
     return absl::StrCat("keys engines asked the store for: ",

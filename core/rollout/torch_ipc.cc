@@ -169,3 +169,25 @@ absl::StatusOr<std::string> SglangFlattenedBucketPickle(const transport::BucketM
 }
 
 }  // namespace wpub::rollout
+
+namespace wpub::rollout {
+
+std::string VllmPackedHandlesPickle(const transport::SharedDeviceBytes& shared,
+                                    uint64_t ref_counter_offset) {
+  PickleWriter w;
+  w.Mark();
+  SharedTensor t;
+  t.shared = &shared;
+  t.dtype = DType::kUInt8;
+  t.shape = {static_cast<int64_t>(shared.nbytes)};
+  t.ref_counter_offset = ref_counter_offset;
+  for (const std::string& uuid : shared.node_device_uuids) {
+    w.Str(TorchUuid(uuid));
+    // Cannot fail: a uint8 tensor over the whole bucket fits it.
+    (void)WriteRebuildArgs(t, w);
+  }
+  w.Dict();
+  return w.Finish();
+}
+
+}  // namespace wpub::rollout

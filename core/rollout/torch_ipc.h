@@ -107,3 +107,17 @@ absl::StatusOr<std::string> SglangFlattenedBucketPickle(const transport::BucketM
                                                         uint64_t ref_counter_offset);
 
 }  // namespace wpub::rollout
+
+namespace wpub::rollout {
+
+// vLLM's packed IPC handles of one bucket (update_info.ipc_handles_pickled before base64, the
+// IPC weight-transfer backend from v0.22: vllm/distributed/weight_transfer/ipc_engine.py,
+// packed_tensor.py): the pickle of {torch UUID of every GPU in shared.node_device_uuids: the 15
+// rebuild_cuda_tensor arguments of one uint8 tensor over the whole bucket}. Every worker takes the
+// entry of its own GPU, writes its device index over argument 6, rebuilds the tensor and splits it
+// by tensor_sizes (the bucket's tensors back to back). Each entry names reference-counter slot
+// `ref_counter_offset`.
+std::string VllmPackedHandlesPickle(const transport::SharedDeviceBytes& shared,
+                                    uint64_t ref_counter_offset);
+
+}  // namespace wpub::rollout

@@ -3,10 +3,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/json_bounds.h"
 #include "core/rollout/engine_requests.h"
+#include "core/rollout/torch_ipc.h"
 #include "nlohmann/json.hpp"
 
 namespace wpub::rollout {
@@ -101,6 +103,35 @@ std::string VllmUpdateBody(const VllmDriverOptions& o, const transport::BucketMa
   return json{{"update_info", info}}.dump();
 }
 
+std::string VllmIpcInitBody(bool packing) {
+  json info = json::object();
+  if (packing) info["packed"] = true;
+  return json{{"init_info", info}}.dump();
+}
+
+std::string VllmIpcUpdateBody(const transport::BucketManifest& bucket,
+                              const transport::SharedDeviceBytes& shared, uint64_t slot,
+                              bool packed_per_update) {
+  json names = json::array(), dtypes = json::array(), shapes = json::array(),
+       sizes = json::array();
+  for (const transport::ManifestTensor& t : bucket.tensors) {
+    names.push_back(t.name);
+    dtypes.push_back(std::string(DTypeName(t.dtype)));
+    json shape = json::array();
+    for (int64_t d : t.shape) shape.push_back(d);
+    if (shape.empty()) shape.push_back(1);  // vLLM's packed unpack cannot view a 0-d tensor
+    shapes.push_back(std::move(shape));
+    sizes.push_back(t.nbytes);
+  }
+  json info = {{"names", names},
+               {"dtype_names", dtypes},
+               {"shapes", shapes},
+               {"ipc_handles_pickled", absl::Base64Escape(VllmPackedHandlesPickle(shared, slot))},
+               {"tensor_sizes", sizes}};
+  if (packed_per_update) info["packed"] = true;
+  return json{{"update_info", info}}.dump();
+}
+
 absl::StatusOr<std::unique_ptr<VllmDriver>> VllmDriver::Create(const VllmDriverOptions& options) {
   absl::StatusOr<GroupLayout> layout = LayoutGroup(options.engines, options.group_name);
   if (!layout.ok()) return layout.status();
@@ -110,7 +141,7 @@ absl::StatusOr<std::unique_ptr<VllmDriver>> VllmDriver::Create(const VllmDriverO
           absl::StrCat("engine URL '", e.url, "' must start with http:// or https://"));
     }
   }
-  if (options.master_port == 0) {
+  if (options.master_port == 0 && !options.colocated) {
     return absl::InvalidArgumentError("vLLM driver: master_port (the TCPStore port) is 0");
   }
   if (options.packed_buffer_bytes == 0 || options.packed_num_buffers < 1) {
@@ -146,14 +177,16 @@ void VllmDriver::PostAll(const std::string& path, const std::string& body,
 void VllmDriver::StartJoin() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->Reset();
-    EngineRequest r{
-        "POST", kInit,
-        std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/true))};
+    const auto body = [&](bool packing) {
+      return std::make_shared<const std::string>(
+          options_.colocated ? VllmIpcInitBody(packing)
+                             : VllmInitBody(options_, layout_, i, packing));
+    };
+    EngineRequest r{"POST", kInit, body(/*packing=*/true)};
     // Releases that take the packing parameters per update refuse them here
     // (WeightTransferEngine.parse_init_info's ValueError "Invalid init_info for ...", answered
     // 400 or, from the worker, 500): ask again without, and send them with every update.
-    r.fallback_body =
-        std::make_shared<const std::string>(VllmInitBody(options_, layout_, i, /*packing=*/false));
+    r.fallback_body = body(/*packing=*/false);
     r.fallback_when = "Invalid init_info";
     r.on_404 = kNoTransferRoutes;
     workers_[i]->Post(std::move(r));
@@ -190,13 +223,30 @@ void VllmDriver::PauseLocked() {
 }
 
 void VllmDriver::PostBucket(const transport::BucketManifest& bucket,
-                            const transport::SharedDeviceBytes* /*shared*/) {
+                            const transport::SharedDeviceBytes* shared) {
   std::lock_guard lock(post_mu_);
   if (closed_) return;
   PauseLocked();
   std::shared_ptr<const std::string> plain, packing;
-  for (auto& w : workers_) {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    auto& w = workers_[i];
     const bool per_update = w->fell_back();
+    if (options_.colocated) {
+      if (shared == nullptr) {
+        // Nothing of this bucket reaches the engine: it fails the publication.
+        w->Fail(absl::StrCat("engine ", options_.engines[i].url, " bucket ", bucket.index,
+                             ": the bucket was not shared in GPU memory (colocated engines need "
+                             "the GPU path)"));
+        continue;
+      }
+      // Every rank of every engine takes the same entry (its own GPU's): slot of the first.
+      EngineRequest r{"POST", kUpdate,
+                      std::make_shared<const std::string>(VllmIpcUpdateBody(
+                          bucket, *shared, shared->ref_counter_offset, per_update)),
+                      /*overlappable=*/false, /*update=*/true};
+      w->Post(std::move(r));
+      continue;
+    }
     std::shared_ptr<const std::string>& body = per_update ? packing : plain;
     if (!body) {
       body = std::make_shared<const std::string>(VllmUpdateBody(options_, bucket, per_update));

@@ -59,7 +59,16 @@ struct VllmDriverOptions {
   bool pause_calls = true;
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration request_timeout = absl::Seconds(120);
+  // Colocated engines (family "vllm-ipc", served with --weight-transfer-config
+  // '{"backend": "ipc"}' and VLLM_ALLOW_INSECURE_SERIALIZATION=1): no rendezvous; init_info is
+  // {"packed": true} (a release that takes packing per update refuses it and gets {}, then
+  // "packed": true with every update); each bucket's /update_weights carries the bucket's IPC
+  // handles (VllmPackedHandlesPickle, base64) and its tensors' byte sizes.
+  bool colocated = false;
 };
+
+// The family's name for the colocated form.
+inline constexpr std::string_view kVllmIpcFamily = "vllm-ipc";
 
 class VllmDriver final : public EngineDriver {
  public:
@@ -122,6 +131,14 @@ std::string VllmInitBody(const VllmDriverOptions& options, const GroupLayout& la
                          bool packing);
 std::string VllmUpdateBody(const VllmDriverOptions& options,
                            const transport::BucketManifest& bucket, bool packing);
+// A colocated engine's bodies: init {"init_info": {"packed": true}} (`packing`) or
+// {"init_info": {}}; update {"update_info": {names, dtype_names, shapes (0-d as [1]),
+// ipc_handles_pickled, tensor_sizes[, "packed": true when not `packing` at init]}} with the
+// handles' reference-counter slot `slot`.
+std::string VllmIpcInitBody(bool packing);
+std::string VllmIpcUpdateBody(const transport::BucketManifest& bucket,
+                              const transport::SharedDeviceBytes& shared, uint64_t slot,
+                              bool packed_per_update);
 
 struct VllmFamilyOptions {
   VllmDriverOptions driver;
@@ -136,7 +153,9 @@ std::string VllmPauseQuery(const engine::PausePolicy& policy);
 class VllmFamily final : public EngineFamily {
  public:
   explicit VllmFamily(VllmFamilyOptions options) : options_(std::move(options)) {}
-  std::string_view name() const override { return "vllm"; }
+  std::string_view name() const override {
+    return options_.driver.colocated ? kVllmIpcFamily : std::string_view("vllm");
+  }
   std::vector<bool> Probe(const std::vector<EngineSpec>& engines,
                           absl::Duration timeout) const override;
   std::vector<uint64_t> WeightVersions(const std::vector<EngineSpec>& engines,
@@ -151,7 +170,7 @@ class VllmFamily final : public EngineFamily {
       const GroupAddress& address) const override;
   std::optional<std::vector<StoreEntry>> UniqueIdEntries(
       absl::Span<const uint8_t> id) const override;
-  bool warmup_all_reduce() const override { return true; }
+  bool warmup_all_reduce() const override { return !options_.driver.colocated; }
   absl::Duration request_timeout() const override { return options_.driver.request_timeout; }
   // abort:flush|keep, wait:flush|keep, retract:flush, keep:keep (vLLM clears its cache in mode
   // keep by preempting the frozen requests: keep:flush is retract, and a retract without the

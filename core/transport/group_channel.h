@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,6 +36,10 @@ struct PublicationWatch {
   // Appended to the error when the group is not ready before the first broadcast (e.g. the
   // rendezvous keys peers asked for). May be null.
   std::function<std::string()> not_ready_detail;
+  // The bucket update requests every engine answered so far in this publication (the fewest of
+  // any engine): a colocated channel whose engines copy a bucket before they answer its request
+  // releases bucket k once this exceeds k. May be null.
+  std::function<uint64_t()> updates_answered;
 };
 
 using GroupId = std::array<uint8_t, 128>;  // NCCL's ncclUniqueId bytes
@@ -52,6 +57,9 @@ struct SharedDeviceBytes {
   uint64_t nbytes = 0;            // the bucket's size
   int device = 0;                 // the device's index in the daemon's process
   std::string device_uuid;        // "GPU-8-4-4-4-12 hex" (receivers see other device indices)
+  // Every GPU the daemon's process sees, "GPU-..." (vLLM's receivers pick the handle keyed by
+  // their own device's UUID; each maps the same allocation, peer to peer on another GPU).
+  std::vector<std::string> node_device_uuids;
   std::string event_handle;     // cudaIpcEventHandle_t (64 bytes), recorded once the bytes are final
   std::string ref_counter;      // the shared-memory file of the reference counters ("/name")
   uint64_t ref_counter_offset = 0;  // this bucket's int64 slot in it

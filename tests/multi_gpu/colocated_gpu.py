@@ -4,7 +4,9 @@ same device through CUDA IPC (`sglang-ipc+http://...`, /update_weights_from_tens
 emulator's deserializer, allowlist, UUID device mapping and flattened-bucket rebuild are
 SGLang's, the tensors torch's own rebuild_cuda_tensor), no NCCL anywhere:
 
-1. three versions of a GLM-like MoE to an engine of 1 TP rank and one of 2: after each, every
+1. three versions of a GLM-like MoE to an engine of 1 TP rank and one of 2 (then, with a vLLM
+   emulator on vLLM's IPC weight-transfer backend -- packing at init, and per update as v0.25
+   takes it -- beside an SGLang one in the same publication): after each, every
    weight each rank holds equals the CPU reference byte for byte, each engine was paused and
    resumed once per version, never on a mix, and its weight-update session always closed;
    the daemon's buckets were released only after torch's reference counters said so (no
@@ -41,12 +43,13 @@ def post(url, body):
         return json.loads(r.read())
 
 
-def emulator(out, tag, *flags):
+def emulator(out, tag, *flags, script="sglang_emulator.py"):
     port = free_port()
-    p = subprocess.Popen([sys.executable, os.path.join(HERE, "sglang_emulator.py"),
+    env = dict(os.environ, VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+    p = subprocess.Popen([sys.executable, os.path.join(HERE, script),
                           f"--port={port}", "--gpu=0", *flags],
                          stdout=open(os.path.join(out, f"{tag}.log"), "w"),
-                         stderr=subprocess.STDOUT)
+                         stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", 120)
     return p, url
@@ -119,6 +122,51 @@ def three_versions(out):
             p.terminate()
             p.wait(10)
     res["ok"] &= res["daemon_exit"] == 0 and not res["released_late"]
+    return res
+
+
+def vllm_and_sglang(out, release):
+    """A vLLM engine on its IPC backend (`release`: main takes packing at init, v0.25 per update)
+    and an SGLang engine in one publication: three versions, each engine's copy checked."""
+    res = {"run": f"vLLM ({release}) and SGLang colocated in one publication", "versions": [],
+           "ok": True}
+    tag = f"mixed-{release}"
+    exp = os.path.join(out, "expect-" + tag)
+    v, v_url = emulator(out, tag + "-vllm", f"--expect-dir={exp}", "--backend=ipc",
+                        f"--release={release}", script="vllm_emulator.py")
+    g, g_url = emulator(out, tag + "-sglang", f"--expect-dir={exp}")
+    d = Daemon(out, "--gpu_path", "--gpu_device=0",
+               f"--engines=vllm-ipc+{v_url},sglang-ipc+{g_url}", log_level="info", timeout=90)
+    pub = wpub.Publisher(d.target, timeout=300)
+    try:
+        for version in (1, 2, 3):
+            model, wire = version_of(180 + version)
+            ref = reference(out, model)
+            expect(out, tag, version, ref)
+            r = pub.publish(version, wire, bucket_bytes=1 << 20, check=False)
+            sv = get(v_url + "/stats")
+            vv = sv["versions"].get(str(version), {})
+            cg, okg = holds(g_url, version, 1, len(ref))
+            entry = {"version": version, "status": r.status, "error": r.error_message[:300],
+                     "receivers": sorted((o.name, o.committed) for o in r.receivers),
+                     "vllm": {"checked": vv.get("checked"), "mismatches": vv.get("mismatches", [])[:5],
+                              "mixed": sv["mixed_resumes"]},
+                     "sglang": cg, "host_syncs": r.host_syncs, "buckets": r.num_buckets}
+            ok = (r.committed and len(r.receivers) == 2 and
+                  all(o.committed for o in r.receivers) and okg and
+                  vv.get("checked") == len(ref) and not vv.get("mismatches") and
+                  sv["mixed_resumes"] == 0)
+            entry["ok"] = ok
+            res["ok"] &= ok
+            res["versions"].append(entry)
+            print(json.dumps(entry), flush=True)
+    finally:
+        pub.close()
+        res["daemon_exit"] = d.stop()
+        for p in (v, g):
+            p.terminate()
+            p.wait(10)
+    res["ok"] &= res["daemon_exit"] == 0
     return res
 
 
@@ -197,14 +245,16 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "/tmp/wpub_colocated"
     os.makedirs(out, exist_ok=True)
     results = []
-    for run in (three_versions, killed_mid_handover, aborted_then_retried):
+    runs = [three_versions, lambda o: vllm_and_sglang(o, "main"),
+            lambda o: vllm_and_sglang(o, "v0.25"), killed_mid_handover, aborted_then_retried]
+    for run in runs:
         t0 = time.monotonic()
         try:
             r = run(out)
         except Exception as e:  # a run that raised is a failed run, the others still go
             import traceback
             traceback.print_exc()
-            r = {"run": run.__name__, "ok": False, "exception": repr(e)}
+            r = {"run": getattr(run, "__name__", "run"), "ok": False, "exception": repr(e)}
         r["seconds"] = round(time.monotonic() - t0, 1)
         results.append(r)
     ok = all(r["ok"] for r in results)

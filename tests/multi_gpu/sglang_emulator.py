@@ -374,6 +374,16 @@ class Engine:
                 self.die(f"{type(e).__name__}: {e}")  # raised in the scheduler: the server dies
             flattened = payload["flattened_tensor"]
             metadata = payload["metadata"]
+            if self.args.tensor_load == "bucket":
+                # The cheapest load an engine could do: the whole bucket in one device copy
+                # (the benchmark's engine: what the handover itself costs).
+                live = self.weights.get((rank, "bucket", attempt_index))
+                if live is None or live.numel() != flattened.numel():
+                    live = torch.empty_like(flattened, device=self.device)
+                    self.weights[(rank, "bucket", attempt_index)] = live
+                live.copy_(flattened, non_blocking=True)
+                names += len(metadata)
+                metadata = []
             for meta in metadata:
                 t = flattened[meta.start_idx:meta.end_idx].view(meta.dtype).reshape(meta.shape)
                 live = self.weights.get((rank, meta.name))
@@ -543,6 +553,9 @@ def main():
     p.add_argument("--eager-init", action="store_true", help="pass device_id (eager NCCL init)")
     p.add_argument("--keep", action="store_true", help="keep received tensors (as weights)")
     p.add_argument("--nccl-timeout", type=float, default=120)
+    p.add_argument("--tensor-load", default="tensors", choices=["tensors", "bucket"],
+                   help="/update_weights_from_tensor: load each tensor into the live weights "
+                        "(SGLang's flattened-bucket load), or copy each bucket whole (benchmark)")
     p.add_argument("--tp", type=int, default=1,
                    help="TP ranks whose serialized_named_tensors entries this process decodes")
     p.add_argument("--release", default="0.5.16", choices=["0.5.5", "0.5.6", "0.5.16"],

@@ -19,6 +19,17 @@ Failures answer as vLLM's code does: a worker's exception (init_info it refuses,
 phase, a failed receive) is HTTP 500 with the executor's wrapping, and a failed update_weights
 ends the update on the worker (a finish then fails, a new start is taken).
 
+--backend ipc: vLLM's IPC weight-transfer backend (colocated engines), from vLLM's
+weight_transfer/ipc_engine.py (V4/V5 at 6275f3c2 and 055e47c2: init_info holds only `packed`; V3
+at bc293f1a, --release v0.25 here: an empty init_info, `packed` per update) and packed_tensor.py
+at 00a9ccfb (packed_ipc_consumer): update_info.ipc_handles_pickled is refused unless
+VLLM_ALLOW_INSECURE_SERIALIZATION is set, then unpickled with plain pickle.loads; the packed form
+is one dict {GPU UUID: rebuild_cuda_tensor's 15 arguments}; the worker takes its own GPU's entry
+("IPC handle not found for GPU UUID" otherwise), writes its device index over argument 6, rebuilds
+the tensor with torch's own rebuild_cuda_tensor, splits packed[:sum(tensor_sizes)] by
+tensor_sizes, views each piece as dtype and shape, clones it, and synchronizes the device before
+it answers (weight_transfer/base.py update_weights).
+
 Test-only switches: --release v0.25 (packing fields refused in init_info, taken per update),
 --die-at-update N (SIGKILL itself when its N-th /update_weights, counted from 0 over its life,
 arrives: an engine dying mid-publication),
@@ -124,10 +135,56 @@ class Engine:
                                "type": "InternalServerError", "param": None, "code": 500}}
 
     # -- rendezvous --------------------------------------------------------------------------
+    def init_ipc(self, info):
+        allowed = set() if self.args.release == "v0.25" else {"packed"}
+        if set(info) - allowed:
+            return self.worker_error("Invalid init_info for IPCWeightTransferEngine: unexpected "
+                                     f"keyword arguments {sorted(set(info) - allowed)}")
+        self.packing = {"packed": bool(info.get("packed", False))}
+        return 200, {"message": "Weight transfer initialized"}
+
+    def update_ipc(self, u):
+        """ipc_engine.py receive_weights + packed_tensor.py packed_ipc_consumer."""
+        import base64
+        from torch.multiprocessing.reductions import rebuild_cuda_tensor
+        allowed = {"names", "dtype_names", "shapes", "ipc_handles", "ipc_handles_pickled",
+                   "tensor_sizes"}
+        if self.args.release == "v0.25":
+            allowed.add("packed")
+        if set(u) - allowed:
+            raise ValueError("Invalid update_info for IPCWeightTransferEngine: unexpected "
+                             f"keyword arguments {sorted(set(u) - allowed)}")
+        if not os.environ.get("VLLM_ALLOW_INSECURE_SERIALIZATION"):
+            raise ValueError("Refusing to unpickle ipc_handles_pickled: set "
+                             "VLLM_ALLOW_INSECURE_SERIALIZATION=1")
+        handles = pickle.loads(base64.b64decode(u["ipc_handles_pickled"]))
+        packed = u.get("packed", False) if self.args.release == "v0.25" else \
+            self.packing.get("packed", False)
+        if not packed or not isinstance(handles, dict):
+            raise ValueError("this emulator models the packed IPC form only")
+        idx = self.device.index
+        uuid = str(torch.cuda.get_device_properties(idx).uuid)
+        if uuid not in handles:
+            raise ValueError(f"IPC handle not found for GPU UUID {uuid}")
+        args = list(handles[uuid])
+        args[6] = idx
+        buf = rebuild_cuda_tensor(*args)
+        sizes = u["tensor_sizes"]
+        names, dtypes, shapes = u["names"], u["dtype_names"], u["shapes"]
+        pieces = buf[:sum(sizes)].split(sizes)
+        for name, dt, shp, piece in zip(names, dtypes, shapes, pieces):
+            t = piece.contiguous().view(getattr(torch, dt)).view(*shp).clone()
+            self.pending[name] = t
+            self.live[name] = f"update-{self.marker}"
+        del buf, pieces, handles
+        torch.cuda.synchronize(self.device)  # base.py: the accelerator synchronizes first
+
     def init(self, body):
         info = body.get("init_info")
         if not isinstance(info, dict):
             return 400, {"error": {"message": "Missing 'init_info' in request body"}}
+        if self.args.backend == "ipc":
+            return self.init_ipc(info)
         allowed = {"master_address", "master_port", "rank_offset", "world_size"}
         if self.args.release != "v0.25":
             allowed |= {"packed", "packed_buffer_size_bytes", "packed_num_buffers"}
@@ -190,6 +247,12 @@ class Engine:
         fail_here = (self.args.fail_at_update is not None and index == self.args.fail_at_update
                      and self.marker > self.args.fail_after_starts
                      and self.stats["failures"] < self.args.fail_count)
+        if self.args.backend == "ipc":
+            self.update_ipc(u)
+            if fail_here:
+                self.stats["failures"] += 1
+                raise RuntimeError("loading the update failed (test fault)")
+            return 200, {"message": "Weights updated"}
         limit = u.get("packed_buffer_size_bytes",
                       self.packing.get("packed_buffer_size_bytes", 1 << 30))
         sizes = []
@@ -231,6 +294,8 @@ class Engine:
         v = self.stats["versions"].setdefault(str(version), {"tensors": 0, "bytes": 0,
                                                               "checked": 0, "mismatches": []})
         for name, got in self.pending.items():
+            if isinstance(got, torch.Tensor):  # the IPC backend's clone
+                got = got.reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
             v["tensors"] += 1
             v["bytes"] += len(got)
             self.live[name] = str(version)
@@ -304,6 +369,8 @@ def main():
     p.add_argument("--gpu", type=int, default=1)
     p.add_argument("--expect-dir", default="")
     p.add_argument("--release", default="main", choices=["main", "v0.25"])
+    p.add_argument("--backend", default="nccl", choices=["nccl", "ipc"],
+                   help="ipc: the IPC weight-transfer backend (a colocated engine)")
     p.add_argument("--handshake-only", action="store_true")
     p.add_argument("--die-at-update", type=int, default=None)
     p.add_argument("--fail-at-update", type=int, default=None)

@@ -9,7 +9,9 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "core/rollout/sglang_driver.h"
+#include "core/rollout/torch_ipc.h"
 #include "nlohmann/json.hpp"
 #include "tests/rollout/fake_http.h"
 
@@ -437,6 +439,87 @@ TEST(SglangDriver, LeaveDropsTheUnsentRequestsOfAnAbortedPublication) {
   EXPECT_EQ(std::count(calls.begin(), calls.end(), "/update_weights_from_distributed"), 1);
   ASSERT_FALSE(calls.empty());
   EXPECT_EQ(calls.back(), "/destroy_weights_update_group");
+}
+
+}  // namespace
+}  // namespace wpub::rollout
+
+namespace wpub::rollout {
+namespace {
+
+transport::SharedDeviceBytes SharedOf(const transport::BucketManifest& b, uint64_t slot) {
+  transport::SharedDeviceBytes s;
+  s.mem_handle = std::string(64, '\x05');
+  s.event_handle = std::string(64, '\x06');
+  s.allocation_bytes = b.nbytes * 2;
+  s.nbytes = b.nbytes;
+  s.device_uuid = "GPU-00112233-4455-6677-8899-aabbccddeeff";
+  s.ref_counter = "/wpub_1_test";
+  s.ref_counter_offset = slot;
+  return s;
+}
+
+// Colocated engines (sglang-ipc): nothing to join or leave, each bucket's request is
+// /update_weights_from_tensor with one base64 pickle per TP rank, inside SGLang's session
+// (pause, begin, the buckets, end, version, continue); engine i's ranks take the reference-counter
+// slots after the ranks of the engines before it.
+TEST(SglangDriver, ColocatedEnginesTakeEachBucketAsTensorsInTheSession) {
+  FakeEngine a, b;
+  SglangDriverOptions o = Options({&a, &b}, {1, 2});
+  o.colocated = true;
+  o.master_port = 0;  // no TCPStore: nothing rendezvouses
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  (*d)->StartJoin();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  EXPECT_TRUE(a.calls().empty()) << "a colocated engine joins no group";
+  (*d)->BeginPublication(4, /*lifecycle_calls=*/true);
+  const transport::BucketManifest b0 = Bucket(0), b1 = Bucket(1);
+  const transport::SharedDeviceBytes s0 = SharedOf(b0, 0), s1 = SharedOf(b1, 3);
+  (*d)->PostBucket(b0, &s0);
+  (*d)->PostBucket(b1, &s1);
+  (*d)->EndPublication();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  (*d)->Leave();
+  ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
+  const std::vector<std::string> want = {"/pause_generation",          "/begin_weight_update",
+                                         "/update_weights_from_tensor", "/update_weights_from_tensor",
+                                         "/end_weight_update",          "/update_weight_version",
+                                         "/flush_cache",                "/continue_generation"};
+  EXPECT_EQ(a.calls(), want);
+  EXPECT_EQ(b.calls(), want);
+  const json body = json::parse(b.bodies()[3]);  // engine b, bucket 1
+  ASSERT_EQ(body["serialized_named_tensors"].size(), 2u) << body.dump();
+  EXPECT_EQ(body["load_format"], "flattened_bucket");
+  EXPECT_EQ(body["flush_cache"], false);
+  EXPECT_FALSE(body.contains("weight_version")) << "told only at the end";
+  // Engine b's ranks are the group's ranks 2 and 3: slots 3 + 1 and 3 + 2 of bucket 1.
+  for (int r = 0; r < 2; ++r) {
+    std::string pickle;
+    ASSERT_TRUE(absl::Base64Unescape(body["serialized_named_tensors"][r].get<std::string>(),
+                                     &pickle));
+    absl::StatusOr<std::string> want_pickle = SglangFlattenedBucketPickle(b1, s1, 3 + 1 + r);
+    ASSERT_TRUE(want_pickle.ok());
+    EXPECT_EQ(pickle, *want_pickle) << "rank " << r;
+  }
+}
+
+// A bucket a colocated engine set is posted without its GPU-memory description (a host bucket
+// of the CPU backend) fails every engine, naming it: nothing of it reached them, nothing commits.
+TEST(SglangDriver, AColocatedBucketNotSharedFailsTheEngines) {
+  FakeEngine a;
+  SglangDriverOptions o = Options({&a}, {1});
+  o.colocated = true;
+  auto d = SglangDriver::Create(o);
+  ASSERT_TRUE(d.ok()) << d.status();
+  (*d)->BeginPublication(1, /*lifecycle_calls=*/true);
+  (*d)->PostBucket(Bucket(0), nullptr);
+  (void)(*d)->WaitIdle(absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE((*d)->any_failed());
+  const std::string error = (*d)->outcomes()[0].error;
+  EXPECT_NE(error.find("bucket 0"), std::string::npos) << error;
+  EXPECT_NE(error.find("GPU path"), std::string::npos) << error;
+  for (const std::string& c : a.calls()) EXPECT_NE(c, "/update_weights_from_tensor");
 }
 
 }  // namespace
