@@ -235,14 +235,13 @@ int RunColocated(const Args& args, const RunSettings& run, const testing::ModelL
   BENCH_OK(backend.status());
   uint64_t version = 0, unused = 0;
   json rows = json::array();
-  rows.push_back(
-      RunWpub("(e) backend only nvfp4", true, run, layout, model, **backend, discard, &version,
-              &unused));
+  rows.push_back(RunWpub("(e) backend only nvfp4", true, run, layout, model, **backend, discard,
+                         &version, &unused));
   for (int tp : {1, 2}) {
     const int port = testing::FreePort();
-    auto emulator = testing::StartEmulator(
-        port, 0, {"--tensor-load=bucket", absl::StrCat("--tp=", tp)},
-        absl::StrCat(args.log_dir, "/bench_colocated_tp", tp, ".log"));
+    auto emulator =
+        testing::StartEmulator(port, 0, {"--tensor-load=bucket", absl::StrCat("--tp=", tp)},
+                               absl::StrCat(args.log_dir, "/bench_colocated_tp", tp, ".log"));
     BENCH_OK(emulator.status());
     rollout::RolloutGroupOptions ro;
     ro.colocated = true;

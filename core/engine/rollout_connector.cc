@@ -61,8 +61,8 @@ absl::Status ValidateRolloutConnectRequest(const RolloutConnectRequest& request)
       return absl::InvalidArgumentError(absl::StrCat(entry, ": the URL is given twice"));
     }
     if (!e.family.empty() && !IsEngineFamily(e.family)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          entry, ": unknown engine kind '", e.family, "' (sglang, vllm, sglang-ipc or vllm-ipc)"));
+      return absl::InvalidArgumentError(absl::StrCat(entry, ": unknown engine kind '", e.family,
+                                                     "' (sglang, vllm, sglang-ipc or vllm-ipc)"));
     }
   }
   if (request.group_name.size() > 100) {
@@ -101,9 +101,9 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitEngineFamily(std::strin
   }
   const std::string family(url.substr(0, plus));
   if (!IsEngineFamily(family)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "engine '", std::string(url), "': unknown engine kind '", family,
-        "+' (vllm+http://, sglang+http://, sglang-ipc+http://, vllm-ipc+http://)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("engine '", std::string(url), "': unknown engine kind '", family,
+                     "+' (vllm+http://, sglang+http://, sglang-ipc+http://, vllm-ipc+http://)"));
   }
   return std::pair<std::string, std::string>{family, std::string(url.substr(plus + 1))};
 }

@@ -132,9 +132,8 @@ absl::StatusOr<std::unique_ptr<EngineMetrics>> EngineMetrics::Create(
                              .Register(*registry);
     for (std::string_view family : engine::kEngineFamilies) {
       for (const char* part : {"total", "waiting", "transfer", "finalization"}) {
-        m->paused_seconds_[std::string(family) + "/" + part] =
-            &m->paused_family_->Add({{"family", std::string(family)}, {"part", part}},
-                                     SecondsBuckets());
+        m->paused_seconds_[std::string(family) + "/" + part] = &m->paused_family_->Add(
+            {{"family", std::string(family)}, {"part", part}}, SecondsBuckets());
       }
     }
     auto& replays = prometheus::BuildCounter()

@@ -28,9 +28,8 @@ absl::StatusOr<engine::EngineComponents> MakeGpuPathComponents(const GpuPathOpti
     ro.device = options.device;
     ro.store.bind_address = options.store_bind_address;
     ro.store.port = options.store_port == 0 || colocated ? 0
-                    : family == families[0]
-                        ? options.store_port
-                        : static_cast<uint16_t>(options.store_port + 1);
+                    : family == families[0]              ? options.store_port
+                                            : static_cast<uint16_t>(options.store_port + 1);
     ro.advertise_address = options.advertise_address;
     for (const EngineSpec& e : options.engines) {
       if (e.family == family) ro.engines.push_back(e);

@@ -59,11 +59,10 @@ std::string FormatUuid(const cudaUUID_t& u) {
 
 absl::StatusOr<std::unique_ptr<IpcChannel>> IpcChannel::Create(const IpcChannelOptions& options) {
   int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 ||
-      options.device >= count) {
+  if (cudaGetDeviceCount(&count) != cudaSuccess || options.device < 0 || options.device >= count) {
     (void)cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "colocated channel: no CUDA device ", options.device, " (", count, " visible)"));
+    return absl::FailedPreconditionError(absl::StrCat("colocated channel: no CUDA device ",
+                                                      options.device, " (", count, " visible)"));
   }
   WPUB_IPC_CUDA(cudaSetDevice(options.device), "cudaSetDevice");
   cudaDeviceProp prop{};
@@ -127,8 +126,8 @@ void IpcChannel::Close() {
 }
 
 std::string IpcChannel::Describe() const {
-  return absl::StrCat("CUDA IPC on device ", options_.device, " (", uuid_,
-                      "), reference counters ", counters_->name());
+  return absl::StrCat("CUDA IPC on device ", options_.device, " (", uuid_, "), reference counters ",
+                      counters_->name());
 }
 
 void IpcChannel::Begin(transport::PublicationWatch watch) {
@@ -149,9 +148,9 @@ absl::StatusOr<std::optional<transport::SharedDeviceBytes>> IpcChannel::Share(
         " is in host memory: colocated engines read device buckets (wpubd's GPU path)"));
   }
   if (bucket.device.device != options_.device) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "bucket ", bucket.manifest.index, " is on device ", bucket.device.device,
-        " but the colocated channel shares device ", options_.device));
+    return absl::FailedPreconditionError(
+        absl::StrCat("bucket ", bucket.manifest.index, " is on device ", bucket.device.device,
+                     " but the colocated channel shares device ", options_.device));
   }
   if (held_.size() + 1 >= kEvents) {
     return absl::InternalError("colocated channel: more buckets held than it has events");
@@ -191,8 +190,8 @@ absl::StatusOr<std::optional<transport::SharedDeviceBytes>> IpcChannel::Share(
   }
   s.ref_counter_offset = next_slot_ % TorchRefCounters::kSlots;
   for (int r = 0; r < readers_; ++r) counters_->Set(s.ref_counter_offset + r, 1);
-  pending_ = Held{s.ref_counter_offset, readers_, bucket.device.done, bucket.manifest.index,
-                  seq_++};
+  pending_ =
+      Held{s.ref_counter_offset, readers_, bucket.device.done, bucket.manifest.index, seq_++};
   next_slot_ += readers_;
   ++shared_;
   return std::optional<transport::SharedDeviceBytes>(std::move(s));

@@ -99,13 +99,13 @@ class IpcChannel final : public transport::GroupChannel {
   kernels::cuda::Stream stream_;
   std::array<cudaEvent_t, kEvents> events_{};  // interprocess
   std::atomic<bool> open_{false};
-  int readers_ = 0;        // ranks that read each bucket
-  uint64_t next_slot_ = 0;  // the first counter slot of the next shared bucket
-  uint64_t shared_ = 0;     // buckets shared so far (event ring position)
-  uint64_t seq_ = 0;        // buckets shared in the publication in flight
+  int readers_ = 0;                      // ranks that read each bucket
+  uint64_t next_slot_ = 0;               // the first counter slot of the next shared bucket
+  uint64_t shared_ = 0;                  // buckets shared so far (event ring position)
+  uint64_t seq_ = 0;                     // buckets shared in the publication in flight
   std::vector<std::string> node_uuids_;  // every visible GPU's
-  std::optional<Held> pending_;  // shared, not yet sent
-  std::deque<Held> held_;         // shared and sent, not yet released
+  std::optional<Held> pending_;          // shared, not yet sent
+  std::deque<Held> held_;                // shared and sent, not yet released
   transport::PublicationWatch watch_;
   mutable std::mutex mu_;
   absl::Status failure_;  // guarded by mu_

@@ -22,9 +22,9 @@ class PickleWriter {
   PickleWriter& Global(absl::string_view module, absl::string_view name);
   PickleWriter& None();
   PickleWriter& Bool(bool v);
-  PickleWriter& Int(int64_t v);  // BININT1 / BININT / LONG1, the smallest that holds it
+  PickleWriter& Int(int64_t v);   // BININT1 / BININT / LONG1, the smallest that holds it
   PickleWriter& Float(double v);  // BINFLOAT
-  PickleWriter& Str(absl::string_view utf8);  // BINUNICODE
+  PickleWriter& Str(absl::string_view utf8);         // BINUNICODE
   PickleWriter& Bytes(absl::Span<const uint8_t> b);  // SHORT_BINBYTES / BINBYTES
   PickleWriter& Bytes(absl::string_view b);
   // MARK ... Tuple() / List() / Dict(): the objects written since the mark become one tuple,

@@ -238,14 +238,15 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
   publication_deadline_ = absl::Now() + options_.publication_deadline;
   transport::PublicationWatch watch;
   watch.deadline = publication_deadline_;
-  watch.deadline_message = absl::StrCat(
-      "publication ", m.version, " did not reach every engine within ",
-      absl::FormatDuration(options_.publication_deadline),
-      options_.colocated ? "" : "; NCCL communicator aborted");
+  watch.deadline_message =
+      absl::StrCat("publication ", m.version, " did not reach every engine within ",
+                   absl::FormatDuration(options_.publication_deadline),
+                   options_.colocated ? "" : "; NCCL communicator aborted");
   watch.peer_failure = [this] { return EngineFailure(); };
   watch.updates_answered = [this] {
     uint64_t fewest = UINT64_MAX;
-    for (const EngineOutcome& o : driver_->outcomes()) fewest = std::min(fewest, o.updates_answered);
+    for (const EngineOutcome& o : driver_->outcomes())
+      fewest = std::min(fewest, o.updates_answered);
     return fewest == UINT64_MAX ? 0 : fewest;
   };
   watch.not_ready_detail = [this] {

@@ -65,10 +65,9 @@ absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(
   if (it != families_.end()) return it->second;
   std::vector<std::string> served;
   for (const auto& [name, family] : families_) served.push_back(name);
-  return absl::InvalidArgumentError(absl::StrCat("engine ", engines[0].url, ": engine family '",
-                                                 engines[0].family, "' is not served by this ",
-                                                 "weight-update group (it serves ",
-                                                 absl::StrJoin(served, ", "), ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "engine ", engines[0].url, ": engine family '", engines[0].family, "' is not served by this ",
+      "weight-update group (it serves ", absl::StrJoin(served, ", "), ")"));
 }
 
 absl::StatusOr<std::vector<EngineSpec>> RolloutGroup::WithPause(

@@ -431,8 +431,8 @@ std::vector<absl::StatusOr<EngineProfile>> SglangFamily::Profile(
   // has, 404 to one it lacks), so nothing on the engine changes. /flush_cache is not probed (a
   // GET flushes).
   const bool colocated = options_.driver.colocated;
-  std::vector<std::string> required =
-      colocated ? std::vector<std::string>{e.tensor_update} : std::vector<std::string>{e.init_group, e.update};
+  std::vector<std::string> required = colocated ? std::vector<std::string>{e.tensor_update}
+                                                : std::vector<std::string>{e.init_group, e.update};
   std::vector<std::string> optional;
   for (const std::string* p :
        {&e.destroy_group, &e.pause, &e.begin, &e.version, &e.end, &e.resume}) {

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <random>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "core/common/status.h"
@@ -144,10 +144,9 @@ absl::StatusOr<std::string> SglangFlattenedBucketPickle(const transport::BucketM
   w.Mark();
   for (const transport::ManifestTensor& m : bucket.tensors) {
     if (m.offset + m.nbytes > shared.nbytes) {
-      return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket.index, " tensor ", m.name,
-                                                     ": bytes [", m.offset, ", ",
-                                                     m.offset + m.nbytes, ") beyond the ",
-                                                     shared.nbytes, "-byte bucket"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket ", bucket.index, " tensor ", m.name, ": bytes [", m.offset, ", ",
+                       m.offset + m.nbytes, ") beyond the ", shared.nbytes, "-byte bucket"));
     }
     w.Global("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata");
     w.EmptyTuple().NewObj();

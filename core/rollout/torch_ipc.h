@@ -32,7 +32,7 @@ namespace wpub::rollout {
 // destruction.
 class TorchRefCounters {
  public:
-  static constexpr size_t kSlots = 10000;  // torch's CUDA_IPC_REF_COUNTER_FILE_SIZE
+  static constexpr size_t kSlots = 10000;    // torch's CUDA_IPC_REF_COUNTER_FILE_SIZE
   static constexpr size_t kDataOffset = 64;  // ATen's map_alloc_alignment
   // A new object named "/wpub_<pid>_<random>". INTERNAL with errno's text when shm fails.
   static absl::StatusOr<std::unique_ptr<TorchRefCounters>> Create();
@@ -79,7 +79,8 @@ struct SharedTensor {
 // a multiple of the dtype's size or a tensor that does not fit in the bucket.
 // `device`: written as the device argument instead of the index (SGLang's UUID); empty: the
 // shared bytes' device index.
-absl::Status WriteRebuildArgs(const SharedTensor& t, PickleWriter& w, absl::string_view device = "");
+absl::Status WriteRebuildArgs(const SharedTensor& t, PickleWriter& w,
+                              absl::string_view device = "");
 
 }  // namespace wpub::rollout
 

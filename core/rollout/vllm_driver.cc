@@ -1,9 +1,9 @@
 // vLLM driver (vllm_driver.h): the weight-transfer routes over the shared engine request queues.
 #include "core/rollout/vllm_driver.h"
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/json_bounds.h"
@@ -109,12 +109,18 @@ std::string VllmIpcInitBody(bool packing) {
   return json{{"init_info", info}}.dump();
 }
 
-std::string VllmIpcUpdateBody(const transport::BucketManifest& bucket,
-                              const transport::SharedDeviceBytes& shared, uint64_t slot,
-                              bool packed_per_update) {
-  json names = json::array(), dtypes = json::array(), shapes = json::array(),
-       sizes = json::array();
+absl::StatusOr<std::string> VllmIpcUpdateBody(const transport::BucketManifest& bucket,
+                                              const transport::SharedDeviceBytes& shared,
+                                              uint64_t slot, bool packed_per_update) {
+  json names = json::array(), dtypes = json::array(), shapes = json::array(), sizes = json::array();
+  uint64_t next = 0;
   for (const transport::ManifestTensor& t : bucket.tensors) {
+    if (t.offset != next) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "bucket ", bucket.index, " tensor ", t.name, " starts at byte ", t.offset, ", not ", next,
+          ": vLLM's packed IPC consumer needs the tensors back to back"));
+    }
+    next = t.offset + t.nbytes;
     names.push_back(t.name);
     dtypes.push_back(std::string(DTypeName(t.dtype)));
     json shape = json::array();
@@ -178,9 +184,9 @@ void VllmDriver::StartJoin() {
   for (size_t i = 0; i < workers_.size(); ++i) {
     workers_[i]->Reset();
     const auto body = [&](bool packing) {
-      return std::make_shared<const std::string>(
-          options_.colocated ? VllmIpcInitBody(packing)
-                             : VllmInitBody(options_, layout_, i, packing));
+      return std::make_shared<const std::string>(options_.colocated
+                                                     ? VllmIpcInitBody(packing)
+                                                     : VllmInitBody(options_, layout_, i, packing));
     };
     EngineRequest r{"POST", kInit, body(/*packing=*/true)};
     // Releases that take the packing parameters per update refuse them here
@@ -239,10 +245,15 @@ void VllmDriver::PostBucket(const transport::BucketManifest& bucket,
                              "the GPU path)"));
         continue;
       }
-      // Every rank of every engine takes the same entry (its own GPU's): slot of the first.
-      EngineRequest r{"POST", kUpdate,
-                      std::make_shared<const std::string>(VllmIpcUpdateBody(
-                          bucket, *shared, shared->ref_counter_offset, per_update)),
+      // Every rank of every engine takes its own GPU's entry; the channel releases the bucket
+      // on the answers (vLLM has copied when it answers), so one slot serves them all.
+      absl::StatusOr<std::string> body =
+          VllmIpcUpdateBody(bucket, *shared, shared->ref_counter_offset, per_update);
+      if (!body.ok()) {
+        w->Fail(absl::StrCat("engine ", options_.engines[i].url, ": ", body.status().message()));
+        continue;
+      }
+      EngineRequest r{"POST", kUpdate, std::make_shared<const std::string>(*std::move(body)),
                       /*overlappable=*/false, /*update=*/true};
       w->Post(std::move(r));
       continue;

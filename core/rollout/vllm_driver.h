@@ -136,9 +136,11 @@ std::string VllmUpdateBody(const VllmDriverOptions& options,
 // ipc_handles_pickled, tensor_sizes[, "packed": true when not `packing` at init]}} with the
 // handles' reference-counter slot `slot`.
 std::string VllmIpcInitBody(bool packing);
-std::string VllmIpcUpdateBody(const transport::BucketManifest& bucket,
-                              const transport::SharedDeviceBytes& shared, uint64_t slot,
-                              bool packed_per_update);
+// INVALID_ARGUMENT naming the tensor that does not follow the previous one (vLLM splits the
+// bucket by tensor_sizes: its tensors must lie back to back from byte 0).
+absl::StatusOr<std::string> VllmIpcUpdateBody(const transport::BucketManifest& bucket,
+                                              const transport::SharedDeviceBytes& shared,
+                                              uint64_t slot, bool packed_per_update);
 
 struct VllmFamilyOptions {
   VllmDriverOptions driver;

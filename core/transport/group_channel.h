@@ -51,7 +51,7 @@ using GroupId = std::array<uint8_t, 128>;  // NCCL's ncclUniqueId bytes
 // before reading, and, once it no longer reads the bytes, decrements its slot of the shared
 // reference counter. No CUDA types: the handles are their bytes.
 struct SharedDeviceBytes {
-  std::string mem_handle;       // cudaIpcMemHandle_t (64 bytes) of the allocation
+  std::string mem_handle;         // cudaIpcMemHandle_t (64 bytes) of the allocation
   uint64_t allocation_bytes = 0;  // the allocation's size
   uint64_t offset_bytes = 0;      // where the bucket starts in it
   uint64_t nbytes = 0;            // the bucket's size
@@ -60,8 +60,8 @@ struct SharedDeviceBytes {
   // Every GPU the daemon's process sees, "GPU-..." (vLLM's receivers pick the handle keyed by
   // their own device's UUID; each maps the same allocation, peer to peer on another GPU).
   std::vector<std::string> node_device_uuids;
-  std::string event_handle;     // cudaIpcEventHandle_t (64 bytes), recorded once the bytes are final
-  std::string ref_counter;      // the shared-memory file of the reference counters ("/name")
+  std::string event_handle;  // cudaIpcEventHandle_t (64 bytes), recorded once the bytes are final
+  std::string ref_counter;   // the shared-memory file of the reference counters ("/name")
   uint64_t ref_counter_offset = 0;  // this bucket's int64 slot in it
 };
 

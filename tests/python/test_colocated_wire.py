@@ -117,8 +117,12 @@ class Receiver(pickle.Unpickler):
         c.assertIs(type(requires_grad), bool)
         c.assertFalse(requires_grad)
         # SGLang's patched rebuild maps a UUID string (torch's str(uuid)) to the local device.
-        c.assertIsInstance(device, str)
-        c.assertRegex(device, r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+        if getattr(self, "rebuild_device_is_index", False):
+            c.assertIsInstance(device, int)
+        else:
+            c.assertIsInstance(device, str)
+            c.assertRegex(device,
+                          r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
         return FakeTensor(dict(size=size, stride=stride, offset=offset, device=device,
                                handle=handle, size_bytes=size_bytes, offset_bytes=offset_bytes,
                                rc_handle=rc_handle, rc_offset=rc_offset, event=event, sync=sync,
@@ -183,6 +187,37 @@ class ColocatedWireTest(unittest.TestCase):
                 self.assertEqual(meta.start_idx % item, 0)
                 self.assertEqual(flat["bytes"][meta.start_idx:meta.end_idx],
                                  self.bucket[want["offset"]:want["offset"] + want["nbytes"]])
+
+    def test_vllm_worker_takes_its_gpus_packed_handle(self):
+        """vLLM's IPC backend (ipc_engine.py: plain pickle.loads of ipc_handles_pickled; a dict
+        {GPU UUID: rebuild_cuda_tensor's arguments} in the packed form; packed_tensor.py: the
+        tensor split by tensor_sizes, each viewed as dtype and shape)."""
+        u = json.loads(self.out["vllm_body"])["update_info"]
+        self.assertEqual(set(u), {"names", "dtype_names", "shapes", "ipc_handles_pickled",
+                                  "tensor_sizes"})  # vLLM refuses unknown keys
+        want = self.out["tensors"]
+        self.assertEqual(u["names"], [t["name"] for t in want])
+        self.assertEqual(u["dtype_names"], [t["dtype"] for t in want])
+        self.assertEqual(u["tensor_sizes"], [t["nbytes"] for t in want])
+        # 0-d tensors are declared [1] (the packed unpack cannot view []).
+        self.assertEqual(u["shapes"], [t["shape"] or [1] for t in want])
+        r = Receiver(base64.b64decode(u["ipc_handles_pickled"]), self.bucket, self)
+        r.rebuild_device_is_index = True
+        handles = r.load()
+        self.assertEqual(sorted(handles), sorted(["0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9",
+                                                  "11111111-2222-3333-4444-555555555555"]))
+        for uuid, args in handles.items():
+            self.assertIsInstance(args, tuple)
+            self.assertEqual(len(args), 15)
+            args = list(args)
+            args[6] = 0  # the worker writes its own device index over it
+            flat = r.rebuild(*args).data["bytes"]
+            # packed[:sum(sizes)].split(sizes): back to back, the bucket's own layout.
+            off = 0
+            for t, n in zip(want, u["tensor_sizes"]):
+                self.assertEqual(t["offset"], off)
+                self.assertEqual(flat[off:off + n], self.bucket[off:off + n])
+                off += n
 
     def test_torch_rebuild_takes_these_arguments(self):
         try:

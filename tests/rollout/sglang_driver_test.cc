@@ -482,10 +482,14 @@ TEST(SglangDriver, ColocatedEnginesTakeEachBucketAsTensorsInTheSession) {
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
   (*d)->Leave();
   ASSERT_TRUE((*d)->WaitIdle(absl::Now() + absl::Seconds(5)).ok());
-  const std::vector<std::string> want = {"/pause_generation",          "/begin_weight_update",
-                                         "/update_weights_from_tensor", "/update_weights_from_tensor",
-                                         "/end_weight_update",          "/update_weight_version",
-                                         "/flush_cache",                "/continue_generation"};
+  const std::vector<std::string> want = {"/pause_generation",
+                                         "/begin_weight_update",
+                                         "/update_weights_from_tensor",
+                                         "/update_weights_from_tensor",
+                                         "/end_weight_update",
+                                         "/update_weight_version",
+                                         "/flush_cache",
+                                         "/continue_generation"};
   EXPECT_EQ(a.calls(), want);
   EXPECT_EQ(b.calls(), want);
   const json body = json::parse(b.bodies()[3]);  // engine b, bucket 1
@@ -496,8 +500,8 @@ TEST(SglangDriver, ColocatedEnginesTakeEachBucketAsTensorsInTheSession) {
   // Engine b's ranks are the group's ranks 2 and 3: slots 3 + 1 and 3 + 2 of bucket 1.
   for (int r = 0; r < 2; ++r) {
     std::string pickle;
-    ASSERT_TRUE(absl::Base64Unescape(body["serialized_named_tensors"][r].get<std::string>(),
-                                     &pickle));
+    ASSERT_TRUE(
+        absl::Base64Unescape(body["serialized_named_tensors"][r].get<std::string>(), &pickle));
     absl::StatusOr<std::string> want_pickle = SglangFlattenedBucketPickle(b1, s1, 3 + 1 + r);
     ASSERT_TRUE(want_pickle.ok());
     EXPECT_EQ(pickle, *want_pickle) << "rank " << r;

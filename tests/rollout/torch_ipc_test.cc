@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/rollout/pickle_writer.h"
+#include "core/rollout/vllm_driver.h"
 
 namespace wpub::rollout {
 namespace {
@@ -107,6 +108,39 @@ TEST(PickleWriter, WritesTheSmallestIntegerOpcodes) {
   const std::string want = std::string("\x80\x03(K\x07J\x2c\x01\x00\x00J\xff\xff\xff\xff", 15) +
                            std::string("\x8a\x08\x00\x00\x00\x00\x00\x01\x00\x00", 10) + "t.";
   EXPECT_EQ(p, want);
+}
+
+}  // namespace
+}  // namespace wpub::rollout
+
+namespace wpub::rollout {
+namespace {
+
+// vLLM's IPC backend refuses unknown keys (parse_update_info's TypeError -> ValueError): the
+// body carries exactly its fields, "packed" only for a release that takes it per update, and a
+// bucket whose tensors are not back to back is refused naming the tensor.
+TEST(VllmIpcBodies, CarryExactlyTheBackendsFields) {
+  EXPECT_EQ(VllmIpcInitBody(true), R"({"init_info":{"packed":true}})");
+  EXPECT_EQ(VllmIpcInitBody(false), R"({"init_info":{}})");
+  transport::BucketManifest m;
+  m.index = 1;
+  m.nbytes = 36;
+  m.tensors.push_back({"s", DType::kFloat32, {}, 0, 4});
+  m.tensors.push_back({"w", DType::kBFloat16, {4, 4}, 4, 32});
+  transport::SharedDeviceBytes s = Shared(36);
+  s.node_device_uuids = {"GPU-00000000-0000-0000-0000-000000000001"};
+  absl::StatusOr<std::string> body = VllmIpcUpdateBody(m, s, 5, /*packed_per_update=*/false);
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_NE(body->find(R"("shapes":[[1],[4,4]])"), std::string::npos) << *body;
+  EXPECT_NE(body->find(R"("tensor_sizes":[4,32])"), std::string::npos) << *body;
+  EXPECT_EQ(body->find("packed\""), std::string::npos) << *body;
+  body = VllmIpcUpdateBody(m, s, 5, /*packed_per_update=*/true);
+  ASSERT_TRUE(body.ok());
+  EXPECT_NE(body->find(R"("packed":true)"), std::string::npos) << *body;
+  m.tensors[1].offset = 8;  // a gap
+  body = VllmIpcUpdateBody(m, s, 5, false);
+  ASSERT_FALSE(body.ok());
+  EXPECT_NE(body.status().message().find("tensor w"), std::string::npos) << body.status();
 }
 
 }  // namespace

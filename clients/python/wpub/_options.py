@@ -122,10 +122,16 @@ def build_header(version: int, recipe: str, policy, quantization_config, model_i
     return h
 
 
+# The engine kinds the daemon speaks (docs/specs/engines.md): over NCCL, and colocated ("-ipc":
+# the engine on the daemon's node reads the buckets in its GPU memory through CUDA IPC).
+ENGINE_KINDS = ("", "sglang", "vllm", "sglang-ipc", "vllm-ipc")
+
+
 def engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int, str]]:
     """[(url, gpus, kind)] of connect_engines' `engines` ("url", "url=gpus", (url, gpus) or a
-    dict); InvalidArgument naming the entry for a form it does not accept (the daemon checks URLs and counts again). kind: "sglang", "vllm" or
-    "" (the URL's "vllm+" / "sglang+" prefix decides, default sglang)."""
+    dict); InvalidArgument naming the entry for a form it does not accept (the daemon checks URLs
+    and counts again). kind: "sglang", "vllm", "sglang-ipc", "vllm-ipc" or "" (the URL's
+    "<kind>+" prefix decides, default sglang)."""
     if isinstance(engines, (str, bytes, dict)):
         engines = [engines]
     out = []
@@ -161,9 +167,10 @@ def engine_entries(engines: Iterable[Any]) -> List[Tuple[str, int, str]]:
         if isinstance(gpus, bool) or not isinstance(gpus, int) or not 1 <= gpus <= 4096:
             raise errors.InvalidArgument(
                 f"engines[{i}] '{url}': gpus={gpus!r} must be an int in [1, 4096]")
-        if kind not in ("", "sglang", "vllm"):
+        if kind not in ENGINE_KINDS:
             raise errors.InvalidArgument(
-                f"engines[{i}] '{url}': kind={kind!r} must be 'sglang' or 'vllm'")
+                f"engines[{i}] '{url}': kind={kind!r} must be one of "
+                f"{', '.join(repr(k) for k in ENGINE_KINDS if k)}")
         out.append((url, gpus, kind))
     if not out:
         raise errors.InvalidArgument("engines: no engine given")
