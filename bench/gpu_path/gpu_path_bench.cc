@@ -240,7 +240,7 @@ int RunColocated(const Args& args, const RunSettings& run, const testing::ModelL
   for (int tp : {1, 2}) {
     const int port = testing::FreePort();
     auto emulator =
-        testing::StartEmulator(port, 0, {"--tensor-load=bucket", absl::StrCat("--tp=", tp)},
+        testing::StartEmulator(port, 0, {"--tensor-load=bucket", "--timings", absl::StrCat("--tp=", tp)},
                                absl::StrCat(args.log_dir, "/bench_colocated_tp", tp, ".log"));
     BENCH_OK(emulator.status());
     rollout::RolloutGroupOptions ro;

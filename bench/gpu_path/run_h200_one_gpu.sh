@@ -55,7 +55,8 @@ for step in "${steps[@]}"; do
       [ $r -ne 0 ] && rc=1 ;;
     colocated)
       timeout 400 "$BIN/gpu_path_bench" --colocated 1 --layers "${COLOC_LAYERS:-24}" --iters 3 \
-        --log_dir "$LOGS" --json "$OUT/colocated.json" >"$LOGS/colocated.log" 2>&1
+        --bucket_mib "${COLOC_BUCKET_MIB:-512}" --log_dir "$LOGS" --json "$OUT/colocated.json" \
+        >"$LOGS/colocated.log" 2>&1
       r=$?
       echo "colocated rc=$r"
       grep -E '^device|^\((e|g)|goal' "$LOGS/colocated.log" | head -20

@@ -284,6 +284,9 @@ void IpcChannel::End() {}
 void IpcChannel::Fail(absl::Status why) {
   std::lock_guard lock(mu_);
   if (failure_.ok()) failure_ = why.ok() ? absl::AbortedError("colocated channel failed") : why;
+  // As an aborted NCCL group: the next publication re-forms the group (the rollout group's
+  // health probe leaves out an engine that died mid-handover).
+  open_ = false;
 }
 
 absl::Status IpcChannel::failure() const {

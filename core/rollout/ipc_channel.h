@@ -14,7 +14,9 @@
 // Failure: a peer failure (an engine's HTTP answer: watch.peer_failure), the deadline or Fail
 // ends the waits with the publication's failure; the buckets still held are then released on
 // the device at once (an engine that failed mid-copy is dirty: the rollout group keeps it paused
-// until a whole version reached it).
+// until a whole version reached it). A failed channel is no longer usable(), as an aborted NCCL
+// group: the rollout group re-forms before the next publication, leaving out engines that do
+// not answer their health check (one killed mid-handover).
 //
 // Thread-safety as GroupChannel: Fail/failure/usable from any thread, the rest from the
 // publication thread.

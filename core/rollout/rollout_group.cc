@@ -244,6 +244,7 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
                    options_.colocated ? "" : "; NCCL communicator aborted");
   watch.peer_failure = [this] { return EngineFailure(); };
   watch.updates_answered = [this] {
+    if (!driver_) return uint64_t{0};
     uint64_t fewest = UINT64_MAX;
     for (const EngineOutcome& o : driver_->outcomes())
       fewest = std::min(fewest, o.updates_answered);

@@ -367,6 +367,7 @@ class Engine:
             if rank >= len(entries):
                 self.die(f"IndexError: serialized_named_tensors has {len(entries)} entries, "
                          f"rank {rank}")
+            t_rank = time.perf_counter()
             try:
                 monkey_patch_torch_reductions()
                 payload = deserialize(entries[rank])
@@ -374,6 +375,7 @@ class Engine:
                 self.die(f"{type(e).__name__}: {e}")  # raised in the scheduler: the server dies
             flattened = payload["flattened_tensor"]
             metadata = payload["metadata"]
+            t_open = time.perf_counter()
             if self.args.tensor_load == "bucket":
                 # The cheapest load an engine could do: the whole bucket in one device copy
                 # (the benchmark's engine: what the handover itself costs).
@@ -394,7 +396,12 @@ class Engine:
                 self.live_versions[meta.name] = "pending"
                 names += 1
                 del t
-            del flattened, metadata, payload
+            t_copy = time.perf_counter()
+            del flattened, metadata, payload  # torch's deleter: stream sync, counter decrement
+            t_free = time.perf_counter()
+            if self.args.timings:
+                print(f"bucket {attempt_index} rank {rank}: decode+open {t_open - t_rank:.4f} s, "
+                      f"load {t_copy - t_open:.4f} s, free {t_free - t_copy:.4f} s", flush=True)
         if (self.args.fail_at_bucket is not None and attempt_index == self.args.fail_at_bucket
                 and not self.stats["failed_once"]):
             self.stats["failed_once"] = True
@@ -556,6 +563,8 @@ def main():
     p.add_argument("--tensor-load", default="tensors", choices=["tensors", "bucket"],
                    help="/update_weights_from_tensor: load each tensor into the live weights "
                         "(SGLang's flattened-bucket load), or copy each bucket whole (benchmark)")
+    p.add_argument("--timings", action="store_true",
+                   help="print each tensor-route bucket's decode+open, load and free times")
     p.add_argument("--tp", type=int, default=1,
                    help="TP ranks whose serialized_named_tensors entries this process decodes")
     p.add_argument("--release", default="0.5.16", choices=["0.5.5", "0.5.6", "0.5.16"],
