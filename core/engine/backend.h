@@ -110,6 +110,12 @@ class Backend {
   // publication with INVALID_ARGUMENT naming the tensor (nothing emitted). Blocking.
   virtual absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
                                                   const ExecutionHooks& hooks) = 0;
+  // Frees the memory it keeps between publications (the GPU backend's staging buffers and
+  // scratch), so that an engine colocated on the same GPU can use it; the next Execute allocates
+  // it again. Called by the engine on the publication thread once a publication ended (its
+  // transports committed or aborted), never during Execute, when EngineOptions::
+  // release_backend_memory asks for it. Returns the bytes freed. Default: nothing kept.
+  virtual uint64_t ReleaseMemory() { return 0; }
 };
 
 }  // namespace wpub::engine

@@ -64,6 +64,11 @@ struct EngineOptions {
   // inputs it still holds (the transports re-form what failed) so they end with a complete
   // version. Failures that left nobody dirty, bad input and abort requests are not retried.
   int max_attempts = 3;
+  // Free the backend's memory after every publication (Backend::ReleaseMemory; wpubd
+  // --release_gpu_memory): a trainer and a colocated engine sharing one GPU get wpub's staging
+  // buffers back between publications, at the price of allocating them again (host
+  // synchronizations, counted) at the next.
+  bool release_backend_memory = false;
   transport::PullTransportOptions pull;
   // The retained copy of the committed version (core/transport/retained_copy.h): where it lives
   // and its bound. With one, engines an abort left dirty are restored and engines and pull

@@ -65,4 +65,21 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Execute(const engine::Execut
   return r;
 }
 
+uint64_t GpuBackend::ReleaseMemory() {
+  if (cudaSetDevice(options_.device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (res_->compute != nullptr) (void)cudaStreamSynchronize(res_->compute);
+  engine::SyncCounter uncounted;
+  HostSyncs syncs(&uncounted);
+  uint64_t freed = 0;
+  for (detail::GrowBuffer* b : {&res_->staging[0], &res_->staging[1], &res_->scratch, &res_->arena,
+                                &res_->host_stage, &res_->bounce}) {
+    freed += b->size();
+    (void)b->Release(syncs);
+  }
+  return freed;
+}
+
 }  // namespace wpub::gpu

@@ -87,6 +87,11 @@ class GpuBackend : public engine::Backend {
   absl::StatusOr<engine::ExecutionResult> Execute(const engine::ExecutionPlan& plan,
                                                   const engine::ExecutionHooks& hooks) override;
 
+  // Frees the staging buffers, scratch, arena and host bounce buffers after waiting for the
+  // device (every reader of the staging buffers included: cudaFree synchronizes the device);
+  // the host synchronizations this costs are not a publication's. Returns the bytes freed.
+  uint64_t ReleaseMemory() override;
+
   // Bucket checksums of the last successful Execute, index order (core/transport/checksum.h).
   const std::vector<uint64_t>& last_checksums() const { return last_checksums_; }
   const GpuTiming& last_timing() const { return last_timing_; }

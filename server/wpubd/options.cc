@@ -127,7 +127,12 @@ ABSL_FLAG(bool, gpu_path, false,
 ABSL_FLAG(std::string, engines, "",
           "GPU path: engines to publish to over NCCL, \"http://host:port=gpus,...\" (SGLang) or "
           "\"vllm+http://host:port=gpus,...\" (vLLM v0.22+, its weight-transfer API; one kind per "
-          "group) (implies --gpu_path; ConnectEngines replaces them).");
+          "group), or on this node through CUDA IPC (\"sglang-ipc+http://...\", "
+          "\"vllm-ipc+http://...\") (implies --gpu_path; ConnectEngines replaces them).");
+ABSL_FLAG(bool, release_gpu_memory, false,
+          "GPU path: free the backend's staging buffers after every publication, so that an "
+          "engine sharing the GPU (colocated) can use that memory between publications; the "
+          "next publication allocates them again (counted host synchronizations).");
 ABSL_FLAG(std::string, pause, "abort",
           "GPU path: what engines do with their requests and cache while paused for a "
           "publication, \"<in_flight>[:<cache>]\": in_flight abort (the default: no request's "
@@ -326,6 +331,7 @@ absl::StatusOr<DaemonOptions> OptionsFromFlags() {
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.engines = absl::GetFlag(FLAGS_engines);
   o.gpu_path = absl::GetFlag(FLAGS_gpu_path) || !o.engines.empty();
+  o.engine.release_backend_memory = absl::GetFlag(FLAGS_release_gpu_memory);
   o.gpu.device = absl::GetFlag(FLAGS_gpu_device);
   o.gpu.engine_watch_interval = absl::GetFlag(FLAGS_engine_watch_interval);
   if (o.gpu.engine_watch_interval < absl::ZeroDuration()) {

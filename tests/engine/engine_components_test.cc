@@ -150,6 +150,66 @@ TEST(EngineComponentsTest, ExtraTransportAndBackendTakePartInEveryPublication) {
   }
 }
 
+// Counts ReleaseMemory calls and whether one came while its transports still held a bucket.
+class ReleasingBackend final : public Backend {
+ public:
+  explicit ReleasingBackend(FakeTransport::Log* log) : log_(log) {}
+  std::string_view name() const override { return "releasing-cpu"; }
+  absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
+                                          const ExecutionHooks& hooks) override {
+    return inner_->Execute(plan, hooks);
+  }
+  uint64_t ReleaseMemory() override {
+    ++releases;
+    // The publication's transports have ended it (committed or aborted) by now.
+    std::lock_guard lock(log_->mu);
+    calls_at_release = log_->calls;
+    return 4096;
+  }
+  std::atomic<int> releases{0};
+  std::vector<std::string> calls_at_release;
+
+ private:
+  FakeTransport::Log* log_;
+  std::unique_ptr<CpuBackend> inner_ = *CpuBackend::Create({});
+};
+
+// --release_gpu_memory: the backend frees its memory after every publication, once the
+// transports committed it, and not at all without the option.
+TEST(EngineComponentsTest, TheBackendReleasesItsMemoryAfterEachPublicationWhenAsked) {
+  for (bool release : {false, true}) {
+    FakeTransport::Log log;
+    EngineComponents components;
+    auto backend = std::make_unique<ReleasingBackend>(&log);
+    ReleasingBackend* b = backend.get();
+    components.backend = std::move(backend);
+    components.transports.push_back(std::make_unique<FakeTransport>(&log, false));
+    prometheus::Registry registry;
+    EngineOptions options;
+    options.bucket_bytes = 4096;
+    options.min_bucket_bytes = 1024;
+    options.release_backend_memory = release;
+    auto metrics = metrics::EngineMetrics::Create(&registry);
+    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    auto engine = Engine::Create(options, metrics->get(), std::move(components));
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    for (uint64_t v = 1; v <= 2; ++v) {
+      auto session = (*engine)->Open(testing::Header(v));
+      ASSERT_TRUE(session.ok());
+      ASSERT_TRUE(
+          testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), v)).ok());
+      auto report = (*session)->Commit();
+      ASSERT_TRUE(report.ok());
+      EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
+    }
+    EXPECT_EQ(b->releases.load(), release ? 2 : 0);
+    if (release) {
+      ASSERT_FALSE(b->calls_at_release.empty());
+      EXPECT_EQ(b->calls_at_release.back(), "commit") << "released before the commit";
+    }
+  }
+}
+
 TEST(EngineComponentsTest, AFailingExtraTransportAbortsThePullReceiversToo) {
   FakeTransport::Log log;
   EngineComponents components;
