@@ -239,9 +239,9 @@ int RunColocated(const Args& args, const RunSettings& run, const testing::ModelL
                          &version, &unused));
   for (int tp : {1, 2}) {
     const int port = testing::FreePort();
-    auto emulator =
-        testing::StartEmulator(port, 0, {"--tensor-load=bucket", "--timings", absl::StrCat("--tp=", tp)},
-                               absl::StrCat(args.log_dir, "/bench_colocated_tp", tp, ".log"));
+    auto emulator = testing::StartEmulator(
+        port, 0, {"--tensor-load=bucket", "--timings", absl::StrCat("--tp=", tp)},
+        absl::StrCat(args.log_dir, "/bench_colocated_tp", tp, ".log"));
     BENCH_OK(emulator.status());
     rollout::RolloutGroupOptions ro;
     ro.colocated = true;

@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include <cstring>
 #include <random>
 #include <thread>
 #include <utility>
@@ -10,27 +11,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/status.h"
+#include "core/gpu/backend_parts.h"
+#include "core/gpu/ipc_cache.h"
 
 namespace wpub::rollout {
 namespace {
 
 // cuMemGetAddressRange, looked up at run time (nothing links libcuda).
 using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
-
-GetAddressRangeFn AddressRange() {
-  static const GetAddressRangeFn fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, CUDA_VERSION,
-                                         cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return static_cast<GetAddressRangeFn>(nullptr);
-    }
-    return reinterpret_cast<GetAddressRangeFn>(f);
-  }();
-  return fn;
-}
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
   return absl::InternalError(absl::StrCat("colocated channel: ", what, ": ", cudaGetErrorName(e),
@@ -43,16 +31,10 @@ absl::Status CudaError(cudaError_t e, absl::string_view what) {
     if (e_ != cudaSuccess) return CudaError(e_, what); \
   } while (0)
 
-std::string FormatUuid(const cudaUUID_t& u) {
-  static const char* kHex = "0123456789abcdef";
-  std::string s = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) s += '-';
-    const auto b = static_cast<uint8_t>(u.bytes[i]);
-    s += kHex[b >> 4];
-    s += kHex[b & 15];
-  }
-  return s;
+std::string UuidOf(const cudaDeviceProp& p) {
+  gpu::DeviceUuid u{};
+  std::memcpy(u.data(), p.uuid.bytes, u.size());
+  return gpu::FormatDeviceUuid(u);
 }
 
 }  // namespace
@@ -68,12 +50,11 @@ absl::StatusOr<std::unique_ptr<IpcChannel>> IpcChannel::Create(const IpcChannelO
   cudaDeviceProp prop{};
   WPUB_IPC_CUDA(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
   WPUB_ASSIGN_OR_RETURN(std::unique_ptr<TorchRefCounters> counters, TorchRefCounters::Create());
-  std::unique_ptr<IpcChannel> c(
-      new IpcChannel(options, FormatUuid(prop.uuid), std::move(counters)));
+  std::unique_ptr<IpcChannel> c(new IpcChannel(options, UuidOf(prop), std::move(counters)));
   for (int d = 0; d < count; ++d) {
     cudaDeviceProp p{};
     WPUB_IPC_CUDA(cudaGetDeviceProperties(&p, d), "cudaGetDeviceProperties");
-    c->node_uuids_.push_back(FormatUuid(p.uuid));
+    c->node_uuids_.push_back(UuidOf(p));
   }
   WPUB_IPC_CUDA(kernels::cuda::Stream::Create(&c->stream_), "stream");
   for (cudaEvent_t& e : c->events_) {
@@ -161,7 +142,8 @@ absl::StatusOr<std::optional<transport::SharedDeviceBytes>> IpcChannel::Share(
     WPUB_IPC_CUDA(cudaStreamWaitEvent(stream_.get(), bucket.device.ready, 0), "wait ready");
   }
   WPUB_IPC_CUDA(cudaEventRecord(ev, stream_.get()), "record the shared event");
-  const GetAddressRangeFn range = AddressRange();
+  static const GetAddressRangeFn range =
+      gpu::detail::DriverFunction<GetAddressRangeFn>("cuMemGetAddressRange");
   CUdeviceptr base = 0;
   size_t size = 0;
   if (range == nullptr ||
