@@ -31,8 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "clients", "python"))
 import wpub  # noqa: E402
-from harness import (Daemon, bf16_cuda, free_port, glm_batches,  # noqa: E402
-                     http_json as get, reference, wait_http)
+from harness import Daemon, free_port, http_json as get, reference, wait_http  # noqa: E402
+from engines_nccl import expect, version_of  # noqa: E402  (the same expectations and model)
 
 
 def post(url, body):
@@ -53,19 +53,6 @@ def emulator(out, tag, *flags, script="sglang_emulator.py"):
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", 120)
     return p, url
-
-
-def expect(out, tag, version, ref):
-    vdir = os.path.join(out, f"expect-{tag}", f"v{version}", "tensors")
-    os.makedirs(vdir, exist_ok=True)
-    for name, (_, _, raw) in ref.items():
-        with open(os.path.join(vdir, name + ".bin"), "wb") as f:
-            f.write(raw)
-
-
-def version_of(seed):
-    model = glm_batches(seed, hidden=256, inter=128, experts=8)
-    return model, [(m, [(n, bf16_cuda(a)) for n, a in ts]) for m, ts in model]
 
 
 def holds(url, version, ranks, tensors):
