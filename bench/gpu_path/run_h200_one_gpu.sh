@@ -16,7 +16,8 @@
 # the Qwen3-30B-A3B shape, default 24).
 # delta: delta publication against full publications to a gRPC-pull receiver under the AdamW
 # update model (delta_bench, DELTA_LAYERS layers of the Qwen3-30B-A3B shape, default 24;
-# DELTA_LR, default 1e-6; 2 warm-up + DELTA_VERSIONS versions, default 10).
+# DELTA_LR, default 1e-6; 2 warm-up + DELTA_VERSIONS patched versions, default 10, and
+# DELTA_FULL_VERSIONS full ones, default 3: a full version pulls the whole model, ~18 s).
 # WPUB_DEVBIN=$PWD/.devbin/onegpu runs the one-GPU set (deploy/stage_devbin.sh <build> onegpu).
 set -u
 ROOT=$(pwd)
@@ -78,7 +79,8 @@ for step in "${steps[@]}"; do
       [ $r -ne 0 ] && { tail -20 "$LOGS/restore.log"; rc=1; } ;;
     delta)
       timeout 540 "$BIN/delta_bench" --layers "${DELTA_LAYERS:-24}" --lr "${DELTA_LR:-1e-6}" \
-        --versions "${DELTA_VERSIONS:-10}" --json "$OUT/delta.json" >"$LOGS/delta.log" 2>&1
+        --versions "${DELTA_VERSIONS:-10}" --full_versions "${DELTA_FULL_VERSIONS:-3}" \
+        --json "$OUT/delta.json" >"$LOGS/delta.log" 2>&1
       r=$?
       echo "delta rc=$r"
       grep -E '^(device|full|patches|median)' "$LOGS/delta.log" | head -40

@@ -392,6 +392,38 @@ TEST_P(GpuBackendTest, HostBucketsEqualCpuReference) {
   }
 }
 
+// wpubd --release_gpu_memory: after a publication the backend frees every buffer it grew
+// (staging, scratch, arena, host stage, bounce) and says how many bytes; a second release finds
+// nothing; the next publication grows them again and its buckets are the reference's.
+TEST_P(GpuBackendTest, ReleasedMemoryIsGrownAgainForTheNextPublication) {
+  Model m;
+  BuildMixed(m);
+  const auto want = Reference(m, GetParam());
+  ASSERT_FALSE(want.empty());
+  CopyReader sink(64 << 20);
+  auto backend = GpuBackend::Create({});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (int round = 0; round < 3; ++round) {
+    sink.Reset();
+    std::vector<InputTensor> inputs;
+    engine::ExecutionPlan plan = m.Plan(round % 2 == 0, GetParam(), &inputs);
+    engine::SyncCounter syncs;
+    engine::ExecutionHooks hooks;
+    hooks.syncs = &syncs;
+    hooks.emit = sink.emit();
+    auto r = (*backend)->Execute(plan, hooks);
+    ASSERT_TRUE(r.ok()) << "round " << round << ": " << r.status();
+    const auto got = sink.Received();
+    ASSERT_EQ(got.size(), want.size()) << "round " << round;
+    for (size_t b = 0; b < got.size(); ++b) {
+      EXPECT_EQ(got[b], want[b]->bytes) << "round " << round << " bucket " << b;
+    }
+    // At least the two staging buffers, each as large as a bucket, were held.
+    EXPECT_GE((*backend)->ReleaseMemory(), want.front()->bytes.size()) << "round " << round;
+    EXPECT_EQ((*backend)->ReleaseMemory(), 0u) << "round " << round;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BucketSizes, GpuBackendTest,
                          ::testing::Values(uint64_t{2} << 10, uint64_t{64} << 10,
                                            uint64_t{16} << 20));
