@@ -45,6 +45,40 @@ void ReplyError(httplib::Response& res, const absl::Status& s) {
 // What a worker's exception becomes on its way to the HTTP caller: the executor's RuntimeError
 // (v1/executor/multiproc_executor.py at c5c40ab252786c8d25f9336824c6b805973974cd) wrapped by the
 // engine core's utility call (v1/engine/core.py at 00080ee13c7a451fce071ccb8d0e94d395acf5a7).
+absl::Status WorkerError(const absl::Status& s);
+
+// What vLLM's sparse backend makes of update_info: its dataclass takes exactly names,
+// dtype_names, shapes and num_updates_list (SparseNCCLWeightTransferUpdateInfo), and
+// parse_update_info turns the TypeError of any other key set into a ValueError
+// (distributed/weight_transfer/sparse_nccl_engine.py and base.py at
+// fc1c548093029f6487bbdc9c612995dfe7621a75). This engine receives no sparse patches (wpub sends
+// none), so a body that parses is refused too, as a receive this engine does not model.
+absl::Status SparseUpdateRefusal(std::string_view body) {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  static const json kNone;
+  const json& info = j.is_object() && j.contains("update_info") ? j.at("update_info") : kNone;
+  std::string problem;
+  if (!info.is_object()) {
+    problem = "update_info is not a mapping";
+  } else {
+    for (const auto& [key, value] : info.items()) {
+      if (key != "names" && key != "dtype_names" && key != "shapes" && key != "num_updates_list") {
+        problem =
+            absl::StrCat("__init__() got an unexpected keyword argument '", key.substr(0, 64), "'");
+        break;
+      }
+    }
+    if (problem.empty() && !info.contains("num_updates_list")) {
+      problem = "__init__() missing 1 required positional argument: 'num_updates_list'";
+    }
+  }
+  if (problem.empty()) {
+    return absl::UnimplementedError("this engine does not model vLLM's sparse receive");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Invalid update_info for SparseNCCLWeightTransferEngine: ", problem));
+}
+
 absl::Status WorkerError(const absl::Status& s) {
   if (s.ok()) return s;
   return absl::InternalError(
@@ -140,6 +174,30 @@ class VllmEngine::Impl {
     server_.Get("/version", [](const Request&, Response& r) {
       r.set_content(json{{"version", "wpub-recv"}}.dump(), "application/json");
     });
+    // The dev-mode server info (serve/dev/server_info/api_router.py at vllm-project/vllm
+    // c67fe497a25d5af10a6ca0be9d18bcdd42cac4f1): the config as a string by default, as JSON with
+    // config_format=json (fallback=str for what JSON cannot hold), beside the environment.
+    server_.Get("/server_info", [this](const Request& q, Response& r) {
+      const std::string format =
+          q.has_param("config_format") ? q.get_param_value("config_format") : std::string("text");
+      const std::string& backend = options_.weight_transfer_backend;
+      json config;
+      if (format == "json") {
+        config = {{"weight_transfer_config", {{"backend", backend}}}};
+      } else if (format == "text") {
+        config =
+            absl::StrCat("weight_transfer_config=WeightTransferConfig(backend='", backend, "')");
+      } else {
+        // FastAPI's validation of the Literal query parameter (answered 400 by vLLM's handler).
+        ReplyError(r, absl::InvalidArgumentError(absl::StrCat(
+                          "config_format: Input should be 'text' or 'json', got '", format, "'")));
+        return;
+      }
+      r.set_content(
+          json{{"vllm_config", config}, {"vllm_env", json::object()}, {"system_env", "wpub-recv"}}
+              .dump(),
+          "application/json");
+    });
     Route("/init_weight_transfer_engine", &Impl::Init);
     Route("/pause", &Impl::Pause);
     Route("/resume", &Impl::Resume);
@@ -230,7 +288,9 @@ class VllmEngine::Impl {
     // From here a failure ends the update on the worker (it clears its session: a finish then
     // fails, a new start is taken); what earlier updates loaded stays loaded.
     absl::StatusOr<VllmUpdate> decoded =
-        DecodeVllmUpdate(q.body, init_, /*packing_allowed=*/!options_.packing_in_init);
+        options_.weight_transfer_backend == "sparse_nccl"
+            ? absl::StatusOr<VllmUpdate>(SparseUpdateRefusal(q.body))
+            : DecodeVllmUpdate(q.body, init_, /*packing_allowed=*/!options_.packing_in_init);
     if (!decoded.ok()) {
       EndFailedUpdate();
       return WorkerError(decoded.status());

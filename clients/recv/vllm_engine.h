@@ -60,6 +60,12 @@ struct VllmEngineOptions {
   int port = 0;  // 0: an ephemeral port (port() says which)
   // true: v0.28+ (packing fields in init_info). false: v0.22-v0.27 (packing per update).
   bool packing_in_init = true;
+  // The --weight-transfer-config backend the engine reports (GET /server_info?config_format=json,
+  // vllm_config.weight_transfer_config.backend). "sparse_nccl" also decodes update_info as that
+  // backend's SparseNCCLWeightTransferUpdateInfo: a body without `num_updates_list`, or with a
+  // key the dataclass lacks (`packed`...), is the worker's "Invalid update_info for
+  // SparseNCCLWeightTransferEngine: ..." (HTTP 500). The bytes of this engine are always NCCL's.
+  std::string weight_transfer_backend = "nccl";
 };
 
 // What the engine holds and where its lifecycle stands (state()).

@@ -21,6 +21,7 @@ constexpr char kStart[] = "/start_weight_update";
 constexpr char kUpdate[] = "/update_weights";
 constexpr char kFinish[] = "/finish_weight_update";
 constexpr char kResume[] = "/resume";
+constexpr char kServerInfo[] = "/server_info?config_format=json";
 
 // What a 404 on the routes wpub needs means (the join's probe and the driver say the same).
 constexpr char kNoTransferRoutes[] =
@@ -28,6 +29,56 @@ constexpr char kNoTransferRoutes[] =
     "VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\":\"nccl\"}'";
 constexpr char kBeforeFourPhases[] =
     "a release before v0.22 (no four-phase weight update); wpub needs v0.22 or later";
+
+// The weight-transfer backend an engine was started with, as vLLM's dev-mode
+// GET /server_info?config_format=json answers it: {"vllm_config": {..., "weight_transfer_config":
+// {"backend": B} or null (the default, "nccl")}, "vllm_env", "system_env"}
+// (serve/dev/server_info/api_router.py and config/weight_transfer.py at vllm-project/vllm
+// c67fe497a25d5af10a6ca0be9d18bcdd42cac4f1). "" when the answer does not say: an older release, no
+// answer in time, not a JSON object.
+std::string WeightTransferBackend(const RouteAnswer& answer) {
+  if (answer.status < 200 || answer.status >= 300) return "";
+  json j = json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return "";
+  auto config = j.find("vllm_config");
+  if (config == j.end() || !config->is_object()) return "";
+  auto transfer = config->find("weight_transfer_config");
+  if (transfer == config->end()) return "";
+  if (transfer->is_null()) return "nccl";
+  if (!transfer->is_object()) return "";
+  auto backend = transfer->find("backend");
+  if (backend == transfer->end() || !backend->is_string()) return "";
+  return backend->get<std::string>().substr(0, 64);
+}
+
+// The join's refusal of an engine whose weight-transfer backend is not the one its kind speaks.
+// vLLM's sparse backend cannot carry NVFP4 tensors: its checkpoint patches must be floating point
+// (NaN marks an element a patch leaves unchanged: model_executor/model_loader/
+// checkpoint_weight_patch.py), and in v0.25 it scattered into the runtime parameters at TP=1
+// (distributed/weight_transfer/sparse_nccl_engine.py at 58d3918e3ea0a544ffedadad2ba84559e9c51d8f),
+// whose NVFP4 layout is not the checkpoint's -- wpub sends vLLM engines whole versions.
+std::optional<absl::Status> BackendRefusal(const std::string& url, const std::string& backend,
+                                           bool colocated) {
+  const std::string want = colocated ? "ipc" : "nccl";
+  if (backend.empty() || backend == want) return std::nullopt;
+  std::string why;
+  if (backend == "sparse_nccl") {
+    why =
+        "its patches carry floating-point elements only, so the NVFP4 codes (uint8) of a "
+        "publication cannot reach it; wpub sends vLLM engines whole versions";
+  } else {
+    why = absl::StrCat("the engine kind `",
+                       std::string(colocated ? kVllmIpcFamily : std::string_view("vllm")),
+                       "` speaks \"", want, "\"",
+                       colocated ? "" : " (a colocated engine's is \"ipc\": kind vllm-ipc)");
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("engine ", url, " was started with the weight-transfer backend \"", backend,
+                   "\" (GET /server_info): ", why,
+                   "; start it with --weight-transfer-config "
+                   "'{\"backend\":\"",
+                   want, "\"}'"));
+}
 
 // vLLM answers 2xx {"message": ...} on success and a non-2xx status with {"error": ...}
 // otherwise (the queue reports those); a 2xx answer with an "error" object is a failure too.
@@ -381,6 +432,7 @@ std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
   std::vector<std::string> paths;
   for (const auto& [path, why] : routes) paths.push_back(path);
   paths.push_back("/version");
+  paths.push_back(kServerInfo);  // last: its first answer may be slow (vLLM collects its env)
   return ProfileEngines(
       engines, paths, timeout,
       [&](const EngineSpec& engine,
@@ -396,7 +448,11 @@ std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
                 "engine ", engine.url, " has no ", paths[k], " (HTTP 404): ", routes[k].second));
           }
         }
-        (void)ReadServerInfo(answers.back(), &p);
+        if (std::optional<absl::Status> refused = BackendRefusal(
+                engine.url, WeightTransferBackend(answers.back()), options_.driver.colocated)) {
+          return *refused;
+        }
+        (void)ReadServerInfo(answers[routes.size()], &p);
         return p;
       });
 }

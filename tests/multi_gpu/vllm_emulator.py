@@ -332,6 +332,14 @@ class Engine:
                 if path == "/version":
                     return 200, {"version": "0.28.0-wpub-emulator" if self.args.release == "main"
                                  else "0.25.1-wpub-emulator"}
+                if path == "/server_info":
+                    # serve/dev/server_info/api_router.py at
+                    # c67fe497a25d5af10a6ca0be9d18bcdd42cac4f1: the config (JSON with
+                    # config_format=json, else its str) beside the environment.
+                    config = {"weight_transfer_config": {"backend": self.args.backend}}
+                    if query.get("config_format", ["text"])[0] != "json":
+                        config = str(config)
+                    return 200, {"vllm_config": config, "vllm_env": {}, "system_env": ""}
                 if path == "/get_world_size":
                     return 200, {"world_size": 1}
                 if path == "/weight_info":

@@ -518,6 +518,78 @@ TEST(VllmEngine, RefusesBadBodiesAndOrderWithVllmsErrorShape) {
   EXPECT_NE(refused->body.find("Invalid init_info"), std::string::npos) << refused->body;
 }
 
+// An engine started with another weight-transfer backend than its kind speaks is refused at
+// the join's probe, before any engine is paused: vLLM's sparse backend (its patches carry
+// floating-point elements only, so no NVFP4 codes can reach it) and an NCCL engine declared as
+// colocated, or the reverse. The backend is read from the dev-mode /server_info; an engine whose
+// /server_info says nothing (an older release) is taken. The sparse engine itself refuses the
+// dense update body as its dataclass does.
+TEST(VllmEngine, TheJoinRefusesAnEngineStartedWithAnotherWeightTransferBackend) {
+  auto sparse = VllmEngine::Start({.weight_transfer_backend = "sparse_nccl"},
+                                  std::make_unique<WireDataPath>(std::make_shared<Wire>()));
+  auto nccl = VllmEngine::Start({}, std::make_unique<WireDataPath>(std::make_shared<Wire>()));
+  ASSERT_TRUE(sparse.ok() && nccl.ok());
+  httplib::Client c((*sparse)->url());
+  auto info = c.Get("/server_info?config_format=json");
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->status, 200);
+  EXPECT_EQ(json::parse(info->body)["vllm_config"]["weight_transfer_config"]["backend"],
+            "sparse_nccl");
+  auto text = c.Get("/server_info");
+  ASSERT_TRUE(text);
+  EXPECT_TRUE(json::parse(text->body)["vllm_config"].is_string()) << text->body;
+  auto bad = c.Get("/server_info?config_format=yaml");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+
+  const size_t calls = (*sparse)->state().calls.size();
+  auto refused =
+      rollout::VllmFamily({}).Profile({{(*sparse)->url(), 1, "vllm", ""}}, absl::Seconds(2));
+  ASSERT_FALSE(refused[0].ok());
+  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  for (const std::string& want : {(*sparse)->url(), std::string("\"sparse_nccl\""),
+                                  std::string("floating-point"), std::string("whole versions")}) {
+    EXPECT_NE(refused[0].status().message().find(want), std::string::npos) << refused[0].status();
+  }
+  EXPECT_EQ((*sparse)->state().calls.size(), calls);  // the probe only read
+  // The NCCL engine joins as `vllm` and is refused as `vllm-ipc`.
+  auto taken = rollout::VllmFamily({}).Profile({{(*nccl)->url(), 1, "vllm", ""}}, absl::Seconds(2));
+  EXPECT_TRUE(taken[0].ok()) << taken[0].status();
+  rollout::VllmFamilyOptions colocated;
+  colocated.driver.colocated = true;
+  auto wrong = rollout::VllmFamily(colocated).Profile({{(*nccl)->url(), 1, "vllm-ipc", ""}},
+                                                      absl::Seconds(2));
+  ASSERT_FALSE(wrong[0].ok());
+  EXPECT_NE(wrong[0].status().message().find(R"('{"backend":"ipc"}')"), std::string::npos)
+      << wrong[0].status();
+
+  // The sparse engine's own answer to a dense update: the dataclass's TypeError as a ValueError.
+  auto post = [&](const std::string& path, const std::string& body) {
+    auto r = c.Post(path, body, "application/json");
+    EXPECT_TRUE(r) << path;
+    return std::make_pair(r ? r->status : 0, r ? r->body : std::string());
+  };
+  EXPECT_EQ(post("/init_weight_transfer_engine",
+                 R"({"init_info":{"master_address":"127.0.0.1","master_port":29500,)"
+                 R"("rank_offset":1,"world_size":2}})")
+                .first,
+            200);
+  for (const auto& [body, want] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"update_info":{"names":["a"],"dtype_names":["uint8"],"shapes":[[2,2]]}})",
+            "missing 1 required positional argument: 'num_updates_list'"},
+           {R"({"update_info":{"names":["a"],"dtype_names":["uint8"],"shapes":[[2,2]],)"
+            R"("packed":true}})",
+            "unexpected keyword argument 'packed'"}}) {
+    EXPECT_EQ(post("/start_weight_update", "{}").first, 200);
+    auto r = post("/update_weights", body);
+    EXPECT_EQ(r.first, 500) << body;
+    EXPECT_NE(r.second.find("Invalid update_info for SparseNCCLWeightTransferEngine: "),
+              std::string::npos)
+        << r.second;
+    EXPECT_NE(r.second.find(want), std::string::npos) << r.second;
+  }
+}
+
 // A publisher keeps up to 8 request lanes open for a whole publication, beside probes: every
 // kept-alive connection holds a server thread until it idles out (5 s), so the engine must
 // serve more connections at once than that. Twelve clients each keep their connection; every
