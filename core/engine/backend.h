@@ -116,6 +116,10 @@ class Backend {
   // transports committed or aborted), never during Execute, when EngineOptions::
   // release_backend_memory asks for it. Returns the bytes freed. Default: nothing kept.
   virtual uint64_t ReleaseMemory() { return 0; }
+  // The memory it keeps now between publications (device and pinned host buffers), as of the
+  // last Execute or ReleaseMemory: what a colocated engine cannot use. Any thread (the status
+  // and metrics read it while a publication runs). Default: nothing kept.
+  virtual uint64_t held_bytes() const { return 0; }
 };
 
 }  // namespace wpub::engine

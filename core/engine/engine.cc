@@ -133,6 +133,7 @@ EngineStatus Engine::GetStatus() const {
   }
   s.receivers = impl_->transports().Receivers();
   s.backend = std::string(impl_->backend().name());
+  s.backend_held_bytes = impl_->backend().held_bytes();
   s.retained = impl_->retained().Info();
   s.last_replays = impl_->replayer().Recent(impl_->options().status_reports);
   return s;

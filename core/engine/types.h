@@ -263,6 +263,7 @@ struct EngineStatus {
       last_reports;  // newest first, at most EngineOptions::status_reports
   bool shutting_down = false;
   std::string backend;                     // "cpu"
+  uint64_t backend_held_bytes = 0;         // Backend::held_bytes: its buffers kept now
   transport::RetainedCopyInfo retained;    // the retained copy of the committed version
   std::vector<ReplayReport> last_replays;  // newest first, at most EngineOptions::status_reports
   int queued_publications = 0;             // Opens waiting for the active one (header.queue)

@@ -58,11 +58,21 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Execute(const engine::Execut
   GpuTiming timing;
   detail::PublicationRun run(*res_, options_, plan, hooks, &timing);
   absl::StatusOr<engine::ExecutionResult> r = run.Execute(&sums);
+  held_bytes_.store(BufferBytes(), std::memory_order_relaxed);
   if (r.ok()) {
     last_checksums_ = std::move(sums);
     last_timing_ = timing;
   }
   return r;
+}
+
+uint64_t GpuBackend::BufferBytes() const {
+  uint64_t bytes = 0;
+  for (const detail::GrowBuffer* b : {&res_->staging[0], &res_->staging[1], &res_->scratch,
+                                      &res_->arena, &res_->host_stage, &res_->bounce}) {
+    bytes += b->size();
+  }
+  return bytes;
 }
 
 uint64_t GpuBackend::ReleaseMemory() {
@@ -79,6 +89,7 @@ uint64_t GpuBackend::ReleaseMemory() {
     freed += b->size();
     (void)b->Release(syncs);
   }
+  held_bytes_.store(BufferBytes(), std::memory_order_relaxed);
   return freed;
 }
 

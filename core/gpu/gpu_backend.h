@@ -28,6 +28,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -91,6 +92,7 @@ class GpuBackend : public engine::Backend {
   // device (every reader of the staging buffers included: cudaFree synchronizes the device);
   // the host synchronizations this costs are not a publication's. Returns the bytes freed.
   uint64_t ReleaseMemory() override;
+  uint64_t held_bytes() const override { return held_bytes_.load(std::memory_order_relaxed); }
 
   // Bucket checksums of the last successful Execute, index order (core/transport/checksum.h).
   const std::vector<uint64_t>& last_checksums() const { return last_checksums_; }
@@ -103,6 +105,8 @@ class GpuBackend : public engine::Backend {
   std::unique_ptr<detail::BackendResources> res_;
   std::vector<uint64_t> last_checksums_;
   GpuTiming last_timing_;
+  std::atomic<uint64_t> held_bytes_{0};  // the buffers' sizes after the last Execute or release
+  uint64_t BufferBytes() const;
 };
 
 }  // namespace wpub::gpu

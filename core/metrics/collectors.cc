@@ -197,6 +197,13 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
                               MetricType::Gauge);
   Add(retained_held, static_cast<double>(s.retained.held_bytes),
       {{"where", transport::RetainWhereName(s.retained.where)}});
+  auto backend_held = Family("wpub_backend_held_bytes",
+                             "Memory the backend keeps between publications (the GPU backend's "
+                             "staging buffers, scratch and bounce buffers; 0 after "
+                             "--release_gpu_memory freed them)",
+                             MetricType::Gauge);
+  Add(backend_held, static_cast<double>(s.backend_held_bytes));
+  out.push_back(std::move(backend_held));
   out.push_back(std::move(retained_bytes));
   out.push_back(std::move(retained_version));
   out.push_back(std::move(retained_held));

@@ -157,9 +157,12 @@ class ReleasingBackend final : public Backend {
   std::string_view name() const override { return "releasing-cpu"; }
   absl::StatusOr<ExecutionResult> Execute(const ExecutionPlan& plan,
                                           const ExecutionHooks& hooks) override {
+    held_ = 4096;  // as the GPU backend's buffers grow to the buckets
     return inner_->Execute(plan, hooks);
   }
+  uint64_t held_bytes() const override { return held_.load(); }
   uint64_t ReleaseMemory() override {
+    held_ = 0;
     ++releases;
     // The publication's transports have ended it (committed or aborted) by now.
     std::lock_guard lock(log_->mu);
@@ -172,6 +175,7 @@ class ReleasingBackend final : public Backend {
  private:
   FakeTransport::Log* log_;
   std::unique_ptr<CpuBackend> inner_ = *CpuBackend::Create({});
+  std::atomic<uint64_t> held_{0};
 };
 
 // --release_gpu_memory: the backend frees its memory after every publication, once the
@@ -203,6 +207,8 @@ TEST(EngineComponentsTest, TheBackendReleasesItsMemoryAfterEachPublicationWhenAs
       EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
     }
     EXPECT_EQ(b->releases.load(), release ? 2 : 0);
+    // What it keeps between publications is in the status (and wpub_backend_held_bytes).
+    EXPECT_EQ((*engine)->GetStatus().backend_held_bytes, release ? 0u : 4096u);
     if (release) {
       ASSERT_FALSE(b->calls_at_release.empty());
       EXPECT_EQ(b->calls_at_release.back(), "commit") << "released before the commit";

@@ -72,8 +72,13 @@ engine::EngineStatus Status(bool active, size_t receivers) {
 }
 
 TEST(StatusCollector, ThePublicationInFlight) {
-  StatusCollector c([] { return Status(true, 2); });
+  StatusCollector c([] {
+    engine::EngineStatus s = Status(true, 2);
+    s.backend_held_bytes = 3 << 20;
+    return s;
+  });
   const auto m = Flatten(c.Collect());
+  EXPECT_EQ(m.at("wpub_backend_held_bytes{}"), 3 << 20);
   EXPECT_EQ(m.at("wpub_publication_in_flight{}"), 1);
   EXPECT_EQ(m.at("wpub_publication_in_flight_version{}"), 42);
   EXPECT_GE(m.at("wpub_publication_in_flight_age_seconds{}"), 30);
