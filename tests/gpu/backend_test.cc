@@ -419,9 +419,9 @@ TEST_P(GpuBackendTest, ReleasedMemoryIsGrownAgainForTheNextPublication) {
     for (size_t b = 0; b < got.size(); ++b) {
       EXPECT_EQ(got[b], want[b]->bytes) << "round " << round << " bucket " << b;
     }
-    // At least the two staging buffers, each as large as a bucket, were held -- and reported.
+    // At least a staging buffer as large as a bucket was held -- and reported.
     const uint64_t held = (*backend)->held_bytes();
-    EXPECT_GE(held, 2 * want.front()->bytes.size()) << "round " << round;
+    EXPECT_GE(held, want.front()->bytes.size()) << "round " << round;
     EXPECT_EQ((*backend)->ReleaseMemory(), held) << "round " << round;
     EXPECT_EQ((*backend)->held_bytes(), 0u) << "round " << round;
     EXPECT_EQ((*backend)->ReleaseMemory(), 0u) << "round " << round;
