@@ -122,6 +122,7 @@ absl::StatusOr<engine::PublicationHeader> FromProto(const pb::PublicationHeader&
   out.allow_non_finite = header.allow_non_finite();
   out.queue = header.queue();
   out.bucket_bytes = header.bucket_bytes();
+  out.release_backend_memory = header.release_gpu_memory();
   if (header.has_group()) {
     const pb::GroupMembership& g = header.group();
     engine::GroupMembership m;

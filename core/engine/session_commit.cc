@@ -227,7 +227,7 @@ absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   WPUB_RETURN_IF_ERROR(lifecycle_.BeginCommit());
   // However the publication ends, its transports are done with the backend's buffers by then.
   absl::Cleanup release = [this] {
-    if (engine_->options().release_backend_memory) {
+    if (engine_->options().release_backend_memory || header_.release_backend_memory) {
       const uint64_t freed = engine_->backend().ReleaseMemory();
       if (freed > 0)
         spdlog::info("v{}: released {} bytes of backend memory", header_.version, freed);

@@ -115,6 +115,9 @@ struct PublicationHeader {
   bool allow_non_finite = false;
   // 0 = EngineOptions::bucket_bytes.
   uint64_t bucket_bytes = 0;
+  // Free the backend's memory once this publication ended (Backend::ReleaseMemory), as
+  // EngineOptions::release_backend_memory does after every publication.
+  bool release_backend_memory = false;
   // When another publication is active: false -> FAILED_PRECONDITION at once; true -> Open
   // blocks until it ends or `queue_timeout` passes (then DEADLINE_EXCEEDED).
   bool queue = false;

@@ -128,6 +128,7 @@ TEST(Convert, HeaderAndPrecisionExceptions) {
   h.set_recipe("bf16");
   h.set_bucket_bytes(4096);
   h.set_queue(true);
+  h.set_release_gpu_memory(true);
   auto* e = h.mutable_precision_exceptions();
   e->add_extra_high_precision_layers_megatron("layers.0.");
   e->set_first_last_layers_bf16(true);
@@ -139,6 +140,7 @@ TEST(Convert, HeaderAndPrecisionExceptions) {
   EXPECT_EQ(out->recipe, "bf16");
   EXPECT_EQ(out->bucket_bytes, 4096u);
   EXPECT_TRUE(out->queue);
+  EXPECT_TRUE(out->release_backend_memory);
   EXPECT_EQ(
       out->policy_json,
       R"({"extra_high_precision_layers_megatron":["layers.0."],"first_last_layers_bf16":true,)"

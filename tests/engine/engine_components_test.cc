@@ -179,9 +179,11 @@ class ReleasingBackend final : public Backend {
 };
 
 // --release_gpu_memory: the backend frees its memory after every publication, once the
-// transports committed it, and not at all without the option.
+// transports committed it, and not at all without the option; a publication whose header asks
+// (PublicationHeader.release_gpu_memory) has it freed after that publication only.
 TEST(EngineComponentsTest, TheBackendReleasesItsMemoryAfterEachPublicationWhenAsked) {
-  for (bool release : {false, true}) {
+  for (int mode : {0, 1, 2}) {  // never, every publication (the option), v2's header asks
+    const bool release = mode == 1;
     FakeTransport::Log log;
     EngineComponents components;
     auto backend = std::make_unique<ReleasingBackend>(&log);
@@ -197,8 +199,10 @@ TEST(EngineComponentsTest, TheBackendReleasesItsMemoryAfterEachPublicationWhenAs
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     auto engine = Engine::Create(options, metrics->get(), std::move(components));
     ASSERT_TRUE(engine.ok()) << engine.status();
-    for (uint64_t v = 1; v <= 2; ++v) {
-      auto session = (*engine)->Open(testing::Header(v));
+    for (uint64_t v = 1; v <= 3; ++v) {
+      PublicationHeader header = testing::Header(v);
+      header.release_backend_memory = mode == 2 && v == 2;
+      auto session = (*engine)->Open(header);
       ASSERT_TRUE(session.ok());
       ASSERT_TRUE(
           testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), v)).ok());
@@ -206,10 +210,11 @@ TEST(EngineComponentsTest, TheBackendReleasesItsMemoryAfterEachPublicationWhenAs
       ASSERT_TRUE(report.ok());
       EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
     }
-    EXPECT_EQ(b->releases.load(), release ? 2 : 0);
-    // What it keeps between publications is in the status (and wpub_backend_held_bytes).
-    EXPECT_EQ((*engine)->GetStatus().backend_held_bytes, release ? 0u : 4096u);
-    if (release) {
+    EXPECT_EQ(b->releases.load(), mode == 0 ? 0 : mode == 1 ? 3 : 1) << "mode " << mode;
+    // What it keeps between publications is in the status (and wpub_backend_held_bytes): v3
+    // grew it again unless every publication releases.
+    EXPECT_EQ((*engine)->GetStatus().backend_held_bytes, release ? 0u : 4096u) << "mode " << mode;
+    if (mode != 0) {
       ASSERT_FALSE(b->calls_at_release.empty());
       EXPECT_EQ(b->calls_at_release.back(), "commit") << "released before the commit";
     }

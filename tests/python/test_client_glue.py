@@ -77,6 +77,10 @@ class TargetAndVersionTest(unittest.TestCase):
                                   True, 0)
         self.assertTrue(h.queue)
         self.assertTrue(h.precision_exceptions.allow_nothing_quantized)
+        self.assertFalse(h.release_gpu_memory)
+        h = _options.build_header(4, "nvfp4", None, None, "", False, False, 0,
+                                  release_gpu_memory=True)
+        self.assertTrue(h.release_gpu_memory)
 
     def test_shutdown_mapping(self):
         class FakeCall(grpc.RpcError):

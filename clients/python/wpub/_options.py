@@ -99,10 +99,11 @@ def queue_flag(queue_behind_active: bool, wait: Optional[bool]) -> bool:
 
 
 def build_header(version: int, recipe: str, policy, quantization_config, model_id: str,
-            allow_non_finite: bool, queue_behind_active: bool, bucket_bytes: int):
+            allow_non_finite: bool, queue_behind_active: bool, bucket_bytes: int,
+            release_gpu_memory: bool = False):
     h = pb.PublicationHeader(version=version, model_id=model_id, recipe=recipe,
                              allow_non_finite=allow_non_finite, queue=queue_behind_active,
-                             bucket_bytes=bucket_bytes)
+                             bucket_bytes=bucket_bytes, release_gpu_memory=release_gpu_memory)
     if quantization_config is not None:
         h.quantization_config_json = (quantization_config if isinstance(quantization_config, str)
                                       else json.dumps(quantization_config))

@@ -289,7 +289,8 @@ class Publisher:
                 timeout: Any = _PUBLISHER_TIMEOUT, check: bool = True,
                 progress: Optional[Callable[[Progress], None]] = None,
                 wait: Optional[bool] = None, group: Optional["GroupSpec"] = None,
-                expected_tensors: Optional[Iterable[str]] = None) -> PublicationReport:
+                expected_tensors: Optional[Iterable[str]] = None,
+                release_gpu_memory: bool = False) -> PublicationReport:
         """Streams one publication and returns the daemon's report.
 
         version: an int in [1, 2^64 - 1], strictly increasing (InvalidArgument otherwise,
@@ -319,10 +320,14 @@ class Publisher:
         group: a wpub.GroupSpec when this publication is one member's part of a group version
         (several daemons, one version; wpub.PublicationGroup wraps it). expected_tensors: the
         leader's (member 0's) declaration of every tensor name the group publishes.
+        release_gpu_memory: the daemon frees its GPU staging buffers once this publication
+        ended, committed or not (as wpubd --release_gpu_memory does after every one), for a
+        colocated engine that uses the GPU until the next publication.
         """
         version = check_version(version)
         header = build_header(version, recipe, policy, quantization_config, model_id,
-                         allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes)
+                         allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes,
+                         release_gpu_memory)
         preamble = group_preamble(header, group, expected_tensors)
         return self._run(header, batches, self.timeout if timeout is _PUBLISHER_TIMEOUT
                          else timeout, check, progress, None, preamble)
@@ -335,7 +340,8 @@ class Publisher:
                       timeout: Any = _PUBLISHER_TIMEOUT, check: bool = True,
                       progress: Optional[Callable[[Progress], None]] = None,
                       wait: Optional[bool] = None, group: Optional["GroupSpec"] = None,
-                      expected_tensors: Optional[Iterable[str]] = None) -> PublicationFuture:
+                      expected_tensors: Optional[Iterable[str]] = None,
+                      release_gpu_memory: bool = False) -> PublicationFuture:
         """publish() in a background thread: returns a wpub.PublicationFuture at once, so the
         trainer can start its next step while the publication runs. Arguments as publish();
         the version, policy and flags are checked here (errors raised at once), everything else
@@ -350,7 +356,8 @@ class Publisher:
         The background thread uses the caller's current CUDA device."""
         version = check_version(version)
         header = build_header(version, recipe, policy, quantization_config, model_id,
-                         allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes)
+                         allow_non_finite, queue_flag(queue_behind_active, wait), bucket_bytes,
+                         release_gpu_memory)
         preamble = group_preamble(header, group, expected_tensors)
         if timeout is _PUBLISHER_TIMEOUT:
             timeout = self.timeout
