@@ -22,7 +22,8 @@
 // The patches mode runs first; --full_versions (default --versions) bounds the full mode's
 // counted versions, whose pulls are the slow half (the whole model through the pull transport
 // each version). The digests are compared over the versions both modes ran; the time ratio is
-// each patched version's wall clock over the full mode's median.
+// each patched version's wall clock over the full mode's median, the bytes ratio its pulled
+// bytes over a full version's (bytes_out: what a whole pull takes).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -101,6 +102,10 @@ Args Parse(int argc, char** argv) {
     }
   }
   if (a.full_versions < 0 || a.full_versions > a.versions) a.full_versions = a.versions;
+  if (a.full_versions == 0 || a.versions < 1) {
+    std::fprintf(stderr, "--versions and --full_versions must be >= 1\n");
+    std::exit(2);
+  }
   return a;
 }
 

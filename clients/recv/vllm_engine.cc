@@ -182,11 +182,15 @@ class VllmEngine::Impl {
           q.has_param("config_format") ? q.get_param_value("config_format") : std::string("text");
       const std::string& backend = options_.weight_transfer_backend;
       json config;
+      // "" plays an engine started without --weight-transfer-config (the config's null).
+      const json transfer = backend.empty() ? json(nullptr) : json{{"backend", backend}};
       if (format == "json") {
-        config = {{"weight_transfer_config", {{"backend", backend}}}};
+        config = {{"weight_transfer_config", transfer}};
       } else if (format == "text") {
-        config =
-            absl::StrCat("weight_transfer_config=WeightTransferConfig(backend='", backend, "')");
+        config = absl::StrCat("weight_transfer_config=",
+                              backend.empty()
+                                  ? std::string("None")
+                                  : absl::StrCat("WeightTransferConfig(backend='", backend, "')"));
       } else {
         // FastAPI's validation of the Literal query parameter (answered 400 by vLLM's handler).
         ReplyError(r, absl::InvalidArgumentError(absl::StrCat(

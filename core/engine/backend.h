@@ -112,9 +112,10 @@ class Backend {
                                                   const ExecutionHooks& hooks) = 0;
   // Frees the memory it keeps between publications (the GPU backend's staging buffers and
   // scratch), so that an engine colocated on the same GPU can use it; the next Execute allocates
-  // it again. Called by the engine on the publication thread once a publication ended (its
-  // transports committed or aborted), never during Execute, when EngineOptions::
-  // release_backend_memory asks for it. Returns the bytes freed. Default: nothing kept.
+  // it again. Called by the engine on the thread that ends a publication, as it ends (its
+  // transports committed or aborted, or it never reached Commit) and before the next one can
+  // begin -- never during Execute -- when EngineOptions::release_backend_memory or the
+  // publication's header asks for it. Returns the bytes freed. Default: nothing kept.
   virtual uint64_t ReleaseMemory() { return 0; }
   // The memory it keeps now between publications (device and pinned host buffers), as of the
   // last Execute or ReleaseMemory: what a colocated engine cannot use. Any thread (the status

@@ -67,7 +67,8 @@ struct EngineOptions {
   // Free the backend's memory after every publication (Backend::ReleaseMemory; wpubd
   // --release_gpu_memory): a trainer and a colocated engine sharing one GPU get wpub's staging
   // buffers back between publications, at the price of allocating them again (host
-  // synchronizations, counted) at the next.
+  // synchronizations, counted) at the next. A publication can ask for it alone
+  // (PublicationHeader::release_backend_memory).
   bool release_backend_memory = false;
   transport::PullTransportOptions pull;
   // The retained copy of the committed version (core/transport/retained_copy.h): where it lives

@@ -1,6 +1,8 @@
 // One publication: its construction, ingestion (AddBatch, AppendInline, policy per batch), the
 // one way it ends (the Lifecycle's terminal transition, the report, the engine's ledger) and the
 // PublicationSession handle. Commit's steps are in session_commit.cc.
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -79,6 +81,16 @@ PublicationReport PublicationSession::State::Conclude(const Lifecycle::Ending& e
     v->Fail(ending.status);
   }
   PublicationReport report = MakeReport(ending);
+  // The backend's memory, when asked, before the ledger lets the next publication in (its
+  // Execute must not run beside the release). However this one ended, nothing reads the
+  // buffers now: a Commit that ran ends here after its transports committed or aborted, and
+  // one that did not run never used them.
+  if (engine_->options().release_backend_memory || header_.release_backend_memory) {
+    const uint64_t freed = engine_->backend().ReleaseMemory();
+    if (freed > 0) {
+      spdlog::info("v{}: released {} bytes of backend memory", header_.version, freed);
+    }
+  }
   engine_->Record(this, report);
   return report;
 }

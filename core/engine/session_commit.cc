@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/log_context.h"
@@ -225,14 +224,6 @@ transport::PublicationManifest PublicationSession::State::MakeManifest(
 
 absl::StatusOr<PublicationReport> PublicationSession::State::Commit() {
   WPUB_RETURN_IF_ERROR(lifecycle_.BeginCommit());
-  // However the publication ends, its transports are done with the backend's buffers by then.
-  absl::Cleanup release = [this] {
-    if (engine_->options().release_backend_memory || header_.release_backend_memory) {
-      const uint64_t freed = engine_->backend().ReleaseMemory();
-      if (freed > 0)
-        spdlog::info("v{}: released {} bytes of backend memory", header_.version, freed);
-    }
-  };
   const auto t_commit = Clock::now();
   phases_.policy = policy_seconds_in_ingest_;
   phases_.ingest =

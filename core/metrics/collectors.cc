@@ -200,7 +200,8 @@ std::vector<prometheus::MetricFamily> StatusCollector::Collect() const {
   auto backend_held = Family("wpub_backend_held_bytes",
                              "Memory the backend keeps between publications (the GPU backend's "
                              "staging buffers, scratch and bounce buffers; 0 after "
-                             "--release_gpu_memory freed them)",
+                             "--release_gpu_memory or a publication's release_gpu_memory "
+                             "freed them)",
                              MetricType::Gauge);
   Add(backend_held, static_cast<double>(s.backend_held_bytes));
   out.push_back(std::move(backend_held));

@@ -10,6 +10,7 @@
 #include "core/rollout/engine_requests.h"
 #include "core/rollout/torch_ipc.h"
 #include "nlohmann/json.hpp"
+#include "spdlog/spdlog.h"
 
 namespace wpub::rollout {
 namespace {
@@ -22,6 +23,8 @@ constexpr char kUpdate[] = "/update_weights";
 constexpr char kFinish[] = "/finish_weight_update";
 constexpr char kResume[] = "/resume";
 constexpr char kServerInfo[] = "/server_info?config_format=json";
+// Bounds the probe of kServerInfo, whose first answer may wait for the engine's environment.
+constexpr absl::Duration kServerInfoTimeout = absl::Seconds(20);
 
 // What a 404 on the routes wpub needs means (the join's probe and the driver say the same).
 constexpr char kNoTransferRoutes[] =
@@ -30,12 +33,17 @@ constexpr char kNoTransferRoutes[] =
 constexpr char kBeforeFourPhases[] =
     "a release before v0.22 (no four-phase weight update); wpub needs v0.22 or later";
 
+// What vLLM's server info says of the engine's weight transfer (below).
+constexpr char kNotConfigured[] = "(none)";
+
 // The weight-transfer backend an engine was started with, as vLLM's dev-mode
 // GET /server_info?config_format=json answers it: {"vllm_config": {..., "weight_transfer_config":
-// {"backend": B} or null (the default, "nccl")}, "vllm_env", "system_env"}
-// (serve/dev/server_info/api_router.py and config/weight_transfer.py at vllm-project/vllm
-// c67fe497a25d5af10a6ca0be9d18bcdd42cac4f1). "" when the answer does not say: an older release, no
-// answer in time, not a JSON object.
+// {"backend": B} or null}, "vllm_env", "system_env"} (serve/dev/server_info/api_router.py and
+// config/vllm.py at vllm-project/vllm c67fe497a25d5af10a6ca0be9d18bcdd42cac4f1). null means the
+// engine was started without --weight-transfer-config: its workers build no transfer engine and
+// every weight route fails "Weight transfer not configured" (v1/worker/gpu_worker.py, same
+// commit) -- kNotConfigured. "" when the answer does not say: an older release, no answer in
+// time, not a JSON object.
 std::string WeightTransferBackend(const RouteAnswer& answer) {
   if (answer.status < 200 || answer.status >= 300) return "";
   json j = json::parse(answer.body, nullptr, /*allow_exceptions=*/false);
@@ -44,7 +52,7 @@ std::string WeightTransferBackend(const RouteAnswer& answer) {
   if (config == j.end() || !config->is_object()) return "";
   auto transfer = config->find("weight_transfer_config");
   if (transfer == config->end()) return "";
-  if (transfer->is_null()) return "nccl";
+  if (transfer->is_null()) return kNotConfigured;
   if (!transfer->is_object()) return "";
   auto backend = transfer->find("backend");
   if (backend == transfer->end() || !backend->is_string()) return "";
@@ -61,23 +69,33 @@ std::optional<absl::Status> BackendRefusal(const std::string& url, const std::st
                                            bool colocated) {
   const std::string want = colocated ? "ipc" : "nccl";
   if (backend.empty() || backend == want) return std::nullopt;
+  const std::string fix =
+      absl::StrCat("start it with --weight-transfer-config '{\"backend\":\"", want, "\"}'");
+  if (backend == kNotConfigured) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "engine ", url,
+        " was started without --weight-transfer-config (GET /server_info: weight_transfer_config "
+        "null), so its weight routes answer \"Weight transfer not configured\"; ",
+        fix));
+  }
   std::string why;
   if (backend == "sparse_nccl") {
     why =
         "its patches carry floating-point elements only, so the NVFP4 codes (uint8) of a "
         "publication cannot reach it; wpub sends vLLM engines whole versions";
   } else {
-    why = absl::StrCat("the engine kind `",
-                       std::string(colocated ? kVllmIpcFamily : std::string_view("vllm")),
-                       "` speaks \"", want, "\"",
-                       colocated ? "" : " (a colocated engine's is \"ipc\": kind vllm-ipc)");
+    why = absl::StrCat(
+        "the engine kind `", std::string(colocated ? kVllmIpcFamily : std::string_view("vllm")),
+        "` speaks \"", want, "\"",
+        backend == "ipc" && !colocated   ? " (declare a colocated engine as vllm-ipc+http://...)"
+        : backend == "nccl" && colocated ? " (declare an NCCL engine as vllm+http://...)"
+                                         : "");
   }
-  return absl::FailedPreconditionError(
-      absl::StrCat("engine ", url, " was started with the weight-transfer backend \"", backend,
-                   "\" (GET /server_info): ", why,
-                   "; start it with --weight-transfer-config "
-                   "'{\"backend\":\"",
-                   want, "\"}'"));
+  return absl::FailedPreconditionError(absl::StrCat("engine ", url,
+                                                    " was started with the weight-transfer "
+                                                    "backend \"",
+                                                    backend, "\" (GET /server_info): ", why, "; ",
+                                                    fix));
 }
 
 // vLLM answers 2xx {"message": ...} on success and a non-2xx status with {"error": ...}
@@ -432,7 +450,7 @@ std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
   std::vector<std::string> paths;
   for (const auto& [path, why] : routes) paths.push_back(path);
   paths.push_back("/version");
-  paths.push_back(kServerInfo);  // last: its first answer may be slow (vLLM collects its env)
+  const size_t version_at = routes.size();
   return ProfileEngines(
       engines, paths, timeout,
       [&](const EngineSpec& engine,
@@ -448,11 +466,21 @@ std::vector<absl::StatusOr<EngineProfile>> VllmFamily::Profile(
                 "engine ", engine.url, " has no ", paths[k], " (HTTP 404): ", routes[k].second));
           }
         }
-        if (std::optional<absl::Status> refused = BackendRefusal(
-                engine.url, WeightTransferBackend(answers.back()), options_.driver.colocated)) {
+        // The backend, in a probe of its own: vLLM's first /server_info collects the host's
+        // environment (pip, nvidia-smi) before it answers, which can take seconds.
+        const std::vector<RouteAnswer> info =
+            ProbeRoutes(engine, {kServerInfo}, kServerInfoTimeout);
+        const std::string backend = WeightTransferBackend(info[0]);
+        if (backend.empty() && info[0].status != 404) {
+          spdlog::warn("engine {}: its weight-transfer backend is unknown (GET {}: {}); taken",
+                       engine.url, kServerInfo,
+                       info[0].status == 0 ? info[0].error : absl::StrCat("HTTP ", info[0].status));
+        }
+        if (std::optional<absl::Status> refused =
+                BackendRefusal(engine.url, backend, options_.driver.colocated)) {
           return *refused;
         }
-        (void)ReadServerInfo(answers[routes.size()], &p);
+        (void)ReadServerInfo(answers[version_at], &p);
         return p;
       });
 }

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <set>
 
@@ -164,6 +165,7 @@ class ReleasingBackend final : public Backend {
   uint64_t ReleaseMemory() override {
     held_ = 0;
     ++releases;
+    if (still_active) active_at_release.push_back(still_active());
     // The publication's transports have ended it (committed or aborted) by now.
     std::lock_guard lock(log_->mu);
     calls_at_release = log_->calls;
@@ -171,6 +173,10 @@ class ReleasingBackend final : public Backend {
   }
   std::atomic<int> releases{0};
   std::vector<std::string> calls_at_release;
+  // Whether the publication still held the engine's slot at each release (no queued Open can
+  // have begun its Execute beside it).
+  std::function<bool()> still_active;
+  std::vector<bool> active_at_release;
 
  private:
   FakeTransport::Log* log_;
@@ -180,9 +186,12 @@ class ReleasingBackend final : public Backend {
 
 // --release_gpu_memory: the backend frees its memory after every publication, once the
 // transports committed it, and not at all without the option; a publication whose header asks
-// (PublicationHeader.release_gpu_memory) has it freed after that publication only.
+// (PublicationHeader.release_gpu_memory) has it freed after that publication only, also when it
+// ends before its Commit (aborted while the trainer sends). Each release comes before the
+// publication gives up the engine's slot.
 TEST(EngineComponentsTest, TheBackendReleasesItsMemoryAfterEachPublicationWhenAsked) {
-  for (int mode : {0, 1, 2}) {  // never, every publication (the option), v2's header asks
+  // never; every publication (the option); v2's header asks; v2's header asks and v2 is aborted
+  for (int mode : {0, 1, 2, 3}) {
     const bool release = mode == 1;
     FakeTransport::Log log;
     EngineComponents components;
@@ -199,22 +208,30 @@ TEST(EngineComponentsTest, TheBackendReleasesItsMemoryAfterEachPublicationWhenAs
     ASSERT_TRUE(metrics.ok()) << metrics.status();
     auto engine = Engine::Create(options, metrics->get(), std::move(components));
     ASSERT_TRUE(engine.ok()) << engine.status();
+    b->still_active = [&] { return (*engine)->GetStatus().active.has_value(); };
     for (uint64_t v = 1; v <= 3; ++v) {
       PublicationHeader header = testing::Header(v);
-      header.release_backend_memory = mode == 2 && v == 2;
+      header.release_backend_memory = mode >= 2 && v == 2;
       auto session = (*engine)->Open(header);
       ASSERT_TRUE(session.ok());
       ASSERT_TRUE(
           testing::Send(**session, testing::ModelBatches(synthetic::ModelShape::Tiny(), v)).ok());
+      if (mode == 3 && v == 2) {
+        (*session)->Abort(absl::CancelledError("the trainer stopped"));
+        EXPECT_EQ(b->releases.load(), 1) << "released when the aborted publication ended";
+        continue;
+      }
       auto report = (*session)->Commit();
       ASSERT_TRUE(report.ok());
       EXPECT_EQ(report->status, PublicationStatus::kCommitted) << report->error;
     }
     EXPECT_EQ(b->releases.load(), mode == 0 ? 0 : mode == 1 ? 3 : 1) << "mode " << mode;
+    EXPECT_EQ(b->active_at_release, std::vector<bool>(b->releases.load(), true))
+        << "mode " << mode << ": a release after the publication gave up its slot";
     // What it keeps between publications is in the status (and wpub_backend_held_bytes): v3
     // grew it again unless every publication releases.
     EXPECT_EQ((*engine)->GetStatus().backend_held_bytes, release ? 0u : 4096u) << "mode " << mode;
-    if (mode != 0) {
+    if (mode == 1 || mode == 2) {
       ASSERT_FALSE(b->calls_at_release.empty());
       EXPECT_EQ(b->calls_at_release.back(), "commit") << "released before the commit";
     }

@@ -562,6 +562,18 @@ TEST(VllmEngine, TheJoinRefusesAnEngineStartedWithAnotherWeightTransferBackend) 
   ASSERT_FALSE(wrong[0].ok());
   EXPECT_NE(wrong[0].status().message().find(R"('{"backend":"ipc"}')"), std::string::npos)
       << wrong[0].status();
+  EXPECT_NE(wrong[0].status().message().find("vllm+http://"), std::string::npos)
+      << wrong[0].status();
+  // An engine started without --weight-transfer-config (the config's null) is refused as such.
+  auto none = VllmEngine::Start({.weight_transfer_backend = ""},
+                                std::make_unique<WireDataPath>(std::make_shared<Wire>()));
+  ASSERT_TRUE(none.ok());
+  auto unconfigured =
+      rollout::VllmFamily({}).Profile({{(*none)->url(), 1, "vllm", ""}}, absl::Seconds(2));
+  ASSERT_FALSE(unconfigured[0].ok());
+  EXPECT_NE(unconfigured[0].status().message().find("without --weight-transfer-config"),
+            std::string::npos)
+      << unconfigured[0].status();
 
   // The sparse engine's own answer to a dense update: the dataclass's TypeError as a ValueError.
   auto post = [&](const std::string& path, const std::string& body) {
