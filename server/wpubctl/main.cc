@@ -32,9 +32,15 @@ const std::vector<std::string> kPolicyFlags = {"policy_settings",
                                                "first_last_layers_bf16",
                                                "num_layers_at_start_in_bf16",
                                                "num_layers_at_end_in_bf16"};
-const std::vector<std::string> kPublishFlags = {
-    "chunk_bytes", "payload",  "parts",        "concat_dim",
-    "seed",        "model_id", "bucket_bytes", "allow_non_finite"};
+const std::vector<std::string> kPublishFlags = {"chunk_bytes",
+                                                "payload",
+                                                "parts",
+                                                "concat_dim",
+                                                "seed",
+                                                "model_id",
+                                                "bucket_bytes",
+                                                "allow_non_finite",
+                                                "release_gpu_memory"};
 
 std::vector<std::string> Join(std::initializer_list<std::vector<std::string>> sets) {
   std::vector<std::string> all;

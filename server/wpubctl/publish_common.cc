@@ -31,6 +31,9 @@ ABSL_FLAG(uint64_t, seed, 1, "Base seed of the synthetic data (version v uses se
 ABSL_FLAG(std::string, model_id, "synthetic-moe", "Model identifier put in the header.");
 ABSL_FLAG(wpub::cli::Bytes, bucket_bytes, 0, "Bucket size for the publication (0: the daemon's).");
 ABSL_FLAG(bool, allow_non_finite, false, "Ask the daemon to publish NaN/Inf weights.");
+ABSL_FLAG(bool, release_gpu_memory, false,
+          "Ask the daemon to free its GPU staging buffers once each publication ended "
+          "(PublicationHeader.release_gpu_memory).");
 
 namespace wpub::wpubctl {
 
@@ -105,6 +108,7 @@ wpub::v1::PublicationHeader HeaderFromSettings(const synthetic::SyntheticModel& 
   }
   h.set_allow_non_finite(absl::GetFlag(FLAGS_allow_non_finite));
   h.set_bucket_bytes(absl::GetFlag(FLAGS_bucket_bytes).value);
+  h.set_release_gpu_memory(absl::GetFlag(FLAGS_release_gpu_memory));
   return h;
 }
 
