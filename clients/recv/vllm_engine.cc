@@ -45,7 +45,12 @@ void ReplyError(httplib::Response& res, const absl::Status& s) {
 // What a worker's exception becomes on its way to the HTTP caller: the executor's RuntimeError
 // (v1/executor/multiproc_executor.py at c5c40ab252786c8d25f9336824c6b805973974cd) wrapped by the
 // engine core's utility call (v1/engine/core.py at 00080ee13c7a451fce071ccb8d0e94d395acf5a7).
-absl::Status WorkerError(const absl::Status& s);
+absl::Status WorkerError(const absl::Status& s) {
+  if (s.ok()) return s;
+  return absl::InternalError(
+      absl::StrCat("Call to collective_rpc method failed: Worker failed with error '", s.message(),
+                   "', please check the stack trace above for the root cause"));
+}
 
 // What vLLM's sparse backend makes of update_info: its dataclass takes exactly names,
 // dtype_names, shapes and num_updates_list (SparseNCCLWeightTransferUpdateInfo), and
@@ -77,13 +82,6 @@ absl::Status SparseUpdateRefusal(std::string_view body) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("Invalid update_info for SparseNCCLWeightTransferEngine: ", problem));
-}
-
-absl::Status WorkerError(const absl::Status& s) {
-  if (s.ok()) return s;
-  return absl::InternalError(
-      absl::StrCat("Call to collective_rpc method failed: Worker failed with error '", s.message(),
-                   "', please check the stack trace above for the root cause"));
 }
 
 // The API process's own check of a route's JSON body: INVALID_ARGUMENT (400) for a body that
@@ -210,8 +208,19 @@ class VllmEngine::Impl {
     Route("/finish_weight_update", &Impl::Finish);
   }
 
+  // An engine started without --weight-transfer-config has no transfer engine on its workers:
+  // every weight route's worker call raises (Worker._check_weight_transfer_engine,
+  // v1/worker/gpu_worker.py at vllm-project/vllm c67fe497a25d5af10a6ca0be9d18bcdd42cac4f1), 500.
+  absl::Status Configured() const {
+    if (!options_.weight_transfer_backend.empty()) return absl::OkStatus();
+    return WorkerError(absl::FailedPreconditionError(
+        "Weight transfer not configured. Please set weight_transfer_config to enable weight "
+        "transfer."));
+  }
+
   absl::StatusOr<std::string> Init(const Request& q) {
     WPUB_RETURN_IF_ERROR(CheckRouteBody(q.body, "init_info"));
+    WPUB_RETURN_IF_ERROR(Configured());
     absl::StatusOr<VllmInitInfo> decoded = DecodeVllmInit(q.body, options_.packing_in_init);
     if (!decoded.ok()) return WorkerError(decoded.status());  // the worker parses init_info
     const VllmInitInfo init = *std::move(decoded);
@@ -264,6 +273,7 @@ class VllmEngine::Impl {
   // 6fbea1171830682c53ecb7d3ae67495fa799e62f), answered 500 as every worker error.
   absl::StatusOr<std::string> StartUpdate(const Request& q) {
     WPUB_RETURN_IF_ERROR(CheckVllmBody(q.body, "start_weight_update"));
+    WPUB_RETURN_IF_ERROR(Configured());
     if (!state_.joined) {
       return WorkerError(absl::FailedPreconditionError(
           "no weight transfer engine: POST /init_weight_transfer_engine first"));
@@ -281,6 +291,7 @@ class VllmEngine::Impl {
 
   absl::StatusOr<std::string> Update(const Request& q) {
     WPUB_RETURN_IF_ERROR(CheckRouteBody(q.body, "update_info"));
+    WPUB_RETURN_IF_ERROR(Configured());
     if (!state_.updating) {
       return WorkerError(absl::FailedPreconditionError(
           "start_weight_update must be called before update_weights."));
@@ -327,6 +338,7 @@ class VllmEngine::Impl {
 
   absl::StatusOr<std::string> Finish(const Request& q) {
     WPUB_ASSIGN_OR_RETURN(std::optional<std::string> version, DecodeVllmFinish(q.body));
+    WPUB_RETURN_IF_ERROR(Configured());
     if (!state_.updating) {
       return WorkerError(absl::FailedPreconditionError(
           "finish_weight_update called without a matching start_weight_update."));

@@ -64,8 +64,9 @@ struct VllmEngineOptions {
   // vllm_config.weight_transfer_config.backend). "sparse_nccl" also decodes update_info as that
   // backend's SparseNCCLWeightTransferUpdateInfo: a body without `num_updates_list`, or with a
   // key the dataclass lacks (`packed`...), is the worker's "Invalid update_info for
-  // SparseNCCLWeightTransferEngine: ..." (HTTP 500). "" reports a null config (an engine started
-  // without --weight-transfer-config; only /server_info plays it). The bytes of this engine are
+  // SparseNCCLWeightTransferEngine: ..." (HTTP 500). "" plays an engine started without
+  // --weight-transfer-config: a null config, every weight route "Weight transfer not configured"
+  // (HTTP 500). The bytes of this engine are
   // always NCCL's.
   std::string weight_transfer_backend = "nccl";
 };

@@ -66,12 +66,14 @@ absl::StatusOr<engine::ExecutionResult> GpuBackend::Execute(const engine::Execut
   return r;
 }
 
+std::array<detail::GrowBuffer*, 6> GpuBackend::Buffers() const {
+  return {&res_->staging[0], &res_->staging[1], &res_->scratch,
+          &res_->arena,      &res_->host_stage, &res_->bounce};
+}
+
 uint64_t GpuBackend::BufferBytes() const {
   uint64_t bytes = 0;
-  for (const detail::GrowBuffer* b : {&res_->staging[0], &res_->staging[1], &res_->scratch,
-                                      &res_->arena, &res_->host_stage, &res_->bounce}) {
-    bytes += b->size();
-  }
+  for (const detail::GrowBuffer* b : Buffers()) bytes += b->size();
   return bytes;
 }
 
@@ -83,12 +85,8 @@ uint64_t GpuBackend::ReleaseMemory() {
   if (res_->compute != nullptr) (void)cudaStreamSynchronize(res_->compute);
   engine::SyncCounter uncounted;
   HostSyncs syncs(&uncounted);
-  uint64_t freed = 0;
-  for (detail::GrowBuffer* b : {&res_->staging[0], &res_->staging[1], &res_->scratch, &res_->arena,
-                                &res_->host_stage, &res_->bounce}) {
-    freed += b->size();
-    (void)b->Release(syncs);
-  }
+  const uint64_t freed = BufferBytes();
+  for (detail::GrowBuffer* b : Buffers()) (void)b->Release(syncs);
   held_bytes_.store(BufferBytes(), std::memory_order_relaxed);
   return freed;
 }

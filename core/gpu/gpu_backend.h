@@ -28,6 +28,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <string_view>
@@ -39,6 +40,7 @@
 namespace wpub::gpu {
 namespace detail {
 struct BackendResources;
+class GrowBuffer;
 }
 
 struct GpuBackendOptions {
@@ -106,6 +108,8 @@ class GpuBackend : public engine::Backend {
   std::vector<uint64_t> last_checksums_;
   GpuTiming last_timing_;
   std::atomic<uint64_t> held_bytes_{0};  // the buffers' sizes after the last Execute or release
+  // Every buffer the backend grows and keeps between publications, and their sizes summed.
+  std::array<detail::GrowBuffer*, 6> Buffers() const;
   uint64_t BufferBytes() const;
 };
 

@@ -327,6 +327,23 @@ std::vector<std::shared_ptr<const transport::Bucket>> Reference(const Model& m, 
   return out;
 }
 
+// Runs `m`'s plan (parts in device or host memory) on `backend` into `sink` (emptied first); the
+// buckets the sink received.
+absl::StatusOr<std::vector<std::vector<uint8_t>>> RunInto(GpuBackend& backend, const Model& m,
+                                                          bool device_inputs, uint64_t bucket,
+                                                          CopyReader& sink) {
+  sink.Reset();
+  std::vector<InputTensor> inputs;
+  engine::ExecutionPlan plan = m.Plan(device_inputs, bucket, &inputs);
+  engine::SyncCounter syncs;
+  engine::ExecutionHooks hooks;
+  hooks.syncs = &syncs;
+  hooks.emit = sink.emit();
+  absl::StatusOr<engine::ExecutionResult> r = backend.Execute(plan, hooks);
+  if (!r.ok()) return r.status();
+  return sink.Received();
+}
+
 class GpuBackendTest : public ::testing::TestWithParam<uint64_t> {
  protected:
   void SetUp() override {
@@ -344,16 +361,9 @@ TEST_P(GpuBackendTest, DeviceBucketsEqualCpuReference) {
   auto backend = GpuBackend::Create(o);
   ASSERT_TRUE(backend.ok()) << backend.status();
   for (bool device_inputs : {true, false}) {
-    sink.Reset();
-    std::vector<InputTensor> inputs;
-    engine::ExecutionPlan plan = m.Plan(device_inputs, GetParam(), &inputs);
-    engine::SyncCounter syncs;
-    engine::ExecutionHooks hooks;
-    hooks.syncs = &syncs;
-    hooks.emit = sink.emit();
-    auto r = (*backend)->Execute(plan, hooks);
-    ASSERT_TRUE(r.ok()) << r.status();
-    const auto got = sink.Received();
+    auto run = RunInto(**backend, m, device_inputs, GetParam(), sink);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const auto& got = *run;
     ASSERT_EQ(got.size(), want.size());
     for (size_t b = 0; b < got.size(); ++b) {
       EXPECT_EQ(got[b], want[b]->bytes) << "bucket " << b << (device_inputs ? " device" : " host");
@@ -405,16 +415,9 @@ TEST_P(GpuBackendTest, ReleasedMemoryIsGrownAgainForTheNextPublication) {
   auto backend = GpuBackend::Create({});
   ASSERT_TRUE(backend.ok()) << backend.status();
   for (int round = 0; round < 3; ++round) {
-    sink.Reset();
-    std::vector<InputTensor> inputs;
-    engine::ExecutionPlan plan = m.Plan(round % 2 == 0, GetParam(), &inputs);
-    engine::SyncCounter syncs;
-    engine::ExecutionHooks hooks;
-    hooks.syncs = &syncs;
-    hooks.emit = sink.emit();
-    auto r = (*backend)->Execute(plan, hooks);
-    ASSERT_TRUE(r.ok()) << "round " << round << ": " << r.status();
-    const auto got = sink.Received();
+    auto run = RunInto(**backend, m, round % 2 == 0, GetParam(), sink);
+    ASSERT_TRUE(run.ok()) << "round " << round << ": " << run.status();
+    const auto& got = *run;
     ASSERT_EQ(got.size(), want.size()) << "round " << round;
     for (size_t b = 0; b < got.size(); ++b) {
       EXPECT_EQ(got[b], want[b]->bytes) << "round " << round << " bucket " << b;

@@ -574,6 +574,15 @@ TEST(VllmEngine, TheJoinRefusesAnEngineStartedWithAnotherWeightTransferBackend) 
   EXPECT_NE(unconfigured[0].status().message().find("without --weight-transfer-config"),
             std::string::npos)
       << unconfigured[0].status();
+  httplib::Client nc((*none)->url());
+  auto refused_init = nc.Post("/init_weight_transfer_engine",
+                              R"({"init_info":{"master_address":"127.0.0.1","master_port":29500,)"
+                              R"("rank_offset":1,"world_size":2}})",
+                              "application/json");
+  ASSERT_TRUE(refused_init);
+  EXPECT_EQ(refused_init->status, 500);
+  EXPECT_NE(refused_init->body.find("Weight transfer not configured"), std::string::npos)
+      << refused_init->body;
 
   // The sparse engine's own answer to a dense update: the dataclass's TypeError as a ValueError.
   auto post = [&](const std::string& path, const std::string& body) {
