@@ -130,6 +130,8 @@ Served Quantize(const std::vector<uint16_t>& bf16, const Args& a, kernels::Quant
 struct StepDelta {
   double elements = 0, blocks = 0, scales = 0, bf16 = 0, delta_bytes = 0, patch_bytes = 0;
   double bf16_patch = 0;  // the bucket patch of the bf16 copy (a layer kept bf16), a fraction
+  // The same in format 1 (word runs), what wpubd sent before units.
+  double patch_runs_bytes = 0, bf16_patch_runs = 0;
   bool global = false;
 };
 
@@ -142,11 +144,13 @@ std::vector<uint8_t> AsBucket(const Served& s) {
   return b;
 }
 
-// The bytes wpubd --patches sends for a bucket of these bytes (its patch, or the bucket when a
-// patch is not worth it).
-double PatchBytes(const std::vector<uint8_t>& bx, const std::vector<uint8_t>& by) {
-  const delta::BucketPatchPlan plan = delta::DiffBucket(
-      bx, transport::Checksum(bx.data(), bx.size()), by, transport::Checksum(by.data(), by.size()));
+// The bytes wpubd --patches sends for a bucket of these bytes (its patch, format 2 units, or
+// the bucket when a patch is not worth it); in format 1 what it sent before.
+double PatchBytes(const std::vector<uint8_t>& bx, const std::vector<uint8_t>& by,
+                  delta::PatchFormat format = delta::PatchFormat::kUnits) {
+  const delta::BucketPatchPlan plan =
+      delta::DiffBucket(bx, transport::Checksum(bx.data(), bx.size()), by,
+                        transport::Checksum(by.data(), by.size()), {.format = format});
   return static_cast<double>(plan.full ? by.size() : plan.patch.size());
 }
 
@@ -175,12 +179,14 @@ StepDelta Compare(const Served& x, const Served& y, const std::vector<uint16_t>&
   // scale ships every block (each block's codes and scale are relative to it).
   d.delta_bytes = d.global ? static_cast<double>(x.packed.size() + x.scales.size() + 4)
                            : static_cast<double>(blocks_changed) * (8 + 1 + 4) + 4;
-  d.patch_bytes = PatchBytes(AsBucket(x), AsBucket(y));
+  const std::vector<uint8_t> qx = AsBucket(x), qy = AsBucket(y);
+  d.patch_bytes = PatchBytes(qx, qy);
+  d.patch_runs_bytes = PatchBytes(qx, qy, delta::PatchFormat::kWordRuns);
   const auto* px = reinterpret_cast<const uint8_t*>(bx.data());
   const auto* py = reinterpret_cast<const uint8_t*>(by.data());
-  d.bf16_patch = PatchBytes(std::vector<uint8_t>(px, px + 2 * bx.size()),
-                            std::vector<uint8_t>(py, py + 2 * by.size())) /
-                 (2.0 * bx.size());
+  const std::vector<uint8_t> wx(px, px + 2 * bx.size()), wy(py, py + 2 * by.size());
+  d.bf16_patch = PatchBytes(wx, wy) / (2.0 * bx.size());
+  d.bf16_patch_runs = PatchBytes(wx, wy, delta::PatchFormat::kWordRuns) / (2.0 * bx.size());
   return d;
 }
 
@@ -225,16 +231,18 @@ json Run(const Args& a, double lr, kernels::QuantMode mode, const char* recipe) 
     mean.delta_bytes += steps[t].delta_bytes / counted;
     mean.patch_bytes += steps[t].patch_bytes / counted;
     mean.bf16_patch += steps[t].bf16_patch / counted;
+    mean.patch_runs_bytes += steps[t].patch_runs_bytes / counted;
+    mean.bf16_patch_runs += steps[t].bf16_patch_runs / counted;
     globals += steps[t].global;
   }
   const double full = static_cast<double>(prev.packed.size() + prev.scales.size() + 4);
   std::printf(
       "%-8s lr %-7.0e bf16 %7.3f%%  nvfp4 elements %7.4f%%  blocks %7.4f%%  block scales %7.4f%%"
       "  global scale changed %d/%d steps  delta %7.3f%% of the full tensor  bucket patch "
-      "%7.3f%%  (bf16 copy's bucket patch %6.2f%%)\n",
+      "%7.3f%% (word runs %7.3f%%)  bf16 copy's bucket patch %6.2f%% (word runs %6.2f%%)\n",
       recipe, lr, 100 * mean.bf16, 100 * mean.elements, 100 * mean.blocks, 100 * mean.scales,
       globals, counted, 100 * mean.delta_bytes / full, 100 * mean.patch_bytes / full,
-      100 * mean.bf16_patch);
+      100 * mean.patch_runs_bytes / full, 100 * mean.bf16_patch, 100 * mean.bf16_patch_runs);
   json per_step = json::array();
   for (const StepDelta& s : steps) {
     per_step.push_back({{"bf16", s.bf16},
@@ -244,7 +252,9 @@ json Run(const Args& a, double lr, kernels::QuantMode mode, const char* recipe) 
                         {"global", s.global},
                         {"delta_bytes", s.delta_bytes},
                         {"patch_bytes", s.patch_bytes},
-                        {"bf16_patch_fraction", s.bf16_patch}});
+                        {"bf16_patch_fraction", s.bf16_patch},
+                        {"patch_runs_bytes", s.patch_runs_bytes},
+                        {"bf16_patch_runs_fraction", s.bf16_patch_runs}});
   }
   return {{"recipe", recipe},
           {"lr", lr},
@@ -260,6 +270,8 @@ json Run(const Args& a, double lr, kernels::QuantMode mode, const char* recipe) 
           {"patch_bytes", mean.patch_bytes},
           {"patch_over_full", mean.patch_bytes / full},
           {"bf16_patch_fraction", mean.bf16_patch},
+          {"patch_runs_over_full", mean.patch_runs_bytes / full},
+          {"bf16_patch_runs_fraction", mean.bf16_patch_runs},
           {"steps", per_step}};
 }
 

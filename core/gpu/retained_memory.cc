@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
+#include "core/delta/bucket_patch.h"
 #include "core/gpu/host_syncs.h"
 #include "core/transport/checksum.h"
 #include "kernels/cuda/bucket_diff.h"
@@ -396,9 +397,13 @@ absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
     const uint8_t* base, const uint8_t* next, uint64_t n, cudaEvent_t next_copied,
     uint64_t base_checksum, uint64_t next_checksum, double max_patch_fraction) {
   // DiffBucket sends the bucket whole when the patch's size > fraction * n: for an integer
-  // size, exactly when it is over floor(fraction * n), the capacity the device diff gets.
+  // size, exactly when it is over floor(fraction * n). The device writes xor runs (format 1),
+  // turned into units (format 2) here; its capacity holds the xor runs of every patch within
+  // that limit (delta::XorRunsCapacity), so a diff that does not fit is one DiffBucket would
+  // send whole too.
   const double limit = std::clamp(max_patch_fraction, 0.0, 1.0) * static_cast<double>(n);
-  const uint64_t capacity = static_cast<uint64_t>(std::floor(limit));
+  const uint64_t capacity =
+      delta::XorRunsCapacity(n, static_cast<uint64_t>(std::floor(limit)));
   const uint64_t scratch = kernels::cuda::BucketDiffScratchBytes(n, capacity);
   std::lock_guard lock(diff_mu_);
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
@@ -433,7 +438,7 @@ absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
   WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::LaunchBucketDiff(
       base, next, n, base_checksum, next_checksum, diff_patch_.as<uint8_t>(), capacity,
       diff_scratch_.data(), diff_scratch_.size(),
-      diff_totals_device_.as<kernels::cuda::BucketDiffTotals>(), s));
+      diff_totals_device_.as<kernels::cuda::BucketDiffTotals>(), s, /*xor_runs=*/true));
   WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(diff_totals_.data(), diff_totals_device_.data(),
                                             kTotals, cudaMemcpyDeviceToHost, s));
   const auto* totals = diff_totals_.as<const kernels::cuda::BucketDiffTotals>();
@@ -443,15 +448,27 @@ absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
   out.changed_words = totals->changed_words;
   out.runs = static_cast<uint32_t>(std::min<unsigned long long>(totals->runs, UINT32_MAX));
   if (totals->written != 1) {
-    out.why = absl::StrCat("a patch would be ", totals->patch_bytes, " bytes, over ",
-                           max_patch_fraction, " of the bucket's ", n);
+    out.why = absl::StrCat("a patch would be over ", max_patch_fraction, " of the bucket's ", n,
+                           " bytes (", totals->changed_words, " words changed)");
+    return out;
+  }
+  std::vector<uint8_t> xor_runs(totals->patch_bytes);
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xor_runs.data(), diff_patch_.data(), xor_runs.size(),
+                                            cudaMemcpyDeviceToHost, s));
+  WPUB_RETURN_IF_ERROR(uncounted.StreamSynchronize(s, "bucket patch read-back"));
+  absl::StatusOr<delta::BucketPatchPlan> units =
+      delta::UnitsFromXorRuns(xor_runs, max_patch_fraction);
+  if (!units.ok()) {
+    return absl::InternalError(
+        absl::StrCat("the device's bucket diff is malformed: ", units.status().message()));
+  }
+  out.changed_units = units->changed_units;
+  if (units->full) {
+    out.why = std::move(units->why);
     return out;
   }
   out.made = true;
-  out.bytes.resize(totals->patch_bytes);
-  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.bytes.data(), diff_patch_.data(), out.bytes.size(),
-                                            cudaMemcpyDeviceToHost, s));
-  WPUB_RETURN_IF_ERROR(uncounted.StreamSynchronize(s, "bucket patch read-back"));
+  out.bytes = std::move(units->patch);
   return out;
 }
 

@@ -37,9 +37,10 @@ namespace wpub::transport {
 struct RetainedPatch {
   bool made = false;           // false: the bucket goes whole (why says why)
   std::string why;             // "" when made
-  std::vector<uint8_t> bytes;  // the patch, core/delta/bucket_patch.h's format, when made
-  uint64_t changed_words = 0;
-  uint32_t runs = 0;
+  std::vector<uint8_t> bytes;  // the patch (core/delta/bucket_patch.h, format 2) when made
+  uint64_t changed_words = 0;  // 8-byte words that differ (where the memory counts them)
+  uint32_t runs = 0;           // runs of them
+  uint64_t changed_units = 0;  // 16-bit units that differ (when made)
 };
 
 class RetainedBytes {
@@ -67,8 +68,8 @@ class RetainedBytes {
   // The bucket patch that makes bucket `next.index` of `base` -- a sealed version of the same
   // memory, that bucket of the same size -- into that bucket of this version, made without a
   // host copy of either: byte for byte what delta::DiffBucket makes of the two buckets with
-  // checksums `base.checksum` and `next_checksum`, or made = false exactly when DiffBucket would
-  // send the bucket whole under `max_patch_fraction`. This version may still be staging: the
+  // checksums `base.checksum` and `next_checksum` (format 2), or made = false exactly when
+  // DiffBucket would send the bucket whole under `max_patch_fraction`. This version may still be staging: the
   // call waits up to `wait` for that bucket's copy (DEADLINE_EXCEEDED after it, or when the
   // staging stopped). Any thread, one patch at a time per memory (callers queue), concurrently
   // with Stage, Emit and HostCopy. UNIMPLEMENTED where the memory cannot (the caller diffs host

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kScanThreads)
     ScanKernel(const TileCount* counts, TilePrefix* prefix, uint64_t tiles, const uint64_t* masks,
                uint64_t n, uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
-               uint64_t patch_capacity, BucketDiffTotals* totals) {
+               uint64_t patch_capacity, uint32_t flags, BucketDiffTotals* totals) {
   __shared__ uint64_t s_runs[kScanThreads / 32], s_changed[kScanThreads / 32],
       s_open[kScanThreads / 32];
   uint64_t runs = 0, changed = 0, open1 = 0;  // over the rounds before, alike in every thread
@@ -247,21 +247,23 @@ __global__ void __launch_bounds__(kScanThreads)
   totals->patch_bytes = bytes;
   totals->written = fits ? 1 : 0;
   if (!fits) return;
-  // "WPBP", format 1, n, checksums, runs, reserved 0, changed words (little-endian).
+  // "WPBP", format 1, n, checksums, runs, flags, changed words (little-endian).
   auto* h = reinterpret_cast<unsigned long long*>(patch);
   h[0] = 0x50425057ull | uint64_t{1} << 32;
   h[1] = n;
   h[2] = base_checksum;
   h[3] = next_checksum;
-  h[4] = runs;
+  h[4] = runs | uint64_t{flags} << 32;
   h[5] = changed;
 }
 
 // One tile per CTA, tiles with a change only: changed word w of mask word k, bit b, with r runs
-// started at or before it and c words changed before it, goes to 48 + 8 r + 8 c; the word that
-// ends a run also writes the run's header {first, words} 8 bytes before the run's first word.
+// started at or before it and c words changed before it, goes to 48 + 8 r + 8 c (next's word,
+// or with xor_runs next's XOR base's); the word that ends a run also writes the run's header
+// {first, words} 8 bytes before the run's first word.
 __global__ void __launch_bounds__(kThreads)
-    WriteKernel(const uint8_t* next, uint64_t n, const uint64_t* masks, const TileCount* counts,
+    WriteKernel(const uint8_t* base, const uint8_t* next, bool xor_runs, uint64_t n,
+                const uint64_t* masks, const TileCount* counts,
                 const TilePrefix* prefix, uint64_t tiles, uint8_t* patch,
                 const BucketDiffTotals* totals) {
   if (totals->written == 0) return;
@@ -306,9 +308,12 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t c = pre.changed + (s_pre[mk] >> 16) + __popcll(mw & (upto >> 1));
     const uint64_t at = kHeaderBytes + kWord * (r + c);
     if (kWord * w + kWord <= n) {
-      *reinterpret_cast<unsigned long long*>(patch + at) = LoadWord(next, w);
+      *reinterpret_cast<unsigned long long*>(patch + at) =
+          LoadWord(next, w) ^ (xor_runs ? LoadWord(base, w) : 0);
     } else {  // the bucket's partial last word: its bytes only, the patch's last
-      for (uint64_t j = 0; kWord * w + j < n; ++j) patch[at + j] = next[kWord * w + j];
+      for (uint64_t j = 0; kWord * w + j < n; ++j) {
+        patch[at + j] = next[kWord * w + j] ^ (xor_runs ? base[kWord * w + j] : 0);
+      }
     }
     const uint64_t next_bit =
         b < 63 ? mw >> (b + 1) & 1 : (mk + 1 < kMasksPerTile ? s_mask[mk + 1] & 1 : s_next_bit);
@@ -331,7 +336,7 @@ uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t /*patch_capacity*/) {
 cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t n,
                              uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
                              uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
-                             BucketDiffTotals* totals, cudaStream_t stream) {
+                             BucketDiffTotals* totals, cudaStream_t stream, bool xor_runs) {
   const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
   const Layout l = MakeLayout(n);
   if ((n > 0 && (base == nullptr || next == nullptr)) || (patch_capacity > 0 && patch == nullptr) ||
@@ -351,10 +356,11 @@ cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t 
   }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   ScanKernel<<<1, kScanThreads, 0, stream>>>(counts, prefix, l.tiles, masks, n, base_checksum,
-                                             next_checksum, patch, patch_capacity, totals);
+                                             next_checksum, patch, patch_capacity,
+                                             xor_runs ? 1u : 0u, totals);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  WriteKernel<<<grid, kThreads, 0, stream>>>(next, n, masks, counts, prefix, l.tiles, patch,
-                                             totals);
+  WriteKernel<<<grid, kThreads, 0, stream>>>(base, next, xor_runs, n, masks, counts, prefix,
+                                             l.tiles, patch, totals);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,8 @@
 // The bucket patch of core/delta/bucket_patch.h made on the GPU: the runs of 8-byte words that
-// differ between two device copies of a bucket, written as the "WPBP" patch that
+// differ between two device copies of a bucket, written as the format 1 "WPBP" patch that
 // delta::DiffBucket makes of them, byte for byte, with its totals for the caller's decision
-// (patch or whole bucket) on the host.
+// (patch or whole bucket) on the host. With xor_runs the run bytes are next XOR base (flags bit
+// 0): what the host turns into the format 2 patch wpubd sends (delta::UnitsFromXorRuns).
 //
 // Launch contract: asynchronous on `stream`, no host synchronization, no allocation, three kernel
 // launches whatever the data (capturable in a CUDA graph; a replay diffs whatever the captured
@@ -33,8 +34,9 @@ uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t patch_capacity);
 
 // Compares the n bytes at `base` and `next` (device, 8-byte aligned) word by word (8-byte words,
 // the last one partial when n % 8 != 0) and writes into `patch` (device, 8-byte aligned,
-// patch_capacity bytes) the patch DiffBucket (core/delta/bucket_patch.h) makes of them -- header
-// with base_checksum / next_checksum, runs ascending -- byte for byte, when it fits:
+// patch_capacity bytes) the format 1 patch DiffBucket (core/delta/bucket_patch.h) makes of them
+// (with options .format = kWordRuns, .xor_runs = xor_runs) -- header with base_checksum /
+// next_checksum, runs ascending -- byte for byte, when it fits:
 // patch_bytes <= patch_capacity and words and runs fit in uint32. Otherwise writes only *totals
 // (written = 0) and leaves `patch` untouched. Scratch: `scratch` (device, 256-byte aligned) of
 // at least BucketDiffScratchBytes(n, patch_capacity); its contents need no initialization and
@@ -46,6 +48,7 @@ uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t patch_capacity);
 cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t n,
                              uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
                              uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
-                             BucketDiffTotals* totals, cudaStream_t stream);
+                             BucketDiffTotals* totals, cudaStream_t stream,
+                             bool xor_runs = false);
 
 }  // namespace wpub::kernels::cuda

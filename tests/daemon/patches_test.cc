@@ -115,8 +115,7 @@ class HostArenaMemory final : public transport::RetainedMemory {
       out.made = !plan.full;
       out.why = plan.why;
       out.bytes = std::move(plan.patch);
-      out.changed_words = plan.changed_words;
-      out.runs = plan.runs;
+      out.changed_units = plan.changed_units;
       if (out.made) ++memory_->made_;
       return out;
     }

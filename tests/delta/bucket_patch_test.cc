@@ -1,7 +1,9 @@
-// Bucket patches (core/delta/bucket_patch.h): the reconstruction is the target byte for byte for
-// random and adversarial change patterns (none, every word, one byte, the last partial word,
-// adjacent and separated runs, runs across the comparison's slices), the full-bucket rule, a
-// lost or different base, and malformed or corrupted patches -- never a wrong bucket.
+// Bucket patches (core/delta/bucket_patch.h), in both formats: the reconstruction is the target
+// byte for byte for random and adversarial change patterns (none, every word, one byte, the
+// last partial word and lone last byte, adjacent and separated runs, runs across the
+// comparison's and the application's slices), the full-bucket rule, a lost or different base
+// (read or known), and malformed or corrupted patches -- never a wrong bucket; the GPU diff's
+// path (xor runs turned into units) gives DiffBucket's format 2 patch byte for byte.
 #include "core/delta/bucket_patch.h"
 
 #include <gtest/gtest.h>
@@ -62,27 +64,127 @@ TEST(BucketPatch, AppliedOnThreadsGivesTheSameBucketAndItsChecksum) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+constexpr BucketPatchOptions kRuns{.format = PatchFormat::kWordRuns};
+
 TEST(BucketPatch, NoChangeIsAnEmptyPatch) {
   const std::vector<uint8_t> base = Random(1000, 1);
-  const BucketPatchPlan plan = RoundTrip(base, base);
+  BucketPatchPlan plan = RoundTrip(base, base, kRuns);
   ASSERT_FALSE(plan.full) << plan.why;
   EXPECT_EQ(plan.changed_words, 0u);
   EXPECT_EQ(plan.runs, 0u);
   EXPECT_EQ(plan.patch.size(), kBucketPatchHeaderBytes);
+  plan = RoundTrip(base, base);
+  ASSERT_FALSE(plan.full) << plan.why;
+  EXPECT_EQ(plan.changed_units, 0u);
+  EXPECT_EQ(plan.patch.size(), kBucketPatchHeaderBytes);
 }
 
 TEST(BucketPatch, OneByteAnywhereIncludingTheLastPartialWord) {
-  for (size_t n : {8u, 9u, 15u, 1000u, 1003u}) {
+  for (size_t n : {1u, 2u, 3u, 8u, 9u, 15u, 1000u, 1003u}) {
     const std::vector<uint8_t> base = Random(n, 2);
     for (size_t at : {size_t{0}, n / 2, n - 1}) {
       std::vector<uint8_t> next = base;
       next[at] ^= 0x5a;
-      const BucketPatchPlan plan = RoundTrip(base, next, {.max_patch_fraction = 10});
+      BucketPatchPlan plan =
+          RoundTrip(base, next, {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns});
       ASSERT_FALSE(plan.full) << plan.why;
       EXPECT_EQ(plan.changed_words, 1u) << n << " " << at;
       EXPECT_EQ(plan.runs, 1u);
+      plan = RoundTrip(base, next, {.max_patch_fraction = 100});
+      ASSERT_FALSE(plan.full) << plan.why;
+      EXPECT_EQ(plan.changed_units, 1u) << n << " " << at;
+      // The gap's varint (unit at / 2) and the XOR's (0x5a or 0x5a00: one or three bytes).
+      const size_t gap = at / 2 < 0x80 ? 1 : 2;
+      const size_t x = at % 2 == 0 ? 1 : 3;
+      EXPECT_EQ(plan.patch.size(), kBucketPatchHeaderBytes + gap + x) << n << " " << at;
     }
   }
+}
+
+// What format 2 is for: isolated small changes (a bf16 element moved by an ulp, one NVFP4 code)
+// cost a few bytes each where a word run costs 16.
+TEST(BucketPatch, UnitsCarryIsolatedChangesInAFewBytesEach) {
+  const size_t n = size_t{1} << 20;
+  const std::vector<uint8_t> base = Random(n, 21);
+  std::vector<uint8_t> next = base;
+  std::mt19937 rng(22);
+  size_t changed = 0;
+  for (size_t u = 0; u < n / 2; u += 40 + rng() % 40) {  // every ~60 units, +-1 on the unit
+    uint16_t v;
+    std::memcpy(&v, next.data() + 2 * u, 2);
+    v = static_cast<uint16_t>(v + ((rng() & 1) ? 1 : -1));
+    std::memcpy(next.data() + 2 * u, &v, 2);
+    ++changed;
+  }
+  const BucketPatchPlan units = RoundTrip(base, next);
+  const BucketPatchPlan runs = RoundTrip(base, next, kRuns);
+  ASSERT_FALSE(units.full) << units.why;
+  ASSERT_FALSE(runs.full) << runs.why;
+  EXPECT_EQ(units.changed_units, changed);
+  EXPECT_EQ(runs.patch.size(), kBucketPatchHeaderBytes + 16 * changed);
+  // One gap byte and, for most +-1 XORs (1, 3, 7, ...), one XOR byte.
+  EXPECT_LT(units.patch.size(), kBucketPatchHeaderBytes + 2.2 * changed);
+  EXPECT_LT(units.patch.size() * 7, runs.patch.size());
+}
+
+// The GPU diff's path: format 1 with xor runs (what kernels/cuda/bucket_diff.h writes), turned
+// into units on the host, is DiffBucket's format 2 patch byte for byte -- and the capacity the
+// GPU diff gets always holds the xor runs of a patch that fits.
+TEST(BucketPatch, XorRunsTurnedIntoUnitsAreDiffBucketsPatch) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 60; ++trial) {
+    const size_t n = 1 + rng() % 5000;
+    const std::vector<uint8_t> base = Random(n, 100 + trial);
+    std::vector<uint8_t> next = base;
+    const int density = trial % 6;  // none .. every byte
+    for (size_t i = 0; i < n; ++i) {
+      if (density == 5 || (density > 0 && rng() % (1u << (10 - 2 * density)) == 0)) {
+        next[i] ^= static_cast<uint8_t>(1 + rng() % 255);
+      }
+    }
+    if (trial % 7 == 0) next[n - 1] ^= 0x80;  // the last (maybe lone) byte
+    for (double fraction : {0.01, 0.1, 0.5, 1.0}) {
+      const BucketPatchPlan want =
+          DiffBucket(base, Sum(base), next, Sum(next), {.max_patch_fraction = fraction});
+      const BucketPatchPlan xor_runs = DiffBucket(
+          base, Sum(base), next, Sum(next),
+          {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns, .xor_runs = true});
+      ASSERT_FALSE(xor_runs.full);
+      absl::StatusOr<BucketPatchPlan> got = UnitsFromXorRuns(xor_runs.patch, fraction);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->full, want.full) << trial << " " << fraction << ": " << want.why;
+      if (!want.full) {
+        EXPECT_EQ(got->patch, want.patch) << trial << " " << fraction;
+        EXPECT_EQ(got->changed_units, want.changed_units);
+        // The capacity bound: xor runs never exceed it when the units patch fits.
+        EXPECT_LE(xor_runs.patch.size(), XorRunsCapacity(n, want.patch.size()))
+            << trial << " " << fraction;
+      }
+    }
+    // Xor runs are not a patch a receiver applies.
+    const BucketPatchPlan xor_runs = DiffBucket(
+        base, Sum(base), next, Sum(next),
+        {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns, .xor_runs = true});
+    EXPECT_EQ(ApplyBucketPatch(xor_runs.patch, base).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
+TEST(BucketPatch, XorRunsCapacityCoversTheWorstCase) {
+  // Every other word changed, each its own run: the largest format 1 patch of n bytes.
+  for (size_t n : {1u, 7u, 8u, 17u, 4096u, 4099u}) {
+    const std::vector<uint8_t> base = Random(n, 41);
+    std::vector<uint8_t> next = base;
+    for (size_t w = 0; w * 8 < n; w += 2) next[w * 8] ^= 1;
+    const BucketPatchPlan runs = DiffBucket(base, Sum(base), next, Sum(next),
+                                            {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns});
+    ASSERT_FALSE(runs.full);
+    EXPECT_LE(runs.patch.size(), XorRunsCapacity(n, UINT64_MAX)) << n;
+    EXPECT_LE(runs.patch.size(), n + 64) << n;
+  }
+  EXPECT_EQ(XorRunsCapacity(1000, 10), kBucketPatchHeaderBytes);
+  EXPECT_EQ(XorRunsCapacity(1000, 58), kBucketPatchHeaderBytes + 80);
+  EXPECT_EQ(XorRunsCapacity(1000, 500), 1064u);
 }
 
 TEST(BucketPatch, RunsAdjacentSeparatedAndAcrossSlicesAreExact) {
@@ -96,25 +198,35 @@ TEST(BucketPatch, RunsAdjacentSeparatedAndAcrossSlicesAreExact) {
   for (size_t b = (size_t{1} << 23) - 40; b < (size_t{1} << 23) + 40; ++b) next[b] ^= 0xff;
   next[1000 * 8] ^= 1;
   next[1002 * 8] ^= 1;
-  const BucketPatchPlan one = RoundTrip(base, next, {.threads = 1});
-  const BucketPatchPlan four = RoundTrip(base, next, {.threads = 4});
-  ASSERT_FALSE(one.full) << one.why;
-  EXPECT_EQ(one.patch, four.patch);  // the patch does not depend on the threads
-  EXPECT_LT(one.patch.size(), n / 100);
+  for (PatchFormat format : {PatchFormat::kWordRuns, PatchFormat::kUnits}) {
+    const BucketPatchPlan one = RoundTrip(base, next, {.threads = 1, .format = format});
+    const BucketPatchPlan four = RoundTrip(base, next, {.threads = 4, .format = format});
+    ASSERT_FALSE(one.full) << one.why;
+    EXPECT_EQ(one.patch, four.patch);  // the patch does not depend on the threads
+    EXPECT_LT(one.patch.size(), n / 100);
+  }
 }
 
 TEST(BucketPatch, EveryWordChangedOrAnotherSizeGoesWhole) {
   const std::vector<uint8_t> base = Random(4096, 5);
   std::vector<uint8_t> next = base;
   for (size_t i = 0; i < next.size(); i += 8) next[i] ^= 1;
-  BucketPatchPlan plan = RoundTrip(base, next);
+  BucketPatchPlan plan = RoundTrip(base, next, kRuns);
   EXPECT_TRUE(plan.full);
   EXPECT_NE(plan.why.find("over 0.5 of the bucket"), std::string::npos) << plan.why;
   // Allowed any size, every word changed is still exact.
-  plan = RoundTrip(base, next, {.max_patch_fraction = 10});
+  plan = RoundTrip(base, next, {.max_patch_fraction = 10, .format = PatchFormat::kWordRuns});
   ASSERT_FALSE(plan.full);
   EXPECT_EQ(plan.changed_words, 512u);
   EXPECT_EQ(plan.runs, 1u);
+  // Every byte changed: units cost more than the bucket.
+  for (uint8_t& b : next) b ^= 0x81;
+  plan = RoundTrip(base, next);
+  EXPECT_TRUE(plan.full);
+  EXPECT_NE(plan.why.find("over 0.5 of the bucket"), std::string::npos) << plan.why;
+  plan = RoundTrip(base, next, {.max_patch_fraction = 10});
+  ASSERT_FALSE(plan.full);
+  EXPECT_EQ(plan.changed_units, 2048u);
   plan = DiffBucket(base, Sum(base), Random(4097, 6), 0);
   EXPECT_TRUE(plan.full);
   EXPECT_NE(plan.why.find("4097 bytes, its base 4096"), std::string::npos) << plan.why;
@@ -124,21 +236,48 @@ TEST(BucketPatch, ALostOrDifferentBaseIsRefusedAndNeverPatched) {
   const std::vector<uint8_t> base = Random(512, 7);
   std::vector<uint8_t> next = base;
   next[100] ^= 3;
-  const BucketPatchPlan plan = DiffBucket(base, Sum(base), next, Sum(next));
-  ASSERT_FALSE(plan.full);
-  std::vector<uint8_t> other = base;
-  other[400] ^= 1;  // the receiver holds something else
-  EXPECT_EQ(ApplyBucketPatch(plan.patch, other).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ApplyBucketPatch(plan.patch, Random(511, 7)).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+  for (PatchFormat format : {PatchFormat::kWordRuns, PatchFormat::kUnits}) {
+    const BucketPatchPlan plan = DiffBucket(base, Sum(base), next, Sum(next), {.format = format});
+    ASSERT_FALSE(plan.full);
+    std::vector<uint8_t> other = base;
+    other[400] ^= 1;  // the receiver holds something else
+    EXPECT_EQ(ApplyBucketPatch(plan.patch, other).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(ApplyBucketPatch(plan.patch, Random(511, 7)).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    // A known base checksum is compared, not read: another one refuses at once; the right one
+    // gives the bucket and the result is still summed (a corrupted base is caught there).
+    EXPECT_EQ(ApplyBucketPatch(plan.patch, base, {.base_checksum = Sum(other)}).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(*ApplyBucketPatch(plan.patch, base, {.base_checksum = Sum(base)}), next);
+    EXPECT_EQ(ApplyBucketPatch(plan.patch, other, {.base_checksum = Sum(base)}).status().code(),
+              absl::StatusCode::kDataLoss);
+  }
 }
 
-TEST(BucketPatch, MalformedOrCorruptedPatchesAreRefused) {
+// A receiver recycles the buckets of the version before last: a buffer of the bucket's size is
+// written over, every byte, without being cleared; one of another size is resized.
+TEST(BucketPatch, AppliedIntoARecycledBufferOverwritesEveryByte) {
+  const size_t n = (size_t{3} << 20) + 3;  // several application slices, a lone last byte
+  const std::vector<uint8_t> base = Random(n, 51);
+  std::vector<uint8_t> next = base;
+  for (size_t at : {size_t{0}, size_t{1} << 20, n - 1}) next[at] ^= 0x3c;
+  const BucketPatchPlan plan = DiffBucket(base, Sum(base), next, Sum(next));
+  ASSERT_FALSE(plan.full);
+  for (size_t size : {n, n - 1000, n + 1000, size_t{0}}) {
+    std::vector<uint8_t> out(size, 0xee);
+    uint64_t sum = 0;
+    ASSERT_TRUE(ApplyBucketPatchInto(plan.patch, base, &out, {.threads = 3, .checksum = &sum}).ok());
+    EXPECT_EQ(out, next) << size;
+    EXPECT_EQ(sum, Sum(next));
+  }
+}
+
+TEST(BucketPatch, MalformedOrCorruptedRunsAreRefused) {
   const std::vector<uint8_t> base = Random(4096, 8);
   std::vector<uint8_t> next = base;
   for (size_t at : {10u, 11u, 800u, 3000u}) next[at] ^= 0x11;
-  const std::vector<uint8_t> good = DiffBucket(base, Sum(base), next, Sum(next)).patch;
+  const std::vector<uint8_t> good = DiffBucket(base, Sum(base), next, Sum(next), kRuns).patch;
   ASSERT_EQ(*ApplyBucketPatch(good, base), next);
   auto code = [&](std::vector<uint8_t> patch) {
     return ApplyBucketPatch(patch, base).status().code();
@@ -148,8 +287,11 @@ TEST(BucketPatch, MalformedOrCorruptedPatchesAreRefused) {
   p[0] = 'X';
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // magic
   p = good;
-  p[4] = 2;
+  p[4] = 3;
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // format
+  p = good;
+  p[36] = 1;
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // xor runs: not applied
   p = good;
   p.pop_back();
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // truncated run
@@ -163,6 +305,44 @@ TEST(BucketPatch, MalformedOrCorruptedPatchesAreRefused) {
   p = good;
   p.back() ^= 0x80;  // a run's byte
   EXPECT_EQ(code(p), absl::StatusCode::kDataLoss);
+}
+
+TEST(BucketPatch, MalformedOrCorruptedUnitsAreRefused) {
+  const std::vector<uint8_t> base = Random(4095, 9);  // odd: a lone last byte
+  std::vector<uint8_t> next = base;
+  for (size_t at : {10u, 11u, 800u, 3000u}) next[at] ^= 0x11;
+  const std::vector<uint8_t> good = DiffBucket(base, Sum(base), next, Sum(next)).patch;
+  ASSERT_EQ(*ApplyBucketPatch(good, base), next);
+  // Entries: unit 5 (gap 5, XOR 0x1111), unit 400 (gap 394, 0x11), unit 1500 (gap 1099, 0x11).
+  const std::vector<uint8_t> entries(good.begin() + kBucketPatchHeaderBytes, good.end());
+  ASSERT_EQ(entries, (std::vector<uint8_t>{5, 0x91, 0x22, 0x8a, 0x03, 0x11, 0xcb, 0x08, 0x11}));
+  auto with = [&](std::vector<uint8_t> e, uint64_t count = 3) {
+    std::vector<uint8_t> p(good.begin(), good.begin() + kBucketPatchHeaderBytes);
+    p.insert(p.end(), e.begin(), e.end());
+    const uint64_t bytes = e.size();
+    std::memcpy(p.data() + 32, &count, 8);
+    std::memcpy(p.data() + 40, &bytes, 8);
+    return ApplyBucketPatch(p, base).status();
+  };
+  EXPECT_TRUE(with(entries).ok());
+  auto refused = [&](std::vector<uint8_t> e, const char* why, uint64_t count = 3) {
+    const absl::Status s = with(std::move(e), count);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << why << ": " << s;
+  };
+  refused({5, 0x91, 0x22, 0x8a, 0x03, 0x11, 0xcb, 0x08}, "truncated");
+  refused({5, 0x91, 0x22, 0x8a, 0x03, 0x11, 0xcb, 0x08, 0x11, 0}, "trailing byte");
+  refused(entries, "count", 4);
+  refused({5, 0x91, 0x22, 0x8a, 0x03, 0x11, 0xcb, 0x08, 0x11, 0, 1}, "count", 2);
+  refused({5, 0x00, 0x8a, 0x03, 0x11, 0xcb, 0x08, 0x11}, "a zero XOR");
+  refused({0x85, 0x00, 0x91, 0x22, 0x8a, 0x03, 0x11, 0xcb, 0x08, 0x11}, "not minimal");
+  refused({5, 0x91, 0x22, 0x8a, 0x03, 0x11, 0xcb, 0x10, 0x11}, "beyond the bucket");
+  refused({5, 0x81, 0x80, 0x04, 0x8a, 0x03, 0x11, 0xcb, 0x08, 0x11}, "XOR over 16 bits");
+  // Unit 2047 is the lone byte: a XOR over 8 bits cannot be its.
+  refused({0xff, 0x0f, 0x80, 0x02}, "lone byte", 1);
+  EXPECT_EQ(with({0xff, 0x0f, 0x7f}, 1).code(), absl::StatusCode::kDataLoss);  // applies, wrong
+  std::vector<uint8_t> p = good;
+  p.back() ^= 0x01;  // a XOR's bit
+  EXPECT_EQ(ApplyBucketPatch(p, base).status().code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

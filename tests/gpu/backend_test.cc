@@ -618,8 +618,9 @@ TEST(GpuBackend, TheRetainedCopyInDeviceOrPinnedMemoryHoldsTheReferenceAndReplay
 }
 
 // A delta publication's patch, made on the device between the retained version and the one
-// staging (GpuRetainedMemory's Patch), is byte for byte the host diff of the CPU reference's
-// buckets (delta::DiffBucket), for buckets that changed, did not change, and under a limit that
+// staging (GpuRetainedMemory's Patch: xor runs on the device, units on the host), is byte for
+// byte the host diff of the CPU reference's buckets (delta::DiffBucket, format 2), with the
+// device's word counts format 1's, for buckets that changed, did not change, and under a limit that
 // sends every bucket whole; a pinned copy leaves patches to the host; a patch waiting for a
 // bucket of a staging that stopped returns at once.
 TEST(GpuBackend, TheDeviceCopyMakesTheHostDiffsPatchByteForByte) {
@@ -676,14 +677,19 @@ TEST(GpuBackend, TheDeviceCopyMakesTheHostDiffsPatchByteForByte) {
         const delta::BucketPatchPlan want = delta::DiffBucket(v1[i]->span(), c1, v2[i]->span(), c2,
                                                               {.max_patch_fraction = fraction});
         ASSERT_EQ(got->made, !want.full) << got->why;
-        EXPECT_EQ(got->changed_words, want.changed_words);
+        // The device counts words (its format 1 xor runs), as DiffBucket does in format 1.
+        const delta::BucketPatchPlan runs =
+            delta::DiffBucket(v1[i]->span(), c1, v2[i]->span(), c2,
+                              {.max_patch_fraction = 100, .format = delta::PatchFormat::kWordRuns});
+        EXPECT_EQ(got->changed_words, runs.changed_words);
+        EXPECT_EQ(got->runs, runs.runs);
         if (!got->made) continue;
-        EXPECT_EQ(got->runs, want.runs);
+        EXPECT_EQ(got->changed_units, want.changed_units);
         EXPECT_EQ(got->bytes, want.patch);
         auto rebuilt = delta::ApplyBucketPatch(got->bytes, v1[i]->span());
         ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
         EXPECT_EQ(*rebuilt, v2[i]->bytes);
-        ++(want.changed_words == 0 ? unchanged : patched);
+        ++(want.changed_units == 0 ? unchanged : patched);
       }
     }
   });

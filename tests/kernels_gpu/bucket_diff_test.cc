@@ -91,7 +91,7 @@ class DeviceBuckets {
   // One launch on a fresh stream; scratch and totals start as garbage, the patch buffer as
   // kSentinel (a capacity of 0 passes a null patch).
   GpuDiff Diff(uint64_t base_checksum, uint64_t next_checksum, uint64_t capacity,
-               uint64_t patch_offset = 0) const {
+               uint64_t patch_offset = 0, bool xor_runs = false) const {
     GpuDiff out;
     DeviceBuffer patch, scratch, totals;
     const uint64_t scratch_bytes = BucketDiffScratchBytes(n_, capacity);
@@ -107,7 +107,7 @@ class DeviceBuckets {
     uint8_t* const p = capacity == 0 ? nullptr : patch.as<uint8_t>() + patch_offset;
     EXPECT_EQ(LaunchBucketDiff(Base(), Next(), n_, base_checksum, next_checksum, p, capacity,
                                scratch.data(), scratch_bytes, totals.as<BucketDiffTotals>(),
-                               stream.get()),
+                               stream.get(), xor_runs),
               cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(&out.totals, totals.data(), sizeof(out.totals), cudaMemcpyDeviceToHost),
@@ -137,45 +137,69 @@ int64_t FirstDifference(const uint8_t* a, const uint8_t* b, uint64_t n) {
   return pa == a + n ? -1 : pa - a;
 }
 
-// The GPU diff equals DiffBucket's patch byte for byte, at a capacity with room to spare, at
-// exactly the patch's size, and one byte short (nothing written, totals alike); and the GPU patch
-// applied to base gives next. Infinity as max_patch_fraction: the oracle never refuses for size
-// (1.0 would refuse a patch larger than its bucket: every word changed, tiny buckets).
+// The GPU diff equals DiffBucket's format 1 patch byte for byte, plain and with xor runs, at a
+// capacity with room to spare, at exactly the patch's size, and one byte short (nothing written,
+// totals alike); the plain GPU patch applied to base gives next, and the xor runs turned into
+// units (what wpubd sends) are DiffBucket's format 2 patch byte for byte. Infinity as
+// max_patch_fraction: the oracle never refuses for size (1.0 would refuse a patch larger than its
+// bucket: every word changed, tiny buckets).
 void ExpectOracle(const Bytes& base, const Bytes& next, const std::string& what,
                   uint64_t base_offset = 0, uint64_t next_offset = 0, uint64_t patch_offset = 0) {
   SCOPED_TRACE(what);
   ASSERT_EQ(base.size(), next.size());
   const uint64_t base_sum = Sum(base), next_sum = Sum(next);
-  const delta::BucketPatchPlan plan = delta::DiffBucket(
-      base, base_sum, next, next_sum,
-      {.max_patch_fraction = std::numeric_limits<double>::infinity(), .threads = 0});
-  ASSERT_FALSE(plan.full) << plan.why;
-  const uint64_t size = plan.patch.size();
+  constexpr double kAny = std::numeric_limits<double>::infinity();
+  const delta::BucketPatchPlan units = delta::DiffBucket(
+      base, base_sum, next, next_sum, {.max_patch_fraction = kAny, .threads = 0});
+  ASSERT_FALSE(units.full) << units.why;
   const DeviceBuckets dev(base, next, base_offset, next_offset);
-  for (const uint64_t capacity : {size + 61, size, size - 1}) {
-    SCOPED_TRACE("capacity " + std::to_string(capacity) + " for a patch of " +
-                 std::to_string(size));
-    const GpuDiff got = dev.Diff(base_sum, next_sum, capacity, patch_offset);
-    EXPECT_EQ(got.totals.runs, plan.runs);
-    EXPECT_EQ(got.totals.changed_words, plan.changed_words);
-    EXPECT_EQ(got.totals.patch_bytes, size);
-    if (capacity < size) {
-      EXPECT_EQ(got.totals.written, 0u);
-      EXPECT_EQ(FirstDifference(got.patch.data(), Bytes(capacity, kSentinel).data(), capacity), -1)
-          << "a patch that does not fit wrote into the patch buffer";
-      continue;
+  for (const bool xor_runs : {false, true}) {
+    SCOPED_TRACE(xor_runs ? "xor runs" : "plain runs");
+    const delta::BucketPatchPlan plan =
+        delta::DiffBucket(base, base_sum, next, next_sum,
+                          {.max_patch_fraction = kAny,
+                           .threads = 0,
+                           .format = delta::PatchFormat::kWordRuns,
+                           .xor_runs = xor_runs});
+    ASSERT_FALSE(plan.full) << plan.why;
+    const uint64_t size = plan.patch.size();
+    for (const uint64_t capacity : {size + 61, size, size - 1}) {
+      SCOPED_TRACE("capacity " + std::to_string(capacity) + " for a patch of " +
+                   std::to_string(size));
+      const GpuDiff got = dev.Diff(base_sum, next_sum, capacity, patch_offset, xor_runs);
+      EXPECT_EQ(got.totals.runs, plan.runs);
+      EXPECT_EQ(got.totals.changed_words, plan.changed_words);
+      EXPECT_EQ(got.totals.patch_bytes, size);
+      if (capacity < size) {
+        EXPECT_EQ(got.totals.written, 0u);
+        EXPECT_EQ(FirstDifference(got.patch.data(), Bytes(capacity, kSentinel).data(), capacity),
+                  -1)
+            << "a patch that does not fit wrote into the patch buffer";
+        continue;
+      }
+      ASSERT_EQ(got.totals.written, 1u);
+      EXPECT_EQ(FirstDifference(got.patch.data(), plan.patch.data(), size), -1)
+          << "first patch byte that differs from DiffBucket's";
+      EXPECT_EQ(FirstDifference(got.patch.data() + size, Bytes(capacity - size, kSentinel).data(),
+                                capacity - size),
+                -1)
+          << "written past the patch's end";
+      const absl::Span<const uint8_t> gpu_patch(got.patch.data(), size);
+      if (!xor_runs) {
+        const absl::StatusOr<Bytes> applied = delta::ApplyBucketPatch(gpu_patch, base);
+        ASSERT_TRUE(applied.ok()) << applied.status();
+        EXPECT_TRUE(*applied == next) << "the applied GPU patch is not next";
+        continue;
+      }
+      const absl::StatusOr<delta::BucketPatchPlan> sent = delta::UnitsFromXorRuns(gpu_patch, kAny);
+      ASSERT_TRUE(sent.ok()) << sent.status();
+      ASSERT_FALSE(sent->full);
+      EXPECT_EQ(FirstDifference(sent->patch.data(), units.patch.data(),
+                                std::min(sent->patch.size(), units.patch.size())),
+                -1)
+          << "first byte of the units patch that differs from DiffBucket's";
+      EXPECT_EQ(sent->patch.size(), units.patch.size());
     }
-    ASSERT_EQ(got.totals.written, 1u);
-    EXPECT_EQ(FirstDifference(got.patch.data(), plan.patch.data(), size), -1)
-        << "first patch byte that differs from DiffBucket's";
-    EXPECT_EQ(FirstDifference(got.patch.data() + size, Bytes(capacity - size, kSentinel).data(),
-                              capacity - size),
-              -1)
-        << "written past the patch's end";
-    const absl::Span<const uint8_t> gpu_patch(got.patch.data(), size);
-    const absl::StatusOr<Bytes> applied = delta::ApplyBucketPatch(gpu_patch, base);
-    ASSERT_TRUE(applied.ok()) << applied.status();
-    EXPECT_TRUE(*applied == next) << "the applied GPU patch is not next";
   }
 }
 
@@ -315,7 +339,8 @@ TEST_F(BucketDiffTest, AdjacentChangesMergeIntoOneRun) {
   // Single words changed one after another, in separate steps, make one run.
   for (uint64_t w = kTile - 40; w < kTile + 40; ++w) Touch(next, w, rng);
   const delta::BucketPatchPlan plan =
-      delta::DiffBucket(base, Sum(base), next, Sum(next), {.max_patch_fraction = 1.0});
+      delta::DiffBucket(base, Sum(base), next, Sum(next),
+                        {.max_patch_fraction = 1.0, .format = delta::PatchFormat::kWordRuns});
   ASSERT_FALSE(plan.full);
   EXPECT_EQ(plan.runs, 1u);
   ExpectOracle(base, next, "80 words across a tile boundary");
@@ -405,7 +430,8 @@ TEST_F(BucketDiffTest, CapturedInAGraphAndReplayedOnNewBytes) {
     BucketDiffTotals got{};
     ASSERT_EQ(cudaMemcpy(&got, totals.data(), sizeof(got), cudaMemcpyDeviceToHost), cudaSuccess);
     const delta::BucketPatchPlan plan =
-        delta::DiffBucket(base, base_sum, *next, next_sum, {.max_patch_fraction = 1.0});
+        delta::DiffBucket(base, base_sum, *next, next_sum,
+                          {.max_patch_fraction = 1.0, .format = delta::PatchFormat::kWordRuns});
     ASSERT_FALSE(plan.full) << plan.why;
     ASSERT_EQ(got.written, 1u);
     ASSERT_EQ(got.patch_bytes, plan.patch.size());
