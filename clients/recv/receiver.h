@@ -75,6 +75,9 @@ struct ReceiverOptions {
 struct CommittedModel {
   transport::PublicationManifest manifest;
   std::vector<std::vector<uint8_t>> buckets;  // indexed by bucket index
+  // Each bucket's checksum as verified when it arrived (the manifest's may be 0: announced
+  // before packing); what a patch's base checksum is compared with.
+  std::vector<uint64_t> checksums;
 
   // The bytes of tensor `name`, or an empty span when absent.
   absl::Span<const uint8_t> TensorBytes(const std::string& name) const;

@@ -43,6 +43,7 @@ absl::StatusOr<bool> Receiver::Impl::Handle(Link& link, const pb::ReceiverEvent&
                             wire::FromProto(event.manifest()));
       link.pending = std::make_unique<Pending>();
       link.pending->buckets.resize(manifest.buckets.size());
+      link.pending->checksums.assign(manifest.buckets.size(), 0);
       link.pending->received.assign(manifest.buckets.size(), false);
       for (const transport::BucketManifest& b : manifest.buckets) {
         if (b.index >= manifest.buckets.size()) {
@@ -199,26 +200,38 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
     return true;
   }
   uint64_t rebuilt_sum = 0;
-  absl::StatusOr<std::vector<uint8_t>> rebuilt =
+  std::vector<uint8_t> rebuilt = TakeSpare(index, bm.nbytes);
+  const absl::Status applied =
       patch_base == base.manifest.version
-          ? delta::ApplyBucketPatch(data, base.buckets[index],
-                                    {.threads = options_.patch_threads, .checksum = &rebuilt_sum})
+          ? delta::ApplyBucketPatchInto(
+                data, base.buckets[index], &rebuilt,
+                {.threads = options_.patch_threads,
+                 .base_checksum = index < base.checksums.size()
+                                      ? std::optional<uint64_t>(base.checksums[index])
+                                      : std::nullopt,
+                 .checksum = &rebuilt_sum})
           : absl::FailedPreconditionError(absl::StrCat("a patch against v", patch_base));
-  if (!rebuilt.ok() || delta::PatchTargetChecksum(data) != checksum) {
+  if (!applied.ok() || delta::PatchTargetChecksum(data) != checksum) {
     spdlog::warn(
         "[{}] bucket {} of v{}: the patch against v{} did not apply ({}); pulling it "
         "whole",
         options_.name, index, version, base.manifest.version,
-        rebuilt.ok() ? "checksum" : rebuilt.status().ToString());
+        applied.ok() ? "checksum" : applied.ToString());
     return false;
   }
-  pending.buckets[index] = *std::move(rebuilt);
+  pending.buckets[index] = std::move(rebuilt);
   *rebuilt_checksum = rebuilt_sum;
   {
     absl::MutexLock lock(&mu_);
     ++stats_.patched_buckets;
   }
   return true;
+}
+
+std::vector<uint8_t> Receiver::Impl::TakeSpare(uint32_t index, uint64_t nbytes) {
+  absl::MutexLock lock(&mu_);
+  if (index < spare_.size() && spare_[index].size() == nbytes) return std::move(spare_[index]);
+  return {};
 }
 
 absl::StatusOr<bool> Receiver::Impl::PullWhole(Link& link, uint64_t version, uint32_t index,
@@ -286,6 +299,7 @@ absl::Status Receiver::Impl::PullAndAck(Link& link, uint64_t version, uint32_t i
     stats_.bytes += received;
     if (!match) ++stats_.checksum_mismatches;
   }
+  if (match) pending.checksums[index] = checksum;
   if (!match) {
     pending.mismatch = true;
     spdlog::error("[{}] bucket {} of v{}: checksum {:016x} != daemon's {:016x} ({} of {} bytes)",

@@ -92,6 +92,8 @@ class Receiver::Impl {
   // Pull's two ways: as a patch against `base` (true: the bucket is in the pending version;
   // false: pull it whole -- the patch did not apply, or the pull failed and is logged) and
   // whole.
+  // spare_[index] when it is `nbytes` long (moved out), else an empty buffer.
+  std::vector<uint8_t> TakeSpare(uint32_t index, uint64_t nbytes) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<bool> PullPatched(Link& link, uint64_t version, uint32_t index,
                                    const CommittedModel& base, uint64_t* expected_checksum,
                                    uint64_t* received, std::optional<uint64_t>* rebuilt_checksum);
@@ -140,7 +142,11 @@ class Receiver::Impl {
   // A complete version staged by this receiver's previous process (stage_path_ holds it), its
   // outcome not yet known: 0 when none.
   uint64_t adopted_version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::shared_ptr<const CommittedModel> committed_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<CommittedModel> committed_ ABSL_GUARDED_BY(mu_);
+  // The buckets of the version before the committed one, when nothing else held it at the
+  // commit: a bucket rebuilt from a patch is written into the one of its size (TakeSpare), so a
+  // patched version costs no allocation or page faults of its own.
+  std::vector<std::vector<uint8_t>> spare_ ABSL_GUARDED_BY(mu_);
   ReceiverStats stats_ ABSL_GUARDED_BY(mu_);
   // stats_.bytes and .patched_buckets at the last commit (the log says what each version cost).
   uint64_t bytes_at_commit_ ABSL_GUARDED_BY(mu_) = 0;

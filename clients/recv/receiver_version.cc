@@ -38,6 +38,7 @@ absl::Status Receiver::Impl::HandOver(Link& link) {
   Pending part;
   part.manifest = pending.manifest;
   part.buckets = std::move(pending.buckets);
+  part.checksums = pending.checksums;
   pending.buckets.assign(part.buckets.size(), {});
   pending.handed = true;
   assembly_->parts[pending.manifest.group_member] = std::move(part);
@@ -112,6 +113,7 @@ absl::Status Receiver::Impl::ApplyLocked() {
   model->manifest = MergedManifest(*assembly_);
   for (auto& [member, part] : assembly_->parts) {
     for (auto& b : part.buckets) model->buckets.push_back(std::move(b));
+    model->checksums.insert(model->checksums.end(), part.checksums.begin(), part.checksums.end());
   }
   assembly_.reset();
   // What this version cost on the wire (a patch's bytes for a patched bucket).
@@ -121,6 +123,12 @@ absl::Status Receiver::Impl::ApplyLocked() {
       stats_.bytes - bytes_at_commit_, stats_.patched_buckets - patched_at_commit_);
   bytes_at_commit_ = stats_.bytes;
   patched_at_commit_ = stats_.patched_buckets;
+  // The version it replaces, held by nothing else (committed() hands out copies under mu_):
+  // its buckets are the next patched version's buffers.
+  spare_.clear();
+  if (committed_ != nullptr && committed_.use_count() == 1) {
+    spare_ = std::move(committed_->buckets);
+  }
   committed_ = std::move(model);
   ++stats_.commits;
   stats_.last_committed_version = version;

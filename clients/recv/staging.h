@@ -20,6 +20,7 @@ namespace wpub::recv {
 struct Pending {
   transport::PublicationManifest manifest;
   std::vector<std::vector<uint8_t>> buckets;
+  std::vector<uint64_t> checksums;  // each bucket's, once verified
   std::vector<bool> received;
   size_t num_received = 0;
   bool mismatch = false;    // a bucket failed its checksum: the publication will abort

@@ -64,7 +64,22 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
   };
   const delta::BucketPatchOptions patch{.max_patch_fraction = options.patches.max_patch_fraction,
                                         .threads = options.cpu_threads};
-  source.make = [weak, patch](
+  // Where the version in flight stages (device or pinned retained memory), or null.
+  auto staging_of = [weak](uint64_t version) -> std::shared_ptr<transport::RetainedBytes> {
+    const std::shared_ptr<Impl> self = weak.lock();
+    return self == nullptr ? nullptr : self->retained().StagingBytes(version);
+  };
+  source.can_defer = [staging_of](uint64_t version) { return staging_of(version) != nullptr; };
+  source.whole = [staging_of](const transport::Bucket& next)
+      -> absl::StatusOr<std::shared_ptr<const transport::Bucket>> {
+    const std::shared_ptr<transport::RetainedBytes> staging = staging_of(next.version);
+    if (staging == nullptr) {
+      return absl::UnavailableError(absl::StrCat("bucket ", next.manifest.index, " of v",
+                                                 next.version, ": its version is not staging"));
+    }
+    return staging->StagedHostCopy(next.version, next.manifest, kPatchStagingWait);
+  };
+  source.make = [weak, patch, staging_of, whole = source.whole](
                     uint64_t base_version,
                     const transport::Bucket& next) -> std::shared_ptr<const transport::Bucket> {
     const std::shared_ptr<Impl> self = weak.lock();
@@ -82,7 +97,7 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
     out->patch_base = base_version;
     // Where the copies live (device memory): diffed there, only the patch comes back.
     const std::shared_ptr<transport::RetainedBytes> staging =
-        r->memory != nullptr ? self->retained().StagingBytes(next.version) : nullptr;
+        r->memory != nullptr ? staging_of(next.version) : nullptr;
     if (staging != nullptr) {
       absl::StatusOr<transport::RetainedPatch> made =
           staging->Patch(*r->memory, was, next.manifest, next.manifest.checksum,
@@ -103,8 +118,21 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
                    base.status().ToString());
       return nullptr;
     }
-    delta::BucketPatchPlan plan = delta::DiffBucket((*base)->span(), was.checksum, next.span(),
-                                                    next.manifest.checksum, patch);
+    // A bucket the transport took without its bytes: read from the staging copy.
+    std::shared_ptr<const transport::Bucket> next_bytes;
+    if (next.bytes_deferred) {
+      absl::StatusOr<std::shared_ptr<const transport::Bucket>> read = whole(next);
+      if (!read.ok()) {
+        spdlog::warn("v{}: no patch for bucket {}: its staged bytes: {}", next.version, i,
+                     read.status().ToString());
+        return nullptr;
+      }
+      next_bytes = *std::move(read);
+    }
+    delta::BucketPatchPlan plan =
+        delta::DiffBucket((*base)->span(), was.checksum,
+                          next_bytes != nullptr ? next_bytes->span() : next.span(),
+                          next.manifest.checksum, patch);
     if (plan.full) return nullptr;
     out->bytes = std::move(plan.patch);
     return out;

@@ -199,11 +199,24 @@ absl::Status PublicationRun::EmitBucket(size_t b, uint8_t* buf) {
   bucket->device.done = bucket->device.reader_done[0];
   const transport::BucketManifest* manifest = &bucket->manifest;
   bucket->device.copy_to_host = [this, b, buf, manifest] { return CopyToHost(b, buf, *manifest); };
+  bucket->device.checksum_to_host = [this, b] { return ChecksumToHost(b); };
   timing_->host_buckets_seconds += SecondsSince(t_bucket);
   const HostClock::time_point t_emit = HostClock::now();
   absl::Status sent = hooks_.emit(std::move(bucket));
   timing_->host_emit_seconds += SecondsSince(t_emit);
   return sent;
+}
+
+// The sum's 8 bytes into its place in the status mirror (Finish reads the whole mirror again
+// later) and one counted wait.
+absl::StatusOr<uint64_t> PublicationRun::ChecksumToHost(size_t b) {
+  uint8_t* at = res_.status_host.bytes() + nf_bytes_ + 8 * b;
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(at, sum_dev_ + b, 8, cudaMemcpyDeviceToHost, s_));
+  WPUB_CUDA_RETURN_IF_ERROR(res_.bounce_ready.Record(s_));
+  WPUB_RETURN_IF_ERROR(syncs_.EventSynchronize(res_.bounce_ready.get(), "bucket checksum"));
+  uint64_t sum = 0;
+  std::memcpy(&sum, at, 8);
+  return transport::ChecksumFinish(sum, plan_.buckets[b].nbytes);
 }
 
 // One device-to-host copy (bucket bytes + its checksum sum) and one counted wait.

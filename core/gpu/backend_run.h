@@ -122,6 +122,8 @@ class PublicationRun {
   absl::Status EmitBucket(size_t b, uint8_t* buf);
   absl::StatusOr<std::shared_ptr<const transport::Bucket>> CopyToHost(
       size_t b, const uint8_t* buf, const transport::BucketManifest& manifest);
+  // Bucket b's finished checksum: its 8-byte sum read back, one counted wait.
+  absl::StatusOr<uint64_t> ChecksumToHost(size_t b);
   absl::StatusOr<engine::ExecutionResult> Finish(std::vector<uint64_t>* checksums);
   kernels::cuda::LaunchLimits LimitsOf(size_t b) const;
 

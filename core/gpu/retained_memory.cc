@@ -157,21 +157,35 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
                        " of the base and of this version differ in size, or "
                        "the base is not sealed"));
     }
-    cudaEvent_t copied = nullptr;
-    {
-      std::unique_lock lock(mu_);
-      if (!staged_cv_.wait_for(lock, absl::ToChronoNanoseconds(wait),
-                               [&] { return staged_ > i || abandoned_; }) ||
-          staged_ <= i) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "retained memory: bucket ", i,
-            abandoned_ ? " will not be copied (the staging stopped)" : " was not copied in time"));
-      }
-      copied = copied_[i].get();
-    }
+    WPUB_ASSIGN_OR_RETURN(cudaEvent_t copied, WaitStaged(i, wait));
     return memory_->Diff(base->arena_->base() + base->offsets_[i], arena_->base() + offsets_[i],
                          sizes_[i], copied, base_bucket.checksum, next_checksum,
                          max_patch_fraction);
+  }
+
+  absl::StatusOr<std::shared_ptr<const transport::Bucket>> StagedHostCopy(
+      uint64_t version, const transport::BucketManifest& manifest, absl::Duration wait) override {
+    const uint32_t i = manifest.index;
+    if (i >= sizes_.size() || manifest.nbytes != sizes_[i]) {
+      return absl::InternalError(
+          absl::StrCat("retained memory: bucket ", i, " is not a bucket of this version"));
+    }
+    WPUB_ASSIGN_OR_RETURN(cudaEvent_t copied, WaitStaged(i, wait));
+    WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(memory_->options_.device));
+    HostSyncs uncounted(nullptr);  // a receiver's read, off the publication's thread
+    WPUB_RETURN_IF_ERROR(uncounted.EventSynchronize(copied, "staged bucket copy"));
+    auto host = std::make_shared<transport::Bucket>();
+    host->version = version;
+    host->manifest = manifest;
+    const uint8_t* src = arena_->base() + offsets_[i];
+    if (arena_->in_pinned) {
+      host->bytes.assign(src, src + manifest.nbytes);  // its copy is done; nothing rewrites it
+    } else {
+      host->bytes.resize(manifest.nbytes);
+      WPUB_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(host->bytes.data(), src, manifest.nbytes, cudaMemcpyDeviceToHost));
+    }
+    return std::shared_ptr<const transport::Bucket>(std::move(host));
   }
 
   absl::StatusOr<std::vector<uint64_t>> Seal() override {
@@ -271,6 +285,18 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
   uint32_t staged_count() const {
     std::lock_guard lock(mu_);
     return staged_;
+  }
+  // Bucket i's copy event once Stage enqueued it (it may still run), waiting up to `wait`.
+  absl::StatusOr<cudaEvent_t> WaitStaged(uint32_t i, absl::Duration wait) {
+    std::unique_lock lock(mu_);
+    if (!staged_cv_.wait_for(lock, absl::ToChronoNanoseconds(wait),
+                             [&] { return staged_ > i || abandoned_; }) ||
+        staged_ <= i) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "retained memory: bucket ", i,
+          abandoned_ ? " will not be copied (the staging stopped)" : " was not copied in time"));
+    }
+    return copied_[i].get();
   }
 
   const std::shared_ptr<GpuRetainedMemory> memory_;

@@ -65,6 +65,10 @@ struct DeviceBytes {
   // that carries this bucket; the transport group calls it at most once per bucket, and only
   // when a transport that takes host bytes only has participants.
   std::function<absl::StatusOr<std::shared_ptr<const Bucket>>()> copy_to_host;
+  // The bucket's checksum (core/transport/checksum.h), without its bytes: one 8-byte
+  // device-to-host copy and one counted host synchronization. Valid as copy_to_host is; null
+  // where the manifest already carries the checksum (a sealed version's replay).
+  std::function<absl::StatusOr<uint64_t>()> checksum_to_host;
 };
 
 // The bytes of `manifest` for publication `version`, in one location. Immutable once emitted;
@@ -82,6 +86,11 @@ struct Bucket {
   // receiver's copy of version `patch_base`; the manifest (nbytes, checksum) is the whole
   // bucket's. Only the pull transport hands such buckets out (Subscription::ReadBucket).
   uint64_t patch_base = 0;
+  // kHost without bytes (`bytes` empty, the manifest's checksum set): what the transport group
+  // hands a transport that defers a device bucket's bytes (Transport::DefersBytes) instead of
+  // its host copy -- the pull transport, when every participant takes patches, reads the bytes
+  // later, only if a receiver needs them whole, from where the engine keeps the version.
+  bool bytes_deferred = false;
   absl::Span<const uint8_t> span() const { return absl::MakeConstSpan(bytes); }
 };
 

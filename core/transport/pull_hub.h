@@ -73,6 +73,9 @@ struct Subscription::Hub {
     std::mutex mu;
     bool made = false;
     std::shared_ptr<const Bucket> patch;  // null: the bucket goes whole
+    // A deferred bucket's bytes, read whole once (PatchSource::whole).
+    bool whole_read = false;
+    absl::StatusOr<std::shared_ptr<const Bucket>> whole = absl::UnknownError("not read");
   };
 
   explicit Hub(const PullTransportOptions& o) : options(o) {}
@@ -102,6 +105,7 @@ struct Subscription::Hub {
   PatchSource patches;            // SetPatchSource's
   uint32_t offered_in_a_row = 0;  // committed publications in a row that offered patches
   bool offered_now = false;       // the publication in flight offered patches
+  bool all_patched = false;       // ... to every participant (it may take buckets deferred)
   // Per bucket of the publication in flight, when a participant was offered patches.
   std::vector<std::shared_ptr<PatchSlot>> patch_slots;
 

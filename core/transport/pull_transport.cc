@@ -174,6 +174,7 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
                      manifest.group.empty() && manifest.version > base &&
                      (every == 0 || hub_->offered_in_a_row + 1 < every);
   hub_->offered_now = offer;
+  hub_->all_patched = false;
   hub_->patch_slots.clear();
   bool any_patched = false;  // a participant was offered patches
   std::vector<std::string> names;
@@ -191,6 +192,10 @@ absl::StatusOr<std::vector<std::string>> PullTransport::Begin(const PublicationM
     hub_->participants.push_back(std::move(p));
     r->state = ReceiverState::kReceiving;
     names.push_back(r->name);
+  }
+  hub_->all_patched = any_patched;
+  for (const Subscription::Hub::Participant& p : hub_->participants) {
+    if (p.patch_base == 0) hub_->all_patched = false;
   }
   if (any_patched) {
     for (size_t i = 0; i < manifest.buckets.size(); ++i) {
@@ -215,7 +220,14 @@ absl::Status PullTransport::Send(std::shared_ptr<const Bucket> bucket) {
                                             " sent out of order (expected ", hub_->staged.size(),
                                             ")"));
   }
-  if (bucket->bytes.size() != bucket->manifest.nbytes) {
+  if (bucket->bytes_deferred) {
+    if (!hub_->all_patched || !hub_->patches.whole || !bucket->bytes.empty() ||
+        index >= hub_->patch_slots.size()) {
+      return absl::InternalError(absl::StrCat(
+          "pull transport: bucket ", index,
+          " came without its bytes, but a participant takes it whole or nothing can read it"));
+    }
+  } else if (bucket->bytes.size() != bucket->manifest.nbytes) {
     return absl::InternalError(absl::StrCat("pull transport: bucket ", index, " holds ",
                                             bucket->bytes.size(), " bytes, manifest says ",
                                             bucket->manifest.nbytes));
@@ -231,6 +243,19 @@ absl::Status PullTransport::Send(std::shared_ptr<const Bucket> bucket) {
     if (p.failure == ReceiverFailure::kNone) hub_->Push(p.id, ready);
   }
   return absl::OkStatus();
+}
+
+bool PullTransport::DefersBytes(const Bucket& bucket) {
+  std::function<bool(uint64_t)> can;
+  {
+    HubLock lock(*hub_);
+    if (!hub_->in_flight || bucket.version != hub_->manifest.version || !hub_->all_patched ||
+        !hub_->patches.whole || bucket.manifest.index >= hub_->patch_slots.size()) {
+      return false;
+    }
+    can = hub_->patches.can_defer;
+  }
+  return can && can(bucket.version);
 }
 
 absl::Status PullTransport::WaitAcknowledged(absl::Time deadline) {

@@ -52,6 +52,17 @@ struct PatchSource {
   // (another layout, a patch not worth it, the base gone). Called at most once per bucket of a
   // publication, by the first receiver that reads it, without the transport's lock.
   std::function<std::shared_ptr<const Bucket>(uint64_t base_version, const Bucket& next)> make;
+  // Whether the engine keeps the version in flight where a bucket's patch is made and its bytes
+  // read whole without the transport's copy (retained memory staging it: device or pinned).
+  // When it does and every participant was offered patches, the transport takes the
+  // publication's device buckets without their bytes (Transport::DefersBytes): no host copy is
+  // made for a patched publication. Called at each bucket's Send, without the transport's lock.
+  std::function<bool(uint64_t version)> can_defer;
+  // Bucket `next` (deferred: Bucket::bytes_deferred) whole in host memory, from where the
+  // engine keeps it, for a receiver that takes it whole (its patch was not worth it, or it asked
+  // for the bucket). Called at most once per bucket, by the first such reader, without the
+  // transport's lock; an error is returned to that reader and every later one.
+  std::function<absl::StatusOr<std::shared_ptr<const Bucket>>(const Bucket& next)> whole;
   // After full_every - 1 committed publications in a row that offered patches, the next goes
   // whole to every receiver (so each rebuilds its copy from a whole version at least that
   // often; aborted attempts and replays do not count); 1: never patches; 0: never forced.
@@ -117,7 +128,9 @@ class Subscription {
   // `patch`: the receiver asks for the bucket as a patch against the version it holds (its
   // ManifestEvent::patch_base): when this receiver was offered patches and the bucket's patch
   // is worth it, a host bucket whose bytes are the patch (Bucket::patch_base set; made once per
-  // bucket, by the first reader, without the transport's lock); the bucket itself otherwise.
+  // bucket, by the first reader, without the transport's lock); the bucket itself otherwise --
+  // for a bucket taken without its bytes, read whole from the patch source once per bucket
+  // (PatchSource::whole; its error, e.g. UNAVAILABLE, goes to the reader).
   absl::StatusOr<std::shared_ptr<const Bucket>> ReadBucket(absl::string_view token,
                                                            uint64_t version, uint32_t index,
                                                            uint32_t attempt = 1,
@@ -207,7 +220,11 @@ class PullTransport final : public Transport {
   // that subscribed since the engine's check already holds.
   TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
+  // Send takes a deferred bucket (Bucket::bytes_deferred) only when DefersBytes said so.
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
+  // True when every participant of the publication in flight was offered patches and the patch
+  // source keeps the version (PatchSource::can_defer).
+  bool DefersBytes(const Bucket& bucket) override;
   absl::Status WaitAcknowledged(absl::Time deadline) override;
   absl::Status Commit() override;
   absl::Status CommitDecided() override;

@@ -82,6 +82,16 @@ class RetainedBytes {
         (void)wait;
     return absl::UnimplementedError("this retained memory makes no patches");
   }
+  // Bucket `manifest.index` of this version while it stages (or once sealed) in host memory (a
+  // copy, carrying `manifest`), once that bucket's copy is done: waits up to `wait` as Patch
+  // does (DEADLINE_EXCEEDED after it, or when the staging stopped first). For a pull receiver
+  // that takes whole a bucket the transport took without its bytes. Any thread, concurrently
+  // with Stage, Patch and Emit. UNIMPLEMENTED where the memory cannot (the default).
+  virtual absl::StatusOr<std::shared_ptr<const Bucket>> StagedHostCopy(
+      uint64_t version, const BucketManifest& manifest, absl::Duration wait) {
+    (void)version, (void)manifest, (void)wait;
+    return absl::UnimplementedError("this retained memory reads no staging bucket back");
+  }
   // No further bucket will be staged (the staging stopped, or the publication aborted): a Patch
   // waiting for one returns DEADLINE_EXCEEDED now. Any thread.
   virtual void Abandon() {}

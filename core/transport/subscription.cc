@@ -106,6 +106,7 @@ absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(
   std::shared_ptr<Hub::PatchSlot> slot;
   uint64_t base = 0;
   std::function<std::shared_ptr<const Bucket>(uint64_t, const Bucket&)> make;
+  std::function<absl::StatusOr<std::shared_ptr<const Bucket>>(const Bucket&)> whole;
   {
     HubLock lock(*hub_);
     WPUB_RETURN_IF_ERROR(hub_->CheckAttempt(name_, version, attempt));
@@ -120,21 +121,31 @@ absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(
           absl::StrCat("bucket ", index, " of version ", version, " is not staged"));
     }
     bucket = hub_->staged[index];
+    if (index < hub_->patch_slots.size()) slot = hub_->patch_slots[index];
     const Hub::Participant* p = patch ? hub_->FindParticipant(id_) : nullptr;
-    if (p != nullptr && p->patch_base != 0 && index < hub_->patch_slots.size()) {
-      slot = hub_->patch_slots[index];
+    if (p != nullptr && p->patch_base != 0 && slot != nullptr) {
       base = p->patch_base;
       make = hub_->patches.make;
     }
+    if (bucket->bytes_deferred) whole = hub_->patches.whole;  // Send checked both are set
   }
-  if (slot == nullptr || !make) return bucket;
-  // The first reader makes the patch; the others wait for it (the lock is the slot's alone).
-  std::lock_guard made(slot->mu);
-  if (!slot->made) {
-    slot->patch = make(base, *bucket);
-    slot->made = true;
+  if (make) {
+    // The first reader makes the patch; the others wait for it (the lock is the slot's alone).
+    std::lock_guard made(slot->mu);
+    if (!slot->made) {
+      slot->patch = make(base, *bucket);
+      slot->made = true;
+    }
+    if (slot->patch != nullptr) return slot->patch;
   }
-  return slot->patch != nullptr ? slot->patch : bucket;
+  if (!bucket->bytes_deferred) return bucket;
+  // Taken without its bytes: read whole from where the engine keeps the version, once.
+  std::lock_guard read(slot->mu);
+  if (!slot->whole_read) {
+    slot->whole = whole(*bucket);
+    slot->whole_read = true;
+  }
+  return slot->whole;
 }
 
 absl::Status Subscription::Ack(absl::string_view token, uint64_t version, uint32_t index,

@@ -71,6 +71,11 @@ class Transport {
   // (non-blocking); a push transport may block while the previous bucket is on the wire.
   virtual absl::Status Send(std::shared_ptr<const Bucket> bucket) = 0;
 
+  // Whether this transport, which takes host bytes, takes device bucket `bucket` of the
+  // publication in flight without them (Bucket::bytes_deferred, the manifest's checksum set):
+  // asked by the transport group instead of making the bucket's host copy. False by default.
+  virtual bool DefersBytes(const Bucket& /*bucket*/) { return false; }
+
   // Blocks until every participant acknowledged every bucket with a matching checksum (OK), a
   // participant failed (ABORTED naming the receivers and why), `deadline` passed
   // (DEADLINE_EXCEEDED naming the receivers still missing buckets) or Abort was called

@@ -80,6 +80,7 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
 
 absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
   std::shared_ptr<const Bucket> host_copy;  // of a device bucket, made at most once
+  std::shared_ptr<const Bucket> deferred;   // its manifest and checksum alone, at most once
   for (size_t i = 0; i < members_.size(); ++i) {
     if (i < participants_.size() && participants_[i] == 0) continue;
     Transport* t = members_[i];
@@ -105,12 +106,30 @@ absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
         return absl::InternalError(absl::StrCat("transport ", c.name, " cannot take bucket ",
                                                 bucket->manifest.index, " where it lives"));
       }
-      if (!host_copy) {
-        absl::StatusOr<std::shared_ptr<const Bucket>> copied = bucket->device.copy_to_host();
-        if (!copied.ok()) return copied.status();
-        host_copy = *std::move(copied);
+      const bool has_checksum =
+          bucket->device.checksum_to_host != nullptr || bucket->manifest.checksum != 0;
+      if (has_checksum && t->DefersBytes(*bucket)) {
+        if (deferred == nullptr) {
+          auto d = std::make_shared<Bucket>();
+          d->version = bucket->version;
+          d->manifest = bucket->manifest;
+          d->bytes_deferred = true;
+          if (bucket->device.checksum_to_host) {
+            absl::StatusOr<uint64_t> sum = bucket->device.checksum_to_host();
+            if (!sum.ok()) return sum.status();
+            d->manifest.checksum = *sum;
+          }
+          deferred = std::move(d);
+        }
+        given = deferred;
+      } else {
+        if (!host_copy) {
+          absl::StatusOr<std::shared_ptr<const Bucket>> copied = bucket->device.copy_to_host();
+          if (!copied.ok()) return copied.status();
+          host_copy = *std::move(copied);
+        }
+        given = host_copy;
       }
-      given = host_copy;
     }
     if (absl::Status s = t->Send(std::move(given)); !s.ok()) return s;
   }

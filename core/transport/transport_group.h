@@ -4,7 +4,9 @@
 // to every member that reads device memory in this publication (up to the producer's
 // DeviceBytes::reader_done events: each reader records its own `done`, so SGLang's and vLLM's
 // groups broadcast from the same device bytes concurrently), and its host copy (made once, only
-// when a member that takes host bytes has participants) to the others. Begin/Commit/Abort go to
+// when a member that takes host bytes has participants) to the others -- or, to a member that
+// defers the bytes (Transport::DefersBytes: a pull transport whose receivers all take patches),
+// the bucket's manifest and checksum alone (Bucket::bytes_deferred): then no host copy is made. Begin/Commit/Abort go to
 // every member; WaitAcknowledged waits on each member with participants in turn against the
 // same deadline; outcomes and receivers are concatenated. A retaining member (the retained
 // copy: TransportCapabilities::retains) is handed the buckets of every publication it takes

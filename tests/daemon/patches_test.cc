@@ -282,6 +282,10 @@ TEST_P(Patches, AReceiverHoldingTheCommittedVersionPullsOnlyWhatChangedAndHoldsE
   // full_every 3: v4 (the third in a row after v1) and v7 go whole.
   const Step steps[] = {{1, -1, false}, {2, 3, true}, {3, -1, true}, {4, 5, false}, {5, 2, true}};
   uint64_t buckets = 0;
+  // A snapshot someone holds (v2's) is never written over: the receiver rebuilds patched
+  // buckets into the buffers of the version before last only when nothing else holds them.
+  std::shared_ptr<const recv::CommittedModel> held;
+  std::vector<std::vector<uint8_t>> held_bytes;
   for (const Step& s : steps) {
     SCOPED_TRACE(absl::StrCat("v", s.version));
     const recv::ReceiverStats p0 = patched.receiver->stats(), w0 = whole.receiver->stats();
@@ -300,6 +304,13 @@ TEST_P(Patches, AReceiverHoldingTheCommittedVersionPullsOnlyWhatChangedAndHoldsE
                 static_cast<unsigned long long>(patched_bytes),
                 static_cast<unsigned long long>(whole_bytes), static_cast<unsigned>(buckets));
     EXPECT_EQ(p1.checksum_mismatches, 0u);
+    if (s.version == 2) {
+      held = patched.receiver->committed();
+      held_bytes = held->buckets;
+    } else if (held != nullptr) {
+      EXPECT_EQ(held->manifest.version, 2u);
+      EXPECT_TRUE(held->buckets == held_bytes) << "a held snapshot was written over";
+    }
     if (!s.patches) {
       EXPECT_EQ(p1.patched_buckets, p0.patched_buckets);
       EXPECT_EQ(patched_bytes, whole_bytes);

@@ -1,6 +1,8 @@
 // PullTransport: event delivery at shutdown (what was queued before still reaches receivers),
 // subscription tokens (pulls and acknowledgements bound to the subscription), receiver names,
-// and the versions receivers hold (the engine refuses to take one backwards).
+// the versions receivers hold (the engine refuses to take one backwards), and patches (offered
+// per receiver; a publication whose receivers all take patches takes device buckets without
+// their bytes through the transport group).
 #include "core/transport/pull_transport.h"
 
 #include <gmock/gmock.h>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/transport/checksum.h"
 #include "core/transport/testing/inproc_receiver.h"
+#include "core/transport/transport_group.h"
 
 namespace wpub::transport {
 namespace {
@@ -622,6 +625,158 @@ TEST(PullTransportTest, PatchesAreOfferedOnlyToReceiversHoldingTheBaseAndMadeOnc
   ASSERT_TRUE(late.ok());
   ASSERT_TRUE((*transport)->Begin(replay).ok());
   EXPECT_EQ(NextManifest(**late).patch_base, 0u);
+  (*transport)->Abort("test");
+}
+
+// A publication whose every participant takes patches, through the transport group, takes each
+// device bucket without its bytes -- the producer's checksum read instead of its host copy --
+// and a receiver that needs a bucket whole gets it from the patch source's copy, read once per
+// bucket. Any participant that takes buckets whole, or a source that does not keep the version,
+// brings the host copy back; a deferred bucket is refused where it cannot be read; a failed read
+// reaches the reader.
+TEST(PullTransportTest, APatchedPublicationTakesDeviceBucketsWithoutTheirBytes) {
+  auto transport = PullTransport::Create(PullTransportOptions{});
+  ASSERT_TRUE(transport.ok());
+  auto group = TransportGroup::Create({transport->get()});
+  ASSERT_TRUE(group.ok());
+  const std::vector<uint8_t> bytes = {9, 8, 7, 6, 5, 4, 3, 2, 1};
+  const uint64_t sum = Checksum(bytes.data(), bytes.size());
+  uint64_t base = 0;
+  bool keeps = true, worth = true, readable = true;
+  int made = 0, wholes = 0;
+  PatchSource source;
+  source.base_version = [&] { return base; };
+  source.make = [&](uint64_t b, const Bucket& next) -> std::shared_ptr<const Bucket> {
+    ++made;
+    EXPECT_EQ(next.bytes_deferred, next.bytes.empty());
+    if (!worth) return nullptr;
+    auto p = std::make_shared<Bucket>(next);
+    p->bytes = {0xAB};
+    p->bytes_deferred = false;
+    p->patch_base = b;
+    return p;
+  };
+  source.can_defer = [&](uint64_t) { return keeps; };
+  source.whole = [&](const Bucket& next) -> absl::StatusOr<std::shared_ptr<const Bucket>> {
+    ++wholes;
+    if (!readable) return absl::UnavailableError("test: the staging stopped");
+    auto w = std::make_shared<Bucket>(next);
+    w->bytes = bytes;
+    w->bytes_deferred = false;
+    return std::shared_ptr<const Bucket>(std::move(w));
+  };
+  (*transport)->SetPatchSource(source);
+  auto a = (*transport)->Subscribe("a", 0, "", 0, /*accepts_patches=*/true);
+  auto b = (*transport)->Subscribe("b", 0, "", 0, /*accepts_patches=*/true);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::string at = FirstEvent(**a).subscription_token;
+  const std::string bt = FirstEvent(**b).subscription_token;
+  int copies = 0, sums = 0;
+  // A device bucket as the GPU backend emits it: its host copy and its checksum on request.
+  auto device_bucket = [&](uint64_t version) {
+    auto d = std::make_shared<Bucket>();
+    d->version = version;
+    d->location = BucketLocation::kDevice;
+    d->manifest.index = 0;
+    d->manifest.nbytes = bytes.size();  // checksum 0: computed on the device
+    d->device.copy_to_host = [&, version]() -> absl::StatusOr<std::shared_ptr<const Bucket>> {
+      ++copies;
+      auto h = std::make_shared<Bucket>();
+      h->version = version;
+      h->manifest.index = 0;
+      h->manifest.nbytes = bytes.size();
+      h->manifest.checksum = sum;
+      h->bytes = bytes;
+      return std::shared_ptr<const Bucket>(std::move(h));
+    };
+    d->device.checksum_to_host = [&]() -> absl::StatusOr<uint64_t> {
+      ++sums;
+      return sum;
+    };
+    return d;
+  };
+  auto begin = [&](uint64_t version) {
+    PublicationManifest m;
+    m.version = version;
+    BucketManifest bm;
+    bm.index = 0;
+    bm.nbytes = bytes.size();
+    m.buckets.push_back(bm);
+    EXPECT_TRUE((*group)->Begin(m).ok());
+    EXPECT_TRUE((*group)->Send(device_bucket(version)).ok());
+  };
+  auto commit = [&](uint64_t version, std::vector<std::pair<Subscription*, std::string>> subs) {
+    for (auto& [s, t] : subs) ASSERT_TRUE(s->Ack(t, version, 0, sum).ok());
+    ASSERT_TRUE((*group)->WaitAcknowledged(absl::Now() + absl::Seconds(10)).ok());
+    ASSERT_TRUE((*group)->Commit().ok());
+  };
+  // v1: nobody holds a base: the host copy.
+  begin(1);
+  EXPECT_EQ(copies, 1);
+  EXPECT_EQ((*(*a)->ReadBucket(at, 1, 0))->bytes, bytes);
+  commit(1, {{a->get(), at}, {b->get(), bt}});
+  // v2: both take patches: no host copy; the checksum is the producer's.
+  base = 1;
+  begin(2);
+  EXPECT_EQ(copies, 1);
+  EXPECT_EQ(sums, 1);
+  auto p = (*a)->ReadBucket(at, 2, 0, 1, /*patch=*/true);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->bytes, std::vector<uint8_t>{0xAB});
+  EXPECT_EQ((*p)->manifest.checksum, sum);
+  // Whole, twice (b, then a): read once, from the source.
+  for (auto& [s, t] : std::vector<std::pair<Subscription*, std::string>>{{b->get(), bt},
+                                                                          {a->get(), at}}) {
+    auto w = s->ReadBucket(t, 2, 0, 1, /*patch=*/false);
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->bytes, bytes);
+    EXPECT_EQ((*w)->manifest.checksum, sum);
+  }
+  EXPECT_EQ(wholes, 1);
+  EXPECT_EQ(made, 1);
+  commit(2, {{a->get(), at}, {b->get(), bt}});
+  // v3: a patch not worth it goes whole, from the source; an unreadable source reaches the
+  // reader (every reader: read once).
+  base = 2;
+  worth = false;
+  readable = false;
+  begin(3);
+  EXPECT_EQ(copies, 1);
+  EXPECT_EQ((*a)->ReadBucket(at, 3, 0, 1, true).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ((*b)->ReadBucket(bt, 3, 0, 1, false).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(wholes, 2);
+  (*group)->Abort("test: unreadable");
+  worth = true;
+  readable = true;
+  // v3 again, with a receiver that takes buckets whole: the host copy, nothing deferred.
+  auto c = (*transport)->Subscribe("c", 2, "", 0, /*accepts_patches=*/false);
+  ASSERT_TRUE(c.ok());
+  const std::string ct = FirstEvent(**c).subscription_token;
+  begin(3);
+  EXPECT_EQ(copies, 2);
+  EXPECT_EQ((*(*c)->ReadBucket(ct, 3, 0))->bytes, bytes);
+  commit(3, {{a->get(), at}, {b->get(), bt}, {c->get(), ct}});
+  (*c)->Close();
+  // v4: the source does not keep the version: the host copy.
+  base = 3;
+  keeps = false;
+  begin(4);
+  EXPECT_EQ(copies, 3);
+  commit(4, {{a->get(), at}, {b->get(), bt}});
+  // A deferred bucket sent where it cannot be read is refused.
+  base = 4;
+  PublicationManifest m;
+  m.version = 5;
+  m.buckets.push_back(device_bucket(5)->manifest);
+  auto c2 = (*transport)->Subscribe("c2", 4, "", 0, /*accepts_patches=*/false);
+  ASSERT_TRUE(c2.ok());
+  ASSERT_TRUE((*transport)->Begin(m).ok());
+  auto deferred = std::make_shared<Bucket>();
+  deferred->version = 5;
+  deferred->manifest = m.buckets[0];
+  deferred->manifest.checksum = sum;
+  deferred->bytes_deferred = true;
+  EXPECT_EQ((*transport)->Send(deferred).code(), absl::StatusCode::kInternal);
   (*transport)->Abort("test");
 }
 
