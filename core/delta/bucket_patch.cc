@@ -3,6 +3,7 @@
 #include "core/delta/bucket_patch.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 
@@ -178,29 +179,22 @@ BucketPatchPlan DiffWordRuns(absl::Span<const uint8_t> base, uint64_t base_check
   return plan;
 }
 
-// Format 2 (units): two passes over slices of the words -- sizes, then the entries written in
-// place -- so that the decision comes before any patch memory.
-BucketPatchPlan DiffUnits(absl::Span<const uint8_t> base, uint64_t base_checksum,
-                          absl::Span<const uint8_t> next, uint64_t next_checksum,
-                          const BucketPatchOptions& options) {
+// Format 2 (units) from the changed units of `slices` slices, each in ascending order and
+// every slice's after the one before's: each_changed(s, fn) calls fn(unit, xor) for slice s's.
+// Two passes -- sizes, then the entries written in place -- so that the decision comes before
+// any patch memory, and the patch does not depend on the threads.
+template <typename EachChanged>
+BucketPatchPlan EncodeUnits(size_t slices, int threads, uint64_t n, uint64_t base_checksum,
+                            uint64_t next_checksum, double max_patch_fraction,
+                            EachChanged&& each_changed) {
   BucketPatchPlan plan;
-  const uint64_t n = next.size();
-  const uint64_t words = (n + kWord - 1) / kWord;
-  const size_t slices = static_cast<size_t>((words + kDiffSliceWords - 1) / kDiffSliceWords);
   struct Slice {
     uint64_t count = 0, first = 0, last = 0;
     uint64_t bytes = 0;  // every entry's, but for the first's gap (which depends on slices before)
     uint64_t at = 0, next_unit = 0;  // where its entries go; `next` before its first
   };
   std::vector<Slice> sl(slices);
-  auto each_changed = [&](size_t s, auto&& fn) {
-    const uint64_t lo = s * kDiffSliceWords, hi = std::min(words, lo + kDiffSliceWords);
-    for (uint64_t w = lo; w < hi; ++w) {
-      const uint64_t x = LoadWord(base.data(), w, n) ^ LoadWord(next.data(), w, n);
-      if (x != 0) ForUnits(x, w, fn);
-    }
-  };
-  ParallelFor(slices, options.threads, [&](size_t s) {
+  ParallelFor(slices, threads, [&](size_t s) {
     Slice& c = sl[s];
     each_changed(s, [&](uint64_t u, uint32_t x) {
       if (c.count != 0) c.bytes += VarintBytes(u - c.last - 1);
@@ -220,16 +214,16 @@ BucketPatchPlan DiffUnits(absl::Span<const uint8_t> base, uint64_t base_checksum
     plan.changed_units += c.count;
   }
   const uint64_t size = kBucketPatchHeaderBytes + entry_bytes;
-  if (OverLimit(size, options.max_patch_fraction, n)) {
+  if (OverLimit(size, max_patch_fraction, n)) {
     plan.full = true;
-    plan.why = OverLimitWhy(size, options.max_patch_fraction, n);
+    plan.why = OverLimitWhy(size, max_patch_fraction, n);
     return plan;
   }
   plan.patch.assign(size, 0);
   PutHeader(&plan.patch, PatchFormat::kUnits, n, base_checksum, next_checksum);
   Put<uint64_t>(&plan.patch, 32, plan.changed_units);
   Put<uint64_t>(&plan.patch, 40, entry_bytes);
-  ParallelFor(slices, options.threads, [&](size_t s) {
+  ParallelFor(slices, threads, [&](size_t s) {
     if (sl[s].count == 0) return;
     uint8_t* p = plan.patch.data() + sl[s].at;
     uint64_t next_u = sl[s].next_unit;
@@ -240,6 +234,25 @@ BucketPatchPlan DiffUnits(absl::Span<const uint8_t> base, uint64_t base_checksum
     });
   });
   return plan;
+}
+
+// Format 2 from the two buckets: slices of the words.
+BucketPatchPlan DiffUnits(absl::Span<const uint8_t> base, uint64_t base_checksum,
+                          absl::Span<const uint8_t> next, uint64_t next_checksum,
+                          const BucketPatchOptions& options) {
+  const uint64_t n = next.size();
+  const uint64_t words = (n + kWord - 1) / kWord;
+  const size_t slices = static_cast<size_t>((words + kDiffSliceWords - 1) / kDiffSliceWords);
+  return EncodeUnits(slices, options.threads, n, base_checksum, next_checksum,
+                     options.max_patch_fraction, [&](size_t s, auto&& fn) {
+                       const uint64_t lo = s * kDiffSliceWords;
+                       const uint64_t hi = std::min(words, lo + kDiffSliceWords);
+                       for (uint64_t w = lo; w < hi; ++w) {
+                         const uint64_t x =
+                             LoadWord(base.data(), w, n) ^ LoadWord(next.data(), w, n);
+                         if (x != 0) ForUnits(x, w, fn);
+                       }
+                     });
 }
 
 // A parsed patch, ready to apply slice by slice.
@@ -254,7 +267,8 @@ struct Edits {
   std::vector<uint16_t> xors;
 };
 
-absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch) {
+// `xor_runs`: format 1 with the xor-runs flag is what is expected (UnitsFromXorRuns).
+absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = false) {
   if (patch.size() < kBucketPatchHeaderBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket patch: ", patch.size(), " bytes, shorter than its header"));
@@ -271,7 +285,7 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch) {
   const uint64_t n = e.n;
   if (format == static_cast<uint32_t>(PatchFormat::kWordRuns)) {
     e.format = PatchFormat::kWordRuns;
-    if (Get<uint32_t>(p + 36) != 0) {
+    if (Get<uint32_t>(p + 36) != (xor_runs ? kXorRunsFlag : 0)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "bucket patch: format 1 with flags ", Get<uint32_t>(p + 36),
           " (xor runs are an intermediate of the GPU diff, not a patch to apply)"));
@@ -404,7 +418,7 @@ BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksu
 }
 
 absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_runs,
-                                                 double max_patch_fraction) {
+                                                 double max_patch_fraction, int threads) {
   if (xor_runs.size() < kBucketPatchHeaderBytes ||
       std::memcmp(xor_runs.data(), kMagic, 4) != 0 ||
       Get<uint32_t>(xor_runs.data() + 4) != static_cast<uint32_t>(PatchFormat::kWordRuns) ||
@@ -412,53 +426,42 @@ absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_r
     return absl::InvalidArgumentError(
         "xor runs: not a format 1 patch with the xor-runs flag (header)");
   }
-  std::vector<uint8_t> as_patch(xor_runs.begin(), xor_runs.end());
-  Put<uint32_t>(&as_patch, 36, 0);  // parsed as runs; the bytes are XORs
-  absl::StatusOr<Edits> runs = Parse(as_patch);
+  // The runs' order and ranges checked as a patch's are.
+  absl::StatusOr<Edits> runs = Parse(xor_runs, /*xor_runs=*/true);
   if (!runs.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("xor runs: ", runs.status().message()));
   }
   const uint64_t n = runs->n;
-  BucketPatchPlan plan;
-  // Sized as it goes; stops at the limit.
-  std::vector<uint8_t> out(kBucketPatchHeaderBytes, 0);
-  uint64_t next_u = 0;
-  uint8_t buf[20];
+  // Slices of consecutive runs, about kDiffSliceWords words each.
+  std::vector<size_t> first_run = {0};
+  uint64_t words = 0;
   for (size_t r = 0; r < runs->runs.size(); ++r) {
-    const Run run = runs->runs[r];
-    for (uint64_t w = run.first; w < run.first + run.words; ++w) {
-      uint64_t x = 0;
-      std::memcpy(&x, as_patch.data() + runs->run_at[r] + (w - run.first) * kWord,
-                  WordBytes(w, n));
-      if (x == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("xor runs: word ", w, " in run ", r, " does not differ"));
-      }
-      ForUnits(x, w, [&](uint64_t u, uint32_t v) {
-        uint8_t* end = PutVarint(PutVarint(buf, u - next_u), v);
-        out.insert(out.end(), buf, end);
-        next_u = u + 1;
-        ++plan.changed_units;
-      });
-      if (OverLimit(out.size(), max_patch_fraction, n)) {
-        plan.full = true;
-        plan.why = absl::StrCat("a patch would be over ", max_patch_fraction, " of the bucket's ",
-                                n, " bytes");
-        plan.changed_units = 0;
-        return plan;
-      }
+    if (words >= kDiffSliceWords) {
+      first_run.push_back(r);
+      words = 0;
     }
+    words += runs->runs[r].words;
   }
-  if (OverLimit(out.size(), max_patch_fraction, n)) {  // a header alone may be
-    plan.full = true;
-    plan.why = OverLimitWhy(out.size(), max_patch_fraction, n);
-    plan.changed_units = 0;
-    return plan;
+  first_run.push_back(runs->runs.size());
+  std::atomic<bool> zero_word{false};
+  BucketPatchPlan plan = EncodeUnits(
+      first_run.size() - 1, threads, n, runs->base_checksum, runs->target_checksum,
+      max_patch_fraction, [&](size_t s, auto&& fn) {
+        for (size_t r = first_run[s]; r < first_run[s + 1]; ++r) {
+          const Run run = runs->runs[r];
+          const uint8_t* bytes = xor_runs.data() + runs->run_at[r];
+          for (uint64_t w = run.first; w < run.first + run.words; ++w) {
+            uint64_t x = 0;
+            std::memcpy(&x, bytes + (w - run.first) * kWord, WordBytes(w, n));
+            if (x == 0) zero_word = true;
+            ForUnits(x, w, fn);
+          }
+        }
+      });
+  if (zero_word) {
+    return absl::InvalidArgumentError("xor runs: a word in a run does not differ");
   }
-  PutHeader(&out, PatchFormat::kUnits, n, runs->base_checksum, runs->target_checksum);
-  Put<uint64_t>(&out, 32, plan.changed_units);
-  Put<uint64_t>(&out, 40, out.size() - kBucketPatchHeaderBytes);
-  plan.patch = std::move(out);
+  if (plan.full) plan.changed_units = 0;
   return plan;
 }
 

@@ -87,8 +87,9 @@ BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksu
 // send the bucket whole when it would be larger than `max_patch_fraction` of the bucket (as
 // DiffBucket decides; the plan's why says so). INVALID_ARGUMENT naming the field for a
 // malformed input (header, flags, runs out of order or range, a word of zeros inside a run).
+// `threads` (<= 0: the hardware's) share the work; the patch does not depend on them.
 absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_runs,
-                                                 double max_patch_fraction);
+                                                 double max_patch_fraction, int threads = 1);
 
 // The largest format 1 patch whose format 2 transcoding can be at most `limit` bytes, for an
 // n-byte bucket: each changed unit costs format 2 at least 2 bytes and format 1 at most 16 (an

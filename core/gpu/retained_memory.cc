@@ -483,7 +483,7 @@ absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
                                             cudaMemcpyDeviceToHost, s));
   WPUB_RETURN_IF_ERROR(uncounted.StreamSynchronize(s, "bucket patch read-back"));
   absl::StatusOr<delta::BucketPatchPlan> units =
-      delta::UnitsFromXorRuns(xor_runs, max_patch_fraction);
+      delta::UnitsFromXorRuns(xor_runs, max_patch_fraction, options_.host_threads);
   if (!units.ok()) {
     return absl::InternalError(
         absl::StrCat("the device's bucket diff is malformed: ", units.status().message()));

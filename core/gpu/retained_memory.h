@@ -27,12 +27,14 @@
 // memcpy (pinned).
 //
 // Patches (Patch): the staging version's bucket, once its copy is done, is diffed against the
-// retained version's on the device (kernels/cuda/bucket_diff.h), byte for byte what
-// delta::DiffBucket makes of host copies; the host waits twice (the totals, then the patch's
-// bytes) on the reading receiver's thread, never the publication's, and only the patch crosses
-// PCIe. A pinned copy leaves patches to the host (UNIMPLEMENTED). The diff's device buffers (a
-// patch of up to max_patch_fraction of the largest bucket, and its run scratch) are kept and
-// counted in held_bytes.
+// retained version's on the device (kernels/cuda/bucket_diff.h: xor runs), turned into units on
+// the host (delta::UnitsFromXorRuns), byte for byte what delta::DiffBucket makes of host copies;
+// the host waits twice (the totals, then the xor runs) on the reading receiver's thread, never
+// the publication's, and only the xor runs cross PCIe. A pinned copy leaves patches to the host
+// (UNIMPLEMENTED). The diff's device buffers (room for the xor runs of any patch within
+// max_patch_fraction, delta::XorRunsCapacity: up to the largest bucket, and its run scratch)
+// are kept and counted in held_bytes. StagedHostCopy reads a staging bucket back once its copy
+// is done (a deferred bucket a receiver takes whole).
 //
 // Thread-safety: see retained_memory.h. Create the memory once; it must outlive nothing: every
 // RetainedBytes it hands out keeps it alive.
@@ -51,6 +53,9 @@ namespace wpub::gpu {
 struct RetainedMemoryOptions {
   int device = 0;
   transport::RetainWhere where = transport::RetainWhere::kDevice;  // kDevice or kPinned
+  // Host threads that turn a device diff's xor runs into the patch (delta::UnitsFromXorRuns),
+  // on the reading receiver's thread and these; <= 0: the hardware's.
+  int host_threads = 8;
 };
 
 class GpuRetainedMemory final : public transport::RetainedMemory,

@@ -170,6 +170,36 @@ TEST(BucketPatch, XorRunsTurnedIntoUnitsAreDiffBucketsPatch) {
   }
 }
 
+// Over several slices (of runs and of words), on threads: the same patch, DiffBucket's; a xor
+// run holding a word that does not differ is refused.
+TEST(BucketPatch, XorRunsTurnedIntoUnitsOnThreadsOverManySlices) {
+  const size_t n = (size_t{5} << 20) + 3;
+  const std::vector<uint8_t> base = Random(n, 61);
+  std::vector<uint8_t> next = base;
+  std::mt19937 rng(62);
+  for (int i = 0; i < 20000; ++i) next[rng() % n] ^= static_cast<uint8_t>(1 + rng() % 255);
+  for (size_t b = (size_t{2} << 20) - 100; b < (size_t{2} << 20) + 100; ++b) next[b] ^= 0x24;
+  const BucketPatchPlan want = DiffBucket(base, Sum(base), next, Sum(next), {.threads = 4});
+  ASSERT_FALSE(want.full);
+  EXPECT_EQ(want.patch, DiffBucket(base, Sum(base), next, Sum(next)).patch);
+  BucketPatchPlan xor_runs =
+      DiffBucket(base, Sum(base), next, Sum(next),
+                 {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns, .xor_runs = true});
+  for (int threads : {1, 3, 0}) {
+    absl::StatusOr<BucketPatchPlan> got = UnitsFromXorRuns(xor_runs.patch, 0.5, threads);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_FALSE(got->full);
+    EXPECT_EQ(got->patch, want.patch) << threads << " threads";
+  }
+  // The first run's first word XORed to zero: malformed.
+  std::memset(xor_runs.patch.data() + kBucketPatchHeaderBytes + 8, 0, 8);
+  EXPECT_EQ(UnitsFromXorRuns(xor_runs.patch, 0.5, 4).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  xor_runs.patch[36] = 0;  // no flag: not xor runs
+  EXPECT_EQ(UnitsFromXorRuns(xor_runs.patch, 0.5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(BucketPatch, XorRunsCapacityCoversTheWorstCase) {
   // Every other word changed, each its own run: the largest format 1 patch of n bytes.
   for (size_t n : {1u, 7u, 8u, 17u, 4096u, 4099u}) {
