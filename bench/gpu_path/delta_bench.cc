@@ -18,7 +18,7 @@
 // allocation (the engine reads them in place, as it reads mapped trainer memory).
 // Usage: delta_bench [--layers 24] [--experts 128] [--hidden 2048] [--inter 768]
 //        [--bucket_mib 512] [--versions 10] [--full_versions N] [--warmup 2] [--lr 1e-6]
-//        [--init_std 0.02] [--seed 2026] [--json FILE]
+//        [--init_std 0.02] [--seed 2026] [--patch_threads 8] [--json FILE]
 // The patches mode runs first; --full_versions (default --versions) bounds the full mode's
 // counted versions, whose pulls are the slow half (the whole model through the pull transport
 // each version). The digests are compared over the versions both modes ran; the time ratio is
@@ -63,6 +63,7 @@ struct Args {
   double lr = 1e-6;
   double init_std = 0.02;
   uint64_t seed = 2026;
+  int patch_threads = 8;  // the receiver's (ReceiverOptions::patch_threads)
   std::string json_path;
 };
 
@@ -92,6 +93,8 @@ Args Parse(int argc, char** argv) {
       a.lr = std::atof(v.c_str());
     } else if (k == "--init_std") {
       a.init_std = std::atof(v.c_str());
+    } else if (k == "--patch_threads") {
+      a.patch_threads = std::atoi(v.c_str());
     } else if (k == "--seed") {
       a.seed = std::strtoull(v.c_str(), nullptr, 10);
     } else if (k == "--json") {
@@ -172,6 +175,7 @@ struct VersionRow {
   uint64_t version = 0;
   double wall = 0, quantize = 0, transfer = 0, commit = 0;
   uint64_t bytes_out = 0, pulled = 0, patched = 0, buckets = 0, syncs = 0, digest = 0;
+  double patch_pull = 0, patch_rebuild = 0;  // the receiver's (ReceiverStats)
 };
 
 // Every step of the update model published in one mode; the rows of the counted versions.
@@ -205,6 +209,7 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
   ro.target = absl::StrCat("127.0.0.1:", (*srv)->port());
   ro.name = patches ? "patched" : "whole";
   ro.patches = patches;
+  ro.patch_threads = args.patch_threads;
   auto receiver = recv::Receiver::Create(ro);
   BENCH_OK(receiver.status());
   absl::Status run_status;
@@ -260,15 +265,19 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
     row.syncs = report->host_syncs;
     row.pulled = after.bytes - before.bytes;
     row.patched = after.patched_buckets - before.patched_buckets;
+    row.patch_pull = after.patch_pull_seconds - before.patch_pull_seconds;
+    row.patch_rebuild = after.patch_rebuild_seconds - before.patch_rebuild_seconds;
     row.digest = Digest(**receiver);
     std::printf(
         "%-8s v%-3d wall %7.3f s (quantize %7.3f, transfer %7.3f, commit %6.3f)  %12lu B out  "
-        "pulled %12lu B (%7.4f%%)  %3lu of %3lu buckets patched  %lu host syncs%s\n",
+        "pulled %12lu B (%7.4f%%)  %3lu of %3lu buckets patched (pull %6.3f s, rebuild %6.3f s)  "
+        "%lu host syncs%s\n",
         patches ? "patches" : "full", step, row.wall, row.quantize, row.transfer, row.commit,
         static_cast<unsigned long>(row.bytes_out), static_cast<unsigned long>(row.pulled),
         100.0 * static_cast<double>(row.pulled) / static_cast<double>(row.bytes_out),
         static_cast<unsigned long>(row.patched), static_cast<unsigned long>(row.buckets),
-        static_cast<unsigned long>(row.syncs), step <= args.warmup ? "  (warm-up)" : "");
+        row.patch_pull, row.patch_rebuild, static_cast<unsigned long>(row.syncs),
+        step <= args.warmup ? "  (warm-up)" : "");
     std::fflush(stdout);
     if (step > args.warmup) rows.push_back(row);
   }
@@ -328,6 +337,8 @@ int Main(int argc, char** argv) {
                 {"patches_quantize_seconds", p.quantize},
                 {"patches_transfer_seconds", p.transfer},
                 {"patches_commit_seconds", p.commit},
+                {"patches_receiver_pull_seconds", p.patch_pull},
+                {"patches_receiver_rebuild_seconds", p.patch_rebuild},
                 {"bytes_out", p.bytes_out},
                 {"patches_pulled_bytes", p.pulled},
                 {"patched_buckets", p.patched},
@@ -362,6 +373,7 @@ int Main(int argc, char** argv) {
               {"experts", args.shape.experts},
               {"bucket_mib", args.bucket_bytes >> 20},
               {"lr", args.lr},
+              {"patch_threads", args.patch_threads},
               {"init_std", args.init_std},
               {"warmup", args.warmup},
               {"model", "fp32 master, AdamW(0.9, 0.999, 1e-8) on i.i.d. N(0,1) gradients"},

@@ -17,7 +17,8 @@
 # delta: delta publication against full publications to a gRPC-pull receiver under the AdamW
 # update model (delta_bench, DELTA_LAYERS layers of the Qwen3-30B-A3B shape, default 24;
 # DELTA_LR, default 1e-6; 2 warm-up + DELTA_VERSIONS patched versions, default 10, and
-# DELTA_FULL_VERSIONS full ones, default 3: a full version pulls the whole model, ~18 s).
+# DELTA_FULL_VERSIONS full ones, default 3: a full version pulls the whole model, ~12 s;
+# DELTA_PATCH_THREADS, the receiver's rebuild threads, default 8).
 # WPUB_DEVBIN=$PWD/.devbin/onegpu runs the one-GPU set (deploy/stage_devbin.sh <build> onegpu).
 set -u
 ROOT=$(pwd)
@@ -79,6 +80,7 @@ for step in "${steps[@]}"; do
       [ $r -ne 0 ] && { tail -20 "$LOGS/restore.log"; rc=1; } ;;
     delta)
       timeout 540 "$BIN/delta_bench" --layers "${DELTA_LAYERS:-24}" --lr "${DELTA_LR:-1e-6}" \
+        --patch_threads "${DELTA_PATCH_THREADS:-8}" \
         --versions "${DELTA_VERSIONS:-10}" --full_versions "${DELTA_FULL_VERSIONS:-3}" \
         --json "$OUT/delta.json" >"$LOGS/delta.log" 2>&1
       r=$?

@@ -33,11 +33,12 @@ ABSL_FLAG(uint64_t, exit_after_versions, 0, "Exit 0 after this many commits (0: 
 ABSL_FLAG(wpub::cli::Bytes, chunk_bytes, 0, "PullBucket chunk size (0: the daemon's limit).");
 ABSL_FLAG(bool, patches, true,
           "Accept bucket patches from a daemon that offers them (wpubd --patches): for a version "
-          "after the one held in memory only the changed words of each bucket are pulled, the "
-          "bucket rebuilt and checked against the whole bucket's checksum.");
+          "after the one held in memory only the changed 16-bit units of each bucket are pulled, "
+          "the bucket rebuilt and checked against the whole bucket's checksum (the buckets of "
+          "the version before last are kept to build it in).");
 ABSL_FLAG(int32_t, patch_threads, 8,
-          "Threads that rebuild a bucket from a patch (checksums of the base and of the result, "
-          "the copy of the base); <= 0: one per hardware thread.");
+          "Threads that rebuild a bucket from a patch (the copy of the base, the result's "
+          "checksum); <= 0: one per hardware thread.");
 ABSL_FLAG(absl::Duration, connect_timeout, absl::Seconds(10), "How long to wait for wpubd.");
 ABSL_FLAG(absl::Duration, resubscribe_timeout, absl::Minutes(5),
           "When wpubd goes away (restart, crash), how long to keep subscribing again, holding "

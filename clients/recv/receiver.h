@@ -62,12 +62,14 @@ struct ReceiverOptions {
   int64_t corrupt_bucket = -1;
   wire::ClientTls tls;  // plaintext unless tls.ca_file is set
   // Accept bucket patches (SubscribeRequest.accepts_patches): a publication that follows the
-  // committed version this receiver holds in memory may then send only the words of each
-  // bucket that changed; the receiver rebuilds the bucket from its copy and verifies it against
-  // the whole bucket's checksum (a patch that does not apply is pulled again whole).
+  // committed version this receiver holds in memory may then send only the 16-bit units of
+  // each bucket that changed; the receiver rebuilds the bucket from its copy and verifies it
+  // against the whole bucket's checksum (a patch that does not apply is pulled again whole). It
+  // keeps the buckets of the version before last between publications, to build the next one
+  // in (the peak while a version arrives is unchanged).
   bool patches = true;
-  // Threads that rebuild a bucket from a patch (the base's and the result's checksums, the
-  // copy of the base); <= 0: the hardware's.
+  // Threads that rebuild a bucket from a patch (the copy of the base, the result's checksum;
+  // the base's when the one verified at its arrival is not known); <= 0: the hardware's.
   int patch_threads = 8;
 };
 
@@ -92,6 +94,10 @@ struct ReceiverStats {
   uint64_t bytes = 0;
   uint64_t checksum_mismatches = 0;
   uint64_t patched_buckets = 0;  // buckets rebuilt from a patch (bytes counts the patch's)
+  // Where patched buckets' time went: pulling the patches (request to last chunk, the daemon's
+  // diff included) and rebuilding the buckets from them (copy, patch, checksum).
+  double patch_pull_seconds = 0;
+  double patch_rebuild_seconds = 0;
   uint64_t last_committed_version = 0;
   uint64_t subscriptions = 0;  // accepted subscriptions (1 + resubscriptions)
 };

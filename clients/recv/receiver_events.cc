@@ -153,6 +153,7 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
                                                  std::optional<uint64_t>* rebuilt_checksum) {
   Pending& pending = *link.pending;
   const transport::BucketManifest& bm = pending.manifest.buckets[index];
+  const absl::Time t_pull = absl::Now();
   grpc::ClientContext context;
   Authorize(&context);
   std::unique_ptr<grpc::ClientReader<pb::BucketChunk>> reader =
@@ -199,6 +200,7 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
     pending.buckets[index] = std::move(data);
     return true;
   }
+  const absl::Time t_rebuild = absl::Now();
   uint64_t rebuilt_sum = 0;
   std::vector<uint8_t> rebuilt = TakeSpare(index, bm.nbytes);
   const absl::Status applied =
@@ -222,8 +224,11 @@ absl::StatusOr<bool> Receiver::Impl::PullPatched(Link& link, uint64_t version, u
   pending.buckets[index] = std::move(rebuilt);
   *rebuilt_checksum = rebuilt_sum;
   {
+    const absl::Time t_done = absl::Now();
     absl::MutexLock lock(&mu_);
     ++stats_.patched_buckets;
+    stats_.patch_pull_seconds += absl::ToDoubleSeconds(t_rebuild - t_pull);
+    stats_.patch_rebuild_seconds += absl::ToDoubleSeconds(t_done - t_rebuild);
   }
   return true;
 }
@@ -239,7 +244,8 @@ absl::StatusOr<bool> Receiver::Impl::PullWhole(Link& link, uint64_t version, uin
   Pending& pending = *link.pending;
   const transport::BucketManifest& bm = pending.manifest.buckets[index];
   std::vector<uint8_t>& bytes = pending.buckets[index];
-  bytes.assign(bm.nbytes, 0);
+  bytes = TakeSpare(index, bm.nbytes);  // every byte is written (or the bucket is cleared)
+  if (bytes.size() != bm.nbytes) bytes.assign(bm.nbytes, 0);
   grpc::ClientContext context;
   Authorize(&context);
   std::unique_ptr<grpc::ClientReader<pb::BucketChunk>> reader =

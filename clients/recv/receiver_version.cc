@@ -124,9 +124,10 @@ absl::Status Receiver::Impl::ApplyLocked() {
   bytes_at_commit_ = stats_.bytes;
   patched_at_commit_ = stats_.patched_buckets;
   // The version it replaces, held by nothing else (committed() hands out copies under mu_):
-  // its buckets are the next patched version's buffers.
+  // its buckets are the next version's buffers (a receiver that takes patches keeps the version
+  // before last between publications; the peak, while the next one arrives, is unchanged).
   spare_.clear();
-  if (committed_ != nullptr && committed_.use_count() == 1) {
+  if (options_.patches && committed_ != nullptr && committed_.use_count() == 1) {
     spare_ = std::move(committed_->buckets);
   }
   committed_ = std::move(model);

@@ -223,16 +223,31 @@ BucketPatchPlan EncodeUnits(size_t slices, int threads, uint64_t n, uint64_t bas
   PutHeader(&plan.patch, PatchFormat::kUnits, n, base_checksum, next_checksum);
   Put<uint64_t>(&plan.patch, 32, plan.changed_units);
   Put<uint64_t>(&plan.patch, 40, entry_bytes);
+  // Each slice writes exactly what it counted; should the bytes compared have changed between
+  // the passes (a caller's contract broken), no write leaves the slice's share and the patch is
+  // refused.
+  std::atomic<bool> moved{false};
   ParallelFor(slices, threads, [&](size_t s) {
     if (sl[s].count == 0) return;
     uint8_t* p = plan.patch.data() + sl[s].at;
+    uint8_t* const end = p + VarintBytes(sl[s].first - sl[s].next_unit) + sl[s].bytes;
     uint64_t next_u = sl[s].next_unit;
     each_changed(s, [&](uint64_t u, uint32_t x) {
+      if (u < next_u || p + VarintBytes(u - next_u) + VarintBytes(x) > end) {
+        moved = true;
+        return;
+      }
       p = PutVarint(p, u - next_u);
       p = PutVarint(p, x);
       next_u = u + 1;
     });
+    if (p != end) moved = true;
   });
+  if (moved) {
+    plan = BucketPatchPlan{};
+    plan.full = true;
+    plan.why = "the bytes changed while they were compared";
+  }
   return plan;
 }
 
@@ -259,12 +274,15 @@ BucketPatchPlan DiffUnits(absl::Span<const uint8_t> base, uint64_t base_checksum
 struct Edits {
   PatchFormat format = PatchFormat::kUnits;
   uint64_t n = 0, base_checksum = 0, target_checksum = 0;
+  size_t patch_size = 0;
   // Format 1: runs, with where their bytes are in the patch.
   std::vector<Run> runs;
   std::vector<size_t> run_at;
-  // Format 2: changed units, ascending, and their XORs.
-  std::vector<uint64_t> units;
-  std::vector<uint16_t> xors;
+  // Format 2, per application slice: where in the patch its first entry is (the first whose
+  // unit lies at or after the slice's start; the patch's end when none) and the `next` unit
+  // before it -- the slice decodes its own entries (the whole patch was validated first).
+  std::vector<size_t> slice_at;
+  std::vector<uint64_t> slice_next;
 };
 
 // `xor_runs`: format 1 with the xor-runs flag is what is expected (UnitsFromXorRuns).
@@ -278,6 +296,7 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
     return absl::InvalidArgumentError("bucket patch: not a patch (magic)");
   }
   Edits e;
+  e.patch_size = patch.size();
   const uint32_t format = Get<uint32_t>(p + 4);
   e.n = Get<uint64_t>(p + 8);
   e.base_checksum = Get<uint64_t>(p + 16);
@@ -337,11 +356,13 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
                                                    " changed units do not fit the bucket's ",
                                                    units, " or the patch's entries"));
   }
-  e.units.reserve(count);
-  e.xors.reserve(count);
+  const size_t slices = static_cast<size_t>((n + kApplySliceBytes - 1) / kApplySliceBytes);
+  e.slice_at.reserve(slices);
+  e.slice_next.reserve(slices);
   size_t at = kBucketPatchHeaderBytes;
   uint64_t next_u = 0;
   for (uint64_t i = 0; i < count; ++i) {
+    const size_t entry_at = at;
     uint64_t gap = 0, x = 0;
     if (!GetVarint(p, patch.size(), &at, &gap) || !GetVarint(p, patch.size(), &at, &x)) {
       return absl::InvalidArgumentError(
@@ -357,14 +378,19 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
       return absl::InvalidArgumentError(
           absl::StrCat("bucket patch: entry ", i, " (unit ", u, ") has XOR ", x));
     }
-    e.units.push_back(u);
-    e.xors.push_back(static_cast<uint16_t>(x));
+    // The slices that start at or before this unit and have no first entry yet: this is it.
+    while (e.slice_at.size() < slices && e.slice_at.size() * kApplySliceBytes <= 2 * u) {
+      e.slice_at.push_back(entry_at);
+      e.slice_next.push_back(next_u);
+    }
     next_u = u + 1;
   }
   if (at != patch.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket patch: ", patch.size() - at, " bytes after its last entry"));
   }
+  e.slice_at.resize(slices, patch.size());
+  e.slice_next.resize(slices, next_u);
   return e;
 }
 
@@ -384,12 +410,18 @@ void ApplySlice(const Edits& e, const uint8_t* patch, uint64_t lo, uint64_t hi, 
     }
     return;
   }
-  const auto first = std::lower_bound(e.units.begin(), e.units.end(), lo / 2);
-  for (size_t i = static_cast<size_t>(first - e.units.begin());
-       i < e.units.size() && e.units[i] * 2 < hi; ++i) {
-    const uint64_t b = e.units[i] * 2;
-    out[b] ^= static_cast<uint8_t>(e.xors[i]);
-    if (b + 1 < e.n) out[b + 1] ^= static_cast<uint8_t>(e.xors[i] >> 8);
+  const size_t s = static_cast<size_t>(lo / kApplySliceBytes);
+  size_t at = e.slice_at[s];
+  uint64_t next_u = e.slice_next[s];
+  while (at < e.patch_size) {
+    uint64_t gap = 0, x = 0;
+    GetVarint(patch, e.patch_size, &at, &gap);  // validated by Parse
+    GetVarint(patch, e.patch_size, &at, &x);
+    const uint64_t b = 2 * (next_u + gap);
+    if (b >= hi) break;
+    out[b] ^= static_cast<uint8_t>(x);
+    if (b + 1 < e.n) out[b + 1] ^= static_cast<uint8_t>(x >> 8);
+    next_u += gap + 1;
   }
 }
 

@@ -54,8 +54,8 @@ enum class PatchFormat : uint32_t {
 };
 
 struct BucketPatchOptions {
-  // A patch larger than this fraction of the bucket is not worth its run headers: the bucket
-  // goes whole.
+  // A patch larger than this fraction of the bucket is not worth its entries' overhead and the
+  // rebuild: the bucket goes whole.
   double max_patch_fraction = 0.5;
   // Threads for the comparison (<= 0: the hardware's); the patch does not depend on it.
   int threads = 1;

@@ -69,7 +69,10 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
     const std::shared_ptr<Impl> self = weak.lock();
     return self == nullptr ? nullptr : self->retained().StagingBytes(version);
   };
-  source.can_defer = [staging_of](uint64_t version) { return staging_of(version) != nullptr; };
+  source.can_defer = [weak](uint64_t version) {
+    const std::shared_ptr<Impl> self = weak.lock();
+    return self != nullptr && self->retained().Staging(version);
+  };
   source.whole = [staging_of](const transport::Bucket& next)
       -> absl::StatusOr<std::shared_ptr<const transport::Bucket>> {
     const std::shared_ptr<transport::RetainedBytes> staging = staging_of(next.version);

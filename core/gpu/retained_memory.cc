@@ -431,7 +431,7 @@ absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
   const uint64_t capacity =
       delta::XorRunsCapacity(n, static_cast<uint64_t>(std::floor(limit)));
   const uint64_t scratch = kernels::cuda::BucketDiffScratchBytes(n, capacity);
-  std::lock_guard lock(diff_mu_);
+  std::unique_lock lock(diff_mu_);  // the device buffers; released before the host's transcode
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
   constexpr uint64_t kTotals = sizeof(kernels::cuda::BucketDiffTotals);
   if (diff_stream_.get() == nullptr) {
@@ -482,6 +482,7 @@ absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
   WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(xor_runs.data(), diff_patch_.data(), xor_runs.size(),
                                             cudaMemcpyDeviceToHost, s));
   WPUB_RETURN_IF_ERROR(uncounted.StreamSynchronize(s, "bucket patch read-back"));
+  lock.unlock();
   absl::StatusOr<delta::BucketPatchPlan> units =
       delta::UnitsFromXorRuns(xor_runs, max_patch_fraction, options_.host_threads);
   if (!units.ok()) {

@@ -100,7 +100,7 @@ class GpuRetainedMemory final : public transport::RetainedMemory,
   // Patches (Diff): made one at a time; the buffers grow to the largest bucket's needs.
   mutable std::mutex diff_mu_;
   kernels::cuda::Stream diff_stream_;               // created by the first patch
-  kernels::cuda::DeviceBuffer diff_patch_;          // floor(max_patch_fraction * bucket) bytes
+  kernels::cuda::DeviceBuffer diff_patch_;          // delta::XorRunsCapacity: <= bucket + 64
   kernels::cuda::DeviceBuffer diff_scratch_;        // kernels::cuda::BucketDiffScratchBytes
   kernels::cuda::DeviceBuffer diff_totals_device_;  // one BucketDiffTotals, written by the diff
   kernels::cuda::PinnedHostBuffer diff_totals_;     // ... read back here

@@ -269,6 +269,7 @@ struct Subscription::Hub {
     }
     in_flight = false;
     staged.clear();
+    patch_slots.clear();  // patches and whole reads (a reader still busy holds its slot)
     ack_cv.notify_all();
   }
 

@@ -56,12 +56,14 @@ struct PatchSource {
   // read whole without the transport's copy (retained memory staging it: device or pinned).
   // When it does and every participant was offered patches, the transport takes the
   // publication's device buckets without their bytes (Transport::DefersBytes): no host copy is
-  // made for a patched publication. Called at each bucket's Send, without the transport's lock.
+  // made for a patched publication. Asked by DefersBytes for each device bucket, before its Send
+  // (the transport group asks once the retained copy staged the bucket), without the lock.
   std::function<bool(uint64_t version)> can_defer;
   // Bucket `next` (deferred: Bucket::bytes_deferred) whole in host memory, from where the
   // engine keeps it, for a receiver that takes it whole (its patch was not worth it, or it asked
-  // for the bucket). Called at most once per bucket, by the first such reader, without the
-  // transport's lock; an error is returned to that reader and every later one.
+  // for the bucket). Called by the transport at most once per bucket, by the first such reader
+  // (a participant), without its lock; an error is returned to that reader and every later one.
+  // (`make` may read the bucket too, where it diffs host copies.)
   std::function<absl::StatusOr<std::shared_ptr<const Bucket>>(const Bucket& next)> whole;
   // After full_every - 1 committed publications in a row that offered patches, the next goes
   // whole to every receiver (so each rebuilds its copy from a whole version at least that

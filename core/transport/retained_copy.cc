@@ -113,7 +113,7 @@ void RetainedCopy::StopStaging(std::string why) {
   if (!staging_) return;
   staging_ = false;
   if (staged_memory_ != nullptr) staged_memory_->Abandon();
-  staged_memory_.reset();
+  stopped_memory_ = std::move(staged_memory_);
   not_staged_ = std::move(why);
   spdlog::warn("v{}: {}: if it commits, nothing is retained", staging_version_, not_staged_);
 }
@@ -127,6 +127,7 @@ absl::StatusOr<std::vector<std::string>> RetainedCopy::Begin(const PublicationMa
   }
   staged_.reset();
   staged_memory_.reset();
+  stopped_memory_.reset();
   staged_count_ = 0;
   staging_ = false;
   not_staged_.clear();
@@ -219,6 +220,7 @@ absl::Status RetainedCopy::Commit() {
     }
   }
   staging_ = false;
+  stopped_memory_.reset();
   if (!not_staged_.empty()) {
     // The committed version is not here: an older copy must not stand in for it.
     retained_.reset();
@@ -240,12 +242,18 @@ void RetainedCopy::Abort(absl::string_view) {
   staged_.reset();
   if (staged_memory_ != nullptr) staged_memory_->Abandon();
   staged_memory_.reset();
+  stopped_memory_.reset();
 }
 
 std::shared_ptr<RetainedBytes> RetainedCopy::StagingBytes(uint64_t version) const {
   std::lock_guard lock(mu_);
-  if (!in_flight_ || !staging_ || staging_version_ != version) return nullptr;
-  return staged_memory_;
+  if (!in_flight_ || staging_version_ != version) return nullptr;
+  return staging_ ? staged_memory_ : stopped_memory_;
+}
+
+bool RetainedCopy::Staging(uint64_t version) const {
+  std::lock_guard lock(mu_);
+  return in_flight_ && staging_ && staging_version_ == version && staged_memory_ != nullptr;
 }
 
 }  // namespace wpub::transport

@@ -84,8 +84,14 @@ class RetainedCopy final : public Transport {
   std::shared_ptr<const RetainedVersion> Retained() const;
   RetainedCopyInfo Info() const;
   // The memory publication `version` is being staged into (kDevice / kPinned), for a patch made
-  // where the bytes live (RetainedBytes::Patch); null when that version is not staging here.
+  // where the bytes live (RetainedBytes::Patch) or a bucket read back (StagedHostCopy); null
+  // when that version is not in flight here. After a failed copy stopped the staging, the
+  // memory it staged into, until the publication ends: the buckets copied before stay
+  // readable (a pull transport may have taken them without their bytes), later ones never come.
   std::shared_ptr<RetainedBytes> StagingBytes(uint64_t version) const;
+  // Whether publication `version` is still being staged into retained memory (every bucket so
+  // far copied, the next ones to be).
+  bool Staging(uint64_t version) const;
   // Drops the retained version (e.g. the engine's committed version moved on without it).
   void Drop(absl::string_view why);
 
@@ -118,6 +124,8 @@ class RetainedCopy final : public Transport {
   bool staging_ = false;                             // this publication is kept (within the bound)
   std::string not_staged_;                           // why not (guarded by mu_)
   std::shared_ptr<RetainedBytes> staged_memory_;     // kDevice / kPinned (guarded by mu_)
+  // A staging of the publication in flight that stopped: readable, abandoned (guarded by mu_).
+  std::shared_ptr<RetainedBytes> stopped_memory_;
   uint32_t staged_count_ = 0;                        // buckets staged (guarded by mu_)
   uint64_t staging_version_ = 0;                     // the version in flight (guarded by mu_)
   std::shared_ptr<RetainedVersion> staged_;          // guarded by mu_

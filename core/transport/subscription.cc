@@ -122,12 +122,19 @@ absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(
     }
     bucket = hub_->staged[index];
     if (index < hub_->patch_slots.size()) slot = hub_->patch_slots[index];
-    const Hub::Participant* p = patch ? hub_->FindParticipant(id_) : nullptr;
-    if (p != nullptr && p->patch_base != 0 && slot != nullptr) {
+    const Hub::Participant* p = hub_->FindParticipant(id_);
+    if (bucket->bytes_deferred) {
+      // Read from where the engine keeps the version: for this publication's receivers only.
+      if (p == nullptr) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "receiver ", name_, " does not take part in publication ", version));
+      }
+      whole = hub_->patches.whole;  // Send checked it and the slot are there
+    }
+    if (patch && p != nullptr && p->patch_base != 0 && slot != nullptr) {
       base = p->patch_base;
       make = hub_->patches.make;
     }
-    if (bucket->bytes_deferred) whole = hub_->patches.whole;  // Send checked both are set
   }
   if (make) {
     // The first reader makes the patch; the others wait for it (the lock is the slot's alone).

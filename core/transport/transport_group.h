@@ -34,7 +34,9 @@ class TransportGroup final : public Transport {
 
   TransportCapabilities capabilities() const override;
   absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest& manifest) override;
-  // See the file comment. Members without participants in this publication get nothing.
+  // See the file comment. Members without participants in this publication get nothing. The
+  // members that take the bucket where it lives get it first, then those that take host bytes
+  // (so a member that defers them is asked after the retained copy staged the bucket).
   // INTERNAL when a member accepts neither the bucket's location nor host bytes.
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override;
   absl::Status WaitAcknowledged(absl::Time deadline) override;

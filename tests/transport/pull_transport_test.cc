@@ -628,16 +628,48 @@ TEST(PullTransportTest, PatchesAreOfferedOnlyToReceiversHoldingTheBaseAndMadeOnc
   (*transport)->Abort("test");
 }
 
+// A member that reads device buckets (where the retained copy stages them), recording the order.
+class DeviceReader final : public Transport {
+ public:
+  explicit DeviceReader(std::vector<std::string>* order) : order_(order) {}
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities c;
+    c.name = "device-reader";
+    c.accepts = static_cast<LocationSet>(BucketLocation::kDevice);
+    return c;
+  }
+  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest&) override {
+    return std::vector<std::string>{"device-reader"};
+  }
+  absl::Status Send(std::shared_ptr<const Bucket> bucket) override {
+    EXPECT_EQ(bucket->location, BucketLocation::kDevice);
+    order_->push_back("device");
+    return absl::OkStatus();
+  }
+  absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
+  absl::Status Commit() override { return absl::OkStatus(); }
+  void Abort(absl::string_view) override {}
+  std::vector<ReceiverOutcome> Outcomes() const override { return {}; }
+  std::vector<ReceiverInfo> Receivers() const override { return {}; }
+
+ private:
+  std::vector<std::string>* order_;
+};
+
 // A publication whose every participant takes patches, through the transport group, takes each
-// device bucket without its bytes -- the producer's checksum read instead of its host copy --
-// and a receiver that needs a bucket whole gets it from the patch source's copy, read once per
-// bucket. Any participant that takes buckets whole, or a source that does not keep the version,
-// brings the host copy back; a deferred bucket is refused where it cannot be read; a failed read
+// device bucket without its bytes -- the producer's checksum read instead of its host copy, and
+// only once the members that read the device bytes (the retained copy's staging) took it -- and a
+// receiver of the publication that needs a bucket whole gets it from the patch source's copy,
+// read once per bucket and let go when the publication ends. Any participant that takes buckets
+// whole, or a source that does not keep the version, brings the host copy back; a deferred bucket
+// is refused where it cannot be read, and to a receiver that is not a participant; a failed read
 // reaches the reader.
 TEST(PullTransportTest, APatchedPublicationTakesDeviceBucketsWithoutTheirBytes) {
   auto transport = PullTransport::Create(PullTransportOptions{});
   ASSERT_TRUE(transport.ok());
-  auto group = TransportGroup::Create({transport->get()});
+  std::vector<std::string> order;
+  DeviceReader reader(&order);
+  auto group = TransportGroup::Create({transport->get(), &reader});
   ASSERT_TRUE(group.ok());
   const std::vector<uint8_t> bytes = {9, 8, 7, 6, 5, 4, 3, 2, 1};
   const uint64_t sum = Checksum(bytes.data(), bytes.size());
@@ -656,7 +688,10 @@ TEST(PullTransportTest, APatchedPublicationTakesDeviceBucketsWithoutTheirBytes) 
     p->patch_base = b;
     return p;
   };
-  source.can_defer = [&](uint64_t) { return keeps; };
+  source.can_defer = [&](uint64_t) {
+    order.push_back("defer?");
+    return keeps;
+  };
   source.whole = [&](const Bucket& next) -> absl::StatusOr<std::shared_ptr<const Bucket>> {
     ++wholes;
     if (!readable) return absl::UnavailableError("test: the staging stopped");
@@ -715,11 +750,14 @@ TEST(PullTransportTest, APatchedPublicationTakesDeviceBucketsWithoutTheirBytes) 
   EXPECT_EQ(copies, 1);
   EXPECT_EQ((*(*a)->ReadBucket(at, 1, 0))->bytes, bytes);
   commit(1, {{a->get(), at}, {b->get(), bt}});
-  // v2: both take patches: no host copy; the checksum is the producer's.
+  // v2: both take patches: no host copy; the checksum is the producer's, asked after the
+  // device reader took the bucket.
   base = 1;
+  order.clear();
   begin(2);
   EXPECT_EQ(copies, 1);
   EXPECT_EQ(sums, 1);
+  EXPECT_EQ(order, (std::vector<std::string>{"device", "defer?"}));
   auto p = (*a)->ReadBucket(at, 2, 0, 1, /*patch=*/true);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ((*p)->bytes, std::vector<uint8_t>{0xAB});
@@ -734,7 +772,18 @@ TEST(PullTransportTest, APatchedPublicationTakesDeviceBucketsWithoutTheirBytes) 
   }
   EXPECT_EQ(wholes, 1);
   EXPECT_EQ(made, 1);
+  std::weak_ptr<const Bucket> whole_read = *(*a)->ReadBucket(at, 2, 0, 1, false);
+  EXPECT_FALSE(whole_read.expired());
+  // A subscriber that is not a participant (it came after the Begin) reads nothing deferred.
+  auto outsider = (*transport)->Subscribe("outsider", 0, "", 0, true);
+  ASSERT_TRUE(outsider.ok());
+  const std::string ot = FirstEvent(**outsider).subscription_token;
+  EXPECT_EQ((*outsider)->ReadBucket(ot, 2, 0, 1, false).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(wholes, 1);
+  (*outsider)->Close();
   commit(2, {{a->get(), at}, {b->get(), bt}});
+  EXPECT_TRUE(whole_read.expired());  // let go with the publication
   // v3: a patch not worth it goes whole, from the source; an unreadable source reaches the
   // reader (every reader: read once).
   base = 2;

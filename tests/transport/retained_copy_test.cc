@@ -370,9 +370,11 @@ TEST(RetainedCopyInMemory,
   ASSERT_NE(c.Retained(), nullptr);
 }
 
-// The staging version's memory is handed out (for a patch made where the bytes live) only while
-// that version is in flight and staging; a staging that stops (abort, failed copy) is abandoned,
-// so a patch waiting on it returns, and a committed one is not.
+// The staging version's memory is handed out (for a patch made where the bytes live, a bucket
+// read back) only while that version is in flight; a staging that stops is abandoned, so a patch
+// waiting on it returns, and a committed one is not. After a failed copy the memory stays
+// readable until the publication ends (buckets copied before it may have been taken without
+// their bytes), but the version no longer counts as staging.
 TEST(RetainedCopyInMemory, StagingBytesAreTheVersionInFlightsAndAbandonedWhenItStops) {
   auto memory = std::make_shared<FakeMemory>();
   auto copy = RetainedCopy::Create({.where = RetainWhere::kDevice}, memory);
@@ -387,9 +389,12 @@ TEST(RetainedCopyInMemory, StagingBytesAreTheVersionInFlightsAndAbandonedWhenItS
   EXPECT_EQ(c.StagingBytes(2), nullptr);  // another version
   ASSERT_TRUE(c.Send(HostBucket(v1, 0)).ok());
   EXPECT_EQ(c.StagingBytes(1), staging);  // while staging
+  EXPECT_TRUE(c.Staging(1));
+  EXPECT_FALSE(c.Staging(2));
   ASSERT_TRUE(c.Send(HostBucket(v1, 1)).ok());
   ASSERT_TRUE(c.Commit().ok());
   EXPECT_EQ(c.StagingBytes(1), nullptr);  // sealed: the retained version now
+  EXPECT_FALSE(c.Staging(1));
   EXPECT_EQ(c.Retained()->memory, staging);
   EXPECT_EQ(memory->abandoned, 0);
 
@@ -402,10 +407,14 @@ TEST(RetainedCopyInMemory, StagingBytesAreTheVersionInFlightsAndAbandonedWhenItS
 
   memory->fail_at = 0;  // the copy of bucket 0 fails: staging stops, its memory abandoned
   ASSERT_TRUE(c.Begin(Manifest(3, 2, 40)).ok());
+  const std::shared_ptr<RetainedBytes> stopped = c.StagingBytes(3);
+  ASSERT_NE(stopped, nullptr);
   ASSERT_TRUE(c.Send(HostBucket(Manifest(3, 2, 40), 0)).ok());
-  EXPECT_EQ(c.StagingBytes(3), nullptr);
+  EXPECT_FALSE(c.Staging(3));
+  EXPECT_EQ(c.StagingBytes(3), stopped);  // abandoned, still readable in flight
   EXPECT_EQ(memory->abandoned, 2);
   c.Abort("test");
+  EXPECT_EQ(c.StagingBytes(3), nullptr);
   EXPECT_EQ(memory->abandoned, 2);  // nothing left to abandon
 
   // A replay stages nothing.
