@@ -305,9 +305,9 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
   if (format == static_cast<uint32_t>(PatchFormat::kWordRuns)) {
     e.format = PatchFormat::kWordRuns;
     if (Get<uint32_t>(p + 36) != (xor_runs ? kXorRunsFlag : 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bucket patch: format 1 with flags ", Get<uint32_t>(p + 36),
-          " (xor runs are an intermediate of the GPU diff, not a patch to apply)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket patch: format 1 with flags ", Get<uint32_t>(p + 36),
+                       " (xor runs are an intermediate of the GPU diff, not a patch to apply)"));
     }
     const uint32_t runs = Get<uint32_t>(p + 32);
     const uint64_t words = (n + kWord - 1) / kWord;
@@ -321,8 +321,8 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
       const uint64_t first = Get<uint32_t>(p + at), count = Get<uint32_t>(p + at + 4);
       at += kRunHeaderBytes;
       if (count == 0 || first < next_free || first >= words || count > words - first) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "bucket patch: run ", i, " (words ", first, " + ", count, ") is out of order or range"));
+        return absl::InvalidArgumentError(absl::StrCat("bucket patch: run ", i, " (words ", first,
+                                                       " + ", count, ") is out of order or range"));
       }
       const uint64_t bytes = std::min(count * kWord, n - first * kWord);
       if (patch.size() - at < bytes) {
@@ -353,8 +353,8 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
   const uint64_t units = (n + 1) / 2;
   if (count > units || count > entry_bytes / 2) {
     return absl::InvalidArgumentError(absl::StrCat("bucket patch: ", count,
-                                                   " changed units do not fit the bucket's ",
-                                                   units, " or the patch's entries"));
+                                                   " changed units do not fit the bucket's ", units,
+                                                   " or the patch's entries"));
   }
   const size_t slices = static_cast<size_t>((n + kApplySliceBytes - 1) / kApplySliceBytes);
   e.slice_at.reserve(slices);
@@ -451,8 +451,7 @@ BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksu
 
 absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_runs,
                                                  double max_patch_fraction, int threads) {
-  if (xor_runs.size() < kBucketPatchHeaderBytes ||
-      std::memcmp(xor_runs.data(), kMagic, 4) != 0 ||
+  if (xor_runs.size() < kBucketPatchHeaderBytes || std::memcmp(xor_runs.data(), kMagic, 4) != 0 ||
       Get<uint32_t>(xor_runs.data() + 4) != static_cast<uint32_t>(PatchFormat::kWordRuns) ||
       Get<uint32_t>(xor_runs.data() + 36) != kXorRunsFlag) {
     return absl::InvalidArgumentError(
@@ -476,20 +475,20 @@ absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_r
   }
   first_run.push_back(runs->runs.size());
   std::atomic<bool> zero_word{false};
-  BucketPatchPlan plan = EncodeUnits(
-      first_run.size() - 1, threads, n, runs->base_checksum, runs->target_checksum,
-      max_patch_fraction, [&](size_t s, auto&& fn) {
-        for (size_t r = first_run[s]; r < first_run[s + 1]; ++r) {
-          const Run run = runs->runs[r];
-          const uint8_t* bytes = xor_runs.data() + runs->run_at[r];
-          for (uint64_t w = run.first; w < run.first + run.words; ++w) {
-            uint64_t x = 0;
-            std::memcpy(&x, bytes + (w - run.first) * kWord, WordBytes(w, n));
-            if (x == 0) zero_word = true;
-            ForUnits(x, w, fn);
-          }
-        }
-      });
+  BucketPatchPlan plan =
+      EncodeUnits(first_run.size() - 1, threads, n, runs->base_checksum, runs->target_checksum,
+                  max_patch_fraction, [&](size_t s, auto&& fn) {
+                    for (size_t r = first_run[s]; r < first_run[s + 1]; ++r) {
+                      const Run run = runs->runs[r];
+                      const uint8_t* bytes = xor_runs.data() + runs->run_at[r];
+                      for (uint64_t w = run.first; w < run.first + run.words; ++w) {
+                        uint64_t x = 0;
+                        std::memcpy(&x, bytes + (w - run.first) * kWord, WordBytes(w, n));
+                        if (x == 0) zero_word = true;
+                        ForUnits(x, w, fn);
+                      }
+                    }
+                  });
   if (zero_word) {
     return absl::InvalidArgumentError("xor runs: a word in a run does not differ");
   }
@@ -521,7 +520,8 @@ absl::Status ApplyBucketPatchInto(absl::Span<const uint8_t> patch, absl::Span<co
   ParallelFor(slices, options.threads, [&](size_t s) {
     const uint64_t lo = s * kApplySliceBytes, hi = std::min(n, lo + kApplySliceBytes);
     std::memcpy(out->data() + lo, base.data() + lo, hi - lo);
-    if (read_base_sum) base_sums[s] = transport::ChecksumPartial(base.data() + lo, hi - lo, lo / kWord);
+    if (read_base_sum)
+      base_sums[s] = transport::ChecksumPartial(base.data() + lo, hi - lo, lo / kWord);
     ApplySlice(e, patch.data(), lo, hi, out->data());
     out_sums[s] = transport::ChecksumPartial(out->data() + lo, hi - lo, lo / kWord);
   });

@@ -132,10 +132,9 @@ transport::PatchSource Engine::Impl::MakePatchSource(std::weak_ptr<Impl> weak,
       }
       next_bytes = *std::move(read);
     }
-    delta::BucketPatchPlan plan =
-        delta::DiffBucket((*base)->span(), was.checksum,
-                          next_bytes != nullptr ? next_bytes->span() : next.span(),
-                          next.manifest.checksum, patch);
+    delta::BucketPatchPlan plan = delta::DiffBucket(
+        (*base)->span(), was.checksum, next_bytes != nullptr ? next_bytes->span() : next.span(),
+        next.manifest.checksum, patch);
     if (plan.full) return nullptr;
     out->bytes = std::move(plan.patch);
     return out;

@@ -428,8 +428,7 @@ absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(
   // that limit (delta::XorRunsCapacity), so a diff that does not fit is one DiffBucket would
   // send whole too.
   const double limit = std::clamp(max_patch_fraction, 0.0, 1.0) * static_cast<double>(n);
-  const uint64_t capacity =
-      delta::XorRunsCapacity(n, static_cast<uint64_t>(std::floor(limit)));
+  const uint64_t capacity = delta::XorRunsCapacity(n, static_cast<uint64_t>(std::floor(limit)));
   const uint64_t scratch = kernels::cuda::BucketDiffScratchBytes(n, capacity);
   std::unique_lock lock(diff_mu_);  // the device buffers; released before the host's transcode
   WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));

@@ -120,10 +120,10 @@ class RetainedCopy final : public Transport {
   const RetainedCopyOptions options_;
   const std::shared_ptr<RetainedMemory> memory_;  // kDevice / kPinned
   mutable std::mutex mu_;
-  bool in_flight_ = false;                           // guarded by mu_
-  bool staging_ = false;                             // this publication is kept (within the bound)
-  std::string not_staged_;                           // why not (guarded by mu_)
-  std::shared_ptr<RetainedBytes> staged_memory_;     // kDevice / kPinned (guarded by mu_)
+  bool in_flight_ = false;                        // guarded by mu_
+  bool staging_ = false;                          // this publication is kept (within the bound)
+  std::string not_staged_;                        // why not (guarded by mu_)
+  std::shared_ptr<RetainedBytes> staged_memory_;  // kDevice / kPinned (guarded by mu_)
   // A staging of the publication in flight that stopped: readable, abandoned (guarded by mu_).
   std::shared_ptr<RetainedBytes> stopped_memory_;
   uint32_t staged_count_ = 0;                        // buckets staged (guarded by mu_)

@@ -69,11 +69,11 @@ class RetainedBytes {
   // memory, that bucket of the same size -- into that bucket of this version, made without a
   // host copy of either: byte for byte what delta::DiffBucket makes of the two buckets with
   // checksums `base.checksum` and `next_checksum` (format 2), or made = false exactly when
-  // DiffBucket would send the bucket whole under `max_patch_fraction`. This version may still be staging: the
-  // call waits up to `wait` for that bucket's copy (DEADLINE_EXCEEDED after it, or when the
-  // staging stopped). Any thread, one patch at a time per memory (callers queue), concurrently
-  // with Stage, Emit and HostCopy. UNIMPLEMENTED where the memory cannot (the caller diffs host
-  // copies instead: the default).
+  // DiffBucket would send the bucket whole under `max_patch_fraction`. This version may still be
+  // staging: the call waits up to `wait` for that bucket's copy (DEADLINE_EXCEEDED after it, or
+  // when the staging stopped). Any thread, one patch at a time per memory (callers queue),
+  // concurrently with Stage, Emit and HostCopy. UNIMPLEMENTED where the memory cannot (the caller
+  // diffs host copies instead: the default).
   virtual absl::StatusOr<RetainedPatch> Patch(const RetainedBytes& base,
                                               const BucketManifest& base_bucket,
                                               const BucketManifest& next, uint64_t next_checksum,

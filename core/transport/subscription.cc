@@ -126,8 +126,8 @@ absl::StatusOr<std::shared_ptr<const Bucket>> Subscription::ReadBucket(
     if (bucket->bytes_deferred) {
       // Read from where the engine keeps the version: for this publication's receivers only.
       if (p == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "receiver ", name_, " does not take part in publication ", version));
+        return absl::FailedPreconditionError(
+            absl::StrCat("receiver ", name_, " does not take part in publication ", version));
       }
       whole = hub_->patches.whole;  // Send checked it and the slot are there
     }

@@ -104,8 +104,7 @@ absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
         // The k-th device reader records the producer's k-th event; the first one the bucket's
         // own `done`. A reader the producer has no event for takes the host copy.
         const size_t k = static_cast<size_t>(
-            std::find(device_readers_.begin(), device_readers_.end(), i) -
-            device_readers_.begin());
+            std::find(device_readers_.begin(), device_readers_.end(), i) - device_readers_.begin());
         takes_it_as_is =
             k < device_readers_.size() && (k == 0 || bucket->device.reader_done[k] != nullptr);
         if (takes_it_as_is && k > 0) {

@@ -6,14 +6,14 @@
 // groups broadcast from the same device bytes concurrently), and its host copy (made once, only
 // when a member that takes host bytes has participants) to the others -- or, to a member that
 // defers the bytes (Transport::DefersBytes: a pull transport whose receivers all take patches),
-// the bucket's manifest and checksum alone (Bucket::bytes_deferred): then no host copy is made. Begin/Commit/Abort go to
-// every member; WaitAcknowledged waits on each member with participants in turn against the
-// same deadline; outcomes and receivers are concatenated. A retaining member (the retained
-// copy: TransportCapabilities::retains) is handed the buckets of every publication it takes
-// part in -- device bytes when it reads them (kept in device or pinned memory) and a reader
+// the bucket's manifest and checksum alone (Bucket::bytes_deferred): then no host copy is made.
+// Begin/Commit/Abort go to every member; WaitAcknowledged waits on each member with participants in
+// turn against the same deadline; outcomes and receivers are concatenated. A retaining member (the
+// retained copy: TransportCapabilities::retains) is handed the buckets of every publication it
+// takes part in -- device bytes when it reads them (kept in device or pinned memory) and a reader
 // event is left for it (it is the last member), the host copy otherwise -- and none of its
-// names are participants. Internal to core/engine (and
-// the benchmarks that drive a backend as the engine does). Same thread-safety as Transport.
+// names are participants. Internal to core/engine (and the benchmarks that drive a backend as
+// the engine does). Same thread-safety as Transport.
 #pragma once
 
 #include <memory>

@@ -263,9 +263,8 @@ __global__ void __launch_bounds__(kScanThreads)
 // {first, words} 8 bytes before the run's first word.
 __global__ void __launch_bounds__(kThreads)
     WriteKernel(const uint8_t* base, const uint8_t* next, bool xor_runs, uint64_t n,
-                const uint64_t* masks, const TileCount* counts,
-                const TilePrefix* prefix, uint64_t tiles, uint8_t* patch,
-                const BucketDiffTotals* totals) {
+                const uint64_t* masks, const TileCount* counts, const TilePrefix* prefix,
+                uint64_t tiles, uint8_t* patch, const BucketDiffTotals* totals) {
   if (totals->written == 0) return;
   const uint64_t tile = blockIdx.x;
   if (counts[tile].changed == 0) return;

@@ -48,7 +48,6 @@ uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t patch_capacity);
 cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t n,
                              uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
                              uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
-                             BucketDiffTotals* totals, cudaStream_t stream,
-                             bool xor_runs = false);
+                             BucketDiffTotals* totals, cudaStream_t stream, bool xor_runs = false);
 
 }  // namespace wpub::kernels::cuda

@@ -162,9 +162,9 @@ TEST(BucketPatch, XorRunsTurnedIntoUnitsAreDiffBucketsPatch) {
       }
     }
     // Xor runs are not a patch a receiver applies.
-    const BucketPatchPlan xor_runs = DiffBucket(
-        base, Sum(base), next, Sum(next),
-        {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns, .xor_runs = true});
+    const BucketPatchPlan xor_runs =
+        DiffBucket(base, Sum(base), next, Sum(next),
+                   {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns, .xor_runs = true});
     EXPECT_EQ(ApplyBucketPatch(xor_runs.patch, base).status().code(),
               absl::StatusCode::kInvalidArgument);
   }
@@ -206,8 +206,9 @@ TEST(BucketPatch, XorRunsCapacityCoversTheWorstCase) {
     const std::vector<uint8_t> base = Random(n, 41);
     std::vector<uint8_t> next = base;
     for (size_t w = 0; w * 8 < n; w += 2) next[w * 8] ^= 1;
-    const BucketPatchPlan runs = DiffBucket(base, Sum(base), next, Sum(next),
-                                            {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns});
+    const BucketPatchPlan runs =
+        DiffBucket(base, Sum(base), next, Sum(next),
+                   {.max_patch_fraction = 100, .format = PatchFormat::kWordRuns});
     ASSERT_FALSE(runs.full);
     EXPECT_LE(runs.patch.size(), XorRunsCapacity(n, UINT64_MAX)) << n;
     EXPECT_LE(runs.patch.size(), n + 64) << n;
@@ -297,7 +298,8 @@ TEST(BucketPatch, AppliedIntoARecycledBufferOverwritesEveryByte) {
   for (size_t size : {n, n - 1000, n + 1000, size_t{0}}) {
     std::vector<uint8_t> out(size, 0xee);
     uint64_t sum = 0;
-    ASSERT_TRUE(ApplyBucketPatchInto(plan.patch, base, &out, {.threads = 3, .checksum = &sum}).ok());
+    ASSERT_TRUE(
+        ApplyBucketPatchInto(plan.patch, base, &out, {.threads = 3, .checksum = &sum}).ok());
     EXPECT_EQ(out, next) << size;
     EXPECT_EQ(sum, Sum(next));
   }

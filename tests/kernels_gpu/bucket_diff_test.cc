@@ -149,18 +149,17 @@ void ExpectOracle(const Bytes& base, const Bytes& next, const std::string& what,
   ASSERT_EQ(base.size(), next.size());
   const uint64_t base_sum = Sum(base), next_sum = Sum(next);
   constexpr double kAny = std::numeric_limits<double>::infinity();
-  const delta::BucketPatchPlan units = delta::DiffBucket(
-      base, base_sum, next, next_sum, {.max_patch_fraction = kAny, .threads = 0});
+  const delta::BucketPatchPlan units =
+      delta::DiffBucket(base, base_sum, next, next_sum, {.max_patch_fraction = kAny, .threads = 0});
   ASSERT_FALSE(units.full) << units.why;
   const DeviceBuckets dev(base, next, base_offset, next_offset);
   for (const bool xor_runs : {false, true}) {
     SCOPED_TRACE(xor_runs ? "xor runs" : "plain runs");
-    const delta::BucketPatchPlan plan =
-        delta::DiffBucket(base, base_sum, next, next_sum,
-                          {.max_patch_fraction = kAny,
-                           .threads = 0,
-                           .format = delta::PatchFormat::kWordRuns,
-                           .xor_runs = xor_runs});
+    const delta::BucketPatchPlan plan = delta::DiffBucket(base, base_sum, next, next_sum,
+                                                          {.max_patch_fraction = kAny,
+                                                           .threads = 0,
+                                                           .format = delta::PatchFormat::kWordRuns,
+                                                           .xor_runs = xor_runs});
     ASSERT_FALSE(plan.full) << plan.why;
     const uint64_t size = plan.patch.size();
     for (const uint64_t capacity : {size + 61, size, size - 1}) {

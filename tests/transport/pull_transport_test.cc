@@ -763,8 +763,8 @@ TEST(PullTransportTest, APatchedPublicationTakesDeviceBucketsWithoutTheirBytes) 
   EXPECT_EQ((*p)->bytes, std::vector<uint8_t>{0xAB});
   EXPECT_EQ((*p)->manifest.checksum, sum);
   // Whole, twice (b, then a): read once, from the source.
-  for (auto& [s, t] : std::vector<std::pair<Subscription*, std::string>>{{b->get(), bt},
-                                                                          {a->get(), at}}) {
+  for (auto& [s, t] :
+       std::vector<std::pair<Subscription*, std::string>>{{b->get(), bt}, {a->get(), at}}) {
     auto w = s->ReadBucket(t, 2, 0, 1, /*patch=*/false);
     ASSERT_TRUE(w.ok()) << w.status();
     EXPECT_EQ((*w)->bytes, bytes);
