@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/transport/checksum.h"
 #include "core/transport/testing/inproc_receiver.h"
+#include "core/transport/testing/quiet_transport.h"
 #include "core/transport/transport_group.h"
 
 namespace wpub::transport {
@@ -629,28 +630,21 @@ TEST(PullTransportTest, PatchesAreOfferedOnlyToReceiversHoldingTheBaseAndMadeOnc
 }
 
 // A member that reads device buckets (where the retained copy stages them), recording the order.
-class DeviceReader final : public Transport {
+class DeviceReader final : public testing::QuietTransport {
  public:
-  explicit DeviceReader(std::vector<std::string>* order) : order_(order) {}
+  explicit DeviceReader(std::vector<std::string>* order)
+      : QuietTransport("device-reader"), order_(order) {}
   TransportCapabilities capabilities() const override {
     TransportCapabilities c;
     c.name = "device-reader";
     c.accepts = static_cast<LocationSet>(BucketLocation::kDevice);
     return c;
   }
-  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest&) override {
-    return std::vector<std::string>{"device-reader"};
-  }
   absl::Status Send(std::shared_ptr<const Bucket> bucket) override {
     EXPECT_EQ(bucket->location, BucketLocation::kDevice);
     order_->push_back("device");
     return absl::OkStatus();
   }
-  absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
-  absl::Status Commit() override { return absl::OkStatus(); }
-  void Abort(absl::string_view) override {}
-  std::vector<ReceiverOutcome> Outcomes() const override { return {}; }
-  std::vector<ReceiverInfo> Receivers() const override { return {}; }
 
  private:
   std::vector<std::string>* order_;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/transport/checksum.h"
+#include "core/transport/testing/quiet_transport.h"
 #include "core/transport/transport_group.h"
 
 namespace wpub::transport {
@@ -131,21 +132,14 @@ TEST(RetainedCopy, AReplayIsNotRetainedAgainAndADeviceBucketIsRefused) {
 }
 
 // A transport with one receiver that records what it was sent.
-class Recording final : public Transport {
+class Recording final : public testing::QuietTransport {
  public:
+  Recording() : QuietTransport("r") {}
   TransportCapabilities capabilities() const override { return {.name = "recording"}; }
-  absl::StatusOr<std::vector<std::string>> Begin(const PublicationManifest&) override {
-    return std::vector<std::string>{"r"};
-  }
   absl::Status Send(std::shared_ptr<const Bucket>) override {
     ++sent;
     return absl::OkStatus();
   }
-  absl::Status WaitAcknowledged(absl::Time) override { return absl::OkStatus(); }
-  absl::Status Commit() override { return absl::OkStatus(); }
-  void Abort(absl::string_view) override {}
-  std::vector<ReceiverOutcome> Outcomes() const override { return {}; }
-  std::vector<ReceiverInfo> Receivers() const override { return {}; }
   int sent = 0;
 };
 
