@@ -492,7 +492,6 @@ absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_r
   if (zero_word) {
     return absl::InvalidArgumentError("xor runs: a word in a run does not differ");
   }
-  if (plan.full) plan.changed_units = 0;
   return plan;
 }
 

@@ -41,7 +41,7 @@ namespace wpub::gpu {
 namespace detail {
 struct BackendResources;
 class GrowBuffer;
-}
+}  // namespace detail
 
 struct GpuBackendOptions {
   int device = 0;

@@ -79,77 +79,69 @@ absl::StatusOr<std::vector<std::string>> TransportGroup::Begin(
 }
 
 absl::Status TransportGroup::Send(std::shared_ptr<const Bucket> bucket) {
-  std::shared_ptr<const Bucket> host_copy;  // of a device bucket, made at most once
-  std::shared_ptr<const Bucket> deferred;   // its manifest and checksum alone, at most once
   // Members that take the bucket where it lives first (the retained copy's staging among them:
   // a member that defers the bytes is asked after the copy it would read them from was made),
-  // then the ones that take host bytes, each pass in member order.
-  std::vector<size_t> later;
-  for (size_t pass = 0; pass < 2; ++pass) {
-    const std::vector<size_t>* order = nullptr;
-    std::vector<size_t> all;
-    if (pass == 0) {
-      for (size_t i = 0; i < members_.size(); ++i) all.push_back(i);
-      order = &all;
+  // then the ones that take host bytes, each in member order.
+  std::vector<size_t> host_takers;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    if (i < participants_.size() && participants_[i] == 0) continue;
+    const TransportCapabilities& c = caps_[i];
+    std::shared_ptr<const Bucket> given = bucket;
+    bool takes_it_as_is = Contains(c.accepts, bucket->location);
+    if (takes_it_as_is && bucket->location == BucketLocation::kDevice) {
+      // The k-th device reader records the producer's k-th event; the first one the bucket's
+      // own `done`. A reader the producer has no event for takes the host copy.
+      const size_t k = static_cast<size_t>(
+          std::find(device_readers_.begin(), device_readers_.end(), i) - device_readers_.begin());
+      takes_it_as_is =
+          k < device_readers_.size() && (k == 0 || bucket->device.reader_done[k] != nullptr);
+      if (takes_it_as_is && k > 0) {
+        auto own = std::make_shared<Bucket>(*bucket);
+        own->device.done = bucket->device.reader_done[k];
+        given = std::move(own);
+      }
+    }
+    if (!takes_it_as_is) {
+      if (bucket->location != BucketLocation::kDevice ||
+          !Contains(c.accepts, BucketLocation::kHost) || !bucket->device.copy_to_host) {
+        return absl::InternalError(absl::StrCat("transport ", c.name, " cannot take bucket ",
+                                                bucket->manifest.index, " where it lives"));
+      }
+      host_takers.push_back(i);
+      continue;
+    }
+    if (absl::Status s = members_[i]->Send(std::move(given)); !s.ok()) return s;
+  }
+  std::shared_ptr<const Bucket> host_copy;  // of the device bucket, made at most once
+  std::shared_ptr<const Bucket> deferred;   // its manifest and checksum alone, at most once
+  const bool has_checksum =
+      bucket->device.checksum_to_host != nullptr || bucket->manifest.checksum != 0;
+  for (const size_t i : host_takers) {
+    Transport* t = members_[i];
+    std::shared_ptr<const Bucket> given;
+    if (has_checksum && t->DefersBytes(*bucket)) {
+      if (deferred == nullptr) {
+        auto d = std::make_shared<Bucket>();
+        d->version = bucket->version;
+        d->manifest = bucket->manifest;
+        d->bytes_deferred = true;
+        if (bucket->device.checksum_to_host) {
+          absl::StatusOr<uint64_t> sum = bucket->device.checksum_to_host();
+          if (!sum.ok()) return sum.status();
+          d->manifest.checksum = *sum;
+        }
+        deferred = std::move(d);
+      }
+      given = deferred;
     } else {
-      order = &later;
-    }
-    for (const size_t i : *order) {
-      if (i < participants_.size() && participants_[i] == 0) continue;
-      Transport* t = members_[i];
-      const TransportCapabilities& c = caps_[i];
-      std::shared_ptr<const Bucket> given = bucket;
-      bool takes_it_as_is = Contains(c.accepts, bucket->location);
-      if (takes_it_as_is && bucket->location == BucketLocation::kDevice) {
-        // The k-th device reader records the producer's k-th event; the first one the bucket's
-        // own `done`. A reader the producer has no event for takes the host copy.
-        const size_t k = static_cast<size_t>(
-            std::find(device_readers_.begin(), device_readers_.end(), i) - device_readers_.begin());
-        takes_it_as_is =
-            k < device_readers_.size() && (k == 0 || bucket->device.reader_done[k] != nullptr);
-        if (takes_it_as_is && k > 0) {
-          auto own = std::make_shared<Bucket>(*bucket);
-          own->device.done = bucket->device.reader_done[k];
-          given = std::move(own);
-        }
+      if (!host_copy) {
+        absl::StatusOr<std::shared_ptr<const Bucket>> copied = bucket->device.copy_to_host();
+        if (!copied.ok()) return copied.status();
+        host_copy = *std::move(copied);
       }
-      if (!takes_it_as_is) {
-        if (bucket->location != BucketLocation::kDevice ||
-            !Contains(c.accepts, BucketLocation::kHost) || !bucket->device.copy_to_host) {
-          return absl::InternalError(absl::StrCat("transport ", c.name, " cannot take bucket ",
-                                                  bucket->manifest.index, " where it lives"));
-        }
-        if (pass == 0) {
-          later.push_back(i);
-          continue;
-        }
-        const bool has_checksum =
-            bucket->device.checksum_to_host != nullptr || bucket->manifest.checksum != 0;
-        if (has_checksum && t->DefersBytes(*bucket)) {
-          if (deferred == nullptr) {
-            auto d = std::make_shared<Bucket>();
-            d->version = bucket->version;
-            d->manifest = bucket->manifest;
-            d->bytes_deferred = true;
-            if (bucket->device.checksum_to_host) {
-              absl::StatusOr<uint64_t> sum = bucket->device.checksum_to_host();
-              if (!sum.ok()) return sum.status();
-              d->manifest.checksum = *sum;
-            }
-            deferred = std::move(d);
-          }
-          given = deferred;
-        } else {
-          if (!host_copy) {
-            absl::StatusOr<std::shared_ptr<const Bucket>> copied = bucket->device.copy_to_host();
-            if (!copied.ok()) return copied.status();
-            host_copy = *std::move(copied);
-          }
-          given = host_copy;
-        }
-      }
-      if (absl::Status s = t->Send(std::move(given)); !s.ok()) return s;
+      given = host_copy;
     }
+    if (absl::Status s = t->Send(std::move(given)); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -463,18 +463,11 @@ TEST(GpuBackend, ComputeOnAnSmPartitionEqualsCpuReference) {
     o.reject_before_send = reject_first;
     auto backend = GpuBackend::Create(o);
     ASSERT_TRUE(backend.ok()) << backend.status();
-    std::vector<InputTensor> inputs;
-    engine::ExecutionPlan plan = m.Plan(true, bucket, &inputs);
-    engine::SyncCounter syncs;
-    engine::ExecutionHooks hooks;
-    hooks.syncs = &syncs;
-    hooks.emit = sink.emit();
-    auto r = (*backend)->Execute(plan, hooks);
-    ASSERT_TRUE(r.ok()) << r.status();
-    const auto got = sink.Received();
-    ASSERT_EQ(got.size(), want.size());
-    for (size_t b = 0; b < got.size(); ++b) {
-      EXPECT_EQ(got[b], want[b]->bytes) << "bucket " << b << " reject_first " << reject_first;
+    const auto got = RunInto(**backend, m, /*device_inputs=*/true, bucket, sink);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size());
+    for (size_t b = 0; b < got->size(); ++b) {
+      EXPECT_EQ((*got)[b], want[b]->bytes) << "bucket " << b << " reject_first " << reject_first;
     }
   }
   GpuBackendOptions bad;
