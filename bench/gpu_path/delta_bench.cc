@@ -16,9 +16,16 @@
 // every bucket, summed) that must be the same in both modes: the patched receiver holds every
 // version byte for byte. The CUDA IPC mapping is replaced by pointers into this process's model
 // allocation (the engine reads them in place, as it reads mapped trainer memory).
+// With --nccl_engine WPUB_RECV the receiver is instead an NCCL engine: that wpub-recv binary
+// started as `--engine_listen --engine_patches` on GPU 0 (a host identity of its own: NCCL's
+// socket transport when it shares the GPU), in a weight-update group of the engine's rollout
+// group -- the patches mode broadcasts each bucket's format 3 patch, made on the device against
+// the retained copy, which the engine applies to its kept weights on the GPU and verifies; the
+// bytes are then those broadcast, the digest the sum of the engine's bucket checksums (/stats).
 // Usage: delta_bench [--layers 24] [--experts 128] [--hidden 2048] [--inter 768]
 //        [--bucket_mib 512] [--versions 10] [--full_versions N] [--warmup 2] [--lr 1e-6]
-//        [--init_std 0.02] [--seed 2026] [--patch_threads 8] [--json FILE]
+//        [--init_std 0.02] [--seed 2026] [--patch_threads 8] [--nccl_engine WPUB_RECV]
+//        [--json FILE]
 // The patches mode runs first; --full_versions (default --versions) bounds the full mode's
 // counted versions, whose pulls are the slow half (the whole model through the pull transport
 // each version). The digests are compared over the versions both modes ran; the time ratio is
@@ -44,10 +51,13 @@
 #include "core/engine/engine.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/retained_memory.h"
+#include "core/rollout/rollout_group.h"
 #include "core/transport/checksum.h"
 #include "nlohmann/json.hpp"
 #include "server/service/daemon_server.h"
+#include "tests/multi_gpu/loopback_transport.h"
 #include "tests/multi_gpu/moe_fixture.h"
+#include "tests/multi_gpu/shared_gpu.h"
 
 namespace wpub::bench {
 namespace {
@@ -63,7 +73,8 @@ struct Args {
   double lr = 1e-6;
   double init_std = 0.02;
   uint64_t seed = 2026;
-  int patch_threads = 8;  // the receiver's (ReceiverOptions::patch_threads)
+  int patch_threads = 8;    // the receiver's (ReceiverOptions::patch_threads)
+  std::string nccl_engine;  // a wpub-recv binary: the receiver is its NCCL engine
   std::string json_path;
 };
 
@@ -97,6 +108,8 @@ Args Parse(int argc, char** argv) {
       a.patch_threads = std::atoi(v.c_str());
     } else if (k == "--seed") {
       a.seed = std::strtoull(v.c_str(), nullptr, 10);
+    } else if (k == "--nccl_engine") {
+      a.nccl_engine = v;
     } else if (k == "--json") {
       a.json_path = v;
     } else {
@@ -171,12 +184,60 @@ uint64_t Digest(const recv::Receiver& r) {
   return digest;
 }
 
+// The NCCL engine of --nccl_engine: a wpub-recv process keeping its weights on GPU 0, and the
+// rollout group that reaches it.
+struct NcclEngine {
+  std::unique_ptr<testing::Child> process;
+  int port = 0;
+  rollout::RolloutGroup* group = nullptr;  // owned by the engine
+
+  static NcclEngine Start(const Args& args, const std::string& log) {
+    NcclEngine e;
+    e.port = testing::FreePort();
+    auto child =
+        testing::Child::Spawn({args.nccl_engine, absl::StrCat("--engine_listen=127.0.0.1:", e.port),
+                               "--gpu_device=0", "--engine_patches", "--log_level=warn"},
+                              log, /*pipes=*/false, testing::OwnNcclHostEnv(true));
+    BENCH_OK(child.status());
+    e.process = *std::move(child);
+    BENCH_OK(testing::WaitForHealth(*e.process, e.port, absl::Seconds(60), "the NCCL engine", log));
+    return e;
+  }
+  std::unique_ptr<rollout::RolloutGroup> Group() {
+    rollout::RolloutGroupOptions o = testing::LoopbackTransportOptions(
+        {{absl::StrCat("http://127.0.0.1:", port), 1}}, "wpub_delta", 1, absl::Seconds(600));
+    o.join_timeout = absl::Seconds(120);
+    o.engine_watch_interval = absl::ZeroDuration();
+    auto g = rollout::RolloutGroup::Create(o);
+    BENCH_OK(g.status());
+    group = g->get();
+    return *std::move(g);
+  }
+  // The engine's checksums of `version`'s buckets, summed (0: it has none).
+  uint64_t Digest(uint64_t version) const {
+    auto body = testing::HttpGet(port, "/stats");
+    BENCH_OK(body.status());
+    const json j = json::parse(*body, nullptr, false);
+    const std::string v = std::to_string(version);
+    uint64_t digest = 0;
+    if (j.is_object() && j.contains(v)) {
+      for (const json& c : j[v]["checksums"]) digest += c.get<uint64_t>();
+    }
+    return digest;
+  }
+};
+
 struct VersionRow {
   uint64_t version = 0;
   double wall = 0, quantize = 0, transfer = 0, commit = 0;
   uint64_t bytes_out = 0, pulled = 0, patched = 0, buckets = 0, syncs = 0, digest = 0;
   double patch_pull = 0, patch_rebuild = 0;  // the receiver's (ReceiverStats)
 };
+
+std::vector<VersionRow> RunVersions(bool patches, int versions, const Args& args,
+                                    const testing::ModelLayout& layout, uint8_t* model,
+                                    engine::Engine& eng, recv::Receiver* receiver,
+                                    const NcclEngine* engine);
 
 // Every step of the update model published in one mode; the rows of the counted versions.
 std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
@@ -198,8 +259,18 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
   BENCH_OK(memory.status());
   components.retained_memory = *memory;
   components.cuda_ipc = std::make_unique<InProcessResolver>(model, layout.total_bytes);
+  const bool nccl = !args.nccl_engine.empty();
+  NcclEngine engine;
+  if (nccl) {
+    const char* dir = std::getenv("WPUB_TEST_LOG_DIR");
+    engine =
+        NcclEngine::Start(args, absl::StrCat(dir != nullptr ? dir : "/tmp", "/delta_bench_engine_",
+                                             patches ? "patches" : "full", ".log"));
+    components.transports.push_back(engine.Group());
+  }
   auto eng = engine::Engine::Create(eo, nullptr, std::move(components));
   BENCH_OK(eng.status());
+  if (nccl) return RunVersions(patches, versions, args, layout, model, **eng, nullptr, &engine);
   server::DaemonServerOptions so;
   so.listen = "127.0.0.1:0";
   so.max_message_bytes = 64 << 20;
@@ -222,6 +293,19 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
     absl::SleepFor(absl::Milliseconds(5));
   }
 
+  std::vector<VersionRow> rows =
+      RunVersions(patches, versions, args, layout, model, **eng, receiver->get(), nullptr);
+  (*receiver)->Stop();
+  thread.join();
+  (*srv)->Shutdown(absl::Now() + absl::Seconds(10));
+  return rows;
+}
+
+// The update model's steps published by `eng` to `receiver` (gRPC pull) or `engine` (NCCL).
+std::vector<VersionRow> RunVersions(bool patches, int versions, const Args& args,
+                                    const testing::ModelLayout& layout, uint8_t* model,
+                                    engine::Engine& eng, recv::Receiver* receiver,
+                                    const NcclEngine* engine) {
   const std::vector<engine::BatchInput> batches = Batches(layout);
   std::vector<VersionRow> rows;
   for (int step = 1; step <= args.warmup + versions; ++step) {
@@ -231,12 +315,13 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
       std::fprintf(stderr, "the update model's fill failed\n");
       std::exit(1);
     }
-    const recv::ReceiverStats before = (*receiver)->stats();
+    const recv::ReceiverStats before =
+        receiver != nullptr ? receiver->stats() : recv::ReceiverStats{};
     engine::PublicationHeader header;
     header.version = static_cast<uint64_t>(step);
     header.model_id = "qwen3-moe-delta-bench";
     header.recipe = "nvfp4";
-    auto session = (*eng)->Open(header);
+    auto session = eng.Open(header);
     BENCH_OK(session.status());
     for (const engine::BatchInput& b : batches) BENCH_OK((*session)->AddBatch(b));
     auto report = (*session)->Commit();
@@ -246,14 +331,16 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
       std::exit(1);
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while ((*receiver)->stats().last_committed_version < static_cast<uint64_t>(step)) {
+    while (receiver != nullptr &&
+           receiver->stats().last_committed_version < static_cast<uint64_t>(step)) {
       if (absl::Now() > deadline) {
         std::fprintf(stderr, "the receiver did not apply v%d\n", step);
         std::exit(1);
       }
       absl::SleepFor(absl::Milliseconds(1));
     }
-    const recv::ReceiverStats after = (*receiver)->stats();
+    const recv::ReceiverStats after =
+        receiver != nullptr ? receiver->stats() : recv::ReceiverStats{};
     VersionRow row;
     row.version = static_cast<uint64_t>(step);
     row.wall = report->wall_seconds;
@@ -267,7 +354,14 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
     row.patched = after.patched_buckets - before.patched_buckets;
     row.patch_pull = after.patch_pull_seconds - before.patch_pull_seconds;
     row.patch_rebuild = after.patch_rebuild_seconds - before.patch_rebuild_seconds;
-    row.digest = Digest(**receiver);
+    if (receiver != nullptr) {
+      row.digest = Digest(*receiver);
+    } else {  // what was broadcast, and what the engine holds
+      const rollout::EnginePatchStats p = engine->group->last_patches();
+      row.pulled = p.patch_bytes + p.whole_bytes;
+      row.patched = p.patched_buckets;
+      row.digest = engine->Digest(row.version);
+    }
     std::printf(
         "%-8s v%-3d wall %7.3f s (quantize %7.3f, transfer %7.3f, commit %6.3f)  %12lu B out  "
         "pulled %12lu B (%7.4f%%)  %3lu of %3lu buckets patched (pull %6.3f s, rebuild %6.3f s)  "
@@ -281,9 +375,6 @@ std::vector<VersionRow> RunMode(bool patches, int versions, const Args& args,
     std::fflush(stdout);
     if (step > args.warmup) rows.push_back(row);
   }
-  (*receiver)->Stop();
-  thread.join();
-  (*srv)->Shutdown(absl::Now() + absl::Seconds(10));
   return rows;
 }
 
@@ -294,6 +385,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "delta_bench needs a GPU\n");
     return 1;
   }
+  // The NCCL engine shares GPU 0: this process's rank needs a host identity of its own.
+  testing::AdoptOwnNcclHost(!args.nccl_engine.empty());
   cudaSetDevice(0);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
@@ -369,6 +462,8 @@ int Main(int argc, char** argv) {
       patched.size(), 100 * bytes_median, Median(patch_wall), full_median, full.size(), time_median,
       std::min(full.size(), patched.size()));
   json out = {{"device", prop.name},
+              {"receiver", args.nccl_engine.empty() ? "wpub-recv (gRPC pull)"
+                                                    : "wpub-recv NCCL engine (--engine_patches)"},
               {"layers", args.shape.layers},
               {"experts", args.shape.experts},
               {"bucket_mib", args.bucket_bytes >> 20},

@@ -18,7 +18,9 @@
 # update model (delta_bench, DELTA_LAYERS layers of the Qwen3-30B-A3B shape, default 24;
 # DELTA_LR, default 1e-6; 2 warm-up + DELTA_VERSIONS patched versions, default 10, and
 # DELTA_FULL_VERSIONS full ones, default 3: a full version pulls the whole model, ~12 s;
-# DELTA_PATCH_THREADS, the receiver's rebuild threads, default 8).
+# DELTA_PATCH_THREADS, the receiver's rebuild threads, default 8); delta_nccl: the same to a
+# wpub-recv NCCL engine keeping its weights on GPU 0 (--engine_patches; NCCL's socket transport,
+# the GPU shared), patches broadcast in format 3 and applied on its GPU.
 # WPUB_DEVBIN=$PWD/.devbin/onegpu runs the one-GPU set (deploy/stage_devbin.sh <build> onegpu).
 set -u
 ROOT=$(pwd)
@@ -78,15 +80,17 @@ for step in "${steps[@]}"; do
       echo "restore rc=$r"
       grep -E '^\(|restore' "$LOGS/restore.log" | head -30
       [ $r -ne 0 ] && { tail -20 "$LOGS/restore.log"; rc=1; } ;;
-    delta)
+    delta | delta_nccl)
+      extra=()
+      [[ $step == delta_nccl ]] && extra=(--nccl_engine "$BIN/wpub-recv")
       timeout 540 "$BIN/delta_bench" --layers "${DELTA_LAYERS:-24}" --lr "${DELTA_LR:-1e-6}" \
         --patch_threads "${DELTA_PATCH_THREADS:-8}" \
         --versions "${DELTA_VERSIONS:-10}" --full_versions "${DELTA_FULL_VERSIONS:-3}" \
-        --json "$OUT/delta.json" >"$LOGS/delta.log" 2>&1
+        "${extra[@]}" --json "$OUT/$step.json" >"$LOGS/$step.log" 2>&1
       r=$?
-      echo "delta rc=$r"
-      grep -E '^(device|full|patches|median)' "$LOGS/delta.log" | head -40
-      [ $r -ne 0 ] && { tail -20 "$LOGS/delta.log"; rc=1; } ;;
+      echo "$step rc=$r"
+      grep -E '^(device|full|patches|median)' "$LOGS/$step.log" | head -40
+      [ $r -ne 0 ] && { tail -20 "$LOGS/$step.log"; rc=1; } ;;
     compare)
       B=$ROOT/.devbin/before
       for round in 1 2; do

@@ -65,6 +65,11 @@ ABSL_FLAG(std::string, engine_protocol, "sglang",
 ABSL_FLAG(bool, vllm_packing_in_init, true,
           "--engine_protocol=vllm: take the packing fields in init_info (vLLM v0.28+); false "
           "behaves as v0.22-v0.27 (refused at init, taken per update).");
+ABSL_FLAG(bool, engine_patches, false,
+          "NCCL data path, --engine_protocol=sglang: keep every bucket received on the GPU(s), as "
+          "an engine keeps its weights, and take format 3 bucket patches against them from a "
+          "daemon started with --patches (its probe reads \"wpub_bucket_patches\" from "
+          "/server_info). Not with --output.");
 ABSL_FLAG(int32_t, gpu_device, 0, "NCCL data path: the CUDA device to receive on.");
 ABSL_FLAG(std::vector<std::string>, gpu_devices, {},
           "NCCL data path: several CUDA devices, one group rank each (an engine with TP ranks: "
@@ -202,6 +207,11 @@ int RunEngineEndpoint(const sigset_t& signals) {
   };
   // Without --output the bytes are only verified: checksum on the device, nothing copied back.
   o.copy_to_host = !output.empty();
+  o.keep_weights = absl::GetFlag(FLAGS_engine_patches);
+  if (o.keep_weights && !output.empty()) {
+    std::fprintf(stderr, "wpub-recv: --engine_patches keeps the weights on the GPU: no --output\n");
+    return 2;
+  }
   auto endpoint = wpub::recv::nccl::ReceiverEndpoint::Start(o, std::move(cb));
   if (!endpoint.ok()) {
     std::fprintf(stderr, "wpub-recv: %s\n", endpoint.status().ToString().c_str());

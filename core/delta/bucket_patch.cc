@@ -143,10 +143,13 @@ BucketPatchPlan DiffWordRuns(absl::Span<const uint8_t> base, uint64_t base_check
       }
     }
   }
+  const bool indexed = options.format == PatchFormat::kIndexedXorRuns;
   uint64_t size = kBucketPatchHeaderBytes;
   for (const Run& r : runs) {
     plan.changed_words += r.words;
-    size += kRunHeaderBytes + std::min(r.words * kWord, n - r.first * kWord);
+    // Format 3 keeps whole words (a partial last word padded with zeros).
+    size += kRunHeaderBytes +
+            (indexed ? r.words * kWord : std::min(r.words * kWord, n - r.first * kWord));
   }
   if (runs.size() > UINT32_MAX || words > UINT32_MAX) {
     plan.full = true;
@@ -160,10 +163,26 @@ BucketPatchPlan DiffWordRuns(absl::Span<const uint8_t> base, uint64_t base_check
   }
   plan.runs = static_cast<uint32_t>(runs.size());
   plan.patch.assign(size, 0);
-  PutHeader(&plan.patch, PatchFormat::kWordRuns, n, base_checksum, next_checksum);
+  PutHeader(&plan.patch, indexed ? PatchFormat::kIndexedXorRuns : PatchFormat::kWordRuns, n,
+            base_checksum, next_checksum);
   Put<uint32_t>(&plan.patch, 32, plan.runs);
-  Put<uint32_t>(&plan.patch, 36, options.xor_runs ? kXorRunsFlag : 0);
+  Put<uint32_t>(&plan.patch, 36, options.xor_runs && !indexed ? kXorRunsFlag : 0);
   Put<uint64_t>(&plan.patch, 40, plan.changed_words);
+  if (indexed) {  // the run table, then every changed word's XOR
+    size_t entry = kBucketPatchHeaderBytes;
+    size_t data = kBucketPatchHeaderBytes + kRunHeaderBytes * runs.size();
+    uint64_t data_word = 0;
+    for (const Run& r : runs) {
+      Put<uint32_t>(&plan.patch, entry, static_cast<uint32_t>(r.first));
+      Put<uint32_t>(&plan.patch, entry + 4, static_cast<uint32_t>(data_word));
+      entry += kRunHeaderBytes;
+      for (uint64_t w = r.first; w < r.first + r.words; ++w, data += kWord) {
+        Put<uint64_t>(&plan.patch, data, LoadWord(base.data(), w, n) ^ LoadWord(next.data(), w, n));
+      }
+      data_word += r.words;
+    }
+    return plan;
+  }
   size_t at = kBucketPatchHeaderBytes;
   for (const Run& r : runs) {
     Put<uint32_t>(&plan.patch, at, static_cast<uint32_t>(r.first));
@@ -275,7 +294,9 @@ struct Edits {
   PatchFormat format = PatchFormat::kUnits;
   uint64_t n = 0, base_checksum = 0, target_checksum = 0;
   size_t patch_size = 0;
-  // Format 1: runs, with where their bytes are in the patch.
+  // Formats 1 and 3: runs, with where their bytes are in the patch (format 3: their XOR with
+  // the base, whole words).
+  bool xor_bytes = false;
   std::vector<Run> runs;
   std::vector<size_t> run_at;
   // Format 2, per application slice: where in the patch its first entry is (the first whose
@@ -284,6 +305,64 @@ struct Edits {
   std::vector<size_t> slice_at;
   std::vector<uint64_t> slice_next;
 };
+
+// Format 3 after the shared header (e holds it): the run table and the XOR words, checked
+// as the GPU's validation checks them (kernels/cuda/bucket_diff.h, LaunchBucketPatchApply).
+absl::StatusOr<Edits> ParseIndexed(absl::Span<const uint8_t> patch, Edits& e) {
+  const uint8_t* p = patch.data();
+  const uint64_t n = e.n;
+  const uint64_t runs = Get<uint32_t>(p + 32);
+  const uint64_t changed = Get<uint64_t>(p + 40);
+  const uint64_t words = (n + kWord - 1) / kWord;
+  if (Get<uint32_t>(p + 36) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bucket patch: format 3 with flags ", Get<uint32_t>(p + 36)));
+  }
+  if (changed > words || runs > changed || (runs == 0) != (changed == 0) ||
+      patch.size() != kBucketPatchHeaderBytes + kRunHeaderBytes * runs + kWord * changed) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket patch: ", runs, " runs of ", changed,
+                                                   " changed words in ", patch.size(),
+                                                   " bytes, for a bucket of ", words, " words"));
+  }
+  e.format = PatchFormat::kIndexedXorRuns;
+  e.xor_bytes = true;
+  e.runs.reserve(runs);
+  e.run_at.reserve(runs);
+  const size_t data_at = kBucketPatchHeaderBytes + kRunHeaderBytes * runs;
+  uint64_t next_free = 0;
+  for (uint64_t i = 0; i < runs; ++i) {
+    const uint64_t first = Get<uint32_t>(p + kBucketPatchHeaderBytes + kRunHeaderBytes * i);
+    const uint64_t data = Get<uint32_t>(p + kBucketPatchHeaderBytes + kRunHeaderBytes * i + 4);
+    const uint64_t end =
+        i + 1 < runs ? Get<uint32_t>(p + kBucketPatchHeaderBytes + kRunHeaderBytes * (i + 1) + 4)
+                     : changed;
+    if ((i == 0 && data != 0) || end <= data || end > changed || first < next_free ||
+        first >= words || end - data > words - first) {
+      return absl::InvalidArgumentError(absl::StrCat("bucket patch: run ", i, " (word ", first,
+                                                     ", data word ", data,
+                                                     ") is out of order or range"));
+    }
+    e.runs.push_back({first, end - data});
+    e.run_at.push_back(data_at + kWord * data);
+    next_free = first + (end - data) + 1;
+  }
+  // Every XOR word changes something, and only the bucket's bytes.
+  for (uint64_t j = 0; j < changed; ++j) {
+    if (Get<uint64_t>(p + data_at + kWord * j) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket patch: changed word ", j, " has XOR 0"));
+    }
+  }
+  if (n % kWord != 0 && runs > 0) {
+    const Run& last = e.runs.back();
+    if (last.first + last.words == words &&
+        Get<uint64_t>(p + patch.size() - kWord) >> (8 * (n % kWord)) != 0) {
+      return absl::InvalidArgumentError(
+          "bucket patch: the last word's XOR reaches past the bucket");
+    }
+  }
+  return std::move(e);
+}
 
 // `xor_runs`: format 1 with the xor-runs flag is what is expected (UnitsFromXorRuns).
 absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = false) {
@@ -339,9 +418,10 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
     }
     return e;
   }
+  if (format == static_cast<uint32_t>(PatchFormat::kIndexedXorRuns)) return ParseIndexed(patch, e);
   if (format != static_cast<uint32_t>(PatchFormat::kUnits)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("bucket patch: format ", format, ", not 1 or 2"));
+        absl::StrCat("bucket patch: format ", format, ", not 1, 2 or 3"));
   }
   const uint64_t count = Get<uint64_t>(p + 32);
   const uint64_t entry_bytes = Get<uint64_t>(p + 40);
@@ -396,7 +476,7 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
 
 // Applies the edits that fall in bytes [lo, hi) of `out` (a copy of the base there).
 void ApplySlice(const Edits& e, const uint8_t* patch, uint64_t lo, uint64_t hi, uint8_t* out) {
-  if (e.format == PatchFormat::kWordRuns) {
+  if (e.format != PatchFormat::kUnits) {
     // The first run that ends after lo.
     auto it = std::upper_bound(e.runs.begin(), e.runs.end(), lo, [](uint64_t b, const Run& r) {
       return b < (r.first + r.words) * kWord;
@@ -406,7 +486,12 @@ void ApplySlice(const Edits& e, const uint8_t* patch, uint64_t lo, uint64_t hi, 
       const uint64_t end = std::min({(it->first + it->words) * kWord, e.n, hi});
       const uint64_t from = std::max(start, lo);
       const size_t r = static_cast<size_t>(it - e.runs.begin());
-      std::memcpy(out + from, patch + e.run_at[r] + (from - start), end - from);
+      const uint8_t* bytes = patch + e.run_at[r] + (from - start);
+      if (e.xor_bytes) {
+        for (uint64_t i = 0; i < end - from; ++i) out[from + i] ^= bytes[i];
+      } else {
+        std::memcpy(out + from, bytes, end - from);
+      }
     }
     return;
   }
@@ -444,9 +529,9 @@ BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksu
     plan.why = absl::StrCat("the bucket is ", next.size(), " bytes, its base ", base.size());
     return plan;
   }
-  return options.format == PatchFormat::kWordRuns
-             ? DiffWordRuns(base, base_checksum, next, next_checksum, options)
-             : DiffUnits(base, base_checksum, next, next_checksum, options);
+  return options.format == PatchFormat::kUnits
+             ? DiffUnits(base, base_checksum, next, next_checksum, options)
+             : DiffWordRuns(base, base_checksum, next, next_checksum, options);
 }
 
 absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_runs,

@@ -28,6 +28,17 @@
 //   (kernels/cuda/bucket_diff.h), turned into format 2 on the host (UnitsFromXorRuns), never
 //   sent to or applied by a receiver.
 //
+// Format 3, indexed xor runs (what wpubd broadcasts to NCCL engines that take patches: made and
+// applied on the GPU, each word independently, kernels/cuda/bucket_diff.h):
+//   32 u32 runs   36 u32 flags (0)   40 u64 changed words
+//   48 runs x {u32 first word, u32 data word}: ascending, none touching the next; data word is
+//      the changed words of the runs before (0 for the first), so run r's length is the next
+//      run's data word (changed words after the last) minus its own
+//   48 + 8 runs: changed words x 8 bytes, base XOR target, in run order; the bucket's partial
+//      last word zero-padded. Size 48 + 8 runs + 8 changed words.
+// Applying it twice gives the base back: a receiver that patched its live copy and found the
+// wrong checksum undoes the patch by applying it again.
+//
 // The receiver applies a patch only to the exact base (its checksum) and keeps the result only
 // when it has the target's checksum -- the reconstruction is checked against the full bucket,
 // never against the patch.
@@ -51,6 +62,7 @@ inline constexpr size_t kBucketPatchHeaderBytes = 48;
 enum class PatchFormat : uint32_t {
   kWordRuns = 1,
   kUnits = 2,
+  kIndexedXorRuns = 3,
 };
 
 struct BucketPatchOptions {
@@ -68,14 +80,14 @@ struct BucketPatchPlan {
   bool full = false;           // send the bucket whole (why says why); patch is empty
   std::string why;             // "" for a patch
   std::vector<uint8_t> patch;  // the patch (format above) when !full
-  uint64_t changed_words = 0;  // format 1: words that differ
-  uint32_t runs = 0;           // format 1: runs of them
+  uint64_t changed_words = 0;  // formats 1 and 3: words that differ
+  uint32_t runs = 0;           // formats 1 and 3: runs of them
   uint64_t changed_units = 0;  // format 2: 16-bit units that differ
 };
 
 // The patch from `base` to `next` (the same bucket index of two versions, laid out alike) in
 // options.format, or the decision to send `next` whole: a size that differs, a patch over
-// max_patch_fraction, or (format 1) more words or runs than a u32 counts.
+// max_patch_fraction, or (formats 1 and 3) more words or runs than a u32 counts.
 // `base_checksum` and `next_checksum` are the buckets' checksums (the manifests'): they go into
 // the patch unverified here.
 BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksum,
@@ -110,7 +122,7 @@ struct ApplyPatchOptions {
   uint64_t* checksum = nullptr;
 };
 
-// The bucket `patch` (format 1 without flags, or 2) makes of `base`, all or nothing:
+// The bucket `patch` (format 1 without flags, 2 or 3) makes of `base`, all or nothing:
 // INVALID_ARGUMENT naming the field for a malformed patch (header, sizes, entries out of range,
 // overlapping or out of order, a zero XOR); FAILED_PRECONDITION when `base` is not the patch's
 // base (size or checksum: the receiver needs the whole bucket); DATA_LOSS when the result does

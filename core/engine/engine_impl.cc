@@ -188,6 +188,17 @@ absl::StatusOr<std::shared_ptr<Engine::Impl>> Engine::Impl::Create(const EngineO
   });
   if (options.patches.enabled) impl->pull_->SetPatchSource(MakePatchSource(weak, options));
   for (const auto& t : impl->extra_transports_) {
+    if (options.patches.enabled) {
+      // The engines of rollout groups that take patches get them against the retained version.
+      t->SetEnginePatches(
+          {.retained = [weak]() -> std::shared_ptr<const transport::RetainedVersion> {
+             const std::shared_ptr<Impl> self = weak.lock();
+             return self == nullptr ? nullptr : self->retained().Retained();
+           },
+           .max_patch_fraction = options.patches.max_patch_fraction,
+           .full_every = options.patches.full_every,
+           .threads = options.cpu_threads});
+    }
     t->SetBehindListener([weak](const std::string& engine, uint64_t held) {
       if (const std::shared_ptr<Impl> self = weak.lock()) {
         self->replayer_->Request(ReplayKind::kCatchUp,

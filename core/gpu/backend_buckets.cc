@@ -200,6 +200,7 @@ absl::Status PublicationRun::EmitBucket(size_t b, uint8_t* buf) {
   const transport::BucketManifest* manifest = &bucket->manifest;
   bucket->device.copy_to_host = [this, b, buf, manifest] { return CopyToHost(b, buf, *manifest); };
   bucket->device.checksum_to_host = [this, b] { return ChecksumToHost(b); };
+  bucket->device.count_host_wait = [this] { syncs_.CountExternal(); };
   timing_->host_buckets_seconds += SecondsSince(t_bucket);
   const HostClock::time_point t_emit = HostClock::now();
   absl::Status sent = hooks_.emit(std::move(bucket));

@@ -42,6 +42,10 @@ class HostSyncs {
   absl::Status MallocHost(void** ptr, size_t bytes, const char* why);
   absl::Status FreeHost(void* ptr);
 
+  // One synchronizing call made elsewhere on this publication's behalf (a reader of its
+  // buckets on its thread: transport::DeviceBytes::count_host_wait).
+  void CountExternal() { Count(); }
+
   uint64_t counted() const { return counted_; }
 
  private:

@@ -163,6 +163,24 @@ class GpuRetainedMemory::Version final : public transport::RetainedBytes {
                          max_patch_fraction);
   }
 
+  absl::StatusOr<transport::DevicePatch> PatchOnDevice(const transport::BucketManifest& base_bucket,
+                                                       const transport::Bucket& next,
+                                                       uint64_t next_checksum,
+                                                       double max_patch_fraction) override {
+    const uint32_t i = base_bucket.index;
+    if (arena_->in_pinned) return absl::UnimplementedError("a pinned copy makes no device patches");
+    if (!sealed() || i >= sizes_.size() || next.location != transport::BucketLocation::kDevice ||
+        next.manifest.index != i || next.manifest.nbytes != sizes_[i] ||
+        next.device.device != memory_->options_.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "retained memory: no device patch for bucket ", i,
+          ": the base is not sealed, or the bucket is not a device bucket of its size on the "
+          "retained copy's device"));
+    }
+    return memory_->DiffForBroadcast(arena_->base() + offsets_[i], next, base_bucket.checksum,
+                                     next_checksum, max_patch_fraction);
+  }
+
   absl::StatusOr<std::shared_ptr<const transport::Bucket>> StagedHostCopy(
       uint64_t version, const transport::BucketManifest& manifest, absl::Duration wait) override {
     const uint32_t i = manifest.index;
@@ -415,8 +433,123 @@ uint64_t GpuRetainedMemory::held_bytes() const {
     held = bounce_[0].size() + bounce_[1].size();
     for (const std::shared_ptr<Arena>& a : arenas_) held += a->capacity();
   }
-  std::lock_guard lock(diff_mu_);
-  return held + diff_patch_.size() + diff_scratch_.size();
+  {
+    std::lock_guard lock(diff_mu_);
+    held += diff_patch_.size() + diff_scratch_.size();
+  }
+  std::lock_guard lock(bcast_mu_);
+  return held + bcast_patch_[0].size() + bcast_patch_[1].size() + bcast_scratch_.size() +
+         bcast_aligned_.size();
+}
+
+absl::StatusOr<transport::DevicePatch> GpuRetainedMemory::DiffForBroadcast(
+    const uint8_t* base, const transport::Bucket& next, uint64_t base_checksum,
+    uint64_t next_checksum, double max_patch_fraction) {
+  const uint64_t n = next.manifest.nbytes;
+  // DiffBucket sends the bucket whole when the patch's size > fraction * n: the capacity is
+  // that limit, so a diff that does not fit is one DiffBucket would send whole too.
+  const uint64_t capacity = static_cast<uint64_t>(
+      std::floor(std::clamp(max_patch_fraction, 0.0, 1.0) * static_cast<double>(n)));
+  const uint64_t scratch = kernels::cuda::BucketDiffScratchBytes(n, capacity);
+  constexpr uint64_t kTotals = sizeof(kernels::cuda::BucketDiffTotals);
+  std::lock_guard lock(bcast_mu_);
+  WPUB_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.device));
+  if (bcast_stream_.get() == nullptr) {
+    WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Stream::Create(&bcast_stream_));
+    for (int k = 0; k < 2; ++k) {
+      WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &bcast_ready_[k]));
+      WPUB_CUDA_RETURN_IF_ERROR(kernels::cuda::Event::Create(/*timing=*/false, &bcast_done_[k]));
+    }
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(kTotals, &bcast_totals_device_);
+        e != cudaSuccess) {
+      return Exhausted(e, kTotals, "device memory for a patch's totals");
+    }
+    if (const cudaError_t e = kernels::cuda::PinnedHostBuffer::Create(kTotals, &bcast_totals_);
+        e != cudaSuccess) {
+      return Exhausted(e, kTotals, "pinned memory for a patch's totals");
+    }
+  }
+  const int k = static_cast<int>(bcast_next_++ % 2);
+  // Grown to the largest bucket's needs and kept (held_bytes). Freeing the smaller buffer waits
+  // for the device (cudaFree): its last reader is done.
+  const uint64_t want = std::max<uint64_t>(capacity, 8);
+  if (bcast_patch_[k].size() < want) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(want, &bcast_patch_[k]);
+        e != cudaSuccess) {
+      return Exhausted(e, want, "device memory for a broadcast patch");
+    }
+  }
+  if (bcast_scratch_.size() < scratch) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(scratch, &bcast_scratch_);
+        e != cudaSuccess) {
+      return Exhausted(e, scratch, "device memory for a bucket diff");
+    }
+  }
+  // The diff reads whole words: a bucket the producer packed at an offset that is not a multiple
+  // of 16 bytes is first copied to an aligned buffer (a device copy of n bytes; kept, counted).
+  const transport::DeviceBytes& d = next.device;
+  const bool aligned = reinterpret_cast<uintptr_t>(d.data) % 16 == 0;
+  if (!aligned && bcast_aligned_.size() < n) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(n, &bcast_aligned_);
+        e != cudaSuccess) {
+      return Exhausted(e, n, "device memory for an aligned copy of a bucket to diff");
+    }
+  }
+  const cudaStream_t s = bcast_stream_.get();
+  const absl::Status diffed = [&]() -> absl::Status {
+    WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, d.ready, 0));
+    WPUB_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(s, bcast_done_[k].get(), 0));
+    const uint8_t* bucket = d.data;
+    if (!aligned) {
+      WPUB_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(bcast_aligned_.data(), d.data, n, cudaMemcpyDeviceToDevice, s));
+      bucket = bcast_aligned_.as<uint8_t>();
+    }
+    if (const cudaError_t e = kernels::cuda::LaunchBucketDiffIndexed(
+            base, bucket, n, base_checksum, next_checksum, bcast_patch_[k].as<uint8_t>(),
+            capacity, bcast_scratch_.data(), bcast_scratch_.size(),
+            bcast_totals_device_.as<kernels::cuda::BucketDiffTotals>(), s);
+        e != cudaSuccess) {
+      const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 256; };
+      return absl::InternalError(absl::StrCat(
+          "the device patch of bucket ", next.manifest.index, " (", n, " bytes, capacity ",
+          capacity, ", scratch ", bcast_scratch_.size(), "; base, bucket and patch at ",
+          at(base), ", ", at(bucket), ", ", at(bcast_patch_[k].data()),
+          " mod 256): ", cudaGetErrorString(e)));
+    }
+    return absl::OkStatus();
+  }();
+  // Behind whatever of the diff was enqueued: the producer reuses its buffer only after it.
+  if (d.done != nullptr) WPUB_CUDA_RETURN_IF_ERROR(cudaEventRecord(d.done, s));
+  WPUB_RETURN_IF_ERROR(diffed);
+  WPUB_CUDA_RETURN_IF_ERROR(bcast_ready_[k].Record(s));
+  WPUB_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bcast_totals_.data(), bcast_totals_device_.data(),
+                                            kTotals, cudaMemcpyDeviceToHost, s));
+  HostSyncs wait(nullptr);  // counted in the producer's publication below
+  if (d.count_host_wait) d.count_host_wait();
+  WPUB_RETURN_IF_ERROR(wait.StreamSynchronize(s, "device patch size"));
+  const auto* totals = bcast_totals_.as<const kernels::cuda::BucketDiffTotals>();
+  transport::DevicePatch out;
+  out.changed_words = totals->changed_words;
+  out.runs = static_cast<uint32_t>(std::min<unsigned long long>(totals->runs, UINT32_MAX));
+  if (totals->written != 1) {
+    out.why = absl::StrCat("a patch would be ", totals->patch_bytes, " bytes, over ",
+                           max_patch_fraction, " of the bucket's ", n);
+    return out;
+  }
+  auto patch = std::make_shared<transport::Bucket>();
+  patch->version = next.version;
+  patch->manifest.index = next.manifest.index;
+  patch->manifest.nbytes = totals->patch_bytes;
+  patch->location = transport::BucketLocation::kDevice;
+  patch->device.data = bcast_patch_[k].as<uint8_t>();
+  patch->device.device = options_.device;
+  patch->device.ready = bcast_ready_[k].get();
+  patch->device.done = bcast_done_[k].get();
+  patch->device.reader_done[0] = bcast_done_[k].get();
+  out.made = true;
+  out.patch = std::move(patch);
+  return out;
 }
 
 absl::StatusOr<transport::RetainedPatch> GpuRetainedMemory::Diff(

@@ -33,8 +33,12 @@
 // the publication's, and only the xor runs cross PCIe. A pinned copy leaves patches to the host
 // (UNIMPLEMENTED). The diff's device buffers (room for the xor runs of any patch within
 // max_patch_fraction, delta::XorRunsCapacity: up to the largest bucket, and its run scratch)
-// are kept and counted in held_bytes. StagedHostCopy reads a staging bucket back once its copy
-// is done (a deferred bucket a receiver takes whole).
+// are kept and counted in held_bytes. PatchOnDevice (a sealed version's bucket against a bucket
+// the producer emits, for NCCL engines that take patches) writes format 3 into one of two
+// broadcast buffers of its own (each waits on the device for its previous reader), one host
+// wait for the size, on the publication's thread and counted there; a bucket the producer packed
+// at an offset that is not 16-byte aligned is copied to an aligned buffer first (on the device). StagedHostCopy reads a staging
+// bucket back once its copy is done (a deferred bucket a receiver takes whole).
 //
 // Thread-safety: see retained_memory.h. Create the memory once; it must outlive nothing: every
 // RetainedBytes it hands out keeps it alive.
@@ -89,6 +93,14 @@ class GpuRetainedMemory final : public transport::RetainedMemory,
                                                 uint64_t base_checksum, uint64_t next_checksum,
                                                 double max_patch_fraction);
 
+  // Version::PatchOnDevice's diff of `next` (a producer's device bucket) against `base`.
+  // Serialized by bcast_mu_.
+  absl::StatusOr<transport::DevicePatch> DiffForBroadcast(const uint8_t* base,
+                                                          const transport::Bucket& next,
+                                                          uint64_t base_checksum,
+                                                          uint64_t next_checksum,
+                                                          double max_patch_fraction);
+
   const RetainedMemoryOptions options_;
   kernels::cuda::Stream stream_;  // staging, sealing and bounce copies
   mutable std::mutex mu_;
@@ -104,6 +116,17 @@ class GpuRetainedMemory final : public transport::RetainedMemory,
   kernels::cuda::DeviceBuffer diff_scratch_;        // kernels::cuda::BucketDiffScratchBytes
   kernels::cuda::DeviceBuffer diff_totals_device_;  // one BucketDiffTotals, written by the diff
   kernels::cuda::PinnedHostBuffer diff_totals_;     // ... read back here
+  // Device patches for broadcasts (DiffForBroadcast): two patch buffers, alternating, each with
+  // the event its diff records (ready) and the one its reader records (done).
+  mutable std::mutex bcast_mu_;
+  kernels::cuda::Stream bcast_stream_;  // created by the first device patch
+  kernels::cuda::DeviceBuffer bcast_patch_[2];
+  kernels::cuda::Event bcast_ready_[2], bcast_done_[2];
+  kernels::cuda::DeviceBuffer bcast_scratch_, bcast_totals_device_;
+  // A bucket packed at an offset that is not 16-byte aligned, copied here to be diffed.
+  kernels::cuda::DeviceBuffer bcast_aligned_;
+  kernels::cuda::PinnedHostBuffer bcast_totals_;
+  uint64_t bcast_next_ = 0;  // patches made: the next one's buffer is bcast_next_ % 2
 };
 
 }  // namespace wpub::gpu

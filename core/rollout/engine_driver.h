@@ -23,6 +23,7 @@
 #include "absl/types/span.h"
 #include "core/engine/rollout_connector.h"
 #include "core/engine/types.h"
+#include "core/rollout/update_request.h"
 #include "core/transport/group_channel.h"
 
 namespace wpub::rollout {
@@ -104,6 +105,10 @@ struct EngineProfile {
   // the publication ends (wpub's own receivers declare it in their server info). SGLang adopts a
   // bucket's version as soon as that bucket loads, so it is told the version only at the end.
   bool bucket_versions = false;
+  // The engine takes format 3 bucket patches in place of a bucket's broadcast (update requests
+  // with "wpub_patch", core/rollout/update_request.h): its server info lists 3 in
+  // "wpub_bucket_patches" (wpub's own receivers, nccl::ReceiverEndpoint with patches on).
+  bool bucket_patches = false;
   bool Lacks(std::string_view what) const { return lacks.find(what) != lacks.end(); }
 };
 
@@ -149,6 +154,16 @@ class EngineDriver {
   // for a channel that broadcasts it.
   virtual void PostBucket(const transport::BucketManifest& bucket,
                           const transport::SharedDeviceBytes* shared = nullptr) = 0;
+  // Whether every engine of the group takes bucket patches (EngineProfile::bucket_patches) over
+  // this driver's broadcasts; only then is PostPatchedBucket called.
+  virtual bool TakesPatches() const { return false; }
+  // Queues the update request of one bucket whose broadcast (one, of patch.bytes) carries its
+  // format 3 patch instead of its bytes, as PostBucket does otherwise. Called only when
+  // TakesPatches(); the default posts nothing.
+  virtual void PostPatchedBucket(const transport::BucketManifest& bucket,
+                                 const UpdatePatch& patch) {
+    (void)bucket, (void)patch;
+  }
   // The broadcasts one bucket is sent as, by byte size in order (the engines receive it in
   // these pieces): the whole bucket for SGLang's flattened bucket, vLLM's packed chunks.
   virtual std::vector<uint64_t> BroadcastChunks(const transport::BucketManifest& bucket) const {
@@ -247,7 +262,8 @@ std::vector<absl::StatusOr<EngineProfile>> ProfileEngines(
 std::optional<absl::Status> ProbeRefusal(const std::string& what, const RouteAnswer& answer);
 
 // Reads an engine's server info answer (SGLang's /server_info, vLLM's /version) into `profile`:
-// its "version" (the release, at most 64 bytes) and wpub's own receivers' "wpub_bucket_versions".
+// its "version" (the release, at most 64 bytes) and wpub's own receivers' "wpub_bucket_versions"
+// and "wpub_bucket_patches" (a list of patch formats: 3 sets bucket_patches).
 // False when the answer is not a 2xx JSON object (`profile` unchanged).
 bool ReadServerInfo(const RouteAnswer& answer, EngineProfile* profile);
 

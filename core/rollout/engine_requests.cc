@@ -168,6 +168,9 @@ bool ReadServerInfo(const RouteAnswer& answer, EngineProfile* profile) {
   if (auto b = j.find("wpub_bucket_versions"); b != j.end() && b->is_boolean()) {
     profile->bucket_versions = b->get<bool>();
   }
+  if (auto b = j.find("wpub_bucket_patches"); b != j.end() && b->is_array()) {
+    for (const json& f : *b) profile->bucket_patches |= f.is_number_unsigned() && f == 3;
+  }
   return true;
 }
 

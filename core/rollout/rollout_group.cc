@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status.h"
+#include "core/delta/bucket_patch.h"
 #include "spdlog/spdlog.h"
 
 namespace wpub::rollout {
@@ -257,6 +258,29 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
   };
   channel_->Begin(std::move(watch));
   driver_->BeginPublication(m.version, m.engine_lifecycle);
+  // Patches when every engine holds the retained version whole (see SetPatches).
+  patch_base_.reset();
+  std::shared_ptr<const transport::RetainedVersion> base =
+      patches_.retained && patches_.full_every != 1 && m.group.empty() && !m.replay &&
+              driver_->TakesPatches()
+          ? patches_.retained()
+          : nullptr;
+  if (base != nullptr && base->manifest.group.empty() && base->manifest.version < m.version &&
+      (patches_.full_every == 0 || patched_in_a_row_ + 1 < patches_.full_every)) {
+    std::lock_guard lock(info_mu_);
+    bool all = true;
+    for (const EngineSpec& e : driver_->engines()) {
+      const auto v = weight_versions_.find(e.url);
+      all &= dirty_.count(e.url) == 0 && v != weight_versions_.end() &&
+             v->second == base->manifest.version;
+    }
+    if (all) patch_base_ = std::move(base);
+  }
+  {
+    std::lock_guard lock(patch_mu_);
+    patch_stats_ = EnginePatchStats{};
+    if (patch_base_ != nullptr) patch_stats_.base_version = patch_base_->manifest.version;
+  }
   // An abort from another thread since kBegun found no engine asked anything yet: the resume it
   // could not owe is owed now, to the publication thread's own abort that follows.
   if (Stage begun = Stage::kBegun; !stage_.compare_exchange_strong(begun, Stage::kPaused)) {
@@ -274,10 +298,81 @@ absl::Status RolloutGroup::Send(std::shared_ptr<const transport::Bucket> bucket)
   // A colocated channel's engines read the bucket in place: their request carries it.
   WPUB_ASSIGN_OR_RETURN(const std::optional<transport::SharedDeviceBytes> shared,
                         channel_->Share(*bucket));
+  if (patch_base_ != nullptr && !shared.has_value()) {
+    absl::StatusOr<PatchMade> made = MakePatch(*bucket);
+    if (!made.ok()) {
+      spdlog::warn("publication {}: bucket {} goes whole: its patch: {}", version_,
+                   bucket->manifest.index, made.status().ToString());
+    } else if (made->patch != nullptr) {
+      const transport::BucketManifest& m = bucket->manifest;
+      driver_->PostPatchedBucket(
+          m, UpdatePatch{
+                 .base_version = patch_base_->manifest.version,
+                 .base_checksum = patch_base_->manifest.buckets[m.index].checksum,
+                 .target_checksum = made->target_checksum,
+                 .bytes = made->patch->manifest.nbytes,
+             });
+      {
+        std::lock_guard lock(patch_mu_);
+        ++patch_stats_.patched_buckets;
+        patch_stats_.patch_bytes += made->patch->manifest.nbytes;
+        patch_stats_.patched_bucket_bytes += m.nbytes;
+      }
+      return channel_->Send(*made->patch, {});
+    }
+  }
+  {
+    std::lock_guard lock(patch_mu_);
+    ++patch_stats_.whole_buckets;
+    patch_stats_.whole_bytes += bucket->manifest.nbytes;
+  }
   // The engine posts its receive inside this request's handler: issue it first.
   driver_->PostBucket(bucket->manifest, shared.has_value() ? &*shared : nullptr);
   const std::vector<uint64_t> chunks = driver_->BroadcastChunks(bucket->manifest);
   return channel_->Send(*bucket, chunks);
+}
+
+absl::StatusOr<RolloutGroup::PatchMade> RolloutGroup::MakePatch(const transport::Bucket& bucket) {
+  const transport::RetainedVersion& r = *patch_base_;
+  const uint32_t i = bucket.manifest.index;
+  PatchMade out;
+  if (i >= r.bucket_count()) return out;
+  const transport::BucketManifest& was = r.manifest.buckets[i];
+  if (was.nbytes != bucket.manifest.nbytes || was.tensors != bucket.manifest.tensors) return out;
+  if (bucket.location == transport::BucketLocation::kDevice) {
+    // Diffed where both live; only the checksum and the patch's size come to the host.
+    if (r.memory == nullptr || !bucket.device.checksum_to_host) return out;
+    WPUB_ASSIGN_OR_RETURN(out.target_checksum, bucket.device.checksum_to_host());
+    WPUB_ASSIGN_OR_RETURN(
+        transport::DevicePatch p,
+        r.memory->PatchOnDevice(was, bucket, out.target_checksum, patches_.max_patch_fraction));
+    if (p.made) out.patch = std::move(p.patch);
+    return out;
+  }
+  WPUB_ASSIGN_OR_RETURN(std::shared_ptr<const transport::Bucket> base, r.HostBucketAt(i));
+  delta::BucketPatchPlan plan =
+      delta::DiffBucket(base->span(), was.checksum, bucket.span(), bucket.manifest.checksum,
+                        {.max_patch_fraction = patches_.max_patch_fraction,
+                         .threads = patches_.threads,
+                         .format = delta::PatchFormat::kIndexedXorRuns});
+  if (plan.full) return out;
+  auto patch = std::make_shared<transport::Bucket>();
+  patch->version = bucket.version;
+  patch->manifest.index = i;
+  patch->manifest.nbytes = plan.patch.size();
+  patch->bytes = std::move(plan.patch);
+  out.target_checksum = bucket.manifest.checksum;
+  out.patch = std::move(patch);
+  return out;
+}
+
+void RolloutGroup::SetEnginePatches(transport::EnginePatches patches) {
+  patches_ = std::move(patches);
+}
+
+EnginePatchStats RolloutGroup::last_patches() const {
+  std::lock_guard lock(patch_mu_);
+  return patch_stats_;
 }
 
 absl::Status RolloutGroup::WaitAcknowledged(absl::Time deadline) {
@@ -315,6 +410,16 @@ absl::Status RolloutGroup::Commit() {
   }
   driver_->EndPublication();
   absl::Status s = driver_->WaitIdle(absl::Now() + family_->request_timeout());
+  patched_in_a_row_ = s.ok() && patch_base_ != nullptr ? patched_in_a_row_ + 1 : 0;
+  if (patch_base_ != nullptr) {
+    const EnginePatchStats p = last_patches();
+    spdlog::info(
+        "publication {}: {} of {} buckets broadcast as patches against v{} ({} bytes "
+        "for {})",
+        version_, p.patched_buckets, p.patched_buckets + p.whole_buckets, p.base_version,
+        p.patch_bytes, p.patched_bucket_bytes);
+  }
+  patch_base_.reset();
   {
     // An engine that applied the whole version is clean again; one whose end calls failed
     // may have applied part of it and stays dirty.

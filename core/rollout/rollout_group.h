@@ -56,6 +56,7 @@
 #include "core/rollout/sglang_driver.h"
 #include "core/rollout/vllm_driver.h"
 #include "core/transport/group_channel.h"
+#include "core/transport/retained_copy.h"
 #include "core/transport/transport.h"
 
 namespace wpub::rollout {
@@ -109,6 +110,16 @@ struct RolloutGroupOptions {
   // engine is caught up from the retained copy. One that does not answer its health check makes
   // the next Begin re-form the group without it. Zero: no watch.
   absl::Duration engine_watch_interval = absl::Seconds(10);
+};
+
+// What the last publication sent the group's engines (RolloutGroup::last_patches).
+struct EnginePatchStats {
+  uint64_t base_version = 0;  // the version patches were made against; 0: none offered
+  uint32_t patched_buckets = 0;
+  uint32_t whole_buckets = 0;
+  uint64_t patch_bytes = 0;           // broadcast as patches
+  uint64_t whole_bytes = 0;           // broadcast whole
+  uint64_t patched_bucket_bytes = 0;  // the whole size of the buckets sent as patches
 };
 
 class RolloutGroup final : public transport::Transport, public FamilyConnector {
@@ -173,6 +184,18 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   // it. Nothing while a publication or a Connect runs, or no group is formed.
   std::vector<std::string> WatchEnginesOnce();
 
+  // Offers the engines bucket patches (transport::EnginePatches); before the first publication. A
+  // publication is patched when the driver says every engine takes patches
+  // (EngineDriver::TakesPatches), every engine of the group committed the retained version (its
+  // last publication on it, not dirty), the version is not a group version or a replay, and
+  // full_every does not force a whole one. A bucket is sent as its patch when it is laid out as
+  // the retained one's and the patch is within max_patch_fraction (a device bucket is diffed
+  // in the retained memory, RetainedBytes::PatchOnDevice: one counted host wait for its checksum
+  // and one for the patch's size; a host bucket on the host), else whole -- each engine applies
+  // what it gets and verifies the whole bucket's checksum.
+  void SetEnginePatches(transport::EnginePatches patches) override;
+  EnginePatchStats last_patches() const;
+
   // Engines left paused by an aborted publication (see the file comment).
   std::vector<std::string> dirty_engines() const;
   // The bytes' side (NCCL's: nccl::NcclTransport, for its broadcast timings).
@@ -217,7 +240,22 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   // The watchdog's peer check: ABORTED with every failed engine's error, or OK.
   absl::Status EngineFailure() const;
 
+  // Bucket `bucket`'s patch against patch_base_ (null: it goes whole), with the whole bucket's
+  // checksum; publication thread.
+  struct PatchMade {
+    std::shared_ptr<const transport::Bucket> patch;
+    uint64_t target_checksum = 0;
+  };
+  absl::StatusOr<PatchMade> MakePatch(const transport::Bucket& bucket);
+
   const RolloutGroupOptions options_;
+  transport::EnginePatches patches_;  // SetEnginePatches' (before the first publication)
+  // The publication thread's: the version this publication is patched against (null: none), the
+  // committed patched publications in a row, and what was sent.
+  std::shared_ptr<const transport::RetainedVersion> patch_base_;
+  uint32_t patched_in_a_row_ = 0;
+  mutable std::mutex patch_mu_;
+  EnginePatchStats patch_stats_;  // guarded by patch_mu_
   // The families this group speaks, by EngineSpec::family ("sglang", "vllm"): the options' or
   // the built-in ones, fixed in Create.
   const std::map<std::string, std::shared_ptr<const EngineFamily>> families_;

@@ -58,14 +58,17 @@ std::string InitGroupBody(const SglangDriverOptions& o, const GroupLayout& g, si
 }
 
 std::string UpdateBody(const SglangDriverOptions& o, const transport::BucketManifest& bucket,
-                       const std::string& load_format, const std::string& version) {
+                       const std::string& load_format, const std::string& version, bool sequenced,
+                       const UpdatePatch* patch = nullptr) {
   UpdateRequestFields f;
+  if (patch != nullptr) f.patch = *patch;
   f.group_name = o.group_name;
   f.flush_cache = o.flush_cache_on_update;
   f.weight_version = version;
   f.load_format = load_format;
-  // Several requests in flight: the engine must receive them in this order (see the option).
-  if (o.requests_in_flight > 1) f.sequence = bucket.index;
+  // Several requests in flight: the engine must receive them in this order (see the option);
+  // an engine that takes patches keeps its buckets by this index.
+  if (o.requests_in_flight > 1 || sequenced) f.sequence = bucket.index;
   return EncodeUpdateRequest(bucket.tensors, f);
 }
 
@@ -119,6 +122,7 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
   for (const EngineProfile& p : options.profiles) {
     if (p.Lacks(kFlattenedBucket)) d->load_format_.clear();
   }
+  d->takes_patches_ = d->EveryEngineTakesPatches();
   for (const EngineSpec& e : options.engines) {
     d->workers_.push_back(std::make_unique<EngineRequestQueue>(
         e.url, options.connect_timeout, options.request_timeout, options.requests_in_flight,
@@ -215,12 +219,34 @@ void SglangDriver::PauseLocked() {
   PostAll("POST", e.begin, "{}", [](EngineRequest& r) { r.opens = true; });
 }
 
+bool SglangDriver::TakesPatches() const { return takes_patches_; }
+
+bool SglangDriver::EveryEngineTakesPatches() const {
+  if (options_.colocated || options_.endpoints.update.empty() || load_format_.empty() ||
+      options_.profiles.size() != options_.engines.size() || options_.engines.empty()) {
+    return false;
+  }
+  for (const EngineProfile& p : options_.profiles) {
+    if (!p.bucket_patches) return false;
+  }
+  return true;
+}
+
+void SglangDriver::PostPatchedBucket(const transport::BucketManifest& bucket,
+                                     const UpdatePatch& patch) {
+  PostUpdate(bucket, &patch);
+}
+
 void SglangDriver::PostBucket(const transport::BucketManifest& bucket,
                               const transport::SharedDeviceBytes* shared) {
   if (options_.colocated) {
     PostSharedBucket(bucket, shared);
     return;
   }
+  PostUpdate(bucket, nullptr);
+}
+
+void SglangDriver::PostUpdate(const transport::BucketManifest& bucket, const UpdatePatch* patch) {
   const std::string& path = options_.endpoints.update;
   if (path.empty()) return;
   std::lock_guard lock(post_mu_);
@@ -235,7 +261,8 @@ void SglangDriver::PostBucket(const transport::BucketManifest& bucket,
     std::shared_ptr<const std::string>& body = with_version ? versioned : plain;
     if (!body) {
       body = std::make_shared<const std::string>(
-          UpdateBody(options_, bucket, load_format_, with_version ? std::to_string(version_) : ""));
+          UpdateBody(options_, bucket, load_format_, with_version ? std::to_string(version_) : "",
+                     takes_patches_, patch));
     }
     workers_[i]->Post(EngineRequest{"POST", path, body, /*overlappable=*/true, /*update=*/true});
   }

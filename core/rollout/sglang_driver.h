@@ -133,6 +133,11 @@ class SglangDriver final : public EngineDriver {
   // Queues the update request of one bucket (non-blocking; in order per engine).
   void PostBucket(const transport::BucketManifest& bucket,
                   const transport::SharedDeviceBytes* shared = nullptr) override;
+  // Broadcast engines whose every profile says bucket_patches (wpub's own receivers).
+  bool TakesPatches() const override;
+  // PostBucket's request with "wpub_patch" (core/rollout/update_request.h).
+  void PostPatchedBucket(const transport::BucketManifest& bucket,
+                         const UpdatePatch& patch) override;
   // Queues end, version, the flush (policies that flush), and continue: every engine's
   // continue waits until every engine answered the calls before it (ResumeBarrier).
   void EndPublication() override;
@@ -179,12 +184,18 @@ class SglangDriver final : public EngineDriver {
   // the inputs and packs the first bucket. post_mu_ held.
   void PauseLocked();
   // PostBucket of a colocated engine set: each engine's /update_weights_from_tensor request.
+  // PostBucket of a broadcast engine set (patch: PostPatchedBucket's).
+  void PostUpdate(const transport::BucketManifest& bucket, const UpdatePatch* patch);
   void PostSharedBucket(const transport::BucketManifest& bucket,
                         const transport::SharedDeviceBytes* shared);
 
   const SglangDriverOptions options_;
   const GroupLayout layout_;
   std::string load_format_;  // options_.endpoints.load_format, or "" (see profiles)
+  // Every engine's profile says bucket_patches (set in Create, after load_format_): their
+  // update requests carry wpub_sequence, by which they keep their buckets.
+  bool EveryEngineTakesPatches() const;
+  bool takes_patches_ = false;
   // Orders the posts of a publication against an abort's ResumeAfterAbort.
   std::mutex post_mu_;
   uint64_t version_ = 0;         // guarded by post_mu_

@@ -83,6 +83,12 @@ std::string EncodeUpdateRequest(const std::vector<transport::ManifestTensor>& te
     out += ",\"wpub_sequence\":";
     AppendInt(out, fields.sequence);
   }
+  if (fields.patch.has_value()) {
+    const UpdatePatch& p = *fields.patch;
+    absl::StrAppend(&out, ",\"wpub_patch\":{\"base_version\":", p.base_version,
+                    ",\"base_checksum\":", p.base_checksum,
+                    ",\"target_checksum\":", p.target_checksum, ",\"bytes\":", p.bytes, "}");
+  }
   out += '}';
   return out;
 }
@@ -194,6 +200,44 @@ absl::StatusOr<UpdateRequest> DecodeUpdateRequest(std::string_view body) {
         return absl::InvalidArgumentError("wpub_sequence must be an integer in [0, 2^31]");
       }
       out.fields.sequence = static_cast<int64_t>(n);
+    } else if (key == "wpub_patch") {
+      od::object o;
+      if (value.get_object().get(o)) {
+        return absl::InvalidArgumentError("wpub_patch must be an object");
+      }
+      UpdatePatch p;
+      bool seen[4] = {false, false, false, false};
+      for (auto pm : o) {
+        od::field pf;
+        if ((e = std::move(pm).get(pf))) return Malformed("wpub_patch member", e);
+        std::string_view k;
+        if ((e = pf.unescaped_key().get(k))) return Malformed("wpub_patch key", e);
+        const int i = k == "base_version"      ? 0
+                      : k == "base_checksum"   ? 1
+                      : k == "target_checksum" ? 2
+                      : k == "bytes"           ? 3
+                                               : -1;
+        if (i < 0) continue;
+        uint64_t v = 0;
+        if (pf.value().get_uint64().get(v)) {
+          return absl::InvalidArgumentError(absl::StrCat("wpub_patch.",
+                                                         absl::string_view(k.data(), k.size()),
+                                                         " must be an unsigned integer"));
+        }
+        (i == 0   ? p.base_version
+         : i == 1 ? p.base_checksum
+         : i == 2 ? p.target_checksum
+                  : p.bytes) = v;
+        seen[i] = true;
+      }
+      for (int i = 0; i < 4; ++i) {
+        if (!seen[i]) {
+          static constexpr const char* kNames[] = {"base_version", "base_checksum",
+                                                   "target_checksum", "bytes"};
+          return absl::InvalidArgumentError(absl::StrCat("wpub_patch.", kNames[i], " is missing"));
+        }
+      }
+      out.fields.patch = p;
     }
   }
   if (const char* rest = nullptr; !doc.current_location().get(rest)) {

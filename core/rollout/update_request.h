@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,6 +18,20 @@
 #include "core/engine/types.h"
 
 namespace wpub::rollout {
+
+// `wpub_patch` (wpub's own engines, whose server info lists format 3 in
+// "wpub_bucket_patches": nccl::ReceiverEndpoint): the request's broadcast carries not the
+// bucket but its format 3 patch (core/delta/bucket_patch.h), `bytes` long, against the
+// engine's copy of the bucket in version `base_version` -- the copy whose checksum
+// (core/transport/checksum.h) is `base_checksum`; the patched bucket must have
+// `target_checksum`, else the engine restores its copy and fails the request.
+struct UpdatePatch {
+  uint64_t base_version = 0;
+  uint64_t base_checksum = 0;
+  uint64_t target_checksum = 0;
+  uint64_t bytes = 0;
+  bool operator==(const UpdatePatch&) const = default;
+};
 
 struct UpdateRequestFields {
   std::string group_name;
@@ -27,6 +42,8 @@ struct UpdateRequestFields {
   // `wpub_sequence`: the bucket's index within its publication, for engines that take several
   // requests in flight and must receive them in order; -1: the field is not sent.
   int64_t sequence = -1;
+  // `wpub_patch` (above); nullopt: the field is not sent, the broadcast carries the bucket.
+  std::optional<UpdatePatch> patch;
 };
 
 // The request body as one JSON object. Tensor names are UTF-8 (ingestion checks); a byte
@@ -44,7 +61,8 @@ struct UpdateRequest {
 // INVALID_ARGUMENT for a body that is not one JSON object, for names/dtypes/shapes missing or
 // not arrays of one length, and (naming the tensor by index and name) for a name or dtype that
 // is not a string, an unknown dtype, or a shape that is not a list of non-negative integers;
-// for a wpub_sequence that is not an integer in [0, 2^31]. Other fields are optional; fields
+// for a wpub_sequence that is not an integer in [0, 2^31]; for a wpub_patch that is not an object
+// of the four unsigned integers (naming the field). Other fields are optional; fields
 // this decoder does not know are ignored.
 absl::StatusOr<UpdateRequest> DecodeUpdateRequest(std::string_view body);
 

@@ -69,6 +69,11 @@ struct DeviceBytes {
   // device-to-host copy and one counted host synchronization. Valid as copy_to_host is; null
   // where the manifest already carries the checksum (a sealed version's replay).
   std::function<absl::StatusOr<uint64_t>()> checksum_to_host;
+  // Counts one host synchronization a reader made on the publication's thread for this bucket
+  // (a device patch's size read back, RetainedBytes::PatchOnDevice) in the producer's
+  // publication (wpub_host_syncs_total). Valid as copy_to_host is; may be null (nothing to count
+  // into).
+  std::function<void()> count_host_wait;
 };
 
 // The bytes of `manifest` for publication `version`, in one location. Immutable once emitted;

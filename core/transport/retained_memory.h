@@ -43,6 +43,20 @@ struct RetainedPatch {
   uint64_t changed_units = 0;  // 16-bit units that differ (when made)
 };
 
+// A bucket patch made on the device for a broadcast (RetainedBytes::PatchOnDevice).
+struct DevicePatch {
+  bool made = false;  // false: the bucket goes whole (why says why)
+  std::string why;    // "" when made
+  // When made: the format 3 patch (core/delta/bucket_patch.h) as a device bucket -- the
+  // bucket's version and index, manifest.nbytes the patch's size (no tensors: the whole
+  // bucket's manifest is the caller's) -- readable after device.ready, its reader recording
+  // device.done behind its last read (the memory's next use of that buffer waits for it on
+  // the device).
+  std::shared_ptr<const Bucket> patch;
+  uint64_t changed_words = 0;  // 8-byte words that differ
+  uint32_t runs = 0;           // runs of them
+};
+
 class RetainedBytes {
  public:
   virtual ~RetainedBytes() = default;
@@ -91,6 +105,22 @@ class RetainedBytes {
       uint64_t version, const BucketManifest& manifest, absl::Duration wait) {
     (void)version, (void)manifest, (void)wait;
     return absl::UnimplementedError("this retained memory reads no staging bucket back");
+  }
+  // The format 3 patch that makes bucket `base_bucket.index` of this sealed version into
+  // `next`, a device bucket of the same size as the producer emits it (read after its `ready`;
+  // its `done` recorded behind the diff), for the NCCL engines that take patches
+  // (core/rollout/rollout_group.h): byte for byte what delta::DiffBucket makes with
+  // .format = kIndexedXorRuns and checksums base_bucket.checksum / next_checksum, or made =
+  // false exactly when DiffBucket would send the bucket whole under max_patch_fraction. The
+  // diff runs on the device; the host waits once, for the patch's size (counted through
+  // next.device.count_host_wait). Called by one thread (the publication's) in bucket order; the
+  // patch buffers alternate, so the patch of bucket k + 2 waits on the device for bucket k's
+  // reader. UNIMPLEMENTED where the memory cannot (pinned or host bytes: the default).
+  virtual absl::StatusOr<DevicePatch> PatchOnDevice(const BucketManifest& base_bucket,
+                                                    const Bucket& next, uint64_t next_checksum,
+                                                    double max_patch_fraction) {
+    (void)base_bucket, (void)next, (void)next_checksum, (void)max_patch_fraction;
+    return absl::UnimplementedError("this retained memory makes no device patches");
   }
   // No further bucket will be staged (the staging stopped, or the publication aborted): a Patch
   // waiting for one returns DEADLINE_EXCEEDED now. Any thread.

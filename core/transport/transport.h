@@ -56,6 +56,23 @@ struct TransportCapabilities {
   bool retains = false;
 };
 
+struct RetainedVersion;  // retained_copy.h
+
+// What a transport needs to send bucket patches (core/delta/bucket_patch.h, format 3) to its
+// receivers (Transport::SetEnginePatches).
+struct EnginePatches {
+  // The retained committed version patches are made against (null: none). Called at Begin.
+  std::function<std::shared_ptr<const RetainedVersion>()> retained;
+  // A patch over this fraction of its bucket is not sent: the bucket goes whole.
+  double max_patch_fraction = 0.5;
+  // After full_every - 1 committed patched publications in a row the next goes whole (so every
+  // receiver rebuilds its copy from a whole version that often); 1: never patches; 0: never
+  // forced.
+  uint32_t full_every = 8;
+  // Host threads for a host bucket's diff (delta::DiffBucket: the CPU path).
+  int threads = 1;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -113,6 +130,11 @@ class Transport {
   // default notices nothing.
   using BehindListener = std::function<void(const std::string& receiver, uint64_t held)>;
   virtual void SetBehindListener(BehindListener /*listener*/) {}
+
+  // Bucket patches in place of buckets for receivers that take them and hold the retained
+  // committed version (EnginePatches; the rollout groups' engines, wpubd --patches). Set once,
+  // before the transport is used; the default sends no patches.
+  virtual void SetEnginePatches(EnginePatches /*patches*/) {}
 };
 
 }  // namespace wpub::transport

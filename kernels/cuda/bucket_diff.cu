@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kScanThreads)
     ScanKernel(const TileCount* counts, TilePrefix* prefix, uint64_t tiles, const uint64_t* masks,
                uint64_t n, uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
-               uint64_t patch_capacity, uint32_t flags, BucketDiffTotals* totals) {
+               uint64_t patch_capacity, uint32_t flags, bool indexed, BucketDiffTotals* totals) {
   __shared__ uint64_t s_runs[kScanThreads / 32], s_changed[kScanThreads / 32],
       s_open[kScanThreads / 32];
   uint64_t runs = 0, changed = 0, open1 = 0;  // over the rounds before, alike in every thread
@@ -239,17 +239,18 @@ __global__ void __launch_bounds__(kScanThreads)
   const uint64_t words = n / kWord + (n % kWord != 0);
   const uint64_t tail = n % kWord;
   const bool last_changed = words > 0 && (masks[(words - 1) / 64] >> ((words - 1) % 64)) & 1;
-  const uint64_t bytes =
-      kHeaderBytes + kWord * (runs + changed) - (tail != 0 && last_changed ? kWord - tail : 0);
+  // Format 3 keeps the partial last word whole (zero-padded); format 1 only its bytes.
+  const uint64_t bytes = kHeaderBytes + kWord * (runs + changed) -
+                         (!indexed && tail != 0 && last_changed ? kWord - tail : 0);
   const bool fits = bytes <= patch_capacity && words <= UINT32_MAX && runs <= UINT32_MAX;
   totals->runs = runs;
   totals->changed_words = changed;
   totals->patch_bytes = bytes;
   totals->written = fits ? 1 : 0;
   if (!fits) return;
-  // "WPBP", format 1, n, checksums, runs, flags, changed words (little-endian).
+  // "WPBP", format 1 or 3, n, checksums, runs, flags, changed words (little-endian).
   auto* h = reinterpret_cast<unsigned long long*>(patch);
-  h[0] = 0x50425057ull | uint64_t{1} << 32;
+  h[0] = 0x50425057ull | uint64_t{indexed ? 3u : 1u} << 32;
   h[1] = n;
   h[2] = base_checksum;
   h[3] = next_checksum;
@@ -262,7 +263,7 @@ __global__ void __launch_bounds__(kScanThreads)
 // or with xor_runs next's XOR base's); the word that ends a run also writes the run's header
 // {first, words} 8 bytes before the run's first word.
 __global__ void __launch_bounds__(kThreads)
-    WriteKernel(const uint8_t* base, const uint8_t* next, bool xor_runs, uint64_t n,
+    WriteKernel(const uint8_t* base, const uint8_t* next, bool xor_runs, bool indexed, uint64_t n,
                 const uint64_t* masks, const TileCount* counts, const TilePrefix* prefix,
                 uint64_t tiles, uint8_t* patch, const BucketDiffTotals* totals) {
   if (totals->written == 0) return;
@@ -305,6 +306,27 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t st = s_starts[mk];
     const uint64_t r = pre.runs + (s_pre[mk] & 0xFFFF) + __popcll(st & upto);
     const uint64_t c = pre.changed + (s_pre[mk] >> 16) + __popcll(mw & (upto >> 1));
+    if (indexed) {  // format 3: the XOR word at its place after the table, the run's entry
+      const uint64_t at = kHeaderBytes + kWord * (totals->runs + c);
+      uint64_t x = 0;
+      if (kWord * w + kWord <= n) {
+        x = LoadWord(next, w) ^ LoadWord(base, w);
+      } else {  // the partial last word, zero-padded
+        for (uint64_t j = 0; kWord * w + j < n; ++j) {
+          x |= static_cast<uint64_t>(next[kWord * w + j] ^ base[kWord * w + j]) << (8 * j);
+        }
+      }
+      *reinterpret_cast<unsigned long long*>(patch + at) = x;
+      const uint64_t next_bit =
+          b < 63 ? mw >> (b + 1) & 1 : (mk + 1 < kMasksPerTile ? s_mask[mk + 1] & 1 : s_next_bit);
+      if (next_bit != 0) continue;
+      const uint64_t first = (st & upto) != 0 ? tile_word + 64 * mk + (63 - __clzll(st & upto))
+                                              : (mk > 0 ? s_open[mk - 1] : pre.open_start1) - 1;
+      const uint64_t data_word = c - (w - first);  // changed words before the run's first
+      *reinterpret_cast<unsigned long long*>(patch + kHeaderBytes + kWord * (r - 1)) =
+          first | data_word << 32;  // u32 first word, u32 data word
+      continue;
+    }
     const uint64_t at = kHeaderBytes + kWord * (r + c);
     if (kWord * w + kWord <= n) {
       *reinterpret_cast<unsigned long long*>(patch + at) =
@@ -332,11 +354,16 @@ uint64_t BucketDiffScratchBytes(uint64_t n, uint64_t /*patch_capacity*/) {
   return MakeLayout(n).bytes;
 }
 
-cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t n,
-                             uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
-                             uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
-                             BucketDiffTotals* totals, cudaStream_t stream, bool xor_runs) {
+namespace {
+
+cudaError_t LaunchDiff(const uint8_t* base, const uint8_t* next, uint64_t n, uint64_t base_checksum,
+                       uint64_t next_checksum, uint8_t* patch, uint64_t patch_capacity,
+                       void* scratch, uint64_t scratch_bytes, BucketDiffTotals* totals,
+                       cudaStream_t stream, bool xor_runs, bool indexed) {
   const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  // Launch errors are read back with cudaGetLastError: one an earlier call on this thread left
+  // unread (not sticky) is not this launch's.
+  (void)cudaGetLastError();
   const Layout l = MakeLayout(n);
   if ((n > 0 && (base == nullptr || next == nullptr)) || (patch_capacity > 0 && patch == nullptr) ||
       scratch == nullptr || totals == nullptr ||
@@ -356,10 +383,142 @@ cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t 
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   ScanKernel<<<1, kScanThreads, 0, stream>>>(counts, prefix, l.tiles, masks, n, base_checksum,
                                              next_checksum, patch, patch_capacity,
-                                             xor_runs ? 1u : 0u, totals);
+                                             xor_runs && !indexed ? 1u : 0u, indexed, totals);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  WriteKernel<<<grid, kThreads, 0, stream>>>(base, next, xor_runs, n, masks, counts, prefix,
-                                             l.tiles, patch, totals);
+  WriteKernel<<<grid, kThreads, 0, stream>>>(base, next, xor_runs, indexed, n, masks, counts,
+                                             prefix, l.tiles, patch, totals);
+  return cudaGetLastError();
+}
+
+// Format 3 (core/delta/bucket_patch.h) read from device memory. Every thread reads the header
+// itself and does nothing with one that is not valid: no read past the patch's bytes.
+struct Indexed {
+  bool valid = false;
+  uint64_t runs = 0, changed = 0;
+  const uint32_t* table = nullptr;  // runs x {first word, data word}
+  const uint8_t* data = nullptr;    // changed x 8 bytes
+};
+
+__device__ Indexed ReadIndexed(const uint8_t* patch, uint64_t patch_bytes, uint64_t n) {
+  Indexed x;
+  if (patch_bytes < kHeaderBytes) return x;
+  const auto* h = reinterpret_cast<const unsigned long long*>(patch);
+  const uint64_t words = n / kWord + (n % kWord != 0);
+  const uint64_t runs = h[4] & 0xffffffffull, flags = h[4] >> 32, changed = h[5];
+  if (h[0] != (0x50425057ull | uint64_t{3} << 32) || h[1] != n || flags != 0 || changed > words ||
+      runs > changed || (runs == 0) != (changed == 0) ||
+      patch_bytes != kHeaderBytes + kWord * (runs + changed)) {
+    return x;
+  }
+  x.valid = true;
+  x.runs = runs;
+  x.changed = changed;
+  x.table = reinterpret_cast<const uint32_t*>(patch + kHeaderBytes);
+  x.data = patch + kHeaderBytes + kWord * runs;
+  return x;
+}
+
+// Every check of delta::ApplyBucketPatch's format 3 parse, in parallel: the header, each run's
+// entry against the one before, each XOR word non-zero, the last word's padding zero. Any
+// failure sets bit 0 of *error (zeroed before the launch).
+__global__ void __launch_bounds__(kThreads)
+    ValidateIndexedKernel(const uint8_t* patch, uint64_t patch_bytes, uint64_t n,
+                          unsigned int* error) {
+  const Indexed x = ReadIndexed(patch, patch_bytes, n);
+  const uint64_t tid = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  if (!x.valid) {
+    if (tid == 0) atomicOr(error, 1u);
+    return;
+  }
+  const uint64_t words = n / kWord + (n % kWord != 0);
+  bool bad = false;
+  for (uint64_t i = tid; i < x.runs; i += stride) {
+    const uint64_t first = x.table[2 * i], data = x.table[2 * i + 1];
+    const uint64_t end = i + 1 < x.runs ? x.table[2 * i + 3] : x.changed;
+    bad |= (i == 0 && data != 0) || end <= data || end > x.changed || first >= words ||
+           end - data > words - first;
+    if (i > 0) {
+      const uint64_t prev_first = x.table[2 * i - 2], prev_data = x.table[2 * i - 1];
+      bad |= data <= prev_data || first <= prev_first + (data - prev_data);  // ordered, apart
+    }
+    if (i + 1 == x.runs && first + (end - data) == words && n % kWord != 0) {
+      const uint64_t last =
+          *reinterpret_cast<const unsigned long long*>(x.data + kWord * (x.changed - 1));
+      bad |= (last >> (8 * (n % kWord))) != 0;  // the padding past the bucket
+    }
+  }
+  for (uint64_t j = tid; j < x.changed; j += stride) {
+    bad |= *reinterpret_cast<const unsigned long long*>(x.data + kWord * j) == 0;
+  }
+  if (bad) atomicOr(error, 1u);
+}
+
+// Changed word j XORed into its place: its run is the last whose data word is <= j.
+__global__ void __launch_bounds__(kThreads)
+    ApplyIndexedKernel(const uint8_t* patch, uint64_t patch_bytes, uint8_t* bucket, uint64_t n,
+                       const unsigned int* error) {
+  if (*error != 0) return;
+  const Indexed x = ReadIndexed(patch, patch_bytes, n);
+  if (!x.valid) return;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  for (uint64_t j = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < x.changed; j += stride) {
+    uint64_t lo = 0, hi = x.runs;  // the run: data[lo] <= j < data[lo + 1]
+    while (hi - lo > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      if (x.table[2 * mid + 1] <= j) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    const uint64_t w = x.table[2 * lo] + (j - x.table[2 * lo + 1]);
+    const uint64_t v = *reinterpret_cast<const unsigned long long*>(x.data + kWord * j);
+    if (kWord * w + kWord <= n) {
+      reinterpret_cast<unsigned long long*>(bucket)[w] ^= v;
+    } else {
+      for (uint64_t b = 0; kWord * w + b < n; ++b) bucket[kWord * w + b] ^= (v >> (8 * b)) & 0xff;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t n,
+                             uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
+                             uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
+                             BucketDiffTotals* totals, cudaStream_t stream, bool xor_runs) {
+  return LaunchDiff(base, next, n, base_checksum, next_checksum, patch, patch_capacity, scratch,
+                    scratch_bytes, totals, stream, xor_runs, /*indexed=*/false);
+}
+
+cudaError_t LaunchBucketDiffIndexed(const uint8_t* base, const uint8_t* next, uint64_t n,
+                                    uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
+                                    uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
+                                    BucketDiffTotals* totals, cudaStream_t stream) {
+  return LaunchDiff(base, next, n, base_checksum, next_checksum, patch, patch_capacity, scratch,
+                    scratch_bytes, totals, stream, /*xor_runs=*/true, /*indexed=*/true);
+}
+
+cudaError_t LaunchBucketPatchApply(const uint8_t* patch, uint64_t patch_bytes, uint8_t* bucket,
+                                   uint64_t n, unsigned int* error, cudaStream_t stream) {
+  const auto addr = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+  if (patch == nullptr || error == nullptr || (n > 0 && bucket == nullptr) ||
+      (addr(patch) | addr(bucket)) % kWord != 0 || addr(error) % 4 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  (void)cudaGetLastError();  // as LaunchDiff: an earlier call's unread error is not ours
+  if (const cudaError_t e = cudaMemsetAsync(error, 0, sizeof(unsigned int), stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  // Enough threads for every run and changed word (both under patch_bytes / 8), grid-strided.
+  const uint64_t items = std::max<uint64_t>(1, patch_bytes / kWord);
+  const unsigned grid =
+      static_cast<unsigned>(std::min<uint64_t>((items + kThreads - 1) / kThreads, 8192));
+  ValidateIndexedKernel<<<grid, kThreads, 0, stream>>>(patch, patch_bytes, n, error);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  ApplyIndexedKernel<<<grid, kThreads, 0, stream>>>(patch, patch_bytes, bucket, n, error);
   return cudaGetLastError();
 }
 

@@ -50,4 +50,25 @@ cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t 
                              uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
                              BucketDiffTotals* totals, cudaStream_t stream, bool xor_runs = false);
 
+// The same diff written as the format 3 patch (indexed xor runs, core/delta/bucket_patch.h) that
+// DiffBucket makes with options .format = kIndexedXorRuns, byte for byte: what wpubd broadcasts
+// to an NCCL engine that takes patches. Totals, capacity and scratch as above (patch_bytes is
+// 48 + 8 runs + 8 changed words).
+cudaError_t LaunchBucketDiffIndexed(const uint8_t* base, const uint8_t* next, uint64_t n,
+                                    uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
+                                    uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
+                                    BucketDiffTotals* totals, cudaStream_t stream);
+
+// Applies the format 3 patch of `patch_bytes` bytes at `patch` (device) to the n-byte bucket at
+// `bucket` (device) in place, all or nothing: first every check delta::ApplyBucketPatch makes of
+// the patch's form (header, the bucket's size, runs ordered, apart and in range, no zero XOR,
+// no padding past the bucket) -- any failure sets *error (device, zeroed by the launch) to
+// non-zero and leaves the bucket untouched -- then each changed word XORed into place. The
+// checksums in the header are not checked here: the caller compares the bucket's own before and
+// after (applying the same patch again restores the base). Asynchronous on `stream`, no host
+// synchronization, no allocation, a memset and two launches. Pointers 8-byte aligned (error:
+// 4); cudaErrorInvalidValue (enqueuing nothing) otherwise, else the launch error.
+cudaError_t LaunchBucketPatchApply(const uint8_t* patch, uint64_t patch_bytes, uint8_t* bucket,
+                                   uint64_t n, unsigned int* error, cudaStream_t stream);
+
 }  // namespace wpub::kernels::cuda

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -90,6 +91,11 @@ TEST(BucketPatch, OneByteAnywhereIncludingTheLastPartialWord) {
       ASSERT_FALSE(plan.full) << plan.why;
       EXPECT_EQ(plan.changed_words, 1u) << n << " " << at;
       EXPECT_EQ(plan.runs, 1u);
+      plan = RoundTrip(base, next,
+                       {.max_patch_fraction = 100, .format = PatchFormat::kIndexedXorRuns});
+      ASSERT_FALSE(plan.full) << plan.why;
+      EXPECT_EQ(plan.runs, 1u);
+      EXPECT_EQ(plan.patch.size(), kBucketPatchHeaderBytes + 16);  // an entry and a whole word
       plan = RoundTrip(base, next, {.max_patch_fraction = 100});
       ASSERT_FALSE(plan.full) << plan.why;
       EXPECT_EQ(plan.changed_units, 1u) << n << " " << at;
@@ -229,7 +235,8 @@ TEST(BucketPatch, RunsAdjacentSeparatedAndAcrossSlicesAreExact) {
   for (size_t b = (size_t{1} << 23) - 40; b < (size_t{1} << 23) + 40; ++b) next[b] ^= 0xff;
   next[1000 * 8] ^= 1;
   next[1002 * 8] ^= 1;
-  for (PatchFormat format : {PatchFormat::kWordRuns, PatchFormat::kUnits}) {
+  for (PatchFormat format :
+       {PatchFormat::kWordRuns, PatchFormat::kUnits, PatchFormat::kIndexedXorRuns}) {
     const BucketPatchPlan one = RoundTrip(base, next, {.threads = 1, .format = format});
     const BucketPatchPlan four = RoundTrip(base, next, {.threads = 4, .format = format});
     ASSERT_FALSE(one.full) << one.why;
@@ -267,7 +274,8 @@ TEST(BucketPatch, ALostOrDifferentBaseIsRefusedAndNeverPatched) {
   const std::vector<uint8_t> base = Random(512, 7);
   std::vector<uint8_t> next = base;
   next[100] ^= 3;
-  for (PatchFormat format : {PatchFormat::kWordRuns, PatchFormat::kUnits}) {
+  for (PatchFormat format :
+       {PatchFormat::kWordRuns, PatchFormat::kUnits, PatchFormat::kIndexedXorRuns}) {
     const BucketPatchPlan plan = DiffBucket(base, Sum(base), next, Sum(next), {.format = format});
     ASSERT_FALSE(plan.full);
     std::vector<uint8_t> other = base;
@@ -319,8 +327,11 @@ TEST(BucketPatch, MalformedOrCorruptedRunsAreRefused) {
   p[0] = 'X';
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // magic
   p = good;
-  p[4] = 3;
+  p[4] = 7;
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // format
+  p = good;
+  p[4] = 3;
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // format 3's layout differs
   p = good;
   p[36] = 1;
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // xor runs: not applied
@@ -375,6 +386,82 @@ TEST(BucketPatch, MalformedOrCorruptedUnitsAreRefused) {
   std::vector<uint8_t> p = good;
   p.back() ^= 0x01;  // a XOR's bit
   EXPECT_EQ(ApplyBucketPatch(p, base).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace wpub::delta
+
+namespace wpub::delta {
+namespace {
+
+constexpr BucketPatchOptions kIndexed{.format = PatchFormat::kIndexedXorRuns};
+
+// Format 3's layout as the header states it: the run table {first word, data word}, then the
+// XOR words; applied twice it gives the base back (what an engine's undo relies on).
+TEST(BucketPatch, IndexedXorRunsAreTheTableThenTheXorsAndUndoThemselves) {
+  const size_t n = 8 * 100 + 3;  // a partial last word
+  const std::vector<uint8_t> base = Random(n, 61);
+  std::vector<uint8_t> next = base;
+  for (size_t w : {2u, 3u, 4u, 40u, 100u}) next[8 * w] ^= 0x7e;  // runs {2..4}, {40}, {100}
+  const BucketPatchPlan plan = RoundTrip(base, next, kIndexed);
+  ASSERT_FALSE(plan.full) << plan.why;
+  ASSERT_EQ(plan.runs, 3u);
+  ASSERT_EQ(plan.changed_words, 5u);
+  ASSERT_EQ(plan.patch.size(), kBucketPatchHeaderBytes + 3 * 8 + 5 * 8);
+  auto u32 = [&](size_t at) {
+    uint32_t v;
+    std::memcpy(&v, plan.patch.data() + at, 4);
+    return v;
+  };
+  EXPECT_EQ(u32(4), 3u);  // format
+  const std::vector<uint32_t> table = {u32(48), u32(52), u32(56), u32(60), u32(64), u32(68)};
+  EXPECT_EQ(table, (std::vector<uint32_t>{2, 0, 40, 3, 100, 4}));
+  EXPECT_EQ(plan.patch[48 + 24], 0x7e);       // word 2's XOR
+  EXPECT_EQ(plan.patch[48 + 24 + 32], 0x7e);  // word 100's (the partial last word)
+  // The patch XORed into next again is base: the bytes are base XOR next.
+  const BucketPatchPlan back = DiffBucket(next, Sum(next), base, Sum(base), kIndexed);
+  EXPECT_TRUE(std::equal(plan.patch.begin() + 32, plan.patch.end(), back.patch.begin() + 32));
+}
+
+TEST(BucketPatch, MalformedIndexedXorRunsAreRefused) {
+  const std::vector<uint8_t> base = Random(4093, 62);  // a partial last word
+  std::vector<uint8_t> next = base;
+  for (size_t at : {10u, 11u, 800u, 3000u, 4092u}) next[at] ^= 0x11;
+  const std::vector<uint8_t> good = DiffBucket(base, Sum(base), next, Sum(next), kIndexed).patch;
+  ASSERT_EQ(*ApplyBucketPatch(good, base), next);
+  auto code = [&](std::vector<uint8_t> patch) {
+    return ApplyBucketPatch(patch, base).status().code();
+  };
+  auto put32 = [](std::vector<uint8_t>& p, size_t at, uint32_t v) {
+    std::memcpy(p.data() + at, &v, 4);
+  };
+  std::vector<uint8_t> p = good;
+  p[36] = 1;
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // flags
+  p = good;
+  p.pop_back();
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // size
+  p = good;
+  put32(p, 48 + 4, 1);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // first data word not 0
+  p = good;
+  put32(p, 48 + 8, 0);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // runs out of order
+  p = good;
+  put32(p, 48 + 8 + 4, 0);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // a run of no words
+  p = good;
+  put32(p, 48 + 8, 1u << 30);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // out of range
+  p = good;
+  std::fill(p.end() - 16, p.end() - 8, 0);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // an XOR of 0
+  p = good;
+  p.back() ^= 0x80;  // past the bucket's 4093 bytes in the last word
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);
+  p = good;
+  p[p.size() - 8] ^= 0x80;  // a byte of the bucket: the result's checksum catches it
+  EXPECT_EQ(code(p), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace

@@ -39,6 +39,21 @@ std::vector<TestBatch> ModelBatches(const synthetic::ModelShape& shape, uint64_t
   return out;
 }
 
+std::vector<TestBatch> SteppedBatches(const synthetic::ModelShape& shape, uint64_t seed,
+                                      uint64_t version) {
+  std::vector<TestBatch> batches = ModelBatches(shape, seed);
+  for (uint64_t v = 2; v <= version; ++v) {
+    for (TestBatch& b : batches) {
+      TestTensor& t = b.tensors[v % b.tensors.size()];
+      if (t.full.empty() || t.part_bytes.size() != 1) continue;  // one inline part: itself
+      const size_t at = (v * 7919) % t.full.size();
+      t.full[at] ^= 0x10;
+      t.part_bytes[0][at] ^= 0x10;
+    }
+  }
+  return batches;
+}
+
 TestBatch StackedExpertBatch(uint64_t seed) {
   TestBatch b;
   b.megatron_name = "decoder.layers.1.mlp.experts.linear_fc1.weight99";

@@ -31,6 +31,12 @@ struct TestBatch {
 // Every batch of `shape` with deterministic values (seeded); single inline parts.
 std::vector<TestBatch> ModelBatches(const synthetic::ModelShape& shape, uint64_t seed);
 
+// Version `version` of an RL run over ModelBatches(shape, seed): version 1 is that model, and
+// each later version moves one byte of one tensor of every batch (the tensor and the byte vary
+// with the version) -- the few changed elements of an RL step, for bucket patches.
+std::vector<TestBatch> SteppedBatches(const synthetic::ModelShape& shape, uint64_t seed,
+                                      uint64_t version);
+
 // A conversion batch of stacked [E, M, K] experts in layer 1: a gate/up pair split along dim 1
 // (rows of every slice) and a down stack split along dim 0 (experts).
 TestBatch StackedExpertBatch(uint64_t seed);

@@ -91,7 +91,7 @@ class DeviceBuckets {
   // One launch on a fresh stream; scratch and totals start as garbage, the patch buffer as
   // kSentinel (a capacity of 0 passes a null patch).
   GpuDiff Diff(uint64_t base_checksum, uint64_t next_checksum, uint64_t capacity,
-               uint64_t patch_offset = 0, bool xor_runs = false) const {
+               uint64_t patch_offset = 0, bool xor_runs = false, bool indexed = false) const {
     GpuDiff out;
     DeviceBuffer patch, scratch, totals;
     const uint64_t scratch_bytes = BucketDiffScratchBytes(n_, capacity);
@@ -105,9 +105,12 @@ class DeviceBuckets {
     EXPECT_EQ(cudaMemsetAsync(scratch.data(), 0xA7, scratch.size(), stream.get()), cudaSuccess);
     EXPECT_EQ(cudaMemsetAsync(totals.data(), 0xA7, totals.size(), stream.get()), cudaSuccess);
     uint8_t* const p = capacity == 0 ? nullptr : patch.as<uint8_t>() + patch_offset;
-    EXPECT_EQ(LaunchBucketDiff(Base(), Next(), n_, base_checksum, next_checksum, p, capacity,
-                               scratch.data(), scratch_bytes, totals.as<BucketDiffTotals>(),
-                               stream.get(), xor_runs),
+    EXPECT_EQ(indexed ? LaunchBucketDiffIndexed(Base(), Next(), n_, base_checksum, next_checksum, p,
+                                                capacity, scratch.data(), scratch_bytes,
+                                                totals.as<BucketDiffTotals>(), stream.get())
+                      : LaunchBucketDiff(Base(), Next(), n_, base_checksum, next_checksum, p,
+                                         capacity, scratch.data(), scratch_bytes,
+                                         totals.as<BucketDiffTotals>(), stream.get(), xor_runs),
               cudaSuccess);
     EXPECT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
     EXPECT_EQ(cudaMemcpy(&out.totals, totals.data(), sizeof(out.totals), cudaMemcpyDeviceToHost),
@@ -137,6 +140,38 @@ int64_t FirstDifference(const uint8_t* a, const uint8_t* b, uint64_t n) {
   return pa == a + n ? -1 : pa - a;
 }
 
+// LaunchBucketPatchApply of `patch` to a device copy of `bucket`: the bucket as it is after
+// (`times` applications) and the error word.
+struct GpuApplied {
+  Bytes bucket;
+  unsigned int error = 0;
+};
+GpuApplied ApplyOnGpu(const Bytes& patch, const Bytes& bucket, int times = 1) {
+  GpuApplied out;
+  DeviceBuffer p, b, error;
+  EXPECT_EQ(DeviceBuffer::Create(patch.size() + 8, &p), cudaSuccess);
+  EXPECT_EQ(DeviceBuffer::Create(bucket.size() + 8, &b), cudaSuccess);
+  EXPECT_EQ(DeviceBuffer::Create(sizeof(unsigned int), &error), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(p.data(), patch.data(), patch.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(b.data(), bucket.data(), bucket.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  Stream stream;
+  EXPECT_EQ(Stream::Create(&stream), cudaSuccess);
+  for (int i = 0; i < times; ++i) {
+    EXPECT_EQ(LaunchBucketPatchApply(p.as<uint8_t>(), patch.size(), b.as<uint8_t>(), bucket.size(),
+                                     error.as<unsigned int>(), stream.get()),
+              cudaSuccess);
+  }
+  EXPECT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  out.bucket.resize(bucket.size());
+  EXPECT_EQ(cudaMemcpy(out.bucket.data(), b.data(), bucket.size(), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(&out.error, error.data(), sizeof(out.error), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return out;
+}
+
 // The GPU diff equals DiffBucket's format 1 patch byte for byte, plain and with xor runs, at a
 // capacity with room to spare, at exactly the patch's size, and one byte short (nothing written,
 // totals alike); the plain GPU patch applied to base gives next, and the xor runs turned into
@@ -153,19 +188,21 @@ void ExpectOracle(const Bytes& base, const Bytes& next, const std::string& what,
       delta::DiffBucket(base, base_sum, next, next_sum, {.max_patch_fraction = kAny, .threads = 0});
   ASSERT_FALSE(units.full) << units.why;
   const DeviceBuckets dev(base, next, base_offset, next_offset);
-  for (const bool xor_runs : {false, true}) {
-    SCOPED_TRACE(xor_runs ? "xor runs" : "plain runs");
-    const delta::BucketPatchPlan plan = delta::DiffBucket(base, base_sum, next, next_sum,
-                                                          {.max_patch_fraction = kAny,
-                                                           .threads = 0,
-                                                           .format = delta::PatchFormat::kWordRuns,
-                                                           .xor_runs = xor_runs});
+  for (const int layout : {0, 1, 2}) {  // plain runs, xor runs, indexed xor runs (format 3)
+    const bool xor_runs = layout >= 1, indexed = layout == 2;
+    SCOPED_TRACE(indexed ? "indexed xor runs" : (xor_runs ? "xor runs" : "plain runs"));
+    const delta::BucketPatchPlan plan = delta::DiffBucket(
+        base, base_sum, next, next_sum,
+        {.max_patch_fraction = kAny,
+         .threads = 0,
+         .format = indexed ? delta::PatchFormat::kIndexedXorRuns : delta::PatchFormat::kWordRuns,
+         .xor_runs = xor_runs});
     ASSERT_FALSE(plan.full) << plan.why;
     const uint64_t size = plan.patch.size();
     for (const uint64_t capacity : {size + 61, size, size - 1}) {
       SCOPED_TRACE("capacity " + std::to_string(capacity) + " for a patch of " +
                    std::to_string(size));
-      const GpuDiff got = dev.Diff(base_sum, next_sum, capacity, patch_offset, xor_runs);
+      const GpuDiff got = dev.Diff(base_sum, next_sum, capacity, patch_offset, xor_runs, indexed);
       EXPECT_EQ(got.totals.runs, plan.runs);
       EXPECT_EQ(got.totals.changed_words, plan.changed_words);
       EXPECT_EQ(got.totals.patch_bytes, size);
@@ -184,6 +221,18 @@ void ExpectOracle(const Bytes& base, const Bytes& next, const std::string& what,
                 -1)
           << "written past the patch's end";
       const absl::Span<const uint8_t> gpu_patch(got.patch.data(), size);
+      if (indexed) {  // applied on the GPU: next; applied twice: base again
+        if (capacity != size) continue;
+        const Bytes p(gpu_patch.begin(), gpu_patch.end());
+        const GpuApplied once = ApplyOnGpu(p, base);
+        EXPECT_EQ(once.error, 0u);
+        EXPECT_EQ(FirstDifference(once.bucket.data(), next.data(), next.size()), -1)
+            << "first byte of the GPU-applied bucket that differs from next";
+        const GpuApplied twice = ApplyOnGpu(p, base, 2);
+        EXPECT_EQ(FirstDifference(twice.bucket.data(), base.data(), base.size()), -1)
+            << "applied twice: first byte that is not the base's";
+        continue;
+      }
       if (!xor_runs) {
         const absl::StatusOr<Bytes> applied = delta::ApplyBucketPatch(gpu_patch, base);
         ASSERT_TRUE(applied.ok()) << applied.status();
@@ -466,6 +515,65 @@ TEST_F(BucketDiffTest, RejectsMisalignedPointersAndShortScratch) {
   EXPECT_EQ(LaunchBucketDiff(b, b + 1024, n, 0, 0, b + 2048, 2048, s, need, t, nullptr),
             cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Every malformed format 3 patch the CPU parse refuses is refused on the GPU too, with the
+// bucket untouched; the well-formed one applies.
+TEST_F(BucketDiffTest, MalformedIndexedPatchesLeaveTheBucketUntouched) {
+  const Bytes base = Random(4093, 71);  // a partial last word
+  Bytes next = base;
+  for (size_t at : {10u, 11u, 800u, 3000u, 4092u}) next[at] ^= 0x11;
+  const Bytes good = delta::DiffBucket(base, Sum(base), next, Sum(next),
+                                       {.format = delta::PatchFormat::kIndexedXorRuns})
+                         .patch;
+  ASSERT_FALSE(good.empty());
+  const GpuApplied ok = ApplyOnGpu(good, base);
+  EXPECT_EQ(ok.error, 0u);
+  EXPECT_TRUE(ok.bucket == next);
+  auto put32 = [](Bytes& p, size_t at, uint32_t v) { std::memcpy(p.data() + at, &v, 4); };
+  std::vector<std::pair<std::string, Bytes>> bad;
+  Bytes p = good;
+  p[0] = 'X';
+  bad.emplace_back("magic", p);
+  p = good;
+  p[4] = 1;
+  bad.emplace_back("format", p);
+  p = good;
+  p[8] ^= 1;
+  bad.emplace_back("another bucket size", p);
+  p = good;
+  p[36] = 1;
+  bad.emplace_back("flags", p);
+  p = good;
+  p.pop_back();
+  bad.emplace_back("size", p);
+  p = good;
+  put32(p, 48 + 4, 1);
+  bad.emplace_back("first data word", p);
+  p = good;
+  put32(p, 48 + 8, 0);
+  bad.emplace_back("order", p);
+  p = good;
+  put32(p, 48 + 8 + 4, 0);
+  bad.emplace_back("empty run", p);
+  p = good;
+  put32(p, 48 + 8, 1u << 30);
+  bad.emplace_back("range", p);
+  p = good;
+  std::fill(p.end() - 16, p.end() - 8, 0);
+  bad.emplace_back("zero XOR", p);
+  p = good;
+  p.back() ^= 0x80;
+  bad.emplace_back("padding", p);
+  p = Bytes(good.begin(), good.begin() + 20);
+  bad.emplace_back("shorter than a header", p);
+  for (const auto& [what, patch] : bad) {
+    SCOPED_TRACE(what);
+    EXPECT_FALSE(delta::ApplyBucketPatch(patch, base).ok());
+    const GpuApplied got = ApplyOnGpu(patch, base);
+    EXPECT_NE(got.error, 0u);
+    EXPECT_TRUE(got.bucket == base) << "a refused patch changed the bucket";
+  }
 }
 
 }  // namespace

@@ -6,8 +6,10 @@
 //   several GPUs: one group rank each, as the TP ranks of one engine; a list that repeats a
 //   device (a TP engine on one shared GPU) runs each rank as a process of its own behind this
 //   one (rank_processes.h), since NCCL refuses two ranks of one process on one device;
-//   host|device: where checksums are computed (after a copy of every bucket to the host, the
-//   default, or on the device with nothing copied);
+//   host|device|kept: where checksums are computed (after a copy of every bucket to the host,
+//   the default, or on the device with nothing copied), or kept: every bucket kept on the
+//   device and bucket patches taken against it (ReceiverEndpointOptions::keep_weights, as
+//   wpub-recv --engine_patches);
 //   die_after_buckets: SIGKILL itself after receiving that many buckets (fault tests; -1: never);
 //   nccl_ctas: ReceiverEndpointOptions::nccl_ctas (0, the default: NCCL's choice).
 #include <signal.h>
@@ -27,15 +29,15 @@
 int main(int argc, char** argv) {
   if (argc < 3 || argc > 6) {
     std::fprintf(stderr,
-                 "usage: %s port gpu[,gpu...] [host|device] [die_after_buckets] [nccl_ctas]\n",
+                 "usage: %s port gpu[,gpu...] [host|device|kept] [die_after_buckets] [nccl_ctas]\n",
                  argv[0]);
     return 2;
   }
   const std::string mode = argc >= 4 ? argv[3] : "host";
   // Fault injection: SIGKILL itself once this many buckets (all versions) were received.
   const long die_after = argc >= 5 ? std::atol(argv[4]) : -1;
-  if (mode != "host" && mode != "device") {
-    std::fprintf(stderr, "checksum mode must be host or device, not %s\n", mode.c_str());
+  if (mode != "host" && mode != "device" && mode != "kept") {
+    std::fprintf(stderr, "checksum mode must be host, device or kept, not %s\n", mode.c_str());
     return 2;
   }
   const int port = std::atoi(argv[1]);
@@ -53,6 +55,7 @@ int main(int argc, char** argv) {
   }
   o.join_timeout = absl::Seconds(60);
   o.copy_to_host = mode == "host";
+  o.keep_weights = mode == "kept";
   o.nccl_ctas = argc == 6 ? std::atoi(argv[5]) : 0;
   wpub::recv::nccl::ReceiverEndpoint::Callbacks callbacks;
   long received = 0;

@@ -30,6 +30,7 @@
 #include "core/engine/engine.h"
 #include "core/gpu/gpu_backend.h"
 #include "core/gpu/ipc_cache.h"
+#include "core/gpu/retained_memory.h"
 #include "core/rollout/gpu_path.h"
 #include "core/rollout/rollout_group.h"
 #include "nlohmann/json.hpp"
@@ -536,6 +537,104 @@ TEST_F(MultiGpuTest, CppReceiverGetsEveryBucketWithTheBackendsChecksums) {
           "engine-free version %lu (%s checksums): %zu buckets to the C++ receiver, %.3f s\n",
           static_cast<unsigned long>(version), mode.c_str(), built->manifest.buckets.size(),
           r.wall_seconds);
+    }
+  }
+}
+
+// Bucket patches over NCCL (wpubd --patches with a device copy): one engine publishes every
+// version to two C++ engines, each in a group of its own -- one keeps its weights and takes
+// patches (the kept receiver: wpub-recv --engine_patches), one receives every bucket whole
+// (device checksums). After the first version each bucket of the patched group is broadcast as
+// its patch, made on the device against the retained copy; both engines hold every version
+// byte for byte alike (their per-bucket checksums agree, and the kept one verified each
+// patched bucket against the whole bucket's checksum). The kept engine then restarts (its
+// weights gone, the daemon not told): the next version's patches are refused, the retry
+// re-forms the group and goes whole, and the version after is patched again.
+TEST_F(MultiGpuTest, AKeptWeightsEngineTakesDevicePatchesAndHoldsWhatAWholeEngineHolds) {
+  namespace et = engine::testing;
+  const int kept_port = FreePort(), whole_port = FreePort();
+  std::unique_ptr<Child> kept_engine;
+  {
+    auto kept = StartCppReceiver(kept_port, {"kept"}, dir_ + "/cpp_receiver_kept.log");
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    kept_engine = *std::move(kept);
+  }
+  auto whole = StartCppReceiver(whole_port, {"device"}, dir_ + "/cpp_receiver_whole.log");
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  // No engine watch: the restart below is found by the publication, not by a catch-up.
+  // Two requests in flight: both engines key their stats by wpub_sequence (a retry starts over).
+  auto group = [](int port) {
+    rollout::RolloutGroupOptions o = LoopbackTransportOptions(
+        {{absl::StrCat("http://127.0.0.1:", port), 1}}, "wpub_test", 2, absl::Seconds(60));
+    o.join_timeout = absl::Seconds(60);
+    o.engine_watch_interval = absl::ZeroDuration();
+    auto t = rollout::RolloutGroup::Create(o);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? std::move(*t) : nullptr;
+  };
+  auto kept_group = group(kept_port);
+  auto whole_group = group(whole_port);
+  ASSERT_TRUE(kept_group && whole_group);
+  rollout::RolloutGroup* patched = kept_group.get();
+  gpu::GpuBackendOptions bo;
+  auto backend = gpu::GpuBackend::Create(bo);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  auto memory = gpu::GpuRetainedMemory::Create({0, transport::RetainWhere::kDevice});
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  engine::EngineComponents components;
+  components.backend = std::move(*backend);
+  components.retained_memory = *memory;
+  components.transports.push_back(std::move(kept_group));
+  components.transports.push_back(std::move(whole_group));
+  engine::EngineOptions eo;
+  eo.bucket_bytes = 64 << 10;
+  eo.max_attempts = 2;
+  eo.retain.where = transport::RetainWhere::kDevice;
+  eo.patches = {.enabled = true, .full_every = 4, .max_patch_fraction = 0.5};
+  auto eng = engine::Engine::Create(eo, nullptr, std::move(components));
+  ASSERT_TRUE(eng.ok()) << eng.status();
+  auto checksums = [&](int port, uint64_t version) {
+    auto body = HttpGet(port, "/stats");
+    EXPECT_TRUE(body.ok()) << body.status();
+    const json j = body.ok() ? json::parse(*body) : json();
+    const std::string v = std::to_string(version);
+    return j.contains(v) ? j[v] : json();
+  };
+  // full_every 4: v1 (no base) and v5 go whole; v6 reaches a restarted engine (a retry, whole).
+  for (uint64_t version = 1; version <= 7; ++version) {
+    SCOPED_TRACE(absl::StrCat("v", version));
+    if (version == 6) {
+      kept_engine.reset();  // SIGKILL: its weights and its group membership are gone
+      auto again = StartCppReceiver(kept_port, {"kept"}, dir_ + "/cpp_receiver_kept2.log");
+      ASSERT_TRUE(again.ok()) << again.status();
+      kept_engine = *std::move(again);
+    }
+    auto session = (*eng)->Open(et::Header(version));
+    ASSERT_TRUE(session.ok()) << session.status();
+    ASSERT_TRUE(
+        et::Send(**session, et::SteppedBatches(synthetic::ModelShape::Tiny(), 3, version)).ok());
+    auto report = (*session)->Commit();
+    ASSERT_TRUE(report.ok()) << report.status();
+    ASSERT_EQ(report->status, engine::PublicationStatus::kCommitted) << report->error;
+    EXPECT_EQ(report->attempts, version == 6 ? 2u : 1u);
+    const rollout::EnginePatchStats p = patched->last_patches();
+    const json k = checksums(kept_port, version), w = checksums(whole_port, version);
+    ASSERT_FALSE(k.is_null());
+    ASSERT_FALSE(w.is_null());
+    EXPECT_EQ(k["checksums"], w["checksums"]) << "the patched engine holds another version";
+    EXPECT_EQ(k["buckets"].get<uint64_t>(), report->buckets);
+    std::printf("v%lu: %u buckets, %u patched (%lu patch bytes for %lu), %lu host syncs, %.3f s\n",
+                static_cast<unsigned long>(version), report->buckets, p.patched_buckets,
+                static_cast<unsigned long>(p.patch_bytes),
+                static_cast<unsigned long>(p.patched_bucket_bytes),
+                static_cast<unsigned long>(report->host_syncs), report->wall_seconds);
+    if (version == 1 || version == 5) {
+      EXPECT_EQ(p.patched_buckets, 0u);
+    } else if (version != 6) {
+      EXPECT_EQ(p.base_version, version - 1);
+      EXPECT_EQ(p.patched_buckets, report->buckets) << "a few bytes moved in every bucket";
+      EXPECT_EQ(k["patched_buckets"].get<uint64_t>(), report->buckets);
+      EXPECT_LT(p.patch_bytes * 8, p.patched_bucket_bytes);
     }
   }
 }

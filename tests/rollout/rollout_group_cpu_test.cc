@@ -22,10 +22,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "clients/recv/vllm_engine.h"
+#include "core/common/status.h"
+#include "core/delta/bucket_patch.h"
 #include "core/engine/engine.h"
 #include "core/rollout/rollout_group.h"
+#include "core/rollout/update_request.h"
+#include "core/transport/checksum.h"
 #include "core/transport/group_channel.h"
+#include "nlohmann/json.hpp"
 #include "tests/engine/engine_test_util.h"
+#include "tests/rollout/fake_http.h"
 #include "tests/rollout/fake_sglang.h"
 
 namespace wpub::rollout {
@@ -205,7 +211,8 @@ struct Daemon {
   std::unique_ptr<Engine> engine;
 
   Daemon(const std::vector<EngineSpec>& engines, absl::Duration deadline = absl::Seconds(20),
-         int max_attempts = 3, transport::RetainedCopyOptions retain = {}) {
+         int max_attempts = 3, transport::RetainedCopyOptions retain = {},
+         EngineOptions::Patches patches = {}) {
     RolloutGroupOptions o;
     o.store.bind_address = "127.0.0.1";
     o.group_name = "wpub_cpu";
@@ -229,6 +236,7 @@ struct Daemon {
     eo.min_bucket_bytes = 1024;
     eo.max_attempts = max_attempts;
     eo.retain = retain;
+    eo.patches = patches;
     auto e = Engine::Create(eo, nullptr, std::move(c));
     EXPECT_TRUE(e.ok()) << e.status();
     engine = *std::move(e);
@@ -813,6 +821,223 @@ TEST(RolloutGroupCpu, AnEngineRestartedBetweenPublicationsIsCaughtUpByTheWatch) 
   EXPECT_EQ(d.group->Group().engines.size(), 2u);
   EXPECT_TRUE(d.group->WatchEnginesOnce().empty());  // in the group again, holding v2
   ExpectCommits(d, engines, 3);
+}
+
+// wpub-recv's NCCL engine with --engine_patches (clients/recv/nccl/receiver_endpoint.cc and
+// bucket_receiver.cc, ReceiveKept: this project's own engine, modelled route for route) on the
+// in-process channel: its server info lists "wpub_bucket_patches": [3]; every bucket it receives
+// is kept by index; an update request with "wpub_patch" takes a format 3 patch broadcast and
+// applies it to the kept bucket when that bucket's checksum is the patch's base (answering
+// 400 success=false otherwise, the broadcast taken), keeping the result only when it has the
+// target's checksum. `takes_patches` false: the same engine without --engine_patches.
+class KeptWeightsEngine {
+ public:
+  explicit KeptWeightsEngine(bool takes_patches) : takes_patches_(takes_patches) {
+    httplib::Server& s = http_.server();
+    s.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
+    s.Get("/flush_cache", [](const httplib::Request&, httplib::Response& r) {
+      Reply(r, absl::OkStatus());
+    });
+    s.Get("/server_info", [this](const httplib::Request&, httplib::Response& r) {
+      r.set_content(takes_patches_ ? R"({"version": "wpub-recv", "wpub_bucket_versions": true, )"
+                                     R"("wpub_bucket_patches": [3]})"
+                                   : R"({"version": "wpub-recv", "wpub_bucket_versions": true})",
+                    "application/json");
+    });
+    s.Post("/update_weights_from_distributed",
+           [this](const httplib::Request& q, httplib::Response& r) { Reply(r, Update(q.body)); });
+    s.Post("/update_weight_version", [this](const httplib::Request& q, httplib::Response& r) {
+      const nlohmann::json j = nlohmann::json::parse(q.body, nullptr, false);
+      std::lock_guard lock(mu_);
+      if (j.is_object()) version_ = j.value("new_version", std::string());
+      Reply(r, absl::OkStatus());
+    });
+    // A new group: nothing of the old one's broadcasts (an aborted group's never arrive).
+    s.Post("/init_weights_update_group", [this](const httplib::Request&, httplib::Response& r) {
+      std::lock_guard lock(mu_);
+      chunks_.clear();
+      Reply(r, absl::OkStatus());
+    });
+    for (const char* path : {"/destroy_weights_update_group", "/pause_generation",
+                             "/begin_weight_update", "/end_weight_update", "/continue_generation",
+                             "/flush_cache"}) {
+      s.Post(path,
+             [](const httplib::Request&, httplib::Response& r) { Reply(r, absl::OkStatus()); });
+    }
+    for (const char* path :
+         {"/init_weights_update_group", "/destroy_weights_update_group",
+          "/update_weights_from_distributed", "/update_weight_version", "/pause_generation",
+          "/begin_weight_update", "/end_weight_update", "/continue_generation"}) {
+      s.Get(path, [](const httplib::Request&, httplib::Response& r) { r.status = 405; });
+    }
+    http_.Start();
+  }
+  std::string url() const { return http_.url(); }
+  EngineSpec spec() const { return {url(), 1, "sglang", ""}; }
+  // A broadcast of the channel (its sink).
+  void Push(std::vector<uint8_t> chunk) {
+    std::lock_guard lock(mu_);
+    chunks_.push_back(std::move(chunk));
+    cv_.notify_all();
+  }
+  std::vector<std::vector<uint8_t>> kept() const {
+    std::lock_guard lock(mu_);
+    return kept_;
+  }
+  std::string version() const {
+    std::lock_guard lock(mu_);
+    return version_;
+  }
+  uint64_t patched() const { return patched_.load(); }
+  uint64_t refused() const { return refused_.load(); }
+  // Bucket `index` of the kept weights changes under the engine (memory it does not verify).
+  void Corrupt(size_t index) {
+    std::lock_guard lock(mu_);
+    kept_.at(index).at(0) ^= 1;
+  }
+
+ private:
+  static void Reply(httplib::Response& r, const absl::Status& s) {
+    r.status = s.ok() ? 200 : 400;
+    r.set_content(nlohmann::json({{"success", s.ok()}, {"message", s.ToString()}}).dump(),
+                  "application/json");
+  }
+  absl::Status Update(const std::string& body) {
+    WPUB_ASSIGN_OR_RETURN(UpdateRequest u, DecodeUpdateRequest(body));
+    std::unique_lock lock(mu_);
+    if (u.fields.weight_version != receiving_) {  // a new version (or a retry of one)
+      receiving_ = u.fields.weight_version;
+      index_ = 0;
+    }
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return !chunks_.empty(); })) {
+      return absl::DeadlineExceededError("no broadcast arrived");
+    }
+    std::vector<uint8_t> got = std::move(chunks_.front());
+    chunks_.pop_front();
+    // The bucket's index: wpub_sequence, which wpubd sends engines that take patches.
+    const size_t i = u.fields.sequence >= 0 ? static_cast<size_t>(u.fields.sequence) : index_;
+    index_ = i + 1;
+    if (kept_.size() <= i) kept_.resize(i + 1);
+    if (!u.fields.patch.has_value()) {
+      if (got.size() != u.nbytes) return absl::DataLossError("the broadcast's size");
+      kept_[i] = std::move(got);
+      return absl::OkStatus();
+    }
+    const UpdatePatch& p = *u.fields.patch;
+    if (got.size() != p.bytes) return absl::DataLossError("the patch broadcast's size");
+    if (!takes_patches_ ||
+        transport::Checksum(kept_[i].data(), kept_[i].size()) != p.base_checksum) {
+      ++refused_;
+      return absl::FailedPreconditionError("this engine does not hold the patch's base");
+    }
+    absl::StatusOr<std::vector<uint8_t>> next =
+        delta::ApplyBucketPatch(got, kept_[i], {.base_checksum = p.base_checksum});
+    if (!next.ok()) return next.status();
+    if (transport::Checksum(next->data(), next->size()) != p.target_checksum) {
+      return absl::DataLossError("the patched bucket is not the target");
+    }
+    kept_[i] = *std::move(next);
+    ++patched_;
+    return absl::OkStatus();
+  }
+
+  const bool takes_patches_;
+  testing::LocalHttpServer http_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<uint8_t>> chunks_;
+  std::vector<std::vector<uint8_t>> kept_;
+  std::string receiving_, version_;
+  size_t index_ = 0;
+  std::atomic<uint64_t> patched_{0}, refused_{0};
+};
+
+PublicationReport PublishStepped(Daemon& d, uint64_t version) {
+  auto session = d.engine->Open(engine::testing::Header(version));
+  EXPECT_TRUE(session.ok()) << session.status();
+  if (!session.ok()) return {};
+  EXPECT_TRUE(engine::testing::Send(**session, engine::testing::SteppedBatches(
+                                                   synthetic::ModelShape::Tiny(), 1, version))
+                  .ok());
+  absl::StatusOr<PublicationReport> r = (*session)->Commit();
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *r : PublicationReport{};
+}
+
+// Engines that keep their weights and take patches get, after the first version, each bucket as
+// its patch against the committed version, and hold every version exactly as an engine that
+// got it whole (a daemon without patches beside, the same versions); every --patches_full_every
+// -th version goes whole; the patches are a small share of the bytes.
+TEST(RolloutGroupCpu, EnginesThatKeepTheirWeightsGetPatchesAndHoldEveryVersionExactly) {
+  std::vector<std::unique_ptr<KeptWeightsEngine>> engines;
+  for (int i = 0; i < 2; ++i) engines.push_back(std::make_unique<KeptWeightsEngine>(true));
+  Daemon d({engines[0]->spec(), engines[1]->spec()}, absl::Seconds(20), /*max_attempts=*/1,
+           {.where = transport::RetainWhere::kHost},
+           {.enabled = true, .full_every = 3, .max_patch_fraction = 0.5});
+  for (const auto& e : engines) d.AddSink([p = e.get()](std::vector<uint8_t> c) { p->Push(c); });
+  KeptWeightsEngine reference(false);
+  Daemon whole({reference.spec()}, absl::Seconds(20), 1, {.where = transport::RetainWhere::kHost});
+  whole.AddSink([p = &reference](std::vector<uint8_t> c) { p->Push(std::move(c)); });
+  // full_every 3: v1 (no base) and v4 (the third in a row) go whole.
+  for (uint64_t v = 1; v <= 5; ++v) {
+    SCOPED_TRACE(absl::StrCat("v", v));
+    const PublicationReport r = PublishStepped(d, v);
+    ASSERT_EQ(r.status, PublicationStatus::kCommitted) << Errors(r);
+    const PublicationReport w = PublishStepped(whole, v);
+    ASSERT_EQ(w.status, PublicationStatus::kCommitted) << Errors(w);
+    const EnginePatchStats p = d.group->last_patches();
+    if (v == 1 || v == 4) {
+      EXPECT_EQ(p.base_version, 0u);
+      EXPECT_EQ(p.patched_buckets, 0u);
+    } else {
+      EXPECT_EQ(p.base_version, v - 1);
+      EXPECT_GT(p.patched_buckets, 0u);
+      EXPECT_LT(p.patch_bytes * 4, p.patched_bucket_bytes) << "patches of a few bytes each";
+    }
+    for (const auto& e : engines) {
+      EXPECT_EQ(e->version(), std::to_string(v));
+      EXPECT_EQ(e->kept(), reference.kept()) << "the patched engine's weights differ";
+      EXPECT_EQ(e->refused(), 0u);
+    }
+  }
+  EXPECT_GT(engines[0]->patched(), 0u);
+  EXPECT_EQ(reference.patched(), 0u);
+}
+
+// An engine whose copy of a bucket is not the base refuses its patch (taking the broadcast); the
+// version is retried whole on the engines it left dirty and commits, and the next is patched
+// again. An engine set with one engine that takes no patches gets whole versions.
+TEST(RolloutGroupCpu, AnEngineWithoutThePatchBaseIsRetriedWholeAndPatchedAgainAfter) {
+  std::vector<std::unique_ptr<KeptWeightsEngine>> engines;
+  for (int i = 0; i < 2; ++i) engines.push_back(std::make_unique<KeptWeightsEngine>(true));
+  Daemon d({engines[0]->spec(), engines[1]->spec()}, absl::Seconds(20), /*max_attempts=*/3,
+           {.where = transport::RetainWhere::kHost}, {.enabled = true, .full_every = 0});
+  for (const auto& e : engines) d.AddSink([p = e.get()](std::vector<uint8_t> c) { p->Push(c); });
+  ASSERT_EQ(PublishStepped(d, 1).status, PublicationStatus::kCommitted);
+  const std::vector<std::vector<uint8_t>> v1 = engines[0]->kept();
+  ASSERT_EQ(engines[1]->kept(), v1);
+  engines[1]->Corrupt(0);
+  const PublicationReport r2 = PublishStepped(d, 2);
+  ASSERT_EQ(r2.status, PublicationStatus::kCommitted) << Errors(r2);
+  EXPECT_EQ(r2.attempts, 2u) << Errors(r2);
+  EXPECT_EQ(engines[1]->refused(), 1u);
+  EXPECT_EQ(d.group->last_patches().patched_buckets, 0u) << "the retry goes whole";
+  EXPECT_EQ(engines[0]->kept(), engines[1]->kept());
+  const PublicationReport r3 = PublishStepped(d, 3);
+  ASSERT_EQ(r3.status, PublicationStatus::kCommitted) << Errors(r3);
+  EXPECT_GT(d.group->last_patches().patched_buckets, 0u);
+  EXPECT_EQ(engines[0]->kept(), engines[1]->kept());
+
+  KeptWeightsEngine plain(false);
+  KeptWeightsEngine keeps(true);
+  Daemon mixed({plain.spec(), keeps.spec()}, absl::Seconds(20), 1,
+               {.where = transport::RetainWhere::kHost}, {.enabled = true, .full_every = 0});
+  for (KeptWeightsEngine* e : {&plain, &keeps}) mixed.AddSink([e](auto c) { e->Push(c); });
+  for (uint64_t v = 1; v <= 3; ++v) {
+    ASSERT_EQ(PublishStepped(mixed, v).status, PublicationStatus::kCommitted);
+    EXPECT_EQ(mixed.group->last_patches().patched_buckets, 0u);
+    EXPECT_EQ(plain.kept(), keeps.kept());
+  }
 }
 
 }  // namespace

@@ -85,6 +85,16 @@ TEST(UpdateRequest, DecodeInvertsEncode) {
   EXPECT_EQ(r->fields.weight_version, "3");
   EXPECT_EQ(r->fields.sequence, 0);
   EXPECT_EQ(r->fields.load_format, "flattened_bucket");
+  EXPECT_FALSE(r->fields.patch.has_value());
+  // A patch's fields, checksums over 2^63 included (exact: decoded as unsigned integers).
+  f.patch = UpdatePatch{.base_version = 9,
+                        .base_checksum = 0xfedcba9876543210ull,
+                        .target_checksum = 1,
+                        .bytes = 4096};
+  r = DecodeUpdateRequest(EncodeUpdateRequest(Tensors(), f));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->fields.patch, f.patch);
+  EXPECT_EQ(r->nbytes, 2048u * 384 + 2048u * 48 + 4 + 0);  // the bucket's, not the patch's
 }
 
 TEST(UpdateRequest, TrailingWhitespaceIsAccepted) {
@@ -130,6 +140,17 @@ TEST(UpdateRequest, MalformedBodiesAreRefusedNamingTheFieldOrTensor) {
       {R"({"names": [], "dtypes": [], "shapes": [], "wpub_sequence": -1})", "wpub_sequence"},
       {R"({"names": [], "dtypes": [], "shapes": [], "wpub_sequence": 4294967296})",
        "wpub_sequence"},
+      {R"({"names": [], "dtypes": [], "shapes": [], "wpub_patch": 3})",
+       "wpub_patch must be an object"},
+      {R"({"names": [], "dtypes": [], "shapes": [], "wpub_patch": {"base_version": 1,
+           "base_checksum": 2, "target_checksum": 3}})",
+       "wpub_patch.bytes is missing"},
+      {R"({"names": [], "dtypes": [], "shapes": [], "wpub_patch": {"base_version": 1,
+           "base_checksum": "2", "target_checksum": 3, "bytes": 4}})",
+       "wpub_patch.base_checksum must be an unsigned integer"},
+      {R"({"names": [], "dtypes": [], "shapes": [], "wpub_patch": {"base_version": -1,
+           "base_checksum": 2, "target_checksum": 3, "bytes": 4}})",
+       "wpub_patch.base_version must be an unsigned integer"},
       {R"({"names": ["a"], "dtypes": ["uint8"], "shapes": [[1]],)", "not valid JSON"},
       {R"({"names": [], "dtypes": [], "shapes": []} {})", "content after its JSON object"},
   };

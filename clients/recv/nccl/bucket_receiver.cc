@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,7 @@ struct BucketReceiver::ParsedUpdate {
   std::string group;             // the request's group_name
   int64_t sequence = -1;         // `wpub_sequence`, -1 when absent
   std::vector<uint64_t> chunks;  // the broadcasts that carry the bucket (one, or vLLM's packed)
+  std::optional<rollout::UpdatePatch> patch;  // `wpub_patch`: the broadcast is this patch
   Clock::time_point decoding, waiting, receiving;
 };
 
@@ -316,6 +318,7 @@ absl::StatusOr<std::string> BucketReceiver::Update(const std::string& body) {
     u.bucket.tensors = std::move(request.tensors);
     u.bucket.nbytes = request.nbytes;
     u.chunks = {request.nbytes};
+    u.patch = request.fields.patch;
   }
   return ReceiveParsed(u);
 }
@@ -349,13 +352,17 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveParsed(ParsedUpdate& u) {
   if (u.sequence >= 0) WPUB_RETURN_IF_ERROR(AwaitTurn(u.bucket.version, u.sequence, lock));
   Advance advance{this, u.sequence >= 0};
   if (!joined_) return absl::FailedPreconditionError("no weight-update group");
-  if (absl::Status s = ReserveAll(u.bucket.nbytes, lock, deadline); !s.ok()) {
+  // Kept weights receive whole buckets in place: the slots hold patches only.
+  const bool kept = options_.keep_weights || u.patch.has_value();
+  const uint64_t slot_bytes = !kept ? u.bucket.nbytes : u.patch ? u.patch->bytes : 0;
+  if (absl::Status s = ReserveAll(slot_bytes, lock, deadline); !s.ok()) {
     AbortAll();  // nothing was posted, but the publisher's broadcast of this bucket will come
     Leave();
     return s;
   }
   u.receiving = Clock::now();
   if (u.sequence == 0) stats_.erase(u.bucket.version);  // a retried version starts afresh
+  if (kept) return ReceiveKept(u, deadline);
   if (options_.copy_to_host) return ReceiveCopied(u, deadline);
   return ReceivePipelined(u, advance, lock, deadline);
 }
@@ -400,6 +407,89 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveCopied(ParsedUpdate& u,
   b.index = static_cast<uint32_t>(st.buckets);
   ++st.buckets;
   st.bytes += b.nbytes;
+  st.checksums.push_back(b.checksum);
+  if (on_bucket_) on_bucket_(b);
+  return BucketMessage(b);
+}
+
+// mu_ held throughout: a whole bucket received into its kept buffer, or a patch received into
+// slot 0 and applied to it (nothing applied when this engine does not hold the patch's base:
+// the broadcast is still taken, so that the group stays usable); the kept bucket's checksum
+// verified on the device.
+absl::StatusOr<std::string> BucketReceiver::ReceiveKept(ParsedUpdate& u,
+                                                        Clock::time_point deadline) {
+  ReceivedBucket& b = u.bucket;
+  const uint64_t n = b.nbytes;
+  // The bucket's index: wpub_sequence (which wpubd sends engines that take patches; a retried
+  // version starts again at 0), else its place in the version's requests.
+  const uint32_t index = u.sequence >= 0 ? static_cast<uint32_t>(u.sequence)
+                                         : static_cast<uint32_t>(stats_[b.version].buckets);
+  if (index >= kept_sums_.size()) kept_sums_.resize(index + 1);
+  std::optional<uint64_t>& kept = kept_sums_[index];
+  std::vector<uint64_t> sums(ranks_.size(), 0);
+  if (u.patch.has_value()) {
+    const rollout::UpdatePatch p = *u.patch;
+    bool have = options_.keep_weights && kept == p.base_checksum;
+    for (auto& rank : ranks_) have = have && rank->HasKept(index, n);
+    WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
+      WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueReceive(*members_[i], 0, {p.bytes}));
+      if (have) WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueKeptPatch(index, n, p.bytes));
+      return WaitRank(i, failed, deadline);
+    }));
+    if (!have) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", b.version, " bucket ", index, ": a patch against v", p.base_version,
+          options_.keep_weights ? ", whose bucket this engine does not hold"
+                                : ": this engine keeps no weights (wpub-recv --engine_patches)"));
+    }
+    bool refused = false;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      refused |= ranks_[i]->PatchRefused();
+      sums[i] = ranks_[i]->KeptChecksum(index);
+    }
+    if (refused) {  // nothing was applied
+      return absl::InvalidArgumentError(absl::StrCat("version ", b.version, " bucket ", index,
+                                                     ": the patch is malformed (format 3)"));
+    }
+    WPUB_ASSIGN_OR_RETURN(const uint64_t sum, AgreedChecksum(sums, ranks_, b.version));
+    if (sum != p.target_checksum) {
+      // Applied again, the patch gives the base back.
+      WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
+        WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueKeptPatch(index, n, p.bytes));
+        return WaitRank(i, failed, deadline);
+      }));
+      for (size_t i = 0; i < ranks_.size(); ++i) {
+        if (ranks_[i]->KeptChecksum(index) != p.base_checksum) kept.reset();
+      }
+      return absl::DataLossError(
+          absl::StrCat("version ", b.version, " bucket ", index,
+                       ": the patched bucket does not have the target's checksum (restored)"));
+    }
+    kept = sum;
+  } else {
+    kept.reset();  // overwritten from here on
+    for (auto& rank : ranks_) WPUB_RETURN_IF_ERROR(rank->ReserveKept(index, n));
+    WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
+      WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueKeptReceive(*members_[i], index, u.chunks));
+      return WaitRank(i, failed, deadline);
+    }));
+    for (size_t i = 0; i < ranks_.size(); ++i) sums[i] = ranks_[i]->KeptChecksum(index);
+    WPUB_ASSIGN_OR_RETURN(kept, AgreedChecksum(sums, ranks_, b.version));
+  }
+  b.checksum = *kept;
+  ReceiverVersionStats& st = stats_[b.version];
+  st.decode_seconds += Seconds(u.decoding, u.waiting);
+  st.wait_seconds += Seconds(u.waiting, u.receiving);
+  const auto verified = Clock::now();
+  st.receive_seconds += Seconds(u.receiving, verified);
+  st.last_verified_ns = std::max(st.last_verified_ns, SteadyNanos(verified));
+  b.index = index;
+  ++st.buckets;
+  st.bytes += n;
+  if (u.patch.has_value()) {
+    ++st.patched_buckets;
+    st.patch_bytes += u.patch->bytes;
+  }
   st.checksums.push_back(b.checksum);
   if (on_bucket_) on_bucket_(b);
   return BucketMessage(b);

@@ -12,6 +12,13 @@
 // rank aborts every member and leaves the group. Join and Destroy first abort a receive still
 // blocked on the old group; the waiters of a group that changed end with ABORTED.
 //
+// With keep_weights every bucket is received into the engine's own copy of it (one buffer per
+// bucket index per GPU, kept across versions as an engine keeps its parameters) and checksummed
+// there under the lock; an update request with `wpub_patch` (core/rollout/update_request.h)
+// brings a format 3 patch instead, applied to that copy on every GPU
+// (kernels/cuda/bucket_diff.h) when the copy's checksum is the patch's base -- restored when the
+// result is not the target -- and refused (its broadcast still taken) otherwise.
+//
 // With copy_to_host, rank 0 copies every bucket back and checksums it on the host (the other
 // ranks on their devices) before the next bucket is posted, and on_bucket runs under the lock.
 // Without it the path is pipelined two deep (DeviceRank's two slots): a bucket's receives and
@@ -28,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,6 +124,7 @@ class BucketReceiver {
   absl::StatusOr<std::string> ReceiveParsed(ParsedUpdate& update);
   // The two receive paths of Update (mu_ held on entry; ReceivePipelined releases it).
   absl::StatusOr<std::string> ReceiveCopied(ParsedUpdate& update, Clock::time_point deadline);
+  absl::StatusOr<std::string> ReceiveKept(ParsedUpdate& update, Clock::time_point deadline);
   absl::StatusOr<std::string> ReceivePipelined(ParsedUpdate& update, Advance& advance,
                                                std::unique_lock<std::mutex>& lock,
                                                Clock::time_point deadline);
@@ -143,6 +152,9 @@ class BucketReceiver {
   int next_slot_ = 0;         // guarded by mu_: the slot of the next pipelined bucket
   bool slot_busy_[DeviceRank::kSlots] = {false, false};  // guarded by mu_: being verified
   std::condition_variable slot_free_;                    // a slot's verification finished
+  // Kept weights: by bucket index, the checksum of the bucket every rank holds (verified when
+  // it was received or patched); nullopt while it is being written or after a failed restore.
+  std::vector<std::optional<uint64_t>> kept_sums_;  // guarded by mu_
 };
 
 }  // namespace wpub::recv::nccl

@@ -1,10 +1,13 @@
 // DeviceRank: one GPU's bucket slots, streams and checksum read-back; AgreedChecksum.
 #include "clients/recv/nccl/device_rank.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/common/status.h"
 #include "core/gpu/streams.h"
 #include "core/transport/checksum.h"
+#include "kernels/cuda/bucket_diff.h"
 #include "kernels/cuda/status_kernels.h"
 
 namespace wpub::recv::nccl {
@@ -144,6 +147,95 @@ absl::Status DeviceRank::CopyToHost(int slot, uint64_t n, std::vector<uint8_t>* 
   }
   return absl::OkStatus();
 }
+
+absl::Status DeviceRank::ReserveKept(uint32_t index, uint64_t n) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  if (kept_words_.size() == 0) {
+    if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(2 * sizeof(Word), &kept_words_);
+        e != cudaSuccess) {
+      return CudaError("allocating the kept weights' checksum word", e);
+    }
+    if (const cudaError_t e =
+            kernels::cuda::PinnedHostBuffer::Create(2 * sizeof(Word), &kept_words_host_);
+        e != cudaSuccess) {
+      return CudaError("allocating the kept weights' read-back", e);
+    }
+  }
+  if (index >= kept_.size()) {
+    kept_.resize(index + 1);
+    kept_sizes_.resize(index + 1, 0);
+  }
+  if (kept_[index].data() != nullptr && kept_sizes_[index] == n) return absl::OkStatus();
+  kept_[index].Reset();
+  kept_sizes_[index] = 0;
+  if (const cudaError_t e =
+          kernels::cuda::DeviceBuffer::Create(std::max<uint64_t>(n, 8), &kept_[index]);
+      e != cudaSuccess) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate kept bucket ", index, " of ",
+                                                     n, " bytes on device ", device_, ": ",
+                                                     cudaGetErrorString(e)));
+  }
+  kept_sizes_[index] = n;
+  return absl::OkStatus();
+}
+
+bool DeviceRank::HasKept(uint32_t index, uint64_t n) const {
+  return index < kept_.size() && kept_[index].data() != nullptr && kept_sizes_[index] == n;
+}
+
+absl::Status DeviceRank::EnqueueKeptReceive(GroupMember& member, uint32_t index,
+                                            absl::Span<const uint64_t> chunks) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  uint64_t n = 0;
+  for (const uint64_t c : chunks) n += c;
+  if (!HasKept(index, n)) return absl::InternalError("kept bucket not reserved");
+  WPUB_RETURN_IF_ERROR(member.Receive(kept_[index].data(), chunks, receive_.get()));
+  const cudaStream_t s = receive_.get();
+  kept_n_ = n;
+  cudaError_t e = cudaMemsetAsync(kept_words_.data(), 0, 2 * sizeof(Word), s);
+  if (e == cudaSuccess) {
+    e = kernels::cuda::LaunchChecksumAdd(kept_[index].as<const uint8_t>(), n, 0,
+                                         kept_words_.as<Word>(), s);
+  }
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(kept_words_host_.data(), kept_words_.data(), 2 * sizeof(Word),
+                        cudaMemcpyDeviceToHost, s);
+  }
+  if (e != cudaSuccess) return CudaError("the kept bucket's checksum", e);
+  return absl::OkStatus();
+}
+
+absl::Status DeviceRank::EnqueueKeptPatch(uint32_t index, uint64_t n, uint64_t patch_bytes) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  if (!HasKept(index, n) || patch_bytes > slot_bytes_) {
+    return absl::InternalError("no kept bucket of that size, or the patch is not in slot 0");
+  }
+  const cudaStream_t s = receive_.get();
+  kept_n_ = n;
+  cudaError_t e = cudaMemsetAsync(kept_words_.data(), 0, 2 * sizeof(Word), s);
+  // The error word is the second: the apply launch zeroes and sets it.
+  if (e == cudaSuccess) {
+    e = kernels::cuda::LaunchBucketPatchApply(
+        slots_[0].buffer.as<const uint8_t>(), patch_bytes, kept_[index].as<uint8_t>(), n,
+        reinterpret_cast<unsigned int*>(kept_words_.as<Word>() + 1), s);
+  }
+  if (e == cudaSuccess) {
+    e = kernels::cuda::LaunchChecksumAdd(kept_[index].as<const uint8_t>(), n, 0,
+                                         kept_words_.as<Word>(), s);
+  }
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(kept_words_host_.data(), kept_words_.data(), 2 * sizeof(Word),
+                        cudaMemcpyDeviceToHost, s);
+  }
+  if (e != cudaSuccess) return CudaError("applying the bucket's patch", e);
+  return absl::OkStatus();
+}
+
+uint64_t DeviceRank::KeptChecksum(uint32_t /*index*/) const {
+  return transport::ChecksumFinish(kept_words_host_.as<const Word>()[0], kept_n_);
+}
+
+bool DeviceRank::PatchRefused() const { return kept_words_host_.as<const Word>()[1] != 0; }
 
 uint64_t DeviceRank::Checksum(int slot, uint64_t n) const {
   return transport::ChecksumFinish(*slots_[slot].sum_host.as<const Word>(), n);

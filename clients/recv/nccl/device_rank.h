@@ -78,6 +78,26 @@ class DeviceRank {
   // (including any wait for the publisher's broadcast to start); 0 when not measurable.
   double ReceiveDeviceSeconds(int slot) const;
 
+  // Kept weights (ReceiverEndpointOptions::keep_weights): the engine's own copy of each bucket
+  // of the last version it received, by bucket index, as an engine keeps its parameters. The
+  // calls below are enqueued on the receive stream, in order.
+  // Makes kept bucket `index` n bytes (allocated when missing or of another size; its contents
+  // are then undefined). The same precondition as Reserve (nothing in flight on this device).
+  absl::Status ReserveKept(uint32_t index, uint64_t n);
+  // Whether kept bucket `index` exists with n bytes.
+  bool HasKept(uint32_t index, uint64_t n) const;
+  // The receive of a whole bucket into kept bucket `index`, then its checksum and read-back.
+  absl::Status EnqueueKeptReceive(GroupMember& member, uint32_t index,
+                                  absl::Span<const uint64_t> chunks);
+  // A format 3 patch of `patch_bytes` received into slot 0 (EnqueueReceive) applied to kept
+  // bucket `index` in place (kernels/cuda/bucket_diff.h: all or nothing, its validation's error
+  // word read back), then the bucket's checksum and read-back.
+  absl::Status EnqueueKeptPatch(uint32_t index, uint64_t n, uint64_t patch_bytes);
+  // After EnqueueKeptReceive / EnqueueKeptPatch completed: the kept bucket's checksum, and
+  // whether the patch was refused by its validation (the bucket then unchanged).
+  uint64_t KeptChecksum(uint32_t index) const;
+  bool PatchRefused() const;
+
   cudaStream_t receive_stream() const { return receive_.get(); }
   cudaEvent_t verified(int slot) const { return slots_[slot].verified.get(); }
 
@@ -104,6 +124,13 @@ class DeviceRank {
   Slot slots_[kSlots];
   uint64_t slot_bytes_ = 0;             // of each slot's buffer
   kernels::cuda::DeviceBuffer warmup_;  // EnqueueWarmUp's float, allocated on first use
+  // Kept weights: one buffer per bucket index; the checksum word, the patch's error word and
+  // their pinned read-backs (allocated with the first kept bucket).
+  std::vector<kernels::cuda::DeviceBuffer> kept_;
+  std::vector<uint64_t> kept_sizes_;        // the bucket each holds (bytes)
+  kernels::cuda::DeviceBuffer kept_words_;  // checksum word, then the error word
+  kernels::cuda::PinnedHostBuffer kept_words_host_;
+  uint64_t kept_n_ = 0;  // the size of the bucket the checksum word sums
 };
 
 // The engine's checksum of a bucket: every rank's must agree (DATA_LOSS naming the version and

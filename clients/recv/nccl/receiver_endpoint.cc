@@ -49,7 +49,9 @@ json StatsJson(const std::map<std::string, ReceiverVersionStats>& stats) {
             {"wait_seconds", st.wait_seconds},
             {"receive_seconds", st.receive_seconds},
             {"receive_device_seconds", st.receive_device_seconds},
-            {"last_verified_ns", st.last_verified_ns}};
+            {"last_verified_ns", st.last_verified_ns},
+            {"patched_buckets", st.patched_buckets},
+            {"patch_bytes", st.patch_bytes}};
   }
   return j;
 }
@@ -119,9 +121,12 @@ class ReceiverEndpoint::Impl {
     server_.Get("/flush_cache", ok);
     // What a publisher's probe reads (SGLang's /server_info answers its release as "version"):
     // this engine stages every bucket under the weight_version its request carries and serves
-    // nothing before the version is announced, so it asks for the version on every bucket.
-    server_.Get("/server_info", [](const Request&, Response& r) {
-      r.set_content(R"({"version": "wpub-recv", "wpub_bucket_versions": true})",
+    // nothing before the version is announced, so it asks for the version on every bucket; an
+    // engine that keeps its weights takes format 3 bucket patches against them.
+    server_.Get("/server_info", [keep = options_.keep_weights](const Request&, Response& r) {
+      r.set_content(keep ? R"({"version": "wpub-recv", "wpub_bucket_versions": true, )"
+                           R"("wpub_bucket_patches": [3]})"
+                         : R"({"version": "wpub-recv", "wpub_bucket_versions": true})",
                     "application/json");
     });
     // As FastAPI answers a GET of a POST route: a probe finds each route served.

@@ -57,6 +57,10 @@ struct ReceiverEndpointOptions {
   // true: ReceivedBucket::bytes holds the bucket (one device-to-host copy per bucket). false:
   // bytes stays empty and only the checksum (computed on the device, 8 bytes read back) arrives.
   bool copy_to_host = true;
+  // The engine keeps every bucket it receives on each GPU, as an engine keeps its weights, and
+  // takes bucket patches (format 3, "wpub_patch" update requests) against them: its server info
+  // lists "wpub_bucket_patches": [3]. Takes precedence over copy_to_host (bytes stay empty).
+  bool keep_weights = false;
   int nccl_ctas = 0;  // NcclCommOptions::ctas of every rank (0: NCCL's choice)
 };
 
@@ -85,6 +89,9 @@ struct ReceiverVersionStats {
   // std::chrono::steady_clock nanoseconds, which on Linux (CLOCK_MONOTONIC) compare across the
   // processes of one host, e.g. with the publisher's end of its transfers.
   int64_t last_verified_ns = 0;
+  // With keep_weights: the buckets that came as patches, and the patches' bytes.
+  uint64_t patched_buckets = 0;
+  uint64_t patch_bytes = 0;
 };
 
 class ReceiverEndpoint {
