@@ -143,13 +143,10 @@ BucketPatchPlan DiffWordRuns(absl::Span<const uint8_t> base, uint64_t base_check
       }
     }
   }
-  const bool indexed = options.format == PatchFormat::kIndexedXorRuns;
   uint64_t size = kBucketPatchHeaderBytes;
   for (const Run& r : runs) {
     plan.changed_words += r.words;
-    // Format 3 keeps whole words (a partial last word padded with zeros).
-    size += kRunHeaderBytes +
-            (indexed ? r.words * kWord : std::min(r.words * kWord, n - r.first * kWord));
+    size += kRunHeaderBytes + std::min(r.words * kWord, n - r.first * kWord);
   }
   if (runs.size() > UINT32_MAX || words > UINT32_MAX) {
     plan.full = true;
@@ -163,26 +160,10 @@ BucketPatchPlan DiffWordRuns(absl::Span<const uint8_t> base, uint64_t base_check
   }
   plan.runs = static_cast<uint32_t>(runs.size());
   plan.patch.assign(size, 0);
-  PutHeader(&plan.patch, indexed ? PatchFormat::kIndexedXorRuns : PatchFormat::kWordRuns, n,
-            base_checksum, next_checksum);
+  PutHeader(&plan.patch, PatchFormat::kWordRuns, n, base_checksum, next_checksum);
   Put<uint32_t>(&plan.patch, 32, plan.runs);
-  Put<uint32_t>(&plan.patch, 36, options.xor_runs && !indexed ? kXorRunsFlag : 0);
+  Put<uint32_t>(&plan.patch, 36, options.xor_runs ? kXorRunsFlag : 0);
   Put<uint64_t>(&plan.patch, 40, plan.changed_words);
-  if (indexed) {  // the run table, then every changed word's XOR
-    size_t entry = kBucketPatchHeaderBytes;
-    size_t data = kBucketPatchHeaderBytes + kRunHeaderBytes * runs.size();
-    uint64_t data_word = 0;
-    for (const Run& r : runs) {
-      Put<uint32_t>(&plan.patch, entry, static_cast<uint32_t>(r.first));
-      Put<uint32_t>(&plan.patch, entry + 4, static_cast<uint32_t>(data_word));
-      entry += kRunHeaderBytes;
-      for (uint64_t w = r.first; w < r.first + r.words; ++w, data += kWord) {
-        Put<uint64_t>(&plan.patch, data, LoadWord(base.data(), w, n) ^ LoadWord(next.data(), w, n));
-      }
-      data_word += r.words;
-    }
-    return plan;
-  }
   size_t at = kBucketPatchHeaderBytes;
   for (const Run& r : runs) {
     Put<uint32_t>(&plan.patch, at, static_cast<uint32_t>(r.first));
@@ -289,14 +270,81 @@ BucketPatchPlan DiffUnits(absl::Span<const uint8_t> base, uint64_t base_checksum
                      });
 }
 
+// Format 3 from the two buckets: per slice of the words its changed units counted, then written
+// at their places (the index array, then the XOR array).
+BucketPatchPlan DiffIndexedUnits(absl::Span<const uint8_t> base, uint64_t base_checksum,
+                                 absl::Span<const uint8_t> next, uint64_t next_checksum,
+                                 const BucketPatchOptions& options) {
+  BucketPatchPlan plan;
+  const uint64_t n = next.size();
+  const uint64_t words = (n + kWord - 1) / kWord;
+  if ((n + 1) / 2 > uint64_t{UINT32_MAX} + 1) {
+    plan.full = true;
+    plan.why = "too many units for format 3's 32-bit indices";
+    return plan;
+  }
+  const size_t slices = static_cast<size_t>((words + kDiffSliceWords - 1) / kDiffSliceWords);
+  std::vector<uint64_t> count(slices, 0), changed_words(slices, 0);
+  auto each = [&](size_t s, auto&& fn) {
+    const uint64_t lo = s * kDiffSliceWords, hi = std::min(words, lo + kDiffSliceWords);
+    for (uint64_t w = lo; w < hi; ++w) {
+      const uint64_t x = LoadWord(base.data(), w, n) ^ LoadWord(next.data(), w, n);
+      if (x != 0) fn(w, x);
+    }
+  };
+  ParallelFor(slices, options.threads, [&](size_t s) {
+    each(s, [&](uint64_t w, uint64_t x) {
+      ++changed_words[s];
+      ForUnits(x, w, [&](uint64_t, uint32_t) { ++count[s]; });
+    });
+  });
+  std::vector<uint64_t> at(slices, 0);
+  for (size_t s = 0; s < slices; ++s) {
+    at[s] = plan.changed_units;
+    plan.changed_units += count[s];
+    plan.changed_words += changed_words[s];
+  }
+  const uint64_t size = kBucketPatchHeaderBytes + 6 * plan.changed_units;
+  if (OverLimit(size, options.max_patch_fraction, n)) {
+    plan.full = true;
+    plan.why = OverLimitWhy(size, options.max_patch_fraction, n);
+    return plan;
+  }
+  plan.patch.assign(size, 0);
+  PutHeader(&plan.patch, PatchFormat::kIndexedUnits, n, base_checksum, next_checksum);
+  Put<uint64_t>(&plan.patch, 32, plan.changed_units);
+  const size_t xors = kBucketPatchHeaderBytes + 4 * plan.changed_units;
+  std::atomic<bool> moved{false};
+  ParallelFor(slices, options.threads, [&](size_t s) {
+    uint64_t i = at[s];
+    const uint64_t end = at[s] + count[s];
+    each(s, [&](uint64_t w, uint64_t x) {
+      ForUnits(x, w, [&](uint64_t u, uint32_t v) {
+        if (i >= end) {  // the bytes changed between the passes (a caller's contract broken)
+          moved = true;
+          return;
+        }
+        Put<uint32_t>(&plan.patch, kBucketPatchHeaderBytes + 4 * i, static_cast<uint32_t>(u));
+        Put<uint16_t>(&plan.patch, xors + 2 * i, static_cast<uint16_t>(v));
+        ++i;
+      });
+    });
+    if (i != end) moved = true;
+  });
+  if (moved) {
+    plan = BucketPatchPlan{};
+    plan.full = true;
+    plan.why = "the bytes changed while they were compared";
+  }
+  return plan;
+}
+
 // A parsed patch, ready to apply slice by slice.
 struct Edits {
   PatchFormat format = PatchFormat::kUnits;
   uint64_t n = 0, base_checksum = 0, target_checksum = 0;
   size_t patch_size = 0;
-  // Formats 1 and 3: runs, with where their bytes are in the patch (format 3: their XOR with
-  // the base, whole words).
-  bool xor_bytes = false;
+  // Format 1: runs, with where their bytes are in the patch.
   std::vector<Run> runs;
   std::vector<size_t> run_at;
   // Format 2, per application slice: where in the patch its first entry is (the first whose
@@ -304,62 +352,41 @@ struct Edits {
   // before it -- the slice decodes its own entries (the whole patch was validated first).
   std::vector<size_t> slice_at;
   std::vector<uint64_t> slice_next;
+  // Format 3: the changed units.
+  uint64_t count = 0;
 };
 
-// Format 3 after the shared header (e holds it): the run table and the XOR words, checked
-// as the GPU's validation checks them (kernels/cuda/bucket_diff.h, LaunchBucketPatchApply).
+// Format 3 after the shared header (e holds it): the units ascending and in range, each XOR
+// not zero (under 2^8 for an odd n's lone last byte) -- the GPU's validation makes the same
+// checks (kernels/cuda/bucket_diff.h, LaunchBucketPatchApply).
 absl::StatusOr<Edits> ParseIndexed(absl::Span<const uint8_t> patch, Edits& e) {
   const uint8_t* p = patch.data();
-  const uint64_t n = e.n;
-  const uint64_t runs = Get<uint32_t>(p + 32);
-  const uint64_t changed = Get<uint64_t>(p + 40);
-  const uint64_t words = (n + kWord - 1) / kWord;
-  if (Get<uint32_t>(p + 36) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bucket patch: format 3 with flags ", Get<uint32_t>(p + 36)));
+  const uint64_t n = e.n, units = (n + 1) / 2;
+  const uint64_t count = Get<uint64_t>(p + 32);
+  if (Get<uint64_t>(p + 40) != 0) {
+    return absl::InvalidArgumentError("bucket patch: format 3 with a reserved field set");
   }
-  if (changed > words || runs > changed || (runs == 0) != (changed == 0) ||
-      patch.size() != kBucketPatchHeaderBytes + kRunHeaderBytes * runs + kWord * changed) {
-    return absl::InvalidArgumentError(absl::StrCat("bucket patch: ", runs, " runs of ", changed,
-                                                   " changed words in ", patch.size(),
-                                                   " bytes, for a bucket of ", words, " words"));
+  if (count > units || patch.size() != kBucketPatchHeaderBytes + 6 * count) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket patch: ", count, " changed units in ",
+                                                   patch.size(), " bytes, for a bucket of ", units,
+                                                   " units"));
   }
-  e.format = PatchFormat::kIndexedXorRuns;
-  e.xor_bytes = true;
-  e.runs.reserve(runs);
-  e.run_at.reserve(runs);
-  const size_t data_at = kBucketPatchHeaderBytes + kRunHeaderBytes * runs;
-  uint64_t next_free = 0;
-  for (uint64_t i = 0; i < runs; ++i) {
-    const uint64_t first = Get<uint32_t>(p + kBucketPatchHeaderBytes + kRunHeaderBytes * i);
-    const uint64_t data = Get<uint32_t>(p + kBucketPatchHeaderBytes + kRunHeaderBytes * i + 4);
-    const uint64_t end =
-        i + 1 < runs ? Get<uint32_t>(p + kBucketPatchHeaderBytes + kRunHeaderBytes * (i + 1) + 4)
-                     : changed;
-    if ((i == 0 && data != 0) || end <= data || end > changed || first < next_free ||
-        first >= words || end - data > words - first) {
-      return absl::InvalidArgumentError(absl::StrCat("bucket patch: run ", i, " (word ", first,
-                                                     ", data word ", data,
-                                                     ") is out of order or range"));
-    }
-    e.runs.push_back({first, end - data});
-    e.run_at.push_back(data_at + kWord * data);
-    next_free = first + (end - data) + 1;
-  }
-  // Every XOR word changes something, and only the bucket's bytes.
-  for (uint64_t j = 0; j < changed; ++j) {
-    if (Get<uint64_t>(p + data_at + kWord * j) == 0) {
+  e.format = PatchFormat::kIndexedUnits;
+  e.count = count;
+  const uint8_t* xors = p + kBucketPatchHeaderBytes + 4 * count;
+  uint64_t next_u = 0;  // the first unit an entry may name
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t u = Get<uint32_t>(p + kBucketPatchHeaderBytes + 4 * i);
+    const uint32_t x = Get<uint16_t>(xors + 2 * i);
+    if (u < next_u || u >= units) {
       return absl::InvalidArgumentError(
-          absl::StrCat("bucket patch: changed word ", j, " has XOR 0"));
+          absl::StrCat("bucket patch: entry ", i, " (unit ", u, ") is out of order or range"));
     }
-  }
-  if (n % kWord != 0 && runs > 0) {
-    const Run& last = e.runs.back();
-    if (last.first + last.words == words &&
-        Get<uint64_t>(p + patch.size() - kWord) >> (8 * (n % kWord)) != 0) {
+    if (x == 0 || (n % 2 == 1 && u == units - 1 && x > 0xff)) {
       return absl::InvalidArgumentError(
-          "bucket patch: the last word's XOR reaches past the bucket");
+          absl::StrCat("bucket patch: entry ", i, " (unit ", u, ") has XOR ", x));
     }
+    next_u = u + 1;
   }
   return std::move(e);
 }
@@ -418,7 +445,7 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
     }
     return e;
   }
-  if (format == static_cast<uint32_t>(PatchFormat::kIndexedXorRuns)) return ParseIndexed(patch, e);
+  if (format == static_cast<uint32_t>(PatchFormat::kIndexedUnits)) return ParseIndexed(patch, e);
   if (format != static_cast<uint32_t>(PatchFormat::kUnits)) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket patch: format ", format, ", not 1, 2 or 3"));
@@ -476,7 +503,29 @@ absl::StatusOr<Edits> Parse(absl::Span<const uint8_t> patch, bool xor_runs = fal
 
 // Applies the edits that fall in bytes [lo, hi) of `out` (a copy of the base there).
 void ApplySlice(const Edits& e, const uint8_t* patch, uint64_t lo, uint64_t hi, uint8_t* out) {
-  if (e.format != PatchFormat::kUnits) {
+  if (e.format == PatchFormat::kIndexedUnits) {
+    // The first entry whose unit starts at or after lo (units never straddle a slice).
+    const uint8_t* index = patch + kBucketPatchHeaderBytes;
+    const uint8_t* xors = index + 4 * e.count;
+    uint64_t a = 0, b = e.count;
+    while (a < b) {
+      const uint64_t mid = a + (b - a) / 2;
+      if (2 * uint64_t{Get<uint32_t>(index + 4 * mid)} < lo) {
+        a = mid + 1;
+      } else {
+        b = mid;
+      }
+    }
+    for (uint64_t i = a; i < e.count; ++i) {
+      const uint64_t at = 2 * uint64_t{Get<uint32_t>(index + 4 * i)};
+      if (at >= hi) break;
+      const uint16_t x = Get<uint16_t>(xors + 2 * i);
+      out[at] ^= static_cast<uint8_t>(x);
+      if (at + 1 < e.n) out[at + 1] ^= static_cast<uint8_t>(x >> 8);
+    }
+    return;
+  }
+  if (e.format == PatchFormat::kWordRuns) {
     // The first run that ends after lo.
     auto it = std::upper_bound(e.runs.begin(), e.runs.end(), lo, [](uint64_t b, const Run& r) {
       return b < (r.first + r.words) * kWord;
@@ -486,12 +535,7 @@ void ApplySlice(const Edits& e, const uint8_t* patch, uint64_t lo, uint64_t hi, 
       const uint64_t end = std::min({(it->first + it->words) * kWord, e.n, hi});
       const uint64_t from = std::max(start, lo);
       const size_t r = static_cast<size_t>(it - e.runs.begin());
-      const uint8_t* bytes = patch + e.run_at[r] + (from - start);
-      if (e.xor_bytes) {
-        for (uint64_t i = 0; i < end - from; ++i) out[from + i] ^= bytes[i];
-      } else {
-        std::memcpy(out + from, bytes, end - from);
-      }
+      std::memcpy(out + from, patch + e.run_at[r] + (from - start), end - from);
     }
     return;
   }
@@ -529,9 +573,15 @@ BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksu
     plan.why = absl::StrCat("the bucket is ", next.size(), " bytes, its base ", base.size());
     return plan;
   }
-  return options.format == PatchFormat::kUnits
-             ? DiffUnits(base, base_checksum, next, next_checksum, options)
-             : DiffWordRuns(base, base_checksum, next, next_checksum, options);
+  switch (options.format) {
+    case PatchFormat::kWordRuns:
+      return DiffWordRuns(base, base_checksum, next, next_checksum, options);
+    case PatchFormat::kIndexedUnits:
+      return DiffIndexedUnits(base, base_checksum, next, next_checksum, options);
+    case PatchFormat::kUnits:
+      break;
+  }
+  return DiffUnits(base, base_checksum, next, next_checksum, options);
 }
 
 absl::StatusOr<BucketPatchPlan> UnitsFromXorRuns(absl::Span<const uint8_t> xor_runs,

@@ -28,16 +28,15 @@
 //   (kernels/cuda/bucket_diff.h), turned into format 2 on the host (UnitsFromXorRuns), never
 //   sent to or applied by a receiver.
 //
-// Format 3, indexed xor runs (what wpubd broadcasts to NCCL engines that take patches: made and
-// applied on the GPU, each word independently, kernels/cuda/bucket_diff.h):
-//   32 u32 runs   36 u32 flags (0)   40 u64 changed words
-//   48 runs x {u32 first word, u32 data word}: ascending, none touching the next; data word is
-//      the changed words of the runs before (0 for the first), so run r's length is the next
-//      run's data word (changed words after the last) minus its own
-//   48 + 8 runs: changed words x 8 bytes, base XOR target, in run order; the bucket's partial
-//      last word zero-padded. Size 48 + 8 runs + 8 changed words.
-// Applying it twice gives the base back: a receiver that patched its live copy and found the
-// wrong checksum undoes the patch by applying it again.
+// Format 3, indexed units (what wpubd broadcasts to NCCL engines that take patches: made and
+// applied on the GPU, each entry independently, kernels/cuda/bucket_diff.h):
+//   32 u64 changed units c   40 u64 0 (reserved)
+//   48 c x u32 unit index, ascending
+//   48 + 4c: c x u16 XOR (base unit XOR target unit), never 0 (under 2^8 for an odd n's last
+//      unit). Size 48 + 6c; a bucket of more than 2^32 units goes whole.
+// An isolated change costs 6 bytes (format 2's 2-3 decode only in sequence). Applying it twice
+// gives the base back: a receiver that patched its live copy and found the wrong checksum undoes
+// the patch by applying it again.
 //
 // The receiver applies a patch only to the exact base (its checksum) and keeps the result only
 // when it has the target's checksum -- the reconstruction is checked against the full bucket,
@@ -62,7 +61,7 @@ inline constexpr size_t kBucketPatchHeaderBytes = 48;
 enum class PatchFormat : uint32_t {
   kWordRuns = 1,
   kUnits = 2,
-  kIndexedXorRuns = 3,
+  kIndexedUnits = 3,
 };
 
 struct BucketPatchOptions {
@@ -81,13 +80,13 @@ struct BucketPatchPlan {
   std::string why;             // "" for a patch
   std::vector<uint8_t> patch;  // the patch (format above) when !full
   uint64_t changed_words = 0;  // formats 1 and 3: words that differ
-  uint32_t runs = 0;           // formats 1 and 3: runs of them
-  uint64_t changed_units = 0;  // format 2: 16-bit units that differ
+  uint32_t runs = 0;           // format 1: runs of them
+  uint64_t changed_units = 0;  // formats 2 and 3: 16-bit units that differ
 };
 
 // The patch from `base` to `next` (the same bucket index of two versions, laid out alike) in
 // options.format, or the decision to send `next` whole: a size that differs, a patch over
-// max_patch_fraction, or (formats 1 and 3) more words or runs than a u32 counts.
+// max_patch_fraction, or more words, runs (format 1) or units (format 3) than a u32 counts.
 // `base_checksum` and `next_checksum` are the buckets' checksums (the manifests'): they go into
 // the patch unverified here.
 BucketPatchPlan DiffBucket(absl::Span<const uint8_t> base, uint64_t base_checksum,

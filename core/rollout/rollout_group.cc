@@ -354,7 +354,7 @@ absl::StatusOr<RolloutGroup::PatchMade> RolloutGroup::MakePatch(const transport:
       delta::DiffBucket(base->span(), was.checksum, bucket.span(), bucket.manifest.checksum,
                         {.max_patch_fraction = patches_.max_patch_fraction,
                          .threads = patches_.threads,
-                         .format = delta::PatchFormat::kIndexedXorRuns});
+                         .format = delta::PatchFormat::kIndexedUnits});
   if (plan.full) return out;
   auto patch = std::make_shared<transport::Bucket>();
   patch->version = bucket.version;

@@ -110,7 +110,7 @@ class RetainedBytes {
   // `next`, a device bucket of the same size as the producer emits it (read after its `ready`;
   // its `done` recorded behind the diff), for the NCCL engines that take patches
   // (core/rollout/rollout_group.h): byte for byte what delta::DiffBucket makes with
-  // .format = kIndexedXorRuns and checksums base_bucket.checksum / next_checksum, or made =
+  // .format = kIndexedUnits and checksums base_bucket.checksum / next_checksum, or made =
   // false exactly when DiffBucket would send the bucket whole under max_patch_fraction. The
   // diff runs on the device; the host waits once, for the patch's size (counted through
   // next.device.count_host_wait). Called by one thread (the publication's) in bucket order; the

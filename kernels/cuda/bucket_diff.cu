@@ -30,12 +30,14 @@ struct TileCount {
   uint32_t changed;      // words that differ
   uint32_t starts;       // words that differ whose predecessor does not (or word 0)
   uint64_t last_start1;  // 1 + the tile's last run start, 0 when none starts in it
+  uint32_t units;        // 16-bit units that differ (format 3)
 };
 // Per tile, from the scan kernel: over the tiles before it.
 struct TilePrefix {
   uint64_t runs;         // runs started before the tile
   uint64_t changed;      // words changed before the tile
   uint64_t open_start1;  // 1 + the last run start before the tile (0: none)
+  uint64_t units;        // units changed before the tile
 };
 
 // Scratch: a bit per word (bit w % 64 of mask w / 64, zero past the last word; tiles are whole
@@ -102,6 +104,24 @@ __device__ __forceinline__ uint64_t LoadWord(const uint8_t* p, uint64_t w) {
   return __ldg(reinterpret_cast<const unsigned long long*>(p) + w);
 }
 
+// Word w (< words) of a XOR b, the last word's bytes past n zero.
+__device__ uint64_t XorWord(const uint8_t* a, const uint8_t* b, uint64_t w, uint64_t n) {
+  if (kWord * w + kWord <= n) return LoadWord(a, w) ^ LoadWord(b, w);
+  uint64_t x = 0;
+  for (uint64_t i = kWord * w; i < n; ++i) {
+    x |= static_cast<uint64_t>(a[i] ^ b[i]) << (8 * (i - kWord * w));
+  }
+  return x;
+}
+
+// The 16-bit lanes of x that are not zero (0..4).
+__device__ __forceinline__ uint32_t LanesSet(uint64_t x) {
+  uint32_t c = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) c += ((x >> (16 * k)) & 0xffff) != 0;
+  return c;
+}
+
 // Whether word w (< words) differs; the last word compares only the bucket's bytes.
 __device__ bool WordDiffers(const uint8_t* a, const uint8_t* b, uint64_t w, uint64_t n) {
   if (kWord * w + kWord <= n) return LoadWord(a, w) != LoadWord(b, w);
@@ -150,6 +170,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ uint32_t s_sum[kThreads / 32];
   __shared__ uint64_t s_max[kThreads / 32];
   __shared__ uint64_t s_carry;  // whether the word before the tile differs
+  uint32_t units = 0;           // this thread's changed 16-bit units
   const uint64_t tile = blockIdx.x;
   const uint64_t words = n / kWord + (n % kWord != 0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -172,9 +193,12 @@ __global__ void __launch_bounds__(kThreads)
     if (16 * pair + 16 <= n) {
       d0 = a[u].lo != b[u].lo;
       d1 = a[u].hi != b[u].hi;
+      units += LanesSet(a[u].lo ^ b[u].lo) + LanesSet(a[u].hi ^ b[u].hi);
     } else {  // the bucket's end: a partial last word, or words past it
       d0 = 2 * pair < words && WordDiffers(base, next, 2 * pair, n);
       d1 = 2 * pair + 1 < words && WordDiffers(base, next, 2 * pair + 1, n);
+      if (d0) units += LanesSet(XorWord(base, next, 2 * pair, n));
+      if (d1) units += LanesSet(XorWord(base, next, 2 * pair + 1, n));
     }
     const uint32_t even = __ballot_sync(0xffffffffu, d0), odd = __ballot_sync(0xffffffffu, d1);
     if (lane == 0) s_mask[u * (kThreads / 32) + warp] = SpreadBits(even) | SpreadBits(odd) << 1;
@@ -192,7 +216,10 @@ __global__ void __launch_bounds__(kThreads)
   }
   packed = BlockInclusiveScan<kThreads>(packed, Plus(), s_sum);
   last_start1 = BlockInclusiveScan<kThreads>(last_start1, Max(), s_max);
-  if (threadIdx.x == kThreads - 1) counts[tile] = {packed >> 16, packed & 0xFFFF, last_start1};
+  units = BlockInclusiveScan<kThreads>(units, Plus(), s_sum);
+  if (threadIdx.x == kThreads - 1) {
+    counts[tile] = {packed >> 16, packed & 0xFFFF, last_start1, units};
+  }
 }
 
 // One CTA: exclusive prefixes of the tile counts (rounds of kScanThreads * kScanItems tiles,
@@ -202,51 +229,61 @@ __global__ void __launch_bounds__(kScanThreads)
                uint64_t n, uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
                uint64_t patch_capacity, uint32_t flags, bool indexed, BucketDiffTotals* totals) {
   __shared__ uint64_t s_runs[kScanThreads / 32], s_changed[kScanThreads / 32],
-      s_open[kScanThreads / 32];
-  uint64_t runs = 0, changed = 0, open1 = 0;  // over the rounds before, alike in every thread
+      s_open[kScanThreads / 32], s_units[kScanThreads / 32];
+  // Over the rounds before, alike in every thread.
+  uint64_t runs = 0, changed = 0, open1 = 0, units = 0;
   for (uint64_t round = 0; round < tiles; round += uint64_t{kScanThreads} * kScanItems) {
     const uint64_t first = round + uint64_t{threadIdx.x} * kScanItems;
-    uint64_t r = 0, c = 0, o = 0;
+    uint64_t r = 0, c = 0, o = 0, un = 0;
     for (int i = 0; i < kScanItems && first + i < tiles; ++i) {
       const TileCount t = counts[first + i];
       r += t.starts;
       c += t.changed;
       o = Max()(o, t.last_start1);
+      un += t.units;
     }
     const uint64_t r_incl = BlockInclusiveScan<kScanThreads>(r, Plus(), s_runs);
     const uint64_t c_incl = BlockInclusiveScan<kScanThreads>(c, Plus(), s_changed);
+    const uint64_t u_incl = BlockInclusiveScan<kScanThreads>(un, Plus(), s_units);
     const uint64_t o_incl = BlockInclusiveScan<kScanThreads>(o, Max(), s_open);
     // The max is not invertible: the exclusive value is the previous thread's inclusive one
     // (for a warp's lane 0, the warps' scan before it, which the slots still hold).
     const uint64_t o_lane_before = __shfl_up_sync(0xffffffffu, o_incl, 1);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint64_t pr = runs + r_incl - r, pc = changed + c_incl - c;
+    uint64_t pr = runs + r_incl - r, pc = changed + c_incl - c, pu = units + u_incl - un;
     uint64_t po = Max()(open1, lane > 0 ? o_lane_before : (warp > 0 ? s_open[warp - 1] : 0));
     for (int i = 0; i < kScanItems && first + i < tiles; ++i) {
-      prefix[first + i] = {pr, pc, po};
+      prefix[first + i] = {pr, pc, po, pu};
       const TileCount t = counts[first + i];
       pr += t.starts;
       pc += t.changed;
       po = Max()(po, t.last_start1);
+      pu += t.units;
     }
     // Every thread's round totals: the last thread's inclusive values, from the warp slots.
     runs += s_runs[kScanThreads / 32 - 1];
     changed += s_changed[kScanThreads / 32 - 1];
     open1 = Max()(open1, s_open[kScanThreads / 32 - 1]);
+    units += s_units[kScanThreads / 32 - 1];
     __syncthreads();  // the slots are rewritten by the next round's scans
   }
   if (threadIdx.x != 0) return;
   const uint64_t words = n / kWord + (n % kWord != 0);
   const uint64_t tail = n % kWord;
   const bool last_changed = words > 0 && (masks[(words - 1) / 64] >> ((words - 1) % 64)) & 1;
-  // Format 3 keeps the partial last word whole (zero-padded); format 1 only its bytes.
-  const uint64_t bytes = kHeaderBytes + kWord * (runs + changed) -
-                         (!indexed && tail != 0 && last_changed ? kWord - tail : 0);
-  const bool fits = bytes <= patch_capacity && words <= UINT32_MAX && runs <= UINT32_MAX;
+  // Format 1: runs with their words (the partial last word only its bytes); format 3: a u32
+  // index and a u16 XOR per changed unit.
+  const uint64_t bytes = indexed ? kHeaderBytes + 6 * units
+                                 : kHeaderBytes + kWord * (runs + changed) -
+                                       (tail != 0 && last_changed ? kWord - tail : 0);
+  const bool fits =
+      bytes <= patch_capacity && (indexed ? (n + 1) / 2 <= uint64_t{UINT32_MAX} + 1
+                                          : words <= UINT32_MAX && runs <= UINT32_MAX);
   totals->runs = runs;
   totals->changed_words = changed;
   totals->patch_bytes = bytes;
   totals->written = fits ? 1 : 0;
+  totals->changed_units = units;
   if (!fits) return;
   // "WPBP", format 1 or 3, n, checksums, runs, flags, changed words (little-endian).
   auto* h = reinterpret_cast<unsigned long long*>(patch);
@@ -254,6 +291,11 @@ __global__ void __launch_bounds__(kScanThreads)
   h[1] = n;
   h[2] = base_checksum;
   h[3] = next_checksum;
+  if (indexed) {  // changed units, a reserved zero
+    h[4] = units;
+    h[5] = 0;
+    return;
+  }
   h[4] = runs | uint64_t{flags} << 32;
   h[5] = changed;
 }
@@ -263,7 +305,7 @@ __global__ void __launch_bounds__(kScanThreads)
 // or with xor_runs next's XOR base's); the word that ends a run also writes the run's header
 // {first, words} 8 bytes before the run's first word.
 __global__ void __launch_bounds__(kThreads)
-    WriteKernel(const uint8_t* base, const uint8_t* next, bool xor_runs, bool indexed, uint64_t n,
+    WriteKernel(const uint8_t* base, const uint8_t* next, bool xor_runs, uint64_t n,
                 const uint64_t* masks, const TileCount* counts, const TilePrefix* prefix,
                 uint64_t tiles, uint8_t* patch, const BucketDiffTotals* totals) {
   if (totals->written == 0) return;
@@ -306,27 +348,6 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t st = s_starts[mk];
     const uint64_t r = pre.runs + (s_pre[mk] & 0xFFFF) + __popcll(st & upto);
     const uint64_t c = pre.changed + (s_pre[mk] >> 16) + __popcll(mw & (upto >> 1));
-    if (indexed) {  // format 3: the XOR word at its place after the table, the run's entry
-      const uint64_t at = kHeaderBytes + kWord * (totals->runs + c);
-      uint64_t x = 0;
-      if (kWord * w + kWord <= n) {
-        x = LoadWord(next, w) ^ LoadWord(base, w);
-      } else {  // the partial last word, zero-padded
-        for (uint64_t j = 0; kWord * w + j < n; ++j) {
-          x |= static_cast<uint64_t>(next[kWord * w + j] ^ base[kWord * w + j]) << (8 * j);
-        }
-      }
-      *reinterpret_cast<unsigned long long*>(patch + at) = x;
-      const uint64_t next_bit =
-          b < 63 ? mw >> (b + 1) & 1 : (mk + 1 < kMasksPerTile ? s_mask[mk + 1] & 1 : s_next_bit);
-      if (next_bit != 0) continue;
-      const uint64_t first = (st & upto) != 0 ? tile_word + 64 * mk + (63 - __clzll(st & upto))
-                                              : (mk > 0 ? s_open[mk - 1] : pre.open_start1) - 1;
-      const uint64_t data_word = c - (w - first);  // changed words before the run's first
-      *reinterpret_cast<unsigned long long*>(patch + kHeaderBytes + kWord * (r - 1)) =
-          first | data_word << 32;  // u32 first word, u32 data word
-      continue;
-    }
     const uint64_t at = kHeaderBytes + kWord * (r + c);
     if (kWord * w + kWord <= n) {
       *reinterpret_cast<unsigned long long*>(patch + at) =
@@ -345,6 +366,47 @@ __global__ void __launch_bounds__(kThreads)
     const uint64_t run_words = w - first + 1;
     const uint64_t header = first | run_words << 32;  // u32 first, u32 words
     *reinterpret_cast<unsigned long long*>(patch + at - kWord * run_words) = header;
+  }
+}
+
+// Format 3, one tile per CTA, tiles with a change only: thread t takes the tile's words
+// [16 t, 16 t + 16) in order, counts their changed units, and after a block scan writes each
+// one's u32 index at 48 + 4 p and its u16 XOR at 48 + 4 c + 2 p, p its place among the bucket's
+// c changed units.
+constexpr int kWordsPerThread = static_cast<int>(kTileWords / kThreads);
+static_assert(kWordsPerThread == 16, "a quarter of a mask word per thread");
+__global__ void __launch_bounds__(kThreads)
+    WriteUnitsKernel(const uint8_t* base, const uint8_t* next, uint64_t n, const uint64_t* masks,
+                     const TileCount* counts, const TilePrefix* prefix, uint8_t* patch,
+                     const BucketDiffTotals* totals) {
+  if (totals->written == 0) return;
+  const uint64_t tile = blockIdx.x;
+  if (counts[tile].changed == 0) return;
+  __shared__ uint32_t s_sum[kThreads / 32];
+  const uint64_t first_word = tile * kTileWords + uint64_t{threadIdx.x} * kWordsPerThread;
+  const uint64_t bits =
+      masks[tile * kMasksPerTile + threadIdx.x / 4] >> (16 * (threadIdx.x % 4)) & 0xffff;
+  uint64_t x[kWordsPerThread];
+  uint32_t mine = 0;
+#pragma unroll
+  for (int i = 0; i < kWordsPerThread; ++i) {
+    x[i] = (bits >> i & 1) != 0 ? XorWord(base, next, first_word + i, n) : 0;
+    mine += LanesSet(x[i]);
+  }
+  const uint32_t incl = BlockInclusiveScan<kThreads>(mine, Plus(), s_sum);
+  uint64_t p = prefix[tile].units + (incl - mine);
+  const uint64_t total = totals->changed_units;
+  auto* index = reinterpret_cast<uint32_t*>(patch + kHeaderBytes);
+  auto* xors = reinterpret_cast<uint16_t*>(patch + kHeaderBytes + 4 * total);
+#pragma unroll
+  for (int i = 0; i < kWordsPerThread; ++i) {
+    for (int k = 0; k < 4; ++k) {
+      const uint16_t lane = static_cast<uint16_t>(x[i] >> (16 * k));
+      if (lane == 0) continue;
+      index[p] = static_cast<uint32_t>(4 * (first_word + i) + k);
+      xors[p] = lane;
+      ++p;
+    }
   }
 }
 
@@ -385,8 +447,13 @@ cudaError_t LaunchDiff(const uint8_t* base, const uint8_t* next, uint64_t n, uin
                                              next_checksum, patch, patch_capacity,
                                              xor_runs && !indexed ? 1u : 0u, indexed, totals);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  WriteKernel<<<grid, kThreads, 0, stream>>>(base, next, xor_runs, indexed, n, masks, counts,
-                                             prefix, l.tiles, patch, totals);
+  if (indexed) {
+    WriteUnitsKernel<<<grid, kThreads, 0, stream>>>(base, next, n, masks, counts, prefix, patch,
+                                                    totals);
+  } else {
+    WriteKernel<<<grid, kThreads, 0, stream>>>(base, next, xor_runs, n, masks, counts, prefix,
+                                               l.tiles, patch, totals);
+  }
   return cudaGetLastError();
 }
 
@@ -394,33 +461,30 @@ cudaError_t LaunchDiff(const uint8_t* base, const uint8_t* next, uint64_t n, uin
 // itself and does nothing with one that is not valid: no read past the patch's bytes.
 struct Indexed {
   bool valid = false;
-  uint64_t runs = 0, changed = 0;
-  const uint32_t* table = nullptr;  // runs x {first word, data word}
-  const uint8_t* data = nullptr;    // changed x 8 bytes
+  uint64_t count = 0;               // changed units
+  const uint32_t* index = nullptr;  // count x unit index, ascending
+  const uint16_t* xors = nullptr;   // count x XOR
 };
 
 __device__ Indexed ReadIndexed(const uint8_t* patch, uint64_t patch_bytes, uint64_t n) {
   Indexed x;
   if (patch_bytes < kHeaderBytes) return x;
   const auto* h = reinterpret_cast<const unsigned long long*>(patch);
-  const uint64_t words = n / kWord + (n % kWord != 0);
-  const uint64_t runs = h[4] & 0xffffffffull, flags = h[4] >> 32, changed = h[5];
-  if (h[0] != (0x50425057ull | uint64_t{3} << 32) || h[1] != n || flags != 0 || changed > words ||
-      runs > changed || (runs == 0) != (changed == 0) ||
-      patch_bytes != kHeaderBytes + kWord * (runs + changed)) {
+  const uint64_t units = (n + 1) / 2, count = h[4];
+  if (h[0] != (0x50425057ull | uint64_t{3} << 32) || h[1] != n || h[5] != 0 || count > units ||
+      patch_bytes != kHeaderBytes + 6 * count) {
     return x;
   }
   x.valid = true;
-  x.runs = runs;
-  x.changed = changed;
-  x.table = reinterpret_cast<const uint32_t*>(patch + kHeaderBytes);
-  x.data = patch + kHeaderBytes + kWord * runs;
+  x.count = count;
+  x.index = reinterpret_cast<const uint32_t*>(patch + kHeaderBytes);
+  x.xors = reinterpret_cast<const uint16_t*>(patch + kHeaderBytes + 4 * count);
   return x;
 }
 
-// Every check of delta::ApplyBucketPatch's format 3 parse, in parallel: the header, each run's
-// entry against the one before, each XOR word non-zero, the last word's padding zero. Any
-// failure sets bit 0 of *error (zeroed before the launch).
+// Every check of delta::ApplyBucketPatch's format 3 parse, in parallel: the header, each
+// entry's unit in range and after the one before, its XOR not zero (under 2^8 for an odd n's
+// lone last byte). Any failure sets bit 0 of *error (zeroed before the launch).
 __global__ void __launch_bounds__(kThreads)
     ValidateIndexedKernel(const uint8_t* patch, uint64_t patch_bytes, uint64_t n,
                           unsigned int* error) {
@@ -431,30 +495,18 @@ __global__ void __launch_bounds__(kThreads)
     if (tid == 0) atomicOr(error, 1u);
     return;
   }
-  const uint64_t words = n / kWord + (n % kWord != 0);
+  const uint64_t units = (n + 1) / 2;
   bool bad = false;
-  for (uint64_t i = tid; i < x.runs; i += stride) {
-    const uint64_t first = x.table[2 * i], data = x.table[2 * i + 1];
-    const uint64_t end = i + 1 < x.runs ? x.table[2 * i + 3] : x.changed;
-    bad |= (i == 0 && data != 0) || end <= data || end > x.changed || first >= words ||
-           end - data > words - first;
-    if (i > 0) {
-      const uint64_t prev_first = x.table[2 * i - 2], prev_data = x.table[2 * i - 1];
-      bad |= data <= prev_data || first <= prev_first + (data - prev_data);  // ordered, apart
-    }
-    if (i + 1 == x.runs && first + (end - data) == words && n % kWord != 0) {
-      const uint64_t last =
-          *reinterpret_cast<const unsigned long long*>(x.data + kWord * (x.changed - 1));
-      bad |= (last >> (8 * (n % kWord))) != 0;  // the padding past the bucket
-    }
-  }
-  for (uint64_t j = tid; j < x.changed; j += stride) {
-    bad |= *reinterpret_cast<const unsigned long long*>(x.data + kWord * j) == 0;
+  for (uint64_t i = tid; i < x.count; i += stride) {
+    const uint64_t u = x.index[i];
+    const uint32_t v = x.xors[i];
+    bad |= u >= units || (i > 0 && u <= x.index[i - 1]) || v == 0 ||
+           (n % 2 == 1 && u == units - 1 && v > 0xff);
   }
   if (bad) atomicOr(error, 1u);
 }
 
-// Changed word j XORed into its place: its run is the last whose data word is <= j.
+// Entry i's XOR into its unit (a 16-bit store; the lone last byte of an odd n a byte).
 __global__ void __launch_bounds__(kThreads)
     ApplyIndexedKernel(const uint8_t* patch, uint64_t patch_bytes, uint8_t* bucket, uint64_t n,
                        const unsigned int* error) {
@@ -462,22 +514,12 @@ __global__ void __launch_bounds__(kThreads)
   const Indexed x = ReadIndexed(patch, patch_bytes, n);
   if (!x.valid) return;
   const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
-  for (uint64_t j = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; j < x.changed; j += stride) {
-    uint64_t lo = 0, hi = x.runs;  // the run: data[lo] <= j < data[lo + 1]
-    while (hi - lo > 1) {
-      const uint64_t mid = lo + (hi - lo) / 2;
-      if (x.table[2 * mid + 1] <= j) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    const uint64_t w = x.table[2 * lo] + (j - x.table[2 * lo + 1]);
-    const uint64_t v = *reinterpret_cast<const unsigned long long*>(x.data + kWord * j);
-    if (kWord * w + kWord <= n) {
-      reinterpret_cast<unsigned long long*>(bucket)[w] ^= v;
+  for (uint64_t i = uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < x.count; i += stride) {
+    const uint64_t u = x.index[i];
+    if (2 * u + 1 < n) {
+      reinterpret_cast<uint16_t*>(bucket)[u] ^= x.xors[i];
     } else {
-      for (uint64_t b = 0; kWord * w + b < n; ++b) bucket[kWord * w + b] ^= (v >> (8 * b)) & 0xff;
+      bucket[2 * u] ^= static_cast<uint8_t>(x.xors[i]);
     }
   }
 }
@@ -512,8 +554,8 @@ cudaError_t LaunchBucketPatchApply(const uint8_t* patch, uint64_t patch_bytes, u
       e != cudaSuccess) {
     return e;
   }
-  // Enough threads for every run and changed word (both under patch_bytes / 8), grid-strided.
-  const uint64_t items = std::max<uint64_t>(1, patch_bytes / kWord);
+  // A thread per entry (under patch_bytes / 6), grid-strided.
+  const uint64_t items = std::max<uint64_t>(1, patch_bytes / 6);
   const unsigned grid =
       static_cast<unsigned>(std::min<uint64_t>((items + kThreads - 1) / kThreads, 8192));
   ValidateIndexedKernel<<<grid, kThreads, 0, stream>>>(patch, patch_bytes, n, error);

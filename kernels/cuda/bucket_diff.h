@@ -24,7 +24,8 @@ struct BucketDiffTotals {
   // The whole patch's size, header included (48 + 8*runs + bytes of changed words, the
   // bucket's last word counting only its n%8 bytes when partial).
   unsigned long long patch_bytes;
-  unsigned long long written;  // 1 when the patch was written into `patch`, else 0
+  unsigned long long written;        // 1 when the patch was written into `patch`, else 0
+  unsigned long long changed_units;  // 16-bit units that differ (format 3 counts its entries)
 };
 
 // Device scratch the diff of an n-byte bucket needs (bytes, a multiple of 256): a bit per word
@@ -50,10 +51,10 @@ cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t 
                              uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
                              BucketDiffTotals* totals, cudaStream_t stream, bool xor_runs = false);
 
-// The same diff written as the format 3 patch (indexed xor runs, core/delta/bucket_patch.h) that
-// DiffBucket makes with options .format = kIndexedXorRuns, byte for byte: what wpubd broadcasts
+// The same diff written as the format 3 patch (indexed units, core/delta/bucket_patch.h) that
+// DiffBucket makes with options .format = kIndexedUnits, byte for byte: what wpubd broadcasts
 // to an NCCL engine that takes patches. Totals, capacity and scratch as above (patch_bytes is
-// 48 + 8 runs + 8 changed words).
+// 48 + 6 changed units; it fits only for a bucket of at most 2^32 units).
 cudaError_t LaunchBucketDiffIndexed(const uint8_t* base, const uint8_t* next, uint64_t n,
                                     uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
                                     uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,
@@ -61,9 +62,9 @@ cudaError_t LaunchBucketDiffIndexed(const uint8_t* base, const uint8_t* next, ui
 
 // Applies the format 3 patch of `patch_bytes` bytes at `patch` (device) to the n-byte bucket at
 // `bucket` (device) in place, all or nothing: first every check delta::ApplyBucketPatch makes of
-// the patch's form (header, the bucket's size, runs ordered, apart and in range, no zero XOR,
-// no padding past the bucket) -- any failure sets *error (device, zeroed by the launch) to
-// non-zero and leaves the bucket untouched -- then each changed word XORed into place. The
+// the patch's form (header, the bucket's size, units ascending and in range, no zero XOR, no
+// XOR past an odd bucket's last byte) -- any failure sets *error (device, zeroed by the launch)
+// to non-zero and leaves the bucket untouched -- then each entry's XOR into its unit. The
 // checksums in the header are not checked here: the caller compares the bucket's own before and
 // after (applying the same patch again restores the base). Asynchronous on `stream`, no host
 // synchronization, no allocation, a memset and two launches. Pointers 8-byte aligned (error:

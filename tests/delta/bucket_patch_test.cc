@@ -91,11 +91,11 @@ TEST(BucketPatch, OneByteAnywhereIncludingTheLastPartialWord) {
       ASSERT_FALSE(plan.full) << plan.why;
       EXPECT_EQ(plan.changed_words, 1u) << n << " " << at;
       EXPECT_EQ(plan.runs, 1u);
-      plan = RoundTrip(base, next,
-                       {.max_patch_fraction = 100, .format = PatchFormat::kIndexedXorRuns});
+      plan =
+          RoundTrip(base, next, {.max_patch_fraction = 100, .format = PatchFormat::kIndexedUnits});
       ASSERT_FALSE(plan.full) << plan.why;
-      EXPECT_EQ(plan.runs, 1u);
-      EXPECT_EQ(plan.patch.size(), kBucketPatchHeaderBytes + 16);  // an entry and a whole word
+      EXPECT_EQ(plan.changed_units, 1u);
+      EXPECT_EQ(plan.patch.size(), kBucketPatchHeaderBytes + 6);  // an index and a XOR
       plan = RoundTrip(base, next, {.max_patch_fraction = 100});
       ASSERT_FALSE(plan.full) << plan.why;
       EXPECT_EQ(plan.changed_units, 1u) << n << " " << at;
@@ -236,7 +236,7 @@ TEST(BucketPatch, RunsAdjacentSeparatedAndAcrossSlicesAreExact) {
   next[1000 * 8] ^= 1;
   next[1002 * 8] ^= 1;
   for (PatchFormat format :
-       {PatchFormat::kWordRuns, PatchFormat::kUnits, PatchFormat::kIndexedXorRuns}) {
+       {PatchFormat::kWordRuns, PatchFormat::kUnits, PatchFormat::kIndexedUnits}) {
     const BucketPatchPlan one = RoundTrip(base, next, {.threads = 1, .format = format});
     const BucketPatchPlan four = RoundTrip(base, next, {.threads = 4, .format = format});
     ASSERT_FALSE(one.full) << one.why;
@@ -275,7 +275,7 @@ TEST(BucketPatch, ALostOrDifferentBaseIsRefusedAndNeverPatched) {
   std::vector<uint8_t> next = base;
   next[100] ^= 3;
   for (PatchFormat format :
-       {PatchFormat::kWordRuns, PatchFormat::kUnits, PatchFormat::kIndexedXorRuns}) {
+       {PatchFormat::kWordRuns, PatchFormat::kUnits, PatchFormat::kIndexedUnits}) {
     const BucketPatchPlan plan = DiffBucket(base, Sum(base), next, Sum(next), {.format = format});
     ASSERT_FALSE(plan.full);
     std::vector<uint8_t> other = base;
@@ -394,41 +394,50 @@ TEST(BucketPatch, MalformedOrCorruptedUnitsAreRefused) {
 namespace wpub::delta {
 namespace {
 
-constexpr BucketPatchOptions kIndexed{.format = PatchFormat::kIndexedXorRuns};
+constexpr BucketPatchOptions kIndexed{.format = PatchFormat::kIndexedUnits};
 
-// Format 3's layout as the header states it: the run table {first word, data word}, then the
-// XOR words; applied twice it gives the base back (what an engine's undo relies on).
-TEST(BucketPatch, IndexedXorRunsAreTheTableThenTheXorsAndUndoThemselves) {
-  const size_t n = 8 * 100 + 3;  // a partial last word
+// Format 3's layout as the header states it: the changed units' indices, then their XORs;
+// applied twice it gives the base back (what an engine's undo relies on).
+TEST(BucketPatch, IndexedUnitsAreTheIndicesThenTheXorsAndUndoThemselves) {
+  const size_t n = 8 * 100 + 3;  // a lone last byte
   const std::vector<uint8_t> base = Random(n, 61);
   std::vector<uint8_t> next = base;
-  for (size_t w : {2u, 3u, 4u, 40u, 100u}) next[8 * w] ^= 0x7e;  // runs {2..4}, {40}, {100}
+  next[4] ^= 0x7e;   // unit 2, low byte
+  next[5] ^= 0x01;   // unit 2, high byte
+  next[9] ^= 0x80;   // unit 4, high byte
+  next[n - 1] ^= 3;  // unit 401: the lone last byte
   const BucketPatchPlan plan = RoundTrip(base, next, kIndexed);
   ASSERT_FALSE(plan.full) << plan.why;
-  ASSERT_EQ(plan.runs, 3u);
-  ASSERT_EQ(plan.changed_words, 5u);
-  ASSERT_EQ(plan.patch.size(), kBucketPatchHeaderBytes + 3 * 8 + 5 * 8);
+  ASSERT_EQ(plan.changed_units, 3u);
+  ASSERT_EQ(plan.patch.size(), kBucketPatchHeaderBytes + 6 * 3);
   auto u32 = [&](size_t at) {
     uint32_t v;
     std::memcpy(&v, plan.patch.data() + at, 4);
     return v;
   };
+  auto u16 = [&](size_t at) {
+    uint16_t v;
+    std::memcpy(&v, plan.patch.data() + at, 2);
+    return v;
+  };
   EXPECT_EQ(u32(4), 3u);  // format
-  const std::vector<uint32_t> table = {u32(48), u32(52), u32(56), u32(60), u32(64), u32(68)};
-  EXPECT_EQ(table, (std::vector<uint32_t>{2, 0, 40, 3, 100, 4}));
-  EXPECT_EQ(plan.patch[48 + 24], 0x7e);       // word 2's XOR
-  EXPECT_EQ(plan.patch[48 + 24 + 32], 0x7e);  // word 100's (the partial last word)
-  // The patch XORed into next again is base: the bytes are base XOR next.
+  EXPECT_EQ((std::vector<uint32_t>{u32(48), u32(52), u32(56)}), (std::vector<uint32_t>{2, 4, 401}));
+  EXPECT_EQ((std::vector<uint16_t>{u16(60), u16(62), u16(64)}),
+            (std::vector<uint16_t>{0x017e, 0x8000, 0x0003}));
+  // The patch XORed into next again is base: the XORs are base XOR next.
   const BucketPatchPlan back = DiffBucket(next, Sum(next), base, Sum(base), kIndexed);
   EXPECT_TRUE(std::equal(plan.patch.begin() + 32, plan.patch.end(), back.patch.begin() + 32));
 }
 
-TEST(BucketPatch, MalformedIndexedXorRunsAreRefused) {
-  const std::vector<uint8_t> base = Random(4093, 62);  // a partial last word
+TEST(BucketPatch, MalformedIndexedUnitsAreRefused) {
+  const std::vector<uint8_t> base = Random(4093, 62);  // a lone last byte
   std::vector<uint8_t> next = base;
   for (size_t at : {10u, 11u, 800u, 3000u, 4092u}) next[at] ^= 0x11;
   const std::vector<uint8_t> good = DiffBucket(base, Sum(base), next, Sum(next), kIndexed).patch;
   ASSERT_EQ(*ApplyBucketPatch(good, base), next);
+  const size_t count = (good.size() - kBucketPatchHeaderBytes) / 6;
+  ASSERT_EQ(count, 4u);  // units 5, 400, 1500, 2046
+  const size_t xors = kBucketPatchHeaderBytes + 4 * count;
   auto code = [&](std::vector<uint8_t> patch) {
     return ApplyBucketPatch(patch, base).status().code();
   };
@@ -436,31 +445,25 @@ TEST(BucketPatch, MalformedIndexedXorRunsAreRefused) {
     std::memcpy(p.data() + at, &v, 4);
   };
   std::vector<uint8_t> p = good;
-  p[36] = 1;
-  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // flags
+  p[40] = 1;
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // reserved
   p = good;
   p.pop_back();
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // size
   p = good;
-  put32(p, 48 + 4, 1);
-  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // first data word not 0
+  put32(p, 48 + 4, 5);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // not ascending (a repeat)
   p = good;
-  put32(p, 48 + 8, 0);
-  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // runs out of order
+  put32(p, 48 + 12, 2047);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // past the bucket's 2047 units
   p = good;
-  put32(p, 48 + 8 + 4, 0);
-  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // a run of no words
-  p = good;
-  put32(p, 48 + 8, 1u << 30);
-  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // out of range
-  p = good;
-  std::fill(p.end() - 16, p.end() - 8, 0);
+  p[xors + 2] = p[xors + 3] = 0;
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // an XOR of 0
   p = good;
-  p.back() ^= 0x80;  // past the bucket's 4093 bytes in the last word
+  p[xors + 7] = 0x80;  // the lone last byte's XOR reaches past the bucket
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);
   p = good;
-  p[p.size() - 8] ^= 0x80;  // a byte of the bucket: the result's checksum catches it
+  p[xors] ^= 0x80;  // a byte of the bucket: the result's checksum catches it
   EXPECT_EQ(code(p), absl::StatusCode::kDataLoss);
 }
 
