@@ -15,7 +15,8 @@
 #     two GPU-path daemons as one group to a pull receiver);
 #   lane B, the NCCL tests: tests/multi_gpu (byte-exact versions from trainer IPC memory,
 #     non-finite rejection, receiver killed mid-publication, host syncs flat in experts, the
-#     engine with GPU components, C++ engines with host and device checksums, mismatched channel
+#     engine with GPU components, C++ engines with host and device checksums, a C++ engine that
+#     keeps its weights taking device-made bucket patches (format 3), mismatched channel
 #     counts), the multi-rank tests (2 engines, 2 TP=2 engines with a process per rank, 3 engines
 #     with one killed), publication groups over NCCL (group_nccl.py: two publishers, a shared
 #     engine, a follower killed), the vLLM emulator and C++ vLLM engine (vllm_nccl.py: three

@@ -15,6 +15,9 @@
 //  7. A C++ receiver (wpub::recv::nccl::GroupMember behind SGLang's routes) instead of the
 //  emulator: wpub
 //     end to end without Python, every bucket's checksum equal to the publisher's.
+//  8. A C++ receiver that keeps its weights (wpub-recv --engine_patches) taking each version
+//     after the first as format 3 bucket patches made on the device against the retained copy,
+//     holding what a receiver of whole versions holds; restarted, it gets whole buckets again.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
