@@ -366,7 +366,9 @@ absl::StatusOr<Edits> ParseIndexed(absl::Span<const uint8_t> patch, Edits& e) {
   if (Get<uint64_t>(p + 40) != 0) {
     return absl::InvalidArgumentError("bucket patch: format 3 with a reserved field set");
   }
-  if (count > units || patch.size() != kBucketPatchHeaderBytes + 6 * count) {
+  // The size first (6 * count could wrap for a count the header makes up).
+  if ((patch.size() - kBucketPatchHeaderBytes) % 6 != 0 ||
+      count != (patch.size() - kBucketPatchHeaderBytes) / 6 || count > units) {
     return absl::InvalidArgumentError(absl::StrCat("bucket patch: ", count, " changed units in ",
                                                    patch.size(), " bytes, for a bucket of ", units,
                                                    " units"));

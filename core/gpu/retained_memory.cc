@@ -470,9 +470,17 @@ absl::StatusOr<transport::DevicePatch> GpuRetainedMemory::DiffForBroadcast(
     }
   }
   const int k = static_cast<int>(bcast_next_++ % 2);
-  // Grown to the largest bucket's needs and kept (held_bytes). Freeing the smaller buffer waits
-  // for the device (cudaFree): its last reader is done.
+  const transport::DeviceBytes& d = next.device;
+  // Grown to the largest bucket's needs and kept (held_bytes): the first patched publication,
+  // or a larger bucket. Freeing a smaller buffer waits for the device (cudaFree: its last
+  // reader is done), a wait counted in the publication as the size's is.
   const uint64_t want = std::max<uint64_t>(capacity, 8);
+  const bool aligned = reinterpret_cast<uintptr_t>(d.data) % 16 == 0;
+  if (d.count_host_wait && ((bcast_patch_[k].size() < want && bcast_patch_[k].size() > 0) ||
+                            (bcast_scratch_.size() < scratch && bcast_scratch_.size() > 0) ||
+                            (!aligned && bcast_aligned_.size() < n && bcast_aligned_.size() > 0))) {
+    d.count_host_wait();
+  }
   if (bcast_patch_[k].size() < want) {
     if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(want, &bcast_patch_[k]);
         e != cudaSuccess) {
@@ -487,8 +495,6 @@ absl::StatusOr<transport::DevicePatch> GpuRetainedMemory::DiffForBroadcast(
   }
   // The diff reads whole words: a bucket the producer packed at an offset that is not a multiple
   // of 16 bytes is first copied to an aligned buffer (a device copy of n bytes; kept, counted).
-  const transport::DeviceBytes& d = next.device;
-  const bool aligned = reinterpret_cast<uintptr_t>(d.data) % 16 == 0;
   if (!aligned && bcast_aligned_.size() < n) {
     if (const cudaError_t e = kernels::cuda::DeviceBuffer::Create(n, &bcast_aligned_);
         e != cudaSuccess) {
@@ -506,16 +512,16 @@ absl::StatusOr<transport::DevicePatch> GpuRetainedMemory::DiffForBroadcast(
       bucket = bcast_aligned_.as<uint8_t>();
     }
     if (const cudaError_t e = kernels::cuda::LaunchBucketDiffIndexed(
-            base, bucket, n, base_checksum, next_checksum, bcast_patch_[k].as<uint8_t>(),
-            capacity, bcast_scratch_.data(), bcast_scratch_.size(),
+            base, bucket, n, base_checksum, next_checksum, bcast_patch_[k].as<uint8_t>(), capacity,
+            bcast_scratch_.data(), bcast_scratch_.size(),
             bcast_totals_device_.as<kernels::cuda::BucketDiffTotals>(), s);
         e != cudaSuccess) {
       const auto at = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 256; };
-      return absl::InternalError(absl::StrCat(
-          "the device patch of bucket ", next.manifest.index, " (", n, " bytes, capacity ",
-          capacity, ", scratch ", bcast_scratch_.size(), "; base, bucket and patch at ",
-          at(base), ", ", at(bucket), ", ", at(bcast_patch_[k].data()),
-          " mod 256): ", cudaGetErrorString(e)));
+      return absl::InternalError(
+          absl::StrCat("the device patch of bucket ", next.manifest.index, " (", n,
+                       " bytes, capacity ", capacity, ", scratch ", bcast_scratch_.size(),
+                       "; base, bucket and patch at ", at(base), ", ", at(bucket), ", ",
+                       at(bcast_patch_[k].data()), " mod 256): ", cudaGetErrorString(e)));
     }
     return absl::OkStatus();
   }();

@@ -37,8 +37,9 @@
 // the producer emits, for NCCL engines that take patches) writes format 3 into one of two
 // broadcast buffers of its own (each waits on the device for its previous reader), one host
 // wait for the size, on the publication's thread and counted there; a bucket the producer packed
-// at an offset that is not 16-byte aligned is copied to an aligned buffer first (on the device). StagedHostCopy reads a staging
-// bucket back once its copy is done (a deferred bucket a receiver takes whole).
+// at an offset that is not 16-byte aligned is copied to an aligned buffer first (on the device).
+// StagedHostCopy reads a staging bucket back once its copy is done (a deferred bucket a receiver
+// takes whole).
 //
 // Thread-safety: see retained_memory.h. Create the memory once; it must outlive nothing: every
 // RetainedBytes it hands out keeps it alive.

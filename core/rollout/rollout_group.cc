@@ -270,8 +270,8 @@ absl::StatusOr<std::vector<std::string>> RolloutGroup::Begin(
     std::lock_guard lock(info_mu_);
     bool all = true;
     for (const EngineSpec& e : driver_->engines()) {
-      const auto v = weight_versions_.find(e.url);
-      all &= dirty_.count(e.url) == 0 && v != weight_versions_.end() &&
+      const auto v = patch_holders_.find(e.url);
+      all &= dirty_.count(e.url) == 0 && v != patch_holders_.end() &&
              v->second == base->manifest.version;
     }
     if (all) patch_base_ = std::move(base);
@@ -410,9 +410,10 @@ absl::Status RolloutGroup::Commit() {
   }
   driver_->EndPublication();
   absl::Status s = driver_->WaitIdle(absl::Now() + family_->request_timeout());
-  patched_in_a_row_ = s.ok() && patch_base_ != nullptr ? patched_in_a_row_ + 1 : 0;
+  const EnginePatchStats p = last_patches();
+  // full_every counts committed publications that patched something.
+  patched_in_a_row_ = s.ok() && p.patched_buckets > 0 ? patched_in_a_row_ + 1 : 0;
   if (patch_base_ != nullptr) {
-    const EnginePatchStats p = last_patches();
     spdlog::info(
         "publication {}: {} of {} buckets broadcast as patches against v{} ({} bytes "
         "for {})",
@@ -431,6 +432,7 @@ absl::Status RolloutGroup::Commit() {
       } else {
         dirty_.erase(o.url);
         weight_versions_[o.url] = version_;
+        patch_holders_[o.url] = version_;
       }
     }
   }

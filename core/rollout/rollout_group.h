@@ -186,8 +186,9 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
 
   // Offers the engines bucket patches (transport::EnginePatches); before the first publication. A
   // publication is patched when the driver says every engine takes patches
-  // (EngineDriver::TakesPatches), every engine of the group committed the retained version (its
-  // last publication on it, not dirty), the version is not a group version or a replay, and
+  // (EngineDriver::TakesPatches), every engine committed the retained version in the group as
+  // formed now (its last publication there, not dirty: a (re-)formation makes every engine it
+  // joins take a whole version first), the version is not a group version or a replay, and
   // full_every does not force a whole one. A bucket is sent as its patch when it is laid out as
   // the retained one's and the patch is within max_patch_fraction (a device bucket is diffed
   // in the retained memory, RetainedBytes::PatchOnDevice: one counted host wait for its checksum
@@ -280,6 +281,10 @@ class RolloutGroup final : public transport::Transport, public FamilyConnector {
   engine::RolloutGroupInfo info_;                    // guarded by info_mu_
   std::set<std::string> dirty_;                      // guarded by info_mu_: engine URLs left dirty
   std::map<std::string, uint64_t> weight_versions_;  // guarded by info_mu_: by URL, at join
+  // By URL, the version each engine committed in the group as formed now (a formation forgets
+  // every engine it joins: a restarted one's kept weights are gone): bucket patches go only to
+  // engines that hold their base this way.
+  std::map<std::string, uint64_t> patch_holders_;  // guarded by info_mu_
   // Engines the watch saw report a version (> 0): only they are judged by it.
   std::set<std::string> reporting_;  // guarded by info_mu_
   // Engines of the set a re-formation left out because they did not answer their health check

@@ -48,6 +48,8 @@ void RolloutGroup::RecordWeightVersions(const std::vector<EngineSpec>& engines,
     uint64_t& v = weight_versions_[engines[i].url];
     v = std::max(v, versions[i]);
   }
+  // Joined anew: a patch needs a version committed in this group (SetEnginePatches).
+  for (const EngineSpec& e : engines) patch_holders_.erase(e.url);
 }
 
 absl::StatusOr<std::shared_ptr<const EngineFamily>> RolloutGroup::FamilyOf(

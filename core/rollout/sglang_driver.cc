@@ -67,7 +67,7 @@ std::string UpdateBody(const SglangDriverOptions& o, const transport::BucketMani
   f.weight_version = version;
   f.load_format = load_format;
   // Several requests in flight: the engine must receive them in this order (see the option);
-  // an engine that takes patches keeps its buckets by this index.
+  // an engine that takes patches keeps its buckets by this index (`sequenced`).
   if (o.requests_in_flight > 1 || sequenced) f.sequence = bucket.index;
   return EncodeUpdateRequest(bucket.tensors, f);
 }
@@ -252,17 +252,19 @@ void SglangDriver::PostUpdate(const transport::BucketManifest& bucket, const Upd
   std::lock_guard lock(post_mu_);
   if (closed_) return;  // aborted: no engine may receive more of this version
   PauseLocked();
-  // Encoded here, once for every engine of each form (with or without weight_version): a
-  // 3,300-tensor body takes ~0.3 ms (bench/rollout/update_request_bench), less than copying the
-  // manifest for another thread.
-  std::shared_ptr<const std::string> plain, versioned;
+  // Encoded here, once for every engine of each form (with or without weight_version, with or
+  // without wpub_sequence for an engine that keeps its buckets by it): a 3,300-tensor body takes
+  // ~0.3 ms (bench/rollout/update_request_bench), less than copying the manifest for another
+  // thread.
+  std::shared_ptr<const std::string> bodies[2][2];
   for (size_t i = 0; i < workers_.size(); ++i) {
     const bool with_version = i < options_.profiles.size() && options_.profiles[i].bucket_versions;
-    std::shared_ptr<const std::string>& body = with_version ? versioned : plain;
+    const bool sequenced = i < options_.profiles.size() && options_.profiles[i].bucket_patches;
+    std::shared_ptr<const std::string>& body = bodies[with_version][sequenced];
     if (!body) {
       body = std::make_shared<const std::string>(
           UpdateBody(options_, bucket, load_format_, with_version ? std::to_string(version_) : "",
-                     takes_patches_, patch));
+                     sequenced, patch));
     }
     workers_[i]->Post(EngineRequest{"POST", path, body, /*overlappable=*/true, /*update=*/true});
   }

@@ -192,8 +192,9 @@ class SglangDriver final : public EngineDriver {
   const SglangDriverOptions options_;
   const GroupLayout layout_;
   std::string load_format_;  // options_.endpoints.load_format, or "" (see profiles)
-  // Every engine's profile says bucket_patches (set in Create, after load_format_): their
-  // update requests carry wpub_sequence, by which they keep their buckets.
+  // Every engine's profile says bucket_patches (set in Create, after load_format_). (The update
+  // requests of each engine whose profile says so carry wpub_sequence, by which it keeps its
+  // buckets.)
   bool EveryEngineTakesPatches() const;
   bool takes_patches_ = false;
   // Orders the posts of a publication against an abort's ResumeAfterAbort.

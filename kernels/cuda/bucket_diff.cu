@@ -378,7 +378,7 @@ static_assert(kWordsPerThread == 16, "a quarter of a mask word per thread");
 __global__ void __launch_bounds__(kThreads)
     WriteUnitsKernel(const uint8_t* base, const uint8_t* next, uint64_t n, const uint64_t* masks,
                      const TileCount* counts, const TilePrefix* prefix, uint8_t* patch,
-                     const BucketDiffTotals* totals) {
+                     BucketDiffTotals* totals) {
   if (totals->written == 0) return;
   const uint64_t tile = blockIdx.x;
   if (counts[tile].changed == 0) return;
@@ -403,6 +403,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < 4; ++k) {
       const uint16_t lane = static_cast<uint16_t>(x[i] >> (16 * k));
       if (lane == 0) continue;
+      if (p >= total) {  // the bytes changed since they were counted: no patch
+        totals->written = 0;
+        return;
+      }
       index[p] = static_cast<uint32_t>(4 * (first_word + i) + k);
       xors[p] = lane;
       ++p;

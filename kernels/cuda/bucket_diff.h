@@ -54,7 +54,9 @@ cudaError_t LaunchBucketDiff(const uint8_t* base, const uint8_t* next, uint64_t 
 // The same diff written as the format 3 patch (indexed units, core/delta/bucket_patch.h) that
 // DiffBucket makes with options .format = kIndexedUnits, byte for byte: what wpubd broadcasts
 // to an NCCL engine that takes patches. Totals, capacity and scratch as above (patch_bytes is
-// 48 + 6 changed units; it fits only for a bucket of at most 2^32 units).
+// 48 + 6 changed units; it fits only for a bucket of at most 2^32 units). Buckets that change
+// between the launches (a caller's contract broken) end with written = 0, nothing written past
+// the patch's size.
 cudaError_t LaunchBucketDiffIndexed(const uint8_t* base, const uint8_t* next, uint64_t n,
                                     uint64_t base_checksum, uint64_t next_checksum, uint8_t* patch,
                                     uint64_t patch_capacity, void* scratch, uint64_t scratch_bytes,

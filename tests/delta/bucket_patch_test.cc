@@ -450,6 +450,13 @@ TEST(BucketPatch, MalformedIndexedUnitsAreRefused) {
   p = good;
   p.pop_back();
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // size
+  // A count whose 6 * count wraps to the patch's entry bytes (a header claiming a huge bucket):
+  // refused from the sizes, nothing read past the patch.
+  p = std::vector<uint8_t>(good.begin(), good.begin() + kBucketPatchHeaderBytes + 2);
+  const uint64_t huge_n = ~uint64_t{0} - 1, wraps = (~uint64_t{0} / 6) + 1;  // 6 * wraps == 2
+  std::memcpy(p.data() + 8, &huge_n, 8);
+  std::memcpy(p.data() + 32, &wraps, 8);
+  EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);
   p = good;
   put32(p, 48 + 4, 5);
   EXPECT_EQ(code(p), absl::StatusCode::kInvalidArgument);  // not ascending (a repeat)

@@ -825,19 +825,21 @@ TEST(RolloutGroupCpu, AnEngineRestartedBetweenPublicationsIsCaughtUpByTheWatch) 
 
 // wpub-recv's NCCL engine with --engine_patches (clients/recv/nccl/receiver_endpoint.cc and
 // bucket_receiver.cc, ReceiveKept: this project's own engine, modelled route for route) on the
-// in-process channel: its server info lists "wpub_bucket_patches": [3]; every bucket it receives
-// is kept by index; an update request with "wpub_patch" takes a format 3 patch broadcast and
-// applies it to the kept bucket when that bucket's checksum is the patch's base (answering
-// 400 success=false otherwise, the broadcast taken), keeping the result only when it has the
-// target's checksum. `takes_patches` false: the same engine without --engine_patches.
+// in-process channel: its server info lists "wpub_bucket_patches": [3], /get_model_info reports
+// the last announced version; every bucket it receives is kept by its wpub_sequence (a request
+// without one is refused, its broadcast taken); an update request with "wpub_patch" takes a
+// format 3 patch broadcast and applies it to the kept bucket when that bucket's checksum is the
+// patch's base (answering 400 success=false otherwise, the broadcast taken), keeping the result
+// only when it has the target's checksum. `takes_patches` false: the same engine without
+// --engine_patches (no kept weights, no /get_model_info; its whole buckets are kept here only
+// for the test's comparison).
 class KeptWeightsEngine {
  public:
   explicit KeptWeightsEngine(bool takes_patches) : takes_patches_(takes_patches) {
     httplib::Server& s = http_.server();
     s.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
-    s.Get("/flush_cache", [](const httplib::Request&, httplib::Response& r) {
-      Reply(r, absl::OkStatus());
-    });
+    s.Get("/flush_cache",
+          [](const httplib::Request&, httplib::Response& r) { Reply(r, absl::OkStatus()); });
     s.Get("/server_info", [this](const httplib::Request&, httplib::Response& r) {
       r.set_content(takes_patches_ ? R"({"version": "wpub-recv", "wpub_bucket_versions": true, )"
                                      R"("wpub_bucket_patches": [3]})"
@@ -846,6 +848,14 @@ class KeptWeightsEngine {
     });
     s.Post("/update_weights_from_distributed",
            [this](const httplib::Request& q, httplib::Response& r) { Reply(r, Update(q.body)); });
+    if (takes_patches_) {
+      s.Get("/get_model_info", [this](const httplib::Request&, httplib::Response& r) {
+        std::lock_guard lock(mu_);
+        nlohmann::json j = {{"model_path", "wpub-recv"}};
+        j["weight_version"] = version_.empty() ? nlohmann::json(nullptr) : nlohmann::json(version_);
+        r.set_content(j.dump(), "application/json");
+      });
+    }
     s.Post("/update_weight_version", [this](const httplib::Request& q, httplib::Response& r) {
       const nlohmann::json j = nlohmann::json::parse(q.body, nullptr, false);
       std::lock_guard lock(mu_);
@@ -858,9 +868,9 @@ class KeptWeightsEngine {
       chunks_.clear();
       Reply(r, absl::OkStatus());
     });
-    for (const char* path : {"/destroy_weights_update_group", "/pause_generation",
-                             "/begin_weight_update", "/end_weight_update", "/continue_generation",
-                             "/flush_cache"}) {
+    for (const char* path :
+         {"/destroy_weights_update_group", "/pause_generation", "/begin_weight_update",
+          "/end_weight_update", "/continue_generation", "/flush_cache"}) {
       s.Post(path,
              [](const httplib::Request&, httplib::Response& r) { Reply(r, absl::OkStatus()); });
     }
@@ -905,16 +915,21 @@ class KeptWeightsEngine {
   absl::Status Update(const std::string& body) {
     WPUB_ASSIGN_OR_RETURN(UpdateRequest u, DecodeUpdateRequest(body));
     std::unique_lock lock(mu_);
-    if (u.fields.weight_version != receiving_) {  // a new version (or a retry of one)
-      receiving_ = u.fields.weight_version;
-      index_ = 0;
-    }
     if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return !chunks_.empty(); })) {
       return absl::DeadlineExceededError("no broadcast arrived");
     }
     std::vector<uint8_t> got = std::move(chunks_.front());
     chunks_.pop_front();
     // The bucket's index: wpub_sequence, which wpubd sends engines that take patches.
+    if (u.fields.sequence < 0 && takes_patches_) {
+      return absl::FailedPreconditionError("an engine that keeps its weights needs wpub_sequence");
+    }
+    // Without a sequence (the engine without --engine_patches: kept here for the comparison
+    // only) each version's requests count from 0; its comparisons involve no retries.
+    if (u.fields.weight_version != receiving_) {
+      receiving_ = u.fields.weight_version;
+      index_ = 0;
+    }
     const size_t i = u.fields.sequence >= 0 ? static_cast<size_t>(u.fields.sequence) : index_;
     index_ = i + 1;
     if (kept_.size() <= i) kept_.resize(i + 1);

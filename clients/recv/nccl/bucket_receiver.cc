@@ -354,7 +354,11 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveParsed(ParsedUpdate& u) {
   if (!joined_) return absl::FailedPreconditionError("no weight-update group");
   // Kept weights receive whole buckets in place: the slots hold patches only.
   const bool kept = options_.keep_weights || u.patch.has_value();
-  const uint64_t slot_bytes = !kept ? u.bucket.nbytes : u.patch ? u.patch->bytes : 0;
+  // The slots hold a patch, or a broadcast the kept path refuses (no wpub_sequence).
+  const uint64_t slot_bytes = !kept                 ? u.bucket.nbytes
+                              : u.patch.has_value() ? u.patch->bytes
+                              : u.sequence < 0      ? u.bucket.nbytes
+                                                    : 0;
   if (absl::Status s = ReserveAll(slot_bytes, lock, deadline); !s.ok()) {
     AbortAll();  // nothing was posted, but the publisher's broadcast of this bucket will come
     Leave();
@@ -362,7 +366,13 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveParsed(ParsedUpdate& u) {
   }
   u.receiving = Clock::now();
   if (u.sequence == 0) stats_.erase(u.bucket.version);  // a retried version starts afresh
-  if (kept) return ReceiveKept(u, deadline);
+  if (kept) {
+    // Slot 0 may take this broadcast: no pipelined bucket may still be verified from it.
+    for (int slot = 0; slot < DeviceRank::kSlots; ++slot) {
+      WPUB_RETURN_IF_ERROR(AwaitSlot(slot, lock, deadline));
+    }
+    return ReceiveKept(u, deadline);
+  }
   if (options_.copy_to_host) return ReceiveCopied(u, deadline);
   return ReceivePipelined(u, advance, lock, deadline);
 }
@@ -415,15 +425,32 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveCopied(ParsedUpdate& u,
 // mu_ held throughout: a whole bucket received into its kept buffer, or a patch received into
 // slot 0 and applied to it (nothing applied when this engine does not hold the patch's base:
 // the broadcast is still taken, so that the group stays usable); the kept bucket's checksum
-// verified on the device.
+// verified on the device. kept_sums_[index] names a checksum only while every rank verifiably
+// holds that bucket: it is cleared before anything may write the bucket and set again only
+// from a verified result (or a verified restore of the base).
 absl::StatusOr<std::string> BucketReceiver::ReceiveKept(ParsedUpdate& u,
                                                         Clock::time_point deadline) {
   ReceivedBucket& b = u.bucket;
   const uint64_t n = b.nbytes;
-  // The bucket's index: wpub_sequence (which wpubd sends engines that take patches; a retried
-  // version starts again at 0), else its place in the version's requests.
-  const uint32_t index = u.sequence >= 0 ? static_cast<uint32_t>(u.sequence)
-                                         : static_cast<uint32_t>(stats_[b.version].buckets);
+  // Whatever is refused, the publisher's broadcast of this request comes: take it into slot 0
+  // (reserved for it by ReceiveParsed), so that the next request gets its own.
+  auto take_and_refuse = [&](uint64_t bytes, absl::Status why) -> absl::Status {
+    WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
+      WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueReceive(*members_[i], 0, {bytes}));
+      return WaitRank(i, failed, deadline);
+    }));
+    return why;
+  };
+  // The bucket's index is wpub_sequence, which wpubd sends every engine that takes patches (a
+  // retried version starts again at 0): without it an index could drift.
+  if (u.sequence < 0) {
+    return take_and_refuse(u.patch.has_value() ? u.patch->bytes : n,
+                           absl::FailedPreconditionError(absl::StrCat(
+                               "version ", b.version,
+                               ": an engine that keeps its weights needs wpub_sequence on "
+                               "every update request (the bucket's index)")));
+  }
+  const uint32_t index = static_cast<uint32_t>(u.sequence);
   if (index >= kept_sums_.size()) kept_sums_.resize(index + 1);
   std::optional<uint64_t>& kept = kept_sums_[index];
   std::vector<uint64_t> sums(ranks_.size(), 0);
@@ -431,44 +458,64 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveKept(ParsedUpdate& u,
     const rollout::UpdatePatch p = *u.patch;
     bool have = options_.keep_weights && kept == p.base_checksum;
     for (auto& rank : ranks_) have = have && rank->HasKept(index, n);
+    if (!have) {
+      return take_and_refuse(
+          p.bytes,
+          absl::FailedPreconditionError(absl::StrCat(
+              "version ", b.version, " bucket ", index, ": a patch against v", p.base_version,
+              options_.keep_weights
+                  ? ", whose bucket this engine does not hold"
+                  : ": this engine keeps no weights (wpub-recv --engine_patches)")));
+    }
+    kept.reset();  // from here the bucket may change
     WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
       WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueReceive(*members_[i], 0, {p.bytes}));
-      if (have) WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueKeptPatch(index, n, p.bytes));
+      WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueKeptPatch(index, n, p.bytes));
       return WaitRank(i, failed, deadline);
     }));
-    if (!have) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "version ", b.version, " bucket ", index, ": a patch against v", p.base_version,
-          options_.keep_weights ? ", whose bucket this engine does not hold"
-                                : ": this engine keeps no weights (wpub-recv --engine_patches)"));
-    }
-    bool refused = false;
+    bool refused = false, all_refused = true;
     for (size_t i = 0; i < ranks_.size(); ++i) {
       refused |= ranks_[i]->PatchRefused();
+      all_refused &= ranks_[i]->PatchRefused();
       sums[i] = ranks_[i]->KeptChecksum(index);
     }
-    if (refused) {  // nothing was applied
+    if (refused) {
+      // Refused on every rank: nothing was applied. (The ranks received the same bytes, so a
+      // split refusal means a rank's receive was not this patch: its bucket is unknown.)
+      if (all_refused) kept = p.base_checksum;
       return absl::InvalidArgumentError(absl::StrCat("version ", b.version, " bucket ", index,
                                                      ": the patch is malformed (format 3)"));
     }
-    WPUB_ASSIGN_OR_RETURN(const uint64_t sum, AgreedChecksum(sums, ranks_, b.version));
-    if (sum != p.target_checksum) {
-      // Applied again, the patch gives the base back.
+    absl::StatusOr<uint64_t> sum = AgreedChecksum(sums, ranks_, b.version);
+    if (!sum.ok() || *sum != p.target_checksum) {
+      // Applied again, the patch gives the base back: verified on every rank before the bucket
+      // counts as the base again.
       WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
         WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueKeptPatch(index, n, p.bytes));
         return WaitRank(i, failed, deadline);
       }));
+      bool restored = true;
       for (size_t i = 0; i < ranks_.size(); ++i) {
-        if (ranks_[i]->KeptChecksum(index) != p.base_checksum) kept.reset();
+        restored &= !ranks_[i]->PatchRefused() && ranks_[i]->KeptChecksum(index) == p.base_checksum;
       }
-      return absl::DataLossError(
-          absl::StrCat("version ", b.version, " bucket ", index,
-                       ": the patched bucket does not have the target's checksum (restored)"));
+      if (restored) kept = p.base_checksum;
+      return !sum.ok() ? sum.status()
+                       : absl::DataLossError(absl::StrCat(
+                             "version ", b.version, " bucket ", index,
+                             ": the patched bucket does not have the target's checksum (",
+                             restored ? "restored" : "not restored", ")"));
     }
-    kept = sum;
+    kept = *sum;
   } else {
     kept.reset();  // overwritten from here on
-    for (auto& rank : ranks_) WPUB_RETURN_IF_ERROR(rank->ReserveKept(index, n));
+    for (auto& rank : ranks_) {
+      if (absl::Status s = rank->ReserveKept(index, n); !s.ok()) {
+        // Nothing was posted, but the publisher's broadcast of this bucket will come.
+        AbortAll();
+        Leave();
+        return s;
+      }
+    }
     WPUB_RETURN_IF_ERROR(OnEveryRank([&](size_t i, const std::atomic<bool>& failed) {
       WPUB_RETURN_IF_ERROR(ranks_[i]->EnqueueKeptReceive(*members_[i], index, u.chunks));
       return WaitRank(i, failed, deadline);

@@ -13,11 +13,12 @@
 // blocked on the old group; the waiters of a group that changed end with ABORTED.
 //
 // With keep_weights every bucket is received into the engine's own copy of it (one buffer per
-// bucket index per GPU, kept across versions as an engine keeps its parameters) and checksummed
-// there under the lock; an update request with `wpub_patch` (core/rollout/update_request.h)
-// brings a format 3 patch instead, applied to that copy on every GPU
-// (kernels/cuda/bucket_diff.h) when the copy's checksum is the patch's base -- restored when the
-// result is not the target -- and refused (its broadcast still taken) otherwise.
+// bucket index -- the request's wpub_sequence, required -- per GPU, kept across versions as an
+// engine keeps its parameters) and checksummed there under the lock; an update request with
+// `wpub_patch` (core/rollout/update_request.h) brings a format 3 patch instead, applied to that
+// copy on every GPU (kernels/cuda/bucket_diff.h) when the copy's checksum is the patch's base --
+// restored when the result is not the target -- and refused (its broadcast still taken)
+// otherwise.
 //
 // With copy_to_host, rank 0 copies every bucket back and checksums it on the host (the other
 // ranks on their devices) before the next bucket is posted, and on_bucket runs under the lock.

@@ -5,6 +5,7 @@
 
 #include <httplib.h>
 
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -105,8 +106,23 @@ class ReceiverEndpoint::Impl {
       json j = ParseBody(q.body);
       const std::string v = j.is_object() ? j.value("new_version", std::string()) : "";
       if (on_version_) on_version_(v);
+      {
+        std::lock_guard lock(version_mu_);
+        version_ = v;
+      }
       Reply(r, absl::OkStatus(), "version " + v);
     });
+    if (options_.keep_weights) {
+      // As SGLang's /get_model_info reports it: the version the kept weights hold, as the last
+      // /update_weight_version announced it (a process that restarted holds none, so the
+      // publisher's engine watch finds it behind and gives it a whole version).
+      server_.Get("/get_model_info", [this](const Request&, Response& r) {
+        std::lock_guard lock(version_mu_);
+        json j = {{"model_path", "wpub-recv"}};
+        j["weight_version"] = version_.empty() ? json(nullptr) : json(version_);
+        r.set_content(j.dump(), "application/json");
+      });
+    }
     // The engine's own account of every version it received (ReceiverVersionStats), for
     // tests and benchmarks that compare both sides of a publication.
     server_.Get("/stats", [this](const Request&, Response& r) {
@@ -178,6 +194,8 @@ class ReceiverEndpoint::Impl {
   const ReceiverEndpointOptions options_;
   const std::unique_ptr<BucketReceiver> receiver_;
   const std::function<void(const std::string&)> on_version_;
+  std::mutex version_mu_;
+  std::string version_;  // guarded by version_mu_: the last /update_weight_version
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;

@@ -58,8 +58,10 @@ struct ReceiverEndpointOptions {
   // bytes stays empty and only the checksum (computed on the device, 8 bytes read back) arrives.
   bool copy_to_host = true;
   // The engine keeps every bucket it receives on each GPU, as an engine keeps its weights, and
-  // takes bucket patches (format 3, "wpub_patch" update requests) against them: its server info
-  // lists "wpub_bucket_patches": [3]. Takes precedence over copy_to_host (bytes stay empty).
+  // takes bucket patches (format 3, "wpub_patch" update requests, wpub_sequence required)
+  // against them: its server info lists "wpub_bucket_patches": [3], and GET /get_model_info
+  // reports the version they hold as SGLang does ("weight_version"). Takes precedence over
+  // copy_to_host (bytes stay empty).
   bool keep_weights = false;
   int nccl_ctas = 0;  // NcclCommOptions::ctas of every rank (0: NCCL's choice)
 };
