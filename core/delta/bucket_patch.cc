@@ -94,6 +94,15 @@ void PutHeader(std::vector<uint8_t>* patch, PatchFormat format, uint64_t n, uint
   Put<uint64_t>(patch, 24, next_checksum);
 }
 
+// The plan when the bytes compared changed between an encoder's passes (a caller's contract
+// broken): no patch.
+BucketPatchPlan ChangedWhileCompared() {
+  BucketPatchPlan plan;
+  plan.full = true;
+  plan.why = "the bytes changed while they were compared";
+  return plan;
+}
+
 bool OverLimit(uint64_t size, double fraction, uint64_t n) {
   return static_cast<double>(size) > fraction * static_cast<double>(n);
 }
@@ -243,11 +252,7 @@ BucketPatchPlan EncodeUnits(size_t slices, int threads, uint64_t n, uint64_t bas
     });
     if (p != end) moved = true;
   });
-  if (moved) {
-    plan = BucketPatchPlan{};
-    plan.full = true;
-    plan.why = "the bytes changed while they were compared";
-  }
+  if (moved) plan = ChangedWhileCompared();
   return plan;
 }
 
@@ -331,11 +336,7 @@ BucketPatchPlan DiffIndexedUnits(absl::Span<const uint8_t> base, uint64_t base_c
     });
     if (i != end) moved = true;
   });
-  if (moved) {
-    plan = BucketPatchPlan{};
-    plan.full = true;
-    plan.why = "the bytes changed while they were compared";
-  }
+  if (moved) plan = ChangedWhileCompared();
   return plan;
 }
 

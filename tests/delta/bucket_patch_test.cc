@@ -426,6 +426,8 @@ TEST(BucketPatch, IndexedUnitsAreTheIndicesThenTheXorsAndUndoThemselves) {
             (std::vector<uint16_t>{0x017e, 0x8000, 0x0003}));
   // The patch XORed into next again is base: the XORs are base XOR next.
   const BucketPatchPlan back = DiffBucket(next, Sum(next), base, Sum(base), kIndexed);
+  ASSERT_FALSE(back.full) << back.why;
+  ASSERT_EQ(back.patch.size(), plan.patch.size());
   EXPECT_TRUE(std::equal(plan.patch.begin() + 32, plan.patch.end(), back.patch.begin() + 32));
 }
 
