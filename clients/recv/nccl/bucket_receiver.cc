@@ -398,17 +398,6 @@ absl::Status BucketReceiver::ReceiveOnRank(size_t i, absl::Span<const uint64_t> 
   return absl::OkStatus();
 }
 
-// mu_ held: the version's stats with `u`'s times up to now, when its bucket was verified.
-ReceiverVersionStats& BucketReceiver::Verified(const ParsedUpdate& u) {
-  ReceiverVersionStats& st = stats_[u.bucket.version];
-  st.decode_seconds += Seconds(u.decoding, u.waiting);
-  st.wait_seconds += Seconds(u.waiting, u.receiving);
-  const auto verified = Clock::now();
-  st.receive_seconds += Seconds(u.receiving, verified);
-  st.last_verified_ns = std::max(st.last_verified_ns, SteadyNanos(verified));
-  return st;
-}
-
 // mu_ held throughout; on_bucket runs under it.
 absl::StatusOr<std::string> BucketReceiver::ReceiveCopied(ParsedUpdate& u,
                                                           Clock::time_point deadline) {
@@ -419,7 +408,12 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveCopied(ParsedUpdate& u,
                          deadline);
   }));
   WPUB_ASSIGN_OR_RETURN(b.checksum, AgreedChecksum(sums, ranks_, b.version));
-  ReceiverVersionStats& st = Verified(u);
+  ReceiverVersionStats& st = stats_[b.version];
+  st.decode_seconds += Seconds(u.decoding, u.waiting);
+  st.wait_seconds += Seconds(u.waiting, u.receiving);
+  const auto verified = Clock::now();
+  st.receive_seconds += Seconds(u.receiving, verified);
+  st.last_verified_ns = std::max(st.last_verified_ns, SteadyNanos(verified));
   b.index = static_cast<uint32_t>(st.buckets);
   ++st.buckets;
   st.bytes += b.nbytes;
@@ -530,7 +524,12 @@ absl::StatusOr<std::string> BucketReceiver::ReceiveKept(ParsedUpdate& u,
     WPUB_ASSIGN_OR_RETURN(kept, AgreedChecksum(sums, ranks_, b.version));
   }
   b.checksum = *kept;
-  ReceiverVersionStats& st = Verified(u);
+  ReceiverVersionStats& st = stats_[b.version];
+  st.decode_seconds += Seconds(u.decoding, u.waiting);
+  st.wait_seconds += Seconds(u.waiting, u.receiving);
+  const auto verified = Clock::now();
+  st.receive_seconds += Seconds(u.receiving, verified);
+  st.last_verified_ns = std::max(st.last_verified_ns, SteadyNanos(verified));
   b.index = index;
   ++st.buckets;
   st.bytes += n;

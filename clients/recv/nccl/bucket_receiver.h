@@ -126,7 +126,6 @@ class BucketReceiver {
   // The two receive paths of Update (mu_ held on entry; ReceivePipelined releases it).
   absl::StatusOr<std::string> ReceiveCopied(ParsedUpdate& update, Clock::time_point deadline);
   absl::StatusOr<std::string> ReceiveKept(ParsedUpdate& update, Clock::time_point deadline);
-  ReceiverVersionStats& Verified(const ParsedUpdate& update);
   absl::StatusOr<std::string> ReceivePipelined(ParsedUpdate& update, Advance& advance,
                                                std::unique_lock<std::mutex>& lock,
                                                Clock::time_point deadline);

@@ -190,18 +190,31 @@ absl::Status DeviceRank::EnqueueKeptReceive(GroupMember& member, uint32_t index,
   for (const uint64_t c : chunks) n += c;
   if (!HasKept(index, n)) return absl::InternalError("kept bucket not reserved");
   WPUB_RETURN_IF_ERROR(member.Receive(kept_[index].data(), chunks, receive_.get()));
-  return EnqueueKept(index, n, 0, "the kept bucket's checksum");
+  const cudaStream_t s = receive_.get();
+  kept_n_ = n;
+  cudaError_t e = cudaMemsetAsync(kept_words_.data(), 0, 2 * sizeof(Word), s);
+  if (e == cudaSuccess) {
+    e = kernels::cuda::LaunchChecksumAdd(kept_[index].as<const uint8_t>(), n, 0,
+                                         kept_words_.as<Word>(), s);
+  }
+  if (e == cudaSuccess) {
+    e = cudaMemcpyAsync(kept_words_host_.data(), kept_words_.data(), 2 * sizeof(Word),
+                        cudaMemcpyDeviceToHost, s);
+  }
+  if (e != cudaSuccess) return CudaError("the kept bucket's checksum", e);
+  return absl::OkStatus();
 }
 
-// On the receive stream: both kept words zeroed, the patch in slot 0 applied to kept bucket
-// `index` (patch_bytes > 0), the bucket's checksum, the words read back.
-absl::Status DeviceRank::EnqueueKept(uint32_t index, uint64_t n, uint64_t patch_bytes,
-                                     const char* what) {
+absl::Status DeviceRank::EnqueueKeptPatch(uint32_t index, uint64_t n, uint64_t patch_bytes) {
+  WPUB_RETURN_IF_ERROR(UseDevice());
+  if (!HasKept(index, n) || patch_bytes > slot_bytes_) {
+    return absl::InternalError("no kept bucket of that size, or the patch is not in slot 0");
+  }
   const cudaStream_t s = receive_.get();
   kept_n_ = n;
   cudaError_t e = cudaMemsetAsync(kept_words_.data(), 0, 2 * sizeof(Word), s);
   // The error word is the second: the apply launch zeroes and sets it.
-  if (e == cudaSuccess && patch_bytes > 0) {
+  if (e == cudaSuccess) {
     e = kernels::cuda::LaunchBucketPatchApply(
         slots_[0].buffer.as<const uint8_t>(), patch_bytes, kept_[index].as<uint8_t>(), n,
         reinterpret_cast<unsigned int*>(kept_words_.as<Word>() + 1), s);
@@ -214,16 +227,8 @@ absl::Status DeviceRank::EnqueueKept(uint32_t index, uint64_t n, uint64_t patch_
     e = cudaMemcpyAsync(kept_words_host_.data(), kept_words_.data(), 2 * sizeof(Word),
                         cudaMemcpyDeviceToHost, s);
   }
-  if (e != cudaSuccess) return CudaError(what, e);
+  if (e != cudaSuccess) return CudaError("applying the bucket's patch", e);
   return absl::OkStatus();
-}
-
-absl::Status DeviceRank::EnqueueKeptPatch(uint32_t index, uint64_t n, uint64_t patch_bytes) {
-  WPUB_RETURN_IF_ERROR(UseDevice());
-  if (!HasKept(index, n) || patch_bytes == 0 || patch_bytes > slot_bytes_) {
-    return absl::InternalError("no kept bucket of that size, or the patch is not in slot 0");
-  }
-  return EnqueueKept(index, n, patch_bytes, "applying the bucket's patch");
 }
 
 uint64_t DeviceRank::KeptChecksum(uint32_t /*index*/) const {

@@ -112,8 +112,6 @@ class DeviceRank {
   };
 
   explicit DeviceRank(int device) : device_(device) {}
-  // EnqueueKeptReceive's and EnqueueKeptPatch's work after the receive (patch_bytes 0: none).
-  absl::Status EnqueueKept(uint32_t index, uint64_t n, uint64_t patch_bytes, const char* what);
   // The checksum and its read-back of `slot`'s first `n` bytes, on `stream`.
   cudaError_t EnqueueChecksumOn(int slot, uint64_t n, cudaStream_t stream);
   absl::Status CudaError(const char* what, cudaError_t e) const;
