@@ -824,20 +824,24 @@ TEST(RolloutGroupCpu, AnEngineRestartedBetweenPublicationsIsCaughtUpByTheWatch) 
 }
 
 // wpub-recv's NCCL engine with --engine_patches (clients/recv/nccl/receiver_endpoint.cc and
-// bucket_receiver.cc, ReceiveKept: this project's own engine, modelled route for route) on the
-// in-process channel: its server info lists "wpub_bucket_patches": [3], /get_model_info reports
-// the last announced version; every bucket it receives is kept by its wpub_sequence (a request
-// without one is refused, its broadcast taken); an update request with "wpub_patch" takes a
-// format 3 patch broadcast and applies it to the kept bucket when that bucket's checksum is the
-// patch's base (answering 400 success=false otherwise, the broadcast taken), keeping the result
-// only when it has the target's checksum. `takes_patches` false: the same engine without
+// bucket_receiver.cc, ReceiveKept, at 9626607: this project's own engine, modelled route for
+// route; every answer as its Reply writes it -- 200 or 400, {"success", "message"} with the
+// status's message) on the in-process channel: its server info lists "wpub_bucket_patches": [3],
+// /get_model_info reports the last announced version; every bucket it receives is kept by its
+// wpub_sequence (a request without one is refused, its broadcast taken); an update request with
+// "wpub_patch" takes a format 3 patch broadcast and applies it to the kept bucket when that
+// bucket's checksum is the patch's base (answering 400 success=false otherwise, the broadcast
+// taken), keeping the result only when it has the target's checksum. `takes_patches` false: the
+// same engine without
 // --engine_patches (no kept weights, no /get_model_info; its whole buckets are kept here only
 // for the test's comparison).
 class KeptWeightsEngine {
  public:
   explicit KeptWeightsEngine(bool takes_patches) : takes_patches_(takes_patches) {
     httplib::Server& s = http_.server();
-    s.Get("/health", [](const httplib::Request&, httplib::Response& r) { r.status = 200; });
+    s.Get("/health", [](const httplib::Request&, httplib::Response& r) {
+      r.set_content(R"({"ok": true})", "application/json");
+    });
     s.Get("/flush_cache",
           [](const httplib::Request&, httplib::Response& r) { Reply(r, absl::OkStatus()); });
     s.Get("/server_info", [this](const httplib::Request&, httplib::Response& r) {
@@ -909,8 +913,11 @@ class KeptWeightsEngine {
  private:
   static void Reply(httplib::Response& r, const absl::Status& s) {
     r.status = s.ok() ? 200 : 400;
-    r.set_content(nlohmann::json({{"success", s.ok()}, {"message", s.ToString()}}).dump(),
-                  "application/json");
+    r.set_content(
+        nlohmann::json({{"success", s.ok()},
+                        {"message", s.ok() ? std::string("ok") : std::string(s.message())}})
+            .dump(),
+        "application/json");
   }
   absl::Status Update(const std::string& body) {
     WPUB_ASSIGN_OR_RETURN(UpdateRequest u, DecodeUpdateRequest(body));
@@ -943,7 +950,10 @@ class KeptWeightsEngine {
     if (!takes_patches_ ||
         transport::Checksum(kept_[i].data(), kept_[i].size()) != p.base_checksum) {
       ++refused_;
-      return absl::FailedPreconditionError("this engine does not hold the patch's base");
+      return absl::FailedPreconditionError(absl::StrCat(
+          "version ", u.fields.weight_version, " bucket ", i, ": a patch against v", p.base_version,
+          takes_patches_ ? ", whose bucket this engine does not hold"
+                         : ": this engine keeps no weights (wpub-recv --engine_patches)"));
     }
     absl::StatusOr<std::vector<uint8_t>> next =
         delta::ApplyBucketPatch(got, kept_[i], {.base_checksum = p.base_checksum});
@@ -1035,6 +1045,13 @@ TEST(RolloutGroupCpu, AnEngineWithoutThePatchBaseIsRetriedWholeAndPatchedAgainAf
   const PublicationReport r2 = PublishStepped(d, 2);
   ASSERT_EQ(r2.status, PublicationStatus::kCommitted) << Errors(r2);
   EXPECT_EQ(r2.attempts, 2u) << Errors(r2);
+  // The first attempt's error names the engine, the bucket and why.
+  ASSERT_EQ(r2.retry_errors.size(), 1u) << Errors(r2);
+  EXPECT_NE(r2.retry_errors[0].find(engines[1]->url()), std::string::npos) << Errors(r2);
+  EXPECT_NE(r2.retry_errors[0].find("bucket 0: a patch against v1, whose bucket this engine does "
+                                    "not hold"),
+            std::string::npos)
+      << Errors(r2);
   EXPECT_EQ(engines[1]->refused(), 1u);
   EXPECT_EQ(d.group->last_patches().patched_buckets, 0u) << "the retry goes whole";
   EXPECT_EQ(engines[0]->kept(), engines[1]->kept());
