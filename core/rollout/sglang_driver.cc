@@ -122,7 +122,6 @@ absl::StatusOr<std::unique_ptr<SglangDriver>> SglangDriver::Create(
   for (const EngineProfile& p : options.profiles) {
     if (p.Lacks(kFlattenedBucket)) d->load_format_.clear();
   }
-  d->takes_patches_ = d->EveryEngineTakesPatches();
   for (const EngineSpec& e : options.engines) {
     d->workers_.push_back(std::make_unique<EngineRequestQueue>(
         e.url, options.connect_timeout, options.request_timeout, options.requests_in_flight,
@@ -219,9 +218,7 @@ void SglangDriver::PauseLocked() {
   PostAll("POST", e.begin, "{}", [](EngineRequest& r) { r.opens = true; });
 }
 
-bool SglangDriver::TakesPatches() const { return takes_patches_; }
-
-bool SglangDriver::EveryEngineTakesPatches() const {
+bool SglangDriver::TakesPatches() const {
   if (options_.colocated || options_.endpoints.update.empty() || load_format_.empty() ||
       options_.profiles.size() != options_.engines.size() || options_.engines.empty()) {
     return false;

@@ -183,20 +183,17 @@ class SglangDriver final : public EngineDriver {
   // publication, at its first bucket (or its end): the engines keep serving while wpub checks
   // the inputs and packs the first bucket. post_mu_ held.
   void PauseLocked();
-  // PostBucket of a colocated engine set: each engine's /update_weights_from_tensor request.
-  // PostBucket of a broadcast engine set (patch: PostPatchedBucket's).
+  // PostBucket of a broadcast engine set (patch: PostPatchedBucket's). The update requests of
+  // each engine whose profile says bucket_patches carry wpub_sequence, by which it keeps its
+  // buckets.
   void PostUpdate(const transport::BucketManifest& bucket, const UpdatePatch* patch);
+  // PostBucket of a colocated engine set: each engine's /update_weights_from_tensor request.
   void PostSharedBucket(const transport::BucketManifest& bucket,
                         const transport::SharedDeviceBytes* shared);
 
   const SglangDriverOptions options_;
   const GroupLayout layout_;
   std::string load_format_;  // options_.endpoints.load_format, or "" (see profiles)
-  // Every engine's profile says bucket_patches (set in Create, after load_format_). (The update
-  // requests of each engine whose profile says so carry wpub_sequence, by which it keeps its
-  // buckets.)
-  bool EveryEngineTakesPatches() const;
-  bool takes_patches_ = false;
   // Orders the posts of a publication against an abort's ResumeAfterAbort.
   std::mutex post_mu_;
   uint64_t version_ = 0;         // guarded by post_mu_
