@@ -174,6 +174,12 @@ int RunEngineEndpoint(const sigset_t& signals) {
   wpub::recv::nccl::ReceiverEndpointOptions o;
   if (!EndpointOptions(&o)) return 2;
   const std::string protocol = absl::GetFlag(FLAGS_engine_protocol);
+  if (protocol == "vllm" && absl::GetFlag(FLAGS_engine_patches)) {
+    std::fprintf(stderr,
+                 "wpub-recv: --engine_patches is for --engine_protocol=sglang (vLLM's weight "
+                 "transfer takes no wpub_patch requests)\n");
+    return 2;
+  }
   if (protocol == "vllm") return RunVllmEngine(signals, o);
   if (protocol != "sglang") {
     std::fprintf(stderr, "wpub-recv: --engine_protocol '%s' is not sglang or vllm\n",

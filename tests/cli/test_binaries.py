@@ -104,6 +104,15 @@ class Refusals(unittest.TestCase):
         self.refused([WPUBD, "--drain_deadline=60"], "a duration needs a unit")
         self.refused([RECV, "--connect_timeout", "10"], "a duration needs a unit")
 
+    def test_engine_patches_only_where_they_can_be_kept(self):
+        # Refused before any GPU is touched (or, in a build without CUDA, the engine mode is).
+        for extra, want in ((["--engine_protocol=vllm"], "is for --engine_protocol=sglang"),
+                            (["--output=/tmp/wpub_x.safetensors"], "no --output")):
+            r = run(RECV, "--engine_listen=127.0.0.1:0", "--engine_patches", *extra)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertTrue(want in r.stderr or "needs a build with CUDA and NCCL" in r.stderr,
+                            r.stderr)
+
     def test_a_bad_log_format(self):
         r = run(WPUBD, "--log_format=xml", "--listen=127.0.0.1:0", "--metrics_listen=")
         self.assertEqual(r.returncode, 2)
