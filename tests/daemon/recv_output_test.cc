@@ -73,6 +73,17 @@ class RecvOutputTest : public ::testing::Test {
     return ss.str();
   }
 
+  // Whether the log at `path` holds `text` within 30 s: a receiver logs what it did with a
+  // version right after the output file shows it, so the test waits for the line itself.
+  bool WaitForLogLine(const std::string& path, const std::string& text) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!absl::StrContains(ReadFile(path), text)) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return true;
+  }
+
   // Files in `dir` whose name starts with `prefix` (staging leftovers).
   static std::vector<std::string> FilesStartingWith(const std::string& dir,
                                                     const std::string& prefix) {
@@ -230,7 +241,8 @@ TEST_F(RecvOutputTest, AVersionStagedByAKilledReceiverIsAppliedOrDiscardedAsTheD
   ASSERT_TRUE(harness_->WaitForReceivers(3).ok());
   ASSERT_TRUE(WaitForFileVersion(b, 2).ok()) << ReadFile(dir + "/b.log");
   EXPECT_TRUE(FilesStartingWith(dir, "b.safetensors.").empty());
-  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/b.log"), "applied v2, staged before"));
+  EXPECT_TRUE(WaitForLogLine(dir + "/b.log", "applied v2, staged before"))
+      << ReadFile(dir + "/b.log");
   // The daemon has no record of v9: c keeps it staged (in doubt), its output untouched.
   EXPECT_FALSE(std::filesystem::exists(c));
   EXPECT_EQ(FilesStartingWith(dir, "c.safetensors.staging-").size(), 1u);
@@ -239,7 +251,8 @@ TEST_F(RecvOutputTest, AVersionStagedByAKilledReceiverIsAppliedOrDiscardedAsTheD
   ASSERT_EQ(report->status(), pb::PUBLICATION_STATUS_COMMITTED) << report->error_message();
   for (const std::string& out : {a, b, c}) EXPECT_TRUE(WaitForFileVersion(out, 3).ok()) << out;
   EXPECT_TRUE(FilesStartingWith(dir, "c.safetensors.").empty());
-  EXPECT_TRUE(absl::StrContains(ReadFile(dir + "/c.log"), "discarded v9, staged before"));
+  EXPECT_TRUE(WaitForLogLine(dir + "/c.log", "discarded v9, staged before"))
+      << ReadFile(dir + "/c.log");
 }
 
 // A wpubd of its own on a Unix socket, so a restart listens at the same address.
