@@ -1,8 +1,10 @@
-// PickleWriter (pickle_writer.h): the opcodes of Python's pickle protocol 3.
+// PickleWriter (pickle_writer.h): the opcodes of Python's pickle protocols 3 and 4.
 #include "core/rollout/pickle_writer.h"
 
 #include <cstring>
 #include <limits>
+
+#include "absl/strings/str_cat.h"
 
 namespace wpub::rollout {
 namespace {
@@ -13,28 +15,74 @@ void AppendLe(std::string& out, uint64_t v, int n) {
 
 }  // namespace
 
-PickleWriter::PickleWriter() { out_ = "\x80\x03"; }
+PickleWriter::PickleWriter() = default;
+
+void PickleWriter::Op() {
+  const size_t start = frame_ends_.empty() ? 0 : frame_ends_.back();
+  if (out_.size() - start >= kFrameTarget) frame_ends_.push_back(out_.size());
+}
+
+bool PickleWriter::Get(const std::string& key) {
+  auto it = memo_.find(key);
+  if (it == memo_.end()) return false;
+  if (it->second <= 0xff) {
+    out_ += 'h';  // BINGET
+    AppendLe(out_, it->second, 1);
+  } else {
+    out_ += 'j';  // LONG_BINGET
+    AppendLe(out_, it->second, 4);
+  }
+  return true;
+}
+
+void PickleWriter::Put(std::string key) {
+  const auto index = static_cast<uint32_t>(memo_.size());
+  if (index <= 0xff) {
+    out_ += 'q';  // BINPUT
+    AppendLe(out_, index, 1);
+  } else {
+    out_ += 'r';  // LONG_BINPUT
+    AppendLe(out_, index, 4);
+  }
+  memo_.emplace(std::move(key), index);
+}
 
 PickleWriter& PickleWriter::Global(absl::string_view module, absl::string_view name) {
+  Op();
+  std::string key = absl::StrCat("g", module, "\n", name);
+  if (Get(key)) return *this;
   out_ += 'c';
   out_.append(module.data(), module.size());
   out_ += '\n';
   out_.append(name.data(), name.size());
   out_ += '\n';
+  Put(std::move(key));
+  return *this;
+}
+
+PickleWriter& PickleWriter::Key(absl::string_view utf8) {
+  Op();
+  std::string key = absl::StrCat("s", utf8);
+  if (Get(key)) return *this;
+  Str(utf8);
+  Put(std::move(key));
   return *this;
 }
 
 PickleWriter& PickleWriter::None() {
+  Op();
   out_ += 'N';
   return *this;
 }
 
 PickleWriter& PickleWriter::Bool(bool v) {
+  Op();
   out_ += v ? '\x88' : '\x89';
   return *this;
 }
 
 PickleWriter& PickleWriter::Int(int64_t v) {
+  Op();
   if (v >= 0 && v <= 0xff) {
     out_ += 'K';
     AppendLe(out_, static_cast<uint64_t>(v), 1);
@@ -51,6 +99,7 @@ PickleWriter& PickleWriter::Int(int64_t v) {
 }
 
 PickleWriter& PickleWriter::Float(double v) {
+  Op();
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(bits));
   out_ += 'G';
@@ -59,6 +108,7 @@ PickleWriter& PickleWriter::Float(double v) {
 }
 
 PickleWriter& PickleWriter::Str(absl::string_view utf8) {
+  Op();
   out_ += 'X';
   AppendLe(out_, utf8.size(), 4);
   out_.append(utf8.data(), utf8.size());
@@ -66,6 +116,7 @@ PickleWriter& PickleWriter::Str(absl::string_view utf8) {
 }
 
 PickleWriter& PickleWriter::Bytes(absl::string_view b) {
+  Op();
   if (b.size() < 256) {
     out_ += 'C';
     AppendLe(out_, b.size(), 1);
@@ -82,45 +133,67 @@ PickleWriter& PickleWriter::Bytes(absl::Span<const uint8_t> b) {
 }
 
 PickleWriter& PickleWriter::Mark() {
+  Op();
   out_ += '(';
   return *this;
 }
 PickleWriter& PickleWriter::Tuple() {
+  Op();
   out_ += 't';
   return *this;
 }
 PickleWriter& PickleWriter::List() {
+  Op();
   out_ += 'l';
   return *this;
 }
 PickleWriter& PickleWriter::Dict() {
+  Op();
   out_ += 'd';
   return *this;
 }
 PickleWriter& PickleWriter::EmptyTuple() {
+  Op();
   out_ += ')';
   return *this;
 }
 PickleWriter& PickleWriter::EmptyDict() {
+  Op();
   out_ += '}';
   return *this;
 }
 PickleWriter& PickleWriter::Reduce() {
+  Op();
   out_ += 'R';
   return *this;
 }
 PickleWriter& PickleWriter::NewObj() {
+  Op();
   out_ += '\x81';
   return *this;
 }
 PickleWriter& PickleWriter::Build() {
+  Op();
   out_ += 'b';
   return *this;
 }
 
 std::string PickleWriter::Finish() {
+  Op();
   out_ += '.';
-  return std::move(out_);
+  frame_ends_.push_back(out_.size());
+  std::string framed = "\x80\x04";
+  framed.reserve(out_.size() + 2 + 9 * frame_ends_.size());
+  size_t start = 0;
+  for (size_t end : frame_ends_) {
+    framed += '\x95';  // FRAME, an 8-byte length
+    AppendLe(framed, end - start, 8);
+    framed.append(out_, start, end - start);
+    start = end;
+  }
+  out_.clear();
+  frame_ends_.clear();
+  return framed;
 }
 
 }  // namespace wpub::rollout

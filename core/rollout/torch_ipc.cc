@@ -151,14 +151,14 @@ absl::StatusOr<std::string> SglangFlattenedBucketPickle(const transport::BucketM
     w.Global("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata");
     w.EmptyTuple().NewObj();
     w.Mark();
-    w.Str("name").Str(m.name);
-    w.Str("shape").Global("torch", "Size").Mark().Mark();
+    w.Key("name").Str(m.name);
+    w.Key("shape").Global("torch", "Size").Mark().Mark();
     for (int64_t d : m.shape) w.Int(d);
     w.Tuple().Tuple().Reduce();
-    w.Str("dtype").Global("torch", DTypeName(m.dtype));
-    w.Str("start_idx").Int(static_cast<int64_t>(m.offset));
-    w.Str("end_idx").Int(static_cast<int64_t>(m.offset + m.nbytes));
-    w.Str("numel").Int(static_cast<int64_t>(m.nbytes));
+    w.Key("dtype").Global("torch", DTypeName(m.dtype));
+    w.Key("start_idx").Int(static_cast<int64_t>(m.offset));
+    w.Key("end_idx").Int(static_cast<int64_t>(m.offset + m.nbytes));
+    w.Key("numel").Int(static_cast<int64_t>(m.nbytes));
     w.Dict();
     w.Build();
   }

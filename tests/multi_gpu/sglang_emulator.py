@@ -348,7 +348,25 @@ class Engine:
 
     def update_from_tensor(self, req):
         """SGLang's update_weights_from_tensor, per TP rank: deserialize the rank's entry,
-        rebuild the flattened bucket, load every tensor into the live weights."""
+        rebuild the flattened bucket, load every tensor into the live weights. With
+        WPUB_EMULATOR_PROFILE set, every call runs under cProfile and the accumulated statistics
+        (cumulative time, the top 40 entries) are rewritten to that path plus "." and the pid after
+        each call."""
+        path = os.environ.get("WPUB_EMULATOR_PROFILE")
+        if not path:
+            return self._update_from_tensor(req)
+        import cProfile, pstats
+        if not hasattr(self, "_profile"):
+            self._profile = cProfile.Profile()
+        self._profile.enable()
+        try:
+            return self._update_from_tensor(req)
+        finally:
+            self._profile.disable()
+            with open(f"{path}.{os.getpid()}", "w") as f:
+                pstats.Stats(self._profile, stream=f).sort_stats("cumulative").print_stats(40)
+
+    def _update_from_tensor(self, req):
         index = self.stats.setdefault("tensor_buckets", 0)
         self.stats["tensor_buckets"] = index + 1
         if self.args.die_at_bucket is not None and self.attempt_buckets == self.args.die_at_bucket:

@@ -81,9 +81,10 @@ class Receiver(pickle.Unpickler):
 
     def __init__(self, data, bucket, case):
         super().__init__(io.BytesIO(data))
-        self.bucket, self.case, self.calls = bucket, case, []
+        self.bucket, self.case, self.calls, self.resolved = bucket, case, [], []
 
     def find_class(self, module, name):
+        self.resolved.append((module, name))
         if (module, name) in DENY_CLASSES or not any(
                 (module + ".").startswith(p) for p in ALLOWED_MODULE_PREFIXES):
             raise RuntimeError(f"Blocked unsafe class loading ({module}.{name})")
@@ -171,6 +172,10 @@ class ColocatedWireTest(unittest.TestCase):
             self.assertEqual(flat["device"], shared["device_uuid"][4:].lower())
             metas = payload["metadata"]
             self.assertEqual(len(metas), len(self.out["tensors"]))
+            # SafeUnpickler's find_class runs its allowlist in Python per call: each global is
+            # resolved once (memoized after, as Python's pickler writes it), not per tensor.
+            self.assertEqual(len(r.resolved), len(set(r.resolved)), r.resolved)
+            self.assertEqual(r.resolved.count(("torch", "Size")), 1)
             for meta, want in zip(metas, self.out["tensors"]):
                 self.assertIsInstance(meta, FlattenedTensorMetadata)
                 self.assertEqual(meta.name, want["name"])
@@ -187,6 +192,29 @@ class ColocatedWireTest(unittest.TestCase):
                 self.assertEqual(meta.start_idx % item, 0)
                 self.assertEqual(flat["bytes"][meta.start_idx:meta.end_idx],
                                  self.bucket[want["offset"]:want["offset"] + want["nbytes"]])
+
+    def test_a_many_tensor_bucket_is_framed_as_pythons_pickler_frames(self):
+        """A bucket of 3,000 tensors spans several FRAMEs; Python's own unpickler (the pure-Python
+        one checks that no opcode crosses a frame's end) loads every tensor's metadata."""
+        out = json.loads(subprocess.check_output([PAYLOAD, "--tensors=3000"]))
+        entry = base64.b64decode(json.loads(out["body"])["serialized_named_tensors"][0])
+        self.assertEqual(entry[:3], b"\x80\x04\x95")  # PROTO 4, FRAME
+        self.assertGreater(entry.count(b"\x95"), 2)
+
+        class Strict(pickle._Unpickler):
+            find_class = Receiver.find_class
+
+            def __init__(self, data, case):
+                super().__init__(io.BytesIO(data))
+                self.bucket, self.case, self.calls, self.resolved = b"\0" * out["nbytes"], case, [], []
+
+            rebuild = Receiver.rebuild
+
+        r = Strict(entry, self)
+        payload = r.load()
+        self.assertEqual(len(payload["metadata"]), 3000)
+        self.assertEqual([m.name for m in payload["metadata"]], [t["name"] for t in out["tensors"]])
+        self.assertEqual(len(r.resolved), len(set(r.resolved)))
 
     def test_vllm_worker_takes_its_gpus_packed_handle(self):
         """vLLM's IPC backend (ipc_engine.py: plain pickle.loads of ipc_handles_pickled; a dict

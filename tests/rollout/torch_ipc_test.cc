@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <cstring>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/rollout/pickle_writer.h"
 #include "core/rollout/vllm_driver.h"
 
@@ -100,14 +102,101 @@ TEST(TorchUuid, IsTorchsStrOfTheUuid) {
             "0a1b2c3d-0000-1111-2222-333344445555");
 }
 
+// PROTO 4, then `body` as one FRAME (an 8-byte little-endian length).
+std::string Framed(const std::string& body) {
+  std::string out("\x80\x04\x95", 3);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((body.size() >> (8 * i)) & 0xff));
+  return out + body;
+}
+
+// Frames split a long pickle at opcode boundaries near 64 KiB, as Python's pickler does; the
+// frames' lengths cover the stream exactly.
+TEST(PickleWriter, FramesALongPickleAtOpcodeBoundaries) {
+  PickleWriter w;
+  w.Mark();
+  const std::string s(1000, 'x');  // BINUNICODE: 5 + 1000 bytes
+  for (int i = 0; i < 200; ++i) w.Str(s);
+  w.List();
+  const std::string p = w.Finish();
+  ASSERT_EQ(p.substr(0, 2), std::string("\x80\x04", 2));
+  size_t at = 2;
+  std::vector<uint64_t> lengths;
+  while (at < p.size()) {
+    ASSERT_EQ(p[at], '\x95') << "a FRAME at " << at;
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(p[at + 1 + i]);
+    lengths.push_back(n);
+    at += 9;
+    // A frame starts with an opcode of this stream: MARK, BINUNICODE, or (last) LIST.
+    EXPECT_TRUE(p[at] == '(' || p[at] == 'X' || p[at] == 'l') << "frame " << lengths.size();
+    at += n;
+  }
+  EXPECT_EQ(at, p.size());
+  ASSERT_EQ(lengths.size(), 4u);  // 1 + 200 * 1005 + 2 bytes in frames of 64 KiB and a bit
+  for (size_t i = 0; i + 1 < lengths.size(); ++i) {
+    EXPECT_GE(lengths[i], 64u << 10);
+    EXPECT_LT(lengths[i], (64u << 10) + 1005);
+  }
+  EXPECT_EQ(p.substr(p.size() - 2), "l.");
+}
+
 TEST(PickleWriter, WritesTheSmallestIntegerOpcodes) {
   PickleWriter w;
   w.Mark().Int(7).Int(300).Int(-1).Int(int64_t{1} << 40).Tuple();
   const std::string p = w.Finish();
-  // PROTO 3, MARK, K 7, J 300, J -1, LONG1 8 bytes, TUPLE, STOP.
-  const std::string want = std::string("\x80\x03(K\x07J\x2c\x01\x00\x00J\xff\xff\xff\xff", 15) +
+  // MARK, K 7, J 300, J -1, LONG1 8 bytes, TUPLE, STOP.
+  const std::string body = std::string("(K\x07J\x2c\x01\x00\x00J\xff\xff\xff\xff", 13) +
                            std::string("\x8a\x08\x00\x00\x00\x00\x00\x01\x00\x00", 10) + "t.";
-  EXPECT_EQ(p, want);
+  EXPECT_EQ(p, Framed(body));
+}
+
+// Python's pickler memoizes a global at its first reference and refers to it by memo after;
+// so does the writer, so a receiver's find_class runs once per distinct global.
+TEST(PickleWriter, MemoizesGlobalsAndKeys) {
+  PickleWriter w;
+  w.Mark().Global("torch", "Size").Key("k").Global("torch", "Size").Key("k").Tuple();
+  EXPECT_EQ(w.memoized(), 2u);
+  const std::string p = w.Finish();
+  // MARK, GLOBAL, BINPUT 0, BINUNICODE "k", BINPUT 1, BINGET 0, BINGET 1, TUPLE, STOP.
+  const std::string body = std::string("(ctorch\nSize\nq\x00X\x01\x00\x00\x00kq\x01", 23) +
+                           std::string("h\x00h\x01t.", 6);
+  EXPECT_EQ(p, Framed(body));
+}
+
+// Past 256 memo entries the writer switches to the 4-byte index opcodes.
+TEST(PickleWriter, UsesLongMemoIndicesPast255) {
+  PickleWriter w;
+  w.Mark();
+  for (int i = 0; i < 300; ++i) w.Key(absl::StrCat("k", i));
+  w.Key("k299").Tuple();
+  const std::string p = w.Finish();
+  // ... LONG_BINPUT 299 after "k299", LONG_BINGET 299 at the end.
+  EXPECT_NE(p.find(std::string("k299r\x2b\x01\x00\x00", 9)), std::string::npos);
+  EXPECT_EQ(p.substr(p.size() - 7), std::string("j\x2b\x01\x00\x00t.", 7));
+}
+
+// A bucket of many tensors names each global once: the metadata of 1,000 tensors resolves
+// FlattenedTensorMetadata, torch.Size and the dtype once, not 3,000 times.
+TEST(SglangFlattenedBucketPickle, NamesEachGlobalOnce) {
+  transport::BucketManifest m;
+  m.nbytes = 1000 * 32;
+  for (int i = 0; i < 1000; ++i) {
+    m.tensors.push_back({absl::StrCat("layers.", i, ".weight"),
+                         DType::kBFloat16,
+                         {4, 4},
+                         static_cast<uint64_t>(i) * 32,
+                         32});
+  }
+  absl::StatusOr<std::string> p = SglangFlattenedBucketPickle(m, Shared(m.nbytes), 0);
+  ASSERT_TRUE(p.ok()) << p.status();
+  size_t count = 0;
+  for (size_t at = 0; (at = p->find("FlattenedTensorMetadata", at)) != std::string::npos; ++at) {
+    ++count;
+  }
+  EXPECT_EQ(count, 1u);
+  count = 0;
+  for (size_t at = 0; (at = p->find("\nSize\n", at)) != std::string::npos; ++at) ++count;
+  EXPECT_EQ(count, 1u);
 }
 
 }  // namespace
