@@ -3,7 +3,8 @@
 // Qwen3-30B-A3B-like model carries (1,100 expert weights, each packed codes, block scales and
 // weight_scale_2). Encoding on the publisher and decoding on a C++ engine with
 // core/rollout/update_request.h, against building and reading an nlohmann::json document of the
-// same request, in one run. Both decoders are checked to return the same tensors first.
+// same request, in one run. Both decoders are checked to return the same tensors first. Also the
+// colocated engine's body of the same bucket (BM_ColocatedTensorBody).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rollout/sglang_driver.h"
 #include "core/rollout/update_request.h"
 #include "nlohmann/json.hpp"
 
@@ -111,6 +113,29 @@ void BM_DecodeJsonDocument(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(DecodeDom(body));
 }
 BENCHMARK(BM_DecodeJsonDocument)->Unit(benchmark::kMicrosecond);
+
+// The same bucket handed over in GPU memory to a colocated SGLang engine of TP=range(0): the
+// /update_weights_from_tensor body (a pickle per rank, base64, JSON), built on the publication
+// thread for every bucket.
+void BM_ColocatedTensorBody(benchmark::State& state) {
+  transport::BucketManifest m;
+  m.tensors = Bucket();
+  m.nbytes = m.tensors.back().offset + m.tensors.back().nbytes;
+  transport::SharedDeviceBytes s;
+  s.mem_handle = std::string(64, '\1');
+  s.event_handle = std::string(64, '\2');
+  s.nbytes = m.nbytes;
+  s.device_uuid = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9";
+  s.ref_counter = "/wpub_1_feedbeef";
+  size_t bytes = 0;
+  for (auto _ : state) {
+    absl::StatusOr<std::string> body = TensorUpdateBody(m, s, static_cast<int>(state.range(0)), 0);
+    bytes = body->size();
+    benchmark::DoNotOptimize(body);
+  }
+  state.counters["body_bytes"] = static_cast<double>(bytes);
+}
+BENCHMARK(BM_ColocatedTensorBody)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace wpub::rollout

@@ -22,8 +22,8 @@ void PickleWriter::Op() {
   if (out_.size() - start >= kFrameTarget) frame_ends_.push_back(out_.size());
 }
 
-bool PickleWriter::Get(const std::string& key) {
-  auto it = memo_.find(key);
+bool PickleWriter::Get() {
+  auto it = memo_.find(key_);
   if (it == memo_.end()) return false;
   if (it->second <= 0xff) {
     out_ += 'h';  // BINGET
@@ -35,7 +35,7 @@ bool PickleWriter::Get(const std::string& key) {
   return true;
 }
 
-void PickleWriter::Put(std::string key) {
+void PickleWriter::Put() {
   const auto index = static_cast<uint32_t>(memo_.size());
   if (index <= 0xff) {
     out_ += 'q';  // BINPUT
@@ -44,28 +44,32 @@ void PickleWriter::Put(std::string key) {
     out_ += 'r';  // LONG_BINPUT
     AppendLe(out_, index, 4);
   }
-  memo_.emplace(std::move(key), index);
+  memo_.emplace(key_, index);
 }
 
 PickleWriter& PickleWriter::Global(absl::string_view module, absl::string_view name) {
   Op();
-  std::string key = absl::StrCat("g", module, "\n", name);
-  if (Get(key)) return *this;
+  key_.assign("g");
+  absl::StrAppend(&key_, module, "\n", name);
+  if (Get()) return *this;
   out_ += 'c';
   out_.append(module.data(), module.size());
   out_ += '\n';
   out_.append(name.data(), name.size());
   out_ += '\n';
-  Put(std::move(key));
+  Put();
   return *this;
 }
 
 PickleWriter& PickleWriter::Key(absl::string_view utf8) {
   Op();
-  std::string key = absl::StrCat("s", utf8);
-  if (Get(key)) return *this;
-  Str(utf8);
-  Put(std::move(key));
+  key_.assign("s");
+  key_.append(utf8.data(), utf8.size());
+  if (Get()) return *this;
+  out_ += 'X';  // BINUNICODE
+  AppendLe(out_, utf8.size(), 4);
+  out_.append(utf8.data(), utf8.size());
+  Put();
   return *this;
 }
 
@@ -96,6 +100,21 @@ PickleWriter& PickleWriter::Int(int64_t v) {
     AppendLe(out_, static_cast<uint64_t>(v), 8);
   }
   return *this;
+}
+
+size_t PickleWriter::Int32Slot(int32_t v) {
+  Op();
+  out_ += 'J';
+  // PROTO (2 bytes), then a 9-byte FRAME header before each frame up to this one.
+  const size_t at = 2 + 9 * (frame_ends_.size() + 1) + out_.size();
+  AppendLe(out_, static_cast<uint32_t>(v), 4);
+  return at;
+}
+
+void PickleWriter::PatchInt32(std::string& pickle, size_t at, int32_t v) {
+  for (int i = 0; i < 4; ++i) {
+    pickle[at + i] = static_cast<char>((static_cast<uint32_t>(v) >> (8 * i)) & 0xff);
+  }
 }
 
 PickleWriter& PickleWriter::Float(double v) {

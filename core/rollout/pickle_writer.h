@@ -32,8 +32,13 @@ class PickleWriter {
   PickleWriter& Global(absl::string_view module, absl::string_view name);
   PickleWriter& None();
   PickleWriter& Bool(bool v);
-  PickleWriter& Int(int64_t v);   // BININT1 / BININT / LONG1, the smallest that holds it
-  PickleWriter& Float(double v);  // BINFLOAT
+  PickleWriter& Int(int64_t v);  // BININT1 / BININT / LONG1, the smallest that holds it
+  // BININT with all 4 bytes whatever the value, for a caller that rewrites it in copies of the
+  // finished pickle (PatchInt32): returns where the 4 bytes are in what Finish() returns.
+  size_t Int32Slot(int32_t v);
+  // Rewrites the 4 bytes Int32Slot wrote at `at` in a finished pickle.
+  static void PatchInt32(std::string& pickle, size_t at, int32_t v);
+  PickleWriter& Float(double v);              // BINFLOAT
   PickleWriter& Str(absl::string_view utf8);  // BINUNICODE
   // A str written many times (a dict key of every object): BINUNICODE and BINPUT the first
   // time, BINGET after. The receiver gets the same str object each time, as from Python.
@@ -63,8 +68,9 @@ class PickleWriter {
  private:
   // BINGET of `key`'s memo entry when there is one (true); else BINPUT the object on top of the
   // stack (written by the caller just before) under the next index, and false.
-  bool Get(const std::string& key);
-  void Put(std::string key);
+  // `key_` is the key: 'g' module '\n' name for a global, 's' text for a key.
+  bool Get();
+  void Put();
   // Called before each object's opcodes: ends the current frame once it holds kFrameTarget
   // bytes, so no opcode straddles two frames.
   void Op();
@@ -72,6 +78,7 @@ class PickleWriter {
   static constexpr size_t kFrameTarget = 64 << 10;  // Python's _FRAME_SIZE_TARGET
   std::string out_;                                 // the opcodes, unframed
   std::vector<size_t> frame_ends_;                  // offsets in out_ where a frame ends
+  std::string key_;                                 // the memo key being looked up
   absl::flat_hash_map<std::string, uint32_t> memo_;
 };
 

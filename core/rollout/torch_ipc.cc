@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "absl/strings/ascii.h"
@@ -67,7 +68,8 @@ int64_t TorchRefCounters::Get(size_t slot) const {
   return Slot(slot)->load(std::memory_order_acquire);
 }
 
-absl::Status WriteRebuildArgs(const SharedTensor& t, PickleWriter& w, absl::string_view device) {
+absl::Status WriteRebuildArgs(const SharedTensor& t, PickleWriter& w, absl::string_view device,
+                              size_t* ref_counter_at) {
   const transport::SharedDeviceBytes& s = *t.shared;
   const int64_t esize = DTypeSize(t.dtype);
   int64_t numel = 1;
@@ -109,7 +111,11 @@ absl::Status WriteRebuildArgs(const SharedTensor& t, PickleWriter& w, absl::stri
   w.Int(static_cast<int64_t>(s.offset_bytes));
   w.Bool(false);  // requires_grad
   w.Bytes(s.ref_counter);
-  w.Int(static_cast<int64_t>(t.ref_counter_offset));
+  if (ref_counter_at != nullptr) {
+    *ref_counter_at = w.Int32Slot(static_cast<int32_t>(t.ref_counter_offset));
+  } else {
+    w.Int(static_cast<int64_t>(t.ref_counter_offset));
+  }
   w.Bytes(s.event_handle);
   w.Bool(true);  // event_sync_required: the receiver's stream waits on the event
   w.Tuple();
@@ -128,6 +134,22 @@ std::string TorchUuid(absl::string_view device_uuid) {
 absl::StatusOr<std::string> SglangFlattenedBucketPickle(const transport::BucketManifest& bucket,
                                                         const transport::SharedDeviceBytes& shared,
                                                         uint64_t ref_counter_offset) {
+  WPUB_ASSIGN_OR_RETURN(std::vector<std::string> one,
+                        SglangFlattenedBucketPickles(bucket, shared, ref_counter_offset, 1));
+  return std::move(one[0]);
+}
+
+absl::StatusOr<std::vector<std::string>> SglangFlattenedBucketPickles(
+    const transport::BucketManifest& bucket, const transport::SharedDeviceBytes& shared,
+    uint64_t first_ref_counter_offset, int ranks) {
+  if (ranks < 1 || first_ref_counter_offset + static_cast<uint64_t>(ranks) >
+                       static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat("bucket ", bucket.index, ": ", ranks,
+                                                   " ranks from reference-counter slot ",
+                                                   first_ref_counter_offset));
+  }
+  const uint64_t ref_counter_offset = first_ref_counter_offset;
+  size_t slot_at = 0;
   PickleWriter w;
   w.Mark();
   w.Str("flattened_tensor");
@@ -138,7 +160,7 @@ absl::StatusOr<std::string> SglangFlattenedBucketPickle(const transport::BucketM
   t.shape = {static_cast<int64_t>(shared.nbytes)};
   t.ref_counter_offset = ref_counter_offset;
   w.Global("torch.multiprocessing.reductions", "rebuild_cuda_tensor");
-  WPUB_RETURN_IF_ERROR(WriteRebuildArgs(t, w, TorchUuid(shared.device_uuid)));
+  WPUB_RETURN_IF_ERROR(WriteRebuildArgs(t, w, TorchUuid(shared.device_uuid), &slot_at));
   w.Reduce();
   w.Str("metadata");
   w.Mark();
@@ -164,7 +186,13 @@ absl::StatusOr<std::string> SglangFlattenedBucketPickle(const transport::BucketM
   }
   w.List();
   w.Dict();
-  return w.Finish();
+  std::vector<std::string> pickles(static_cast<size_t>(ranks));
+  pickles[0] = w.Finish();
+  for (int r = 1; r < ranks; ++r) {
+    pickles[r] = pickles[0];
+    PickleWriter::PatchInt32(pickles[r], slot_at, static_cast<int32_t>(ref_counter_offset + r));
+  }
+  return pickles;
 }
 
 }  // namespace wpub::rollout

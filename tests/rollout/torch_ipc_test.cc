@@ -95,6 +95,28 @@ TEST(SglangFlattenedBucketPickle, NamesTheTensorBeyondItsBucket) {
   EXPECT_TRUE(SglangFlattenedBucketPickle(m, Shared(64), 0).ok());
 }
 
+// Each rank's entry equals the pickle written for that rank alone; the entries differ only in
+// the reference-counter slot.
+TEST(SglangFlattenedBucketPickle, EveryRanksEntryIsThePickleWrittenForItsSlot) {
+  transport::BucketManifest m;
+  m.nbytes = 64;
+  m.tensors.push_back({"a.weight", DType::kBFloat16, {4, 4}, 0, 32});
+  m.tensors.push_back({"b.weight", DType::kBFloat16, {4, 4}, 32, 32});
+  absl::StatusOr<std::vector<std::string>> all = SglangFlattenedBucketPickles(m, Shared(64), 40, 3);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    absl::StatusOr<std::string> one = SglangFlattenedBucketPickle(m, Shared(64), 40 + r);
+    ASSERT_TRUE(one.ok());
+    EXPECT_EQ((*all)[r], *one) << "rank " << r;
+  }
+  ASSERT_EQ((*all)[0].size(), (*all)[2].size());
+  int differing = 0;
+  for (size_t i = 0; i < (*all)[0].size(); ++i) differing += (*all)[0][i] != (*all)[2][i];
+  EXPECT_EQ(differing, 1);  // 40 -> 42: one byte of the little-endian slot
+  EXPECT_FALSE(SglangFlattenedBucketPickles(m, Shared(64), 0, 0).ok());
+}
+
 TEST(TorchUuid, IsTorchsStrOfTheUuid) {
   EXPECT_EQ(TorchUuid("GPU-0A1b2C3d-0000-1111-2222-333344445555"),
             "0a1b2c3d-0000-1111-2222-333344445555");
@@ -138,6 +160,28 @@ TEST(PickleWriter, FramesALongPickleAtOpcodeBoundaries) {
     EXPECT_LT(lengths[i], (64u << 10) + 1005);
   }
   EXPECT_EQ(p.substr(p.size() - 2), "l.");
+}
+
+// Int32Slot's offset is where its 4 bytes are in the framed pickle, in the first frame and
+// after frame breaks; PatchInt32 rewrites exactly them.
+TEST(PickleWriter, Int32SlotsAreFoundInTheFramedPickle) {
+  PickleWriter w;
+  w.Mark();
+  const size_t first = w.Int32Slot(7);
+  const std::string s(1000, 'x');
+  for (int i = 0; i < 150; ++i) w.Str(s);
+  const size_t later = w.Int32Slot(-2);
+  w.Tuple();
+  std::string p = w.Finish();
+  ASSERT_EQ(p[first - 1], 'J');
+  EXPECT_EQ(p.substr(first, 4), std::string("\x07\x00\x00\x00", 4));
+  ASSERT_EQ(p[later - 1], 'J');
+  EXPECT_EQ(p.substr(later, 4), std::string("\xfe\xff\xff\xff", 4));
+  const std::string before = p;
+  PickleWriter::PatchInt32(p, later, 0x01020304);
+  EXPECT_EQ(p.substr(later, 4), std::string("\x04\x03\x02\x01", 4));
+  EXPECT_EQ(p.substr(0, later), before.substr(0, later));
+  EXPECT_EQ(p.substr(later + 4), before.substr(later + 4));
 }
 
 TEST(PickleWriter, WritesTheSmallestIntegerOpcodes) {
