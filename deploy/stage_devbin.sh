@@ -11,7 +11,8 @@
 # Usage: deploy/stage_devbin.sh [--build] BUILD_DIR SET [BINARY...]
 #   SET onegpu: every test tests/gpu/run_one_gpu.sh runs on one GPU (GPU unit tests, multi_gpu,
 #                multi-rank, groups, vLLM and mixed engines over NCCL, Python GPU tests) plus
-#                the GPU-path and NVFP4 kernel benchmarks
+#                the GPU-path and NVFP4 kernel benchmarks, and the colocated payload tool
+#                (bench/rollout/colocated_decode.py)
 #   SET gpu_path (or gpu): every GPU test and benchmark, for tests/multi_gpu/run_all_h200x2.sh,
 #                run_h200x2.sh, run_fanout.sh and tests/python/run_gpu_{connect,gather}.sh
 #   SET kernels: the NVFP4 GPU tests, kernel benchmark and L2 probe (bench/kernels/device_run.sh)
@@ -53,6 +54,7 @@ case $SET in
       tests/rollout/rollout_gpu_path_test
       tests/rollout/rollout_sglang_driver_test
       tests/rollout/rollout_sglang_dirty_test
+      tests/rollout/wpub-colocated-payload
       tests/multi_gpu/multi_gpu_publish_test
       tests/multi_gpu/multi_gpu_ipc_trainer
       tests/multi_gpu/multi_gpu_cpp_receiver
@@ -83,6 +85,7 @@ case $SET in
       tests/rollout/rollout_group_test
       tests/rollout/rollout_gpu_path_test
       tests/rollout/rollout_sglang_dirty_test
+      tests/rollout/wpub-colocated-payload
       bench/gpu_path/gpu_path_bench
       bench/gpu_path/fanout_bench
       server/wpubd/wpubd

@@ -111,6 +111,19 @@ def python_pickle(entry, torch, reductions, bucket):
     return pickle.dumps({"flattened_tensor": flat, "metadata": metas})
 
 
+def unframed(data):
+    """The same pickle without its FRAME headers (FRAME is optional in protocol 4): what an
+    unframed writer sends, for the comparison."""
+    assert data[:2] == b"\x80\x04"
+    out, at = bytearray(data[:2]), 2
+    while at < len(data):
+        assert data[at] == 0x95, at
+        n = int.from_bytes(data[at + 1:at + 9], "little")
+        out += data[at + 9:at + 9 + n]
+        at += 9 + n
+    return bytes(out)
+
+
 def time_loads(data, reps):
     best = float("inf")
     for _ in range(reps):
@@ -129,11 +142,13 @@ def main():
         entry = base64.b64decode(json.loads(out["body"])["serialized_named_tensors"][0])
         ours = time_loads(entry, 20)
         theirs = time_loads(python_pickle(entry, torch, reductions, bucket), 20)
+        flat = time_loads(unframed(entry), 20)
         rows.append(dict(tensors=n, wpub_seconds=ours, python_seconds=theirs,
-                         wpub_bytes=len(entry)))
+                         unframed_seconds=flat, wpub_bytes=len(entry)))
         print(f"{n:5d} tensors: wpub's pickle {ours * 1e3:7.3f} ms ({ours / n * 1e6:.2f} us a "
               f"tensor, {len(entry)} B); a Python trainer's {theirs * 1e3:7.3f} ms "
-              f"({theirs / n * 1e6:.2f} us a tensor); ratio {ours / theirs:.2f}")
+              f"({theirs / n * 1e6:.2f} us a tensor); ratio {ours / theirs:.2f}; "
+              f"wpub's unframed {flat * 1e3:7.3f} ms")
     if len(sys.argv) > 2:
         json.dump(rows, open(sys.argv[2], "w"), indent=1)
 

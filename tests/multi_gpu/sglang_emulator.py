@@ -174,19 +174,33 @@ def monkey_patch_torch_reductions():
     reductions._rebuild_cuda_tensor_original = reductions.rebuild_cuda_tensor
 
     def _rebuild_cuda_tensor_modified(*args):
+        t0 = time.perf_counter()
         args = list(args)
         args[6] = _device_from_maybe_uuid(args[6])
-        return reductions._rebuild_cuda_tensor_original(*args)
+        try:
+            return reductions._rebuild_cuda_tensor_original(*args)
+        finally:
+            REBUILD_SECONDS[0] += time.perf_counter() - t0
 
     reductions.rebuild_cuda_tensor = _rebuild_cuda_tensor_modified
     reductions.init_reductions()
 
 
-def deserialize(data):
-    """MultiprocessingSerializer.deserialize: base64 (standard, validate=True) for a str."""
+# Seconds spent in rebuild_cuda_tensor (the CUDA IPC open), for --timings.
+REBUILD_SECONDS = [0.0]
+
+
+def b64_bytes(data):
+    """MultiprocessingSerializer.deserialize's first step: base64 (standard, validate=True) for
+    a str."""
     if isinstance(data, str):
         data = base64.b64decode(data, validate=True)
-    return SafeUnpickler(io.BytesIO(data)).load()
+    return data
+
+
+def deserialize(data):
+    """MultiprocessingSerializer.deserialize: base64 for a str, then SafeUnpickler."""
+    return SafeUnpickler(io.BytesIO(b64_bytes(data))).load()
 
 
 class Engine:
@@ -388,7 +402,10 @@ class Engine:
             t_rank = time.perf_counter()
             try:
                 monkey_patch_torch_reductions()
-                payload = deserialize(entries[rank])
+                raw = b64_bytes(entries[rank])
+                t_b64 = time.perf_counter()
+                REBUILD_SECONDS[0] = 0.0
+                payload = SafeUnpickler(io.BytesIO(raw)).load()
             except (RuntimeError, pickle.UnpicklingError, binascii.Error, ValueError) as e:
                 self.die(f"{type(e).__name__}: {e}")  # raised in the scheduler: the server dies
             flattened = payload["flattened_tensor"]
@@ -418,7 +435,10 @@ class Engine:
             del flattened, metadata, payload  # torch's deleter: stream sync, counter decrement
             t_free = time.perf_counter()
             if self.args.timings:
-                print(f"bucket {attempt_index} rank {rank}: decode+open {t_open - t_rank:.4f} s, "
+                print(f"bucket {attempt_index} rank {rank}: base64 {t_b64 - t_rank:.4f} s, "
+                      f"unpickle {t_open - t_b64 - REBUILD_SECONDS[0]:.4f} s, "
+                      f"rebuild {REBUILD_SECONDS[0]:.4f} s, "
+                      f"decode+open {t_open - t_rank:.4f} s, "
                       f"load {t_copy - t_open:.4f} s, free {t_free - t_copy:.4f} s", flush=True)
         if (self.args.fail_at_bucket is not None and attempt_index == self.args.fail_at_bucket
                 and not self.stats["failed_once"]):
