@@ -620,8 +620,10 @@ def main():
         wbufsize = 1 << 16  # flushed by handle_one_request after each response
 
         def _serve(self, method):
+            t0 = time.perf_counter()
             n = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(n) if n else b""
+            t_read = time.perf_counter()
             code, obj = engine.handle(method, self.path, body)
             data = json.dumps(obj).encode()
             self.send_response(code)
@@ -629,6 +631,10 @@ def main():
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)  # buffered (wbufsize): one send with the headers
+            if args.timings and self.path == "/update_weights_from_tensor":
+                # The engine's whole time on the request: what the publication waits on.
+                print(f"request {self.path}: {n} B, read {t_read - t0:.4f} s, parse+handle+"
+                      f"answer {time.perf_counter() - t_read:.4f} s", flush=True)
 
         def do_GET(self):
             self._serve("GET")
