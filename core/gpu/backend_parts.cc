@@ -76,7 +76,7 @@ GrowBuffer& GrowBuffer::operator=(GrowBuffer&& other) noexcept {
 absl::Status GrowBuffer::Ensure(uint64_t bytes, HostSyncs& syncs, const char* why) {
   if (bytes <= size_) return absl::OkStatus();
   WPUB_RETURN_IF_ERROR(Release(syncs));
-  const uint64_t want = AlignUp(bytes, pinned_ ? uint64_t{1} << 20 : uint64_t{2} << 20);
+  const uint64_t want = AlignUp(bytes, uint64_t{1} << 20);
   WPUB_RETURN_IF_ERROR(pinned_ ? syncs.MallocHost(&ptr_, want, why)
                                : syncs.Malloc(&ptr_, want, why));
   size_ = want;

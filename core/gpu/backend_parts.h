@@ -46,10 +46,8 @@ class GrowBuffer {
   GrowBuffer(const GrowBuffer&) = delete;
   GrowBuffer& operator=(const GrowBuffer&) = delete;
 
-  // At least `bytes`, rounded up to 2 MiB for device memory (whole large pages: a colocated
-  // engine's CUDA IPC open of an allocation with a partial 2 MiB page costs ~25x more, measured
-  // on an H100: ~3 ms against ~0.15 ms for 512 MiB) and to 1 MiB for pinned host memory; the old
-  // contents are not kept.
+  // At least `bytes` (rounded up to 1 MiB; device memory is allocated in whole 2 MiB pages,
+  // kernels::cuda::DeviceAllocationBytes); the old contents are not kept.
   absl::Status Ensure(uint64_t bytes, HostSyncs& syncs, const char* why);
   absl::Status Release(HostSyncs& syncs);
   void* ptr() const { return ptr_; }

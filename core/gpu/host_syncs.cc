@@ -2,6 +2,7 @@
 #include "core/gpu/host_syncs.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_raii.h"
 
 namespace wpub::gpu {
 
@@ -31,7 +32,7 @@ absl::Status HostSyncs::StreamSynchronize(cudaStream_t stream, const char* why) 
 
 absl::Status HostSyncs::Malloc(void** ptr, size_t bytes, const char* why) {
   Count();
-  return Check(cudaMalloc(ptr, bytes), "cudaMalloc", why);
+  return Check(cudaMalloc(ptr, kernels::cuda::DeviceAllocationBytes(bytes)), "cudaMalloc", why);
 }
 
 absl::Status HostSyncs::Free(void* ptr) {
