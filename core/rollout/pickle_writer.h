@@ -4,7 +4,8 @@
 // Protocol 4 as Python's pickler writes it where it matters to the receiver's speed:
 // - framed: the opcodes go in FRAMEs of ~64 KiB, so an unpickler reading a file object (SGLang's
 //   SafeUnpickler over io.BytesIO) reads a frame per call, not one read() per opcode (an
-//   unframed pickle of a 6,600-tensor bucket decodes ~1.8x slower);
+//   unframed pickle of a 6,600-tensor bucket decodes 2.1-2.7x slower:
+//   bench/rollout/colocated_decode.py);
 // - memoized: globals and keys are written once and BINPUT, every later reference is a BINGET,
 //   so a receiver's find_class (SafeUnpickler checks its allowlist in Python per call) runs once
 //   per distinct global, not once per tensor.
@@ -66,10 +67,11 @@ class PickleWriter {
   size_t memoized() const { return memo_.size(); }
 
  private:
-  // BINGET of `key`'s memo entry when there is one (true); else BINPUT the object on top of the
-  // stack (written by the caller just before) under the next index, and false.
-  // `key_` is the key: 'g' module '\n' name for a global, 's' text for a key.
+  // The memo is keyed by `key_`: 'g' module '\n' name for a global, 's' text for a key.
+  // Get: a BINGET of key_'s entry and true, or nothing written and false.
   bool Get();
+  // BINPUT of the object on top of the stack (the caller wrote it just before) as key_'s entry,
+  // under the next index.
   void Put();
   // Called before each object's opcodes: ends the current frame once it holds kFrameTarget
   // bytes, so no opcode straddles two frames.

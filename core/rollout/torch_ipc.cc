@@ -148,7 +148,6 @@ absl::StatusOr<std::vector<std::string>> SglangFlattenedBucketPickles(
                                                    " ranks from reference-counter slot ",
                                                    first_ref_counter_offset));
   }
-  const uint64_t ref_counter_offset = first_ref_counter_offset;
   size_t slot_at = 0;
   PickleWriter w;
   w.Mark();
@@ -158,7 +157,7 @@ absl::StatusOr<std::vector<std::string>> SglangFlattenedBucketPickles(
   t.shared = &shared;
   t.dtype = DType::kUInt8;
   t.shape = {static_cast<int64_t>(shared.nbytes)};
-  t.ref_counter_offset = ref_counter_offset;
+  t.ref_counter_offset = first_ref_counter_offset;
   w.Global("torch.multiprocessing.reductions", "rebuild_cuda_tensor");
   WPUB_RETURN_IF_ERROR(WriteRebuildArgs(t, w, TorchUuid(shared.device_uuid), &slot_at));
   w.Reduce();
@@ -190,7 +189,8 @@ absl::StatusOr<std::vector<std::string>> SglangFlattenedBucketPickles(
   pickles[0] = w.Finish();
   for (int r = 1; r < ranks; ++r) {
     pickles[r] = pickles[0];
-    PickleWriter::PatchInt32(pickles[r], slot_at, static_cast<int32_t>(ref_counter_offset + r));
+    PickleWriter::PatchInt32(pickles[r], slot_at,
+                             static_cast<int32_t>(first_ref_counter_offset + r));
   }
   return pickles;
 }

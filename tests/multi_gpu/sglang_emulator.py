@@ -192,15 +192,10 @@ REBUILD_SECONDS = [0.0]
 
 def b64_bytes(data):
     """MultiprocessingSerializer.deserialize's first step: base64 (standard, validate=True) for
-    a str."""
+    a str; its second is SafeUnpickler(io.BytesIO(data)).load()."""
     if isinstance(data, str):
         data = base64.b64decode(data, validate=True)
     return data
-
-
-def deserialize(data):
-    """MultiprocessingSerializer.deserialize: base64 for a str, then SafeUnpickler."""
-    return SafeUnpickler(io.BytesIO(b64_bytes(data))).load()
 
 
 class Engine:
